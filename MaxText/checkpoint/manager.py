@@ -1,0 +1,82 @@
+"""Orbax checkpoints of a run: `<run dir>/checkpoints/<step>/{params,opt_state,meta,data}`.
+
+- `params`, `opt_state`: the train state's arrays (restored onto whatever mesh the target
+  shardings describe, so a different mesh than at save time works);
+- `meta`: JSON with the step and the resolved config;
+- `data`: the data iterator state, one JSON file per process (`data_state.py`).
+Orbax writes each step into a temporary directory and renames it when every item is committed, so
+a step directory that `all_steps()` lists is complete; async saves run in the background.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
+
+ITEMS = ("params", "opt_state", "meta", "data")
+
+
+class RunCheckpoints:
+  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
+    self._mngr = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"params": ocp.StandardCheckpointHandler(),
+                       "opt_state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler(),
+                       "data": DataStateHandler()})
+
+  def latest_step(self) -> int | None:
+    return self._mngr.latest_step()
+
+  def save(self, step: int, state: dict, data_iterator: Any, config: dict) -> None:
+    args = {"params": ocp.args.StandardSave(state["params"]),
+            "opt_state": ocp.args.StandardSave(state["opt_state"]),
+            "meta": ocp.args.JsonSave({"step": int(step), "config": config})}
+    if data_iterator is not None:
+      args["data"] = DataStateSave(data_iterator)
+    self._mngr.save(step, args=ocp.args.Composite(**args), force=True)
+
+  def restore(self, step: int, abstract_state: dict, data_iterator: Any) -> tuple[dict, dict]:
+    """Returns (state, meta); `data_iterator` is set to its saved position in place."""
+    args = {"params": ocp.args.StandardRestore(abstract_state["params"]),
+            "opt_state": ocp.args.StandardRestore(abstract_state["opt_state"]),
+            "meta": ocp.args.JsonRestore()}
+    if data_iterator is not None:
+      args["data"] = DataStateRestore(data_iterator)
+    out = self._mngr.restore(step, args=ocp.args.Composite(**args))
+    step_array = jax.device_put(jax.numpy.asarray(step, jax.numpy.int32),
+                                abstract_state["step"].sharding)
+    state = {"step": step_array, "params": out["params"], "opt_state": out["opt_state"]}
+    return state, out["meta"]
+
+  def wait(self) -> None:
+    self._mngr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+
+def load_params(path: str, abstract_params: Any) -> Any:
+  """Parameters only (fine-tuning), from a run's `checkpoints/` directory (its latest step), one
+  step directory, or that step's `params` directory; placed per `abstract_params`' shardings."""
+  path = os.path.abspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"load_parameters_path '{path}' does not exist")
+  if os.path.isdir(os.path.join(path, "params")):
+    path = os.path.join(path, "params")
+  elif not os.path.exists(os.path.join(path, "_METADATA")) and \
+      not os.path.exists(os.path.join(path, "_CHECKPOINT_METADATA")):
+    steps = ocp.utils.checkpoint_steps(path) if os.path.isdir(path) else []
+    if not steps:
+      raise FileNotFoundError(f"load_parameters_path '{path}' holds no committed checkpoint")
+    path = os.path.join(path, str(max(steps)), "params")
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(path, abstract_params)

@@ -1,0 +1,55 @@
+"""Cross-key checks that need the devices or the model family. Run before anything compiles;
+every failure is a `ConfigError` naming the key(s) and the numbers."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+
+from MaxText.config.load import ConfigError
+from MaxText.config.schema import MESH_AXES, Config
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_family
+from MaxText.sharding.mesh import mesh_shape
+from MaxText.sharding.rules import parse_rules
+
+BATCH_AXES_LOGICAL = "activation_batch"
+
+
+def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
+  for axis in cfg.mesh_axes:
+    if axis not in MESH_AXES:
+      raise ConfigError(f"mesh_axes: unknown axis '{axis}' (known: {', '.join(MESH_AXES)})")
+  if sorted(cfg.mesh_axes) != sorted(MESH_AXES):
+    raise ConfigError(f"mesh_axes={cfg.mesh_axes} must list each of {list(MESH_AXES)} once")
+  rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+  ici, dcn = mesh_shape(cfg, devices)
+  sizes = {a: i * d for a, i, d in zip(cfg.mesh_axes, ici, dcn)}
+
+  for key, problem in get_family(cfg.decoder_block).validate(ModelConfig.from_config(cfg)):
+    raise ConfigError(f"{key}: {problem}")
+
+  if cfg.max_target_length > cfg.max_position_embeddings:
+    raise ConfigError(f"max_target_length={cfg.max_target_length} exceeds the model's position "
+                      f"limit max_position_embeddings={cfg.max_position_embeddings}")
+
+  n = len(devices)
+  micro = cfg.per_device_batch_size * n
+  if abs(micro - round(micro)) > 1e-9 or round(micro) < 1:
+    raise ConfigError(f"per_device_batch_size={cfg.per_device_batch_size} x {n} devices = {micro:g} "
+                      f"is not a whole number of sequences")
+  batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
+  dp = math.prod(sizes[a] for a in batch_axes)
+  if round(micro) % dp:
+    raise ConfigError(
+        f"per_device_batch_size: the micro-batch of {round(micro)} sequences "
+        f"(per_device_batch_size={cfg.per_device_batch_size} x {n} devices) does not divide over "
+        f"the {dp}-way data-parallel mesh axes {list(batch_axes)}")
+  if cfg.max_target_length % sizes["context"]:
+    raise ConfigError(f"max_target_length={cfg.max_target_length} does not divide over "
+                      f"ici/dcn_context_parallelism={sizes['context']}")
+  process_count = jax.process_count()
+  if round(micro) % process_count:
+    raise ConfigError(f"per_device_batch_size: micro-batch {round(micro)} does not split over "
+                      f"{process_count} processes")

@@ -1,0 +1,37 @@
+"""Parameter helpers: every parameter carries its logical axis names as `logical_axes` metadata."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
+          std: float | None, dtype: jnp.dtype) -> nnx.Param:
+  """Normal(0, std) init (std=None → ones, for norm scales)."""
+  if std is None:
+    value = jnp.ones(shape, dtype)
+  else:
+    value = (std * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=tuple(logical_axes))
+
+
+class DenseGeneral(nnx.Module):
+  """y = einsum(x, w): contracts the last `len(in_shape)` dims of x with w[in_shape + out_shape]."""
+
+  def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], logical_axes: Sequence[str],
+               *, rngs: nnx.Rngs, dtype: jnp.dtype, param_dtype: jnp.dtype):
+    self.in_rank = len(in_shape)
+    fan_in = 1
+    for d in in_shape:
+      fan_in *= d
+    self.kernel = param(rngs, (*in_shape, *out_shape), logical_axes, std=fan_in ** -0.5,
+                        dtype=param_dtype)
+    self.dtype = dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    w = self.kernel[...].astype(self.dtype)
+    axes = (tuple(range(x.ndim - self.in_rank, x.ndim)), tuple(range(self.in_rank)))
+    return jax.lax.dot_general(x.astype(self.dtype), w, (axes, ((), ())))

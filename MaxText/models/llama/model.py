@@ -1,0 +1,112 @@
+"""Llama / Qwen3-style dense decoder.
+
+Conventions
+  dimension letters: B batch, S query sequence, T key sequence, D model width (emb_dim),
+  H query heads, K kv heads (H % K == 0), E head dim, F mlp hidden, V vocab, L layers.
+  Arrays are named by shape (`x_BSD`); parameters carry logical axis names (never mesh axes),
+  mapped to the mesh by the `logical_axis_rules` table in configs/base.yml.
+
+Block: x + Attn(RMSNorm(x)) then + SwiGLU(RMSNorm(x)); RoPE on q and k (optionally after a per-head
+q/k RMSNorm, as in Qwen3); final RMSNorm; tied or untied LM head. Logits are returned in fp32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.layers.attention_ops import ATTENTION_OPS
+from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.norms import RMSNorm
+from MaxText.layers.rope import apply_rope
+from MaxText.layers.stack import LayerStack
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.rules import constrain
+
+ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
+ACT_BSHE = ("activation_batch", "activation_length", "activation_heads", None)
+ACT_BSKE = ("activation_batch", "activation_length", "activation_kv_heads", None)
+ACT_BSF = ("activation_batch", "activation_length", "activation_mlp")
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu}
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, H, K, E = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.query = DenseGeneral((D,), (H, E), ("embed", "heads", "head_dim"), **kw)
+    self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
+    self.value = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
+    self.out = DenseGeneral((H, E), (D,), ("heads", "head_dim", "embed"), **kw)
+    if cfg.use_qk_norm:
+      self.query_norm = RMSNorm(E, eps=cfg.norm_epsilon, logical_axis="head_dim", **kw)
+      self.key_norm = RMSNorm(E, eps=cfg.norm_epsilon, logical_axis="head_dim", **kw)
+    else:
+      self.query_norm = self.key_norm = None
+    self.rope_theta = cfg.rope_theta
+    self.scale = E ** -0.5
+    self.op = ATTENTION_OPS[cfg.attention]
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+    q_BSHE = constrain(self.query(x_BSD), ACT_BSHE)
+    k_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
+    v_BSKE = constrain(self.value(x_BSD), ACT_BSKE)
+    if self.query_norm is not None:
+      q_BSHE, k_BSKE = self.query_norm(q_BSHE), self.key_norm(k_BSKE)
+    q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta)
+    k_BSKE = apply_rope(k_BSKE, positions_BS, self.rope_theta)
+    o_BSHE = constrain(self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale), ACT_BSHE)
+    return constrain(self.out(o_BSHE), ACT_BSD)
+
+
+class GatedMLP(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.gate = DenseGeneral((cfg.emb_dim,), (cfg.mlp_dim,), ("embed", "mlp"), **kw)
+    self.up = DenseGeneral((cfg.emb_dim,), (cfg.mlp_dim,), ("embed", "mlp"), **kw)
+    self.down = DenseGeneral((cfg.mlp_dim,), (cfg.emb_dim,), ("mlp", "embed"), **kw)
+    self.act = ACTIVATIONS[cfg.mlp_activation]
+
+  def __call__(self, x_BSD):
+    h_BSF = constrain(self.act(self.gate(x_BSD)) * self.up(x_BSD), ACT_BSF)
+    return constrain(self.down(h_BSF), ACT_BSD)
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.attn_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
+    self.mlp = GatedMLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+    x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS)
+    return constrain(x_BSD + self.mlp(self.mlp_norm(x_BSD)), ACT_BSD)
+
+
+class Transformer(nnx.Module):
+  """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
+                           std=cfg.init_std, dtype=cfg.param_dtype)
+    self.decoder = LayerStack(lambda r: DecoderLayer(cfg, rngs=r), cfg.num_decoder_layers,
+                              scan=cfg.scan_layers, remat_policy=cfg.remat_policy, rngs=rngs)
+    self.final_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
+    self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
+        (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
+
+  def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
+    dtype = self.cfg.compute_dtype
+    x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
+    x_BSD = self.decoder(x_BSD, positions_BS, segment_ids_BS)
+    x_BSD = self.final_norm(x_BSD)
+    if self.lm_head is None:
+      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(dtype))
+    else:
+      logits_BSV = self.lm_head(x_BSD)
+    return constrain(logits_BSV.astype(jnp.float32),
+                     ("activation_batch", "activation_length", "activation_vocab"))

@@ -1,0 +1,179 @@
+"""The training run: config → mesh → model/optimizer state (fresh, resumed or fine-tuned) → data →
+compiled step → loop with metrics and checkpoints. `main(argv)` returns the process exit status."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import psutil
+
+from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.config.load import ConfigError, load_config, to_yaml
+from MaxText.config.schema import Config
+from MaxText.config.validate import validate
+from MaxText.data.errors import DataError
+from MaxText.data.pipeline import make_data_iterator
+from MaxText.data.validation import validate_data_config
+from MaxText.metrics.flops import training_flops_per_step
+from MaxText.metrics.peaks import device_peak_tflops
+from MaxText.metrics.writers import MetricsWriter, format_line
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules, sharding_report
+from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
+from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
+
+EXIT_OK, EXIT_CONFIG = 0, 2
+
+
+def log(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def run_dir_of(cfg: Config) -> str:
+  name = cfg.run_name
+  if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+    raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
+  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
+
+
+def setup_jax(cfg: Config) -> None:
+  if cfg.jax_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def check_config(cfg: Config) -> None:
+  """Everything that can be checked before any compile (raises ConfigError / DataError)."""
+  run_dir_of(cfg)
+  validate(cfg, jax.devices())
+  validate_data_config(cfg)
+
+
+class Trainer:
+  def __init__(self, cfg: Config):
+    self.cfg = cfg
+    self.run_dir = run_dir_of(cfg)
+    self.mesh = create_mesh(cfg)
+    self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+    self.mcfg = ModelConfig.from_config(cfg)
+    self.model_def = make_model_def(self.mcfg)
+    self.tx = make_optimizer(cfg)
+    self.lr_schedule = learning_rate_schedule(cfg)
+    self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules)
+    self.abstract = abstract_state(self.model_def, self.tx, self.shardings)
+    n = jax.device_count()
+    self.global_batch = cfg.global_batch_size(n)
+    self.batch_sharding = batch_sharding(self.mesh, self.rules, cfg.micro_batch_size(n),
+                                         cfg.max_target_length)
+    if cfg.gradient_accumulation_steps > 1:  # the batch axis holds all micro-batches back to back
+      self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
+                                           cfg.max_target_length)
+
+  # ---- state -------------------------------------------------------------------------------------
+  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+    start = ckpts.latest_step() if ckpts is not None else None
+    if start is not None:
+      state, _ = ckpts.restore(start, self.abstract, data_iter)
+      log(f"resumed from {ckpts.directory}/{start}")
+      return state, start
+    params = None
+    if self.cfg.load_parameters_path:
+      params = load_params(self.cfg.load_parameters_path, self.abstract["params"])
+      log(f"loaded parameters from {self.cfg.load_parameters_path}")
+    return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings, params), 0
+
+  def compile_step(self):
+    step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
+                              grad_accum=self.cfg.gradient_accumulation_steps,
+                              z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule)
+    jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
+    shape = (self.global_batch, self.cfg.max_target_length)
+    abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
+                      for k in BATCH_KEYS}
+    return jitted.lower(self.abstract, abstract_batch).compile()
+
+  def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    shape = (self.global_batch, self.cfg.max_target_length)
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, host_batch[k], shape)
+            for k in BATCH_KEYS}
+
+  # ---- loop --------------------------------------------------------------------------------------
+  def run(self) -> int:
+    cfg = self.cfg
+    log(f"mesh {dict(self.mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices")
+    log(sharding_report(self.abstract["params"], self.shardings["params"]))
+    primary = jax.process_index() == 0
+    if primary:
+      os.makedirs(self.run_dir, exist_ok=True)
+      with open(os.path.join(self.run_dir, "config.yml"), "w", encoding="utf-8") as f:
+        f.write(to_yaml(cfg))
+    data_iter = make_data_iterator(cfg, jax.process_index(), jax.process_count(),
+                                   self.global_batch // jax.process_count())
+    ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
+                           max_to_keep=cfg.max_checkpoints_to_keep,
+                           async_save=cfg.async_checkpointing) if cfg.enable_checkpointing else None
+    state, start = self.initial_state(ckpts, data_iter)
+    if start >= cfg.steps:
+      log(f"nothing to do: the run already reached step {start} of steps={cfg.steps}")
+      if ckpts is not None:
+        ckpts.close()
+      return EXIT_OK
+
+    t0 = time.perf_counter()
+    compiled = self.compile_step()
+    log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+    flops = training_flops_per_step(
+        emb_dim=cfg.emb_dim, num_layers=cfg.num_decoder_layers, num_query_heads=cfg.num_query_heads,
+        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, mlp_dim=cfg.mlp_dim,
+        vocab_size=cfg.vocab_size, seq_len=cfg.max_target_length, global_batch=self.global_batch)
+    peak, peak_source = device_peak_tflops(jax.devices()[0], cfg.peak_tflops_per_device)
+    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
+        f"({peak_source})")
+    tokens_per_step = self.global_batch * cfg.max_target_length
+    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard, is_primary=primary)
+    config_dict = cfg.as_dict()
+
+    batch = self.device_batch(next(data_iter))
+    last = time.perf_counter()
+    for step in range(start + 1, cfg.steps + 1):
+      state, metrics = compiled(state, batch)
+      save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps)
+      if step < cfg.steps and not save_now:  # overlap the next host batch with this step
+        batch = self.device_batch(next(data_iter))
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      now = time.perf_counter()
+      step_time, last = now - last, now
+      tflops = flops["total"] / step_time / 1e12 / jax.device_count()
+      metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
+                     tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
+                     rss_gib=psutil.Process().memory_info().rss / 2**30)
+      writer.write(step, metrics)
+      if step % cfg.log_period == 0 or step == cfg.steps or step == start + 1:
+        log(format_line(step - 1, metrics, cfg.steps))
+      if save_now:
+        ckpts.save(step, state, data_iter, config_dict)
+        if step < cfg.steps:
+          batch = self.device_batch(next(data_iter))
+    writer.close()
+    if ckpts is not None:
+      ckpts.close()
+      log(f"checkpoints in {ckpts.directory}: latest step {ckpts.latest_step()}")
+    return EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+  try:
+    cfg = load_config(argv)
+    setup_jax(cfg)
+    check_config(cfg)
+  except (ConfigError, DataError) as e:
+    print(f"config error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  return Trainer(cfg).run()

@@ -1,0 +1,34 @@
+"""The optax optimizer: global-norm clipping → AdamW (decoupled weight decay on matrices only)
+with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate schedule."""
+from __future__ import annotations
+
+import jax
+import optax
+
+from MaxText.config.schema import Config
+
+
+def learning_rate_schedule(cfg: Config) -> optax.Schedule:
+  peak, steps, warmup = cfg.learning_rate, cfg.steps, min(cfg.warmup_steps, cfg.steps)
+  final = peak * cfg.final_lr_fraction
+  warm = optax.linear_schedule(0.0, peak, max(warmup, 1))
+  if cfg.lr_schedule == "constant":
+    return optax.join_schedules([warm, optax.constant_schedule(peak)], [warmup])
+  if cfg.lr_schedule == "cosine":
+    cos = optax.cosine_decay_schedule(peak, max(steps - warmup, 1), alpha=cfg.final_lr_fraction)
+    return optax.join_schedules([warm, cos], [warmup])
+  # wsd: warmup, hold the peak, then decay linearly to `final` over the last wsd_decay_fraction
+  decay = max(int(round(steps * cfg.wsd_decay_fraction)), 1)
+  stable = max(steps - warmup - decay, 0)
+  return optax.join_schedules(
+      [warm, optax.constant_schedule(peak), optax.linear_schedule(peak, final, decay)],
+      [warmup, warmup + stable])
+
+
+def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  adamw = optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                      weight_decay=cfg.weight_decay, mask=decay_mask)
+  if cfg.max_grad_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+  return adamw

@@ -1,0 +1,83 @@
+"""The jitted train step: masked cross-entropy (+ optional z-loss), gradient accumulation over
+micro-batches, clipping + AdamW, with the state donated and every sharding pinned."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
+from MaxText.train.state import ModelDef, TrainState
+
+BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
+BATCH_AXES = ("activation_batch", "activation_length")
+
+
+def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: jax.Array,
+                       z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
+  Padding and targets across a packed-document boundary have mask 0."""
+  logits_BSV = logits_BSV.astype(jnp.float32)
+  lse_BS = jax.nn.logsumexp(logits_BSV, axis=-1)
+  target_logit_BS = jnp.take_along_axis(logits_BSV, targets_BS[..., None], axis=-1)[..., 0]
+  mask = mask_BS.astype(jnp.float32)
+  z_BS = z_loss_weight * jnp.square(lse_BS)
+  nll = jnp.sum((lse_BS - target_logit_BS + z_BS) * mask)
+  return nll, jnp.sum(z_BS * mask), jnp.sum(mask)
+
+
+def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
+                    rules: Rules, grad_accum: int, z_loss_weight: float,
+                    lr_schedule: optax.Schedule) -> Callable:
+  def micro_loss(params, micro):
+    logits = model_def.apply(params, micro["inputs"], micro["inputs_position"],
+                             micro["inputs_segmentation"])
+    mask = micro["targets_segmentation"] != 0
+    nll, z, n = cross_entropy_sums(logits, micro["targets"], mask, z_loss_weight)
+    return nll, (z, n)
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def step(state: TrainState, batch: dict[str, jax.Array]):
+    with use_rules(mesh, rules):
+      params = state["params"]
+      if grad_accum == 1:
+        (nll, (z, n)), grads = grad_fn(params, batch)
+      else:
+        micro_batches = jax.tree.map(
+            lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
+
+        def accumulate(carry, micro):
+          micro = jax.tree.map(lambda x: constrain(x, BATCH_AXES), micro)
+          (l, (zz, nn)), g = grad_fn(params, micro)
+          acc_g, acc_l, acc_z, acc_n = carry
+          return (jax.tree.map(jnp.add, acc_g, g), acc_l + l, acc_z + zz, acc_n + nn), None
+
+        zero = (jax.tree.map(jnp.zeros_like, params), 0.0, 0.0, 0.0)
+        (grads, nll, z, n), _ = jax.lax.scan(accumulate, zero, micro_batches)
+      denom = jnp.maximum(n, 1.0)
+      grads = jax.tree.map(lambda g: g / denom, grads)
+      updates, opt_state = tx.update(grads, state["opt_state"], params)
+      new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
+                   "opt_state": opt_state}
+      metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n,
+                 "grad_norm": optax.global_norm(grads), "lr": lr_schedule(state["step"])}
+    return new_state, metrics
+
+  return step
+
+
+def batch_sharding(mesh: Mesh, rules: Rules, global_batch: int, seq_len: int) -> NamedSharding:
+  return NamedSharding(mesh, logical_to_spec(BATCH_AXES, (global_batch, seq_len), rules, mesh))
+
+
+def jit_train_step(step_fn: Callable, state_shardings: TrainState, batch_shard: NamedSharding,
+                   mesh: Mesh):
+  replicated = NamedSharding(mesh, PartitionSpec())
+  batch_shardings = {k: batch_shard for k in BATCH_KEYS}
+  metric_shardings = {k: replicated for k in ("loss", "z_loss", "tokens", "grad_norm", "lr")}
+  return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
+                 out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
