@@ -56,6 +56,11 @@ def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
       value = yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
       raise ConfigError(f"{key}={value!r}: cannot parse the value") from None
+  if kind in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-2" as a string
+    try:
+      value = float(value)
+    except ValueError:
+      pass
   bad = ConfigError(f"{key}={value!r}: expected {kind.__name__}, got {type(value).__name__}")
   if kind is bool:
     if not isinstance(value, bool):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -49,18 +49,22 @@ def setup_jax(cfg: Config) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def check_config(cfg: Config) -> None:
+def check_config(cfg: Config, devices: Sequence[jax.Device]) -> None:
   """Everything that can be checked before any compile (raises ConfigError / DataError)."""
   run_dir_of(cfg)
-  validate(cfg, jax.devices())
+  validate(cfg, devices)
   validate_data_config(cfg)
 
 
 class Trainer:
-  def __init__(self, cfg: Config):
+  """One training run on `devices` (default: all). After `run()`, `final_state` holds the state."""
+
+  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None):
     self.cfg = cfg
+    self.devices = list(jax.devices() if devices is None else devices)
     self.run_dir = run_dir_of(cfg)
-    self.mesh = create_mesh(cfg)
+    self.mesh = create_mesh(cfg, self.devices)
+    self.final_state = None
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.model_def = make_model_def(self.mcfg)
@@ -68,7 +72,7 @@ class Trainer:
     self.lr_schedule = learning_rate_schedule(cfg)
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules)
     self.abstract = abstract_state(self.model_def, self.tx, self.shardings)
-    n = jax.device_count()
+    n = len(self.devices)
     self.global_batch = cfg.global_batch_size(n)
     self.batch_sharding = batch_sharding(self.mesh, self.rules, cfg.micro_batch_size(n),
                                          cfg.max_target_length)
@@ -107,7 +111,7 @@ class Trainer:
   # ---- loop --------------------------------------------------------------------------------------
   def run(self) -> int:
     cfg = self.cfg
-    log(f"mesh {dict(self.mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} devices")
+    log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     primary = jax.process_index() == 0
     if primary:
@@ -133,7 +137,7 @@ class Trainer:
         emb_dim=cfg.emb_dim, num_layers=cfg.num_decoder_layers, num_query_heads=cfg.num_query_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, mlp_dim=cfg.mlp_dim,
         vocab_size=cfg.vocab_size, seq_len=cfg.max_target_length, global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(jax.devices()[0], cfg.peak_tflops_per_device)
+    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
@@ -150,7 +154,7 @@ class Trainer:
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       now = time.perf_counter()
       step_time, last = now - last, now
-      tflops = flops["total"] / step_time / 1e12 / jax.device_count()
+      tflops = flops["total"] / step_time / 1e12 / len(self.devices)
       metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
                      tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
                      rss_gib=psutil.Process().memory_info().rss / 2**30)
@@ -162,18 +166,26 @@ class Trainer:
         if step < cfg.steps:
           batch = self.device_batch(next(data_iter))
     writer.close()
+    self.final_state = state
     if ckpts is not None:
       ckpts.close()
       log(f"checkpoints in {ckpts.directory}: latest step {ckpts.latest_step()}")
     return EXIT_OK
 
 
-def main(argv: list[str]) -> int:
+def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
+        ) -> tuple[int, Trainer | None]:
+  """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer)."""
   try:
     cfg = load_config(argv)
     setup_jax(cfg)
-    check_config(cfg)
+    check_config(cfg, list(jax.devices() if devices is None else devices))
   except (ConfigError, DataError) as e:
     print(f"config error: {e}", file=sys.stderr)
-    return EXIT_CONFIG
-  return Trainer(cfg).run()
+    return EXIT_CONFIG, None
+  trainer = Trainer(cfg, devices)
+  return trainer.run(), trainer
+
+
+def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:
+  return run(argv, devices)[0]

@@ -64,7 +64,7 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
       new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
                    "opt_state": opt_state}
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n,
-                 "grad_norm": optax.global_norm(grads), "lr": lr_schedule(state["step"])}
+                 "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(state["step"])}
     return new_state, metrics
 
   return step

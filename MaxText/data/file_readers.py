@@ -1,0 +1,199 @@
+"""Random-access document readers for one dataset file each (text, jsonl, parquet, ArrayRecord).
+
+Each reader has ``__len__`` (number of documents) and ``__getitem__(i) -> str``, so
+a list of them can back a Grain ``MapDataset`` with exact shuffling and resume.
+Readers open files lazily and drop open handles when pickled (for Grain workers).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+
+from MaxText.data.errors import DataError
+
+FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
+
+# File extension -> format, for dataset_format="auto".
+EXTENSION_FORMATS = {
+    ".txt": "text", ".md": "text", ".py": "text",
+    ".jsonl": "jsonl", ".json": "jsonl",
+    ".parquet": "parquet",
+    ".array_record": "arrayrecord", ".arrayrecord": "arrayrecord",
+}
+
+
+def format_for_extension(path: str) -> str | None:
+  """The format "auto" picks for `path`, or None for an unknown extension."""
+  lower = path.lower()
+  for ext, fmt in EXTENSION_FORMATS.items():
+    if lower.endswith(ext):
+      return fmt
+  return None
+
+
+class _Reader:
+  """Common lazy-handle / pickling behaviour."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._lock = threading.Lock()  # Grain reads with several threads.
+
+  def __getstate__(self):
+    state = {k: v for k, v in self.__dict__.items() if not k.startswith("_h_")}
+    state.pop("_lock")
+    return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}({self.path!r}, {len(self)} docs)"
+
+
+class TextFileReader(_Reader):
+  """The whole file is one document (decoded as UTF-8, bad bytes replaced)."""
+
+  def __len__(self) -> int:
+    return 1
+
+  def __getitem__(self, index: int) -> str:
+    if index != 0:
+      raise IndexError(index)
+    with open(self.path, "rb") as f:
+      return f.read().decode("utf-8", errors="replace")
+
+
+class JsonlFileReader(_Reader):
+  """One JSON object per non-blank line; the document is its `text_field`.
+
+  The constructor scans the file once to record where each line starts.
+  """
+
+  def __init__(self, path: str, text_field: str):
+    super().__init__(path)
+    self.text_field = text_field
+    offsets, line_numbers = [], []
+    pos = 0
+    with open(path, "rb") as f:
+      for line_number, line in enumerate(f, 1):
+        if line.strip():
+          offsets.append(pos)
+          line_numbers.append(line_number)
+        pos += len(line)
+    self.offsets = np.asarray(offsets, dtype=np.int64)
+    self.line_numbers = np.asarray(line_numbers, dtype=np.int64)
+
+  def __len__(self) -> int:
+    return len(self.offsets)
+
+  def __getitem__(self, index: int) -> str:
+    with self._lock:
+      handle = self.__dict__.get("_h_file")
+      if handle is None:
+        handle = self._h_file = open(self.path, "rb")  # pylint: disable=consider-using-with
+      handle.seek(int(self.offsets[index]))
+      line = handle.readline()
+    where = f"{self.path} line {int(self.line_numbers[index])}"
+    try:
+      record = json.loads(line)
+    except ValueError as e:
+      raise DataError(f"dataset_path: {where} is not valid JSON: {e}") from e
+    return _text_from_record(record, self.text_field, where)
+
+
+def _text_from_record(record: Any, text_field: str, where: str) -> str:
+  if not isinstance(record, dict) or text_field not in record:
+    raise DataError(f"dataset_text_field '{text_field}' is missing in {where}")
+  value = record[text_field]
+  if not isinstance(value, str):
+    raise DataError(f"dataset_text_field '{text_field}' is not a string in {where}")
+  return value
+
+
+class ParquetFileReader(_Reader):
+  """One row per document, column `text_field`; caches the last row group read.
+
+  Random access costs one row-group read per cache miss, so prefer files with
+  modest row groups when shuffling.
+  """
+
+  def __init__(self, path: str, text_field: str):
+    super().__init__(path)
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    self.text_field = text_field
+    meta = pq.ParquetFile(path).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    if text_field not in names:
+      raise DataError(f"dataset_text_field '{text_field}' is not a column of {path} "
+                      f"(columns: {names})")
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+  def __len__(self) -> int:
+    return int(self.group_starts[-1])
+
+  def __getitem__(self, index: int) -> str:
+    if not 0 <= index < len(self):
+      raise IndexError(index)
+    group = int(np.searchsorted(self.group_starts, index, side="right")) - 1
+    with self._lock:
+      cached = self.__dict__.get("_h_group")
+      if cached is None or cached[0] != group:
+        import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+        table = pq.ParquetFile(self.path).read_row_group(group, columns=[self.text_field])
+        cached = self._h_group = (group, table.column(0).to_pylist())
+    value = cached[1][index - int(self.group_starts[group])]
+    if not isinstance(value, str):
+      raise DataError(f"dataset_text_field '{self.text_field}' is not a string in "
+                      f"{self.path} row {index}")
+    return value
+
+
+class ArrayRecordFileReader(_Reader):
+  """One record per document: UTF-8 text, or a JSON object holding `text_field`."""
+
+  def __init__(self, path: str, text_field: str):
+    super().__init__(path)
+    self.text_field = text_field
+    self._length = len(self._source())
+
+  def _source(self):
+    source = self.__dict__.get("_h_source")
+    if source is None:
+      from array_record.python import array_record_data_source as ards
+      source = self._h_source = ards.ArrayRecordDataSource([self.path])
+    return source
+
+  def __len__(self) -> int:
+    return self._length
+
+  def __getitem__(self, index: int) -> str:
+    with self._lock:
+      source = self._source()
+    raw = source[index]
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+    if text.lstrip().startswith("{"):
+      try:
+        record = json.loads(text)
+      except ValueError:
+        return text  # Plain text that happens to start with "{".
+      return _text_from_record(record, self.text_field, f"{self.path} record {index}")
+    return text
+
+
+def make_reader(path: str, fmt: str, text_field: str) -> _Reader:
+  """Opens `path` as format `fmt` (one of FORMATS)."""
+  if fmt == "text":
+    return TextFileReader(path)
+  if fmt == "jsonl":
+    return JsonlFileReader(path, text_field)
+  if fmt == "parquet":
+    return ParquetFileReader(path, text_field)
+  if fmt == "arrayrecord":
+    return ArrayRecordFileReader(path, text_field)
+  raise DataError(f"dataset_format '{fmt}' is not one of {['auto', *FORMATS]}")

@@ -1,0 +1,170 @@
+"""Per-step metrics sinks: a JSON-lines file, TensorBoard, and a stdout line.
+
+``MetricsWriter.write(step, metrics)`` appends one JSON object per step to
+``<run_dir>/metrics.jsonl`` (flushed line by line, so a crashed run keeps
+everything it logged) and mirrors the numeric values as TensorBoard scalars
+under ``<run_dir>/tensorboard/``.  Only the primary process writes files;
+the others may still call every method, which then does nothing.
+
+Expected keys (the trainer passes at least these): ``loss``, ``lr``,
+``grad_norm``, ``step_time_s``, ``tokens_per_s``, ``tflops_per_device``,
+``mfu`` (a fraction in 0..1, or None when the device peak is unknown).
+Steps are 0-based: step ``s`` of ``total_steps`` leaves
+``total_steps - s - 1`` steps to run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+
+REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
+                 "tflops_per_device", "mfu")
+
+
+def to_python_scalar(value):
+  """Turn numpy/JAX scalars into plain ``int``/``float``; non-finite floats become None.
+
+  Strings, bools and None are returned unchanged; anything else that
+  ``float()`` accepts (e.g. a 0-d array) becomes a float.
+  """
+  if value is None or isinstance(value, (bool, str)):
+    return value
+  if isinstance(value, numbers.Integral):
+    return int(value)
+  if hasattr(value, "item") and getattr(value, "size", 1) == 1:
+    value = value.item()
+    if isinstance(value, (bool, int)):
+      return value
+  value = float(value)
+  return value if math.isfinite(value) else None
+
+
+def _format_duration(seconds: float) -> str:
+  """``125`` -> ``2m05s``; ``3725`` -> ``1h02m05s``; ``7`` -> ``7s``."""
+  seconds = int(round(max(seconds, 0.0)))
+  hours, rest = divmod(seconds, 3600)
+  minutes, secs = divmod(rest, 60)
+  if hours:
+    return f"{hours}h{minutes:02d}m{secs:02d}s"
+  if minutes:
+    return f"{minutes}m{secs:02d}s"
+  return f"{secs}s"
+
+
+def _short(x: float) -> str:
+  """Three significant digits without switching to exponent notation below 1000."""
+  if abs(x) >= 100:
+    return f"{x:,.0f}"
+  return f"{x:.3g}"
+
+
+def format_line(step: int, metrics: dict, total_steps: int) -> str:
+  """One human-readable line, e.g.
+
+  ``step   12/300 | loss 3.4521 | grad 1.23 | lr 1.0e-03 | 0.412 s |
+  4,970 tok/s | 2.1 TFLOP/s/dev | MFU 12.3% | ETA 2m01s``
+
+  Fields whose key is missing (or None / non-finite) are left out, except
+  the loss, which shows ``nan`` so a divergence is visible.
+  """
+  width = len(str(total_steps))
+  parts = [f"step {step:>{width}d}/{total_steps}"]
+
+  def get(key):
+    value = metrics.get(key)
+    if value is None:
+      return None
+    value = to_python_scalar(value)
+    return value if isinstance(value, (int, float)) else None
+
+  loss = get("loss")
+  if "loss" in metrics:
+    parts.append(f"loss {loss:.4f}" if loss is not None else "loss nan")
+  if (grad := get("grad_norm")) is not None:
+    parts.append(f"grad {_short(grad)}")
+  if (lr := get("lr")) is not None:
+    parts.append(f"lr {lr:.1e}")
+  step_time = get("step_time_s")
+  if step_time is not None:
+    parts.append(f"{step_time:.3f} s")
+  if (tok := get("tokens_per_s")) is not None:
+    parts.append(f"{tok:,.0f} tok/s")
+  if (tf := get("tflops_per_device")) is not None:
+    parts.append(f"{_short(tf)} TFLOP/s/dev")
+  if (mfu := get("mfu")) is not None:
+    parts.append(f"MFU {100.0 * mfu:.1f}%")
+  if step_time is not None and total_steps > 0:
+    remaining = max(total_steps - step - 1, 0)
+    parts.append(f"ETA {_format_duration(remaining * step_time)}")
+  return " | ".join(parts)
+
+
+class MetricsWriter:
+  """Writes per-step metrics to ``metrics.jsonl`` and (optionally) TensorBoard.
+
+  Args:
+    run_dir: directory of this run; created on the primary process.
+    enable_tensorboard: also write scalars with tensorboardX.
+    is_primary: only the primary process (``jax.process_index() == 0``)
+      writes anything.
+  """
+
+  JSONL_NAME = "metrics.jsonl"
+  TENSORBOARD_DIR = "tensorboard"
+
+  def __init__(self, run_dir: str, *, enable_tensorboard: bool, is_primary: bool):
+    self.run_dir = run_dir
+    self.is_primary = is_primary
+    self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
+    self._jsonl = None
+    self._tb = None
+    if not is_primary:
+      return
+    os.makedirs(run_dir, exist_ok=True)
+    self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    if enable_tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
+      self._tb = SummaryWriter(logdir=os.path.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30)
+
+  def write(self, step: int, metrics: dict) -> None:
+    """Record the metrics of one step (no-op on non-primary processes)."""
+    if not self.is_primary:
+      return
+    record = {"step": int(step)}
+    for key, value in metrics.items():
+      if key == "step":
+        continue
+      record[str(key)] = to_python_scalar(value)
+    self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      for key, value in record.items():
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+          self._tb.add_scalar(key, value, global_step=int(step))
+
+  format_line = staticmethod(format_line)
+
+  def flush(self) -> None:
+    """Push buffered TensorBoard events to disk (the jsonl is always flushed)."""
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self) -> None:
+    """Flush and close the files; safe to call more than once."""
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._jsonl = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False

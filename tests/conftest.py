@@ -1,0 +1,60 @@
+"""Test setup: 8 fake CPU devices (set before jax is imported), the persistent compilation cache,
+and a `train` helper that runs the trainer in-process on a tiny model."""
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+CACHE_DIR = os.path.expanduser(os.environ.get("MAXTEXT_TEST_JAX_CACHE", "~/.cache/maxtext_jax_tests"))
+
+import json  # noqa: E402
+import sys  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+BASE_YML = os.path.join(ROOT, "configs", "base.yml")
+
+# A model small enough that a step takes milliseconds on a CPU.
+TINY = ["emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2", "head_dim=16",
+        "mlp_dim=128", "vocab_size=264", "max_target_length=64", "per_device_batch_size=8",
+        "steps=10", "warmup_steps=2", "log_period=5", "enable_tensorboard=false",
+        "peak_tflops_per_device=1.0", f"jax_cache_dir={CACHE_DIR}"]
+MESH_1 = ["ici_fsdp_parallelism=1"]
+MESH_222 = ["per_device_batch_size=1", "ici_data_parallelism=2", "ici_fsdp_parallelism=2",
+            "ici_tensor_parallelism=2"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _absl_flags():
+  from absl import flags
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+  with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def argv(out_dir, run_name: str, *overrides: str) -> list[str]:
+  """base.yml + TINY + run location + overrides, a later value of a key replacing an earlier one."""
+  merged = {}
+  for item in [*TINY, f"base_output_directory={out_dir}", f"run_name={run_name}", *overrides]:
+    key, value = item.split("=", 1)
+    merged[key] = value
+  return [BASE_YML, *(f"{k}={v}" for k, v in merged.items())]
+
+
+def train(out_dir, run_name: str, *overrides: str, devices=None):
+  """Runs the trainer in this process; returns (exit code, metrics.jsonl rows, final state)."""
+  from MaxText.train.loop import run
+  code, trainer = run(argv(out_dir, run_name, *overrides), devices=devices)
+  run_dir = os.path.join(str(out_dir), run_name)
+  metrics = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+  return code, metrics, (trainer.final_state if trainer is not None else None)

@@ -1,0 +1,178 @@
+"""Tests for MaxText.metrics: FLOP counting, device peaks, and metric writers."""
+
+import glob
+import json
+import os
+import struct
+import types
+
+import numpy as np
+import pytest
+
+from MaxText.metrics import flops, peaks, writers
+
+# The reference config MaxText 0.2.5 was run with (see /work/shared/notes).
+REF_MODEL = dict(emb_dim=256, num_layers=4, num_query_heads=4, num_kv_heads=4, head_dim=64,
+                 mlp_dim=1024, vocab_size=8192)
+REF_STEP = dict(seq_len=256, global_batch=8)
+
+
+def test_reference_param_counts():
+  # 4 layers * (4*256*256 attn + 3*256*1024 mlp) + 256*8192 head.
+  assert flops.matmul_param_count(**REF_MODEL) == 6_291_456
+  # + input embedding 8192*256 + (2*4+1)*256 norm scales = MaxText's reported count.
+  assert flops.total_param_count(**REF_MODEL) == 8_390_912
+  assert flops.total_param_count(**REF_MODEL, tie_embeddings=True) == 8_390_912 - 8192 * 256
+
+
+def test_reference_training_flops():
+  out = flops.training_flops_per_step(**REF_MODEL, **REF_STEP)
+  tokens = 8 * 256
+  assert out["tokens"] == tokens
+  assert out["matmul"] == 6 * 6_291_456 * tokens == 77_309_411_328
+  # 4 layers * 3 (fwd+bwd) * 4*B*S^2*H*h / 2 (causal).
+  assert out["attention"] == 4 * 3 * 4 * 8 * 256**2 * 4 * 64 / 2 == 3_221_225_472
+  # Exact figure 80,530,636,800 FLOPs; MaxText 0.2.5 logs 0.0805 TFLOP per step for
+  # this config, i.e. the same count (it also uses 6*N*T plus halved causal attention).
+  assert out["total"] == 80_530_636_800
+  assert out["tflops"] == pytest.approx(0.0805, abs=5e-5)
+
+
+def test_causal_attention_is_half_of_noncausal():
+  causal = flops.training_flops_per_step(**REF_MODEL, **REF_STEP, causal=True)
+  full = flops.training_flops_per_step(**REF_MODEL, **REF_STEP, causal=False)
+  assert full["attention"] == 2 * causal["attention"]
+  assert full["matmul"] == causal["matmul"]
+  assert full["total"] - causal["total"] == causal["attention"]
+
+
+def test_gqa_and_mlp_matrices_change_the_count():
+  gqa = dict(REF_MODEL, num_kv_heads=1)
+  # k and v shrink from 4 heads to 1: 2 * 256 * 3 * 64 fewer weights per layer.
+  assert flops.matmul_param_count(**REF_MODEL) - flops.matmul_param_count(**gqa) == 4 * 2 * 256 * 3 * 64
+  two = flops.matmul_param_count(**REF_MODEL, num_mlp_matrices=2)
+  assert flops.matmul_param_count(**REF_MODEL) - two == 4 * 256 * 1024
+
+
+def test_flops_rejects_nonpositive_sizes():
+  with pytest.raises(ValueError):
+    flops.training_flops_per_step(**dict(REF_MODEL, num_layers=0), **REF_STEP)
+
+
+def _dev(kind, platform="gpu"):
+  return types.SimpleNamespace(device_kind=kind, platform=platform)
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("NVIDIA H100 80GB HBM3", 989.0),
+    ("NVIDIA H200", 989.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("TPU v5 lite", 197.0),
+    ("TPU v5e", 197.0),
+    ("TPU v5p", 459.0),
+    ("TPU v5", 459.0),
+    ("TPU v6 lite", 918.0),
+    ("TPU v6e", 918.0),
+])
+def test_peak_table_lookup(kind, expected):
+  platform = "tpu" if kind.startswith("TPU") else "gpu"
+  assert peaks.device_peak_tflops(_dev(kind, platform), 0.0) == (expected, "table")
+
+
+def test_unknown_accelerator_has_no_peak():
+  assert peaks.device_peak_tflops(_dev("Mystery Chip 9000"), 0.0) == (0.0, "unknown")
+
+
+def test_override_wins():
+  assert peaks.device_peak_tflops(_dev("NVIDIA H100 80GB HBM3"), 123.5) == (123.5, "config")
+  assert peaks.device_peak_tflops(_dev("cpu", "cpu"), 7.0) == (7.0, "config")
+
+
+def test_cpu_peak_is_measured_and_cached(monkeypatch):
+  monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", None)
+  tflops, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0)
+  assert source == "measured"
+  # A 2-core machine reaches well under 10 TFLOP/s but clearly more than nothing.
+  assert 1e-4 < tflops < 10.0
+  cached = peaks._MEASURED_HOST_TFLOPS  # pylint: disable=protected-access
+  assert cached is not None
+  # A second call reuses the cached rate instead of measuring again.
+  monkeypatch.setattr(peaks.time, "perf_counter", lambda: pytest.fail("measured twice"))
+  assert peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0) == (tflops, "measured")
+
+
+def _read_tensorboard_scalars(path):
+  """{(tag, step): value} from a TFRecord event file (8-byte length, 4-byte crc, data, 4-byte crc)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+
+  with open(path, "rb") as f:
+    data = f.read()
+  scalars, pos = {}, 0
+  while pos < len(data):
+    (length,) = struct.unpack("<Q", data[pos:pos + 8])
+    event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+    pos += 12 + length + 4
+    for value in event.summary.value:
+      scalars[(value.tag, event.step)] = value.simple_value
+  return scalars
+
+
+def _step_metrics(i):
+  return {
+      "loss": np.float32(3.5 - 0.1 * i), "lr": 1e-3, "grad_norm": np.float32(1.25),
+      "step_time_s": 0.5, "tokens_per_s": 4096.0, "tflops_per_device": 0.08, "mfu": 0.123,
+  }
+
+
+def test_writer_jsonl_and_tensorboard(tmp_path):
+  run_dir = str(tmp_path / "run")
+  writer = writers.MetricsWriter(run_dir, enable_tensorboard=True, is_primary=True)
+  for i in range(3):
+    writer.write(i, _step_metrics(i))
+  # Lines are flushed as they are written, before close().
+  with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+    assert len(f.readlines()) == 3
+  writer.close()
+
+  with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  assert [r["step"] for r in records] == [0, 1, 2]
+  for r in records:
+    assert set(writers.REQUIRED_KEYS) <= set(r)
+    assert all(type(r[k]) in (int, float) for k in writers.REQUIRED_KEYS)
+  assert records[2]["loss"] == pytest.approx(3.3, rel=1e-6)
+
+  events = glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))
+  assert len(events) == 1
+  scalars = _read_tensorboard_scalars(events[0])
+  assert {tag for tag, _ in scalars} == set(writers.REQUIRED_KEYS) - {"step"}
+  assert scalars[("loss", 2)] == pytest.approx(3.3, rel=1e-6)
+  assert scalars[("mfu", 0)] == pytest.approx(0.123, rel=1e-6)
+
+
+def test_writer_nan_becomes_null(tmp_path):
+  with writers.MetricsWriter(str(tmp_path), enable_tensorboard=False, is_primary=True) as writer:
+    writer.write(0, dict(_step_metrics(0), loss=float("nan")))
+  record = json.loads((tmp_path / "metrics.jsonl").read_text())
+  assert record["loss"] is None
+  assert not (tmp_path / "tensorboard").exists()
+
+
+def test_non_primary_writes_nothing(tmp_path):
+  run_dir = tmp_path / "run"
+  writer = writers.MetricsWriter(str(run_dir), enable_tensorboard=True, is_primary=False)
+  writer.write(0, _step_metrics(0))
+  writer.close()
+  assert not run_dir.exists()
+
+
+def test_format_line():
+  line = writers.format_line(12, {
+      "loss": 3.45213, "lr": 1e-3, "grad_norm": 1.234, "step_time_s": 0.412,
+      "tokens_per_s": 4970.2, "tflops_per_device": 2.1, "mfu": 0.123,
+  }, 300)
+  assert "\n" not in line
+  assert line.startswith("step  12/300 |")
+  for piece in ("loss 3.4521", "grad 1.23", "lr 1.0e-03", "0.412 s", "4,970 tok/s",
+                "2.1 TFLOP/s/dev", "MFU 12.3%", "ETA 1m58s"):  # 287 steps left * 0.412 s
+    assert piece in line, piece
