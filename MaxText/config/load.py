@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from typing import Any, Sequence
@@ -76,6 +77,8 @@ def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       raise bad
     value = float(value)
+    if not math.isfinite(value):
+      raise ConfigError(f"{key}={value!r}: must be a finite number")
   elif kind is str:
     if value is None:
       value = ""

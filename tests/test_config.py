@@ -1,0 +1,320 @@
+"""Config: base.yml ↔ schema agreement, merge order, type coercion, errors (load and validate),
+the CLI's exit-status contract, and the resolved config.yml written into the run directory."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+import yaml
+
+from conftest import BASE_YML, MESH_1, ROOT, argv, train
+from MaxText.config.load import ConfigError, load_config
+from MaxText.config.schema import FIELDS
+from MaxText.config.validate import validate
+
+KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:")
+
+
+# ---- base.yml and the schema ------------------------------------------------------------------
+def undocumented_keys(text: str) -> list[str]:
+  """Top-level keys of a YAML text that have no comment.
+
+  A key line is documented if it carries an inline `#` comment, if the line right above it is a
+  full-line `#` comment (a comment block describing it), or if it continues, without a blank line,
+  a documented run of keys of the same family (same name prefix up to the first `_`, e.g. the
+  `dcn_*_parallelism` block under the commented `dcn_data_parallelism`)."""
+  bad = []
+  prev_line, prev_key, prev_documented = "", None, False
+  for line in text.splitlines():
+    m = KEY_LINE.match(line)
+    if m:
+      key = m.group(1)
+      documented = ("#" in line.split(":", 1)[1]
+                    or prev_line.lstrip().startswith("#")
+                    or (prev_key is not None and prev_documented
+                        and prev_key.split("_")[0] == key.split("_")[0]))
+      if not documented:
+        bad.append(key)
+      prev_key, prev_documented = key, documented
+    elif not line.startswith((" ", "\t", "]")) or not line.strip():
+      prev_key, prev_documented = None, False  # blank line or comment ends a run of keys
+    prev_line = line
+  return bad
+
+
+def test_base_yml_keys_equal_schema_fields():
+  with open(BASE_YML, encoding="utf-8") as f:
+    raw = yaml.safe_load(f)
+  assert set(raw) == set(FIELDS), (sorted(set(raw) - set(FIELDS)), sorted(set(FIELDS) - set(raw)))
+
+
+def test_every_base_yml_key_is_documented():
+  with open(BASE_YML, encoding="utf-8") as f:
+    text = f.read()
+  keys = [m.group(1) for m in map(KEY_LINE.match, text.splitlines()) if m]
+  assert set(keys) == set(FIELDS)  # the line scan sees every key
+  assert undocumented_keys(text) == []
+
+
+def test_documentation_checker_catches_a_bare_key():
+  text = ("steps: 3   # number of steps\n"
+          "seed: 0\n"                        # bare key after a different family
+          "\n# the mesh\nici_data_parallelism: 1\n"
+          "ici_fsdp_parallelism: 1\n"        # continues the documented ici_ run
+          "\nici_tensor_parallelism: 1\n")   # blank line ended the run
+  assert undocumented_keys(text) == ["seed", "ici_tensor_parallelism"]
+
+
+# ---- merge order and coercion -----------------------------------------------------------------
+@pytest.fixture
+def configs_dir(tmp_path):
+  """A copy of configs/base.yml plus configs/models/foo.yml."""
+  d = tmp_path / "configs"
+  (d / "models").mkdir(parents=True)
+  shutil.copy(BASE_YML, d / "base.yml")
+  (d / "models" / "foo.yml").write_text("emb_dim: 128\nnum_decoder_layers: 2\nrope_theta: 5.0e+5\n")
+  return d
+
+
+def test_merge_order_base_then_model_then_command_line(configs_dir):
+  base = str(configs_dir / "base.yml")
+  plain = load_config([base])
+  assert (plain.emb_dim, plain.num_decoder_layers, plain.mlp_dim) == (256, 4, 1024)
+  overlay = load_config([base, "model_name=foo"])
+  assert overlay.model_name == "foo"
+  assert (overlay.emb_dim, overlay.num_decoder_layers, overlay.mlp_dim) == (128, 2, 1024)
+  assert overlay.rope_theta == 5.0e5 and isinstance(overlay.rope_theta, float)
+  both = load_config([base, "model_name=foo", "emb_dim=32", "mlp_dim=64"])
+  assert (both.emb_dim, both.num_decoder_layers, both.mlp_dim) == (32, 2, 64)
+  # model_name set in base.yml itself also selects the overlay
+  text = (configs_dir / "base.yml").read_text()
+  (configs_dir / "base.yml").write_text(text.replace('model_name: "default"', 'model_name: "foo"'))
+  assert load_config([base]).emb_dim == 128
+  assert load_config([base, "emb_dim=16"]).emb_dim == 16
+
+
+def test_type_coercion():
+  cfg = load_config([BASE_YML, "steps=7", "learning_rate=1e-3", "norm_epsilon=1e-5",
+                     "per_device_batch_size=2", "scan_layers=false", "use_qk_norm=true",
+                     "warmup_steps=1e1", "run_name=123", "dataset_path=true",
+                     'mesh_axes=["fsdp", "data", "context", "expert", "tensor"]',
+                     'logical_axis_rules=[["embed", ["fsdp"]], ["mlp", null]]'])
+  assert cfg.steps == 7 and type(cfg.steps) is int
+  assert cfg.learning_rate == 1e-3 and type(cfg.learning_rate) is float
+  assert cfg.norm_epsilon == 1e-5 and type(cfg.norm_epsilon) is float
+  assert cfg.per_device_batch_size == 2.0 and type(cfg.per_device_batch_size) is float
+  assert cfg.scan_layers is False and cfg.use_qk_norm is True
+  assert cfg.warmup_steps == 10 and type(cfg.warmup_steps) is int
+  assert cfg.run_name == "123" and cfg.dataset_path == "true"
+  assert cfg.mesh_axes == ["fsdp", "data", "context", "expert", "tensor"]
+  assert cfg.logical_axis_rules == [["embed", ["fsdp"]], ["mlp", None]]
+  # base.yml's own values come out typed as well
+  base = load_config([BASE_YML])
+  assert type(base.learning_rate) is float and base.learning_rate == 3.0e-3
+  assert type(base.per_device_batch_size) is float and type(base.steps) is int
+  # the same key twice with the same value is fine
+  assert load_config([BASE_YML, "steps=5", "steps=5"]).steps == 5
+
+
+# ---- load errors --------------------------------------------------------------------------------
+def _error(args) -> str:
+  with pytest.raises(ConfigError) as e:
+    load_config(args)
+  return str(e.value)
+
+
+def test_unknown_key_suggests_the_close_one():
+  msg = _error([BASE_YML, "stepz=3"])
+  assert "'stepz'" in msg and "did you mean" in msg and "'steps'" in msg
+  msg = _error([BASE_YML, "learning_rat=0.1"])
+  assert "'learning_rat'" in msg and "'learning_rate'" in msg
+  assert "did you mean" not in _error([BASE_YML, "zzzzzz=1"])
+
+
+@pytest.mark.parametrize("arg,key", [
+    ("steps=abc", "steps"), ("steps=1.5", "steps"), ("scan_layers=maybe", "scan_layers"),
+    ("scan_layers=1", "scan_layers"), ("learning_rate=fast", "learning_rate"),
+    ("mesh_axes=data", "mesh_axes"),
+])
+def test_wrong_type(arg, key):
+  msg = _error([BASE_YML, arg])
+  assert msg.startswith(f"{key}=") and "expected" in msg
+
+
+@pytest.mark.parametrize("arg,key,says", [
+    ("steps=0", "steps", ">= 1"), ("steps=-1", "steps", ">= 1"),
+    ("dtype=float8", "dtype", "must be one of"), ("learning_rate=-1", "learning_rate", ">= 0"),
+    ("norm_epsilon=0", "norm_epsilon", "> 0"), ("adam_b1=1.5", "adam_b1", "<= 1"),
+])
+def test_out_of_range(arg, key, says):
+  msg = _error([BASE_YML, arg])
+  assert msg.startswith(f"{key}=") and says in msg
+
+
+def test_same_key_twice_with_different_values():
+  msg = _error([BASE_YML, "steps=3", "emb_dim=8", "steps=4"])
+  assert "steps" in msg and "'3'" in msg and "'4'" in msg
+
+
+def test_argument_without_equals_sign():
+  msg = _error([BASE_YML, "steps"])
+  assert "'steps'" in msg and "key=value" in msg
+
+
+def test_unknown_model_name(configs_dir):
+  msg = _error([str(configs_dir / "base.yml"), "model_name=nope"])
+  assert "model_name='nope'" in msg and "nope.yml" in msg and "foo" in msg
+
+
+def test_model_yml_with_unknown_key(configs_dir):
+  (configs_dir / "models" / "bad.yml").write_text("emb_dimm: 64\n")
+  msg = _error([str(configs_dir / "base.yml"), "model_name=bad"])
+  assert "'emb_dimm'" in msg and "bad.yml" in msg and "'emb_dim'" in msg
+
+
+def test_model_yml_with_bad_value(configs_dir):
+  (configs_dir / "models" / "bad.yml").write_text("num_decoder_layers: 0\n")
+  msg = _error([str(configs_dir / "base.yml"), "model_name=bad"])
+  assert msg.startswith("num_decoder_layers=0")
+
+
+def test_base_yml_missing_a_schema_key(tmp_path):
+  text = open(BASE_YML, encoding="utf-8").read()
+  lines = [ln for ln in text.splitlines() if not ln.startswith("seed:")]
+  assert len(lines) == len(text.splitlines()) - 1
+  (tmp_path / "base.yml").write_text("\n".join(lines) + "\n")
+  msg = _error([str(tmp_path / "base.yml")])
+  assert "lacks keys" in msg and "seed" in msg
+
+
+def test_base_yml_with_an_extra_key(tmp_path):
+  (tmp_path / "base.yml").write_text(open(BASE_YML, encoding="utf-8").read() + "stepss: 3\n")
+  msg = _error([str(tmp_path / "base.yml")])
+  assert "'stepss'" in msg and "'steps'" in msg
+
+
+# ---- validate(cfg, devices) ---------------------------------------------------------------------
+def _validate_error(*overrides: str) -> str:
+  cfg = load_config([BASE_YML, *overrides])
+  with pytest.raises(ConfigError) as e:
+    validate(cfg, jax.devices())
+  return str(e.value)
+
+
+def test_validate_accepts_good_configs():
+  assert len(jax.devices()) == 8
+  for overrides in ([], ["ici_data_parallelism=2", "ici_fsdp_parallelism=2",
+                         "ici_tensor_parallelism=2", "per_device_batch_size=0.5"],
+                    ["per_device_batch_size=1", "max_target_length=8192"]):
+    validate(load_config([BASE_YML, *overrides]), jax.devices())  # raises on failure
+
+
+def test_validate_mesh_product():
+  msg = _validate_error("ici_fsdp_parallelism=3")
+  assert "ici_fsdp_parallelism=3" in msg and "8" in msg
+
+
+def test_validate_two_minus_one():
+  msg = _validate_error("ici_data_parallelism=-1")
+  assert "ici_data_parallelism" in msg and "ici_fsdp_parallelism" in msg
+
+
+def test_validate_batch_not_divisible_over_data_parallel_axes():
+  msg = _validate_error("per_device_batch_size=0.5")  # micro batch 4 over fsdp 8
+  assert "per_device_batch_size" in msg and "4" in msg and "8-way" in msg
+
+
+def test_validate_non_integer_global_batch():
+  msg = _validate_error("per_device_batch_size=0.3", "ici_fsdp_parallelism=1",
+                        "ici_tensor_parallelism=8")
+  assert "per_device_batch_size=0.3" in msg and "whole number" in msg
+
+
+def test_validate_sequence_longer_than_positions():
+  msg = _validate_error("max_target_length=1024", "max_position_embeddings=512")
+  assert "max_target_length=1024" in msg and "max_position_embeddings=512" in msg
+
+
+def test_validate_sequence_not_divisible_over_context():
+  msg = _validate_error("ici_fsdp_parallelism=1", "ici_context_parallelism=8",
+                        "max_target_length=100")
+  assert "max_target_length=100" in msg and "context" in msg
+
+
+def test_validate_heads_not_multiple_of_kv_heads():
+  msg = _validate_error("num_query_heads=4", "num_kv_heads=3")
+  assert msg.startswith("num_kv_heads") and "num_query_heads=4" in msg
+
+
+def test_validate_unknown_decoder_block():
+  msg = _validate_error("decoder_block=gpt")
+  assert "decoder_block='gpt'" in msg and "llama" in msg
+
+
+def test_validate_rule_with_unknown_mesh_axis():
+  msg = _validate_error('logical_axis_rules=[["embed", ["fsdp", "pipeline"]]]')
+  assert "logical_axis_rules" in msg and "'pipeline'" in msg
+
+
+# ---- CLI contract -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cli_runs():
+  """Both bad command lines, run concurrently (each pays the imports once)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  cases = {"unknown_key": ["stepz=3"],
+           "missing_data": ["dataset_type=file", "dataset_path=/nonexistent"]}
+  t0 = time.monotonic()
+  procs = {name: subprocess.Popen([sys.executable, "train.py", "configs/base.yml", *args], cwd=ROOT,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for name, args in cases.items()}
+  out = {}
+  for name, p in procs.items():
+    try:
+      stdout, stderr = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+      p.kill()
+      stdout, stderr = p.communicate()
+    out[name] = (p.returncode, stdout, stderr, time.monotonic() - t0)
+  return out
+
+
+def test_cli_unknown_key_exits_2(cli_runs):
+  code, stdout, stderr, seconds = cli_runs["unknown_key"]
+  assert code == 2, (stdout, stderr)
+  assert "'stepz'" in stderr and "'steps'" in stderr
+  assert "compiled" not in stdout
+  assert seconds < 30
+
+
+def test_cli_missing_dataset_exits_2(cli_runs):
+  code, stdout, stderr, seconds = cli_runs["missing_data"]
+  assert code == 2, (stdout, stderr)
+  assert "/nonexistent" in stderr and "dataset_path" in stderr
+  assert "compiled" not in stdout
+  assert seconds < 30
+
+
+# ---- config.yml in the run directory ------------------------------------------------------------
+def test_resolved_config_written_to_run_dir(tmp_path):
+  overrides = (*MESH_1, "steps=1", "enable_checkpointing=false", "per_device_batch_size=2",
+               "learning_rate=1e-3", "seed=7")
+  code, rows, _ = train(tmp_path, "cfgrun", *overrides, devices=jax.devices()[:1])
+  assert code == 0 and len(rows) == 1
+  with open(tmp_path / "cfgrun" / "config.yml", encoding="utf-8") as f:
+    written = yaml.safe_load(f)
+  assert written["steps"] == 1 and written["enable_checkpointing"] is False
+  assert written["learning_rate"] == 1e-3 and written["seed"] == 7
+  assert written["emb_dim"] == 64 and written["run_name"] == "cfgrun"
+  assert written["per_device_batch_size"] == 2.0 and written["ici_fsdp_parallelism"] == 1
+  assert written == load_config(argv(tmp_path, "cfgrun", *overrides)).as_dict()
+
+
+@pytest.mark.parametrize("arg", ["learning_rate=nan", "per_device_batch_size=inf",
+                                 "norm_epsilon=.nan", "adam_b1=-.inf"])
+def test_non_finite_floats_are_refused(arg):
+  with pytest.raises(ConfigError, match=arg.split("=")[0]):
+    load_config([BASE_YML, arg])
