@@ -1,6 +1,7 @@
 """Parameter helpers: every parameter carries its logical axis names as `logical_axes` metadata."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -32,6 +33,11 @@ class DenseGeneral(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    # One 2-D matmul [tokens, in] @ [in, out]: XLA:CPU lays out and differentiates a plain 2-D dot
+    # far better than a multi-dimensional dot_general (about 2x on a SwiGLU block, fwd+bwd).
     w = self.kernel[...].astype(self.dtype)
-    axes = (tuple(range(x.ndim - self.in_rank, x.ndim)), tuple(range(self.in_rank)))
-    return jax.lax.dot_general(x.astype(self.dtype), w, (axes, ((), ())))
+    batch_shape = x.shape[: x.ndim - self.in_rank]
+    in_size = math.prod(w.shape[: self.in_rank])
+    out_shape = w.shape[self.in_rank:]
+    y = x.astype(self.dtype).reshape(-1, in_size) @ w.reshape(in_size, -1)
+    return y.reshape(*batch_shape, *out_shape)
