@@ -91,7 +91,8 @@ def main() -> int:
   ap.add_argument("--repeats", type=int, default=1, help="interleaved repetitions of every run")
   ap.add_argument("--out", default="", help="work directory (default: a temporary one)")
   args = ap.parse_args()
-  out = args.out or tempfile.mkdtemp(prefix="tiny_train_")
+  out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="tiny_train_")
+  os.makedirs(out, exist_ok=True)
   env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE")
   env.pop("XLA_FLAGS", None)
   results: dict[tuple[str, str], list[dict]] = {}

@@ -9,8 +9,8 @@ the others may still call every method, which then does nothing.
 Expected keys (the trainer passes at least these): ``loss``, ``lr``,
 ``grad_norm``, ``step_time_s``, ``tokens_per_s``, ``tflops_per_device``,
 ``mfu`` (a fraction in 0..1, or None when the device peak is unknown).
-Steps are 0-based: step ``s`` of ``total_steps`` leaves
-``total_steps - s - 1`` steps to run.
+Steps count completed optimizer steps (1-based, as in ``metrics.jsonl``): step ``s`` of
+``total_steps`` leaves ``total_steps - s`` steps to run.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def format_line(step: int, metrics: dict, total_steps: int) -> str:
   if (mfu := get("mfu")) is not None:
     parts.append(f"MFU {100.0 * mfu:.1f}%")
   if step_time is not None and total_steps > 0:
-    remaining = max(total_steps - step - 1, 0)
+    remaining = max(total_steps - step, 0)
     parts.append(f"ETA {_format_duration(remaining * step_time)}")
   return " | ".join(parts)
 

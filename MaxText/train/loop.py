@@ -160,7 +160,7 @@ class Trainer:
                      rss_gib=psutil.Process().memory_info().rss / 2**30)
       writer.write(step, metrics)
       if step % cfg.log_period == 0 or step == cfg.steps or step == start + 1:
-        log(format_line(step - 1, metrics, cfg.steps))
+        log(format_line(step, metrics, cfg.steps))
       if save_now:
         ckpts.save(step, state, data_iter, config_dict)
         if step < cfg.steps:

@@ -1,0 +1,74 @@
+"""Learning-rate schedules, weight-decay mask, clipping and the masked cross-entropy."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import BASE_YML
+from MaxText.config.load import load_config
+from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.step import cross_entropy_sums
+
+
+def _cfg(*over):
+  return load_config([BASE_YML, "steps=100", "warmup_steps=10", "learning_rate=1.0",
+                      "final_lr_fraction=0.1", *over])
+
+
+def test_cosine_schedule_points():
+  lr = learning_rate_schedule(_cfg("lr_schedule=cosine"))
+  assert float(lr(0)) == 0.0
+  assert float(lr(5)) == pytest.approx(0.5)
+  assert float(lr(10)) == pytest.approx(1.0)
+  assert float(lr(55)) == pytest.approx(0.1 + 0.9 * 0.5, abs=1e-6)  # half-way down the cosine
+  assert float(lr(100)) == pytest.approx(0.1, abs=1e-6)
+
+
+def test_wsd_schedule_points():
+  lr = learning_rate_schedule(_cfg("lr_schedule=wsd", "wsd_decay_fraction=0.2"))
+  assert float(lr(5)) == pytest.approx(0.5)
+  assert float(lr(10)) == pytest.approx(1.0)
+  assert float(lr(79)) == pytest.approx(1.0)      # stable until the last 20 steps
+  assert float(lr(90)) == pytest.approx(0.55)     # linear decay 1.0 → 0.1 over steps 80..100
+  assert float(lr(100)) == pytest.approx(0.1)
+
+
+def test_constant_schedule_points():
+  lr = learning_rate_schedule(_cfg("lr_schedule=constant"))
+  assert float(lr(5)) == pytest.approx(0.5)
+  assert [float(lr(s)) for s in (10, 50, 100)] == [1.0, 1.0, 1.0]
+
+
+def test_weight_decay_only_on_matrices_and_clipping():
+  cfg = _cfg("lr_schedule=constant", "warmup_steps=0", "weight_decay=0.5", "max_grad_norm=1.0",
+             "learning_rate=0.1")
+  tx = make_optimizer(cfg)
+  params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
+  zero = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero, tx.init(params), params)
+  np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)  # decayed
+  np.testing.assert_array_equal(updates["scale"], np.zeros(2))                       # not decayed
+  # a huge gradient is clipped to norm 1 before Adam; Adam's first step is then ±lr per entry
+  big = {"w": jnp.full((2, 2), 1e6), "scale": jnp.zeros((2,))}
+  cfg2 = _cfg("lr_schedule=constant", "warmup_steps=0", "weight_decay=0.0", "learning_rate=0.1")
+  tx2 = make_optimizer(cfg2)
+  updates, _ = tx2.update(big, tx2.init(params), params)
+  np.testing.assert_allclose(updates["w"], -0.1 * np.ones((2, 2)), rtol=1e-4)
+
+
+def test_cross_entropy_masks_padding_and_matches_numpy():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, size=(2, 5)).astype(np.int32)
+  mask = np.array([[1, 1, 1, 0, 0], [1, 0, 1, 1, 1]], bool)
+  nll, z, n = cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask), 1e-2)
+  lse = np.log(np.exp(logits.astype(np.float64)).sum(-1))
+  picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+  want_z = (1e-2 * lse ** 2 * mask).sum()
+  assert float(n) == mask.sum()
+  assert float(z) == pytest.approx(want_z, rel=1e-5)
+  assert float(nll) == pytest.approx(((lse - picked) * mask).sum() + want_z, rel=1e-5)
+  # a masked position can hold anything without changing the loss
+  logits[0, 4] += 100.0
+  nll2, _, _ = cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask), 1e-2)
+  assert float(nll2) == pytest.approx(float(nll), rel=1e-6)
