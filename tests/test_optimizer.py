@@ -11,8 +11,9 @@ from MaxText.train.step import cross_entropy_sums
 
 
 def _cfg(*over):
-  return load_config([BASE_YML, "steps=100", "warmup_steps=10", "learning_rate=1.0",
-                      "final_lr_fraction=0.1", *over])
+  merged = dict(a.split("=", 1) for a in ("steps=100", "warmup_steps=10", "learning_rate=1.0",
+                                          "final_lr_fraction=0.1", *over))
+  return load_config([BASE_YML, *(f"{k}={v}" for k, v in merged.items())])
 
 
 def test_cosine_schedule_points():
