@@ -12,21 +12,28 @@ import pytest
 from MaxText.metrics import flops, peaks, writers
 
 # The reference config MaxText 0.2.5 was run with (see /work/shared/notes).
-REF_MODEL = dict(emb_dim=256, num_layers=4, num_query_heads=4, num_kv_heads=4, head_dim=64,
-                 mlp_dim=1024, vocab_size=8192)
+REF_DIMS = dict(emb_dim=256, num_decoder_layers=4, num_query_heads=4, num_kv_heads=4, head_dim=64,
+                mlp_dim=1024, vocab_size=8192, tie_word_embeddings=False)
+
+
+def dims(**changes):
+  return types.SimpleNamespace(**{**REF_DIMS, **changes})
+
+
+REF_MODEL = dims()
 REF_STEP = dict(seq_len=256, global_batch=8)
 
 
 def test_reference_param_counts():
   # 4 layers * (4*256*256 attn + 3*256*1024 mlp) + 256*8192 head.
-  assert flops.matmul_param_count(**REF_MODEL) == 6_291_456
+  assert flops.matmul_param_count(REF_MODEL) == 6_291_456
   # + input embedding 8192*256 + (2*4+1)*256 norm scales = MaxText's reported count.
-  assert flops.total_param_count(**REF_MODEL) == 8_390_912
-  assert flops.total_param_count(**REF_MODEL, tie_embeddings=True) == 8_390_912 - 8192 * 256
+  assert flops.total_param_count(REF_MODEL) == 8_390_912
+  assert flops.total_param_count(dims(tie_word_embeddings=True)) == 8_390_912 - 8192 * 256
 
 
 def test_reference_training_flops():
-  out = flops.training_flops_per_step(**REF_MODEL, **REF_STEP)
+  out = flops.training_flops_per_step(REF_MODEL, **REF_STEP)
   tokens = 8 * 256
   assert out["tokens"] == tokens
   assert out["matmul"] == 6 * 6_291_456 * tokens == 77_309_411_328
@@ -39,24 +46,24 @@ def test_reference_training_flops():
 
 
 def test_causal_attention_is_half_of_noncausal():
-  causal = flops.training_flops_per_step(**REF_MODEL, **REF_STEP, causal=True)
-  full = flops.training_flops_per_step(**REF_MODEL, **REF_STEP, causal=False)
+  causal = flops.training_flops_per_step(REF_MODEL, **REF_STEP, causal=True)
+  full = flops.training_flops_per_step(REF_MODEL, **REF_STEP, causal=False)
   assert full["attention"] == 2 * causal["attention"]
   assert full["matmul"] == causal["matmul"]
   assert full["total"] - causal["total"] == causal["attention"]
 
 
 def test_gqa_and_mlp_matrices_change_the_count():
-  gqa = dict(REF_MODEL, num_kv_heads=1)
+  gqa = dims(num_kv_heads=1)
   # k and v shrink from 4 heads to 1: 2 * 256 * 3 * 64 fewer weights per layer.
-  assert flops.matmul_param_count(**REF_MODEL) - flops.matmul_param_count(**gqa) == 4 * 2 * 256 * 3 * 64
-  two = flops.matmul_param_count(**REF_MODEL, num_mlp_matrices=2)
-  assert flops.matmul_param_count(**REF_MODEL) - two == 4 * 256 * 1024
+  assert flops.matmul_param_count(REF_MODEL) - flops.matmul_param_count(gqa) == 4 * 2 * 256 * 3 * 64
+  two = flops.matmul_param_count(REF_MODEL, num_mlp_matrices=2)
+  assert flops.matmul_param_count(REF_MODEL) - two == 4 * 256 * 1024
 
 
 def test_flops_rejects_nonpositive_sizes():
   with pytest.raises(ValueError):
-    flops.training_flops_per_step(**dict(REF_MODEL, num_layers=0), **REF_STEP)
+    flops.training_flops_per_step(dims(num_decoder_layers=0), **REF_STEP)
 
 
 def _dev(kind, platform="gpu"):

@@ -7,7 +7,7 @@ scales; an LM head maps the final hidden state to the vocabulary.
 
 Notation: ``T = global_batch * seq_len`` tokens per step, ``D = emb_dim``,
 ``H = num_query_heads``, ``K = num_kv_heads``, ``h = head_dim``,
-``F = mlp_dim``, ``V = vocab_size``, ``L = num_layers``, ``S = seq_len``,
+``F = mlp_dim``, ``V = vocab_size``, ``L = num_decoder_layers``, ``S = seq_len``,
 ``B = global_batch``.
 
 Matmul parameters (weights that take part in a matrix multiply)::
@@ -42,126 +42,60 @@ divide by the number of devices for a per-device figure.
 
 from __future__ import annotations
 
-
-def _attention_matmul_params(emb_dim: int, num_query_heads: int, num_kv_heads: int, head_dim: int) -> int:
-  """Weights in the q, k, v and o projections of one layer."""
-  q = emb_dim * num_query_heads * head_dim
-  kv = 2 * emb_dim * num_kv_heads * head_dim
-  o = num_query_heads * head_dim * emb_dim
-  return q + kv + o
+from typing import Protocol
 
 
-def matmul_param_count(
-    *,
-    emb_dim: int,
-    num_layers: int,
-    num_query_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    mlp_dim: int,
-    vocab_size: int,
-    num_mlp_matrices: int = 3,
-) -> int:
-  """Number of parameters that take part in a matmul during a forward pass.
-
-  This includes the LM head (D*V) but not the input embedding table, which
-  is only gathered from, nor the norm scales.
-  """
-  attn = _attention_matmul_params(emb_dim, num_query_heads, num_kv_heads, head_dim)
-  mlp = num_mlp_matrices * emb_dim * mlp_dim
-  return num_layers * (attn + mlp) + emb_dim * vocab_size
+class DenseDims(Protocol):
+  """What the count reads; `MaxText.models.model_config.ModelConfig` satisfies it."""
+  emb_dim: int
+  num_decoder_layers: int
+  num_query_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  vocab_size: int
+  tie_word_embeddings: bool
 
 
-def total_param_count(
-    *,
-    emb_dim: int,
-    num_layers: int,
-    num_query_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    mlp_dim: int,
-    vocab_size: int,
-    num_mlp_matrices: int = 3,
-    tie_embeddings: bool = False,
-) -> int:
-  """All trainable parameters: matmul weights, embedding table(s), RMSNorm scales.
-
-  Each layer has two RMSNorm scales (pre-attention and pre-MLP) and there is
-  one final norm.  An untied model has a separate input embedding table in
-  addition to the LM head.
-  """
-  matmul = matmul_param_count(
-      emb_dim=emb_dim,
-      num_layers=num_layers,
-      num_query_heads=num_query_heads,
-      num_kv_heads=num_kv_heads,
-      head_dim=head_dim,
-      mlp_dim=mlp_dim,
-      vocab_size=vocab_size,
-      num_mlp_matrices=num_mlp_matrices,
-  )
-  norms = (2 * num_layers + 1) * emb_dim
-  input_embedding = 0 if tie_embeddings else vocab_size * emb_dim
-  return matmul + norms + input_embedding
+def matmul_param_count(m: DenseDims, *, num_mlp_matrices: int = 3) -> int:
+  """Parameters that take part in a matmul in the forward pass: q/k/v/o, the MLP matrices and the
+  LM head (D*V); not the input embedding table (only gathered from) nor the norm scales."""
+  attn = (2 * m.num_query_heads + 2 * m.num_kv_heads) * m.emb_dim * m.head_dim
+  mlp = num_mlp_matrices * m.emb_dim * m.mlp_dim
+  return m.num_decoder_layers * (attn + mlp) + m.emb_dim * m.vocab_size
 
 
-def training_flops_per_step(
-    *,
-    emb_dim: int,
-    num_layers: int,
-    num_query_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    mlp_dim: int,
-    vocab_size: int,
-    seq_len: int,
-    global_batch: int,
-    causal: bool = True,
-    num_mlp_matrices: int = 3,
-) -> dict:
+def total_param_count(m: DenseDims, *, num_mlp_matrices: int = 3) -> int:
+  """All trainable parameters: matmul weights, the input embedding table unless tied to the head,
+  and the RMSNorm scales (two per layer plus the final norm)."""
+  norms = (2 * m.num_decoder_layers + 1) * m.emb_dim
+  input_embedding = 0 if m.tie_word_embeddings else m.vocab_size * m.emb_dim
+  return matmul_param_count(m, num_mlp_matrices=num_mlp_matrices) + norms + input_embedding
+
+
+def training_flops_per_step(m: DenseDims, *, seq_len: int, global_batch: int, causal: bool = True,
+                            num_mlp_matrices: int = 3) -> dict:
   """Model FLOPs of one training step (forward + backward) over the global batch.
 
-  Returns a dict with:
-    ``total``: total FLOPs per step (float),
-    ``matmul``: 6 * matmul_params * tokens,
-    ``attention``: QK^T and AV FLOPs (fwd+bwd, halved when causal),
-    ``matmul_params``: parameters counted in ``matmul``,
-    ``tokens``: tokens per step (global_batch * seq_len),
-    ``tflops``: ``total`` / 1e12.
-
-  Tying the LM head to the embedding does not change this count: the logits
-  matmul is done either way.  See the module docstring for the formula.
+  Returns ``total``, ``matmul`` (6 * matmul_params * tokens), ``attention`` (QK^T and AV, fwd+bwd,
+  halved when causal), ``matmul_params``, ``tokens`` and ``tflops`` (= total / 1e12). Tying the LM
+  head to the embedding does not change the count: the logits matmul is done either way.
   """
-  for name, value in (("emb_dim", emb_dim), ("num_layers", num_layers),
-                      ("num_query_heads", num_query_heads), ("num_kv_heads", num_kv_heads),
-                      ("head_dim", head_dim), ("mlp_dim", mlp_dim), ("vocab_size", vocab_size),
-                      ("seq_len", seq_len), ("global_batch", global_batch)):
+  for name in ("emb_dim", "num_decoder_layers", "num_query_heads", "num_kv_heads", "head_dim",
+               "mlp_dim", "vocab_size"):
+    if getattr(m, name) <= 0:
+      raise ValueError(f"{name} must be positive, got {getattr(m, name)}")
+  for name, value in (("seq_len", seq_len), ("global_batch", global_batch)):
     if value <= 0:
       raise ValueError(f"{name} must be positive, got {value}")
-
-  params = matmul_param_count(
-      emb_dim=emb_dim,
-      num_layers=num_layers,
-      num_query_heads=num_query_heads,
-      num_kv_heads=num_kv_heads,
-      head_dim=head_dim,
-      mlp_dim=mlp_dim,
-      vocab_size=vocab_size,
-      num_mlp_matrices=num_mlp_matrices,
-  )
+  params = matmul_param_count(m, num_mlp_matrices=num_mlp_matrices)
   tokens = global_batch * seq_len
   matmul = 6.0 * params * tokens
   # Per layer, forward: QK^T and AV each cost 2*B*S*S*H*h.
-  attention_fwd = 2 * 2 * global_batch * seq_len * seq_len * num_query_heads * head_dim
-  attention = 3.0 * attention_fwd * num_layers
+  attention_fwd = 2 * 2 * global_batch * seq_len * seq_len * m.num_query_heads * m.head_dim
+  attention = 3.0 * attention_fwd * m.num_decoder_layers
   if causal:
     attention /= 2
   total = matmul + attention
-  return {
-      "total": total,
-      "matmul": matmul,
-      "attention": attention,
-      "matmul_params": params,
-      "tokens": tokens,
-      "tflops": total / 1e12,
-  }
+  return {"total": total, "matmul": matmul, "attention": attention, "matmul_params": params,
+          "tokens": tokens, "tflops": total / 1e12}

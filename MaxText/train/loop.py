@@ -133,10 +133,8 @@ class Trainer:
     t0 = time.perf_counter()
     compiled = self.compile_step()
     log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
-    flops = training_flops_per_step(
-        emb_dim=cfg.emb_dim, num_layers=cfg.num_decoder_layers, num_query_heads=cfg.num_query_heads,
-        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, mlp_dim=cfg.mlp_dim,
-        vocab_size=cfg.vocab_size, seq_len=cfg.max_target_length, global_batch=self.global_batch)
+    flops = training_flops_per_step(self.mcfg, seq_len=cfg.max_target_length,
+                                    global_batch=self.global_batch)
     peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
