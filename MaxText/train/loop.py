@@ -123,12 +123,12 @@ class Trainer:
     ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
                            max_to_keep=cfg.max_checkpoints_to_keep,
                            async_save=cfg.async_checkpointing) if cfg.enable_checkpointing else None
-    state, start = self.initial_state(ckpts, data_iter)
-    if start >= cfg.steps:
-      log(f"nothing to do: the run already reached step {start} of steps={cfg.steps}")
-      if ckpts is not None:
-        ckpts.close()
+    latest = ckpts.latest_step() if ckpts is not None else None
+    if latest is not None and latest >= cfg.steps:
+      log(f"nothing to do: the run already reached step {latest} of steps={cfg.steps}")
+      ckpts.close()
       return EXIT_OK
+    state, start = self.initial_state(ckpts, data_iter)
 
     t0 = time.perf_counter()
     compiled = self.compile_step()
