@@ -24,10 +24,10 @@ want="$( (cat requirements.txt; echo "gpu=$GPU") | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+.venv/bin/python -m pip install -qq --disable-pip-version-check -r requirements.txt
 if [ "$GPU" = 1 ]; then
   jaxver=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
-  .venv/bin/python -m pip install --quiet "jax[cuda12]==$jaxver"
+  .venv/bin/python -m pip install -qq "jax[cuda12]==$jaxver"
 fi
 echo "$want" > "$stamp"
 echo "setup.sh: .venv ready ($(.venv/bin/python -c 'import jax; print("jax", jax.__version__)'))"

@@ -243,3 +243,19 @@ def test_optimizer_moments_follow_the_parameters(extra):
     for got, want in zip(jax.tree.leaves(moment), jax.tree.leaves(params)):
       assert got == want
   assert adam[0].count == replicated
+
+
+def test_multi_slice_hybrid_grid_puts_dcn_outermost():
+  """Two slices of four devices: dcn_data=-1 fills 2 slices, ici_fsdp=-1 fills 4 per slice, and
+  every row of the data axis lies within one slice (only data-parallel traffic crosses DCN)."""
+  import types
+  from MaxText.sharding.mesh import device_grid, mesh_shape
+  devices = [types.SimpleNamespace(id=i, slice_index=i // 4, process_index=i // 4, platform="cpu",
+                                   device_kind="cpu") for i in range(8)]
+  cfg = load_config([BASE_YML])
+  assert mesh_shape(cfg, devices) == ([1, 4, 1, 1, 1], [2, 1, 1, 1, 1])
+  grid = device_grid(cfg, devices)
+  assert grid.shape == (2, 4, 1, 1, 1)
+  assert [{d.slice_index for d in row.ravel()} for row in grid] == [{0}, {1}]
+  with pytest.raises(ConfigError, match="dcn"):
+    mesh_shape(load_config([BASE_YML, "dcn_data_parallelism=1", "dcn_fsdp_parallelism=1"]), devices)

@@ -56,13 +56,16 @@ def mesh_shape(cfg: Config, devices: Sequence[jax.Device]) -> tuple[list[int], l
   return ici, dcn
 
 
-def create_mesh(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  devices = list(jax.devices() if devices is None else devices)
+def device_grid(cfg: Config, devices: Sequence[jax.Device]) -> np.ndarray:
+  """The devices arranged as an array of shape ici × dcn per mesh axis (dcn outermost)."""
   ici, dcn = mesh_shape(cfg, devices)
   if math.prod(dcn) > 1:
-    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
-  elif devices[0].platform in ("tpu", "gpu", "cuda", "rocm"):
-    grid = mesh_utils.create_device_mesh(ici, devices)
-  else:  # CPU: no topology to optimise for; a plain reshape keeps device order predictable
-    grid = np.asarray(devices).reshape(ici)
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  if devices[0].platform in ("tpu", "gpu", "cuda", "rocm"):
+    return mesh_utils.create_device_mesh(ici, devices)
+  return np.asarray(devices).reshape(ici)  # CPU: no topology to optimise; keep the device order
+
+
+def create_mesh(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  grid = device_grid(cfg, list(jax.devices() if devices is None else devices))
   return Mesh(grid, tuple(cfg.mesh_axes), axis_types=(AxisType.Auto,) * len(cfg.mesh_axes))
