@@ -98,3 +98,12 @@ def test_variants_match_plain_run(tmp_path, extra):
   _, ref, _ = train(tmp_path, "ref", *base, devices=jax.devices()[:1])
   _, got, _ = train(tmp_path, "var", *base, *extra, devices=jax.devices()[:1])
   np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in ref], rtol=0, atol=1e-5)
+
+
+def test_gradient_accumulation_on_eight_devices_matches_one_device(tmp_path):
+  """2 micro-batches of 8 rows over (data 2, fsdp 2, tensor 2) = one 16-row batch on 1 device."""
+  base = ("steps=3", "enable_checkpointing=false")
+  _, ref, _ = train(tmp_path, "ref", *base, *MESH_1, "per_device_batch_size=16",
+                    devices=jax.devices()[:1])
+  _, got, _ = train(tmp_path, "ga", *base, *MESH_222, "gradient_accumulation_steps=2")
+  np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in ref], rtol=0, atol=1e-5)

@@ -74,11 +74,8 @@ class Trainer:
     self.abstract = abstract_state(self.model_def, self.tx, self.shardings)
     n = len(self.devices)
     self.global_batch = cfg.global_batch_size(n)
-    self.batch_sharding = batch_sharding(self.mesh, self.rules, cfg.micro_batch_size(n),
+    self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
                                          cfg.max_target_length)
-    if cfg.gradient_accumulation_steps > 1:  # the batch axis holds all micro-batches back to back
-      self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
-                                           cfg.max_target_length)
 
   # ---- state -------------------------------------------------------------------------------------
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:

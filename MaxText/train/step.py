@@ -47,8 +47,11 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
       if grad_accum == 1:
         (nll, (z, n)), grads = grad_fn(params, batch)
       else:
+        # micro-batch j = rows j, j+A, j+2A, …: every device's contiguous block of rows holds an
+        # equal share of each micro-batch, so no rows move between devices
         micro_batches = jax.tree.map(
-            lambda x: x.reshape(grad_accum, x.shape[0] // grad_accum, *x.shape[1:]), batch)
+            lambda x: x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1),
+            batch)
 
         def accumulate(carry, micro):
           micro = jax.tree.map(lambda x: constrain(x, BATCH_AXES), micro)
@@ -56,7 +59,8 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
           acc_g, acc_l, acc_z, acc_n = carry
           return (jax.tree.map(jnp.add, acc_g, g), acc_l + l, acc_z + zz, acc_n + nn), None
 
-        zero = (jax.tree.map(jnp.zeros_like, params), 0.0, 0.0, 0.0)
+        f32_zero = jnp.zeros((), jnp.float32)
+        zero = (jax.tree.map(jnp.zeros_like, params), f32_zero, f32_zero, f32_zero)
         (grads, nll, z, n), _ = jax.lax.scan(accumulate, zero, micro_batches)
       denom = jnp.maximum(n, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
