@@ -8,6 +8,8 @@ only the path when pickled (Grain worker processes reload them lazily).
 
 from __future__ import annotations
 
+import abc
+
 import json
 import os
 from typing import Optional, Protocol, Sequence, runtime_checkable
@@ -59,7 +61,7 @@ class ByteTokenizer:
     return "ByteTokenizer()"
 
 
-class _LazyFileTokenizer:
+class _LazyFileTokenizer(abc.ABC):
   """Base for tokenizers loaded from a file: pickles as its path, loads on first use."""
 
   def __init__(self, path: str):
@@ -67,8 +69,9 @@ class _LazyFileTokenizer:
     self._impl = None
     self._load()  # Load eagerly once so errors surface at construction time.
 
+  @abc.abstractmethod
   def _load(self):
-    raise NotImplementedError
+    """Sets `self._impl` from `self.path`."""
 
   @property
   def impl(self):

@@ -42,22 +42,10 @@ divide by the number of devices for a per-device figure.
 
 from __future__ import annotations
 
-from typing import Protocol
+from MaxText.models.model_config import ModelConfig
 
 
-class DenseDims(Protocol):
-  """What the count reads; `MaxText.models.model_config.ModelConfig` satisfies it."""
-  emb_dim: int
-  num_decoder_layers: int
-  num_query_heads: int
-  num_kv_heads: int
-  head_dim: int
-  mlp_dim: int
-  vocab_size: int
-  tie_word_embeddings: bool
-
-
-def matmul_param_count(m: DenseDims, *, num_mlp_matrices: int = 3) -> int:
+def matmul_param_count(m: ModelConfig, *, num_mlp_matrices: int = 3) -> int:
   """Parameters that take part in a matmul in the forward pass: q/k/v/o, the MLP matrices and the
   LM head (D*V); not the input embedding table (only gathered from) nor the norm scales."""
   attn = (2 * m.num_query_heads + 2 * m.num_kv_heads) * m.emb_dim * m.head_dim
@@ -65,7 +53,7 @@ def matmul_param_count(m: DenseDims, *, num_mlp_matrices: int = 3) -> int:
   return m.num_decoder_layers * (attn + mlp) + m.emb_dim * m.vocab_size
 
 
-def total_param_count(m: DenseDims, *, num_mlp_matrices: int = 3) -> int:
+def total_param_count(m: ModelConfig, *, num_mlp_matrices: int = 3) -> int:
   """All trainable parameters: matmul weights, the input embedding table unless tied to the head,
   and the RMSNorm scales (two per layer plus the final norm)."""
   norms = (2 * m.num_decoder_layers + 1) * m.emb_dim
@@ -73,7 +61,7 @@ def total_param_count(m: DenseDims, *, num_mlp_matrices: int = 3) -> int:
   return matmul_param_count(m, num_mlp_matrices=num_mlp_matrices) + norms + input_embedding
 
 
-def training_flops_per_step(m: DenseDims, *, seq_len: int, global_batch: int, causal: bool = True,
+def training_flops_per_step(m: ModelConfig, *, seq_len: int, global_batch: int, causal: bool = True,
                             num_mlp_matrices: int = 3) -> dict:
   """Model FLOPs of one training step (forward + backward) over the global batch.
 
