@@ -24,6 +24,7 @@ from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
+from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
@@ -175,10 +176,13 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     cfg = load_config(argv)
     setup_jax(cfg)
     check_config(cfg, list(jax.devices() if devices is None else devices))
+    trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
+    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
+    if problem:
+      raise ConfigError(problem)
   except (ConfigError, DataError) as e:
     print(f"config error: {e}", file=sys.stderr)
     return EXIT_CONFIG, None
-  trainer = Trainer(cfg, devices)
   return trainer.run(), trainer
 
 

@@ -1,0 +1,71 @@
+"""Pre-flight memory check: will the parameters, gradients and optimizer state fit per device?
+
+Counted per device from the actual shardings (so fsdp/tensor sharding is credited exactly):
+parameters + one gradient copy + the optimizer state. Activations are not counted (they depend on
+remat and fusion); the check only refuses runs that cannot fit even without them, before anything
+is allocated or compiled.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jax
+import psutil
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+  params: int          # bytes per device
+  grads: int
+  optimizer: int
+  available: int       # bytes per device
+  source: str          # where `available` came from
+
+  @property
+  def needed(self) -> int:
+    return self.params + self.grads + self.optimizer
+
+
+def _per_device_bytes(abstract: Any) -> int:
+  total = 0
+  for leaf in jax.tree.leaves(abstract):
+    shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shard) * leaf.dtype.itemsize
+  return total
+
+
+def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]:
+  stats = None
+  try:
+    stats = devices[0].memory_stats()
+  except Exception:  # noqa: BLE001 — some backends do not implement memory_stats
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]), f"{devices[0].device_kind} memory limit"
+  # CPU: all local devices share the host's RAM
+  local = max(1, sum(1 for d in devices if d.process_index == jax.process_index()))
+  return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
+
+
+def estimate(abstract_state: dict, devices: Sequence[jax.Device]) -> MemoryEstimate:
+  params = _per_device_bytes(abstract_state["params"])
+  available, source = available_bytes_per_device(devices)
+  return MemoryEstimate(params=params, grads=params,
+                        optimizer=_per_device_bytes(abstract_state["opt_state"]),
+                        available=available, source=source)
+
+
+def check_fits(est: MemoryEstimate) -> str | None:
+  """None when the state fits; otherwise the message to stop with."""
+  if est.needed <= est.available:
+    return None
+  return (f"the model does not fit: parameters {est.params / GiB:.2f} GiB + gradients "
+          f"{est.grads / GiB:.2f} GiB + optimizer state {est.optimizer / GiB:.2f} GiB = "
+          f"{est.needed / GiB:.2f} GiB needed per device, {est.available / GiB:.2f} GiB available "
+          f"({est.source}), before activations. Shard the state over more devices "
+          f"(ici_fsdp_parallelism / ici_tensor_parallelism, or more hosts), use "
+          f"weight_dtype=bfloat16, or pick a smaller model.")

@@ -1,0 +1,37 @@
+"""The pre-flight memory estimate: exact per-device bytes, and a model that cannot fit is refused
+with the numbers before anything is allocated or compiled."""
+import subprocess
+import sys
+import time
+
+import jax
+
+from conftest import BASE_YML, MESH_1, ROOT, argv
+from MaxText.config.load import load_config
+from MaxText.train import memory
+from MaxText.train.loop import Trainer
+
+
+def test_estimate_counts_sharded_bytes_exactly(tmp_path):
+  one = Trainer(load_config(argv(tmp_path, "m1", *MESH_1)), jax.devices()[:1])
+  eight = Trainer(load_config(argv(tmp_path, "m8", "ici_fsdp_parallelism=8")))
+  e1, e8 = memory.estimate(one.abstract, one.devices), memory.estimate(eight.abstract, eight.devices)
+  n_params = sum(x.size for x in jax.tree.leaves(one.abstract["params"]))
+  assert e1.params == 4 * n_params                       # fp32, unsharded
+  assert e1.optimizer == 2 * e1.params + 8               # AdamW mu + nu, + 2 int32 step counts
+  assert e8.params < e1.params / 4                       # most bytes split 8 ways over fsdp
+  assert memory.check_fits(e1) is None
+
+
+def test_a_model_too_big_for_the_host_is_refused_with_numbers():
+  big = ["emb_dim=16384", "num_decoder_layers=96", "mlp_dim=65536", "num_query_heads=128",
+         "num_kv_heads=8", "head_dim=128", "vocab_size=131072", "ici_fsdp_parallelism=1",
+         "per_device_batch_size=1"]
+  t0 = time.monotonic()
+  p = subprocess.run([sys.executable, "train.py", BASE_YML, *big], cwd=ROOT, capture_output=True,
+                     text=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=120)
+  assert p.returncode == 2, p.stderr[-2000:]
+  assert "does not fit" in p.stderr and "GiB needed per device" in p.stderr
+  assert "ici_fsdp_parallelism" in p.stderr and "weight_dtype=bfloat16" in p.stderr
+  assert "compiled" not in p.stdout
+  assert time.monotonic() - t0 < 60
