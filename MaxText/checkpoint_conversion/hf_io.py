@@ -1,0 +1,131 @@
+"""Reading and writing Hugging Face model folders safely: `config.json` + safetensors only.
+
+- Never unpickles (`*.bin`, `*.pt`, `*.pth`, `*.pkl` are refused, not read) and never runs remote
+  code (a config with `auto_map` is refused).
+- Shard indexes (`model.safetensors.index.json`) may only name files inside the folder.
+- `HFTensors` is a lazy read-only mapping: a tensor is read from its shard when it is asked for,
+  so converters hold one tensor at a time, not the whole model.
+- `write_hf_folder` writes shards of at most `max_shard_bytes` to temporary names and renames them
+  (index and config last), so an interrupted export never looks complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Iterator
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+class HFFolderError(ValueError):
+  """A bad Hugging Face folder; the message names the file (and tensor)."""
+
+
+def _inside(folder: str, name: str) -> str:
+  path = os.path.realpath(os.path.join(folder, name))
+  root = os.path.realpath(folder)
+  if os.path.isabs(name) or os.path.commonpath([root, path]) != root:
+    raise HFFolderError(f"{os.path.join(folder, INDEX)}: shard path '{name}' escapes the model folder")
+  return path
+
+
+def read_config(folder: str) -> dict:
+  path = os.path.join(folder, "config.json")
+  if not os.path.isfile(path):
+    raise HFFolderError(f"{path} does not exist")
+  with open(path, encoding="utf-8") as f:
+    try:
+      config = json.load(f)
+    except json.JSONDecodeError as e:
+      raise HFFolderError(f"{path} is not valid JSON: {e}") from None
+  if "auto_map" in config:
+    raise HFFolderError(f"{path} has 'auto_map' (custom remote code); refusing to load it")
+  if "model_type" not in config:
+    raise HFFolderError(f"{path} has no 'model_type'")
+  return config
+
+
+class HFTensors(Mapping):
+  """name → np.ndarray, read lazily from the folder's safetensors shard(s)."""
+
+  def __init__(self, folder: str):
+    self.folder = folder
+    pickles = sorted(f for f in os.listdir(folder) if f.endswith(PICKLE_SUFFIXES))
+    index_path = os.path.join(folder, INDEX)
+    if os.path.isfile(index_path):
+      with open(index_path, encoding="utf-8") as f:
+        weight_map = json.load(f).get("weight_map", {})
+      self._where = {name: _inside(folder, shard) for name, shard in weight_map.items()}
+      for shard in sorted(set(self._where.values())):
+        if not os.path.isfile(shard):
+          raise HFFolderError(f"{index_path} names shard '{os.path.relpath(shard, folder)}', "
+                              f"which is missing")
+    elif os.path.isfile(os.path.join(folder, SINGLE)):
+      single = os.path.join(folder, SINGLE)
+      with safe_open(single, framework="np") as f:
+        self._where = {name: single for name in f.keys()}
+    else:
+      extra = f" (found only pickle files {pickles}, which are never loaded)" if pickles else ""
+      raise HFFolderError(f"{folder}: no {SINGLE} or {INDEX}{extra}")
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    if name not in self._where:
+      raise KeyError(f"tensor '{name}' is not in {self.folder}")
+    with safe_open(self._where[name], framework="np") as f:
+      if name not in f.keys():
+        raise HFFolderError(f"{self._where[name]}: tensor '{name}' listed in the index is missing")
+      return f.get_tensor(name)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._where)
+
+  def __len__(self) -> int:
+    return len(self._where)
+
+
+def write_hf_folder(folder: str, tensors: Mapping[str, np.ndarray], config: dict, *,
+                    max_shard_bytes: int = 5 * 2**30) -> None:
+  """Writes `config.json` and `model.safetensors` (or numbered shards + index). Tensors are taken
+  from `tensors` one at a time and each shard is written as soon as it is full, so at most one
+  shard is held in memory."""
+  os.makedirs(folder, exist_ok=True)
+  written: list[tuple[str, list[str], int]] = []   # (temporary path, tensor names, bytes)
+  current: dict[str, np.ndarray] = {}
+  size = 0
+
+  def flush():
+    tmp = os.path.join(folder, f".shard-{len(written):05d}.tmp")
+    save_file(current, tmp, metadata={"format": "pt"})
+    written.append((tmp, list(current), size))
+
+  for name in tensors:
+    t = np.ascontiguousarray(tensors[name])
+    if current and size + t.nbytes > max_shard_bytes:
+      flush()
+      current, size = {}, 0
+    current[name] = t
+    size += t.nbytes
+  flush()
+  n = len(written)
+  final = [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+  for (tmp, _, _), name in zip(written, final):
+    os.replace(tmp, os.path.join(folder, name))
+  if n > 1:
+    index = {"metadata": {"total_size": int(sum(b for _, _, b in written))},
+             "weight_map": {t: name for (_, names, _), name in zip(written, final) for t in names}}
+    _write_json(os.path.join(folder, INDEX), index)
+  _write_json(os.path.join(folder, "config.json"), config)
+
+
+def _write_json(path: str, obj: dict) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
