@@ -9,6 +9,7 @@ a step directory that `all_steps()` lists is complete; async saves run in the ba
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -64,19 +65,41 @@ class RunCheckpoints:
     self._mngr.close()
 
 
-def load_params(path: str, abstract_params: Any) -> Any:
-  """Parameters only (fine-tuning), from a run's `checkpoints/` directory (its latest step), one
-  step directory, or that step's `params` directory; placed per `abstract_params`' shardings."""
+def resolve_step_dir(path: str) -> str:
+  """A run's `checkpoints/` directory (→ its latest committed step) or one step directory."""
   path = os.path.abspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"load_parameters_path '{path}' does not exist")
   if os.path.isdir(os.path.join(path, "params")):
-    path = os.path.join(path, "params")
-  elif not os.path.exists(os.path.join(path, "_METADATA")) and \
-      not os.path.exists(os.path.join(path, "_CHECKPOINT_METADATA")):
-    steps = ocp.utils.checkpoint_steps(path) if os.path.isdir(path) else []
-    if not steps:
-      raise FileNotFoundError(f"load_parameters_path '{path}' holds no committed checkpoint")
-    path = os.path.join(path, str(max(steps)), "params")
+    return path
+  steps = ocp.utils.checkpoint_steps(path) if os.path.isdir(path) else []
+  if not steps:
+    raise FileNotFoundError(f"load_parameters_path '{path}' holds no committed checkpoint")
+  return os.path.join(path, str(max(steps)))
+
+
+def read_meta(path: str) -> dict:
+  """The `meta` item ({"step", "config"}) of a checkpoint (see `resolve_step_dir`)."""
+  meta = os.path.join(resolve_step_dir(path), "meta", "metadata")
+  if not os.path.isfile(meta):
+    raise FileNotFoundError(f"checkpoint '{path}' has no meta/metadata (config) item")
+  with open(meta, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def load_params(path: str, abstract_params: Any = None) -> Any:
+  """Parameters only (fine-tuning), placed per `abstract_params`' shardings (None: as numpy-backed
+  arrays on the default device)."""
   with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(path, abstract_params)
+    return ckptr.restore(os.path.join(resolve_step_dir(path), "params"), abstract_params)
+
+
+def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -> None:
+  """A checkpoint with just `params` and `meta` (what converters write); committed atomically."""
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  with ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                             item_handlers={"params": ocp.StandardCheckpointHandler(),
+                                            "meta": ocp.JsonCheckpointHandler()}) as mngr:
+    mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                            meta=ocp.args.JsonSave({"step": step, "config": config})))
+    mngr.wait_until_finished()

@@ -159,6 +159,16 @@ def load_config(argv: Sequence[str]) -> Config:
   return Config(**values)
 
 
+def explicit_keys(argv: Sequence[str]) -> set[str]:
+  """Keys that `argv` sets beyond base.yml: on the command line or through the model file."""
+  overrides = parse_overrides(argv[1:])
+  keys = set(overrides)
+  model_name = overrides.get("model_name") or _read_yaml(argv[0]).get("model_name", "default")
+  if model_name != "default":
+    keys |= set(_read_yaml(os.path.join(models_dir(argv[0]), f"{model_name}.yml")))
+  return keys
+
+
 def replace(cfg: Config, **changes: Any) -> Config:
   """A copy of `cfg` with `changes` coerced and range-checked like command-line values."""
   for key in changes:

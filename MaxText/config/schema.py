@@ -37,6 +37,7 @@ class Config:
   # ---- model ---------------------------------------------------------------------------------
   model_name: str
   decoder_block: str
+  hf_model_type: str
   vocab_size: int = _spec(min=1)
   emb_dim: int = _spec(min=1)
   num_decoder_layers: int = _spec(min=1)

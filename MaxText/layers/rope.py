@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 def apply_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
   E = x_BSHE.shape[-1]
-  inv_freq = theta ** (-jnp.arange(0, E, 2, dtype=jnp.float32) / E)        # [E/2]
+  inv_freq = 1.0 / theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E)   # [E/2], as HF computes it
   angle_BSE2 = positions_BS.astype(jnp.float32)[..., None] * inv_freq       # [B,S,E/2]
   sin, cos = jnp.sin(angle_BSE2)[:, :, None, :], jnp.cos(angle_BSE2)[:, :, None, :]
   x = x_BSHE.astype(jnp.float32)

@@ -43,3 +43,18 @@ def get_family(decoder_block: str) -> Family:
     raise ConfigError(f"decoder_block='{decoder_block}': unknown model family "
                       f"(known: {', '.join(sorted(FAMILIES))})")
   return FAMILIES[decoder_block]
+
+
+# Hugging Face model_type → the module holding that architecture's name map (`hf_to_params`,
+# `params_to_hf`, `config_from_hf`, `config_to_hf`), imported only when a converter needs it.
+HF_MAPS: dict[str, str] = {
+    "qwen3": "MaxText.models.qwen3.hf_map",
+}
+
+
+def get_hf_map(model_type: str):
+  import importlib
+  if model_type not in HF_MAPS:
+    raise ValueError(f"Hugging Face model_type '{model_type}' is not supported "
+                     f"(supported: {', '.join(sorted(HF_MAPS))})")
+  return importlib.import_module(HF_MAPS[model_type])

@@ -12,6 +12,7 @@ import numpy as np
 import psutil
 
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.config.load import ConfigError, load_config, to_yaml
 from MaxText.config.schema import Config
 from MaxText.config.validate import validate
@@ -174,6 +175,8 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer)."""
   try:
     cfg = load_config(argv)
+    if cfg.load_parameters_path:
+      cfg = adopt_checkpoint_architecture(cfg, argv)
     setup_jax(cfg)
     check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet

@@ -1,0 +1,90 @@
+"""Hugging Face folder → our checkpoint (parameters + the model config).
+
+  python -m MaxText.checkpoint_conversion.to_maxtext hf_path=HF_DIR output_path=CKPT [key=value ...]
+
+Reads `HF_DIR/config.json` (model_type picks the family's name map) and the safetensors shard(s)
+one tensor at a time, and writes `CKPT/0/{params,meta}` — which `train.py
+load_parameters_path=CKPT` fine-tunes from. Extra key=value pairs are config overrides that do not
+change the architecture (e.g. `scan_layers=false`, `weight_dtype=bfloat16`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import numpy as np
+
+from MaxText.checkpoint.manager import save_params_only
+from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
+from MaxText.config.load import ConfigError, coerce, load_config, parse_overrides, replace
+from MaxText.config.schema import Config
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_hf_map
+from MaxText.train.state import make_model_def
+
+BASE_YML = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "configs", "base.yml")
+
+
+def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+  mine, rest = {}, []
+  for arg in argv:
+    key = arg.split("=", 1)[0]
+    (mine.__setitem__(key, arg.split("=", 1)[1]) if key in own else rest.append(arg))
+  missing = [k for k in own if k not in mine]
+  if missing:
+    raise ConfigError(f"missing argument(s): {', '.join(f'{k}=...' for k in missing)}")
+  return mine, rest
+
+
+def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
+  family = get_hf_map(hf_config["model_type"])
+  cfg = replace(load_config([BASE_YML]), **family.config_from_hf(hf_config),
+                hf_model_type=hf_config["model_type"])
+  changed = parse_overrides(overrides)
+  arch = set(ModelConfig.__dataclass_fields__) - {"scan_layers", "remat_policy", "attention",
+                                                  "dtype", "weight_dtype"}
+  for key in changed:
+    if key in arch:
+      raise ConfigError(f"{key}: the architecture comes from config.json; it cannot be overridden")
+  return replace(cfg, **{k: coerce(k, v, from_text=True) for k, v in changed.items()})
+
+
+def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
+  if os.path.exists(output_path) and os.listdir(output_path):
+    raise ConfigError(f"output_path '{output_path}' exists and is not empty")
+  hf_config = read_config(hf_path)
+  cfg = config_for_hf(hf_config, overrides)
+  mcfg = ModelConfig.from_config(cfg)
+  family = get_hf_map(cfg.hf_model_type)
+  params = family.hf_to_params(HFTensors(hf_path), mcfg)
+  want = make_model_def(mcfg).abstract_params
+  flat_want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_leaves_with_path(want)}
+  flat_got = {jax.tree_util.keystr(p): a for p, a in jax.tree_util.tree_leaves_with_path(params)}
+  if set(flat_want) != set(flat_got):
+    raise HFFolderError(f"{hf_path}: converted parameters {sorted(set(flat_got) ^ set(flat_want))} "
+                        f"do not match the model")
+  for name, s in flat_want.items():
+    if tuple(flat_got[name].shape) != tuple(s.shape):
+      raise HFFolderError(f"{hf_path}: parameter {name} has shape {tuple(flat_got[name].shape)}, "
+                          f"config.json implies {tuple(s.shape)}")
+  params = jax.tree.map(lambda a, s: np.asarray(a).astype(s.dtype), params, want)
+  save_params_only(output_path, params, cfg.as_dict())
+  return cfg
+
+
+def main(argv: list[str]) -> int:
+  try:
+    args, rest = split_args(argv, ("hf_path", "output_path"))
+    cfg = convert(args["hf_path"], args["output_path"], rest)
+  except (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
+        f"d={cfg.emb_dim}, vocab {cfg.vocab_size})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,34 @@
+"""With `load_parameters_path`, the architecture comes from the checkpoint's stored config.
+
+Architecture keys the user did not set (on the command line or through `model_name`'s file) are
+taken from the checkpoint; one the user set to a different value is an error naming both values.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from MaxText.checkpoint.manager import read_meta
+from MaxText.config.load import ConfigError, explicit_keys, replace
+from MaxText.config.schema import Config
+from MaxText.models.model_config import ModelConfig
+
+# keys that change compute or memory but not the parameters' meaning
+NOT_ARCHITECTURE = {"remat_policy", "attention", "dtype", "weight_dtype"}
+ARCHITECTURE = (set(ModelConfig.__dataclass_fields__) - NOT_ARCHITECTURE) | {"hf_model_type"}
+
+
+def adopt_checkpoint_architecture(cfg: Config, argv: Sequence[str]) -> Config:
+  try:
+    saved = read_meta(cfg.load_parameters_path)["config"]
+  except FileNotFoundError as e:
+    raise ConfigError(f"load_parameters_path: {e}") from None
+  explicit = explicit_keys(argv)
+  changes = {}
+  for key in sorted(ARCHITECTURE & set(saved)):
+    if saved[key] == getattr(cfg, key):
+      continue
+    if key in explicit:
+      raise ConfigError(f"{key}={getattr(cfg, key)!r} disagrees with the checkpoint at "
+                        f"load_parameters_path ({key}={saved[key]!r})")
+    changes[key] = saved[key]
+  return replace(cfg, **changes) if changes else cfg
