@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
 
   read_config(args["hf_path"])  # refuses auto_map / missing config before transformers reads it
   hf = transformers.AutoModelForCausalLM.from_pretrained(
-      args["hf_path"], torch_dtype=torch.float32, trust_remote_code=False, use_safetensors=True)
+      args["hf_path"], dtype=torch.float32, trust_remote_code=False, use_safetensors=True)
   hf.eval()
   cfg = checkpoint_config(args["load_parameters_path"])
   model_def = make_model_def(ModelConfig.from_config(cfg))
