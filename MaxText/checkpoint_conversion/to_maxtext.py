@@ -69,7 +69,7 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
     if tuple(flat_got[name].shape) != tuple(s.shape):
       raise HFFolderError(f"{hf_path}: parameter {name} has shape {tuple(flat_got[name].shape)}, "
                           f"config.json implies {tuple(s.shape)}")
-  params = jax.tree.map(lambda a, s: np.asarray(a).astype(s.dtype), params, want)
+  params = jax.tree.map(lambda a, s: np.asarray(a).astype(s.dtype, copy=False), params, want)
   save_params_only(output_path, params, cfg.as_dict())
   return cfg
 

@@ -140,14 +140,16 @@ def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF state dict (NumPy arrays) → our pure-dict params, in `mcfg.weight_dtype`. Strict: a missing
   tensor, a wrong shape or an HF tensor left over raises ValueError."""
-  hf = {k: v for k, v in hf_state.items() if not k.endswith(IGNORED_SUFFIXES)}
+  # names only: `hf_state` may be a lazy mapping (HFTensors) that reads a tensor when indexed,
+  # so only one HF tensor (or one parameter's layers) is held at a time
+  hf = {k for k in hf_state if not k.endswith(IGNORED_SUFFIXES)}
   used: set[str] = set()
 
   def take(name: str) -> np.ndarray:
     if name not in hf:
       raise ValueError(f"HF state lacks {name}")
     used.add(name)
-    return np.asarray(hf[name])
+    return np.asarray(hf_state[name])
 
   flat = {}
   for path, rule, layers, spec in _plan(mcfg):
@@ -159,7 +161,8 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
       value = _to_ours(take(rule.hf.format(i=layers[0])), spec.shape, rule)
     flat[path] = np.asarray(value, dtype=spec.dtype)
   if mcfg.tie_word_embeddings and TIED_HEAD in hf:
-    if not np.array_equal(np.asarray(hf[TIED_HEAD]), np.asarray(hf["model.embed_tokens.weight"])):
+    if not np.array_equal(np.asarray(hf_state[TIED_HEAD]),
+                          np.asarray(hf_state["model.embed_tokens.weight"])):
       raise ValueError(f"tie_word_embeddings=true but {TIED_HEAD} differs from the embedding")
     used.add(TIED_HEAD)
   extra = sorted(set(hf) - used)
