@@ -54,11 +54,16 @@ def main() -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--layers", type=int, default=6)
   ap.add_argument("--work", default="")
+  ap.add_argument("--build-only", default="", help=argparse.SUPPRESS)
   args = ap.parse_args()
+  if args.build_only:  # in a child, so this process stays small: ru_maxrss survives fork+exec
+    print(build(args.build_only, args.layers))
+    return 0
   work = args.work or tempfile.mkdtemp(prefix="conv_mem_")
   hf, ckpt, out = (os.path.join(work, n) for n in ("hf", "ckpt", "export"))
-  size = build(hf, args.layers)
   py = sys.executable
+  size = int(subprocess.run([py, __file__, "--layers", str(args.layers), "--build-only", hf],
+                            check=True, capture_output=True, text=True).stdout.split()[-1])
   base = peak_rss([py, "-c", "import MaxText.checkpoint_conversion.to_maxtext, "
                    "MaxText.checkpoint_conversion.to_huggingface"])
   to_mt = peak_rss([py, "-m", "MaxText.checkpoint_conversion.to_maxtext", f"hf_path={hf}",
