@@ -107,3 +107,16 @@ def test_gradient_accumulation_on_eight_devices_matches_one_device(tmp_path):
                     devices=jax.devices()[:1])
   _, got, _ = train(tmp_path, "ga", *base, *MESH_222, "gradient_accumulation_steps=2")
   np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in ref], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh", ["one", "eight"])
+def test_flash_attention_trains_like_dot_product(tmp_path, mesh):
+  """attention=flash (Pallas kernel, interpret mode on CPU) gives the losses of the XLA path, on
+  one device and inside the sharded step (shard_map over batch and heads) on 8 devices."""
+  base = ("steps=5", "enable_checkpointing=false", "flash_block_q=32", "flash_block_kv=32")
+  where = dict(devices=jax.devices()[:1]) if mesh == "one" else {}
+  layout = MESH_1 if mesh == "one" else MESH_222
+  _, ref, _ = train(tmp_path, "xla", *base, *layout, "attention=dot_product", **where)
+  _, got, _ = train(tmp_path, "flash", *base, *layout, "attention=flash", **where)
+  assert len(got) == 5
+  np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in ref], rtol=0, atol=1e-5)

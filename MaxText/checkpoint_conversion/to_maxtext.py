@@ -44,6 +44,7 @@ def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
                 hf_model_type=hf_config["model_type"])
   changed = parse_overrides(overrides)
   arch = set(ModelConfig.__dataclass_fields__) - {"scan_layers", "remat_policy", "attention",
+                                                  "flash_block_q", "flash_block_kv",
                                                   "dtype", "weight_dtype"}
   for key in changed:
     if key in arch:

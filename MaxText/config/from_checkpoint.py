@@ -13,7 +13,8 @@ from MaxText.config.schema import Config
 from MaxText.models.model_config import ModelConfig
 
 # keys that change compute or memory but not the parameters' meaning
-NOT_ARCHITECTURE = {"remat_policy", "attention", "dtype", "weight_dtype"}
+NOT_ARCHITECTURE = {"remat_policy", "attention", "flash_block_q", "flash_block_kv", "dtype",
+                    "weight_dtype"}
 ARCHITECTURE = (set(ModelConfig.__dataclass_fields__) - NOT_ARCHITECTURE) | {"hf_model_type"}
 
 

@@ -56,7 +56,9 @@ class Config:
   weight_dtype: str = _spec(choices=DTYPES)
   scan_layers: bool
   remat_policy: str = _spec(choices=("none", "full", "save_matmuls"))
-  attention: str = _spec(choices=("dot_product",))
+  attention: str = _spec(choices=("autoselected", "dot_product", "flash"))
+  flash_block_q: int = _spec(min=8)
+  flash_block_kv: int = _spec(min=8)
   # ---- data ----------------------------------------------------------------------------------
   dataset_type: str = _spec(choices=("embedded", "synthetic", "file"))
   dataset_path: str

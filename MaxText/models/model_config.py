@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 
 from MaxText.config.schema import Config
@@ -30,11 +31,16 @@ class ModelConfig:
   weight_dtype: str
   scan_layers: bool
   remat_policy: str
-  attention: str
+  attention: str          # resolved: never "autoselected"
+  flash_block_q: int
+  flash_block_kv: int
 
   @classmethod
   def from_config(cls, cfg: Config) -> "ModelConfig":
-    return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+    from MaxText.layers.attention_ops import select_attention
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)}
+    values["attention"] = select_attention(cfg.attention, jax.default_backend())
+    return cls(**values)
 
   @property
   def compute_dtype(self) -> jnp.dtype:

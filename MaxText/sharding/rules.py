@@ -77,6 +77,10 @@ def use_rules(mesh: Mesh, rules: Rules):
     _CONTEXT.reset(token)
 
 
+def current_context() -> ShardingContext | None:
+  return _CONTEXT.get()
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   """`with_sharding_constraint` by logical names; a no-op outside `use_rules`."""
   ctx = _CONTEXT.get()

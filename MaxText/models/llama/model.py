@@ -11,6 +11,8 @@ q/k RMSNorm, as in Qwen3); final RMSNorm; tied or untied LM head. Logits are ret
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -46,6 +48,8 @@ class Attention(nnx.Module):
     self.rope_theta = cfg.rope_theta
     self.scale = E ** -0.5
     self.op = ATTENTION_OPS[cfg.attention]
+    if cfg.attention == "flash":
+      self.op = functools.partial(self.op, block_q=cfg.flash_block_q, block_kv=cfg.flash_block_kv)
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS):
     q_BSHE = constrain(self.query(x_BSD), ACT_BSHE)
