@@ -4,6 +4,7 @@
 
 Builds a Qwen3-shaped Hugging Face folder (hidden 2048, GQA 16/8 × 128, mlp 5504, vocab 32000,
 fp32, 2 GB shards) without torch, then runs to_maxtext and to_huggingface each in a fresh process
+(export shards of `--shard-gb`, since safetensors writes a whole shard at once)
 and reports its peak RSS against the size of one copy of the weights, and the RSS of a process that
 only imports the same modules (the fixed cost of Python + JAX).
 """
@@ -54,6 +55,7 @@ def main() -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--layers", type=int, default=6)
   ap.add_argument("--work", default="")
+  ap.add_argument("--shard-gb", type=float, default=0.5, help="to_huggingface max_shard_gb")
   ap.add_argument("--build-only", default="", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.build_only:  # in a child, so this process stays small: ru_maxrss survives fork+exec
@@ -69,7 +71,8 @@ def main() -> int:
   to_mt = peak_rss([py, "-m", "MaxText.checkpoint_conversion.to_maxtext", f"hf_path={hf}",
                     f"output_path={ckpt}"])
   to_hf = peak_rss([py, "-m", "MaxText.checkpoint_conversion.to_huggingface",
-                    f"load_parameters_path={ckpt}", f"output_path={out}"])
+                    f"load_parameters_path={ckpt}", f"output_path={out}",
+                    f"max_shard_gb={args.shard_gb}"])
   g = 2**30
   print(f"\nweights: {size / g:.2f} GiB (one copy)   imports only: {base / g:.2f} GiB")
   print("| converter | peak RSS GiB | × one copy | (peak − imports) × one copy |")

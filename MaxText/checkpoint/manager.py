@@ -98,7 +98,8 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -
   """A checkpoint with just `params` and `meta` (what converters write); committed atomically."""
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
   with ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                             item_handlers={"params": ocp.StandardCheckpointHandler(),
+                             item_handlers={"params": ocp.StandardCheckpointHandler(
+                                                save_concurrent_gb=1),  # bounds host staging
                                             "meta": ocp.JsonCheckpointHandler()}) as mngr:
     mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                             meta=ocp.args.JsonSave({"step": step, "config": config})))

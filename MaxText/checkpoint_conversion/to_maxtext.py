@@ -70,7 +70,15 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
     if tuple(flat_got[name].shape) != tuple(s.shape):
       raise HFFolderError(f"{hf_path}: parameter {name} has shape {tuple(flat_got[name].shape)}, "
                           f"config.json implies {tuple(s.shape)}")
-  params = jax.tree.map(lambda a, s: np.asarray(a).astype(s.dtype, copy=False), params, want)
+  del flat_got  # drop these references too, or the NumPy copies below could not be freed
+  # one leaf at a time into JAX buffers (each NumPy copy is dropped as soon as it is moved), so
+  # Orbax can write them without staging a second host copy of the whole tree
+  leaves, treedef = jax.tree.flatten(params)
+  del params
+  for i, spec in enumerate(jax.tree.leaves(want)):
+    leaves[i] = jax.device_put(np.asarray(leaves[i]).astype(spec.dtype, copy=False))
+  params = jax.tree.unflatten(treedef, leaves)
+  del leaves
   save_params_only(output_path, params, cfg.as_dict())
   return cfg
 

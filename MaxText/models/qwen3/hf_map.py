@@ -172,27 +172,44 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
-                 ) -> dict[str, np.ndarray]:
-  """Our pure-dict params → HF state dict of NumPy arrays (dtype kept). With tied embeddings
+                 ) -> Mapping[str, np.ndarray]:
+  """Our pure-dict params → HF state dict of NumPy arrays (dtype kept), as a lazy mapping: each HF
+  tensor is made when it is read, so an exporter holds one at a time. With tied embeddings
   `lm_head.weight` is left out (as `save_pretrained` does) unless `tied_lm_head`."""
   flat = _flat(params)
-  out: dict[str, np.ndarray] = {}
+  where: dict[str, tuple[np.ndarray, Rule, int | None]] = {}
   for path, rule, layers, spec in _plan(mcfg):
     if path not in flat:
       raise ValueError(f"params lack {'/'.join(map(str, path))}")
-    value = np.asarray(flat[path])
+    value = flat[path]
     if tuple(value.shape) != tuple(spec.shape):
       raise ValueError(f"{'/'.join(map(str, path))}: shape {value.shape}, expected {spec.shape}")
     if layers is None:
-      out[rule.hf] = _to_hf(value, rule)
+      where[rule.hf] = (value, rule, None)
     elif mcfg.scan_layers:
-      for i in layers:
-        out[rule.hf.format(i=i)] = _to_hf(value[i], rule)
+      where.update((rule.hf.format(i=i), (value, rule, i)) for i in layers)
     else:
-      out[rule.hf.format(i=layers[0])] = _to_hf(value, rule)
+      where[rule.hf.format(i=layers[0])] = (value, rule, None)
   if tied_lm_head and mcfg.tie_word_embeddings:
-    out[TIED_HEAD] = out["model.embed_tokens.weight"].copy()
-  return out
+    where[TIED_HEAD] = where["model.embed_tokens.weight"]
+  return _LazyHF(where)
+
+
+class _LazyHF(Mapping):
+  def __init__(self, where: dict[str, tuple[Any, Rule, int | None]]):
+    self._where = where
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    value, rule, layer = self._where[name]
+    value = np.asarray(value if layer is None else value[layer])
+    out = _to_hf(value, rule)
+    return out if out is not value else value.copy()
+
+  def __iter__(self):
+    return iter(self._where)
+
+  def __len__(self) -> int:
+    return len(self._where)
 
 
 # ---- config --------------------------------------------------------------------------------------
