@@ -1,7 +1,10 @@
 """Compares our model's logits with Hugging Face transformers' on the same tokens.
 
-  python -m MaxText.logit_check hf_path=HF_DIR load_parameters_path=CKPT [max_kl=1e-6] \
-      [atol_fraction=1e-4] [seed=0] [long_length=512]
+  python -m MaxText.logit_check hf_path=HF_DIR load_parameters_path=CKPT [dtype=float32] \
+      [max_kl=1e-6] [atol_fraction=1e-4] [seed=0] [long_length=512]
+
+`dtype=bfloat16` runs transformers in bf16 and our model with bf16 compute; its defaults are
+`max_kl=0.015` (the bound MaxText's own bf16 checks use) and no |Δlogit| bound.
 
 Cases: a short prompt, a long one (`long_length` tokens, capped at the model's position limit) and
 a packed row holding two documents (segment ids + restarting positions), which must equal
@@ -16,8 +19,9 @@ import sys
 
 import numpy as np
 
-ARGS = {"hf_path": None, "load_parameters_path": None, "max_kl": "1e-6", "atol_fraction": "1e-4",
-        "seed": "0", "long_length": "512"}
+ARGS = {"hf_path": None, "load_parameters_path": None, "dtype": "float32", "max_kl": None,
+        "atol_fraction": None, "seed": "0", "long_length": "512"}
+DEFAULT_LIMITS = {"float32": ("1e-6", "1e-4"), "bfloat16": ("0.015", "inf")}
 
 
 def kl_per_token(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -39,6 +43,13 @@ def main(argv: list[str]) -> int:
   if not args["hf_path"] or not args["load_parameters_path"]:
     print("error: hf_path=... and load_parameters_path=... are required", file=sys.stderr)
     return 2
+  if args["dtype"] not in DEFAULT_LIMITS:
+    print(f"error: dtype={args['dtype']!r}: must be one of {', '.join(DEFAULT_LIMITS)}",
+          file=sys.stderr)
+    return 2
+  default_kl, default_atol = DEFAULT_LIMITS[args["dtype"]]
+  args["max_kl"] = args["max_kl"] or default_kl
+  args["atol_fraction"] = args["atol_fraction"] or default_atol
 
   import torch
   import transformers
@@ -46,14 +57,16 @@ def main(argv: list[str]) -> int:
   from MaxText.checkpoint.manager import load_params
   from MaxText.checkpoint_conversion.hf_io import read_config
   from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
+  from MaxText.config.load import replace
   from MaxText.models.model_config import ModelConfig
   from MaxText.train.state import make_model_def
 
   read_config(args["hf_path"])  # refuses auto_map / missing config before transformers reads it
   hf = transformers.AutoModelForCausalLM.from_pretrained(
-      args["hf_path"], dtype=torch.float32, trust_remote_code=False, use_safetensors=True)
+      args["hf_path"], dtype=getattr(torch, args["dtype"]), trust_remote_code=False,
+      use_safetensors=True)
   hf.eval()
-  cfg = checkpoint_config(args["load_parameters_path"])
+  cfg = replace(checkpoint_config(args["load_parameters_path"]), dtype=args["dtype"])
   model_def = make_model_def(ModelConfig.from_config(cfg))
   params = load_params(args["load_parameters_path"])
 

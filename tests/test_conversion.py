@@ -112,3 +112,7 @@ def test_logit_check_passes_and_fails_honestly(tmp_path, capsys):
   # an impossible threshold must fail
   assert logit_check.main(base + ["max_kl=0", "atol_fraction=0"]) == 1
   assert "FAIL" in capsys.readouterr().out
+  # bf16 on both sides: KL within MaxText's 0.015 bound (measured ~4e-5 on a 4-layer model)
+  assert logit_check.main(base + ["dtype=bfloat16"]) == 0
+  out = capsys.readouterr().out
+  assert "PASS" in out and float(out.strip().splitlines()[-1].split()[0].split("=")[1]) > 0
