@@ -87,6 +87,8 @@ class Config:
   weight_decay: float = _spec(min=0)
   max_grad_norm: float = _spec(min=0)
   z_loss_weight: float = _spec(min=0)
+  nonfinite_policy: str = _spec(choices=("halt", "skip"))
+  max_nonfinite_skips: int = _spec(min=0)
   # ---- checkpoints ---------------------------------------------------------------------------
   enable_checkpointing: bool
   async_checkpointing: bool

@@ -30,7 +30,7 @@ from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
-EXIT_OK, EXIT_CONFIG = 0, 2
+EXIT_OK, EXIT_CONFIG, EXIT_NONFINITE = 0, 2, 5
 
 
 def log(msg: str) -> None:
@@ -142,6 +142,7 @@ class Trainer:
     config_dict = cfg.as_dict()
 
     batch = self.device_batch(next(data_iter))
+    skipped = 0
     last = time.perf_counter()
     for step in range(start + 1, cfg.steps + 1):
       state, metrics = compiled(state, batch)
@@ -156,8 +157,20 @@ class Trainer:
                      tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
                      rss_gib=psutil.Process().memory_info().rss / 2**30)
       writer.write(step, metrics)
-      if step % cfg.log_period == 0 or step == cfg.steps or step == start + 1:
+      finite = bool(metrics["finite"])
+      if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
         log(format_line(step, metrics, cfg.steps))
+      if not finite:
+        skipped += 1
+        if cfg.nonfinite_policy == "halt" or skipped > cfg.max_nonfinite_skips:
+          log(f"halting: non-finite loss or gradient at step {step} (not applied; "
+              f"nonfinite_policy={cfg.nonfinite_policy}, {skipped} such steps); "
+              f"no new checkpoint is written")
+          writer.close()
+          if ckpts is not None:
+            ckpts.close()
+          return EXIT_NONFINITE
+        log(f"skipped step {step}: non-finite loss or gradient ({skipped}/{cfg.max_nonfinite_skips})")
       if save_now:
         ckpts.save(step, state, data_iter, config_dict)
         if step < cfg.steps:

@@ -64,11 +64,16 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
         (grads, nll, z, n), _ = jax.lax.scan(accumulate, zero, micro_batches)
       denom = jnp.maximum(n, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
+      grad_norm = optax.tree.norm(grads)
       updates, opt_state = tx.update(grads, state["opt_state"], params)
-      new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
-                   "opt_state": opt_state}
-      metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n,
-                 "grad_norm": optax.tree.norm(grads), "lr": lr_schedule(state["step"])}
+      # a non-finite loss or gradient never reaches the parameters or the optimizer moments
+      finite = jnp.isfinite(nll) & jnp.isfinite(grad_norm)
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+      new_state = {"step": state["step"] + 1,
+                   "params": keep(optax.apply_updates(params, updates), params),
+                   "opt_state": keep(opt_state, state["opt_state"])}
+      metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
+                 "lr": lr_schedule(state["step"]), "finite": finite.astype(jnp.float32)}
     return new_state, metrics
 
   return step
@@ -82,6 +87,7 @@ def jit_train_step(step_fn: Callable, state_shardings: TrainState, batch_shard: 
                    mesh: Mesh):
   replicated = NamedSharding(mesh, PartitionSpec())
   batch_shardings = {k: batch_shard for k in BATCH_KEYS}
-  metric_shardings = {k: replicated for k in ("loss", "z_loss", "tokens", "grad_norm", "lr")}
+  metric_shardings = {k: replicated
+                      for k in ("loss", "z_loss", "tokens", "grad_norm", "lr", "finite")}
   return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, metric_shardings), donate_argnums=(0,))
