@@ -282,18 +282,15 @@ def cli_runs():
   return out
 
 
-def test_cli_unknown_key_exits_2(cli_runs):
-  code, stdout, stderr, seconds = cli_runs["unknown_key"]
+@pytest.mark.parametrize("case,expected", [
+    ("unknown_key", ("'stepz'", "'steps'")),
+    ("missing_data", ("/nonexistent", "dataset_path")),
+])
+def test_cli_config_error_exits_2_before_compiling(cli_runs, case, expected):
+  code, stdout, stderr, seconds = cli_runs[case]
   assert code == 2, (stdout, stderr)
-  assert "'stepz'" in stderr and "'steps'" in stderr
-  assert "compiled" not in stdout
-  assert seconds < 30
-
-
-def test_cli_missing_dataset_exits_2(cli_runs):
-  code, stdout, stderr, seconds = cli_runs["missing_data"]
-  assert code == 2, (stdout, stderr)
-  assert "/nonexistent" in stderr and "dataset_path" in stderr
+  for piece in expected:
+    assert piece in stderr, (piece, stderr)
   assert "compiled" not in stdout
   assert seconds < 30
 
