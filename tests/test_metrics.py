@@ -4,20 +4,28 @@ import glob
 import json
 import os
 import struct
+import dataclasses
+import math
 import types
 
+import jax
 import numpy as np
 import pytest
 
+from conftest import BASE_YML
+from MaxText.config.load import load_config
 from MaxText.metrics import flops, peaks, writers
+from MaxText.models.model_config import ModelConfig
+from MaxText.train.state import make_model_def
 
 # The reference config MaxText 0.2.5 was run with (see /work/shared/notes).
 REF_DIMS = dict(emb_dim=256, num_decoder_layers=4, num_query_heads=4, num_kv_heads=4, head_dim=64,
                 mlp_dim=1024, vocab_size=8192, tie_word_embeddings=False)
+_BASE_MODEL = ModelConfig.from_config(load_config([BASE_YML]))
 
 
 def dims(**changes):
-  return types.SimpleNamespace(**{**REF_DIMS, **changes})
+  return dataclasses.replace(_BASE_MODEL, **{**REF_DIMS, **changes})
 
 
 REF_MODEL = dims()
@@ -59,6 +67,32 @@ def test_gqa_and_mlp_matrices_change_the_count():
   assert flops.matmul_param_count(REF_MODEL) - flops.matmul_param_count(gqa) == 4 * 2 * 256 * 3 * 64
   two = flops.matmul_param_count(REF_MODEL, num_mlp_matrices=2)
   assert flops.matmul_param_count(REF_MODEL) - two == 4 * 256 * 1024
+
+
+@pytest.mark.parametrize("model_name", ["qwen3-tiny", "gemma4-tiny"])
+def test_matmul_params_equal_the_models_matrices(model_name):
+  """The analytic count equals the model's own weight matrices (all >= 2-D parameters but the
+  gathered embedding tables), plus the head when it is tied to the embedding."""
+  m = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model_name}"]))
+  leaves = jax.tree_util.tree_flatten_with_path(make_model_def(m).abstract_params)[0]
+  stacked = lambda path: "layers" in {getattr(k, "key", None) for k in path} and m.scan_layers
+  count = 0
+  for path, a in leaves:
+    name = str(path[-1].key)
+    if name in ("embedding", "ple_embedding") or a.ndim - stacked(path) < 2:
+      continue
+    count += math.prod(a.shape)
+  count += m.emb_dim * m.vocab_size if m.tie_word_embeddings else 0
+  assert flops.matmul_param_count(m) == count
+
+
+def test_sliding_window_attention_flops():
+  full = dims(num_decoder_layers=2)
+  mixed = dims(num_decoder_layers=2, attention_pattern="sf", sliding_window=64)
+  a, b = (flops.training_flops_per_step(x, **REF_STEP)["attention"] for x in (full, mixed))
+  S, W = REF_STEP["seq_len"], 64
+  per_layer = a / 2
+  assert b == per_layer + per_layer * (S * W - W * (W - 1) / 2) / (S * S / 2)
 
 
 def test_flops_rejects_nonpositive_sizes():

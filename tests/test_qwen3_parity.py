@@ -7,7 +7,6 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -15,14 +14,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML  # noqa: E402
+from hf_parity import (TOL_GRAD, batch, check_logits, compare_grads,  # noqa: E402
+                       hf_loss_and_grads, hf_state, our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
 from MaxText.train.state import make_model_def  # noqa: E402
 
-S, DOC1 = 12, 5          # row 0: one document of S tokens; row 1: documents [0, DOC1) and [DOC1, S)
 THETA = 1000.0           # small θ so that every channel pair rotates visibly at positions < S
-TOL_LOGIT, TOL_KL, TOL_GRAD = 1e-4, 1e-6, 1e-4
 
 
 def our_config(tied: bool, scan: bool):
@@ -45,10 +44,6 @@ def hf_model(tied: bool):
   return model
 
 
-def hf_state(model) -> dict[str, np.ndarray]:
-  return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
 @functools.lru_cache(maxsize=None)
 def ours(tied: bool, scan: bool):
   """(ModelConfig from the HF config, model def, params converted from the HF state dict)."""
@@ -59,43 +54,6 @@ def ours(tied: bool, scan: bool):
   return mcfg, make_model_def(mcfg), hf_map.hf_to_params(hf_state(model), mcfg)
 
 
-def batch():
-  rng = np.random.default_rng(0)
-  V = our_config(False, True).vocab_size
-  tokens = rng.integers(0, V, size=(2, S))
-  pos = np.stack([np.arange(S), np.concatenate([np.arange(DOC1), np.arange(S - DOC1)])])
-  seg = np.stack([np.ones(S, int), np.concatenate([np.full(DOC1, 1), np.full(S - DOC1, 2)])])
-  return tokens, pos, seg
-
-
-def documents():
-  """(row, slice) of every document of the batch — what HF runs one at a time."""
-  return [(0, slice(0, S)), (1, slice(0, DOC1)), (1, slice(DOC1, S))]
-
-
-def hf_logits(model, tokens) -> np.ndarray:
-  out = np.zeros((*tokens.shape, model.config.vocab_size), np.float32)
-  with torch.no_grad():
-    for row, sl in documents():
-      ids = torch.tensor(tokens[row:row + 1, sl])
-      out[row, sl] = model(input_ids=ids, use_cache=False).logits[0].numpy()
-  return out
-
-
-def our_logits(model_def, params, tokens, pos, seg) -> np.ndarray:
-  fn = jax.jit(model_def.apply)
-  return np.asarray(fn(params, *(jnp.asarray(a, jnp.int32) for a in (tokens, pos, seg))))
-
-
-def kl(p_logits, q_logits) -> np.ndarray:
-  """Per-token KL(p || q) in float64."""
-  lp = p_logits.astype(np.float64)
-  lq = q_logits.astype(np.float64)
-  lp = lp - np.log(np.sum(np.exp(lp - lp.max(-1, keepdims=True)), -1, keepdims=True)) - lp.max(-1, keepdims=True)
-  lq = lq - np.log(np.sum(np.exp(lq - lq.max(-1, keepdims=True)), -1, keepdims=True)) - lq.max(-1, keepdims=True)
-  return np.sum(np.exp(lp) * (lp - lq), axis=-1)
-
-
 # ---- tests --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("scan", [True, False])
@@ -104,21 +62,7 @@ def test_logits_match_hf(tied, scan):
   assert ("lm_head" in params) == (not tied)
   norms = [v for k, v in hf_state(hf_model(tied)).items() if k.endswith("norm.weight")]
   assert all(np.abs(n - 1.0).max() > 0.1 for n in norms)   # scales are not all ones
-  tokens, pos, seg = batch()
-  got = our_logits(model_def, params, tokens, pos, seg)
-  want = hf_logits(hf_model(tied), tokens)
-  scale = np.abs(want).max()
-  assert scale > 1.0
-  err, div = np.abs(got - want).max(), kl(want, got).max()
-  print(f"tied={tied} scan={scan}: max|Δlogit|={err:.2e} (max|logit|={scale:.2f}) max KL={div:.2e}")
-  assert err <= TOL_LOGIT * scale, (err, scale)
-  assert div <= TOL_KL, div
-  # the packed row alone: each document equals HF run on that document by itself
-  for row, sl in documents()[1:]:
-    assert np.abs(got[row, sl] - want[row, sl]).max() <= TOL_LOGIT * scale
-  # and it is a real test: one long document (running positions, no segments) would not match
-  merged = our_logits(model_def, params, tokens[1:], np.arange(S)[None], np.ones((1, S), int))
-  assert np.abs(merged[0, DOC1:] - want[1, DOC1:]).max() > 100 * TOL_LOGIT * scale
+  check_logits(model_def, params, hf_model(tied), mcfg.vocab_size)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -165,41 +109,14 @@ def test_loss_and_grads_match_torch_autograd():
   tied, scan = False, True
   model = hf_model(tied)
   mcfg, model_def, params = ours(tied, scan)
-  tokens, pos, seg = batch()
+  tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
-
-  # torch: every document on its own; mean cross-entropy over all 2*S tokens
-  model.zero_grad()
-  total = 0.0
-  for row, sl in documents():
-    logits = model(input_ids=torch.tensor(tokens[row:row + 1, sl]), use_cache=False).logits[0]
-    total = total + torch.nn.functional.cross_entropy(
-        logits, torch.tensor(targets[row, sl]), reduction="sum")
-  loss_hf = total / tokens.size
-  loss_hf.backward()
-  grads_hf = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
-  grads_hf = hf_map.hf_to_params(grads_hf, mcfg)  # the same name map carries the grads
-
-  def loss_fn(p):
-    logits = model_def.apply(p, *(jnp.asarray(a, jnp.int32) for a in (tokens, pos, seg)))
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], axis=-1))
-
-  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
-  loss_hf = loss_hf.item()
-  rel = abs(float(loss) - loss_hf) / abs(loss_hf)
-  print(f"loss ours={float(loss):.6f} hf={loss_hf:.6f} rel={rel:.1e}")
+  loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
+  loss, grads = our_loss_and_grads(model_def, params, tokens, pos, seg, targets)
+  rel = abs(loss - loss_hf) / abs(loss_hf)
+  print(f"loss ours={loss:.6f} hf={loss_hf:.6f} rel={rel:.1e}")
   assert rel <= TOL_GRAD
-  worst = 0.0
-  for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
-    want = functools.reduce(lambda t, k: t[k.key], path, grads_hf)
-    name = "/".join(str(k.key) for k in path)
-    scale = np.abs(want).max()
-    assert scale > 0, name
-    err = np.abs(np.asarray(g) - want).max() / scale
-    worst = max(worst, err)
-    assert err <= TOL_GRAD, (name, err)
-  print(f"max grad error (relative to each tensor's max |grad|) = {worst:.1e}")
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg))  # the name map carries the grads
 
 
 # the Qwen/Qwen3-0.6B config.json as published on the Hub (transformers 4.51 form)

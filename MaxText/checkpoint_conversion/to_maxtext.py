@@ -40,8 +40,9 @@ def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[dict[str, str], l
 
 def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
   family = get_hf_map(hf_config["model_type"])
-  cfg = replace(load_config([BASE_YML]), **family.config_from_hf(hf_config),
-                hf_model_type=hf_config["model_type"])
+  # a family may name the exported type itself (a multimodal checkpoint exports its text model)
+  values = {"hf_model_type": hf_config["model_type"], **family.config_from_hf(hf_config)}
+  cfg = replace(load_config([BASE_YML]), **values)
   changed = parse_overrides(overrides)
   arch = set(ModelConfig.__dataclass_fields__) - {"scan_layers", "remat_policy", "attention",
                                                   "flash_block_q", "flash_block_kv",

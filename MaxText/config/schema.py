@@ -45,7 +45,7 @@ class Config:
   num_kv_heads: int = _spec(min=1)
   head_dim: int = _spec(min=1)
   mlp_dim: int = _spec(min=1)
-  mlp_activation: str = _spec(choices=("silu", "gelu"))
+  mlp_activation: str = _spec(choices=("silu", "gelu_tanh"))
   norm_epsilon: float = _spec(gt=0)
   use_qk_norm: bool
   tie_word_embeddings: bool
@@ -59,6 +59,19 @@ class Config:
   attention: str = _spec(choices=("autoselected", "dot_product", "flash"))
   flash_block_q: int = _spec(min=8)
   flash_block_kv: int = _spec(min=8)
+  attention_pattern: str
+  sliding_window: int = _spec(min=0)
+  attention_scale: float = _spec(min=0)
+  global_head_dim: int = _spec(min=0)
+  global_num_kv_heads: int = _spec(min=0)
+  global_rope_theta: float = _spec(min=0)
+  global_rope_fraction: float = _spec(gt=0, max=1)
+  attention_k_eq_v: bool
+  num_kv_shared_layers: int = _spec(min=0)
+  double_wide_mlp_on_shared: bool
+  per_layer_input_dim: int = _spec(min=0)
+  per_layer_input_vocab_size: int = _spec(min=0)
+  final_logit_softcap: float = _spec(min=0)
   # ---- data ----------------------------------------------------------------------------------
   dataset_type: str = _spec(choices=("embedded", "synthetic", "file"))
   dataset_path: str

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 
 def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float,
-                          causal: bool = True) -> jax.Array:
+                          causal: bool = True, sliding_window: int | None = None) -> jax.Array:
   """Materialises the scores: softmax in fp32, masks for causality and packed documents.
 
   Heads-major layout: the G = H/K query heads that share one kv head are folded into the query
@@ -25,6 +25,8 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   mask_BST = segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :]
   if causal:
     mask_BST &= jnp.tril(jnp.ones((S, T), jnp.bool_))[None]
+  if sliding_window is not None:                                # keys q - W < k (<= q if causal)
+    mask_BST &= (jnp.arange(T)[None, :] > jnp.arange(S)[:, None] - sliding_window)[None]
   mask_BQT = jnp.tile(mask_BST, (1, G, 1))                      # row g*S + s ↔ (head g, query s)
   scores_BKQT = jnp.where(mask_BQT[:, None], scores_BKQT, jnp.finfo(jnp.float32).min)
   probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1).astype(v_BTKE.dtype)
@@ -33,7 +35,7 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
 
 
 def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
-          block_q: int = 512, block_kv: int = 512) -> jax.Array:
+          sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
   """Our Pallas flash-attention kernel (MaxText/kernels). Under a mesh (`use_rules`) it runs per
   shard through `shard_map`: batch over the `activation_batch` axes, heads over the
   `activation_heads` axes when the kv heads split the same way (else heads stay whole); the
@@ -42,8 +44,8 @@ def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool 
   from MaxText.sharding.rules import current_context, logical_to_spec
 
   def run(q, k, v, seg):
-    return flash_attention(q, k, v, seg, scale=scale, causal=causal, block_q=block_q,
-                           block_kv=block_kv)
+    return flash_attention(q, k, v, seg, scale=scale, causal=causal, sliding_window=sliding_window,
+                           block_q=block_q, block_kv=block_kv)
 
   ctx = current_context()
   if ctx is None:

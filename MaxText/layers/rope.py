@@ -1,7 +1,14 @@
-"""Rotary position embedding, "rotate half" layout (the Hugging Face Llama/Qwen convention).
+"""Rotary position embedding, "rotate half" layout (the Hugging Face Llama/Qwen/Gemma convention).
 
 Channel i < E/2 is paired with channel i + E/2 and rotated by angle position × θ^(-2i/E).
 Positions come from the data (they restart at 0 for each packed document).
+
+`fraction` < 1 is Gemma 4's "proportional" partial RoPE: only the first `int(fraction·E // 2)` pairs
+rotate (channels [0, ra) and [E/2, E/2 + ra)), with the exponent's denominator still the FULL E; the
+other pairs have frequency 0 (identity).
+
+Cast order as Hugging Face: angles in fp32, cos/sin cast to the activation dtype, the rotation done
+in the activation dtype.
 """
 from __future__ import annotations
 
@@ -9,12 +16,22 @@ import jax
 import jax.numpy as jnp
 
 
-def apply_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float) -> jax.Array:
-  E = x_BSHE.shape[-1]
+def inverse_frequencies(head_dim: int, theta: float, fraction: float = 1.0) -> jax.Array:
+  E = head_dim
   inv_freq = 1.0 / theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E)   # [E/2], as HF computes it
+  if fraction < 1.0:
+    rotated = int(fraction * E // 2)
+    inv_freq = jnp.where(jnp.arange(E // 2) < rotated, inv_freq, 0.0)
+  return inv_freq
+
+
+def apply_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float,
+               fraction: float = 1.0) -> jax.Array:
+  E = x_BSHE.shape[-1]
+  inv_freq = inverse_frequencies(E, theta, fraction)
   angle_BSE2 = positions_BS.astype(jnp.float32)[..., None] * inv_freq       # [B,S,E/2]
-  sin, cos = jnp.sin(angle_BSE2)[:, :, None, :], jnp.cos(angle_BSE2)[:, :, None, :]
-  x = x_BSHE.astype(jnp.float32)
-  x1, x2 = x[..., : E // 2], x[..., E // 2:]
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_BSHE.dtype)
+  dtype = x_BSHE.dtype
+  sin = jnp.sin(angle_BSE2)[:, :, None, :].astype(dtype)
+  cos = jnp.cos(angle_BSE2)[:, :, None, :].astype(dtype)
+  x1, x2 = x_BSHE[..., : E // 2], x_BSHE[..., E // 2:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

@@ -1,43 +1,44 @@
-"""Analytic training FLOPs for a dense decoder-only transformer.
+"""Analytic training FLOPs of a decoder-only transformer, layer by layer.
 
-The model is a Llama/Qwen style decoder: every layer has grouped-query
-attention (q, k, v and o projections), a SwiGLU MLP built from
-``num_mlp_matrices`` weight matrices (3 for gate/up/down), and RMSNorm
-scales; an LM head maps the final hidden state to the vocabulary.
+Every layer has attention (q, k, v, o projections; grouped-query) and a gated MLP of
+``num_mlp_matrices`` weight matrices (3 for gate/up/down); an LM head maps the final hidden state to
+the vocabulary. Per-layer variants come from the generic ModelConfig keys, so any family is counted
+the same way: a layer's kind (sliding/full) sets its head width and kv heads; kv-shared layers have
+no k/v projections (and a 2x MLP with ``double_wide_mlp_on_shared``); full layers with
+``attention_k_eq_v`` have no v projection; per-layer inputs (PLE) add a gate and a projection per
+layer plus one model projection D x L*P.
 
-Notation: ``T = global_batch * seq_len`` tokens per step, ``D = emb_dim``,
-``H = num_query_heads``, ``K = num_kv_heads``, ``h = head_dim``,
-``F = mlp_dim``, ``V = vocab_size``, ``L = num_decoder_layers``, ``S = seq_len``,
+Notation: ``T = global_batch * seq_len`` tokens per step, ``D = emb_dim``, ``H`` query heads, and
+per layer ``K`` kv heads and ``E`` head width; ``F = mlp_dim``, ``V = vocab_size``, ``S = seq_len``,
 ``B = global_batch``.
 
 Matmul parameters (weights that take part in a matrix multiply)::
 
-    attention  = D*H*h (q) + 2 * D*K*h (k, v) + H*h*D (o)
+    attention  = D*H*E (q) + D*K*E (k) + D*K*E (v) + H*E*D (o)      (k/v only where they exist)
     mlp        = num_mlp_matrices * D*F
     lm_head    = D*V          (counted whether or not it is tied)
-    N_matmul   = L * (attention + mlp) + lm_head
+    N_matmul   = sum over layers (attention + mlp [+ 2*D*P]) + lm_head [+ D*L*P]
 
-The embedding lookup is a gather, so it costs no FLOPs; norms, activations,
-softmax and the loss are elementwise and are ignored.
+The embedding lookups are gathers, so they cost no FLOPs; norms, activations, softmax and the loss
+are elementwise and are ignored.
 
-Weight FLOPs: a matmul with N parameters costs 2*N FLOPs per token forward
-and 4*N backward (gradient w.r.t. inputs and weights), so::
+Weight FLOPs: a matmul with N parameters costs 2*N FLOPs per token forward and 4*N backward
+(gradient w.r.t. inputs and weights), so::
 
     matmul_flops = 6 * N_matmul * T
 
-Attention-score FLOPs (QK^T and softmax(QK^T)V, which involve no weights),
-per layer, forward: ``2 * 2 * B * S * S * H * h``. Forward plus backward is
-three times that, and a causal mask is counted as halving it (only the
-lower triangle is useful work), the same convention MaxText uses::
+Attention-score FLOPs (QK^T and softmax(QK^T)V, which involve no weights), per layer, forward:
+``2 * 2 * B * pairs * H * E`` with ``pairs = S^2`` query-key pairs; a causal mask is counted as
+halving it (MaxText's convention, ``S^2 / 2``) and a sliding window W < S as the pairs it admits
+(``S*W - W*(W-1)/2``). Forward plus backward is three times that::
 
-    attention_flops = 3 * 4 * B * S^2 * H * h * L   (/ 2 when causal)
+    attention_flops = 3 * sum over layers 4 * B * pairs * H * E
 
     total_flops = matmul_flops + attention_flops
 
-Activation recomputation (remat) is deliberately NOT counted: it is extra
-work the hardware does, not useful model FLOPs, so MFU stays comparable
-across remat policies.  The result is per step for the whole global batch;
-divide by the number of devices for a per-device figure.
+Activation recomputation (remat) is deliberately NOT counted: it is extra work the hardware does,
+not useful model FLOPs, so MFU stays comparable across remat policies. The result is per step for
+the whole global batch; divide by the number of devices for a per-device figure.
 """
 
 from __future__ import annotations
@@ -45,17 +46,30 @@ from __future__ import annotations
 from MaxText.models.model_config import ModelConfig
 
 
+def _layers(m: ModelConfig):
+  """(layer type, kv-shared) per layer."""
+  first_shared = m.first_kv_shared_layer()
+  return [(t, i >= first_shared) for i, t in enumerate(m.layer_types())]
+
+
 def matmul_param_count(m: ModelConfig, *, num_mlp_matrices: int = 3) -> int:
-  """Parameters that take part in a matmul in the forward pass: q/k/v/o, the MLP matrices and the
-  LM head (D*V); not the input embedding table (only gathered from) nor the norm scales."""
-  attn = (2 * m.num_query_heads + 2 * m.num_kv_heads) * m.emb_dim * m.head_dim
-  mlp = num_mlp_matrices * m.emb_dim * m.mlp_dim
-  return m.num_decoder_layers * (attn + mlp) + m.emb_dim * m.vocab_size
+  """Parameters that take part in a matmul in the forward pass: q/k/v/o, the MLP matrices, the
+  PLE projections and the LM head (D*V); not the embedding tables (only gathered from) nor the
+  norm scales."""
+  D, H, P = m.emb_dim, m.num_query_heads, m.per_layer_input_dim
+  total = D * m.vocab_size + D * m.num_decoder_layers * P
+  for kind, shared in _layers(m):
+    E, K = m.head_dim_of(kind), m.kv_heads_of(kind)
+    k = 0 if shared else D * K * E
+    v = 0 if shared or (kind == "full" and m.attention_k_eq_v) else D * K * E
+    wide = 2 if shared and m.double_wide_mlp_on_shared else 1
+    total += 2 * D * H * E + k + v + num_mlp_matrices * D * m.mlp_dim * wide + 2 * D * P
+  return total
 
 
 def total_param_count(m: ModelConfig, *, num_mlp_matrices: int = 3) -> int:
-  """All trainable parameters: matmul weights, the input embedding table unless tied to the head,
-  and the RMSNorm scales (two per layer plus the final norm)."""
+  """Parameters of a dense model without per-layer variants: matmul weights, the input embedding
+  table unless tied to the head, and the RMSNorm scales (two per layer plus the final norm)."""
   norms = (2 * m.num_decoder_layers + 1) * m.emb_dim
   input_embedding = 0 if m.tie_word_embeddings else m.vocab_size * m.emb_dim
   return matmul_param_count(m, num_mlp_matrices=num_mlp_matrices) + norms + input_embedding
@@ -66,8 +80,9 @@ def training_flops_per_step(m: ModelConfig, *, seq_len: int, global_batch: int, 
   """Model FLOPs of one training step (forward + backward) over the global batch.
 
   Returns ``total``, ``matmul`` (6 * matmul_params * tokens), ``attention`` (QK^T and AV, fwd+bwd,
-  halved when causal), ``matmul_params``, ``tokens`` and ``tflops`` (= total / 1e12). Tying the LM
-  head to the embedding does not change the count: the logits matmul is done either way.
+  halved when causal, windowed on sliding layers), ``matmul_params``, ``tokens`` and ``tflops``
+  (= total / 1e12). Tying the LM head to the embedding does not change the count: the logits
+  matmul is done either way.
   """
   for name in ("emb_dim", "num_decoder_layers", "num_query_heads", "num_kv_heads", "head_dim",
                "mlp_dim", "vocab_size"):
@@ -79,11 +94,13 @@ def training_flops_per_step(m: ModelConfig, *, seq_len: int, global_batch: int, 
   params = matmul_param_count(m, num_mlp_matrices=num_mlp_matrices)
   tokens = global_batch * seq_len
   matmul = 6.0 * params * tokens
-  # Per layer, forward: QK^T and AV each cost 2*B*S*S*H*h.
-  attention_fwd = 2 * 2 * global_batch * seq_len * seq_len * m.num_query_heads * m.head_dim
-  attention = 3.0 * attention_fwd * m.num_decoder_layers
-  if causal:
-    attention /= 2
+  S, W = seq_len, m.sliding_window
+  attention = 0.0
+  for kind, _ in _layers(m):
+    pairs = S * S / 2 if causal else S * S
+    if kind == "sliding" and 0 < W < S:
+      pairs = S * W - W * (W - 1) / 2 if causal else min(S * S, S * (2 * W - 1))
+    attention += 3.0 * 4 * global_batch * pairs * m.num_query_heads * m.head_dim_of(kind)
   total = matmul + attention
   return {"total": total, "matmul": matmul, "attention": attention, "matmul_params": params,
           "tokens": tokens, "tflops": total / 1e12}

@@ -34,6 +34,19 @@ class ModelConfig:
   attention: str          # resolved: never "autoselected"
   flash_block_q: int
   flash_block_kv: int
+  attention_pattern: str
+  sliding_window: int
+  attention_scale: float
+  global_head_dim: int
+  global_num_kv_heads: int
+  global_rope_theta: float
+  global_rope_fraction: float
+  attention_k_eq_v: bool
+  num_kv_shared_layers: int
+  double_wide_mlp_on_shared: bool
+  per_layer_input_dim: int
+  per_layer_input_vocab_size: int
+  final_logit_softcap: float
 
   @classmethod
   def from_config(cls, cfg: Config) -> "ModelConfig":
@@ -41,6 +54,26 @@ class ModelConfig:
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)}
     values["attention"] = select_attention(cfg.attention, jax.default_backend())
     return cls(**values)
+
+  # ---- per-layer attention layout (generic: any family may read it) -----------------------------
+  def layer_types(self) -> tuple[str, ...]:
+    """"sliding" or "full" for each layer: `attention_pattern` repeated over the layers."""
+    pattern = self.attention_pattern or "f"
+    bad = sorted(set(pattern) - {"s", "f"})
+    if bad:
+      raise ValueError(f"attention_pattern={self.attention_pattern!r}: letters must be s (sliding) "
+                       f"or f (full), got {bad}")
+    return tuple("sliding" if pattern[i % len(pattern)] == "s" else "full"
+                 for i in range(self.num_decoder_layers))
+
+  def head_dim_of(self, layer_type: str) -> int:
+    return (self.global_head_dim or self.head_dim) if layer_type == "full" else self.head_dim
+
+  def kv_heads_of(self, layer_type: str) -> int:
+    return (self.global_num_kv_heads or self.num_kv_heads) if layer_type == "full" else self.num_kv_heads
+
+  def first_kv_shared_layer(self) -> int:
+    return self.num_decoder_layers - self.num_kv_shared_layers
 
   @property
   def compute_dtype(self) -> jnp.dtype:

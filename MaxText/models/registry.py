@@ -17,8 +17,23 @@ class Family:
   validate: Callable[[ModelConfig], list[tuple[str, str]]]  # → [(key, problem)]
 
 
+# Keys for per-layer attention variants and their "off" values; a family that does not implement
+# one refuses a config that turns it on.
+VARIANT_KEYS_OFF = {
+    "attention_pattern": "", "sliding_window": 0, "attention_scale": 0.0, "global_head_dim": 0,
+    "global_num_kv_heads": 0, "global_rope_theta": 0.0, "global_rope_fraction": 1.0,
+    "attention_k_eq_v": False, "num_kv_shared_layers": 0, "double_wide_mlp_on_shared": False,
+    "per_layer_input_dim": 0, "per_layer_input_vocab_size": 0, "final_logit_softcap": 0.0,
+}
+
+
+def _unsupported(cfg: ModelConfig, keys) -> list[tuple[str, str]]:
+  return [(k, f"{k}={getattr(cfg, k)!r} is not supported by decoder_block={cfg.decoder_block}")
+          for k in keys if getattr(cfg, k) != VARIANT_KEYS_OFF[k]]
+
+
 def _dense_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
-  problems = []
+  problems = _unsupported(cfg, VARIANT_KEYS_OFF)
   if cfg.num_query_heads % cfg.num_kv_heads:
     problems.append(("num_kv_heads", f"num_query_heads={cfg.num_query_heads} is not a multiple "
                                       f"of num_kv_heads={cfg.num_kv_heads}"))
@@ -32,8 +47,19 @@ def _llama(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
   return Transformer(cfg, rngs=rngs)
 
 
+def _gemma4(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+  from MaxText.models.gemma4.model import Transformer
+  return Transformer(cfg, rngs=rngs)
+
+
+def _gemma4_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
+  from MaxText.models.gemma4.model import validate
+  return validate(cfg)
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(build=_llama, validate=_dense_checks),
+    "gemma4": Family(build=_gemma4, validate=_gemma4_checks),
 }
 
 
@@ -49,6 +75,8 @@ def get_family(decoder_block: str) -> Family:
 # `params_to_hf`, `config_from_hf`, `config_to_hf`), imported only when a converter needs it.
 HF_MAPS: dict[str, str] = {
     "qwen3": "MaxText.models.qwen3.hf_map",
+    "gemma4_text": "MaxText.models.gemma4.hf_map",
+    "gemma4": "MaxText.models.gemma4.hf_map",     # multimodal checkpoints: the text model only
 }
 
 

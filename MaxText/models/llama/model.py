@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.attention_ops import ATTENTION_OPS
 from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
 from MaxText.layers.stack import LayerStack
@@ -28,8 +28,6 @@ from MaxText.sharding.rules import constrain
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BSHE = ("activation_batch", "activation_length", "activation_heads", None)
 ACT_BSKE = ("activation_batch", "activation_length", "activation_kv_heads", None)
-ACT_BSF = ("activation_batch", "activation_length", "activation_mlp")
-ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu}
 
 
 class Attention(nnx.Module):
@@ -63,30 +61,22 @@ class Attention(nnx.Module):
     return constrain(self.out(o_BSHE), ACT_BSD)
 
 
-class GatedMLP(nnx.Module):
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
-    self.gate = DenseGeneral((cfg.emb_dim,), (cfg.mlp_dim,), ("embed", "mlp"), **kw)
-    self.up = DenseGeneral((cfg.emb_dim,), (cfg.mlp_dim,), ("embed", "mlp"), **kw)
-    self.down = DenseGeneral((cfg.mlp_dim,), (cfg.emb_dim,), ("mlp", "embed"), **kw)
-    self.act = ACTIVATIONS[cfg.mlp_activation]
-
-  def __call__(self, x_BSD):
-    h_BSF = constrain(self.act(self.gate(x_BSD)) * self.up(x_BSD), ACT_BSF)
-    return constrain(self.down(h_BSF), ACT_BSD)
-
-
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.attn_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.attn = Attention(cfg, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
-    self.mlp = GatedMLP(cfg, rngs=rngs)
+    self.mlp = GatedMLP(cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activation, **kw)
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS):
     x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS)
     return constrain(x_BSD + self.mlp(self.mlp_norm(x_BSD)), ACT_BSD)
+
+
+def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
+  """Where layer i lives in our params: (path prefix, index on the stacked axis or None)."""
+  return (("decoder", "layers"), i) if cfg.scan_layers else (("decoder", "layers", i), None)
 
 
 class Transformer(nnx.Module):

@@ -1,12 +1,10 @@
 """Hugging Face Qwen3 (`model_type: qwen3`, `Qwen3ForCausalLM`) ↔ our `llama` family.
 
 The name map is data (`GLOBAL_RULES`, `LAYER_RULES`): one row per parameter, read in both
-directions by `hf_to_params` / `params_to_hf`. Config keys map through `config_from_hf` /
-`config_to_hf`.
+directions by `hf_to_params` / `params_to_hf` (MaxText/checkpoint_conversion/name_map.py). Config
+keys map through `config_from_hf` / `config_to_hf`.
 
-Layouts. HF `nn.Linear.weight` is `[out, in]` with the head axis folded into `out` (or `in`) as
-`h * E + e` (HF `.view(..., -1, head_dim)`); our kernels are `[*in, *out]` (`DenseGeneral`). So
-`kernel = W.T.reshape(*in_shape, *out_shape)` and `W = kernel.reshape(prod(in), prod(out)).T`:
+Layouts (`in_rank`, see name_map.py):
   q_proj [H*E, D] ↔ attn/query/kernel [D, H, E]      o_proj [D, H*E] ↔ attn/out/kernel [H, E, D]
   k_proj, v_proj [K*E, D] ↔ [D, K, E]                 gate/up_proj [F, D] ↔ [D, F]; down [D, F] ↔ [F, D]
   lm_head [V, D] ↔ lm_head/kernel [D, V]             embed_tokens [V, D] = embedding [V, D]
@@ -19,28 +17,19 @@ Tied embeddings: our params have no `lm_head`; HF's `state_dict()` still lists `
 accepts it when it equals the embedding; `params_to_hf(..., tied_lm_head=True)` writes it.
 
 Numerics checked against transformers 5.24 (tests/test_qwen3_parity.py): RMSNorm normalises in fp32,
-casts to the activation dtype, then multiplies by the weight (ours too); RoPE is rotate-half with
-fp32 angles (ours too). Differences that only show outside fp32 or at long positions: HF casts
-cos/sin to the activation dtype and rotates in that dtype (ours rotates in fp32 and casts once), and
-HF computes `inv_freq = 1 / base**(2i/E)` where ours computes `base**(-2i/E)` (may differ by 1 ulp).
+casts to the activation dtype, then multiplies by the weight; RoPE is rotate-half with fp32 angles,
+cos/sin cast to the activation dtype and the rotation done in that dtype; `inv_freq` computed as
+`1 / base**(2i/E)` — all as ours (layers/norms.py, layers/rope.py).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
+from MaxText.checkpoint_conversion.name_map import NameMap, Rule
+from MaxText.models.llama.model import layer_location
 from MaxText.models.model_config import ModelConfig
-
-
-@dataclass(frozen=True)
-class Rule:
-  ours: str                # "/"-joined path (per-layer rules: under one decoder layer)
-  hf: str                  # HF tensor name; "{i}" is the layer index
-  in_rank: int | None = None  # None: same array; n: nn.Linear [out, in] ↔ kernel [*in (n dims), *out]
-
 
 GLOBAL_RULES: tuple[Rule, ...] = (
     Rule("embedding", "model.embed_tokens.weight"),
@@ -62,154 +51,33 @@ LAYER_RULES: tuple[Rule, ...] = (
     Rule("mlp/down/kernel", "model.layers.{i}.mlp.down_proj.weight", in_rank=1),
 )
 
-TIED_HEAD = "lm_head.weight"
+NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location)
 # Non-parameter buffers older checkpoints may carry.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-# ---- the two transforms (one rule, two directions) ----------------------------------------------
-def _to_ours(w: np.ndarray, shape: tuple[int, ...], rule: Rule) -> np.ndarray:
-  if rule.in_rank is None:
-    want = shape
-  else:
-    want = (math.prod(shape[rule.in_rank:]), math.prod(shape[: rule.in_rank]))
-  if tuple(w.shape) != tuple(want):
-    raise ValueError(f"{rule.hf}: HF shape {tuple(w.shape)}, expected {want} for {rule.ours} {shape}")
-  return w if rule.in_rank is None else w.T.reshape(shape)
-
-
-def _to_hf(k: np.ndarray, rule: Rule) -> np.ndarray:
-  if rule.in_rank is None:
-    return k
-  return np.ascontiguousarray(k.reshape(math.prod(k.shape[: rule.in_rank]), -1).T)
-
-
-# ---- the plan: every parameter of the model def with its rule ------------------------------------
-def _flat(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      out.update(_flat(v, (*prefix, k)))
-    else:
-      out[(*prefix, k)] = v
-  return out
-
-
-def _unflat(flat: Mapping[tuple, Any]) -> dict:
-  out: dict = {}
-  for path, v in flat.items():
-    node = out
-    for k in path[:-1]:
-      node = node.setdefault(k, {})
-    node[path[-1]] = v
-  return out
-
-
-def _plan(mcfg: ModelConfig) -> Iterator[tuple[tuple, Rule, list[int] | None, Any]]:
-  """(our path, rule, layer indices — None for global / [i] unscanned / all for stacked, spec)."""
-  from MaxText.train.state import make_model_def
+def _check(mcfg: ModelConfig) -> None:
   if mcfg.decoder_block != "llama":
     raise ValueError(f"Qwen3 maps onto decoder_block=llama, not {mcfg.decoder_block!r}")
-  specs = _flat(make_model_def(mcfg).abstract_params)
-  L = mcfg.num_decoder_layers
-  rows = []
-  for rule in GLOBAL_RULES:
-    rows.append((tuple(rule.ours.split("/")), rule, None))
-  for rule in LAYER_RULES:
-    sub = tuple(rule.ours.split("/"))
-    if mcfg.scan_layers:
-      rows.append((("decoder", "layers", *sub), rule, list(range(L))))
-    else:
-      rows.extend((("decoder", "layers", i, *sub), rule, [i]) for i in range(L))
-  covered = set()
-  for path, rule, layers in rows:
-    if path in specs:          # lm_head (untied only), q/k norms (use_qk_norm only)
-      covered.add(path)
-      yield path, rule, layers, specs[path]
-  missing = sorted("/".join(map(str, p)) for p in set(specs) - covered)
-  if missing:
-    raise ValueError(f"no HF name for our parameters: {missing}")
 
 
 def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
   """Every HF tensor name the model of `mcfg` maps to."""
-  names = [r.hf.format(i=i) for _, r, layers, _ in _plan(mcfg) for i in (layers or [None])]
-  return names + ([TIED_HEAD] if tied_lm_head and mcfg.tie_word_embeddings else [])
+  _check(mcfg)
+  return NAME_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
 
 
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
-  """HF state dict (NumPy arrays) → our pure-dict params, in `mcfg.weight_dtype`. Strict: a missing
-  tensor, a wrong shape or an HF tensor left over raises ValueError."""
-  # names only: `hf_state` may be a lazy mapping (HFTensors) that reads a tensor when indexed,
-  # so only one HF tensor (or one parameter's layers) is held at a time
-  hf = {k for k in hf_state if not k.endswith(IGNORED_SUFFIXES)}
-  used: set[str] = set()
-
-  def take(name: str) -> np.ndarray:
-    if name not in hf:
-      raise ValueError(f"HF state lacks {name}")
-    used.add(name)
-    return np.asarray(hf_state[name])
-
-  flat = {}
-  for path, rule, layers, spec in _plan(mcfg):
-    if layers is None:
-      value = _to_ours(take(rule.hf), spec.shape, rule)
-    elif mcfg.scan_layers:
-      value = np.stack([_to_ours(take(rule.hf.format(i=i)), spec.shape[1:], rule) for i in layers])
-    else:
-      value = _to_ours(take(rule.hf.format(i=layers[0])), spec.shape, rule)
-    flat[path] = np.asarray(value, dtype=spec.dtype)
-  if mcfg.tie_word_embeddings and TIED_HEAD in hf:
-    if not np.array_equal(np.asarray(hf_state[TIED_HEAD]),
-                          np.asarray(hf_state["model.embed_tokens.weight"])):
-      raise ValueError(f"tie_word_embeddings=true but {TIED_HEAD} differs from the embedding")
-    used.add(TIED_HEAD)
-  extra = sorted(set(hf) - used)
-  if extra:
-    raise ValueError(f"HF tensors with no place in our model: {extra}")
-  return _unflat(flat)
+  """HF state dict (NumPy arrays, possibly a lazy mapping) → our pure-dict params."""
+  _check(mcfg)
+  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=lambda k: k.endswith(IGNORED_SUFFIXES))
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
                  ) -> Mapping[str, np.ndarray]:
-  """Our pure-dict params → HF state dict of NumPy arrays (dtype kept), as a lazy mapping: each HF
-  tensor is made when it is read, so an exporter holds one at a time. With tied embeddings
-  `lm_head.weight` is left out (as `save_pretrained` does) unless `tied_lm_head`."""
-  flat = _flat(params)
-  where: dict[str, tuple[np.ndarray, Rule, int | None]] = {}
-  for path, rule, layers, spec in _plan(mcfg):
-    if path not in flat:
-      raise ValueError(f"params lack {'/'.join(map(str, path))}")
-    value = flat[path]
-    if tuple(value.shape) != tuple(spec.shape):
-      raise ValueError(f"{'/'.join(map(str, path))}: shape {value.shape}, expected {spec.shape}")
-    if layers is None:
-      where[rule.hf] = (value, rule, None)
-    elif mcfg.scan_layers:
-      where.update((rule.hf.format(i=i), (value, rule, i)) for i in layers)
-    else:
-      where[rule.hf.format(i=layers[0])] = (value, rule, None)
-  if tied_lm_head and mcfg.tie_word_embeddings:
-    where[TIED_HEAD] = where["model.embed_tokens.weight"]
-  return _LazyHF(where)
-
-
-class _LazyHF(Mapping):
-  def __init__(self, where: dict[str, tuple[Any, Rule, int | None]]):
-    self._where = where
-
-  def __getitem__(self, name: str) -> np.ndarray:
-    value, rule, layer = self._where[name]
-    value = np.asarray(value if layer is None else value[layer])
-    out = _to_hf(value, rule)
-    return out if out is not value else value.copy()
-
-  def __iter__(self):
-    return iter(self._where)
-
-  def __len__(self) -> int:
-    return len(self._where)
+  """Our params → HF tensors (lazy; `lm_head.weight` only when untied or `tied_lm_head`)."""
+  _check(mcfg)
+  return NAME_MAP.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
 
 
 # ---- config --------------------------------------------------------------------------------------

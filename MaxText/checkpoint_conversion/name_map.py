@@ -1,0 +1,191 @@
+"""A family's Hugging Face name map as data, read in both conversion directions.
+
+A family's hf_map module declares `Rule` rows — our parameter path ↔ HF tensor name, plus the
+layout transform — and a `layer_location(mcfg, i)` telling where HF layer i lives in our params
+(a path prefix and, for scanned stacks, the index on the stacked axis). `NameMap` turns that into:
+  hf_to_params   HF tensors (a possibly lazy mapping, read one tensor at a time) → our params
+  params_to_hf   our params → a lazy mapping of HF tensors (made one at a time when read)
+  hf_names       every HF tensor name the model maps to
+
+Layouts. HF `nn.Linear.weight` is `[out, in]` with head axes folded into `out` (or `in`) as
+`h * E + e`; our kernels are `[*in, *out]` (`DenseGeneral`). With `in_rank = n` (the number of our
+input dims): `kernel = W.T.reshape(*in_shape, *out_shape)` and
+`W = kernel.reshape(prod(in), prod(out)).T`. `in_rank=None` copies the array as it is (norm
+scales, embedding tables).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from MaxText.models.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Rule:
+  ours: str                # "/"-joined path (per-layer rules: relative to one layer)
+  hf: str                  # HF tensor name; "{i}" is the layer index
+  in_rank: int | None = None  # None: same array; n: nn.Linear [out, in] ↔ kernel [*in (n dims), *out]
+
+
+def to_ours(w: np.ndarray, shape: tuple[int, ...], rule: Rule, name: str) -> np.ndarray:
+  if rule.in_rank is None:
+    want = tuple(shape)
+  else:
+    want = (math.prod(shape[rule.in_rank:]), math.prod(shape[: rule.in_rank]))
+  if tuple(w.shape) != want:
+    raise ValueError(f"{name}: HF shape {tuple(w.shape)}, expected {want} for {rule.ours} "
+                     f"{tuple(shape)}")
+  return w if rule.in_rank is None else w.T.reshape(shape)
+
+
+def to_hf(k: np.ndarray, rule: Rule) -> np.ndarray:
+  if rule.in_rank is None:
+    return k
+  return np.ascontiguousarray(k.reshape(math.prod(k.shape[: rule.in_rank]), -1).T)
+
+
+def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, (*prefix, k)))
+    else:
+      out[(*prefix, k)] = v
+  return out
+
+
+def unflatten(flat: Mapping[tuple, Any]) -> dict:
+  out: dict = {}
+  for path, v in flat.items():
+    node = out
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = v
+  return out
+
+
+def _name(path: tuple) -> str:
+  return "/".join(map(str, path))
+
+
+@dataclass(frozen=True)
+class Entry:
+  path: tuple                                 # our parameter
+  rule: Rule
+  sources: tuple[tuple[str, int | None], ...]  # (HF name, index on our stacked axis or None)
+  spec: Any                                   # ShapeDtypeStruct of our parameter
+
+
+@dataclass(frozen=True)
+class NameMap:
+  global_rules: tuple[Rule, ...]
+  layer_rules: tuple[Rule, ...]
+  layer_location: Callable[[ModelConfig, int], tuple[tuple, int | None]]
+  embedding_name: str = "model.embed_tokens.weight"
+  tied_head_name: str = "lm_head.weight"
+
+  def plan(self, mcfg: ModelConfig) -> Iterator[Entry]:
+    """Every parameter of the model of `mcfg`, with its rule and HF sources. A rule whose
+    parameter the model does not have (an untied head, K/V of a kv-shared layer) is skipped; a
+    parameter no rule covers is an error."""
+    from MaxText.train.state import make_model_def
+    specs = flatten(make_model_def(mcfg).abstract_params)
+    sources: dict[tuple, list] = {}
+    rules: dict[tuple, Rule] = {}
+    for rule in self.global_rules:
+      path = tuple(rule.ours.split("/"))
+      if path in specs:
+        rules[path], sources[path] = rule, [(rule.hf, None)]
+    for i in range(mcfg.num_decoder_layers):
+      prefix, index = self.layer_location(mcfg, i)
+      for rule in self.layer_rules:
+        path = (*prefix, *rule.ours.split("/"))
+        if path in specs:
+          rules[path] = rule
+          sources.setdefault(path, []).append((rule.hf.format(i=i), index))
+    missing = sorted(_name(p) for p in set(specs) - set(sources))
+    if missing:
+      raise ValueError(f"no HF name for our parameters: {missing}")
+    for path, src in sources.items():
+      stacked = [ix for _, ix in src if ix is not None]
+      if stacked and sorted(stacked) != list(range(specs[path].shape[0])):
+        raise ValueError(f"{_name(path)}: layers map to stacked indices {sorted(stacked)}")
+      yield Entry(path, rules[path], tuple(src), specs[path])
+
+  def hf_names(self, mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
+    names = [name for e in self.plan(mcfg) for name, _ in e.sources]
+    return names + ([self.tied_head_name] if tied_lm_head and mcfg.tie_word_embeddings else [])
+
+  def hf_to_params(self, hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig, *,
+                   ignore: Callable[[str], bool] = lambda name: False) -> dict:
+    """HF tensors → our pure-dict params in `mcfg.weight_dtype`. Strict: a missing tensor, a wrong
+    shape or an HF tensor left over (unless `ignore(name)`) raises ValueError naming it. Each
+    parameter is filled in place, so only it and one HF tensor are held beyond the output."""
+    hf = {k for k in hf_state if not ignore(k)}
+    used: set[str] = set()
+
+    def take(name: str) -> np.ndarray:
+      if name not in hf:
+        raise ValueError(f"HF state lacks {name}")
+      used.add(name)
+      return np.asarray(hf_state[name])
+
+    flat = {}
+    for e in self.plan(mcfg):
+      if len(e.sources) == 1 and e.sources[0][1] is None:
+        name = e.sources[0][0]
+        flat[e.path] = np.asarray(to_ours(take(name), e.spec.shape, e.rule, name), e.spec.dtype)
+        continue
+      value = np.empty(e.spec.shape, e.spec.dtype)
+      for name, index in e.sources:
+        value[index] = to_ours(take(name), e.spec.shape[1:], e.rule, name)
+      flat[e.path] = value
+    if mcfg.tie_word_embeddings and self.tied_head_name in hf:
+      if not np.array_equal(np.asarray(hf_state[self.tied_head_name]),
+                            np.asarray(hf_state[self.embedding_name])):
+        raise ValueError(f"tie_word_embeddings=true but {self.tied_head_name} differs from the "
+                         f"embedding")
+      used.add(self.tied_head_name)
+    extra = sorted(hf - used)
+    if extra:
+      raise ValueError(f"HF tensors with no place in our model: {extra}")
+    return unflatten(flat)
+
+  def params_to_hf(self, params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
+                   ) -> Mapping[str, np.ndarray]:
+    """Our params → HF tensors (dtype kept) as a lazy mapping: each tensor is made when read, so an
+    exporter holds one at a time. With tied embeddings the head is left out (as `save_pretrained`
+    does) unless `tied_lm_head`."""
+    flat = flatten(params)
+    where: dict[str, tuple[Any, Rule, int | None]] = {}
+    for e in self.plan(mcfg):
+      if e.path not in flat:
+        raise ValueError(f"params lack {_name(e.path)}")
+      value = flat[e.path]
+      if tuple(value.shape) != tuple(e.spec.shape):
+        raise ValueError(f"{_name(e.path)}: shape {tuple(value.shape)}, expected {e.spec.shape}")
+      where.update((name, (value, e.rule, index)) for name, index in e.sources)
+    if tied_lm_head and mcfg.tie_word_embeddings:
+      where[self.tied_head_name] = where[self.embedding_name]
+    return LazyHF(where)
+
+
+class LazyHF(Mapping):
+  def __init__(self, where: dict[str, tuple[Any, Rule, int | None]]):
+    self._where = where
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    value, rule, index = self._where[name]
+    value = np.asarray(value if index is None else value[index])
+    out = to_hf(value, rule)
+    return out if out is not value else value.copy()
+
+  def __iter__(self):
+    return iter(self._where)
+
+  def __len__(self) -> int:
+    return len(self._where)

@@ -1,0 +1,27 @@
+"""Gated MLP: down(act(gate(x)) * up(x)) — SwiGLU with silu, GeGLU with tanh-approximated gelu."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.layers.linear import DenseGeneral
+from MaxText.sharding.rules import constrain
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
+ACT_BSF = ("activation_batch", "activation_length", "activation_mlp")
+
+
+class GatedMLP(nnx.Module):
+  def __init__(self, emb_dim: int, mlp_dim: int, activation: str, *, rngs: nnx.Rngs,
+               dtype: jnp.dtype, param_dtype: jnp.dtype):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.gate = DenseGeneral((emb_dim,), (mlp_dim,), ("embed", "mlp"), **kw)
+    self.up = DenseGeneral((emb_dim,), (mlp_dim,), ("embed", "mlp"), **kw)
+    self.down = DenseGeneral((mlp_dim,), (emb_dim,), ("mlp", "embed"), **kw)
+    self.act = ACTIVATIONS[activation]
+
+  def __call__(self, x_BSD):
+    h_BSF = constrain(self.act(self.gate(x_BSD)) * self.up(x_BSD), ACT_BSF)
+    return constrain(self.down(h_BSF), ACT_BSD)

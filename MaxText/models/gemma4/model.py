@@ -1,0 +1,299 @@
+"""Gemma 4 text decoder (Hugging Face `gemma4_text`, the text part of `gemma4`).
+
+Conventions
+  dimension letters: B batch, S query sequence, T key sequence, D model width (emb_dim),
+  H query heads, K kv heads, E head dim (per layer kind), F mlp hidden, V vocab, L layers,
+  P per-layer-input width (PLE).
+  Arrays are named by shape (`x_BSD`); parameters carry logical axis names, mapped to the mesh by
+  the `logical_axis_rules` table.
+
+Layer i (kind = sliding/full from `attention_pattern`, and whether it is a kv-shared tail layer):
+  h = x + post_attn_norm(attn(attn_norm(x)))
+  h = h + post_mlp_norm(mlp(mlp_norm(h)))                       (GeGLU, tanh gelu)
+  h = h + ple_norm(ple_proj(gelu(ple_gate(h)) * ple[i]))        (when per_layer_input_dim > 0)
+  out = h * layer_scalar                                         (a frozen scalar: no gradient)
+Attention: q/k RMSNorm with scale, scale-free v norm, all per head before RoPE; attention scale
+`attention_scale` (1.0 for Gemma 4). Sliding layers: head_dim, full RoPE with rope_theta, window.
+Full layers: global_head_dim / global_num_kv_heads, proportional partial RoPE
+(global_rope_fraction, global_rope_theta); with attention_k_eq_v no value projection (V is the raw
+key projection). The last num_kv_shared_layers layers have no K/V weights: they reuse the finished
+K/V of the last earlier layer of their kind (and a 2x MLP with double_wide_mlp_on_shared).
+Embedding scaled by sqrt(D) in the weight dtype; tied head; logits soft-capped
+(c * tanh(logits / c), in fp32). All norms use the Gemma cast order (scale in fp32, cast once).
+
+Scanning (`scan_layers=true`): the non-shared layers and the kv-shared tail are each split into a
+repeating block of layer kinds (e.g. 4 sliding + 1 full), and each part is scanned over its
+blocks; K/V for the shared tail travel in the scan carry. Parameter paths:
+  scanned    decoder/groups/<g>/layers/members/<m>/...   (leading axis: block index)
+  unscanned  decoder/layers/<i>/...
+`layer_location` maps an HF layer index to one of these.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.layers.attention_ops import ATTENTION_OPS
+from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.mlp import GatedMLP
+from MaxText.layers.norms import RMSNorm
+from MaxText.layers.rope import apply_rope
+from MaxText.layers.stack import LayerList, LayerStack
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.rules import constrain
+
+ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
+ACT_BSHE = ("activation_batch", "activation_length", "activation_heads", None)
+ACT_BSKE = ("activation_batch", "activation_length", "activation_kv_heads", None)
+
+
+@dataclass(frozen=True)
+class LayerKind:
+  attention: str    # "sliding" | "full"
+  kv_shared: bool   # reuses the K/V of the last earlier non-shared layer of the same attention kind
+
+
+def layer_kinds(cfg: ModelConfig) -> list[LayerKind]:
+  first_shared = cfg.first_kv_shared_layer()
+  return [LayerKind(t, i >= first_shared) for i, t in enumerate(cfg.layer_types())]
+
+
+def _period(kinds: list[LayerKind]) -> int:
+  """Shortest block length p with kinds[i] == kinds[i % p] and len(kinds) % p == 0."""
+  n = len(kinds)
+  return next(p for p in range(1, n + 1)
+              if n % p == 0 and all(kinds[i] == kinds[i % p] for i in range(n)))
+
+
+def layer_groups(cfg: ModelConfig) -> list[tuple[int, tuple[LayerKind, ...], int]]:
+  """(first layer, block of kinds, repeats) for the non-shared layers, then the kv-shared tail."""
+  kinds, first_shared = layer_kinds(cfg), cfg.first_kv_shared_layer()
+  groups = []
+  for start, part in ((0, kinds[:first_shared]), (first_shared, kinds[first_shared:])):
+    if part:
+      p = _period(part)
+      groups.append((start, tuple(part[:p]), len(part) // p))
+  return groups
+
+
+def shared_kv_kinds(cfg: ModelConfig) -> tuple[str, ...]:
+  """Attention kinds whose K/V the shared tail reads (they travel between layers)."""
+  return tuple(sorted({k.attention for k in layer_kinds(cfg) if k.kv_shared}))
+
+
+def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
+  """Where HF layer i lives in our params: (path prefix, index on the stacked axis or None)."""
+  if not cfg.scan_layers:
+    return ("decoder", "layers", i), None
+  for g, (start, block, repeats) in enumerate(layer_groups(cfg)):
+    if start <= i < start + len(block) * repeats:
+      blk, m = divmod(i - start, len(block))
+      return ("decoder", "groups", g, "layers", "members", m), blk
+  raise IndexError(f"layer {i} is outside the model's {cfg.num_decoder_layers} layers")
+
+
+def validate(cfg: ModelConfig) -> list[tuple[str, str]]:
+  """Family checks, run before anything compiles: [(key, problem)]."""
+  try:
+    types = cfg.layer_types()
+  except ValueError as e:
+    return [("attention_pattern", str(e))]
+  problems = []
+  for t in sorted(set(types)):
+    K, E = cfg.kv_heads_of(t), cfg.head_dim_of(t)
+    key = "global_num_kv_heads" if t == "full" and cfg.global_num_kv_heads else "num_kv_heads"
+    if cfg.num_query_heads % K:
+      problems.append((key, f"num_query_heads={cfg.num_query_heads} is not a multiple of the "
+                            f"{K} kv heads of {t} layers"))
+    if E % 2:
+      problems.append(("global_head_dim" if t == "full" and cfg.global_head_dim else "head_dim",
+                       f"{t} layers' head width {E} must be even for RoPE"))
+  if types[-1] != "full":
+    problems.append(("attention_pattern", f"{cfg.attention_pattern!r} over {len(types)} layers "
+                     f"makes the last layer sliding; Gemma 4 needs it full (transformers forces it)"))
+  if "sliding" in types and cfg.sliding_window < 1:
+    problems.append(("sliding_window", "the pattern has sliding layers but sliding_window=0"))
+  if not cfg.use_qk_norm:
+    problems.append(("use_qk_norm", "Gemma 4 always normalises q and k; set use_qk_norm=true"))
+  if cfg.num_kv_shared_layers >= cfg.num_decoder_layers:
+    problems.append(("num_kv_shared_layers", f"{cfg.num_kv_shared_layers} shared layers leave no "
+                     f"layer of the {cfg.num_decoder_layers} to produce K/V"))
+  else:
+    producers = set(types[:cfg.first_kv_shared_layer()])
+    for t in sorted(set(types[cfg.first_kv_shared_layer():]) - producers):
+      problems.append(("num_kv_shared_layers", f"the shared tail has {t} layers but no earlier "
+                       f"{t} layer produces their K/V"))
+  return problems
+
+
+def _gelu_tanh(x):
+  return jax.nn.gelu(x, approximate=True)
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
+    full = kind.attention == "full"
+    D, H = cfg.emb_dim, cfg.num_query_heads
+    E, K = cfg.head_dim_of(kind.attention), cfg.kv_heads_of(kind.attention)
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    norm = functools.partial(RMSNorm, E, eps=cfg.norm_epsilon, logical_axis="head_dim",
+                             cast_before_scale=False, **kw)
+    self.query = DenseGeneral((D,), (H, E), ("embed", "heads", "head_dim"), **kw)
+    self.query_norm = norm()
+    self.out = DenseGeneral((H, E), (D,), ("heads", "head_dim", "embed"), **kw)
+    self.kv_shared = kind.kv_shared
+    if not kind.kv_shared:
+      self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
+      self.key_norm = norm()
+      self.value_norm = norm(use_scale=False)
+      k_eq_v = full and cfg.attention_k_eq_v
+      self.value = None if k_eq_v else DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"),
+                                                     **kw)
+    self.rope_theta = (cfg.global_rope_theta or cfg.rope_theta) if full else cfg.rope_theta
+    self.rope_fraction = cfg.global_rope_fraction if full else 1.0
+    self.scale = cfg.attention_scale or E ** -0.5
+    self.window = None if full else cfg.sliding_window
+    self.op = ATTENTION_OPS[cfg.attention]
+    if cfg.attention == "flash":
+      self.op = functools.partial(self.op, block_q=cfg.flash_block_q, block_kv=cfg.flash_block_kv)
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None):
+    """Returns (output, (k, v)); a kv-shared layer takes its (k, v) from `shared_kv`."""
+    q_BSHE = constrain(self.query_norm(self.query(x_BSD)), ACT_BSHE)
+    q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta, self.rope_fraction)
+    if self.kv_shared:
+      k_BSKE, v_BSKE = shared_kv
+    else:
+      raw_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
+      v_BSKE = raw_BSKE if self.value is None else constrain(self.value(x_BSD), ACT_BSKE)
+      k_BSKE = apply_rope(self.key_norm(raw_BSKE), positions_BS, self.rope_theta, self.rope_fraction)
+      v_BSKE = self.value_norm(v_BSKE)
+    o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
+                     sliding_window=self.window)
+    return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), (k_BSKE, v_BSKE)
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    norm = functools.partial(RMSNorm, cfg.emb_dim, eps=cfg.norm_epsilon, cast_before_scale=False,
+                             **kw)
+    self.kind = kind
+    self.attn_norm, self.post_attn_norm = norm(), norm()
+    self.attn = Attention(cfg, kind, rngs=rngs)
+    self.mlp_norm, self.post_mlp_norm = norm(), norm()
+    wide = 2 if kind.kv_shared and cfg.double_wide_mlp_on_shared else 1
+    self.mlp = GatedMLP(cfg.emb_dim, cfg.mlp_dim * wide, cfg.mlp_activation, **kw)
+    P = cfg.per_layer_input_dim
+    if P:
+      self.ple_gate = DenseGeneral((cfg.emb_dim,), (P,), ("embed", None), **kw)
+      self.ple_proj = DenseGeneral((P,), (cfg.emb_dim,), (None, "embed"), **kw)
+      self.ple_norm = norm()
+    self.uses_ple = bool(P)
+    self.layer_scalar = param(rngs, (1,), (None,), std=None, dtype=cfg.param_dtype)
+
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
+    """carry = (x_BSD, {attention kind: (k, v)} handed to the kv-shared tail)."""
+    x_BSD, kv = carry
+    shared = kv[self.kind.attention] if self.kind.kv_shared else None
+    a_BSD, new_kv = self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS, shared)
+    x_BSD = x_BSD + self.post_attn_norm(a_BSD)
+    x_BSD = x_BSD + self.post_mlp_norm(self.mlp(self.mlp_norm(x_BSD)))
+    if self.uses_ple:
+      g_BSP = _gelu_tanh(self.ple_gate(x_BSD)) * per_layer
+      x_BSD = x_BSD + self.ple_norm(self.ple_proj(g_BSP))
+    # a frozen buffer in Hugging Face: part of the checkpoint, never trained
+    x_BSD = x_BSD * jax.lax.stop_gradient(self.layer_scalar[...]).astype(x_BSD.dtype)
+    if not self.kind.kv_shared and self.kind.attention in kv:
+      kv = {**kv, self.kind.attention: new_kv}
+    return constrain(x_BSD, ACT_BSD), kv
+
+
+class Block(nnx.Module):
+  """A repeating run of layers (the unit the scan iterates over)."""
+
+  def __init__(self, cfg: ModelConfig, kinds: tuple[LayerKind, ...], *, rngs: nnx.Rngs):
+    self.members = nnx.List([DecoderLayer(cfg, k, rngs=rngs) for k in kinds])
+
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
+    for m, layer in enumerate(self.members):
+      carry = layer(carry, positions_BS, segment_ids_BS,
+                    per_layer=None if per_layer is None else per_layer[m])
+    return carry
+
+
+class ScannedDecoder(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.spans = tuple((start, len(block), repeats) for start, block, repeats in layer_groups(cfg))
+    self.groups = nnx.List([
+        LayerStack(lambda r, block=block: Block(cfg, block, rngs=r), repeats, scan=True,
+                   remat_policy=cfg.remat_policy, rngs=rngs)
+        for _, block, repeats in layer_groups(cfg)])
+
+  def __call__(self, carry, positions_BS, segment_ids_BS, xs=None):
+    for (start, p, n), group in zip(self.spans, self.groups):
+      xs_g = None if xs is None else xs[start:start + n * p].reshape(n, p, *xs.shape[1:])
+      carry = group(carry, positions_BS, segment_ids_BS, xs=xs_g)
+    return carry
+
+
+class Transformer(nnx.Module):
+  """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32, soft-capped)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    D, L, P = cfg.emb_dim, cfg.num_decoder_layers, cfg.per_layer_input_dim
+    self.embedding = param(rngs, (cfg.vocab_size, D), ("vocab", "embed"), std=cfg.init_std,
+                           dtype=cfg.param_dtype)
+    if P:
+      self.ple_embedding = param(rngs, (cfg.per_layer_input_vocab_size or cfg.vocab_size, L * P),
+                                 ("vocab", None), std=cfg.init_std, dtype=cfg.param_dtype)
+      self.ple_model_proj = DenseGeneral((D,), (L * P,), ("embed", None), **kw)
+      self.ple_proj_norm = RMSNorm(P, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
+    if cfg.scan_layers:
+      self.decoder = ScannedDecoder(cfg, rngs=rngs)
+    else:
+      self.decoder = LayerList([DecoderLayer(cfg, k, rngs=rngs) for k in layer_kinds(cfg)],
+                               remat_policy=cfg.remat_policy)
+    self.final_norm = RMSNorm(D, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
+    self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
+        (D,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
+
+  def _per_layer_inputs(self, tokens_BS, x_BSD):
+    """PLE: (token table lookup * sqrt(P) + RMSNorm(x0 @ W * D^-0.5)) * 2^-0.5 → [L, B, S, P]."""
+    cfg, dtype = self.cfg, self.cfg.compute_dtype
+    B, S = tokens_BS.shape
+    L, P = cfg.num_decoder_layers, cfg.per_layer_input_dim
+    table = self.ple_embedding[...]
+    tok_BSLP = (jnp.take(table, tokens_BS, axis=0) * jnp.asarray(P ** 0.5, table.dtype)
+                ).astype(dtype).reshape(B, S, L, P)
+    proj_BSLP = (self.ple_model_proj(x_BSD) * jnp.asarray(cfg.emb_dim ** -0.5, dtype)
+                 ).reshape(B, S, L, P)
+    ple_BSLP = (self.ple_proj_norm(proj_BSLP) + tok_BSLP) * jnp.asarray(2.0 ** -0.5, dtype)
+    return ple_BSLP.transpose(2, 0, 1, 3)
+
+  def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
+    cfg, dtype = self.cfg, self.cfg.compute_dtype
+    table = self.embedding[...]
+    x_BSD = jnp.take(table, tokens_BS, axis=0) * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
+    x_BSD = constrain(x_BSD.astype(dtype), ACT_BSD)
+    ple_LBSP = self._per_layer_inputs(tokens_BS, x_BSD) if cfg.per_layer_input_dim else None
+    B, S = tokens_BS.shape
+    kv = {t: (jnp.zeros((B, S, cfg.kv_heads_of(t), cfg.head_dim_of(t)), dtype),) * 2
+          for t in shared_kv_kinds(cfg)}
+    x_BSD, _ = self.decoder((x_BSD, kv), positions_BS, segment_ids_BS, xs=ple_LBSP)
+    x_BSD = self.final_norm(x_BSD)
+    if self.lm_head is None:
+      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table.astype(dtype))
+    else:
+      logits_BSV = self.lm_head(x_BSD)
+    logits_BSV = logits_BSV.astype(jnp.float32)
+    if cfg.final_logit_softcap:
+      c = cfg.final_logit_softcap
+      logits_BSV = c * jnp.tanh(logits_BSV / c)
+    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))

@@ -1,0 +1,116 @@
+"""Shared pieces of the per-family parity tests against Hugging Face transformers (the oracle):
+a batch with one plain row and one packed row, HF run per document, our logits, per-token KL, and
+loss + gradients on both sides (torch autograd vs jax.grad) compared parameter by parameter."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+S, DOC1 = 12, 5          # row 0: one document of S tokens; row 1: documents [0, DOC1) and [DOC1, S)
+TOL_LOGIT, TOL_KL, TOL_GRAD = 1e-4, 1e-6, 1e-4
+
+
+def batch(vocab: int):
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, vocab, size=(2, S))
+  pos = np.stack([np.arange(S), np.concatenate([np.arange(DOC1), np.arange(S - DOC1)])])
+  seg = np.stack([np.ones(S, int), np.concatenate([np.full(DOC1, 1), np.full(S - DOC1, 2)])])
+  return tokens, pos, seg
+
+
+def documents():
+  """(row, slice) of every document of the batch — what HF runs one at a time."""
+  return [(0, slice(0, S)), (1, slice(0, DOC1)), (1, slice(DOC1, S))]
+
+
+def hf_state(model) -> dict[str, np.ndarray]:
+  return {k: v.detach().float().numpy().copy() if v.dtype.is_floating_point else v.numpy().copy()
+          for k, v in model.state_dict().items()}
+
+
+def hf_logits(model, tokens) -> np.ndarray:
+  import torch
+  out = np.zeros((*tokens.shape, model.config.vocab_size), np.float32)
+  with torch.no_grad():
+    for row, sl in documents():
+      ids = torch.tensor(tokens[row:row + 1, sl])
+      out[row, sl] = model(input_ids=ids, use_cache=False).logits[0].float().numpy()
+  return out
+
+
+def our_logits(model_def, params, tokens, pos, seg) -> np.ndarray:
+  fn = jax.jit(model_def.apply)
+  return np.asarray(fn(params, *(jnp.asarray(a, jnp.int32) for a in (tokens, pos, seg))))
+
+
+def kl(p_logits, q_logits) -> np.ndarray:
+  """Per-token KL(p || q) in float64."""
+  def log_softmax(x):
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.sum(np.exp(x), -1, keepdims=True))
+  lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+  return np.sum(np.exp(lp) * (lp - lq), axis=-1)
+
+
+def check_logits(model_def, params, hf_model, vocab: int, *, tol_logit=TOL_LOGIT, tol_kl=TOL_KL):
+  """Our logits on the batch against HF run per document; returns (max |Δ|, max KL)."""
+  tokens, pos, seg = batch(vocab)
+  got = our_logits(model_def, params, tokens, pos, seg)
+  want = hf_logits(hf_model, tokens)
+  scale = np.abs(want).max()
+  assert scale > 1.0
+  err, div = float(np.abs(got - want).max()), float(kl(want, got).max())
+  print(f"max|Δlogit|={err:.2e} (max|logit|={scale:.2f}) max KL={div:.2e}")
+  assert err <= tol_logit * scale, (err, scale)
+  assert div <= tol_kl, div
+  # it is a real test: the packed row run as one long document would not match
+  merged = our_logits(model_def, params, tokens[1:], np.arange(S)[None], np.ones((1, S), int))
+  assert np.abs(merged[0, DOC1:] - want[1, DOC1:]).max() > 100 * TOL_LOGIT * scale
+  return err, div
+
+
+def hf_loss_and_grads(model, tokens, targets) -> tuple[float, dict[str, np.ndarray]]:
+  """Mean cross-entropy over all tokens, every document run on its own; grads by HF name."""
+  import torch
+  model.zero_grad()
+  total = 0.0
+  for row, sl in documents():
+    logits = model(input_ids=torch.tensor(tokens[row:row + 1, sl]), use_cache=False).logits[0]
+    total = total + torch.nn.functional.cross_entropy(
+        logits, torch.tensor(targets[row, sl]), reduction="sum")
+  loss = total / tokens.size
+  loss.backward()
+  return loss.item(), {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
+
+
+def our_loss_and_grads(model_def, params, tokens, pos, seg, targets):
+  def loss_fn(p):
+    logits = model_def.apply(p, *(jnp.asarray(a, jnp.int32) for a in (tokens, pos, seg)))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], axis=-1))
+  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
+  return float(loss), grads
+
+
+def compare_grads(grads, want_tree, *, frozen: tuple[str, ...] = ()) -> float:
+  """Each of our gradients against the reference's (relative to that tensor's max |grad|).
+  Parameters whose path ends with one of `frozen` (HF buffers) must have exactly zero gradient."""
+  worst = 0.0
+  for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+    name = "/".join(str(k.key) for k in path)
+    g = np.asarray(g)
+    if name.endswith(frozen):
+      assert not np.any(g), name
+      continue
+    want = functools.reduce(lambda t, k: t[k.key], path, want_tree)
+    scale = np.abs(want).max()
+    assert scale > 0, name
+    err = np.abs(g - want).max() / scale
+    worst = max(worst, err)
+    assert err <= TOL_GRAD, (name, err)
+  print(f"max grad error (relative to each tensor's max |grad|) = {worst:.1e}")
+  return worst
