@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
   import torch
   import transformers
 
-  from MaxText.checkpoint.manager import load_params
+  from MaxText.checkpoint.manager import load_params_host
   from MaxText.checkpoint_conversion.hf_io import read_config
   from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
   from MaxText.config.load import replace
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
   hf.eval()
   cfg = replace(checkpoint_config(args["load_parameters_path"]), dtype=args["dtype"])
   model_def = make_model_def(ModelConfig.from_config(cfg))
-  params = load_params(args["load_parameters_path"])
+  params = load_params_host(args["load_parameters_path"], model_def.abstract_params)
 
   def ours(tokens, positions, segments):
     return np.asarray(model_def.apply(params, tokens[None], positions[None], segments[None]))[0]

@@ -43,16 +43,22 @@ def test_constant_schedule_points():
 def test_weight_decay_only_on_matrices_and_clipping():
   cfg = _cfg("lr_schedule=constant", "warmup_steps=0", "weight_decay=0.5", "max_grad_norm=1.0",
              "learning_rate=0.1")
-  tx = make_optimizer(cfg)
-  params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
+  axes = {"w": ("embed", "mlp"), "scale": ("norm",), "stacked": ("layers", "norm"),
+          "stacked_w": ("layers", "embed", "mlp")}
+  tx = make_optimizer(cfg, axes)
+  params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,)), "stacked": jnp.ones((3, 2)),
+            "stacked_w": jnp.ones((3, 2, 2))}
   zero = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zero, tx.init(params), params)
   np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)  # decayed
+  np.testing.assert_allclose(updates["stacked_w"], -0.05 * np.ones((3, 2, 2)), rtol=1e-6)
   np.testing.assert_array_equal(updates["scale"], np.zeros(2))                       # not decayed
+  np.testing.assert_array_equal(updates["stacked"], np.zeros((3, 2)))   # a stack of norm scales
   # a huge gradient is clipped to norm 1 before Adam; Adam's first step is then ±lr per entry
   big = {"w": jnp.full((2, 2), 1e6), "scale": jnp.zeros((2,))}
   cfg2 = _cfg("lr_schedule=constant", "warmup_steps=0", "weight_decay=0.0", "learning_rate=0.1")
-  tx2 = make_optimizer(cfg2)
+  params = {"w": params["w"], "scale": params["scale"]}
+  tx2 = make_optimizer(cfg2, {"w": axes["w"], "scale": axes["scale"]})
   updates, _ = tx2.update(big, tx2.init(params), params)
   np.testing.assert_allclose(updates["w"], -0.1 * np.ones((2, 2)), rtol=1e-4)
 

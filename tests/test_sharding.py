@@ -217,7 +217,7 @@ TINY_MODEL = ("emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv
 def test_optimizer_moments_follow_the_parameters(extra):
   mesh, rules, cfg = mesh_and_rules(*MESH_222, *TINY_MODEL, *extra)
   model_def = make_model_def(ModelConfig.from_config(cfg))
-  tx = make_optimizer(cfg)
+  tx = make_optimizer(cfg, model_def.logical_axes)
   sh = state_shardings(model_def, tx, mesh, rules)
   params = sh["params"]
   replicated = NamedSharding(mesh, P())

@@ -104,3 +104,26 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -
     mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                             meta=ocp.args.JsonSave({"step": step, "config": config})))
     mngr.wait_until_finished()
+
+
+def load_params_host(path: str, abstract_params: Any) -> Any:
+  """Parameters as host (NumPy-backed) arrays in exactly the structure of `abstract_params` (what
+  converters and the logit check use). Orbax stores list indices as string keys ("0"); they are
+  matched back to the model's integer keys, and every shape is checked."""
+  restored = load_params(path)
+
+  def conform(tree: Any, abstract: Any, where: str) -> Any:
+    if not isinstance(abstract, dict):
+      if tuple(tree.shape) != tuple(abstract.shape):
+        raise ValueError(f"checkpoint '{path}': {where} has shape {tuple(tree.shape)}, the model "
+                         f"expects {tuple(abstract.shape)}")
+      return tree
+    if not isinstance(tree, dict) or {str(k) for k in tree} != {str(k) for k in abstract}:
+      have = sorted(map(str, tree)) if isinstance(tree, dict) else type(tree).__name__
+      raise ValueError(f"checkpoint '{path}': {where or 'params'} holds {have}, the model expects "
+                       f"{sorted(map(str, abstract))}")
+    by_name = {str(k): v for k, v in tree.items()}
+    return {k: conform(by_name[str(k)], v, f"{where}/{k}" if where else str(k))
+            for k, v in abstract.items()}
+
+  return conform(restored, abstract_params, "")

@@ -17,13 +17,14 @@ import sys
 import jax
 import numpy as np
 
-from MaxText.checkpoint.manager import load_params, read_meta
+from MaxText.checkpoint.manager import load_params_host, read_meta
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.checkpoint_conversion.to_maxtext import BASE_YML, split_args
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import FIELDS, Config
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_hf_map
+from MaxText.train.state import make_model_def
 
 
 def checkpoint_config(path: str) -> Config:
@@ -43,8 +44,8 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int) -> Config:
     raise ConfigError(f"checkpoint '{ckpt}' has hf_model_type='' (not a Hugging Face "
                       f"architecture); set it when converting or training")
   family = get_hf_map(cfg.hf_model_type)
-  params = jax.tree.map(np.asarray, load_params(ckpt))
   mcfg = ModelConfig.from_config(cfg)
+  params = jax.tree.map(np.asarray, load_params_host(ckpt, make_model_def(mcfg).abstract_params))
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
   return cfg

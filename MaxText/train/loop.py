@@ -70,7 +70,7 @@ class Trainer:
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.model_def = make_model_def(self.mcfg)
-    self.tx = make_optimizer(cfg)
+    self.tx = make_optimizer(cfg, self.model_def.logical_axes)
     self.lr_schedule = learning_rate_schedule(cfg)
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules)
     self.abstract = abstract_state(self.model_def, self.tx, self.shardings)

@@ -1,5 +1,8 @@
 """The optax optimizer: global-norm clipping → AdamW (decoupled weight decay on matrices only)
-with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate schedule."""
+with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate schedule.
+
+"Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
+scales is [layers, D] but is still a vector per layer and is not decayed."""
 from __future__ import annotations
 
 import jax
@@ -25,10 +28,16 @@ def learning_rate_schedule(cfg: Config) -> optax.Schedule:
       [warmup, warmup + stable])
 
 
-def make_optimizer(cfg: Config) -> optax.GradientTransformation:
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+def decay_mask(logical_axes):
+  """True for parameters with at least two axes besides the stacked "layers" axis."""
+  return jax.tree.map(lambda axes: sum(a != "layers" for a in axes) >= 2, logical_axes,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def make_optimizer(cfg: Config, logical_axes) -> optax.GradientTransformation:
+  """`logical_axes`: the parameters' logical axis names (ModelDef.logical_axes)."""
   adamw = optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                      weight_decay=cfg.weight_decay, mask=decay_mask)
+                      weight_decay=cfg.weight_decay, mask=decay_mask(logical_axes))
   if cfg.max_grad_norm > 0:
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
   return adamw
