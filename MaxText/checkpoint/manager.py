@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
@@ -95,22 +96,37 @@ def load_params(path: str, abstract_params: Any = None) -> Any:
 
 
 def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -> None:
-  """A checkpoint with just `params` and `meta` (what converters write); committed atomically."""
+  """A checkpoint with just `params` and `meta` (what converters write); committed atomically.
+  Written uncompressed, from the arrays as they are, with Orbax's write window bounded by the
+  largest array: compression would stage a compressed copy of everything in flight, and the
+  converters' budget is about one copy of the weights. The result restores like any checkpoint."""
+  largest = max(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(params))
+  window_gb = (max(largest, 64 * 10**6) + 2**20) / 10**9   # Orbax counts 10^9 bytes per "GB"
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  handlers = {"params": ocp.PyTreeCheckpointHandler(save_concurrent_gb=window_gb,
+                                                    use_compression=False),
+              "meta": ocp.JsonCheckpointHandler()}
   with ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                             item_handlers={"params": ocp.StandardCheckpointHandler(
-                                                save_concurrent_gb=1),  # bounds host staging
-                                            "meta": ocp.JsonCheckpointHandler()}) as mngr:
-    mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                             item_handlers=handlers) as mngr:
+    mngr.save(step, args=ocp.args.Composite(params=ocp.args.PyTreeSave(params),
                                             meta=ocp.args.JsonSave({"step": step, "config": config})))
     mngr.wait_until_finished()
 
 
 def load_params_host(path: str, abstract_params: Any) -> Any:
-  """Parameters as host (NumPy-backed) arrays in exactly the structure of `abstract_params` (what
-  converters and the logit check use). Orbax stores list indices as string keys ("0"); they are
-  matched back to the model's integer keys, and every shape is checked."""
-  restored = load_params(path)
+  """Parameters as NumPy arrays in exactly the structure of `abstract_params` (what converters and
+  the logit check use): read straight into host memory, one copy. Orbax stores list indices as
+  string keys ("0"); they are matched back to the model's integer keys, and every shape is
+  checked."""
+  import etils.epath
+  item = etils.epath.Path(resolve_step_dir(path)) / "params"
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    tree = handler.metadata(item).tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    restored = handler.restore(item, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+  finally:
+    handler.close()
 
   def conform(tree: Any, abstract: Any, where: str) -> Any:
     if not isinstance(abstract, dict):

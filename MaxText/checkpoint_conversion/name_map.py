@@ -68,6 +68,16 @@ def unflatten(flat: Mapping[tuple, Any]) -> dict:
   return out
 
 
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+  """An uninitialised array whose data starts on a 64-byte boundary, so that
+  `jax.device_put(a, may_alias=True)` on CPU wraps it without a copy (converters hold one copy)."""
+  dtype = np.dtype(dtype)
+  nbytes = math.prod(shape) * dtype.itemsize
+  raw = np.empty(nbytes + 64, np.uint8)
+  start = (-raw.ctypes.data) % 64
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _name(path: tuple) -> str:
   return "/".join(map(str, path))
 
@@ -124,7 +134,8 @@ class NameMap:
                    ignore: Callable[[str], bool] = lambda name: False) -> dict:
     """HF tensors → our pure-dict params in `mcfg.weight_dtype`. Strict: a missing tensor, a wrong
     shape or an HF tensor left over (unless `ignore(name)`) raises ValueError naming it. Each
-    parameter is filled in place, so only it and one HF tensor are held beyond the output."""
+    parameter is filled in place (64-byte aligned, see `aligned_empty`), so only one HF tensor is
+    held beyond the output."""
     hf = {k for k in hf_state if not ignore(k)}
     used: set[str] = set()
 
@@ -136,13 +147,10 @@ class NameMap:
 
     flat = {}
     for e in self.plan(mcfg):
-      if len(e.sources) == 1 and e.sources[0][1] is None:
-        name = e.sources[0][0]
-        flat[e.path] = np.asarray(to_ours(take(name), e.spec.shape, e.rule, name), e.spec.dtype)
-        continue
-      value = np.empty(e.spec.shape, e.spec.dtype)
+      value = aligned_empty(e.spec.shape, e.spec.dtype)
       for name, index in e.sources:
-        value[index] = to_ours(take(name), e.spec.shape[1:], e.rule, name)
+        shape = e.spec.shape if index is None else e.spec.shape[1:]
+        value[() if index is None else index] = to_ours(take(name), shape, e.rule, name)
       flat[e.path] = value
     if mcfg.tie_word_embeddings and self.tied_head_name in hf:
       if not np.array_equal(np.asarray(hf_state[self.tied_head_name]),

@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import sys
 
-import jax
-import numpy as np
 
 from MaxText.checkpoint.manager import load_params_host, read_meta
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
@@ -45,7 +43,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int) -> Config:
                       f"architecture); set it when converting or training")
   family = get_hf_map(cfg.hf_model_type)
   mcfg = ModelConfig.from_config(cfg)
-  params = jax.tree.map(np.asarray, load_params_host(ckpt, make_model_def(mcfg).abstract_params))
+  params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
   return cfg

@@ -53,6 +53,13 @@ def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
   return replace(cfg, **{k: coerce(k, v, from_text=True) for k, v in changed.items()})
 
 
+def _as_jax_array(a: np.ndarray) -> jax.Array:
+  try:
+    return jax.device_put(a, may_alias=True)
+  except TypeError:  # a JAX without `may_alias`: a copy, one leaf at a time
+    return jax.device_put(a)
+
+
 def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
@@ -71,15 +78,10 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
     if tuple(flat_got[name].shape) != tuple(s.shape):
       raise HFFolderError(f"{hf_path}: parameter {name} has shape {tuple(flat_got[name].shape)}, "
                           f"config.json implies {tuple(s.shape)}")
-  del flat_got  # drop these references too, or the NumPy copies below could not be freed
-  # one leaf at a time into JAX buffers (each NumPy copy is dropped as soon as it is moved), so
-  # Orbax can write them without staging a second host copy of the whole tree
-  leaves, treedef = jax.tree.flatten(params)
-  del params
-  for i, spec in enumerate(jax.tree.leaves(want)):
-    leaves[i] = jax.device_put(np.asarray(leaves[i]).astype(spec.dtype, copy=False))
-  params = jax.tree.unflatten(treedef, leaves)
-  del leaves
+  del flat_got
+  # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
+  # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
+  params = jax.tree.map(_as_jax_array, params)
   save_params_only(output_path, params, cfg.as_dict())
   return cfg
 
