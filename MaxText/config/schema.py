@@ -72,6 +72,7 @@ class Config:
   shuffle: bool
   data_shuffle_seed: int = _spec(min=0)
   grain_worker_count: int = _spec(min=0)
+  max_bad_records: int = _spec(min=0)
   max_target_length: int = _spec(min=2)
   per_device_batch_size: float = _spec(gt=0)
   gradient_accumulation_steps: int = _spec(min=1)
