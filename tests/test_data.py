@@ -422,3 +422,16 @@ def test_iterator_state_of_other_data_config_is_refused(tmp_path):
   with pytest.raises(DataError, match="no data config fingerprint"):
     make_data_iterator(cfg("clean.jsonl"), 0, 1, 2).set_state({"grain": state["grain"]})
 
+
+def test_too_many_bad_records_in_training_exits_3(tmp_path, capsys):
+  import jax
+  from conftest import MESH_1, train
+  cfg = _with_bad_lines(tmp_path)
+  data = ("dataset_type=file", f"dataset_path={cfg('bad.jsonl').dataset_path}", "steps=2",
+          "enable_checkpointing=false", *MESH_1)
+  code, rows, _ = train(tmp_path, "strict", *data, devices=jax.devices()[:1])
+  assert code == 3 and rows == []
+  assert "data error: more than max_bad_records=0 bad records" in capsys.readouterr().err
+  code, rows, _ = train(tmp_path, "tolerant", *data, "max_bad_records=3",
+                        devices=jax.devices()[:1])
+  assert code == 0 and len(rows) == 2

@@ -96,6 +96,9 @@ class Config:
   checkpoint_period: int = _spec(min=1)
   max_checkpoints_to_keep: int = _spec(min=1)
   load_parameters_path: str
+  checkpoint_verify: bool
+  checkpoint_fallback: bool
+  checkpoint_save_timeout_s: float = _spec(gt=0)
   # ---- metrics -------------------------------------------------------------------------------
   enable_tensorboard: bool
   peak_tflops_per_device: float = _spec(min=0)
