@@ -1,6 +1,6 @@
 """The training run: config → mesh → model/optimizer state (fresh, resumed or fine-tuned) → data →
 compiled step → loop with metrics and checkpoints. `main(argv)` returns the process exit status
-(`exit_codes.py`: 0 done, 2 config, 3 data, 4 checkpoint, 5 non-finite)."""
+(`exit_codes.py`: 0 done, 2 config, 3 data, 4 checkpoint, 5 non-finite, 42 preempted and saved)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import psutil
 
+from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
 from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
@@ -27,15 +28,16 @@ from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import memory
+from MaxText.train import faults, memory
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
-                                      EXIT_OK)
+                                      EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
-__all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK", "Trainer",
-           "main", "run"]
+__all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
+           "EXIT_PREEMPTED", "Trainer", "main", "run"]
 
 
 def log(msg: str) -> None:
@@ -142,7 +144,8 @@ class Trainer:
           return EXIT_OK
       data_iter = make_data_iterator(cfg, jax.process_index(), jax.process_count(),
                                      self.global_batch // jax.process_count())
-      code = self._train(ckpts, data_iter)
+      with PreemptionWatch() as watch:
+        code = self._train(ckpts, data_iter, watch)
       if ckpts is not None:
         ckpts.close()  # waits (bounded) for the last commit
         log(f"checkpoints in {ckpts.directory}: latest step {ckpts.latest_step()}")
@@ -160,7 +163,7 @@ class Trainer:
       ckpts.abandon()  # a save still writing is let finish (bounded); a hung one is left behind
     return code
 
-  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any) -> int:
+  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
     cfg = self.cfg
     state, start = self.initial_state(ckpts, data_iter)
     t0 = time.perf_counter()
@@ -175,17 +178,24 @@ class Trainer:
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
                            is_primary=jax.process_index() == 0)
     config_dict = cfg.as_dict()
+    wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
     skipped = 0
     last = time.perf_counter()
     try:
       for step in range(start + 1, cfg.steps + 1):
+        batch_sum = batch_checksum(batch)
         state, metrics = compiled(state, batch)
-        save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps)
-        if step < cfg.steps and not save_now:  # overlap the next host batch
+        faults.after_dispatch(step, wait_for_saves)
+        # decided before the next batch is read, so a saved iterator position matches the state
+        stop = watch.should_stop(step) and step < cfg.steps
+        save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
+                                          or stop)
+        if step < cfg.steps and not save_now and not stop:  # overlap the next host batch
           batch = self.device_batch(next(data_iter))
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics["batch_checksum"] = int(batch_sum)
         now = time.perf_counter()
         step_time, last = now - last, now
         tflops = flops["total"] / step_time / 1e12 / len(self.devices)
@@ -196,6 +206,8 @@ class Trainer:
         finite = bool(metrics["finite"])
         if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
           log(format_line(step, metrics, cfg.steps))
+        if ckpts is not None:
+          ckpts.check()  # an earlier async save that failed or hung stops the run here
         if not finite:
           skipped += 1
           if cfg.nonfinite_policy == "halt" or skipped > cfg.max_nonfinite_skips:
@@ -207,12 +219,27 @@ class Trainer:
               f"{cfg.max_nonfinite_skips})")
         if save_now:
           ckpts.save(step, state, data_iter, config_dict)
+        if stop:
+          return self._preempted(step, ckpts, watch)
         if save_now and step < cfg.steps:
           batch = self.device_batch(next(data_iter))
     finally:
       writer.close()
       self.final_state = state
     return EXIT_OK
+
+  def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
+    what = watch.signal_name or "the preemption service"
+    if ckpts is None:
+      log(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
+      return EXIT_PREEMPTED
+    ckpts.wait()  # the commit of this step: a failure or hang raises CheckpointError (exit 4)
+    since = (f" {time.monotonic() - watch.received_at:.1f} s after the signal"
+             if watch.received_at is not None else "")
+    log(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
+        "(rerun to resume)")
+    return EXIT_PREEMPTED
+
 
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
         ) -> tuple[int, Trainer | None]:
