@@ -15,7 +15,7 @@ finaliser, a bijection of uint32. Properties that matter here:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +84,17 @@ def path_name(keypath: tuple) -> str:
 
 def tree_checksums(tree: Any, prefix: str = "") -> dict[str, str]:
   """{"<prefix>/<path>": 16 hex digits} for every array leaf of `tree` (all processes call it)."""
-  sums = jax.device_get(_tree_checksums(tree))
+  return start_tree_checksums(tree, prefix)()
+
+
+def start_tree_checksums(tree: Any, prefix: str = "") -> Callable[[], dict[str, str]]:
+  """Dispatches the checksums (all processes call it) and returns a function that waits for them
+  and gives `tree_checksums`' dict (it may run on another thread)."""
+  pending = _tree_checksums(tree)
+  return lambda: _names(jax.device_get(pending), prefix)
+
+
+def _names(sums: Any, prefix: str) -> dict[str, str]:
   out = {}
   for keypath, value in jax.tree_util.tree_flatten_with_path(sums)[0]:
     name = path_name(keypath)

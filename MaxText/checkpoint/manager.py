@@ -86,7 +86,7 @@ class RunCheckpoints:
     args["meta"] = ocp.args.JsonSave({"step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
-    args[manifest.ITEM] = manifest.ManifestSave(manifest.build(step, arrays, config))
+    args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(step, arrays, config))
     self._pending = (int(step), time.monotonic())
     try:
       self._mngr.save(step, args=ocp.args.Composite(**args), force=True)

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import subprocess
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -54,16 +54,24 @@ def code_version() -> dict:
   return {"git": commit, "jax": jax.__version__, "orbax": ocp.__version__}
 
 
-def build(step: int, arrays: dict[str, Any], config: dict) -> dict:
-  """The manifest of `arrays` ({item name: tree of jax.Array}); every process must call it."""
+def build(step: int, arrays: dict[str, Any], config: dict) -> Callable[[], dict]:
+  """The manifest of `arrays` ({item name: tree of jax.Array}); every process must call it. The
+  checksums are dispatched now and fetched by the returned function (the background write calls
+  it, so the train loop does not wait for them)."""
+  pending = [checksum.start_tree_checksums(tree, prefix=item) for item, tree in arrays.items()]
   entries = {}
   for item, tree in arrays.items():
-    sums = checksum.tree_checksums(tree, prefix=item)
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-      name = f"{item}/{checksum.path_name(keypath)}"
-      entries[name] = {"shape": list(leaf.shape), "dtype": str(leaf.dtype), "checksum": sums[name]}
-  return {"format": FORMAT, "step": int(step), "code_version": code_version(), "config": config,
-          "arrays": entries}
+      entries[f"{item}/{checksum.path_name(keypath)}"] = {"shape": list(leaf.shape),
+                                                          "dtype": str(leaf.dtype)}
+  head = {"format": FORMAT, "step": int(step), "code_version": code_version(), "config": config}
+
+  def finish() -> dict:
+    for resolve in pending:
+      for name, value in resolve().items():
+        entries[name]["checksum"] = value
+    return dict(head, arrays=entries)
+  return finish
 
 
 def _digest(path: str) -> str:
@@ -160,21 +168,23 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
     self._hashed_items = hashed_items
     self._step = None
 
-  async def _write(self, directory: epath.Path, manifest: dict) -> None:
-    if jax.process_index() == 0:
-      faults.during_save_write(manifest["step"])
-      (directory / ARRAYS_FILE).write_text(json.dumps(manifest, sort_keys=True))
-
-  async def async_save(self, directory: epath.Path, args: "ManifestSave"):
-    self._step = args.manifest["step"]
-    return [ocp_future.CommitFutureAwaitingContractedSignals(
-        self._write(directory, args.manifest), name="manifest_save")]
-
-  def save(self, directory: epath.Path, args: "ManifestSave") -> None:
-    self._step = args.manifest["step"]
+  def _write_now(self, directory: epath.Path, args: "ManifestSave") -> None:
+    manifest = args.finish()  # waits for the checksums (on every process: frees their buffers)
     if jax.process_index() == 0:
       faults.during_save_write(self._step)
-      (directory / ARRAYS_FILE).write_text(json.dumps(args.manifest, sort_keys=True))
+      (directory / ARRAYS_FILE).write_text(json.dumps(manifest, sort_keys=True))
+
+  async def _write(self, directory: epath.Path, args: "ManifestSave") -> None:
+    self._write_now(directory, args)
+
+  async def async_save(self, directory: epath.Path, args: "ManifestSave"):
+    self._step = args.step
+    return [ocp_future.CommitFutureAwaitingContractedSignals(
+        self._write(directory, args), name="manifest_save")]
+
+  def save(self, directory: epath.Path, args: "ManifestSave") -> None:
+    self._step = args.step
+    self._write_now(directory, args)
 
   def finalize(self, directory: epath.Path) -> None:
     """Runs after the other items are finalized (this item is registered last), before commit."""
@@ -195,7 +205,8 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
 @ocp.args.register_with_handler(ManifestHandler, for_save=True)
 @dataclasses.dataclass
 class ManifestSave(ocp.args.CheckpointArgs):
-  manifest: dict
+  step: int
+  finish: Callable[[], dict]  # `build`'s result
 
 
 @ocp.args.register_with_handler(ManifestHandler, for_restore=True)

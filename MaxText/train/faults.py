@@ -10,7 +10,7 @@ kinds (each fires once, at the given step; tests/test_faults.py and RELIABILITY.
   before_commit   SIGKILL after every file of step N's checkpoint is written, just before commit
   save_error      the background write of step N's checkpoint fails with ENOSPC (disk full)
   save_hang       the background write of step N's checkpoint blocks (hung storage) until
-                  `RELEASE` is set or 120 s pass
+                  `RELEASE` is set or 120 s pass, then fails
 
 The hooks are called from three places only: the train loop (`after_dispatch`) and the manifest
 item of a checkpoint (`during_save_write`, `before_commit`).
@@ -72,6 +72,7 @@ def during_save_write(step: int) -> None:
   if _armed("save_hang", step):
     _say(f"checkpoint {step} write hangs")
     RELEASE.wait(120)
+    raise TimeoutError(f"injected hang of checkpoint {step} ended")  # never commits
 
 
 def before_commit(step: int) -> None:
