@@ -90,8 +90,9 @@ def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monk
   monkeypatch.setenv(faults.ENV, "sigterm_at_step:23")
   code, rows, _ = train(tmp_path, "run", *COMMON)
   exited = time.time()
-  err = capsys.readouterr().err
+  out, err = capsys.readouterr()
   assert code == 42
+  assert "preempted (SIGTERM): step 23 saved and committed" in out
   sent = float(re.search(r"\[fault\] SIGTERM at step 23 \(t=([0-9.]+)\)", err).group(1))
   assert exited - sent < 30
   assert rows[-1]["step"] == 23  # the step in flight was finished, nothing after it
