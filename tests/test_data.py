@@ -22,7 +22,7 @@ def make_cfg(**overrides):
   cfg = dict(dataset_type="embedded", dataset_path="", dataset_format="auto",
              dataset_text_field="text", tokenizer_type="byte", tokenizer_path="", add_bos=True,
              add_eos=True, packing=True, shuffle=True, data_shuffle_seed=0,
-             grain_worker_count=0, max_target_length=SEQ, vocab_size=384)
+             grain_worker_count=0, max_target_length=SEQ, vocab_size=384, max_bad_records=0)
   cfg.update(overrides)
   return types.SimpleNamespace(**cfg)
 
@@ -365,3 +365,73 @@ def test_synthetic_shapes_ranges_and_determinism():
     assert np.all(b["inputs_segmentation"] == 1) and np.all(b["targets_segmentation"] == 1)
     np.testing.assert_array_equal(b["inputs_position"], np.tile(np.arange(16), (4, 1)))
   assert len({b["inputs"].tobytes() for b in a}) == 2
+
+
+# ---- bad records, iterator-state mismatch ------------------------------------------------------
+
+
+def _with_bad_lines(tmp_path):
+  """30 one-row documents; a copy with 3 unreadable lines (truncated JSON, no text field, a
+  non-string text) at lines 6, 13 and 21."""
+  good = [json.dumps({"text": f"document number {i:02d} " * 3}) for i in range(30)]
+  bad = ['{"text": "truncated in the mid', '{"body": "no text field"}', '{"text": 7}']
+  lines = list(good)
+  for at, line in zip((5, 12, 20), bad):
+    lines.insert(at, line)
+  (tmp_path / "clean.jsonl").write_text("\n".join(good) + "\n", encoding="utf-8")
+  (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return lambda name, **kw: make_cfg(dataset_type="file", dataset_path=str(tmp_path / name),
+                                     packing=False, shuffle=False, **kw)
+
+
+def test_bad_records_skipped_counted_and_bounded(tmp_path, capsys):
+  """Under the limit the stream equals the clean file's, each skip is logged with its place; the
+  count is part of the iterator state, so a resumed iterator hits the limit at the same record."""
+  cfg = _with_bad_lines(tmp_path)
+  it = make_data_iterator(cfg("bad.jsonl", max_bad_records=3), 0, 1, 2)
+  epoch = take(it, 15)  # one document per row, two rows per batch: the whole file once
+  assert_batches_equal(epoch, take(make_data_iterator(cfg("clean.jsonl"), 0, 1, 2), 15))
+  skips = [l for l in capsys.readouterr().err.splitlines() if l.startswith("skipped bad record")]
+  assert len(skips) == 3 and "bad.jsonl line 6 is not valid JSON" in skips[0]
+  assert skips[1].startswith("skipped bad record 2/3") and "line 13" in skips[1]
+  state = json.loads(json.dumps(it.get_state()))
+  with pytest.raises(DataError, match=r"more than max_bad_records=3 bad records; the last, "
+                                      r".*bad.jsonl line 6"):
+    take(it, 5)  # the 4th bad record, in the second epoch
+  resumed = make_data_iterator(cfg("bad.jsonl", max_bad_records=3), 0, 1, 2)
+  resumed.set_state(state)
+  with pytest.raises(DataError, match="more than max_bad_records=3"):
+    take(resumed, 5)
+  raised = make_data_iterator(cfg("bad.jsonl", max_bad_records=4), 0, 1, 2)  # limit may change
+  raised.set_state(state)
+  assert_batches_equal(take(raised, 5), epoch[:5])
+
+
+def test_iterator_state_of_other_data_config_is_refused(tmp_path):
+  cfg = _with_bad_lines(tmp_path)
+  it = make_data_iterator(cfg("clean.jsonl"), 0, 1, 2)
+  take(it, 2)
+  state = json.loads(json.dumps(it.get_state()))
+  for other, msg in ((make_data_iterator(cfg("clean.jsonl", add_bos=False), 0, 1, 2),
+                      "add_bos: saved True, now False"),
+                     (make_data_iterator(cfg("clean.jsonl"), 0, 1, 4),
+                      "per_process_batch_size: saved 2, now 4"),
+                     (make_data_iterator(cfg("clean.jsonl"), 0, 2, 2), "process_count")):
+    with pytest.raises(DataError, match=msg):
+      other.set_state(state)
+  with pytest.raises(DataError, match="no data config fingerprint"):
+    make_data_iterator(cfg("clean.jsonl"), 0, 1, 2).set_state({"grain": state["grain"]})
+
+
+def test_too_many_bad_records_in_training_exits_3(tmp_path, capsys):
+  import jax
+  from conftest import MESH_1, train
+  cfg = _with_bad_lines(tmp_path)
+  data = ("dataset_type=file", f"dataset_path={cfg('bad.jsonl').dataset_path}", "steps=2",
+          "enable_checkpointing=false", *MESH_1)
+  code, rows, _ = train(tmp_path, "strict", *data, devices=jax.devices()[:1])
+  assert code == 3 and rows == []
+  assert "data error: more than max_bad_records=0 bad records" in capsys.readouterr().err
+  code, rows, _ = train(tmp_path, "tolerant", *data, "max_bad_records=3",
+                        devices=jax.devices()[:1])
+  assert code == 0 and len(rows) == 2

@@ -1,71 +1,279 @@
-"""Orbax checkpoints of a run: `<run dir>/checkpoints/<step>/{params,opt_state,meta,data}`.
+"""Orbax checkpoints of a run: `<run dir>/checkpoints/<step>/{params,opt_state,meta,data,manifest}`.
 
 - `params`, `opt_state`: the train state's arrays (restored onto whatever mesh the target
-  shardings describe, so a different mesh than at save time works);
+  shardings describe, so a different mesh than at save time works; no target is refused);
 - `meta`: JSON with the step and the resolved config;
-- `data`: the data iterator state, one JSON file per process (`data_state.py`).
-Orbax writes each step into a temporary directory and renames it when every item is committed, so
-a step directory that `all_steps()` lists is complete; async saves run in the background.
+- `data`: the data iterator state, one JSON file per process (`data_state.py`);
+- `manifest`: shapes, dtypes and checksums of the arrays, digests of every file (`manifest.py`).
+
+Crash safety: Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it once every
+item is written, so a step that `all_steps()` lists is complete; a process killed at any moment
+leaves the previous committed step usable, and the temporary directory of a save that never
+committed is removed when the next run starts (`cleanup_tmp_directories`). Async saves run in the
+background: `check()` (every step) raises `CheckpointError` once one failed or has not committed
+within `save_timeout_s`; `wait()` bounds the wait for the commit the same way.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from MaxText.checkpoint import checksum, data_state, manifest
 from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
+from MaxText.checkpoint.errors import CheckpointError
+from MaxText.data.errors import DataError
 
-ITEMS = ("params", "opt_state", "meta", "data")
+ARRAY_ITEMS = ("params", "opt_state")
+HASHED_ITEMS = (*ARRAY_ITEMS, "meta", "data")
+
+
+def _why(e: BaseException) -> str:
+  """One line: the exception type and the start of its message (TensorStore's spec dump cut)."""
+  text = str(e).split("\n", 1)[0].split(" See full TensorStore details", 1)[0]
+  return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def require_target_shardings(abstract: Any, what: str) -> None:
+  """Refuses a restore target without shardings: Orbax would place the arrays by the mesh they
+  were saved on, which on another mesh or device set is wrong or fails."""
+  missing = [checksum.path_name(p) for p, leaf in
+             jax.tree_util.tree_flatten_with_path(abstract)[0]
+             if getattr(leaf, "sharding", None) is None]
+  if abstract is None or missing:
+    raise CheckpointError(
+        f"refusing to restore {what} without target shardings "
+        f"({'no target' if abstract is None else 'none for ' + ', '.join(missing[:3])}): the "
+        "arrays would be placed as on the mesh they were saved from; pass abstract arrays with "
+        "the shardings of this run's mesh (or load_params(path, None) for host numpy arrays)")
 
 
 class RunCheckpoints:
-  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool):
+  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool,
+               save_timeout_s: float = 600.0):
     self.directory = os.path.abspath(directory)
+    self.save_timeout_s = float(save_timeout_s)
+    self._pending: tuple[int, float] | None = None  # (step, start time) of an unconfirmed save
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=True,
+        async_options=ocp.AsyncOptions(timeout_secs=max(1, int(self.save_timeout_s))))
     self._mngr = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"params": ocp.StandardCheckpointHandler(),
                        "opt_state": ocp.StandardCheckpointHandler(),
                        "meta": ocp.JsonCheckpointHandler(),
-                       "data": DataStateHandler()})
+                       "data": DataStateHandler(),
+                       # last: its finalize hashes the other items' final files
+                       manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS)})
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self._mngr.all_steps())
+
+  # ---- save ----------------------------------------------------------------------------------
   def save(self, step: int, state: dict, data_iterator: Any, config: dict) -> None:
-    args = {"params": ocp.args.StandardSave(state["params"]),
-            "opt_state": ocp.args.StandardSave(state["opt_state"]),
-            "meta": ocp.args.JsonSave({"step": int(step), "config": config})}
+    self.wait()  # a failed or hung previous save is reported before anything new is written
+    arrays = {k: state[k] for k in ARRAY_ITEMS}
+    args = {k: ocp.args.StandardSave(v) for k, v in arrays.items()}
+    args["meta"] = ocp.args.JsonSave({"step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
-    self._mngr.save(step, args=ocp.args.Composite(**args), force=True)
+    args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(step, arrays, config))
+    self._pending = (int(step), time.monotonic())
+    try:
+      self._mngr.save(step, args=ocp.args.Composite(**args), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      self._pending = None
+      raise CheckpointError(f"saving checkpoint step {step} failed: {_why(e)}") from e
 
-  def restore(self, step: int, abstract_state: dict, data_iterator: Any) -> tuple[dict, dict]:
-    """Returns (state, meta); `data_iterator` is set to its saved position in place."""
-    args = {"params": ocp.args.StandardRestore(abstract_state["params"]),
-            "opt_state": ocp.args.StandardRestore(abstract_state["opt_state"]),
-            "meta": ocp.args.JsonRestore()}
+  def _confirm(self) -> None:
+    step, _ = self._pending
+    self._pending = None
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+          f"saving checkpoint step {step} failed: {_why(e)}; step {step} was not committed "
+          f"(latest committed step: {self._committed()})") from e
+
+  def _hung(self) -> CheckpointError:
+    step, start = self._pending
+    return CheckpointError(
+        f"checkpoint step {step} has not committed after {time.monotonic() - start:.0f} s "
+        f"(checkpoint_save_timeout_s={self.save_timeout_s:g}): storage hung or too slow; step "
+        f"{step} was not committed (latest committed step: {self._committed()})")
+
+  def _committed(self) -> str:
+    """The newest step committed on disk (Orbax's own list includes a save still in flight)."""
+    steps = ocp.utils.checkpoint_steps(self.directory)
+    return str(max(steps)) if steps else "none"
+
+  def check(self) -> None:
+    """Non-blocking: raises CheckpointError if the last save failed or is over its time limit."""
+    if self._pending is None:
+      return
+    if self._mngr.is_saving_in_progress():
+      if time.monotonic() - self._pending[1] > self.save_timeout_s:
+        raise self._hung()
+      return
+    self._confirm()
+
+  def wait(self) -> None:
+    """Blocks until the last save committed; CheckpointError if it failed or hung."""
+    if self._pending is None:
+      return
+    while self._mngr.is_saving_in_progress():
+      if time.monotonic() - self._pending[1] > self.save_timeout_s:
+        raise self._hung()
+      time.sleep(0.02)
+    self._confirm()
+
+  def close(self) -> None:
+    self.wait()
+    self._mngr.close()
+
+  def abandon(self) -> None:
+    """After an error: closes if no save is stuck (a hung background write is left behind); the
+    error being reported already says what went wrong, so nothing more is raised here."""
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  # ---- restore -------------------------------------------------------------------------------
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def restore(self, step: int, abstract_state: dict, data_iterator: Any, *,
+              verify: bool = True) -> tuple[dict, dict]:
+    """Returns (state, meta); `data_iterator` is set to its saved position in place.
+
+    Raises DataError (no or mismatched iterator state) or CheckpointError (naming the arrays or
+    files that are damaged, missing or incompatible)."""
+    require_target_shardings(abstract_state, f"checkpoint step {step}")
+    step_dir = self.step_dir(step)
+    if data_iterator is not None:
+      data_state.require_state(step_dir, step)
+    abstract = {k: abstract_state[k] for k in ARRAY_ITEMS}
+    saved = _read_manifest(step_dir, step, required=verify)
+    file_problems = []
+    if saved is not None:
+      incompatible = manifest.check_compatible(saved, abstract)
+      if incompatible:
+        raise CheckpointError(f"checkpoint step {step} does not fit this model: "
+                              + "; ".join(incompatible[:8]))
+      if verify:
+        file_problems = _on_primary(lambda: manifest.verify_files(step_dir, saved, HASHED_ITEMS))
+    args = {k: ocp.args.StandardRestore(v) for k, v in abstract.items()}
+    args["meta"] = ocp.args.JsonRestore()
     if data_iterator is not None:
       args["data"] = DataStateRestore(data_iterator)
-    out = self._mngr.restore(step, args=ocp.args.Composite(**args))
+    try:
+      out = self._mngr.restore(step, args=ocp.args.Composite(**args))
+    except DataError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      unreadable = _unreadable_arrays(step_dir, abstract)
+      raise CheckpointError(
+          f"checkpoint step {step} cannot be read: "
+          + "; ".join(unreadable + file_problems or [_why(e)])) from e
+    if verify:
+      differing = manifest.compare_arrays(saved, {k: out[k] for k in ARRAY_ITEMS})
+      if differing or file_problems:
+        raise CheckpointError(f"checkpoint step {step} is damaged: "
+                              + "; ".join((differing + file_problems)[:8])
+                              + ("" if differing else " (no array's values differ)"))
     step_array = jax.device_put(jax.numpy.asarray(step, jax.numpy.int32),
                                 abstract_state["step"].sharding)
     state = {"step": step_array, "params": out["params"], "opt_state": out["opt_state"]}
     return state, out["meta"]
 
-  def wait(self) -> None:
-    self._mngr.wait_until_finished()
+  def restore_latest(self, abstract_state: dict, data_iterator: Any, *, verify: bool,
+                     fallback: bool, log: Callable[[str], None]) -> tuple[dict | None, int]:
+    """(state, step) of the newest usable step, or (None, 0) without one. With `fallback`, a
+    damaged step is logged and moved aside and the next older one is tried."""
+    steps = sorted(self.all_steps(), reverse=True)
+    for i, step in enumerate(steps):
+      try:
+        state, _ = self.restore(step, abstract_state, data_iterator, verify=verify)
+        return state, step
+      except CheckpointError as e:
+        if not fallback or i + 1 == len(steps):
+          raise
+        aside = self._set_aside(step)
+        log(f"checkpoint step {step} is unusable ({e}); falling back to step {steps[i + 1]} "
+            f"(checkpoint_fallback=true; the bad step was moved to {aside})")
+    return None, 0
 
-  def close(self) -> None:
-    self._mngr.wait_until_finished()
-    self._mngr.close()
+  def _set_aside(self, step: int) -> str:
+    aside = os.path.join(self.directory, f"{step}.unusable-{int(time.time())}")
+    if jax.process_index() == 0:
+      os.rename(self.step_dir(step), aside)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(f"maxtext_set_aside_{step}")
+    self._mngr.reload()
+    return aside
 
 
+def _on_primary(fn: Callable[[], list[str]]) -> list[str]:
+  """`fn()` on process 0; other processes learn whether it found problems."""
+  problems = fn() if jax.process_index() == 0 else []
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    found = multihost_utils.broadcast_one_to_all(np.int32(len(problems)))
+    if found and not problems:
+      problems = [f"{int(found)} damaged files (see the log of process 0)"]
+  return problems
+
+
+def _read_manifest(step_dir: str, step: int, *, required: bool) -> dict | None:
+  try:
+    return manifest.read(step_dir)
+  except (OSError, ValueError) as e:
+    if not required:
+      return None
+    raise CheckpointError(
+        f"checkpoint step {step} has no usable manifest ({_why(e)}); its integrity cannot be "
+        "checked (checkpoint_verify=false restores it unchecked)") from e
+
+
+def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
+  """Restores each array alone to name the ones that cannot be read (the slow, failed path)."""
+  bad = []
+  for item, tree in abstract.items():
+    item_dir = os.path.join(step_dir, item)
+    for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      single: dict = {}
+      node = single
+      keys = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in keypath]
+      if not all(isinstance(k, str) for k in keys):
+        continue  # optimizer tuples: named through the whole-item error instead
+      for k in keys[:-1]:
+        node = node.setdefault(k, {})
+      node[keys[-1]] = leaf
+      try:
+        with ocp.PyTreeCheckpointer() as ckptr:
+          ckptr.restore(item_dir, args=ocp.args.PyTreeRestore(
+              item=single, partial_restore=True,
+              restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
+                                        single)))
+      except Exception as e:  # pylint: disable=broad-except
+        bad.append(f"{item}/{'/'.join(keys)}: unreadable ({_why(e)})")
+    if not bad and not os.path.isfile(os.path.join(item_dir, "_METADATA")):
+      bad.append(f"{item}/_METADATA: missing")
+  return bad
+
+
+# ---- parameters only (fine-tuning, converters) -------------------------------------------------
 def resolve_step_dir(path: str) -> str:
   """A run's `checkpoints/` directory (→ its latest committed step) or one step directory."""
   path = os.path.abspath(path)
@@ -88,11 +296,38 @@ def read_meta(path: str) -> dict:
     return json.load(f)
 
 
-def load_params(path: str, abstract_params: Any = None) -> Any:
-  """Parameters only (fine-tuning), placed per `abstract_params`' shardings (None: as numpy-backed
-  arrays on the default device)."""
-  with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(os.path.join(resolve_step_dir(path), "params"), abstract_params)
+def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) -> Any:
+  """Parameters only (fine-tuning), placed per `abstract_params`' shardings, which every leaf must
+  carry; None gives host numpy arrays (converters: no devices, any mesh it was saved from).
+  A checkpoint with a manifest is verified (unless `verify=False`)."""
+  step_dir = resolve_step_dir(path)
+  item_dir = os.path.join(step_dir, "params")
+  saved = _read_manifest(step_dir, -1, required=False) if verify else None
+  if saved is not None:
+    problems = _on_primary(lambda: manifest.verify_files(step_dir, saved, ("params",)))
+    if problems:
+      raise CheckpointError(f"checkpoint '{step_dir}' is damaged: " + "; ".join(problems[:8]))
+  if abstract_params is not None:
+    require_target_shardings(abstract_params, f"parameters from '{step_dir}'")
+    incompatible = manifest.check_compatible(saved, {"params": abstract_params}) if saved else []
+    if incompatible:
+      raise CheckpointError(f"parameters in '{step_dir}' do not fit this model: "
+                            + "; ".join(incompatible[:8]))
+  try:
+    if abstract_params is None:
+      with ocp.PyTreeCheckpointer() as ckptr:
+        tree = ckptr.metadata(item_dir).item_metadata.tree
+        return ckptr.restore(item_dir, args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(
+            lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)))
+    with ocp.StandardCheckpointer() as ckptr:
+      params = ckptr.restore(item_dir, abstract_params)
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"parameters in '{step_dir}' cannot be read: {_why(e)}") from e
+  if saved is not None:
+    differing = manifest.compare_arrays(saved, {"params": params})
+    if differing:
+      raise CheckpointError(f"checkpoint '{step_dir}' is damaged: " + "; ".join(differing[:8]))
+  return params
 
 
 def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -> None:

@@ -85,6 +85,7 @@ class Config:
   shuffle: bool
   data_shuffle_seed: int = _spec(min=0)
   grain_worker_count: int = _spec(min=0)
+  max_bad_records: int = _spec(min=0)
   max_target_length: int = _spec(min=2)
   per_device_batch_size: float = _spec(gt=0)
   gradient_accumulation_steps: int = _spec(min=1)
@@ -108,6 +109,9 @@ class Config:
   checkpoint_period: int = _spec(min=1)
   max_checkpoints_to_keep: int = _spec(min=1)
   load_parameters_path: str
+  checkpoint_verify: bool
+  checkpoint_fallback: bool
+  checkpoint_save_timeout_s: float = _spec(gt=0)
   # ---- metrics -------------------------------------------------------------------------------
   enable_tensorboard: bool
   peak_tflops_per_device: float = _spec(min=0)

@@ -145,7 +145,11 @@ class ParquetFileReader(_Reader):
       cached = self.__dict__.get("_h_group")
       if cached is None or cached[0] != group:
         import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-        table = pq.ParquetFile(self.path).read_row_group(group, columns=[self.text_field])
+        try:
+          table = pq.ParquetFile(self.path).read_row_group(group, columns=[self.text_field])
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+          raise DataError(f"dataset_path: {self.path} row group {group} cannot be read: "
+                          f"{e}") from e
         cached = self._h_group = (group, table.column(0).to_pylist())
     value = cached[1][index - int(self.group_starts[group])]
     if not isinstance(value, str):
@@ -175,7 +179,10 @@ class ArrayRecordFileReader(_Reader):
   def __getitem__(self, index: int) -> str:
     with self._lock:
       source = self._source()
-    raw = source[index]
+    try:
+      raw = source[index]
+    except (OSError, RuntimeError, ValueError) as e:
+      raise DataError(f"dataset_path: {self.path} record {index} cannot be read: {e}") from e
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
     if text.lstrip().startswith("{"):
       try:

@@ -35,6 +35,7 @@ from typing import Iterable, Optional, Sequence
 import grain
 import numpy as np
 
+from MaxText.data.bad_records import BadRecord
 from MaxText.data.errors import DataError
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position",
@@ -66,6 +67,8 @@ class TokenizeToPairs:
     return np.asarray(ids, dtype=np.int32)
 
   def __call__(self, text: str) -> Optional[dict]:
+    if isinstance(text, BadRecord):
+      return text  # counted and dropped by bad_records.SkipBadRecords
     return tokens_to_pairs(self.tokenize(text))
 
 

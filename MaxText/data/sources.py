@@ -17,6 +17,7 @@ from typing import Sequence
 
 import grain
 
+from MaxText.data import bad_records
 from MaxText.data import file_readers
 from MaxText.data.errors import DataError
 
@@ -142,8 +143,9 @@ def file_source(dataset_path: str, dataset_format: str, text_field: str) -> Conc
 
 
 def document_dataset(dataset_type: str, dataset_path: str = "", dataset_format: str = "auto",
-                     text_field: str = "text") -> grain.MapDataset:
-  """A ``MapDataset`` of document strings for the `dataset_type` config key.
+                     text_field: str = "text", tolerant: bool = False) -> grain.MapDataset:
+  """A ``MapDataset`` of document strings for the `dataset_type` config key; with `tolerant`, an
+  unreadable record is a ``bad_records.BadRecord`` instead of a DataError.
 
   Raises:
     DataError: unknown type, bad path/format, or an empty dataset.
@@ -158,4 +160,4 @@ def document_dataset(dataset_type: str, dataset_path: str = "", dataset_format: 
   if len(source) == 0:  # pylint: disable=g-explicit-length-test
     raise DataError(f"dataset_type '{dataset_type}' (dataset_path '{dataset_path}') holds no "
                     "documents")
-  return grain.MapDataset.source(source)
+  return grain.MapDataset.source(bad_records.TolerantSource(source) if tolerant else source)

@@ -17,6 +17,7 @@ DATA_CONFIG_KEYS = (
     "dataset_type", "dataset_path", "dataset_format", "dataset_text_field",
     "tokenizer_type", "tokenizer_path", "add_bos", "add_eos", "packing", "shuffle",
     "data_shuffle_seed", "grain_worker_count", "max_target_length", "vocab_size",
+    "max_bad_records",
 )
 
 
@@ -63,6 +64,7 @@ def validate_data_config(cfg: Any) -> tokenizers.Tokenizer:
   vocab_size = _int_key(cfg, "vocab_size", 1)
   _int_key(cfg, "data_shuffle_seed", 0, 2**32)
   _int_key(cfg, "grain_worker_count", 0)
+  _int_key(cfg, "max_bad_records", 0)
 
   dataset_type = get_key(cfg, "dataset_type")
   if dataset_type not in sources.DATASET_TYPES:

@@ -1,5 +1,6 @@
 """The training run: config → mesh → model/optimizer state (fresh, resumed or fine-tuned) → data →
-compiled step → loop with metrics and checkpoints. `main(argv)` returns the process exit status."""
+compiled step → loop with metrics and checkpoints. `main(argv)` returns the process exit status
+(`exit_codes.py`: 0 done, 2 config, 3 data, 4 checkpoint, 5 non-finite, 42 preempted and saved)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,8 @@ import jax
 import numpy as np
 import psutil
 
+from MaxText.checkpoint.checksum import batch_checksum
+from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
 from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.config.load import ConfigError, load_config, to_yaml
@@ -25,17 +28,25 @@ from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import memory
+from MaxText.train import faults, memory
+from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
+                                      EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
-EXIT_OK, EXIT_CONFIG, EXIT_NONFINITE = 0, 2, 5
+__all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
+           "EXIT_PREEMPTED", "Trainer", "main", "run"]
 
 
 def log(msg: str) -> None:
   if jax.process_index() == 0:
     print(msg, flush=True)
+
+
+def log_error(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
 
 
 def run_dir_of(cfg: Config) -> str:
@@ -81,14 +92,17 @@ class Trainer:
 
   # ---- state -------------------------------------------------------------------------------------
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
-    start = ckpts.latest_step() if ckpts is not None else None
-    if start is not None:
-      state, _ = ckpts.restore(start, self.abstract, data_iter)
-      log(f"resumed from {ckpts.directory}/{start}")
-      return state, start
+    if ckpts is not None and ckpts.latest_step() is not None:
+      state, start = ckpts.restore_latest(self.abstract, data_iter,
+                                          verify=self.cfg.checkpoint_verify,
+                                          fallback=self.cfg.checkpoint_fallback, log=log)
+      if state is not None:
+        log(f"resumed from {ckpts.directory}/{start}")
+        return state, start
     params = None
     if self.cfg.load_parameters_path:
-      params = load_params(self.cfg.load_parameters_path, self.abstract["params"])
+      params = load_params(self.cfg.load_parameters_path, self.abstract["params"],
+                           verify=self.cfg.checkpoint_verify)
       log(f"loaded parameters from {self.cfg.load_parameters_path}")
     return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings, params), 0
 
@@ -112,23 +126,46 @@ class Trainer:
     cfg = self.cfg
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
-    primary = jax.process_index() == 0
-    if primary:
+    if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
       with open(os.path.join(self.run_dir, "config.yml"), "w", encoding="utf-8") as f:
         f.write(to_yaml(cfg))
-    data_iter = make_data_iterator(cfg, jax.process_index(), jax.process_count(),
-                                   self.global_batch // jax.process_count())
-    ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
-                           max_to_keep=cfg.max_checkpoints_to_keep,
-                           async_save=cfg.async_checkpointing) if cfg.enable_checkpointing else None
-    latest = ckpts.latest_step() if ckpts is not None else None
-    if latest is not None and latest >= cfg.steps:
-      log(f"nothing to do: the run already reached step {latest} of steps={cfg.steps}")
-      ckpts.close()
-      return EXIT_OK
-    state, start = self.initial_state(ckpts, data_iter)
+    ckpts = data_iter = None
+    try:
+      if cfg.enable_checkpointing:
+        ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
+                               max_to_keep=cfg.max_checkpoints_to_keep,
+                               async_save=cfg.async_checkpointing,
+                               save_timeout_s=cfg.checkpoint_save_timeout_s)
+        latest = ckpts.latest_step()
+        if latest is not None and latest >= cfg.steps:
+          log(f"nothing to do: the run already reached step {latest} of steps={cfg.steps}")
+          ckpts.close()
+          return EXIT_OK
+      data_iter = make_data_iterator(cfg, jax.process_index(), jax.process_count(),
+                                     self.global_batch // jax.process_count())
+      with PreemptionWatch() as watch:
+        code = self._train(ckpts, data_iter, watch)
+      if ckpts is not None:
+        ckpts.close()  # waits (bounded) for the last commit
+        log(f"checkpoints in {ckpts.directory}: latest step {ckpts.latest_step()}")
+      return code
+    except DataError as e:
+      log_error(f"data error: {e}")
+      code = EXIT_DATA
+    except CheckpointError as e:
+      log_error(f"checkpoint error: {e}")
+      code = EXIT_CHECKPOINT
+    finally:
+      if data_iter is not None:
+        data_iter.close()
+    if ckpts is not None:
+      ckpts.abandon()  # a save still writing is let finish (bounded); a hung one is left behind
+    return code
 
+  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
+    cfg = self.cfg
+    state, start = self.initial_state(ckpts, data_iter)
     t0 = time.perf_counter()
     compiled = self.compile_step()
     log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
@@ -138,49 +175,70 @@ class Trainer:
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
-    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard, is_primary=primary)
+    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
+                           is_primary=jax.process_index() == 0)
     config_dict = cfg.as_dict()
+    wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
     skipped = 0
     last = time.perf_counter()
-    for step in range(start + 1, cfg.steps + 1):
-      state, metrics = compiled(state, batch)
-      save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps)
-      if step < cfg.steps and not save_now:  # overlap the next host batch with this step
-        batch = self.device_batch(next(data_iter))
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      now = time.perf_counter()
-      step_time, last = now - last, now
-      tflops = flops["total"] / step_time / 1e12 / len(self.devices)
-      metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
-                     tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
-                     rss_gib=psutil.Process().memory_info().rss / 2**30)
-      writer.write(step, metrics)
-      finite = bool(metrics["finite"])
-      if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
-        log(format_line(step, metrics, cfg.steps))
-      if not finite:
-        skipped += 1
-        if cfg.nonfinite_policy == "halt" or skipped > cfg.max_nonfinite_skips:
-          log(f"halting: non-finite loss or gradient at step {step} (not applied; "
-              f"nonfinite_policy={cfg.nonfinite_policy}, {skipped} such steps); "
-              f"no new checkpoint is written")
-          writer.close()
-          if ckpts is not None:
-            ckpts.close()
-          return EXIT_NONFINITE
-        log(f"skipped step {step}: non-finite loss or gradient ({skipped}/{cfg.max_nonfinite_skips})")
-      if save_now:
-        ckpts.save(step, state, data_iter, config_dict)
-        if step < cfg.steps:
+    try:
+      for step in range(start + 1, cfg.steps + 1):
+        batch_sum = batch_checksum(batch)
+        state, metrics = compiled(state, batch)
+        faults.after_dispatch(step, wait_for_saves)
+        # decided before the next batch is read, so a saved iterator position matches the state
+        stop = watch.should_stop(step) and step < cfg.steps
+        save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
+                                          or stop)
+        if step < cfg.steps and not save_now and not stop:  # overlap the next host batch
           batch = self.device_batch(next(data_iter))
-    writer.close()
-    self.final_state = state
-    if ckpts is not None:
-      ckpts.close()
-      log(f"checkpoints in {ckpts.directory}: latest step {ckpts.latest_step()}")
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics["batch_checksum"] = int(batch_sum)
+        now = time.perf_counter()
+        step_time, last = now - last, now
+        tflops = flops["total"] / step_time / 1e12 / len(self.devices)
+        metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
+                       tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
+                       rss_gib=psutil.Process().memory_info().rss / 2**30)
+        writer.write(step, metrics)
+        finite = bool(metrics["finite"])
+        if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
+          log(format_line(step, metrics, cfg.steps))
+        if ckpts is not None:
+          ckpts.check()  # an earlier async save that failed or hung stops the run here
+        if not finite:
+          skipped += 1
+          if cfg.nonfinite_policy == "halt" or skipped > cfg.max_nonfinite_skips:
+            log(f"halting: non-finite loss or gradient at step {step} (not applied; "
+                f"nonfinite_policy={cfg.nonfinite_policy}, {skipped} such steps); "
+                f"no new checkpoint is written")
+            return EXIT_NONFINITE
+          log(f"skipped step {step}: non-finite loss or gradient ({skipped}/"
+              f"{cfg.max_nonfinite_skips})")
+        if save_now:
+          ckpts.save(step, state, data_iter, config_dict)
+        if stop:
+          return self._preempted(step, ckpts, watch)
+        if save_now and step < cfg.steps:
+          batch = self.device_batch(next(data_iter))
+    finally:
+      writer.close()
+      self.final_state = state
     return EXIT_OK
+
+  def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
+    what = watch.signal_name or "the preemption service"
+    if ckpts is None:
+      log(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
+      return EXIT_PREEMPTED
+    ckpts.wait()  # the commit of this step: a failure or hang raises CheckpointError (exit 4)
+    since = (f" {time.monotonic() - watch.received_at:.1f} s after the signal"
+             if watch.received_at is not None else "")
+    log(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
+        "(rerun to resume)")
+    return EXIT_PREEMPTED
 
 
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
@@ -197,7 +255,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     if problem:
       raise ConfigError(problem)
   except (ConfigError, DataError) as e:
-    print(f"config error: {e}", file=sys.stderr)
+    log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   return trainer.run(), trainer
 

@@ -1,0 +1,10 @@
+"""The exit statuses of `train.py`: the contract orchestrators rely on (README "Exit status").
+
+Anything not listed here (a Python traceback gives 1, a signal gives 128 + n) is a bug.
+"""
+EXIT_OK = 0           # finished (or the run had already reached `steps`)
+EXIT_CONFIG = 2       # bad config, refused before anything compiled
+EXIT_DATA = 3         # bad data: missing/mismatched data iterator state, too many bad records
+EXIT_CHECKPOINT = 4   # bad or incompatible checkpoint, or a save that failed or hung
+EXIT_NONFINITE = 5    # non-finite loss or gradient: halted, nothing new saved
+EXIT_PREEMPTED = 42   # SIGTERM/SIGINT: the agreed step was saved and committed; restart to resume

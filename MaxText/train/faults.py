@@ -1,0 +1,81 @@
+"""Test-only fault injection, driven by one environment variable; inert when it is unset.
+
+    MAXTEXT_FAULT="<kind>:<step>[,<kind>:<step>...]"
+
+kinds (each fires once, at the given step; tests/test_faults.py and RELIABILITY.md use them):
+  kill_at_step    SIGKILL this process right after step N is dispatched (mid-step), once the
+                  saves already started have committed (so the test knows the last good step)
+  sigterm_at_step send SIGTERM to this process right after step N is dispatched (preemption)
+  kill_in_save    SIGKILL inside the background write of step N's checkpoint (arrays in flight)
+  before_commit   SIGKILL after every file of step N's checkpoint is written, just before commit
+  save_error      the background write of step N's checkpoint fails with ENOSPC (disk full)
+  save_hang       the background write of step N's checkpoint blocks (hung storage) until
+                  `RELEASE` is set or 120 s pass, then fails
+
+The hooks are called from three places only: the train loop (`after_dispatch`) and the manifest
+item of a checkpoint (`during_save_write`, `before_commit`).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable
+
+ENV = "MAXTEXT_FAULT"
+KINDS = ("kill_at_step", "sigterm_at_step", "kill_in_save", "before_commit", "save_error",
+         "save_hang")
+RELEASE = threading.Event()  # ends an injected `save_hang` (in-process tests)
+
+
+def _armed(kind: str, step: int) -> bool:
+  spec = os.environ.get(ENV, "")
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    name, _, value = item.partition(":")
+    if name not in KINDS or not value.isdigit():
+      raise ValueError(f"{ENV}={spec!r}: '{item}' is not <kind>:<step> with kind in {KINDS}")
+    if name == kind and int(value) == step:
+      return True
+  return False
+
+
+def _say(msg: str) -> None:
+  print(f"[fault] {msg} (t={time.time():.3f})", file=sys.stderr, flush=True)
+
+
+def _kill() -> None:
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def after_dispatch(step: int, wait_for_saves: Callable[[], None]) -> None:
+  if _armed("kill_at_step", step):
+    wait_for_saves()
+    _say(f"SIGKILL at step {step}")
+    _kill()
+  if _armed("sigterm_at_step", step):
+    _say(f"SIGTERM at step {step}")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def during_save_write(step: int) -> None:
+  if _armed("kill_in_save", step):
+    _say(f"SIGKILL while writing checkpoint {step}")
+    _kill()
+  if _armed("save_error", step):
+    _say(f"write error in checkpoint {step}")
+    raise OSError(errno.ENOSPC, f"No space left on device (injected by {ENV})")
+  if _armed("save_hang", step):
+    _say(f"checkpoint {step} write hangs")
+    RELEASE.wait(120)
+    raise TimeoutError(f"injected hang of checkpoint {step} ended")  # never commits
+
+
+def before_commit(step: int) -> None:
+  if _armed("before_commit", step):
+    _say(f"SIGKILL just before checkpoint {step} commits")
+    _kill()

@@ -1,0 +1,147 @@
+"""Crash safety, preemption and failing saves, with the fault hooks of MaxText/train/faults.py.
+
+kill -9 runs are subprocesses (`train.py`, same 8 fake CPU devices as this process, so the compiled
+steps and the numbers are identical); everything else runs in this process."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import MESH_1, MESH_222, ROOT, argv, read_metrics, train
+from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.train import faults
+
+COMMON = ("steps=40", "checkpoint_period=10", "max_checkpoints_to_keep=5",
+          "dataset_type=synthetic", *MESH_222)
+ONE = dict(devices=jax.devices()[:1])
+EIGHT_STEPS = ("steps=8", "checkpoint_period=2", "max_checkpoints_to_keep=5", *MESH_1)
+
+
+def _subprocess(out, name, fault, *overrides):
+  env = dict(os.environ, MAXTEXT_FAULT=fault)
+  return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                         *argv(out, name, *COMMON, *overrides)],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _final_params(run_dir, step):
+  return jax.tree.leaves(load_params(str(run_dir / "checkpoints" / str(step)), None))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The uninterrupted run: metrics rows and final parameters."""
+  out = tmp_path_factory.mktemp("reference")
+  code, rows, _ = train(out, "ref", *COMMON)
+  assert code == 0 and [r["step"] for r in rows] == list(range(1, 41))
+  return rows, _final_params(out / "ref", 40)
+
+
+def _assert_same_as_reference(rows, params, reference, first_step):
+  ref_rows, ref_params = reference
+  assert [r["step"] for r in rows] == list(range(first_step, 41))
+  for key in ("loss", "grad_norm", "batch_checksum"):
+    assert [r[key] for r in rows] == [r[key] for r in ref_rows[first_step - 1:]], key
+  assert len(params) == len(ref_params)
+  for a, b in zip(params, ref_params):
+    assert np.array_equal(a, b)
+
+
+def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference):
+  """kill -9 while step 25 of 40 runs (checkpoint period 10) → rerun resumes at 20; steps 21-40
+  (losses, gradient norms, batch checksums) and the final parameters equal the uninterrupted run."""
+  p = _subprocess(tmp_path, "run", "kill_at_step:25")
+  assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+  assert "[fault] SIGKILL at step 25" in p.stderr
+  killed_rows = read_metrics(tmp_path / "run")
+  assert [r["step"] for r in killed_rows] == list(range(1, 25))
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["10", "20"]
+  code, rows, _ = train(tmp_path, "run", *COMMON)
+  assert code == 0
+  _assert_same_as_reference(rows[len(killed_rows):], _final_params(tmp_path / "run", 40),
+                            reference, 21)
+
+
+@pytest.mark.parametrize("fault", ["before_commit:20", "kill_in_save:20"])
+def test_kill_9_during_async_save_keeps_previous_step(tmp_path, capsys, fault):
+  """kill -9 just before step 20's commit (all files written) or while its files are written →
+  the rerun restores 10, never a partial 20, and no temporary directory survives its next save."""
+  p = _subprocess(tmp_path, "run", fault, "steps=20")
+  assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+  ckpt = tmp_path / "run" / "checkpoints"
+  names = os.listdir(ckpt)
+  assert "10" in names and "20" not in names
+  assert any(n.startswith("20.orbax-checkpoint-tmp") for n in names), names  # the partial save
+  code, rows, _ = train(tmp_path, "run", *COMMON, "steps=20")
+  assert code == 0
+  assert f"resumed from {ckpt}/10" in capsys.readouterr().out
+  assert [r["step"] for r in rows][-10:] == list(range(11, 21))
+  assert sorted(os.listdir(ckpt)) == ["10", "20"]
+
+
+def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monkeypatch, capsys,
+                                                                    reference):
+  monkeypatch.setenv(faults.ENV, "sigterm_at_step:23")
+  code, rows, _ = train(tmp_path, "run", *COMMON)
+  exited = time.time()
+  out, err = capsys.readouterr()
+  assert code == 42
+  assert "preempted (SIGTERM): step 23 saved and committed" in out
+  sent = float(re.search(r"\[fault\] SIGTERM at step 23 \(t=([0-9.]+)\)", err).group(1))
+  assert exited - sent < 30
+  assert rows[-1]["step"] == 23  # the step in flight was finished, nothing after it
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["10", "20", "23"]
+  monkeypatch.delenv(faults.ENV)
+  code, resumed, _ = train(tmp_path, "run", *COMMON)
+  assert code == 0
+  _assert_same_as_reference(resumed[23:], _final_params(tmp_path / "run", 40), reference, 24)
+
+
+def test_second_sigint_interrupts_at_once():
+  from MaxText.train.preemption import PreemptionWatch
+  with PreemptionWatch() as watch:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert watch.signal_name == "SIGINT" and watch.should_stop(1)
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,
+                                                                      capsys):
+  monkeypatch.setenv(faults.ENV, "save_error:4")
+  code, rows, _ = train(tmp_path, "run", *EIGHT_STEPS, **ONE)
+  err = capsys.readouterr().err
+  assert code == 4
+  assert "saving checkpoint step 4 failed" in err and "No space left on device" in err
+  assert "step 4 was not committed (latest committed step: 2)" in err
+  assert rows[-1]["step"] <= 6  # stopped at the next step, at the latest at the next save
+  ckpt = tmp_path / "run" / "checkpoints"
+  assert "4" not in os.listdir(ckpt) and "2" in os.listdir(ckpt)
+  monkeypatch.delenv(faults.ENV)
+  code, rows, _ = train(tmp_path, "run", *EIGHT_STEPS, **ONE)
+  assert code == 0 and f"resumed from {ckpt}/2" in capsys.readouterr().out
+  assert sorted(os.listdir(ckpt), key=int) == ["2", "4", "6", "8"]
+
+
+def test_hung_save_times_out_with_exit_4(tmp_path, monkeypatch, capsys):
+  faults.RELEASE.clear()
+  monkeypatch.setenv(faults.ENV, "save_hang:2")
+  start = time.time()
+  try:
+    code, _, _ = train(tmp_path, "run", "steps=6", "checkpoint_period=2",
+                       "checkpoint_save_timeout_s=2", *MESH_1, **ONE)
+  finally:
+    faults.RELEASE.set()  # lets the stuck background write end
+  assert code == 4 and time.time() - start < 60
+  err = capsys.readouterr().err
+  assert "checkpoint step 2" in err and "step 2 was not committed (latest committed step: none)" in err
+  ckpt = RunCheckpoints(str(tmp_path / "run" / "checkpoints"), max_to_keep=3, async_save=False)
+  assert ckpt.all_steps() == []
+  ckpt.close()
