@@ -349,19 +349,11 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -
 
 
 def load_params_host(path: str, abstract_params: Any) -> Any:
-  """Parameters as NumPy arrays in exactly the structure of `abstract_params` (what converters and
-  the logit check use): read straight into host memory, one copy. Orbax stores list indices as
-  string keys ("0"); they are matched back to the model's integer keys, and every shape is
-  checked."""
-  import etils.epath
-  item = etils.epath.Path(resolve_step_dir(path)) / "params"
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    tree = handler.metadata(item).tree
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    restored = handler.restore(item, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
-  finally:
-    handler.close()
+  """Parameters as NumPy arrays (`load_params(path)`: straight into host memory, one copy) in
+  exactly the structure of `abstract_params` (what converters and the logit check use). Orbax
+  stores list indices as string keys ("0"); they are matched back to the model's integer keys, and
+  every shape is checked."""
+  restored = load_params(path)
 
   def conform(tree: Any, abstract: Any, where: str) -> Any:
     if not isinstance(abstract, dict):
