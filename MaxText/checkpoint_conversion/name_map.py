@@ -11,7 +11,13 @@ Layouts. HF `nn.Linear.weight` is `[out, in]` with head axes folded into `out` (
 `h * E + e`; our kernels are `[*in, *out]` (`DenseGeneral`). With `in_rank = n` (the number of our
 input dims): `kernel = W.T.reshape(*in_shape, *out_shape)` and
 `W = kernel.reshape(prod(in), prod(out)).T`. `in_rank=None` copies the array as it is (norm
-scales, embedding tables).
+scales, embedding tables). `lead` leading axes are shared as they are (fused experts: HF
+`[E, out, in]` ↔ ours `[E, *in, *out]`).
+
+Experts and fusions. `expert=True`: the HF name has "{e}" and holds one expert; our parameter's
+expert axis (the first after a stacked layers axis) takes it at index e. `part=(j, n)`: our
+parameter's last axis is n equal parts and the rule maps part j (e.g. our fused gate|up kernel
+from HF's separate gate_proj and up_proj).
 """
 from __future__ import annotations
 
@@ -27,25 +33,31 @@ from MaxText.models.model_config import ModelConfig
 @dataclass(frozen=True)
 class Rule:
   ours: str                # "/"-joined path (per-layer rules: relative to one layer)
-  hf: str                  # HF tensor name; "{i}" is the layer index
+  hf: str                  # HF tensor name; "{i}" is the layer index, "{e}" the expert
   in_rank: int | None = None  # None: same array; n: nn.Linear [out, in] ↔ kernel [*in (n dims), *out]
+  lead: int = 0            # leading axes shared as they are (before in/out)
+  expert: bool = False     # one HF tensor per expert ("{e}")
+  part: tuple[int, int] | None = None  # (j, n): part j of n of our last axis
 
 
 def to_ours(w: np.ndarray, shape: tuple[int, ...], rule: Rule, name: str) -> np.ndarray:
+  lead, body = tuple(shape[: rule.lead]), tuple(shape[rule.lead:])
   if rule.in_rank is None:
     want = tuple(shape)
   else:
-    want = (math.prod(shape[rule.in_rank:]), math.prod(shape[: rule.in_rank]))
+    want = (*lead, math.prod(body[rule.in_rank:]), math.prod(body[: rule.in_rank]))
   if tuple(w.shape) != want:
     raise ValueError(f"{name}: HF shape {tuple(w.shape)}, expected {want} for {rule.ours} "
                      f"{tuple(shape)}")
-  return w if rule.in_rank is None else w.T.reshape(shape)
+  return w if rule.in_rank is None else np.swapaxes(w, -1, -2).reshape(shape)
 
 
 def to_hf(k: np.ndarray, rule: Rule) -> np.ndarray:
   if rule.in_rank is None:
     return k
-  return np.ascontiguousarray(k.reshape(math.prod(k.shape[: rule.in_rank]), -1).T)
+  lead, body = k.shape[: rule.lead], k.shape[rule.lead:]
+  flat = k.reshape(*lead, math.prod(body[: rule.in_rank]), -1)
+  return np.ascontiguousarray(np.swapaxes(flat, -1, -2))
 
 
 def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
@@ -86,8 +98,23 @@ def _name(path: tuple) -> str:
 class Entry:
   path: tuple                                 # our parameter
   rule: Rule
-  sources: tuple[tuple[str, int | None], ...]  # (HF name, index on our stacked axis or None)
+  sources: tuple[tuple[str, tuple], ...]      # (HF name, index into our parameter; () = all)
   spec: Any                                   # ShapeDtypeStruct of our parameter
+
+
+def _block_shape(shape: tuple[int, ...], index: tuple) -> tuple[int, ...]:
+  return np.broadcast_to(np.empty((), np.int8), shape)[index].shape
+
+
+def _index(rule: Rule, layer_index: int | None, e: int | None, shape: tuple[int, ...]) -> tuple:
+  index: tuple = () if layer_index is None else (layer_index,)
+  if e is not None:
+    index += (e,)
+  if rule.part is not None:
+    j, n = rule.part
+    width = shape[-1] // n
+    index += (Ellipsis, slice(j * width, (j + 1) * width))
+  return index
 
 
 @dataclass(frozen=True)
@@ -97,6 +124,9 @@ class NameMap:
   layer_location: Callable[[ModelConfig, int], tuple[tuple, int | None]]
   embedding_name: str = "model.embed_tokens.weight"
   tied_head_name: str = "lm_head.weight"
+  # our parameters with no HF counterpart and a neutral value of zero (e.g. an MoE selection bias):
+  # imported as zeros; exporting one that is not all zero is refused (HF would compute otherwise)
+  ours_only: tuple[str, ...] = ()
 
   def plan(self, mcfg: ModelConfig) -> Iterator[Entry]:
     """Every parameter of the model of `mcfg`, with its rule and HF sources. A rule whose
@@ -104,26 +134,35 @@ class NameMap:
     parameter no rule covers is an error."""
     from MaxText.train.state import make_model_def
     specs = flatten(make_model_def(mcfg).abstract_params)
+    for name in self.ours_only:
+      specs.pop(tuple(name.split("/")), None)
     sources: dict[tuple, list] = {}
     rules: dict[tuple, Rule] = {}
+    stacked: dict[tuple, list] = {}
     for rule in self.global_rules:
       path = tuple(rule.ours.split("/"))
       if path in specs:
-        rules[path], sources[path] = rule, [(rule.hf, None)]
+        rules[path] = rule
+        sources.setdefault(path, []).append((rule.hf, _index(rule, None, None, specs[path].shape)))
     for i in range(mcfg.num_decoder_layers):
-      prefix, index = self.layer_location(mcfg, i)
+      prefix, layer_index = self.layer_location(mcfg, i)
       for rule in self.layer_rules:
         path = (*prefix, *rule.ours.split("/"))
-        if path in specs:
-          rules[path] = rule
-          sources.setdefault(path, []).append((rule.hf.format(i=i), index))
+        if path not in specs:
+          continue
+        rules[path] = rule
+        stacked.setdefault(path, []).append(layer_index)
+        for e in (range(mcfg.num_experts) if rule.expert else [None]):
+          sources.setdefault(path, []).append(
+              (rule.hf.format(i=i, e=e), _index(rule, layer_index, e, specs[path].shape)))
     missing = sorted(_name(p) for p in set(specs) - set(sources))
     if missing:
       raise ValueError(f"no HF name for our parameters: {missing}")
+    for path, layers in stacked.items():
+      idx = sorted({ix for ix in layers if ix is not None})
+      if idx and idx != list(range(specs[path].shape[0])):
+        raise ValueError(f"{_name(path)}: layers map to stacked indices {idx}")
     for path, src in sources.items():
-      stacked = [ix for _, ix in src if ix is not None]
-      if stacked and sorted(stacked) != list(range(specs[path].shape[0])):
-        raise ValueError(f"{_name(path)}: layers map to stacked indices {sorted(stacked)}")
       yield Entry(path, rules[path], tuple(src), specs[path])
 
   def hf_names(self, mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
@@ -149,8 +188,7 @@ class NameMap:
     for e in self.plan(mcfg):
       value = aligned_empty(e.spec.shape, e.spec.dtype)
       for name, index in e.sources:
-        shape = e.spec.shape if index is None else e.spec.shape[1:]
-        value[() if index is None else index] = to_ours(take(name), shape, e.rule, name)
+        value[index] = to_ours(take(name), _block_shape(e.spec.shape, index), e.rule, name)
       flat[e.path] = value
     if mcfg.tie_word_embeddings and self.tied_head_name in hf:
       if not np.array_equal(np.asarray(hf_state[self.tied_head_name]),
@@ -161,6 +199,12 @@ class NameMap:
     extra = sorted(hf - used)
     if extra:
       raise ValueError(f"HF tensors with no place in our model: {extra}")
+    from MaxText.train.state import make_model_def
+    specs = flatten(make_model_def(mcfg).abstract_params)
+    for name in self.ours_only:
+      path = tuple(name.split("/"))
+      if path in specs:
+        flat[path] = np.zeros(specs[path].shape, specs[path].dtype)
     return unflatten(flat)
 
   def params_to_hf(self, params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
@@ -169,7 +213,12 @@ class NameMap:
     exporter holds one at a time. With tied embeddings the head is left out (as `save_pretrained`
     does) unless `tied_lm_head`."""
     flat = flatten(params)
-    where: dict[str, tuple[Any, Rule, int | None]] = {}
+    for name in self.ours_only:
+      value = flat.get(tuple(name.split("/")))
+      if value is not None and np.any(np.asarray(value)):
+        raise ValueError(f"{name} is not zero: Hugging Face has no such parameter, so the exported "
+                         f"model would compute differently")
+    where: dict[str, tuple[Any, Rule, tuple]] = {}
     for e in self.plan(mcfg):
       if e.path not in flat:
         raise ValueError(f"params lack {_name(e.path)}")
@@ -183,12 +232,12 @@ class NameMap:
 
 
 class LazyHF(Mapping):
-  def __init__(self, where: dict[str, tuple[Any, Rule, int | None]]):
+  def __init__(self, where: dict[str, tuple[Any, Rule, tuple]]):
     self._where = where
 
   def __getitem__(self, name: str) -> np.ndarray:
     value, rule, index = self._where[name]
-    value = np.asarray(value if index is None else value[index])
+    value = np.asarray(np.asarray(value)[index])
     out = to_hf(value, rule)
     return out if out is not value else value.copy()
 

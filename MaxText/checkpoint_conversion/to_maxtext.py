@@ -17,6 +17,7 @@ import numpy as np
 
 from MaxText.checkpoint.manager import save_params_only
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
+from MaxText.config.from_checkpoint import ARCHITECTURE
 from MaxText.config.load import ConfigError, coerce, load_config, parse_overrides, replace
 from MaxText.config.schema import Config
 from MaxText.models.model_config import ModelConfig
@@ -44,9 +45,7 @@ def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
   values = {"hf_model_type": hf_config["model_type"], **family.config_from_hf(hf_config)}
   cfg = replace(load_config([BASE_YML]), **values)
   changed = parse_overrides(overrides)
-  arch = set(ModelConfig.__dataclass_fields__) - {"scan_layers", "remat_policy", "attention",
-                                                  "flash_block_q", "flash_block_kv",
-                                                  "dtype", "weight_dtype"}
+  arch = ARCHITECTURE - {"scan_layers"}   # the parameters' layout, not the model, may be chosen
   for key in changed:
     if key in arch:
       raise ConfigError(f"{key}: the architecture comes from config.json; it cannot be overridden")

@@ -14,7 +14,7 @@ from MaxText.models.model_config import ModelConfig
 
 # keys that change compute or memory but not the parameters' meaning
 NOT_ARCHITECTURE = {"remat_policy", "attention", "flash_block_q", "flash_block_kv", "dtype",
-                    "weight_dtype"}
+                    "weight_dtype", "capacity_factor", "moe_dispatch"}
 ARCHITECTURE = (set(ModelConfig.__dataclass_fields__) - NOT_ARCHITECTURE) | {"hf_model_type"}
 
 

@@ -72,6 +72,13 @@ class Config:
   per_layer_input_dim: int = _spec(min=0)
   per_layer_input_vocab_size: int = _spec(min=0)
   final_logit_softcap: float = _spec(min=0)
+  num_experts: int = _spec(min=0)
+  num_experts_per_tok: int = _spec(min=1)
+  moe_mlp_dim: int = _spec(min=0)
+  norm_topk_prob: bool
+  shared_expert_mlp_dim: int = _spec(min=0)
+  capacity_factor: float = _spec(min=0)
+  moe_dispatch: str = _spec(choices=("auto", "ragged_all_to_all", "padded_all_to_all"))
   # ---- data ----------------------------------------------------------------------------------
   dataset_type: str = _spec(choices=("embedded", "synthetic", "file"))
   dataset_path: str
@@ -101,6 +108,8 @@ class Config:
   weight_decay: float = _spec(min=0)
   max_grad_norm: float = _spec(min=0)
   z_loss_weight: float = _spec(min=0)
+  moe_aux_loss_weight: float = _spec(min=0)
+  router_bias_update_rate: float = _spec(min=0)
   nonfinite_policy: str = _spec(choices=("halt", "skip"))
   max_nonfinite_skips: int = _spec(min=0)
   # ---- checkpoints ---------------------------------------------------------------------------

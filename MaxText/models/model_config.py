@@ -47,6 +47,13 @@ class ModelConfig:
   per_layer_input_dim: int
   per_layer_input_vocab_size: int
   final_logit_softcap: float
+  num_experts: int
+  num_experts_per_tok: int
+  moe_mlp_dim: int
+  norm_topk_prob: bool
+  shared_expert_mlp_dim: int
+  capacity_factor: float
+  moe_dispatch: str
 
   @classmethod
   def from_config(cls, cfg: Config) -> "ModelConfig":

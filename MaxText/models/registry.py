@@ -25,15 +25,29 @@ VARIANT_KEYS_OFF = {
     "attention_k_eq_v": False, "num_kv_shared_layers": 0, "double_wide_mlp_on_shared": False,
     "per_layer_input_dim": 0, "per_layer_input_vocab_size": 0, "final_logit_softcap": 0.0,
 }
+MOE_KEYS_OFF = {"num_experts": 0, "moe_mlp_dim": 0, "shared_expert_mlp_dim": 0}
 
 
-def _unsupported(cfg: ModelConfig, keys) -> list[tuple[str, str]]:
+def unsupported(cfg: ModelConfig, off: dict) -> list[tuple[str, str]]:
+  """A family's refusal of the keys it does not implement ({key: its "off" value})."""
   return [(k, f"{k}={getattr(cfg, k)!r} is not supported by decoder_block={cfg.decoder_block}")
-          for k in keys if getattr(cfg, k) != VARIANT_KEYS_OFF[k]]
+          for k in off if getattr(cfg, k) != off[k]]
+
+
+def moe_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
+  if not cfg.num_experts:
+    return []
+  problems = []
+  if cfg.moe_mlp_dim < 1:
+    problems.append(("moe_mlp_dim", "num_experts > 0 needs moe_mlp_dim >= 1"))
+  if cfg.num_experts_per_tok > cfg.num_experts:
+    problems.append(("num_experts_per_tok", f"{cfg.num_experts_per_tok} experts per token out of "
+                                            f"num_experts={cfg.num_experts}"))
+  return problems
 
 
 def _dense_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
-  problems = _unsupported(cfg, VARIANT_KEYS_OFF)
+  problems = unsupported(cfg, VARIANT_KEYS_OFF) + moe_checks(cfg)
   if cfg.num_query_heads % cfg.num_kv_heads:
     problems.append(("num_kv_heads", f"num_query_heads={cfg.num_query_heads} is not a multiple "
                                       f"of num_kv_heads={cfg.num_kv_heads}"))
@@ -54,7 +68,7 @@ def _gemma4(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
 
 def _gemma4_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
   from MaxText.models.gemma4.model import validate
-  return validate(cfg)
+  return validate(cfg) + unsupported(cfg, MOE_KEYS_OFF)
 
 
 FAMILIES: dict[str, Family] = {
@@ -75,6 +89,7 @@ def get_family(decoder_block: str) -> Family:
 # `params_to_hf`, `config_from_hf`, `config_to_hf`), imported only when a converter needs it.
 HF_MAPS: dict[str, str] = {
     "qwen3": "MaxText.models.qwen3.hf_map",
+    "qwen3_moe": "MaxText.models.qwen3_moe.hf_map",
     "gemma4_text": "MaxText.models.gemma4.hf_map",
     "gemma4": "MaxText.models.gemma4.hf_map",     # multimodal checkpoints: the text model only
 }

@@ -109,7 +109,9 @@ class Trainer:
   def compile_step(self):
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
-                              z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule)
+                              z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
+                              moe_aux_loss_weight=self.cfg.moe_aux_loss_weight,
+                              router_bias_update_rate=self.cfg.router_bias_update_rate)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)

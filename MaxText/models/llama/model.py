@@ -8,17 +8,24 @@ Conventions
 
 Block: x + Attn(RMSNorm(x)) then + SwiGLU(RMSNorm(x)); RoPE on q and k (optionally after a per-head
 q/k RMSNorm, as in Qwen3); final RMSNorm; tied or untied LM head. Logits are returned in fp32.
+With num_experts > 0 every layer's MLP is a routed MoE (Qwen3-MoE; MaxText/layers/moe.py): the
+layers then carry per-layer routing statistics (copies and router probability per expert, dropped
+copies), sown as `moe_stats` for the load-balancing loss and metrics, and read a per-layer
+selection bias `router_bias` [L, E] (aux-loss-free balancing; updated by the train step, never by
+gradients).
 """
 from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.attention_ops import ATTENTION_OPS
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
+from MaxText.layers.moe import RoutedMLP
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
 from MaxText.layers.stack import LayerStack
@@ -67,11 +74,24 @@ class DecoderLayer(nnx.Module):
     self.attn_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.attn = Attention(cfg, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
-    self.mlp = GatedMLP(cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activation, **kw)
+    self.moe = bool(cfg.num_experts)
+    self.mlp = (RoutedMLP(cfg, rngs=rngs) if self.moe else
+                GatedMLP(cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activation, **kw))
 
-  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
+    """carry = (x_BSD, moe stats); per_layer (MoE only) = {"index": layer, "bias": its bias [E]}."""
+    x_BSD, stats = carry
     x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS)
-    return constrain(x_BSD + self.mlp(self.mlp_norm(x_BSD)), ACT_BSD)
+    if self.moe:
+      y_BSD, (counts, probs, dropped) = self.mlp(self.mlp_norm(x_BSD), segment_ids_BS != 0,
+                                                 jax.lax.stop_gradient(per_layer["bias"]))
+      i = per_layer["index"]
+      stats = {"counts": stats["counts"].at[i].set(counts),
+               "probs": stats["probs"].at[i].set(probs),
+               "dropped": stats["dropped"] + dropped}
+    else:
+      y_BSD = self.mlp(self.mlp_norm(x_BSD))
+    return constrain(x_BSD + y_BSD, ACT_BSD), stats
 
 
 def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
@@ -92,11 +112,23 @@ class Transformer(nnx.Module):
     self.final_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
+    if cfg.num_experts:
+      self.router_bias = nnx.Param(jnp.zeros((cfg.num_decoder_layers, cfg.num_experts),
+                                             cfg.param_dtype), logical_axes=("layers", "exp"))
 
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
-    dtype = self.cfg.compute_dtype
+    cfg, dtype = self.cfg, self.cfg.compute_dtype
     x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
-    x_BSD = self.decoder(x_BSD, positions_BS, segment_ids_BS)
+    stats, xs = {}, None
+    if cfg.num_experts:
+      L, E = cfg.num_decoder_layers, cfg.num_experts
+      stats = {"counts": jnp.zeros((L, E), jnp.float32), "probs": jnp.zeros((L, E), jnp.float32),
+               "dropped": jnp.zeros((), jnp.int32)}
+      xs = {"index": jnp.arange(L), "bias": self.router_bias[...]}
+    x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
+    if cfg.num_experts:
+      stats["tokens"] = jnp.sum(segment_ids_BS != 0).astype(jnp.float32)
+      self.sow(nnx.Intermediate, "moe_stats", stats)
     x_BSD = self.final_norm(x_BSD)
     if self.lm_head is None:
       logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(dtype))

@@ -102,6 +102,11 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   hf = dict(hf_config)
   if hf.get("model_type", "qwen3") != "qwen3":
     raise ValueError(f"model_type={hf.get('model_type')!r}: this map is for 'qwen3'")
+  return dense_keys_from_hf(hf)
+
+
+def dense_keys_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """The keys Qwen3 and Qwen3-MoE share (attention, norms, embeddings, RoPE)."""
   if hf.get("hidden_act", "silu") != "silu":
     raise ValueError(f"hidden_act={hf['hidden_act']!r}: only silu is supported")
   if hf.get("attention_bias", False):
@@ -131,12 +136,18 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
   """Our config (`Config`, `ModelConfig` or a dict of our keys) → HF Qwen3 config dict, usable as
   `transformers.Qwen3Config(**d)` or as config.json (θ is written in both the 5.x and 4.x places)."""
   get = cfg.__getitem__ if isinstance(cfg, Mapping) else lambda k: getattr(cfg, k)
+  if get("num_experts"):
+    raise ValueError("num_experts > 0 is Qwen3-MoE (hf_model_type=qwen3_moe), not qwen3")
+  return dense_keys_to_hf(get, "qwen3", "Qwen3ForCausalLM")
+
+
+def dense_keys_to_hf(get, model_type: str, architecture: str) -> dict[str, Any]:
   if get("decoder_block") != "llama" or not get("use_qk_norm") or get("mlp_activation") != "silu":
     raise ValueError("Qwen3 needs decoder_block=llama, use_qk_norm=true, mlp_activation=silu")
   theta = float(get("rope_theta"))
   return {
-      "architectures": ["Qwen3ForCausalLM"],
-      "model_type": "qwen3",
+      "architectures": [architecture],
+      "model_type": model_type,
       "vocab_size": int(get("vocab_size")),
       "hidden_size": int(get("emb_dim")),
       "intermediate_size": int(get("mlp_dim")),

@@ -1,0 +1,261 @@
+"""Mixture of experts: routing, dropless grouped-matmul experts, expert parallelism.
+
+Conventions
+  T tokens (batch x sequence, flattened), D model width, E experts, k experts per token, F expert
+  hidden width, M token copies (T*k) or rows of a dispatch buffer, P shards of the `expert` mesh
+  axis, X = E / P experts per shard.
+
+Compute (dropless): each token's k copies are sorted by expert and run through two grouped matmuls
+(`jax.lax.ragged_dot`: gate|up fused [E, D, 2F], then down [E, F, D]); outputs are unsorted and
+summed with the routing weights. `capacity_factor > 0` instead keeps at most
+ceil(capacity_factor * T*k / E) copies per expert (the rest contribute nothing; counted as dropped).
+
+Expert parallelism (`expert` mesh axis > 1): inside `jax.shard_map`, each device sorts its own
+token copies, sends each shard the rows for its experts with a ragged all-to-all, runs its local
+experts and sends results back the same way. `jax.lax.ragged_all_to_all` is used on GPU/TPU; on
+XLA:CPU (which does not implement it) `padded_ragged_all_to_all` gives identical results with a
+dense `all_to_all` of buffers padded to the largest possible slice. The receive buffer holds the
+worst case (P x local copies), so nothing is ever dropped.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from MaxText.layers.linear import param
+
+
+# ---- routing ----------------------------------------------------------------------------------
+def route(logits_TE: jax.Array, k: int, *, renormalize: bool, bias_E: jax.Array | None = None
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """softmax (fp32) → top-k (on probs + bias: the bias steers selection only) → optional
+  renormalisation. Returns (weights [T,k] fp32, experts [T,k] int32, probs [T,E] fp32)."""
+  probs_TE = jax.nn.softmax(logits_TE.astype(jnp.float32), axis=-1)
+  scores_TE = probs_TE if bias_E is None else probs_TE + bias_E.astype(jnp.float32)
+  _, experts_Tk = jax.lax.top_k(scores_TE, k)
+  weights_Tk = jnp.take_along_axis(probs_TE, experts_Tk, axis=-1)
+  if renormalize:
+    weights_Tk = weights_Tk / jnp.sum(weights_Tk, axis=-1, keepdims=True)
+  return weights_Tk, experts_Tk.astype(jnp.int32), probs_TE
+
+
+def load_balancing_terms(probs_TE, experts_Tk, mask_T) -> tuple[jax.Array, jax.Array]:
+  """Per-expert sums over the (unmasked) tokens: copies routed to it [E] and router probability
+  [E] — the two factors of the Switch/Qwen auxiliary loss (see `aux_loss`)."""
+  E = probs_TE.shape[-1]
+  m = mask_T.astype(jnp.float32)
+  counts_E = jnp.sum(jax.nn.one_hot(experts_Tk, E, dtype=jnp.float32) * m[:, None, None], (0, 1))
+  return counts_E, jnp.sum(probs_TE * m[:, None], axis=0)
+
+
+def aux_loss(counts_LE, probs_LE, tokens) -> jax.Array:
+  """Hugging Face's load-balancing loss over all MoE layers' routing at once:
+  E * sum_e (copies_e / (L*T)) * (prob_e / (L*T)), with T the (unmasked) tokens per layer."""
+  L, E = counts_LE.shape
+  n = jnp.maximum(L * tokens, 1.0)
+  return E * jnp.sum(jnp.sum(counts_LE, 0) / n * jnp.sum(probs_LE, 0) / n)
+
+
+# ---- ragged all-to-all ------------------------------------------------------------------------
+def padded_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                             recv_sizes, *, axis_name):
+  """`jax.lax.ragged_all_to_all`'s semantics from a dense `all_to_all`: the slice for peer p
+  (operand[input_offsets[p] : +send_sizes[p]]) travels in a buffer padded to operand's length and
+  is written at output_offsets[p] (an offset in the receiver's output); `output` keeps its values
+  elsewhere. `recv_sizes[p]` is what arrives from peer p."""
+  C = operand.shape[0]
+  rows = jnp.arange(C)
+  take = jnp.clip(input_offsets[:, None] + rows[None], 0, C - 1)            # [P, C]
+  valid = rows[None] < send_sizes[:, None]
+  buf = jnp.where(valid.reshape(*valid.shape, *(1,) * (operand.ndim - 1)), operand[take], 0)
+  recv = jax.lax.all_to_all(buf, axis_name, 0, 0, tiled=True)               # [P(src), C, ...]
+  where = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)   # offsets in my output
+  dest = jnp.where(rows[None] < recv_sizes[:, None], where[:, None] + rows[None], output.shape[0])
+  return output.at[dest.reshape(-1)].set(recv.reshape(-1, *operand.shape[1:]), mode="drop")
+
+
+RAGGED_ALL_TO_ALL = {"ragged_all_to_all": jax.lax.ragged_all_to_all,
+                     "padded_all_to_all": padded_ragged_all_to_all}
+
+
+def select_dispatch(name: str, platform: str) -> str:
+  """`auto` → the real ragged all-to-all on GPU/TPU, the padded emulation on CPU."""
+  if name != "auto":
+    return name
+  return "padded_all_to_all" if platform == "cpu" else "ragged_all_to_all"
+
+
+# ---- experts ----------------------------------------------------------------------------------
+def grouped_ffn(rows_MD, wi_XDF2, wo_XFD, sizes_X, act: Callable) -> jax.Array:
+  """Rows sorted by expert (sizes_X of them per expert; rows past the total give zeros)."""
+  h_MF2 = jax.lax.ragged_dot(rows_MD, wi_XDF2, sizes_X)
+  gate_MF, up_MF = jnp.split(h_MF2, 2, axis=-1)
+  return jax.lax.ragged_dot(act(gate_MF) * up_MF, wo_XFD, sizes_X)
+
+
+def _sort_copies(experts_Tk, num_experts: int, capacity: int | None):
+  """Token copies grouped by expert: (order [M], copies per expert [E], keep [M] in sorted order)."""
+  flat_M = experts_Tk.reshape(-1)
+  order_M = jnp.argsort(flat_M, stable=True)
+  sizes_E = jnp.bincount(flat_M, length=num_experts).astype(jnp.int32)
+  if capacity is None:
+    return order_M, sizes_E, None
+  starts_E = jnp.cumsum(sizes_E) - sizes_E
+  sorted_e = flat_M[order_M]
+  keep_M = jnp.arange(flat_M.shape[0]) - starts_E[sorted_e] < capacity
+  return order_M, sizes_E, keep_M
+
+
+def _combine(out_MD, order_M, weights_Tk):
+  T, k = weights_Tk.shape
+  copies_MD = jnp.zeros_like(out_MD).at[order_M].set(out_MD)
+  return jnp.einsum("tkd,tk->td", copies_MD.reshape(T, k, -1), weights_Tk.astype(out_MD.dtype))
+
+
+def experts_local(x_TD, weights_Tk, experts_Tk, wi, wo, act, capacity: int | None):
+  """All experts on this device. Returns (y [T,D], dropped copies)."""
+  T, k = experts_Tk.shape
+  order_M, sizes_E, keep_M = _sort_copies(experts_Tk, wi.shape[0], capacity)
+  rows_MD = x_TD[order_M // k]
+  out_MD = grouped_ffn(rows_MD, wi, wo, sizes_E, act)
+  dropped = jnp.zeros((), jnp.int32)
+  if keep_M is not None:
+    out_MD = jnp.where(keep_M[:, None], out_MD, 0)
+    dropped = jnp.sum(~keep_M).astype(jnp.int32)
+  return _combine(out_MD, order_M, weights_Tk), dropped
+
+
+def experts_parallel(x_TD, weights_Tk, experts_Tk, wi_local, wo_local, act, *, num_experts: int,
+                     axis: str, a2a: Callable):
+  """Inside shard_map: this device's tokens, its X = E/P experts, a ragged all-to-all over `axis`."""
+  T, k = experts_Tk.shape
+  Pn = jax.lax.axis_size(axis)
+  me = jax.lax.axis_index(axis)
+  X = num_experts // Pn
+  order_M, sizes_E, _ = _sort_copies(experts_Tk, num_experts, None)
+  rows_MD = x_TD[order_M // k]
+  sizes_PX = sizes_E.reshape(Pn, X)
+  send_P = jnp.sum(sizes_PX, axis=1)
+  send_off_P = jnp.cumsum(send_P) - send_P
+  all_SPX = jax.lax.all_gather(sizes_PX, axis)                    # [source, dest, local expert]
+  to_me_SX = all_SPX[:, me]                                        # what each source sends me
+  recv_S = jnp.sum(to_me_SX, axis=1)
+  recv_off_S = jnp.cumsum(recv_S) - recv_S
+  # where my slice lands in each receiver's buffer: after the slices of lower-numbered sources
+  per_dest_SP = jnp.sum(all_SPX, axis=2)
+  out_off_P = jnp.sum(jnp.where(jnp.arange(Pn)[:, None] < me, per_dest_SP, 0), axis=0)
+  M = rows_MD.shape[0]
+  buf_D = jnp.zeros((Pn * M, rows_MD.shape[1]), rows_MD.dtype)
+  got_RD = a2a(rows_MD, buf_D, send_off_P, send_P, out_off_P, recv_S, axis_name=axis)
+  # received rows come per source, each sorted by local expert: regroup them by local expert
+  bounds = jnp.cumsum(to_me_SX.reshape(-1))                        # ends of (source, expert) runs
+  run_R = jnp.searchsorted(bounds, jnp.arange(Pn * M), side="right")
+  expert_R = jnp.where(run_R < Pn * X, run_R % X, X)               # X: padding rows, sorted last
+  local_order_R = jnp.argsort(expert_R, stable=True)
+  out_RD = grouped_ffn(got_RD[local_order_R], wi_local, wo_local, jnp.sum(to_me_SX, 0), act)
+  back_RD = jnp.zeros_like(out_RD).at[local_order_R].set(out_RD)
+  # return trip: each source's rows go back to where they were sent from
+  their_off_S = jnp.sum(jnp.where(jnp.arange(Pn)[None, :] < me, jnp.sum(all_SPX, 2), 0), axis=1)
+  mine_MD = a2a(back_RD, jnp.zeros_like(rows_MD), recv_off_S, recv_S, their_off_S, send_P,
+                axis_name=axis)
+  return _combine(mine_MD, order_M, weights_Tk)
+
+
+class RoutedExperts(nnx.Module):
+  """E gated-MLP experts: wi [E, D, 2F] (gate | up), wo [E, F, D]."""
+
+  def __init__(self, num_experts: int, emb_dim: int, mlp_dim: int, activation: Callable, *,
+               rngs: nnx.Rngs, dtype, param_dtype, capacity_factor: float = 0.0,
+               dispatch: str = "auto"):
+    E, D, F = num_experts, emb_dim, mlp_dim
+    self.wi = param(rngs, (E, D, 2 * F), ("exp", "embed", "mlp"), std=D ** -0.5, dtype=param_dtype)
+    self.wo = param(rngs, (E, F, D), ("exp", "mlp", "embed"), std=F ** -0.5, dtype=param_dtype)
+    self.act = activation
+    self.dtype = dtype
+    self.capacity_factor = capacity_factor
+    self.dispatch = select_dispatch(dispatch, jax.default_backend())
+
+  def __call__(self, x_BSD, weights_BSk, experts_BSk) -> tuple[jax.Array, jax.Array]:
+    """Returns (y [B,S,D], dropped token copies)."""
+    from MaxText.sharding.rules import current_context, logical_to_spec
+    B, S, D = x_BSD.shape
+    k = experts_BSk.shape[-1]
+    wi, wo = self.wi[...].astype(self.dtype), self.wo[...].astype(self.dtype)
+    x_BSD = x_BSD.astype(self.dtype)
+    E = wi.shape[0]
+    capacity = None
+    if self.capacity_factor > 0:
+      capacity = max(1, math.ceil(self.capacity_factor * B * S * k / E))
+    ctx = current_context()
+    if ctx is None:
+      y, dropped = experts_local(x_BSD.reshape(B * S, D), weights_BSk.reshape(B * S, k),
+                                 experts_BSk.reshape(B * S, k), wi, wo, self.act, capacity)
+      return y.reshape(B, S, D), dropped
+    mesh = ctx.mesh
+    spec = lambda names, shape: logical_to_spec(names, shape, ctx.rules, mesh)
+    tok = spec(("activation_batch", "activation_length", None), (B, S, D))
+    tok_k = P(tok[0], tok[1], None)
+    ep = mesh.shape.get("expert", 1)
+    if ep > 1 and E % ep:
+      raise ValueError(f"num_experts={E} does not divide over the expert mesh axis ({ep})")
+    w_spec = P("expert" if ep > 1 else None, None, None)
+    if capacity is not None and ep > 1:
+      raise ValueError("capacity_factor > 0 is a single-shard comparison mode; use it without "
+                       "expert parallelism")
+    a2a = RAGGED_ALL_TO_ALL[self.dispatch]
+
+    def run(x, w, e, wi_l, wo_l):
+      b, s = x.shape[:2]
+      args = (x.reshape(b * s, D), w.reshape(b * s, k), e.reshape(b * s, k), wi_l, wo_l, self.act)
+      if ep > 1:
+        y = experts_parallel(*args, num_experts=E, axis="expert", a2a=a2a)
+        dropped = jnp.zeros((), jnp.int32)
+      else:
+        local_cap = None if capacity is None else max(1, math.ceil(
+            self.capacity_factor * b * s * k / E))
+        y, dropped = experts_local(*args, local_cap)
+      return y.reshape(b, s, D), jax.lax.psum(dropped, tuple(mesh.axis_names))
+
+    return jax.shard_map(run, mesh=mesh, in_specs=(tok, tok_k, tok_k, w_spec, w_spec),
+                         out_specs=(tok, P()), check_vma=False)(
+        x_BSD, weights_BSk, experts_BSk, wi, wo)
+
+
+class RoutedMLP(nnx.Module):
+  """The Qwen-style MoE MLP: a linear router on x (softmax → top-k → optional renormalisation,
+  weights cast to the activation dtype), routed experts, and an optional shared expert gated by
+  sigmoid(x · w_gate) (Qwen3-Next)."""
+
+  def __init__(self, cfg, *, rngs: nnx.Rngs):
+    from MaxText.layers.linear import DenseGeneral
+    from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    D, E = cfg.emb_dim, cfg.num_experts
+    self.router = DenseGeneral((D,), (E,), ("embed", None), **kw)
+    self.experts = RoutedExperts(E, D, cfg.moe_mlp_dim, ACTIVATIONS[cfg.mlp_activation],
+                                 capacity_factor=cfg.capacity_factor, dispatch=cfg.moe_dispatch,
+                                 **kw)
+    self.k, self.renormalize, self.dtype = cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.compute_dtype
+    if cfg.shared_expert_mlp_dim:
+      self.shared = GatedMLP(D, cfg.shared_expert_mlp_dim, cfg.mlp_activation, **kw)
+      self.shared_gate = DenseGeneral((D,), (1,), ("embed", None), **kw)
+    else:
+      self.shared = self.shared_gate = None
+
+  def __call__(self, x_BSD, mask_BS, bias_E=None):
+    """Returns (y [B,S,D], (copies per expert [E], router probability per expert [E], dropped))."""
+    B, S, D = x_BSD.shape
+    logits_BSE = self.router(x_BSD)
+    w_Tk, e_Tk, probs_TE = route(logits_BSE.reshape(B * S, -1), self.k,
+                                 renormalize=self.renormalize, bias_E=bias_E)
+    w_BSk = w_Tk.astype(self.dtype).reshape(B, S, self.k)
+    y_BSD, dropped = self.experts(x_BSD, w_BSk, e_Tk.reshape(B, S, self.k))
+    if self.shared is not None:
+      y_BSD = y_BSD + self.shared(x_BSD) * jax.nn.sigmoid(self.shared_gate(x_BSD))
+    counts_E, prob_sums_E = load_balancing_terms(probs_TE, e_Tk, mask_BS.reshape(-1))
+    return y_BSD, (counts_E, prob_sums_E, dropped)

@@ -1,0 +1,110 @@
+"""Hugging Face Qwen3-MoE (`model_type: qwen3_moe`, `Qwen3MoeForCausalLM`) ↔ our `llama` family
+with `num_experts > 0` (every layer's MLP is routed experts; MaxText/layers/moe.py).
+
+Attention, norms and embeddings map as for Qwen3 (MaxText/models/qwen3/hf_map.py). The experts:
+  ours  mlp/experts/wi [E, D, 2F] (gate | up)    mlp/experts/wo [E, F, D]    mlp/router/kernel [D, E]
+  hub files (what `save_pretrained` writes, per expert):
+        mlp.experts.{e}.gate_proj.weight [F, D] → wi[e, :, :F]     up_proj [F, D] → wi[e, :, F:]
+        mlp.experts.{e}.down_proj.weight [D, F] → wo[e]            mlp.gate.weight [E, D] → router
+  transformers' in-memory state dict (fused):
+        mlp.experts.gate_up_proj [E, 2F, D] (gate rows first) → wi     mlp.experts.down_proj [E, D, F] → wo
+Import accepts either form; export writes the hub's per-expert form. Our `router_bias` (the
+aux-loss-free selection bias) has no Hugging Face counterpart: it is imported as zeros, and an
+export of a model whose bias is not all zero is refused (transformers would route differently).
+Only all-sparse models are supported (decoder_sparse_step 1, no mlp_only_layers: every released
+Qwen3-MoE); no shared expert.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from MaxText.checkpoint_conversion.name_map import NameMap, Rule
+from MaxText.models.llama.model import layer_location
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.qwen3 import hf_map as qwen3
+
+_DENSE_MLP = ("mlp/gate/kernel", "mlp/up/kernel", "mlp/down/kernel")
+_ATTENTION_RULES = tuple(r for r in qwen3.LAYER_RULES if r.ours not in _DENSE_MLP)
+_L = "model.layers.{i}.mlp."
+ROUTER = Rule("mlp/router/kernel", _L + "gate.weight", in_rank=1)
+PER_EXPERT_RULES = (
+    Rule("mlp/experts/wi", _L + "experts.{e}.gate_proj.weight", in_rank=1, expert=True, part=(0, 2)),
+    Rule("mlp/experts/wi", _L + "experts.{e}.up_proj.weight", in_rank=1, expert=True, part=(1, 2)),
+    Rule("mlp/experts/wo", _L + "experts.{e}.down_proj.weight", in_rank=1, expert=True),
+)
+FUSED_RULES = (
+    Rule("mlp/experts/wi", _L + "experts.gate_up_proj", in_rank=1, lead=1),
+    Rule("mlp/experts/wo", _L + "experts.down_proj", in_rank=1, lead=1),
+)
+_KW = dict(layer_location=layer_location, ours_only=("router_bias",))
+HUB_MAP = NameMap(qwen3.GLOBAL_RULES, (*_ATTENTION_RULES, ROUTER, *PER_EXPERT_RULES), **_KW)
+FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, (*_ATTENTION_RULES, ROUTER, *FUSED_RULES), **_KW)
+
+
+def _check(mcfg: ModelConfig) -> None:
+  if mcfg.decoder_block != "llama" or not mcfg.num_experts or mcfg.shared_expert_mlp_dim:
+    raise ValueError("Qwen3-MoE maps onto decoder_block=llama with num_experts > 0 and no "
+                     "shared expert")
+
+
+def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
+  """The hub (per-expert) names."""
+  _check(mcfg)
+  return HUB_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
+
+
+def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
+  """HF tensors (hub per-expert files or transformers' fused state dict) → our params."""
+  _check(mcfg)
+  fused = any(k.endswith("mlp.experts.gate_up_proj") for k in hf_state)
+  return (FUSED_MAP if fused else HUB_MAP).hf_to_params(
+      hf_state, mcfg, ignore=lambda k: k.endswith(qwen3.IGNORED_SUFFIXES))
+
+
+def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,
+                 fused: bool = False) -> Mapping[str, np.ndarray]:
+  """Our params → HF tensors (lazy): the hub's per-expert form, or transformers' fused one."""
+  _check(mcfg)
+  return (FUSED_MAP if fused else HUB_MAP).params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
+
+
+# ---- config --------------------------------------------------------------------------------------
+def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+  """HF Qwen3-MoE config → our keys (Qwen3MoeConfig defaults for missing optional fields)."""
+  hf = dict(hf_config)
+  if hf.get("model_type", "qwen3_moe") != "qwen3_moe":
+    raise ValueError(f"model_type={hf.get('model_type')!r}: this map is for 'qwen3_moe'")
+  if int(hf.get("decoder_sparse_step", 1)) != 1 or hf.get("mlp_only_layers"):
+    raise ValueError("only all-sparse Qwen3-MoE models are supported (decoder_sparse_step=1, "
+                     "mlp_only_layers=[])")
+  if hf.get("shared_expert_intermediate_size"):
+    raise ValueError("shared_expert_intermediate_size: Qwen3-MoE has no shared expert")
+  keys = qwen3.dense_keys_from_hf(hf)
+  keys.update({
+      "hf_model_type": "qwen3_moe",
+      "mlp_dim": int(hf.get("intermediate_size", 6144)),
+      # config.json says num_experts; transformers 5's to_dict() says num_local_experts
+      "num_experts": int(hf.get("num_experts") or hf.get("num_local_experts") or 128),
+      "num_experts_per_tok": int(hf.get("num_experts_per_tok", 8)),
+      "moe_mlp_dim": int(hf.get("moe_intermediate_size", 768)),
+      "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+  })
+  return keys
+
+
+def config_to_hf(cfg: Any) -> dict[str, Any]:
+  get = cfg.__getitem__ if isinstance(cfg, Mapping) else lambda k: getattr(cfg, k)
+  if not get("num_experts") or get("shared_expert_mlp_dim"):
+    raise ValueError("Qwen3-MoE needs num_experts > 0 and no shared expert")
+  out = qwen3.dense_keys_to_hf(get, "qwen3_moe", "Qwen3MoeForCausalLM")
+  out.update({
+      "num_experts": int(get("num_experts")),
+      "num_experts_per_tok": int(get("num_experts_per_tok")),
+      "moe_intermediate_size": int(get("moe_mlp_dim")),
+      "norm_topk_prob": bool(get("norm_topk_prob")),
+      "decoder_sparse_step": 1,
+      "mlp_only_layers": [],
+  })
+  return out
