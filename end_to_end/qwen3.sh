@@ -24,16 +24,7 @@ with torch.no_grad():
       p.add_(0.1 * torch.randn_like(p))
 m.save_pretrained(sys.argv[1])
 PY
-echo "== convert to our checkpoint"
-$PY -m MaxText.checkpoint_conversion.to_maxtext hf_path="$W/hf" output_path="$W/ckpt"
-echo "== logit check against transformers"
-$PY -m MaxText.logit_check hf_path="$W/hf" load_parameters_path="$W/ckpt"
-echo "== fine-tune 20 steps (architecture from the checkpoint)"
-$PY train.py configs/base.yml load_parameters_path="$W/ckpt" base_output_directory="$W/runs" \
-    run_name=ft steps=20 warmup_steps=2 checkpoint_period=20 log_period=5 max_target_length=128 \
-    ici_fsdp_parallelism=1
-echo "== export to Hugging Face and check transformers reproduces our logits"
-$PY -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path="$W/runs/ft/checkpoints" \
-    output_path="$W/export"
-$PY -m MaxText.logit_check hf_path="$W/export" load_parameters_path="$W/runs/ft/checkpoints"
-echo "OK: $W"
+source end_to_end/hf_round_trip.sh
+FINETUNE_ARGS=()
+convert_and_check
+finetune_export_check

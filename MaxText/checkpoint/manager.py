@@ -20,6 +20,7 @@ import os
 import time
 from typing import Any, Callable
 
+import etils.epath
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -315,10 +316,15 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
                             + "; ".join(incompatible[:8]))
   try:
     if abstract_params is None:
-      with ocp.PyTreeCheckpointer() as ckptr:
-        tree = ckptr.metadata(item_dir).item_metadata.tree
-        return ckptr.restore(item_dir, args=ocp.args.PyTreeRestore(restore_args=jax.tree.map(
-            lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)))
+      # the item's handler directly (a Checkpointer would look for step-level metadata here)
+      handler = ocp.PyTreeCheckpointHandler()
+      try:
+        item = etils.epath.Path(item_dir)
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                handler.metadata(item).tree)
+        return handler.restore(item, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+      finally:
+        handler.close()
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(item_dir, abstract_params)
   except Exception as e:  # pylint: disable=broad-except

@@ -16,6 +16,8 @@ Matmul parameters (weights that take part in a matrix multiply)::
 
     attention  = D*H*E (q) + D*K*E (k) + D*K*E (v) + H*E*D (o)      (k/v only where they exist)
     mlp        = num_mlp_matrices * D*F
+                 (MoE: only the active experts, k * num_mlp_matrices * D*F_expert, plus the
+                 router D*E and a shared expert num_mlp_matrices * D*F_shared + D)
     lm_head    = D*V          (counted whether or not it is tied)
     N_matmul   = sum over layers (attention + mlp [+ 2*D*P]) + lm_head [+ D*L*P]
 
@@ -63,7 +65,12 @@ def matmul_param_count(m: ModelConfig, *, num_mlp_matrices: int = 3) -> int:
     k = 0 if shared else D * K * E
     v = 0 if shared or (kind == "full" and m.attention_k_eq_v) else D * K * E
     wide = 2 if shared and m.double_wide_mlp_on_shared else 1
-    total += 2 * D * H * E + k + v + num_mlp_matrices * D * m.mlp_dim * wide + 2 * D * P
+    if m.num_experts:
+      mlp = (m.num_experts_per_tok * num_mlp_matrices * D * m.moe_mlp_dim + D * m.num_experts
+             + (num_mlp_matrices * D * m.shared_expert_mlp_dim + D if m.shared_expert_mlp_dim else 0))
+    else:
+      mlp = num_mlp_matrices * D * m.mlp_dim * wide
+    total += 2 * D * H * E + k + v + mlp + 2 * D * P
   return total
 
 

@@ -1,0 +1,191 @@
+"""Mixture of experts (MaxText/layers/moe.py): the padded all-to-all against a NumPy model of
+`ragged_all_to_all`'s contract, the dropless experts (and capacity mode) against a dense NumPy
+reference, expert parallelism 4 x fsdp 2 against one device (losses and gradients), and the
+aux-loss-free bias flattening the expert load."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+from conftest import BASE_YML, MESH_1, argv, train
+from MaxText.config.load import load_config
+from MaxText.layers import moe
+
+MOE = ("num_experts=8", "num_experts_per_tok=2", "moe_mlp_dim=32", "moe_aux_loss_weight=0.01")
+
+
+# ---- the ragged all-to-all contract ------------------------------------------------------------
+def ragged_all_to_all_numpy(operand, output, in_off, send, out_off):
+  """Reference semantics, all devices at once: device s's rows operand[s][in_off[s,r] : +send[s,r]]
+  land in device r's output at out_off[s,r]; everything else keeps output's values."""
+  out = [o.copy() for o in output]
+  n = len(operand)
+  for s in range(n):
+    for r in range(n):
+      k = send[s, r]
+      out[r][out_off[s, r]:out_off[s, r] + k] = operand[s][in_off[s, r]:in_off[s, r] + k]
+  return np.stack(out)
+
+
+def random_layout(rng, n, rows_in, rows_out):
+  """Send sizes, gapped input offsets, and receiver-side output offsets that do not overlap."""
+  send = rng.integers(0, rows_in // n + 1, size=(n, n))
+  in_off = np.zeros((n, n), int)
+  for s in range(n):
+    pos = 0
+    for r in rng.permutation(n):                    # slices in any order, with gaps
+      pos += rng.integers(0, 2)
+      in_off[s, r] = pos
+      pos += send[s, r]
+    assert pos <= rows_in
+  out_off = np.zeros((n, n), int)
+  for r in range(n):
+    pos = 0
+    for s in rng.permutation(n):
+      pos += rng.integers(0, 2)
+      out_off[s, r] = pos
+      pos += send[s, r]
+    assert pos <= rows_out
+  return send, in_off, out_off
+
+
+def test_padded_all_to_all_has_ragged_all_to_all_semantics():
+  n, rows_in, rows_out = 4, 24, 40
+  mesh = jax.make_mesh((n,), ("x",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
+  rng = np.random.default_rng(0)
+  for trial in range(3):
+    send, in_off, out_off = random_layout(rng, n, rows_in, rows_out)
+    operand = rng.normal(size=(n, rows_in, 3)).astype(np.float32)
+    output = rng.normal(size=(n, rows_out, 3)).astype(np.float32)
+    want = ragged_all_to_all_numpy(operand, output, in_off, send, out_off)
+
+    def per_device(op, out, io, ss, oo, rs):
+      return moe.padded_ragged_all_to_all(op[0], out[0], io[0], ss[0], oo[0], rs[0],
+                                          axis_name="x")[None]
+
+    # device s holds row s of each argument; recv_sizes[r, s] = send[s, r]
+    args = (operand, output, in_off, send, out_off, send.T.copy())
+    got = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x")))(
+        *(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else jnp.float32) for a in args))
+    np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"trial {trial}")
+
+
+def test_dispatch_selection():
+  assert moe.select_dispatch("auto", "cpu") == "padded_all_to_all"
+  assert moe.select_dispatch("auto", "gpu") == moe.select_dispatch("auto", "tpu") == "ragged_all_to_all"
+  assert moe.RAGGED_ALL_TO_ALL["ragged_all_to_all"] is jax.lax.ragged_all_to_all
+
+
+# ---- the experts ------------------------------------------------------------------------------
+def dense_reference(x, weights, experts, wi, wo, capacity=None):
+  """Token by token in float64; with a capacity, an expert takes copies in (token, slot) order."""
+  T, k = experts.shape
+  F = wo.shape[1]
+  y = np.zeros(x.shape, np.float64)
+  taken = np.zeros(wi.shape[0], int)
+  order = sorted(range(T * k), key=lambda m: (experts.reshape(-1)[m], m))
+  kept = set()
+  for m in order:
+    e = experts.reshape(-1)[m]
+    if capacity is None or taken[e] < capacity:
+      kept.add(m)
+      taken[e] += 1
+  for t in range(T):
+    for j in range(k):
+      if t * k + j not in kept:
+        continue
+      e = experts[t, j]
+      h = x[t].astype(np.float64) @ wi[e]
+      g, u = h[:F], h[F:]
+      y[t] += weights[t, j] * ((g / (1 + np.exp(-g)) * u) @ wo[e])
+  return y, T * k - len(kept)
+
+
+@pytest.mark.parametrize("capacity", [None, 2])
+def test_dropless_experts_match_dense_reference(capacity):
+  rng = np.random.default_rng(0)
+  T, D, E, F, k = 12, 8, 4, 6, 2
+  x = rng.normal(size=(T, D)).astype(np.float32)
+  logits = rng.normal(size=(T, E)).astype(np.float32)
+  w, e, probs = moe.route(jnp.asarray(logits), k, renormalize=True)
+  wi = (0.3 * rng.normal(size=(E, D, 2 * F))).astype(np.float32)
+  wo = (0.3 * rng.normal(size=(E, F, D))).astype(np.float32)
+  got, dropped = moe.experts_local(jnp.asarray(x), w, e, jnp.asarray(wi), jnp.asarray(wo),
+                                   jax.nn.silu, capacity)
+  want, want_dropped = dense_reference(x, np.asarray(w), np.asarray(e), wi, wo, capacity)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  assert int(dropped) == want_dropped and (want_dropped > 0) == (capacity is not None)
+  # routing: top-k of the softmax, renormalised
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(probs), p, rtol=1e-6)
+  top = np.argsort(-p, axis=1)[:, :k]
+  assert np.array_equal(np.sort(np.asarray(e), 1), np.sort(top, 1))
+  np.testing.assert_allclose(np.asarray(w).sum(1), 1.0, rtol=1e-6)
+
+
+# ---- expert parallelism -----------------------------------------------------------------------
+EP = ("per_device_batch_size=1", "ici_expert_parallelism=4", "ici_fsdp_parallelism=2")
+
+
+def _loss_and_grads(cfg_args, devices):
+  """Loss (cross-entropy + weighted aux) and gradients of one batch, under the run's mesh."""
+  from MaxText.sharding.rules import use_rules
+  from MaxText.train.loop import Trainer
+  from MaxText.train.state import init_params
+  from MaxText.train.step import cross_entropy_sums, moe_terms
+  t = Trainer(load_config(cfg_args), devices)
+  params = jax.device_put(init_params(t.mcfg, 0), t.shardings["params"])
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, t.mcfg.vocab_size, (8, 64)).astype(np.int32)
+  batch = {"inputs": tokens, "targets": np.roll(tokens, -1, 1),
+           "inputs_position": np.tile(np.arange(64, dtype=np.int32), (8, 1)),
+           "inputs_segmentation": np.ones((8, 64), np.int32)}
+  batch = {k: jax.device_put(v, t.batch_sharding) for k, v in batch.items()}
+
+  def loss_fn(p, b):
+    with use_rules(t.mesh, t.rules):
+      logits, sown = t.model_def.apply_with_aux(p, b["inputs"], b["inputs_position"],
+                                                b["inputs_segmentation"])
+      nll, _, n = cross_entropy_sums(logits, b["targets"], b["inputs_segmentation"] != 0, 0.0)
+      return (nll + moe_terms(sown["moe_stats"], 0.01)["weighted"]) / n
+
+  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
+  return float(loss), jax.tree.map(lambda a: np.asarray(jax.device_get(a)), grads), t
+
+
+def test_expert_parallel_equals_one_device(tmp_path):
+  """EP 4 x fsdp 2 on 8 devices: the same gradients as one device, and the same losses over five
+  training steps; the experts' weights and their Adam moments are split over `expert`."""
+  l1, g1, _ = _loss_and_grads(argv(tmp_path, "g1", *MOE, *MESH_1), jax.devices()[:1])
+  l8, g8, t8 = _loss_and_grads(argv(tmp_path, "g8", *MOE, *EP), None)
+  assert abs(l1 - l8) <= 1e-5 * abs(l1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=0, atol=1e-5), g1, g8)
+  wi = t8.shardings["params"]["decoder"]["layers"]["mlp"]["experts"]["wi"]
+  assert "expert" in str(wi.spec[1])                     # [L, E, D, 2F]: E over `expert`
+
+  steps = ("steps=5", "enable_checkpointing=false")
+  _, one, _ = train(tmp_path, "one", *MOE, *MESH_1, *steps, devices=jax.devices()[:1])
+  _, eight, s8 = train(tmp_path, "eight", *MOE, *EP, *steps)
+  np.testing.assert_allclose([r["loss"] for r in eight], [r["loss"] for r in one], rtol=0,
+                             atol=1e-5)
+  assert all(r["moe_dropped"] == 0 for r in eight)
+  mu = s8["opt_state"][1][0].mu["decoder"]["layers"]["mlp"]["experts"]["wi"]
+  assert mu.sharding.shard_shape(mu.shape)[1] == mu.shape[1] // 4
+
+
+def test_router_bias_flattens_expert_load(tmp_path):
+  """With the weights frozen (learning_rate=0), only the selection bias moves: the max/mean
+  expert load of the skewed byte-level text falls."""
+  run = ("steps=30", "learning_rate=0", "enable_checkpointing=false", "log_period=10")
+  _, fixed, _ = train(tmp_path, "fixed", *MOE, *MESH_1, *run, devices=jax.devices()[:1])
+  _, biased, state = train(tmp_path, "biased", *MOE, *MESH_1, *run,
+                           "router_bias_update_rate=0.01", devices=jax.devices()[:1])
+  load = lambda rows: np.array([r["moe_load_max_over_mean"] for r in rows])
+  assert load(fixed)[0] == load(biased)[0] > 1.3                      # same start, skewed
+  assert load(biased)[-5:].mean() < 0.8 * load(fixed)[-5:].mean()     # flattened
+  assert np.abs(np.asarray(jax.device_get(state["params"]["router_bias"]))).max() > 0
+  assert not np.any(np.asarray(jax.device_get(
+      train(tmp_path, "nobias", *MOE, *MESH_1, "steps=2", "enable_checkpointing=false",
+            devices=jax.devices()[:1])[2]["params"]["router_bias"])))
