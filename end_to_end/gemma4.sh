@@ -5,7 +5,8 @@
 # and layer scalars perturbed), convert it, check logits against transformers (fp32 and bf16),
 # fine-tune 20 steps from it, export back to Hugging Face, and check transformers reproduces our
 # logits from the export. A multimodal `gemma4` checkpoint layout (model.language_model.*, with
-# vision weights) converts to the same parameters. An MoE config is refused.
+# vision weights) converts to the same parameters, and a Gemma 4 with the MoE block passes the
+# logit check.
 #   bash end_to_end/gemma4.sh [WORK_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,18 +66,24 @@ assert jax.tree.structure(a) == jax.tree.structure(b)
 jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 print("multimodal layout: identical parameters")
 PY
-echo "== an MoE Gemma 4 is refused (until MoE support lands)"
-mkdir -p "$W/hf_moe"
-$PY - "$W" <<'PY'
-import json, sys
-w = sys.argv[1]
-c = json.load(open(f"{w}/hf/config.json"))
-json.dump({**c, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
-           "moe_intermediate_size": 32}, open(f"{w}/hf_moe/config.json", "w"))
+echo "== a Gemma 4 with the MoE block (26B-A4B shape): convert and logit check"
+$PY - "$W/hf_moe" <<'PY'
+import sys, torch, transformers
+torch.manual_seed(1)
+cfg = transformers.Gemma4TextConfig(
+    vocab_size=384, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+    num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=0,
+    enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+    final_logit_softcapping=30.0, max_position_embeddings=1024)
+m = transformers.Gemma4ForCausalLM(cfg)
+with torch.no_grad():
+  for n, p in m.named_parameters():
+    if "norm" in n or n.endswith(("router.scale", "per_expert_scale")):
+      p.add_(0.1 * torch.randn_like(p))
+m.save_pretrained(sys.argv[1])
 PY
-cp "$W/hf/model.safetensors" "$W/hf_moe/"
-if $PY -m MaxText.checkpoint_conversion.to_maxtext hf_path="$W/hf_moe" output_path="$W/ckpt_moe"; then
-  echo "FAIL: an MoE config converted"; exit 1
-fi
-test ! -e "$W/ckpt_moe"
+$PY -m MaxText.checkpoint_conversion.to_maxtext hf_path="$W/hf_moe" output_path="$W/ckpt_moe"
+$PY -m MaxText.logit_check hf_path="$W/hf_moe" load_parameters_path="$W/ckpt_moe"
 finetune_export_check

@@ -1,6 +1,7 @@
 """Our gemma4 family against Hugging Face transformers' Gemma 4 text model (the oracle), through the
 name map of MaxText/models/gemma4/hf_map.py. Tiny random-init `Gemma4ForCausalLM` (fp32, eager
 attention) in two variants:
+  moe    the 26B-A4B shape: routed experts (router scale, per-expert scale) added to the MLP;
   all    every feature on: sliding + full layers (pattern "sf", window 4 < the sequence), global
          head width and kv heads, K = V, proportional partial RoPE, a kv-shared tail with a
          double-wide MLP, per-layer inputs (PLE), soft-capped logits, tied head;
@@ -35,6 +36,11 @@ VARIANTS = {
               "attention_k_eq_v=false", "global_num_kv_heads=0", "num_kv_shared_layers=0",
               "double_wide_mlp_on_shared=false", "per_layer_input_dim=0",
               "per_layer_input_vocab_size=0", "final_logit_softcap=0", "tie_word_embeddings=false"],
+    # the 26B-A4B shape: routed experts added to every layer's dense MLP, K = V, no PLE or sharing
+    "moe": ["attention_pattern=sf", "num_decoder_layers=4", "sliding_window=4",
+            "num_kv_shared_layers=0", "double_wide_mlp_on_shared=false", "per_layer_input_dim=0",
+            "per_layer_input_vocab_size=0", "num_experts=4", "num_experts_per_tok=2",
+            "moe_mlp_dim=24"],
 }
 
 
@@ -54,6 +60,8 @@ def hf_model(variant: str, dtype: str = "float32"):
   with torch.no_grad():
     for name, p in model.named_parameters():
       if name.endswith("norm.weight"):
+        p.copy_(1.0 + 0.3 * torch.randn_like(p))
+      if name.endswith(("router.scale", "per_expert_scale")):
         p.copy_(1.0 + 0.3 * torch.randn_like(p))
     for name, b in model.named_buffers():
       if name.endswith("layer_scalar"):
@@ -109,9 +117,10 @@ def test_bf16_logits_within_kl():
   assert div <= 0.015
 
 
-def test_loss_and_grads_match_torch_autograd():
-  model = hf_model("all")
-  mcfg, model_def, params = ours("all", True)
+@pytest.mark.parametrize("variant", ["all", "moe"])
+def test_loss_and_grads_match_torch_autograd(variant):
+  model = hf_model(variant)
+  mcfg, model_def, params = ours(variant, True)
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
@@ -122,7 +131,7 @@ def test_loss_and_grads_match_torch_autograd():
   rel = abs(loss - loss_hf) / abs(loss_hf)
   print(f"loss ours={loss:.6f} hf={loss_hf:.6f} rel={rel:.1e}")
   assert rel <= TOL_GRAD
-  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("layer_scalar",))
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("layer_scalar", "router_bias"))
 
 
 # ---- the name map -------------------------------------------------------------------------------
@@ -226,10 +235,17 @@ def test_published_configs():
     effective = total - counts.get("ple_embedding", 0) / 1e9
     assert abs(total - total_b) < 0.03 * total_b, (name, total)
     assert abs(effective - effective_b) < 0.04 * effective_b, (name, effective)
+  # 26B-A4B: 25.2B in the text decoder, 3.8B active (8 of 128 experts)
+  cfg = load_config([BASE_YML, "model_name=gemma4-26b-a4b"])
+  leaves = jax.tree_util.tree_flatten_with_path(
+      make_model_def(ModelConfig.from_config(cfg)).abstract_params)[0]
+  total = sum(math.prod(a.shape) for p, a in leaves if "router_bias" not in str(p)) / 1e9
+  experts = sum(math.prod(a.shape) for p, a in leaves if "experts" in str(p)) / 1e9
+  assert abs(total - 25.2) < 0.3 and abs(total - experts * 120 / 128 - 3.8) < 0.1, total
 
 
 def test_config_refusals():
-  with pytest.raises(ValueError, match="enable_moe_block"):
+  with pytest.raises(ValueError, match=r"enable_moe_block=true but \['top_k_experts'"):
     hf_map.config_from_hf({**E2B_HUB, "enable_moe_block": True, "num_experts": 8})
   with pytest.raises(ValueError, match="gemma4_text"):
     hf_map.config_from_hf({**E2B_HUB, "model_type": "gemma3_text"})

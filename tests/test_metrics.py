@@ -86,14 +86,17 @@ def test_matmul_params_equal_the_models_matrices(model_name):
   assert flops.matmul_param_count(m) == count
 
 
-def test_moe_flops_count_active_experts_only():
-  m = ModelConfig.from_config(load_config([BASE_YML, "model_name=qwen3-30b-a3b"]))
+@pytest.mark.parametrize("model_name,active_b", [("qwen3-30b-a3b", 3.3), ("gemma4-26b-a4b", 3.8)])
+def test_moe_flops_count_active_experts_only(model_name, active_b):
+  """Matmul parameters = the model's layer matrices with experts counted k/E, plus the LM head
+  (Qwen: experts replace the MLP; Gemma 4: they add to it)."""
+  m = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model_name}"]))
   leaves = jax.tree_util.tree_flatten_with_path(make_model_def(m).abstract_params)[0]
   experts = sum(math.prod(a.shape) for p, a in leaves if "experts" in str(p))
   layers = sum(math.prod(a.shape) for p, a in leaves if "decoder" in str(p) and a.ndim >= 3)
   active = layers - experts * (1 - m.num_experts_per_tok / m.num_experts)   # [L, ...] matrices
   assert flops.matmul_param_count(m) == active + m.emb_dim * m.vocab_size   # + the LM head
-  assert 3.0e9 < flops.matmul_param_count(m) < 3.5e9       # "A3B": ~3.3B active
+  assert abs(flops.matmul_param_count(m) / 1e9 - active_b) < 0.1 * active_b
 
 
 def test_sliding_window_attention_flops():

@@ -61,6 +61,24 @@ def aux_loss(counts_LE, probs_LE, tokens) -> jax.Array:
   return E * jnp.sum(jnp.sum(counts_LE, 0) / n * jnp.sum(probs_LE, 0) / n)
 
 
+def empty_stats(num_layers: int, num_experts: int) -> dict:
+  """Per-layer routing statistics that travel through the layer stack (see `record`)."""
+  return {"counts": jnp.zeros((num_layers, num_experts), jnp.float32),
+          "probs": jnp.zeros((num_layers, num_experts), jnp.float32),
+          "dropped": jnp.zeros((), jnp.int32)}
+
+
+def record(stats: dict, layer, counts_E, probs_E, dropped) -> dict:
+  return {"counts": stats["counts"].at[layer].set(counts_E),
+          "probs": stats["probs"].at[layer].set(probs_E),
+          "dropped": stats["dropped"] + dropped}
+
+
+def finished_stats(stats: dict, segment_ids_BS) -> dict:
+  """What a model sows as `moe_stats`: the statistics plus the unmasked token count."""
+  return {**stats, "tokens": jnp.sum(segment_ids_BS != 0).astype(jnp.float32)}
+
+
 # ---- ragged all-to-all ------------------------------------------------------------------------
 def padded_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
                              recv_sizes, *, axis_name):

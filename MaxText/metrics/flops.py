@@ -17,7 +17,8 @@ Matmul parameters (weights that take part in a matrix multiply)::
     attention  = D*H*E (q) + D*K*E (k) + D*K*E (v) + H*E*D (o)      (k/v only where they exist)
     mlp        = num_mlp_matrices * D*F
                  (MoE: only the active experts, k * num_mlp_matrices * D*F_expert, plus the
-                 router D*E and a shared expert num_mlp_matrices * D*F_shared + D)
+                 router D*E and a shared expert num_mlp_matrices * D*F_shared + D; plus the
+                 dense MLP in families whose experts add to it, e.g. Gemma 4)
     lm_head    = D*V          (counted whether or not it is tied)
     N_matmul   = sum over layers (attention + mlp [+ 2*D*P]) + lm_head [+ D*L*P]
 
@@ -58,18 +59,19 @@ def matmul_param_count(m: ModelConfig, *, num_mlp_matrices: int = 3) -> int:
   """Parameters that take part in a matmul in the forward pass: q/k/v/o, the MLP matrices, the
   PLE projections and the LM head (D*V); not the embedding tables (only gathered from) nor the
   norm scales."""
+  from MaxText.models.registry import get_family
   D, H, P = m.emb_dim, m.num_query_heads, m.per_layer_input_dim
+  dense_too = m.num_experts and get_family(m.decoder_block).moe_adds_to_dense_mlp
   total = D * m.vocab_size + D * m.num_decoder_layers * P
   for kind, shared in _layers(m):
     E, K = m.head_dim_of(kind), m.kv_heads_of(kind)
     k = 0 if shared else D * K * E
     v = 0 if shared or (kind == "full" and m.attention_k_eq_v) else D * K * E
     wide = 2 if shared and m.double_wide_mlp_on_shared else 1
+    mlp = num_mlp_matrices * D * m.mlp_dim * wide if dense_too or not m.num_experts else 0
     if m.num_experts:
-      mlp = (m.num_experts_per_tok * num_mlp_matrices * D * m.moe_mlp_dim + D * m.num_experts
-             + (num_mlp_matrices * D * m.shared_expert_mlp_dim + D if m.shared_expert_mlp_dim else 0))
-    else:
-      mlp = num_mlp_matrices * D * m.mlp_dim * wide
+      mlp += (m.num_experts_per_tok * num_mlp_matrices * D * m.moe_mlp_dim + D * m.num_experts
+              + (num_mlp_matrices * D * m.shared_expert_mlp_dim + D if m.shared_expert_mlp_dim else 0))
     total += 2 * D * H * E + k + v + mlp + 2 * D * P
   return total
 

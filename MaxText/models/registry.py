@@ -1,6 +1,7 @@
 """`decoder_block` → model family. A family registers a constructor `(ModelConfig, rngs) -> Module`
-whose instances are called as `model(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV`, plus a
-config check run before anything compiles. Generic code only ever goes through this table."""
+whose instances are called as `model(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` and
+`model.forward_with_aux(...) -> (logits_BSV, aux dict)` (MoE statistics), plus a config check run
+before anything compiles. Generic code only ever goes through this table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from MaxText.models.model_config import ModelConfig
 class Family:
   build: Callable[[ModelConfig, nnx.Rngs], nnx.Module]
   validate: Callable[[ModelConfig], list[tuple[str, str]]]  # → [(key, problem)]
+  moe_adds_to_dense_mlp: bool = False   # with num_experts > 0: experts beside the MLP, not instead
 
 
 # Keys for per-layer attention variants and their "off" values; a family that does not implement
@@ -25,7 +27,6 @@ VARIANT_KEYS_OFF = {
     "attention_k_eq_v": False, "num_kv_shared_layers": 0, "double_wide_mlp_on_shared": False,
     "per_layer_input_dim": 0, "per_layer_input_vocab_size": 0, "final_logit_softcap": 0.0,
 }
-MOE_KEYS_OFF = {"num_experts": 0, "moe_mlp_dim": 0, "shared_expert_mlp_dim": 0}
 
 
 def unsupported(cfg: ModelConfig, off: dict) -> list[tuple[str, str]]:
@@ -68,12 +69,12 @@ def _gemma4(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
 
 def _gemma4_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
   from MaxText.models.gemma4.model import validate
-  return validate(cfg) + unsupported(cfg, MOE_KEYS_OFF)
+  return validate(cfg) + moe_checks(cfg)
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(build=_llama, validate=_dense_checks),
-    "gemma4": Family(build=_gemma4, validate=_gemma4_checks),
+    "gemma4": Family(build=_gemma4, validate=_gemma4_checks, moe_adds_to_dense_mlp=True),
 }
 
 

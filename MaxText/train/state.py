@@ -29,14 +29,8 @@ class ModelDef:
     return self.apply_with_aux(params, *args)[0]
 
   def apply_with_aux(self, params, *args):
-    """(logits, intermediates the model sowed — e.g. {"moe_stats": …} — as a plain dict)."""
-    model = nnx.merge(self.graphdef, params)
-    if hasattr(nnx, "capture"):              # flax >= 0.12: sow inside nnx.capture
-      logits, sown = nnx.capture(model, nnx.Intermediate)(*args)
-    else:
-      logits, sown = model(*args), nnx.state(model, nnx.Intermediate)
-    sown = nnx.to_pure_dict(sown)
-    return logits, {k: v[0] if isinstance(v, (tuple, list)) else v for k, v in sown.items()}
+    """(logits, auxiliary outputs, e.g. {"moe_stats": …}); a family's `forward_with_aux`."""
+    return nnx.merge(self.graphdef, params).forward_with_aux(*args)
 
 
 def _build(mcfg: ModelConfig, seed: int) -> nnx.Module:

@@ -15,8 +15,12 @@ Norm weights are plain `w` (Gemma 4 is not Gemma 1-3's `1 + w`) and copy as they
 Hub checkpoints of KV-sharing models may still carry k/v projections and norms for the shared
 layers; transformers ignores them on load, and so does `hf_to_params`. Multimodal checkpoints:
 the vision/audio towers and their embedders are skipped (the export writes a text-only
-`gemma4_text` model). The additive MoE block (`enable_moe_block`) is refused until MoE support
-lands.
+`gemma4_text` model). The additive MoE block (`enable_moe_block`, 26B-A4B):
+  router.proj.weight [E, D] ↔ router/proj/kernel [D, E]; router.scale, router.per_expert_scale
+  experts.gate_up_proj [E, 2F, D] ↔ experts/wi [E, D, 2F]; experts.down_proj [E, D, F] ↔ experts/wo
+  pre_/post_feedforward_layernorm_2, post_feedforward_layernorm_1 ↔ mlp_norm_2, post_mlp_norm_2/_1
+Our `router_bias` (aux-loss-free selection bias) has no HF counterpart: imported as zeros, and
+exporting a non-zero one is refused.
 """
 from __future__ import annotations
 
@@ -57,9 +61,18 @@ LAYER_RULES: tuple[Rule, ...] = (
     Rule("ple_proj/kernel", _L + "per_layer_projection.weight", in_rank=1),
     Rule("ple_norm/scale", _L + "post_per_layer_input_norm.weight"),
     Rule("layer_scalar", _L + "layer_scalar"),
+    # the MoE block (26B-A4B): router, fused experts, the extra norms
+    Rule("router/proj/kernel", _L + "router.proj.weight", in_rank=1),
+    Rule("router/scale", _L + "router.scale"),
+    Rule("router/per_expert_scale", _L + "router.per_expert_scale"),
+    Rule("experts/wi", _L + "experts.gate_up_proj", in_rank=1, lead=1),
+    Rule("experts/wo", _L + "experts.down_proj", in_rank=1, lead=1),
+    Rule("mlp_norm_2/scale", _L + "pre_feedforward_layernorm_2.weight"),
+    Rule("post_mlp_norm_1/scale", _L + "post_feedforward_layernorm_1.weight"),
+    Rule("post_mlp_norm_2/scale", _L + "post_feedforward_layernorm_2.weight"),
 )
 
-NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location)
+NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, ours_only=("router_bias",))
 MULTIMODAL_PREFIX = "model.language_model."
 _SHARED_KV = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.weight$")
 
@@ -139,9 +152,6 @@ def _text_config(hf: Mapping[str, Any]) -> dict[str, Any]:
 def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   """HF Gemma 4 config (config.json or `to_dict()`; multimodal: its text_config) → our keys."""
   hf = _text_config(hf_config)
-  if hf.get("enable_moe_block"):
-    raise ValueError("enable_moe_block=true: Gemma 4's MoE block is not supported yet (it comes "
-                     "with mixture-of-experts support); only the dense Gemma 4 models convert")
   if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
     raise ValueError(f"hidden_activation={hf['hidden_activation']!r}: only gelu_pytorch_tanh")
   if hf.get("attention_bias"):
@@ -201,7 +211,18 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       "per_layer_input_dim": P,
       "per_layer_input_vocab_size": int(hf.get("vocab_size_per_layer_input", 262144)) if P else 0,
       "final_logit_softcap": float(softcap) if softcap else 0.0,
+      **_moe_keys(hf),
   }
+
+
+def _moe_keys(hf: Mapping[str, Any]) -> dict[str, Any]:
+  if not hf.get("enable_moe_block"):
+    return {"num_experts": 0, "moe_mlp_dim": 0}
+  missing = [k for k in ("num_experts", "top_k_experts", "moe_intermediate_size") if not hf.get(k)]
+  if missing:
+    raise ValueError(f"enable_moe_block=true but {missing} not set")
+  return {"num_experts": int(hf["num_experts"]), "num_experts_per_tok": int(hf["top_k_experts"]),
+          "moe_mlp_dim": int(hf["moe_intermediate_size"]), "norm_topk_prob": True}
 
 
 def _global_dims(hf: Mapping[str, Any], types: list[str], head_dim: int, kv_heads: int,
@@ -276,6 +297,8 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
                                      or int(get("vocab_size"))),
       "final_logit_softcapping": softcap if softcap else None,
       "attention_bias": False,
-      "enable_moe_block": False,
       "use_bidirectional_attention": None,
+      "enable_moe_block": bool(get("num_experts")),
+      **({"num_experts": int(get("num_experts")), "top_k_experts": int(get("num_experts_per_tok")),
+          "moe_intermediate_size": int(get("moe_mlp_dim"))} if get("num_experts") else {}),
   }

@@ -20,6 +20,12 @@ key projection). The last num_kv_shared_layers layers have no K/V weights: they 
 K/V of the last earlier layer of their kind (and a 2x MLP with double_wide_mlp_on_shared).
 Embedding scaled by sqrt(D) in the weight dtype; tied head; logits soft-capped
 (c * tanh(logits / c), in fp32). All norms use the Gemma cast order (scale in fp32, cast once).
+With num_experts > 0 (the 26B-A4B MoE) every layer adds routed experts to its dense MLP:
+  m = post_mlp_norm_1(mlp(mlp_norm(h))) + post_mlp_norm_2(experts(mlp_norm_2(h)))
+  h = h + post_mlp_norm(m)
+the router reading the raw residual h: softmax(proj(rms(h) * scale * D^-0.5)) → top-k →
+renormalise → times per_expert_scale of the chosen experts (fp32). Routing statistics travel with
+the layers and are returned by `forward_with_aux` as `moe_stats`; a selection bias `router_bias` [L, E] as in the llama family.
 
 Scanning (`scan_layers=true`): the non-shared layers and the kv-shared tail are each split into a
 repeating block of layer kinds (e.g. 4 sliding + 1 full), and each part is scanned over its
@@ -39,8 +45,10 @@ from flax import nnx
 
 from MaxText.layers.attention_ops import ATTENTION_OPS
 from MaxText.layers.linear import DenseGeneral, param
-from MaxText.layers.mlp import GatedMLP
-from MaxText.layers.norms import RMSNorm
+from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
+from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
+                                record, route)
+from MaxText.layers.norms import RMSNorm, rms_normalize
 from MaxText.layers.rope import apply_rope
 from MaxText.layers.stack import LayerList, LayerStack
 from MaxText.models.model_config import ModelConfig
@@ -119,6 +127,10 @@ def validate(cfg: ModelConfig) -> list[tuple[str, str]]:
     problems.append(("sliding_window", "the pattern has sliding layers but sliding_window=0"))
   if not cfg.use_qk_norm:
     problems.append(("use_qk_norm", "Gemma 4 always normalises q and k; set use_qk_norm=true"))
+  if cfg.num_experts and not cfg.norm_topk_prob:
+    problems.append(("norm_topk_prob", "Gemma 4's router always renormalises the top-k weights"))
+  if cfg.shared_expert_mlp_dim:
+    problems.append(("shared_expert_mlp_dim", "Gemma 4 has no shared expert"))
   if cfg.num_kv_shared_layers >= cfg.num_decoder_layers:
     problems.append(("num_kv_shared_layers", f"{cfg.num_kv_shared_layers} shared layers leave no "
                      f"layer of the {cfg.num_decoder_layers} to produce K/V"))
@@ -177,6 +189,28 @@ class Attention(nnx.Module):
     return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), (k_BSKE, v_BSKE)
 
 
+class Router(nnx.Module):
+  """Gemma 4's router: scale-free RMSNorm of the residual, times `scale` and D^-0.5, a linear map to
+  the experts; top-k of the softmax, renormalised, times the chosen experts' `per_expert_scale`."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, E = cfg.emb_dim, cfg.num_experts
+    self.proj = DenseGeneral((D,), (E,), ("embed", None), rngs=rngs, dtype=cfg.compute_dtype,
+                             param_dtype=cfg.param_dtype)
+    self.scale = param(rngs, (D,), ("norm",), std=None, dtype=cfg.param_dtype)
+    self.per_expert_scale = param(rngs, (E,), (None,), std=None, dtype=cfg.param_dtype)
+    self.eps, self.k, self.dtype = cfg.norm_epsilon, cfg.num_experts_per_tok, cfg.compute_dtype
+
+  def __call__(self, r_BSD, bias_E):
+    B, S, D = r_BSD.shape
+    h_BSD = rms_normalize(r_BSD, self.eps).astype(self.dtype)
+    h_BSD = h_BSD * self.scale[...].astype(self.dtype) * jnp.asarray(D ** -0.5, self.dtype)
+    w_Tk, e_Tk, probs_TE = route(self.proj(h_BSD).reshape(B * S, -1), self.k, renormalize=True,
+                                 bias_E=bias_E)
+    w_Tk = w_Tk * self.per_expert_scale[...].astype(jnp.float32)[e_Tk]
+    return w_Tk.reshape(B, S, self.k), e_Tk.reshape(B, S, self.k), probs_TE
+
+
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
@@ -195,22 +229,39 @@ class DecoderLayer(nnx.Module):
       self.ple_norm = norm()
     self.uses_ple = bool(P)
     self.layer_scalar = param(rngs, (1,), (None,), std=None, dtype=cfg.param_dtype)
+    self.moe = bool(cfg.num_experts)
+    if self.moe:
+      self.router = Router(cfg, rngs=rngs)
+      self.experts = RoutedExperts(cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim,
+                                   ACTIVATIONS[cfg.mlp_activation],
+                                   capacity_factor=cfg.capacity_factor, dispatch=cfg.moe_dispatch,
+                                   **kw)
+      self.mlp_norm_2, self.post_mlp_norm_1, self.post_mlp_norm_2 = norm(), norm(), norm()
 
-  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
-    """carry = (x_BSD, {attention kind: (k, v)} handed to the kv-shared tail)."""
-    x_BSD, kv = carry
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer):
+    """carry = (x_BSD, {attention kind: (k, v)} handed to the kv-shared tail, MoE statistics);
+    per_layer = {"index": layer, "ple": its per-layer input, "bias": its router bias}."""
+    x_BSD, kv, stats = carry
     shared = kv[self.kind.attention] if self.kind.kv_shared else None
     a_BSD, new_kv = self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS, shared)
     x_BSD = x_BSD + self.post_attn_norm(a_BSD)
-    x_BSD = x_BSD + self.post_mlp_norm(self.mlp(self.mlp_norm(x_BSD)))
+    m_BSD = self.mlp(self.mlp_norm(x_BSD))
+    if self.moe:
+      w_BSk, e_BSk, probs_TE = self.router(x_BSD, jax.lax.stop_gradient(per_layer["bias"]))
+      y_BSD, dropped = self.experts(self.mlp_norm_2(x_BSD), w_BSk, e_BSk)
+      m_BSD = self.post_mlp_norm_1(m_BSD) + self.post_mlp_norm_2(y_BSD)
+      counts, probs = load_balancing_terms(probs_TE, e_BSk.reshape(-1, e_BSk.shape[-1]),
+                                           (segment_ids_BS != 0).reshape(-1))
+      stats = record(stats, per_layer["index"], counts, probs, dropped)
+    x_BSD = x_BSD + self.post_mlp_norm(m_BSD)
     if self.uses_ple:
-      g_BSP = _gelu_tanh(self.ple_gate(x_BSD)) * per_layer
+      g_BSP = _gelu_tanh(self.ple_gate(x_BSD)) * per_layer["ple"]
       x_BSD = x_BSD + self.ple_norm(self.ple_proj(g_BSP))
     # a frozen buffer in Hugging Face: part of the checkpoint, never trained
     x_BSD = x_BSD * jax.lax.stop_gradient(self.layer_scalar[...]).astype(x_BSD.dtype)
     if not self.kind.kv_shared and self.kind.attention in kv:
       kv = {**kv, self.kind.attention: new_kv}
-    return constrain(x_BSD, ACT_BSD), kv
+    return constrain(x_BSD, ACT_BSD), kv, stats
 
 
 class Block(nnx.Module):
@@ -219,10 +270,10 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, kinds: tuple[LayerKind, ...], *, rngs: nnx.Rngs):
     self.members = nnx.List([DecoderLayer(cfg, k, rngs=rngs) for k in kinds])
 
-  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer):
     for m, layer in enumerate(self.members):
       carry = layer(carry, positions_BS, segment_ids_BS,
-                    per_layer=None if per_layer is None else per_layer[m])
+                    per_layer=jax.tree.map(lambda a, m=m: a[m], per_layer))
     return carry
 
 
@@ -234,9 +285,9 @@ class ScannedDecoder(nnx.Module):
                    remat_policy=cfg.remat_policy, rngs=rngs)
         for _, block, repeats in layer_groups(cfg)])
 
-  def __call__(self, carry, positions_BS, segment_ids_BS, xs=None):
+  def __call__(self, carry, positions_BS, segment_ids_BS, xs):
     for (start, p, n), group in zip(self.spans, self.groups):
-      xs_g = None if xs is None else xs[start:start + n * p].reshape(n, p, *xs.shape[1:])
+      xs_g = jax.tree.map(lambda a: a[start:start + n * p].reshape(n, p, *a.shape[1:]), xs)
       carry = group(carry, positions_BS, segment_ids_BS, xs=xs_g)
     return carry
 
@@ -263,6 +314,9 @@ class Transformer(nnx.Module):
     self.final_norm = RMSNorm(D, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (D,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
+    if cfg.num_experts:
+      self.router_bias = nnx.Param(jnp.zeros((L, cfg.num_experts), cfg.param_dtype),
+                                   logical_axes=("layers", "exp"))
 
   def _per_layer_inputs(self, tokens_BS, x_BSD):
     """PLE: (token table lookup * sqrt(P) + RMSNorm(x0 @ W * D^-0.5)) * 2^-0.5 → [L, B, S, P]."""
@@ -278,15 +332,26 @@ class Transformer(nnx.Module):
     return ple_BSLP.transpose(2, 0, 1, 3)
 
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
+    return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
+
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
+    """(logits, {"moe_stats": …} for MoE models, else {})."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     table = self.embedding[...]
     x_BSD = jnp.take(table, tokens_BS, axis=0) * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
     x_BSD = constrain(x_BSD.astype(dtype), ACT_BSD)
-    ple_LBSP = self._per_layer_inputs(tokens_BS, x_BSD) if cfg.per_layer_input_dim else None
+    L = cfg.num_decoder_layers
+    xs = {"index": jnp.arange(L)}
+    if cfg.per_layer_input_dim:
+      xs["ple"] = self._per_layer_inputs(tokens_BS, x_BSD)
+    stats = {}
+    if cfg.num_experts:
+      xs["bias"], stats = self.router_bias[...], empty_stats(L, cfg.num_experts)
     B, S = tokens_BS.shape
     kv = {t: (jnp.zeros((B, S, cfg.kv_heads_of(t), cfg.head_dim_of(t)), dtype),) * 2
           for t in shared_kv_kinds(cfg)}
-    x_BSD, _ = self.decoder((x_BSD, kv), positions_BS, segment_ids_BS, xs=ple_LBSP)
+    x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, xs=xs)
+    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
     x_BSD = self.final_norm(x_BSD)
     if self.lm_head is None:
       logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table.astype(dtype))
@@ -296,4 +361,4 @@ class Transformer(nnx.Module):
     if cfg.final_logit_softcap:
       c = cfg.final_logit_softcap
       logits_BSV = c * jnp.tanh(logits_BSV / c)
-    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
+    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab")), aux

@@ -10,7 +10,7 @@ Block: x + Attn(RMSNorm(x)) then + SwiGLU(RMSNorm(x)); RoPE on q and k (optional
 q/k RMSNorm, as in Qwen3); final RMSNorm; tied or untied LM head. Logits are returned in fp32.
 With num_experts > 0 every layer's MLP is a routed MoE (Qwen3-MoE; MaxText/layers/moe.py): the
 layers then carry per-layer routing statistics (copies and router probability per expert, dropped
-copies), sown as `moe_stats` for the load-balancing loss and metrics, and read a per-layer
+copies), returned by `forward_with_aux` as `moe_stats` for the load-balancing loss and metrics, and read a per-layer
 selection bias `router_bias` [L, E] (aux-loss-free balancing; updated by the train step, never by
 gradients).
 """
@@ -25,7 +25,7 @@ from flax import nnx
 from MaxText.layers.attention_ops import ATTENTION_OPS
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
-from MaxText.layers.moe import RoutedMLP
+from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
 from MaxText.layers.stack import LayerStack
@@ -85,10 +85,7 @@ class DecoderLayer(nnx.Module):
     if self.moe:
       y_BSD, (counts, probs, dropped) = self.mlp(self.mlp_norm(x_BSD), segment_ids_BS != 0,
                                                  jax.lax.stop_gradient(per_layer["bias"]))
-      i = per_layer["index"]
-      stats = {"counts": stats["counts"].at[i].set(counts),
-               "probs": stats["probs"].at[i].set(probs),
-               "dropped": stats["dropped"] + dropped}
+      stats = record(stats, per_layer["index"], counts, probs, dropped)
     else:
       y_BSD = self.mlp(self.mlp_norm(x_BSD))
     return constrain(x_BSD + y_BSD, ACT_BSD), stats
@@ -117,22 +114,22 @@ class Transformer(nnx.Module):
                                              cfg.param_dtype), logical_axes=("layers", "exp"))
 
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
+    return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
+
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
+    """(logits, {"moe_stats": …} for MoE models, else {})."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
     stats, xs = {}, None
     if cfg.num_experts:
-      L, E = cfg.num_decoder_layers, cfg.num_experts
-      stats = {"counts": jnp.zeros((L, E), jnp.float32), "probs": jnp.zeros((L, E), jnp.float32),
-               "dropped": jnp.zeros((), jnp.int32)}
-      xs = {"index": jnp.arange(L), "bias": self.router_bias[...]}
+      stats = empty_stats(cfg.num_decoder_layers, cfg.num_experts)
+      xs = {"index": jnp.arange(cfg.num_decoder_layers), "bias": self.router_bias[...]}
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
-    if cfg.num_experts:
-      stats["tokens"] = jnp.sum(segment_ids_BS != 0).astype(jnp.float32)
-      self.sow(nnx.Intermediate, "moe_stats", stats)
+    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
     x_BSD = self.final_norm(x_BSD)
     if self.lm_head is None:
       logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(dtype))
     else:
       logits_BSV = self.lm_head(x_BSD)
     return constrain(logits_BSV.astype(jnp.float32),
-                     ("activation_batch", "activation_length", "activation_vocab"))
+                     ("activation_batch", "activation_length", "activation_vocab")), aux
