@@ -50,6 +50,16 @@ def test_splash_matches_dot_product_attention(case):
            q, k, v, do, tol=TOL_F32)
 
 
+def test_splash_cross_attention_ragged_lengths():
+  """Non-causal S=100 queries over T=72 keys, no segment ids: padded keys are masked by ids the
+  wrapper makes itself."""
+  B, S, T, H, K, E = 1, 100, 72, 2, 1, 32
+  q, k, v, do = _inputs(B, S, T, H, K, E, seed=9)
+  _compare(lambda q, k, v: splash_attention(q, k, v, None, scale=E ** -0.5, causal=False),
+           lambda q, k, v: _ref_attention(q, k, v, None, scale=E ** -0.5, causal=False),
+           q, k, v, do)
+
+
 def test_splash_soft_cap_and_unit_scale():
   """Gemma-style scale 1.0 (q pre-scaled so logits stay ~1) with a logit soft-cap, no segment ids."""
   B, S, H, K, E = 1, 128, 2, 1, 64

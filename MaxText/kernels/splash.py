@@ -35,7 +35,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-LANES = 128                      # splash block sizes and (on TPU) head dims are multiples of this
+LANES = 128                      # splash blocks are multiples of this; S, T and E are padded to it
 RESIDUAL_NAME = "splash_residuals"   # checkpoint_name of the kernel's saved out / logsumexp
 
 
@@ -137,19 +137,18 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
   q = jnp.pad(q_BSHE, ((0, 0), (0, Sp - S), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   k = jnp.pad(k_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
-  if segment_ids_BS is None and Tp != T:       # padded keys must be masked: give all real ids 0
-    segment_ids_BS = jnp.zeros((B, S), jnp.int32) if S == T else None
-    if segment_ids_BS is None:
-      raise ValueError(f"splash attention with S={S} != T={T} needs T to be a multiple of {LANES}")
   kernel = _kernel(H, Sp, Tp, bool(causal), None if sliding_window is None else int(sliding_window),
                    None if logit_softcap is None else float(logit_softcap), bq, bkv,
                    bool(interpret))
-  if segment_ids_BS is None:
+  if segment_ids_BS is None and Tp == T:
     out = jax.vmap(kernel)(q, k, v)
   else:   # padded queries get -1, padded keys -2: no real (>= 0) or padded query matches them
-    seg = segment_ids_BS.astype(jnp.int32)
-    q_seg = jnp.pad(seg, ((0, 0), (0, Sp - S)), constant_values=-1)
-    kv_seg = jnp.pad(seg, ((0, 0), (0, Tp - T)), constant_values=-2)
+    if segment_ids_BS is None:          # padded keys still need masking: real ids all 0
+      q_seg, kv_seg = jnp.zeros((B, S), jnp.int32), jnp.zeros((B, T), jnp.int32)
+    else:
+      q_seg = kv_seg = segment_ids_BS.astype(jnp.int32)
+    q_seg = jnp.pad(q_seg, ((0, 0), (0, Sp - S)), constant_values=-1)
+    kv_seg = jnp.pad(kv_seg, ((0, 0), (0, Tp - T)), constant_values=-2)
     out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sa.SegmentIds(q=qs, kv=ks)))(
         q, k, v, q_seg, kv_seg)
   return out.transpose(0, 2, 1, 3)[:, :S, :, :E]
