@@ -263,10 +263,11 @@ def test_validate_rule_with_unknown_mesh_axis():
 # ---- CLI contract -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cli_runs():
-  """Both bad command lines, run concurrently (each pays the imports once)."""
+  """The bad command lines, run concurrently (each pays the imports once)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cases = {"unknown_key": ["stepz=3"],
-           "missing_data": ["dataset_type=file", "dataset_path=/nonexistent"]}
+           "missing_data": ["dataset_type=file", "dataset_path=/nonexistent"],
+           "cudnn_on_cpu": ["attention=cudnn", "dtype=bfloat16"]}
   t0 = time.monotonic()
   procs = {name: subprocess.Popen([sys.executable, "train.py", "configs/base.yml", *args], cwd=ROOT,
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -285,6 +286,7 @@ def cli_runs():
 @pytest.mark.parametrize("case,expected", [
     ("unknown_key", ("'stepz'", "'steps'")),
     ("missing_data", ("/nonexistent", "dataset_path")),
+    ("cudnn_on_cpu", ("attention=cudnn needs an NVIDIA GPU", "'cpu'")),
 ])
 def test_cli_config_error_exits_2_before_compiling(cli_runs, case, expected):
   code, stdout, stderr, seconds = cli_runs[case]

@@ -56,7 +56,7 @@ class Config:
   weight_dtype: str = _spec(choices=DTYPES)
   scan_layers: bool
   remat_policy: str = _spec(choices=("none", "full", "save_matmuls"))
-  attention: str = _spec(choices=("autoselected", "dot_product", "flash"))
+  attention: str = _spec(choices=("autoselected", "dot_product", "flash", "cudnn"))
   flash_block_q: int = _spec(min=8)
   flash_block_kv: int = _spec(min=8)
   attention_pattern: str

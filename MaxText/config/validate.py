@@ -9,6 +9,7 @@ import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
+from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family
 from MaxText.sharding.mesh import mesh_shape
@@ -27,7 +28,15 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   ici, dcn = mesh_shape(cfg, devices)
   sizes = {a: i * d for a, i, d in zip(cfg.mesh_axes, ici, dcn)}
 
-  for key, problem in get_family(cfg.decoder_block).validate(ModelConfig.from_config(cfg)):
+  mcfg = ModelConfig.from_config(cfg)
+  for key, problem in get_family(cfg.decoder_block).validate(mcfg):
+    raise ConfigError(f"{key}: {problem}")
+  batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
+  length_axes = next((axes for name, axes in rules if name == "activation_length"), ())
+  for key, problem in attention_problems(
+      cfg.attention, mcfg.attention, device=devices[0], dtype=cfg.dtype,
+      head_dims=sorted({mcfg.head_dim_of(t) for t in mcfg.layer_types()}),
+      sequence_sharded=math.prod(sizes[a] for a in length_axes if a not in batch_axes) > 1):
     raise ConfigError(f"{key}: {problem}")
 
   if cfg.max_target_length > cfg.max_position_embeddings:
@@ -39,7 +48,6 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   if abs(micro - round(micro)) > 1e-9 or round(micro) < 1:
     raise ConfigError(f"per_device_batch_size={cfg.per_device_batch_size} x {n} devices = {micro:g} "
                       f"is not a whole number of sequences")
-  batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
   dp = math.prod(sizes[a] for a in batch_axes)
   if round(micro) % dp:
     raise ConfigError(

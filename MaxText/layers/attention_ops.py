@@ -2,6 +2,8 @@
 (GQA without repeating K/V), segment ids [B,S] (0 = padding) and return [B,S,H,E]."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -34,18 +36,13 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
 
 
-def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
-          sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
-  """Our Pallas flash-attention kernel (MaxText/kernels). Under a mesh (`use_rules`) it runs per
-  shard through `shard_map`: batch over the `activation_batch` axes, heads over the
+def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS) -> jax.Array:
+  """Runs `run(q, k, v, segment_ids)` (a kernel that sees whole arrays) once per shard under a mesh
+  (`use_rules`), through `shard_map`: batch over the `activation_batch` axes, heads over the
   `activation_heads` axes when the kv heads split the same way (else heads stay whole); the
-  sequence is not split (context parallelism needs a ring schedule, not provided here)."""
-  from MaxText.kernels import flash_attention
+  sequence is not split (context parallelism needs a ring schedule, not provided here; config
+  validation refuses it first). Outside a mesh: `run` on the whole arrays."""
   from MaxText.sharding.rules import current_context, logical_to_spec
-
-  def run(q, k, v, seg):
-    return flash_attention(q, k, v, seg, scale=scale, causal=causal, sliding_window=sliding_window,
-                           block_q=block_q, block_kv=block_kv)
 
   ctx = current_context()
   if ctx is None:
@@ -60,18 +57,136 @@ def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool 
   length = spec(("activation_batch", "activation_length"), (B, S))[1]
   length = () if length is None else (length,) if isinstance(length, str) else length
   if any(ctx.mesh.shape[a] > 1 for a in length):
-    raise ValueError("attention=flash does not support a sharded sequence (context parallelism)")
+    raise ValueError(f"attention={name} does not support a sharded sequence (context parallelism)")
   q_spec, kv_spec = P(batch, None, heads, None), P(batch, None, kv_heads, None)
   return jax.shard_map(run, mesh=ctx.mesh, in_specs=(q_spec, kv_spec, kv_spec, P(batch, None)),
                        out_specs=q_spec, check_vma=False)(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
 
 
-ATTENTION_OPS = {"dot_product": dot_product_attention, "flash": flash}
+def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
+          sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
+  """Our Pallas flash-attention kernel (MaxText/kernels/flash_attention.py), per shard."""
+  from MaxText.kernels import flash_attention
+
+  def run(q, k, v, seg):
+    return flash_attention(q, k, v, seg, scale=scale, causal=causal, sliding_window=sliding_window,
+                           block_q=block_q, block_kv=block_kv)
+
+  return _per_shard("flash", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
+
+
+def splash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
+           sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
+  """`attention=flash` on TPU: JAX's splash-attention kernel (MaxText/kernels/splash.py), per
+  shard; interpret mode on CPU."""
+  from MaxText.kernels.splash import splash_attention
+
+  def run(q, k, v, seg):
+    return splash_attention(q, k, v, seg, scale=scale, causal=causal,
+                            sliding_window=sliding_window, block_q=block_q, block_kv=block_kv)
+
+  return _per_shard("flash (splash)", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
+
+
+def cudnn(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
+          sliding_window: int | None = None, implementation: str = "cudnn") -> jax.Array:
+  """`jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN's fused flash attention), per
+  shard. Masks through its arguments: `is_causal`; a window W (keys q - W < k <= q) as
+  `local_window_size=(W - 1, 0)` (cuDNN takes a left window only, so it needs causal); packed
+  documents as a boolean `mask` [B, 1, S, T] of equal segment ids — that API has no segment-id
+  argument, and cuDNN turns the mask into an additive bias, so packed rows cost O(S²) memory per
+  sequence here. `implementation="xla"` runs the same call on any platform (tests)."""
+  window = None
+  if sliding_window is not None:
+    if not causal:
+      raise ValueError("attention=cudnn: a sliding window needs causal attention (cuDNN takes a "
+                       "left window only)")
+    window = (sliding_window - 1, 0)
+
+  def run(q, k, v, seg):
+    mask = None if seg is None else (seg[:, None, :, None] == seg[:, None, None, :])
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal,
+                                        local_window_size=window, implementation=implementation)
+
+  return _per_shard("cudnn", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
+
+
+# Resolved op names (`ModelConfig.attention`) → functions. `splash` is not a config choice: it is
+# what `flash` (and `autoselected`) resolve to on TPU.
+ATTENTION_OPS = {"dot_product": dot_product_attention, "flash": flash, "splash": splash,
+                 "cudnn": cudnn}
+BLOCK_SIZED_OPS = ("flash", "splash")      # take the flash_block_q / flash_block_kv keys
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def select_attention(name: str, platform: str) -> str:
-  """`autoselected` → flash on GPUs, the XLA dot-product path elsewhere (on CPU the kernel only
-  runs in the slow Pallas interpreter; TPU splash attention is not wired up yet)."""
-  if name != "autoselected":
-    return name
-  return "flash" if platform in ("gpu", "cuda", "rocm") else "dot_product"
+  """The `attention` key → the op that runs, for a platform (the one place that decides):
+  flash → our Pallas kernel, or splash on TPU; autoselected → flash on GPUs, splash on TPU, the
+  XLA dot-product path elsewhere (on CPU the kernels only run in the slow Pallas interpreter);
+  dot_product and cudnn as they are (cudnn off NVIDIA GPUs is refused by `attention_problems`)."""
+  if name == "autoselected":
+    name = "flash" if platform in GPU_PLATFORMS or platform == "tpu" else "dot_product"
+  if name == "flash" and platform == "tpu":
+    return "splash"
+  return name
+
+
+def attention_op(mcfg):
+  """The attention function a model layer calls, with the block sizes bound (`mcfg` is a
+  `ModelConfig` whose `attention` is resolved)."""
+  op = ATTENTION_OPS[mcfg.attention]
+  if mcfg.attention in BLOCK_SIZED_OPS:
+    op = functools.partial(op, block_q=mcfg.flash_block_q, block_kv=mcfg.flash_block_kv)
+  return op
+
+
+def _cudnn_problem(device, dtype: str, head_dims: list[int]) -> str | None:
+  """Why cuDNN's fused attention cannot run this config on `device` (None: it can), following the
+  checks `jax._src.cudnn.fused_attention_stablehlo` makes when it lowers."""
+  platform = device.platform
+  version = getattr(getattr(device, "client", None), "platform_version", "") or ""
+  if platform not in GPU_PLATFORMS or "rocm" in version.lower():
+    return (f"attention=cudnn needs an NVIDIA GPU with cuDNN; this run's devices are "
+            f"{platform!r} ({device.device_kind}). Use attention=flash or attention=dot_product")
+  try:   # private module: if it moved, do not guess (cuDNN itself refuses at compile time)
+    from jax._src.lib import cuda_versions
+    detected = cuda_versions is not None
+  except ImportError:
+    detected = True
+  if not detected:
+    return "attention=cudnn: this jaxlib has no CUDA/cuDNN plug-in (cuDNN is not detected)"
+  if dtype not in ("bfloat16", "float16"):
+    return (f"attention=cudnn needs dtype bfloat16 or float16 (cuDNN flash attention has no "
+            f"float32 path), got dtype={dtype}")
+  cc = getattr(device, "compute_capability", None)
+  try:
+    hopper = tuple(int(x) for x in str(cc).split(".")) >= (9, 0)
+  except ValueError:
+    hopper = True
+  limit = 256 if hopper else 128
+  bad = [e for e in head_dims if e > limit or e % 8]
+  if bad:
+    return (f"attention=cudnn supports head dims that are multiples of 8 up to {limit} on this GPU "
+            f"(compute capability {cc}); the model has {bad}. Use attention=flash")
+  return None
+
+
+def attention_problems(requested: str, resolved: str, *, device, dtype: str, head_dims: list[int],
+                       sequence_sharded: bool) -> list[tuple[str, str]]:
+  """Config-time refusals of the resolved op (→ ConfigError, exit 2, before anything compiles)."""
+  problems = []
+  if resolved in ("flash", "splash", "cudnn") and sequence_sharded:
+    how = "" if requested == resolved else f" (attention={requested} on {device.platform})"
+    problems.append(("attention", f"the {resolved} kernel{how} runs on whole sequences per "
+                     f"shard; a sequence sharded over the context axis (context parallelism) "
+                     f"needs attention=dot_product"))
+  if resolved == "cudnn":
+    problem = _cudnn_problem(device, dtype, head_dims)
+    if problem:
+      problems.append(("attention", problem))
+  if resolved == "splash":
+    from MaxText.kernels.splash import available
+    if not available():
+      problems.append(("attention", f"attention=flash on TPU runs JAX's splash attention, which "
+                       f"this jax ({jax.__version__}) does not have"))
+  return problems

@@ -31,7 +31,7 @@ class ModelConfig:
   weight_dtype: str
   scan_layers: bool
   remat_policy: str
-  attention: str          # resolved: never "autoselected"
+  attention: str          # resolved (`select_attention`): dot_product, flash, splash (TPU), cudnn
   flash_block_q: int
   flash_block_kv: int
   attention_pattern: str

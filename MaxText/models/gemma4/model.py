@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers.attention_ops import ATTENTION_OPS
+from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
@@ -169,9 +169,7 @@ class Attention(nnx.Module):
     self.rope_fraction = cfg.global_rope_fraction if full else 1.0
     self.scale = cfg.attention_scale or E ** -0.5
     self.window = None if full else cfg.sliding_window
-    self.op = ATTENTION_OPS[cfg.attention]
-    if cfg.attention == "flash":
-      self.op = functools.partial(self.op, block_q=cfg.flash_block_q, block_kv=cfg.flash_block_kv)
+    self.op = attention_op(cfg)
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None):
     """Returns (output, (k, v)); a kv-shared layer takes its (k, v) from `shared_kv`."""

@@ -16,13 +16,11 @@ gradients).
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers.attention_ops import ATTENTION_OPS
+from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record
@@ -52,9 +50,7 @@ class Attention(nnx.Module):
       self.query_norm = self.key_norm = None
     self.rope_theta = cfg.rope_theta
     self.scale = E ** -0.5
-    self.op = ATTENTION_OPS[cfg.attention]
-    if cfg.attention == "flash":
-      self.op = functools.partial(self.op, block_q=cfg.flash_block_q, block_kv=cfg.flash_block_kv)
+    self.op = attention_op(cfg)
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS):
     q_BSHE = constrain(self.query(x_BSD), ACT_BSHE)

@@ -1,0 +1,154 @@
+"""`attention=flash` on TPU: JAX's splash-attention Pallas kernel behind our op signature.
+
+Layouts as in `MaxText.layers.attention_ops`: q [B,S,H,E], k/v [B,T,K,E], H % K == 0, segment ids
+[B,S] (equal ids attend; S == T). The splash kernel works per batch row on [H,S,E] / [K,T,E] (it is
+vmapped over B); GQA: query head h reads kv head h // (H/K) inside the kernel (its multi-head
+kernel groups the query heads of a kv head), so K/V are never repeated.
+
+Masks are splash's lazy masks, so fully masked blocks are skipped: `CausalMask`; a sliding window
+W (query i sees keys i - W < j, and j <= i when causal) is `LocalMask(window_size=(W - 1, 0 or
+None))`; packed documents are `SegmentIds`. The kernel has no scale argument: q is multiplied by
+`scale` first (splash's logit soft-cap then applies to the scaled logits, as in our kernel).
+
+Shapes the kernel does not take directly are padded here, so the op accepts what our GPU kernel
+accepts:
+- splash blocks are multiples of 128 (the TPU lane width; with segment ids both the q and the kv
+  block must be) and must divide the sequence. Sequences are padded to a multiple of 128 (padded
+  keys get a segment id no query has, padded query rows are cut off again) and the block used is
+  the largest multiple of 128 that is <= max(128, block_q) (block_kv) and divides the padded length.
+- head dims that are not a multiple of 128 are zero-padded to one (zero columns change no score
+  and the padded output columns are cut off). JAX's own TPU tests also run 64 and 192 unpadded;
+  128-aligned tiles are simply the layout every TPU generation takes, at the price of idle lanes
+  for small head dims (not measured: no TPU was available). The same padding runs on CPU, so the
+  tests cover it.
+
+Runs with `interpret=True` on CPU (the default when the backend is CPU) so tests check it there.
+API: the splash module of jax 0.10.2 ... 0.12 (`make_splash_mha`, `BlockSizes`, `SegmentIds`,
+`CausalMask`, `LocalMask`, `FullMask`, `MultiHeadMask`); optional keywords of `make_splash_mha`
+(`residual_checkpoint_name`) are passed only when its signature has them.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+
+LANES = 128                      # splash blocks are multiples of this; S, T and E are padded to it
+RESIDUAL_NAME = "splash_residuals"   # checkpoint_name of the kernel's saved out / logsumexp
+
+
+def _module():
+  """The splash-attention module, or an ImportError that says which jax lacks it."""
+  try:
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+  except ImportError as e:   # pragma: no cover - every jax this project supports has it
+    raise ImportError(f"jax {jax.__version__} has no jax.experimental.pallas.ops.tpu."
+                      f"splash_attention; attention=flash on TPU needs it") from e
+  return sa
+
+
+def available() -> bool:
+  try:
+    _module()
+  except ImportError:
+    return False
+  return True
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def fit_block(length: int, block: int) -> int:
+  """The splash block used for a (padded, multiple of 128) length: the largest multiple of 128
+  that is <= max(128, block) and divides `length`."""
+  b = min(max(LANES, block // LANES * LANES), length)
+  while length % b:
+    b -= LANES
+  return b
+
+
+def padded_length(length: int) -> int:
+  return _round_up(length, LANES)
+
+
+def _accepts(fn, name: str) -> bool:
+  try:
+    return name in inspect.signature(fn).parameters
+  except (TypeError, ValueError):   # pragma: no cover
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, softcap: float | None,
+            bq: int, bkv: int, interpret: bool):
+  """Builds (and caches) the kernel: mask processing is NumPy work over all blocks. Built eagerly
+  (`ensure_compile_time_eval`) so its mask-info arrays are concrete constants, never tracers of
+  the trace that first asked for it (a cached tracer would leak into the next trace)."""
+  with jax.ensure_compile_time_eval():
+    return _build_kernel(H, S, T, causal, window, softcap, bq, bkv, interpret)
+
+
+def _build_kernel(H, S, T, causal, window, softcap, bq, bkv, interpret):
+  sa = _module()
+  if window is not None:
+    mask = sa.LocalMask((S, T), window_size=(window - 1, 0 if causal else None), offset=0)
+  elif causal:
+    mask = sa.CausalMask((S, T))
+  else:
+    mask = sa.FullMask((S, T))
+  blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+                         block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+                         block_q_dq=bq, block_kv_dq=bkv)
+  kwargs = dict(block_sizes=blocks, head_shards=1, q_seq_shards=1, attn_logits_soft_cap=softcap,
+                interpret=interpret)
+  if _accepts(sa.make_splash_mha, "residual_checkpoint_name"):
+    kwargs["residual_checkpoint_name"] = RESIDUAL_NAME
+  return sa.make_splash_mha(sa.MultiHeadMask([mask] * H), **kwargs)
+
+
+def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: float,
+                     causal: bool = True, sliding_window: int | None = None,
+                     logit_softcap: float | None = None, block_q: int = 512, block_kv: int = 512,
+                     interpret: bool | None = None) -> jax.Array:
+  """Splash attention with the contract of `attention_ops.dot_product_attention` (plus
+  `logit_softcap`). interpret=None: interpret mode when the default backend is CPU."""
+  sa = _module()
+  B, S, H, E = q_BSHE.shape
+  Bk, T, K, Ek = k_BTKE.shape
+  if v_BTKE.shape != k_BTKE.shape or Bk != B or Ek != E:
+    raise ValueError(f"shape mismatch: q {q_BSHE.shape}, k {k_BTKE.shape}, v {v_BTKE.shape}")
+  if H % K:
+    raise ValueError(f"num query heads {H} must be a multiple of num kv heads {K}")
+  if segment_ids_BS is not None and (S != T or segment_ids_BS.shape != (B, S)):
+    raise ValueError("segment_ids_BS must be [B, S] and needs S == T")
+  if sliding_window is not None and sliding_window < 1:
+    raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+  if interpret is None:
+    interpret = jax.default_backend() == "cpu"
+  Sp, Tp = padded_length(S), padded_length(T)
+  Ep = _round_up(E, LANES)
+  bq, bkv = fit_block(Sp, block_q), fit_block(Tp, block_kv)
+
+  if scale != 1.0:
+    q_BSHE = (q_BSHE * scale).astype(q_BSHE.dtype)
+  q = jnp.pad(q_BSHE, ((0, 0), (0, Sp - S), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
+  k = jnp.pad(k_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
+  v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
+  kernel = _kernel(H, Sp, Tp, bool(causal), None if sliding_window is None else int(sliding_window),
+                   None if logit_softcap is None else float(logit_softcap), bq, bkv,
+                   bool(interpret))
+  if segment_ids_BS is None and Tp == T:
+    out = jax.vmap(kernel)(q, k, v)
+  else:   # padded queries get -1, padded keys -2: no real (>= 0) or padded query matches them
+    if segment_ids_BS is None:          # padded keys still need masking: real ids all 0
+      q_seg, kv_seg = jnp.zeros((B, S), jnp.int32), jnp.zeros((B, T), jnp.int32)
+    else:
+      q_seg = kv_seg = segment_ids_BS.astype(jnp.int32)
+    q_seg = jnp.pad(q_seg, ((0, 0), (0, Sp - S)), constant_values=-1)
+    kv_seg = jnp.pad(kv_seg, ((0, 0), (0, Tp - T)), constant_values=-2)
+    out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sa.SegmentIds(q=qs, kv=ks)))(
+        q, k, v, q_seg, kv_seg)
+  return out.transpose(0, 2, 1, 3)[:, :S, :, :E]
