@@ -7,8 +7,11 @@ import numpy as np
 from conftest import MESH_1, MESH_222, train
 
 GEMMA = ("model_name=gemma4-tiny", "num_decoder_layers=6", "attention_pattern=sf",
-         "num_kv_shared_layers=2", "sliding_window=16", "steps=4", "enable_checkpointing=false",
-         "flash_block_q=32", "flash_block_kv=32")
+         "num_kv_shared_layers=2", "sliding_window=16", "steps=5", "enable_checkpointing=false",
+         "flash_block_q=32", "flash_block_kv=32", "learning_rate=3e-4")
+# Gemma's attention scale 1.0 on normalised q, k gives large logits, so fp32 rounding differs
+# between the kernels by ~2e-5 relative in the gradients; at the default 3e-3 learning rate AdamW
+# amplifies that to ~2e-4 by step 5. At 3e-4 the runs stay within the 1e-5.
 
 
 def test_gemma4_mesh_invariance_flash_and_frozen_scalars(tmp_path):
@@ -18,10 +21,9 @@ def test_gemma4_mesh_invariance_flash_and_frozen_scalars(tmp_path):
   codef, flash, _ = train(tmp_path, "flash", *GEMMA, *MESH_222, "attention=flash")
   assert code1 == code8 == codef == 0
   loss = lambda rows: np.array([r["loss"] for r in rows])
-  assert len(loss(one)) == 4 and loss(one)[-1] < loss(one)[0]
+  assert len(loss(one)) == 5 and loss(one)[-1] < loss(one)[0]
   np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
-  # the kernel sums in another order: ~2e-6 relative after 4 steps; a wrong mask costs > 1e-3
-  np.testing.assert_allclose(loss(flash), loss(eight), rtol=1e-5, atol=0)
+  np.testing.assert_allclose(loss(flash), loss(eight), rtol=0, atol=1e-5)
   members = s8["params"]["decoder"]["groups"][0]["layers"]["members"]
   q_full = members[1]["attn"]["query"]["kernel"]
   assert q_full.sharding.shard_shape(q_full.shape) != q_full.shape      # really sharded
