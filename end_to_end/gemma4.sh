@@ -8,12 +8,7 @@
 # vision weights) converts to the same parameters, and a Gemma 4 with the MoE block passes the
 # logit check.
 #   bash end_to_end/gemma4.sh [WORK_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-W=${1:-$(mktemp -d)}
-bash setup.sh
-PY=.venv/bin/python
-export JAX_PLATFORMS=cpu
+source "$(dirname "$0")/hf_round_trip.sh"
 
 echo "== build a tiny Gemma 4 in $W/hf"
 $PY - "$W/hf" <<'PY'
@@ -36,8 +31,6 @@ with torch.no_grad():
       b.add_(0.1 * torch.randn_like(b))
 m.save_pretrained(sys.argv[1])
 PY
-source end_to_end/hf_round_trip.sh
-FINETUNE_ARGS=()
 convert_and_check
 echo "== logit check in bf16"
 $PY -m MaxText.logit_check hf_path="$W/hf" load_parameters_path="$W/ckpt" dtype=bfloat16

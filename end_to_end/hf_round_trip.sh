@@ -1,7 +1,15 @@
-# Shared steps of the Hugging Face parity scripts (sourced by end_to_end/<family>.sh after they
-# build a tiny model in "$W/hf"): convert, logit check, fine-tune 20 steps with the architecture
-# taken from the checkpoint (extra train.py overrides in FINETUNE_ARGS), export, and check that
-# transformers reproduces our logits from the export.
+# Shared steps of the Hugging Face parity scripts, sourced by end_to_end/<family>.sh with the
+# script's arguments: on sourcing, set-up (repo root, `setup.sh`, $PY, work dir $W = $1 or a new
+# temporary one); then, once the script has built a tiny model in "$W/hf": convert, logit check,
+# fine-tune 20 steps with the architecture taken from the checkpoint (extra train.py overrides in
+# FINETUNE_ARGS), export, and check that transformers reproduces our logits from the export.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+W=${1:-$(mktemp -d)}
+bash setup.sh
+PY=.venv/bin/python
+export JAX_PLATFORMS=cpu
+FINETUNE_ARGS=()
 convert_and_check() {
   echo "== convert to our checkpoint"
   $PY -m MaxText.checkpoint_conversion.to_maxtext hf_path="$W/hf" output_path="$W/ckpt"

@@ -3,12 +3,7 @@
 # perturbed norm weights), convert it, check logits against transformers, fine-tune 20 steps from
 # it, export back to Hugging Face, and check transformers reproduces our logits from the export.
 #   bash end_to_end/qwen3.sh [WORK_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-W=${1:-$(mktemp -d)}
-bash setup.sh
-PY=.venv/bin/python
-export JAX_PLATFORMS=cpu
+source "$(dirname "$0")/hf_round_trip.sh"
 
 echo "== build a tiny Qwen3 in $W/hf"
 $PY - "$W/hf" <<'PY'
@@ -24,7 +19,5 @@ with torch.no_grad():
       p.add_(0.1 * torch.randn_like(p))
 m.save_pretrained(sys.argv[1])
 PY
-source end_to_end/hf_round_trip.sh
-FINETUNE_ARGS=()
 convert_and_check
 finetune_export_check

@@ -5,12 +5,7 @@
 # parallelism 4 over 4 CPU devices (load-balancing loss on), export back to per-expert files and
 # check transformers reproduces our logits from the export.
 #   bash end_to_end/qwen3_moe.sh [WORK_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/.."
-W=${1:-$(mktemp -d)}
-bash setup.sh
-PY=.venv/bin/python
-export JAX_PLATFORMS=cpu
+source "$(dirname "$0")/hf_round_trip.sh"
 
 echo "== build a tiny Qwen3-MoE in $W/hf"
 $PY - "$W/hf" <<'PY'
@@ -27,7 +22,6 @@ with torch.no_grad():
       p.add_(0.1 * torch.randn_like(p))
 m.save_pretrained(sys.argv[1])
 PY
-source end_to_end/hf_round_trip.sh
 convert_and_check
 export XLA_FLAGS=--xla_force_host_platform_device_count=4
 FINETUNE_ARGS=(ici_expert_parallelism=4 per_device_batch_size=2 moe_aux_loss_weight=0.001)

@@ -26,6 +26,35 @@ def documents():
   return [(0, slice(0, S)), (1, slice(0, DOC1)), (1, slice(DOC1, S))]
 
 
+def build_hf_model(config_cls, model_cls, config: dict, *, perturb=("norm.weight",),
+                   perturb_buffers=()):
+  """A random-init HF model (fp32, eager attention, seed 0) from `config`; parameters (and
+  buffers) whose names end with `perturb` (`perturb_buffers`) are set to 1 + 0.3 N(0, 1), so that a
+  scale and its `1 + w` variant, or a forgotten factor, cannot look alike."""
+  import torch
+  cfg = config_cls(**config, initializer_range=0.2, attn_implementation="eager")
+  torch.manual_seed(0)
+  model = model_cls(cfg).float().eval()
+  assert model.config._attn_implementation == "eager"
+  with torch.no_grad():
+    for name, p in [*model.named_parameters(), *model.named_buffers()]:
+      if name.endswith(perturb) or (perturb_buffers and name.endswith(perturb_buffers)):
+        p.copy_(1.0 + 0.3 * torch.randn_like(p))
+  return model
+
+
+def check_round_trip(hf_map, mcfg, model_def, params, sd) -> None:
+  """Our params have the model's shapes and dtypes; params_to_hf gives back every HF tensor of
+  `sd` exactly (the head included even when tied), and hf_names lists exactly those names."""
+  shapes = lambda t: jax.tree.map(lambda a: (tuple(a.shape), np.dtype(a.dtype)), t)
+  assert shapes(params) == shapes(model_def.abstract_params)
+  back = hf_map.params_to_hf(params, mcfg, tied_lm_head=True)
+  assert back.keys() == sd.keys()
+  for k in sd:
+    assert back[k].dtype == sd[k].dtype and np.array_equal(back[k], sd[k]), k
+  assert sorted(hf_map.hf_names(mcfg, tied_lm_head=True)) == sorted(sd)
+
+
 def hf_state(model) -> dict[str, np.ndarray]:
   return {k: v.detach().float().numpy().copy() if v.dtype.is_floating_point else v.numpy().copy()
           for k, v in model.state_dict().items()}

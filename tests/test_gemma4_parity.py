@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML  # noqa: E402
-from hf_parity import (TOL_GRAD, batch, check_logits, compare_grads, hf_logits,  # noqa: E402
-                       hf_loss_and_grads, hf_state, kl, our_logits, our_loss_and_grads)
+from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E402
+                       check_round_trip, compare_grads, hf_logits, hf_loss_and_grads, hf_state,
+                       kl, our_logits, our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.gemma4 import hf_map  # noqa: E402
 from MaxText.models.gemma4.model import layer_groups  # noqa: E402
@@ -53,19 +54,10 @@ def our_config(variant: str, scan: bool = True, *extra: str):
 def hf_model(variant: str, dtype: str = "float32"):
   """A random-init HF Gemma 4 built from config_to_hf(our tiny config); norms and layer scalars
   perturbed."""
-  cfg = transformers.Gemma4TextConfig(**hf_map.config_to_hf(our_config(variant)),
-                                      initializer_range=0.2, attn_implementation="eager")
-  torch.manual_seed(0)
-  model = transformers.Gemma4ForCausalLM(cfg).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-      if name.endswith(("router.scale", "per_expert_scale")):
-        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-    for name, b in model.named_buffers():
-      if name.endswith("layer_scalar"):
-        b.copy_(1.0 + 0.3 * torch.randn_like(b))
+  model = build_hf_model(transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM,
+                         hf_map.config_to_hf(our_config(variant)),
+                         perturb=("norm.weight", "router.scale", "per_expert_scale"),
+                         perturb_buffers=("layer_scalar",))
   return model if dtype == "float32" else model.to(getattr(torch, dtype))
 
 
@@ -138,15 +130,8 @@ def test_loss_and_grads_match_torch_autograd(variant):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("scan", [True, False])
 def test_state_dict_round_trip_is_exact(variant, scan):
-  sd = hf_state(hf_model(variant))
   mcfg, model_def, params = ours(variant, scan)
-  shapes = lambda t: jax.tree.map(lambda a: (tuple(a.shape), np.dtype(a.dtype)), t)
-  assert shapes(params) == shapes(model_def.abstract_params)
-  back = hf_map.params_to_hf(params, mcfg, tied_lm_head=True)
-  assert back.keys() == sd.keys()
-  for k in sd:
-    assert np.array_equal(back[k], sd[k]), k
-  assert sorted(hf_map.hf_names(mcfg, tied_lm_head=True)) == sorted(sd)
+  check_round_trip(hf_map, mcfg, model_def, params, hf_state(hf_model(variant)))
 
 
 def test_scan_layout():

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML  # noqa: E402
-from hf_parity import (S, TOL_GRAD, batch, check_logits, compare_grads,  # noqa: E402
-                       hf_loss_and_grads, hf_state, our_loss_and_grads)
+from hf_parity import (S, TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E402
+                       compare_grads, hf_loss_and_grads, hf_state, our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3_moe import hf_map  # noqa: E402
@@ -30,15 +30,8 @@ def our_config(scan: bool = True):
 
 @functools.lru_cache(maxsize=None)
 def hf_model():
-  cfg = transformers.Qwen3MoeConfig(**hf_map.config_to_hf(our_config()), initializer_range=0.2,
-                                    attn_implementation="eager")
-  torch.manual_seed(0)
-  model = transformers.Qwen3MoeForCausalLM(cfg).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-  return model
+  return build_hf_model(transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                        hf_map.config_to_hf(our_config()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML  # noqa: E402
-from hf_parity import (TOL_GRAD, batch, check_logits, compare_grads,  # noqa: E402
-                       hf_loss_and_grads, hf_state, our_loss_and_grads)
+from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E402
+                       check_round_trip, compare_grads, hf_loss_and_grads, hf_state,
+                       our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
@@ -32,16 +33,8 @@ def our_config(tied: bool, scan: bool):
 @functools.lru_cache(maxsize=None)
 def hf_model(tied: bool):
   """A random-init HF Qwen3 built from config_to_hf(our tiny config); norm weights perturbed."""
-  cfg = transformers.Qwen3Config(**hf_map.config_to_hf(our_config(tied, True)),
-                                 initializer_range=0.2, attn_implementation="eager")
-  torch.manual_seed(0)
-  model = transformers.Qwen3ForCausalLM(cfg).float().eval()
-  assert model.config._attn_implementation == "eager"
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.3 * torch.randn_like(p))
-  return model
+  return build_hf_model(transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                        hf_map.config_to_hf(our_config(tied, True)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,13 +63,7 @@ def test_logits_match_hf(tied, scan):
 def test_state_dict_round_trip_is_exact(tied, scan):
   sd = hf_state(hf_model(tied))
   mcfg, model_def, params = ours(tied, scan)
-  shapes = lambda t: jax.tree.map(lambda a: (tuple(a.shape), np.dtype(a.dtype)), t)
-  assert shapes(params) == shapes(model_def.abstract_params)
-  back = hf_map.params_to_hf(params, mcfg, tied_lm_head=True)
-  assert back.keys() == sd.keys()
-  for k in sd:
-    assert back[k].dtype == sd[k].dtype and np.array_equal(back[k], sd[k]), k
-  assert sorted(hf_map.hf_names(mcfg, tied_lm_head=True)) == sorted(sd)
+  check_round_trip(hf_map, mcfg, model_def, params, sd)
   saved = hf_map.params_to_hf(params, mcfg)               # the save_pretrained form
   assert ("lm_head.weight" in saved) == (not tied)
   if scan:  # stacked [L, ...] kernels hold layer i at index i

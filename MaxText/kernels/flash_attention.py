@@ -235,9 +235,8 @@ def _next_pow2(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
-def _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal, sliding_window,
-             logit_softcap, block_q, block_kv, interpret, debug_counts=False):
-  """Pads sequence lengths to block multiples and the head dim to a power of two."""
+def check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window) -> None:
+  """The shape contract the attention kernels share (ValueError naming what is wrong)."""
   B, S, H, E = q_BSHE.shape
   Bk, T, K, Ek = k_BTKE.shape
   if v_BTKE.shape != k_BTKE.shape or Bk != B or Ek != E:
@@ -248,6 +247,14 @@ def _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal, sliding_w
     raise ValueError("segment_ids_BS must be [B, S] and needs S == T")
   if sliding_window is not None and sliding_window < 1:
     raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+
+
+def _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal, sliding_window,
+             logit_softcap, block_q, block_kv, interpret, debug_counts=False):
+  """Pads sequence lengths to block multiples and the head dim to a power of two."""
+  check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window)
+  B, S, H, E = q_BSHE.shape
+  T, K = k_BTKE.shape[1], k_BTKE.shape[2]
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
   bq = min(block_q, max(16, _next_pow2(S)))     # short sequences: one block (>= 16 for Triton dots)

@@ -35,6 +35,8 @@ import inspect
 import jax
 import jax.numpy as jnp
 
+from MaxText.kernels.flash_attention import check_inputs
+
 LANES = 128                      # splash blocks are multiples of this; S, T and E are padded to it
 RESIDUAL_NAME = "splash_residuals"   # checkpoint_name of the kernel's saved out / logsumexp
 
@@ -116,16 +118,9 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
   """Splash attention with the contract of `attention_ops.dot_product_attention` (plus
   `logit_softcap`). interpret=None: interpret mode when the default backend is CPU."""
   sa = _module()
+  check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window)
   B, S, H, E = q_BSHE.shape
-  Bk, T, K, Ek = k_BTKE.shape
-  if v_BTKE.shape != k_BTKE.shape or Bk != B or Ek != E:
-    raise ValueError(f"shape mismatch: q {q_BSHE.shape}, k {k_BTKE.shape}, v {v_BTKE.shape}")
-  if H % K:
-    raise ValueError(f"num query heads {H} must be a multiple of num kv heads {K}")
-  if segment_ids_BS is not None and (S != T or segment_ids_BS.shape != (B, S)):
-    raise ValueError("segment_ids_BS must be [B, S] and needs S == T")
-  if sliding_window is not None and sliding_window < 1:
-    raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+  T, K = k_BTKE.shape[1], k_BTKE.shape[2]
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
   Sp, Tp = padded_length(S), padded_length(T)
