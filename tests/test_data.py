@@ -415,12 +415,12 @@ def test_iterator_state_of_other_data_config_is_refused(tmp_path):
   for other, msg in ((make_data_iterator(cfg("clean.jsonl", add_bos=False), 0, 1, 2),
                       "add_bos: saved True, now False"),
                      (make_data_iterator(cfg("clean.jsonl"), 0, 1, 4),
-                      "per_process_batch_size: saved 2, now 4"),
-                     (make_data_iterator(cfg("clean.jsonl"), 0, 2, 2), "process_count")):
+                      "shard_batch_size: saved 2, now 4"),
+                     (make_data_iterator(cfg("clean.jsonl"), 0, 2, 2), "data_shards: saved 1, now 2")):
     with pytest.raises(DataError, match=msg):
       other.set_state(state)
   with pytest.raises(DataError, match="no data config fingerprint"):
-    make_data_iterator(cfg("clean.jsonl"), 0, 1, 2).set_state({"grain": state["grain"]})
+    make_data_iterator(cfg("clean.jsonl"), 0, 1, 2).set_state({"shards": state["shards"]})
 
 
 def test_too_many_bad_records_in_training_exits_3(tmp_path, capsys):
