@@ -269,13 +269,13 @@ class Trainer:
   def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
     what = watch.signal_name or "the preemption service"
     if ckpts is None:
-      log(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
+      log_host(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
       return EXIT_PREEMPTED
     ckpts.wait()  # the commit of this step: a failure or hang raises CheckpointError (exit 4)
     since = (f" {time.monotonic() - watch.received_at:.1f} s after the signal"
              if watch.received_at is not None else "")
-    log(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
-        "(rerun to resume)")
+    log_host(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
+             "(rerun to resume)")
     return EXIT_PREEMPTED
 
 
