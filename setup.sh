@@ -20,11 +20,13 @@ if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; t
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.requirements.sha256
-want="$( (cat requirements.txt; echo "gpu=$GPU") | sha256sum | cut -d' ' -f1)"
+want="$( (cat requirements.txt requirements-nodeps.txt; echo "gpu=$GPU") | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 .venv/bin/python -m pip install -qq --disable-pip-version-check -r requirements.txt
+# xpk without its dependencies: its pins conflict with ours (see requirements.txt)
+.venv/bin/python -m pip install -qq --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 if [ "$GPU" = 1 ]; then
   jaxver=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
   .venv/bin/python -m pip install -qq "jax[cuda12]==$jaxver"

@@ -415,12 +415,12 @@ def test_iterator_state_of_other_data_config_is_refused(tmp_path):
   for other, msg in ((make_data_iterator(cfg("clean.jsonl", add_bos=False), 0, 1, 2),
                       "add_bos: saved True, now False"),
                      (make_data_iterator(cfg("clean.jsonl"), 0, 1, 4),
-                      "per_process_batch_size: saved 2, now 4"),
-                     (make_data_iterator(cfg("clean.jsonl"), 0, 2, 2), "process_count")):
+                      "shard_batch_size: saved 2, now 4"),
+                     (make_data_iterator(cfg("clean.jsonl"), 0, 2, 2), "data_shards: saved 1, now 2")):
     with pytest.raises(DataError, match=msg):
       other.set_state(state)
   with pytest.raises(DataError, match="no data config fingerprint"):
-    make_data_iterator(cfg("clean.jsonl"), 0, 1, 2).set_state({"grain": state["grain"]})
+    make_data_iterator(cfg("clean.jsonl"), 0, 1, 2).set_state({"shards": state["shards"]})
 
 
 def test_too_many_bad_records_in_training_exits_3(tmp_path, capsys):
@@ -435,3 +435,30 @@ def test_too_many_bad_records_in_training_exits_3(tmp_path, capsys):
   code, rows, _ = train(tmp_path, "tolerant", *data, "max_bad_records=3",
                         devices=jax.devices()[:1])
   assert code == 0 and len(rows) == 2
+
+
+def test_shards_stack_into_one_batch_and_resume_on_another_process_count():
+  """Shards 0 and 1 of 2 read by one iterator give, row block by row block, what two one-shard
+  iterators (two processes) give; the two processes' saved states, merged, resume the two-shard
+  iterator (one process) exactly where they were."""
+  from MaxText.data import make_shard_iterator
+  cfg = make_cfg(dataset_type="synthetic")  # rows unique by global index
+  both = make_shard_iterator(cfg, [0, 1], 2, 3)
+  halves = [make_data_iterator(cfg, p, 2, 3) for p in (0, 1)]
+  for _ in range(3):
+    b, h0, h1 = next(both), next(halves[0]), next(halves[1])
+    for k in BATCH_KEYS:
+      assert b[k].shape == (6, SEQ)
+      np.testing.assert_array_equal(b[k], np.concatenate([h0[k], h1[k]]))
+    assert not any(np.array_equal(h0["inputs"][i], h1["inputs"][j])
+                   for i in range(3) for j in range(3))  # disjoint rows
+  states = [json.loads(json.dumps(h.get_state())) for h in halves]
+  merged = {"shards": {**states[0]["shards"], **states[1]["shards"]},
+            "fingerprint": states[0]["fingerprint"]}
+  resumed = make_shard_iterator(cfg, [0, 1], 2, 3)
+  resumed.set_state(merged)
+  assert_batches_equal(take(resumed, 2), take(both, 2))
+  with pytest.raises(DataError, match=r"no position for data shard\(s\) \[1\]"):
+    make_shard_iterator(cfg, [0, 1], 2, 3).set_state(states[0])
+  with pytest.raises(DataError, match="consecutive"):
+    make_shard_iterator(cfg, [0, 2], 3, 3)

@@ -83,7 +83,7 @@ def test_manifest_lists_arrays_and_files(saved):
   assert q["shape"] == [2, 64, 4, 16] and q["dtype"] == "float32" and len(q["checksum"]) == 16
   assert any(k.startswith("opt_state/") for k in m["arrays"])
   assert {"params/_METADATA", "params/manifest.ocdbt", "meta/metadata",
-          "data/process_0-of-1.json"} <= set(m["files"])
+          "data/shard_0-of-1.json"} <= set(m["files"])
 
 
 def test_truncated_array_file_exits_4_naming_the_arrays(saved, tmp_path, capsys):
@@ -179,7 +179,7 @@ def test_checkpoint_of_another_model_shape_exits_4(saved, tmp_path, capsys):
 
 def test_missing_iterator_state_exits_3(saved, tmp_path, capsys):
   step = _copy(saved, tmp_path)
-  os.remove(step / "data" / "process_0-of-1.json")
+  os.remove(step / "data" / "shard_0-of-1.json")
   code, rows, log = _resume(tmp_path, capsys)
   assert code == 3 and len(rows) == 2
   assert "no data iterator state" in log and "record 0" in log

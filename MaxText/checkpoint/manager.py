@@ -3,7 +3,7 @@
 - `params`, `opt_state`: the train state's arrays (restored onto whatever mesh the target
   shardings describe, so a different mesh than at save time works; no target is refused);
 - `meta`: JSON with the step and the resolved config;
-- `data`: the data iterator state, one JSON file per process (`data_state.py`);
+- `data`: the data iterator state, one JSON file per data shard (`data_state.py`);
 - `manifest`: shapes, dtypes and checksums of the arrays, digests of every file (`manifest.py`).
 
 Crash safety: Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it once every
@@ -162,7 +162,7 @@ class RunCheckpoints:
     require_target_shardings(abstract_state, f"checkpoint step {step}")
     step_dir = self.step_dir(step)
     if data_iterator is not None:
-      data_state.require_state(step_dir, step)
+      data_state.require_state(step_dir, step, data_iterator)
     abstract = {k: abstract_state[k] for k in ARRAY_ITEMS}
     saved = _read_manifest(step_dir, step, required=verify)
     file_problems = []

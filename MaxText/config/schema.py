@@ -96,6 +96,7 @@ class Config:
   max_target_length: int = _spec(min=2)
   per_device_batch_size: float = _spec(gt=0)
   gradient_accumulation_steps: int = _spec(min=1)
+  data_shards: int = _spec(min=0)
   # ---- optimizer -----------------------------------------------------------------------------
   learning_rate: float = _spec(min=0)
   lr_schedule: str = _spec(choices=("cosine", "wsd", "constant"))
@@ -137,6 +138,12 @@ class Config:
   dcn_expert_parallelism: int
   dcn_tensor_parallelism: int
   logical_axis_rules: list
+  # ---- multi-host (jax.distributed) ----------------------------------------------------------
+  coordinator_address: str
+  num_processes: int = _spec(min=0)
+  process_id: int = _spec(min=-1)
+  distributed_init_timeout_s: int = _spec(min=1)
+  distributed_heartbeat_timeout_s: int = _spec(min=1)
 
   # ---- derived values (properties, never stored) -----------------------------------------------
   def ici_parallelism(self) -> list[int]:

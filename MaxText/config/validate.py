@@ -57,7 +57,9 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   if cfg.max_target_length % sizes["context"]:
     raise ConfigError(f"max_target_length={cfg.max_target_length} does not divide over "
                       f"ici/dcn_context_parallelism={sizes['context']}")
-  process_count = jax.process_count()
-  if round(micro) % process_count:
-    raise ConfigError(f"per_device_batch_size: micro-batch {round(micro)} does not split over "
-                      f"{process_count} processes")
+  global_batch = cfg.global_batch_size(n)
+  if cfg.data_shards and global_batch % cfg.data_shards:
+    raise ConfigError(f"data_shards={cfg.data_shards} does not divide the global batch of "
+                      f"{global_batch} sequences (per_device_batch_size={cfg.per_device_batch_size}"
+                      f" x {n} devices x gradient_accumulation_steps="
+                      f"{cfg.gradient_accumulation_steps})")

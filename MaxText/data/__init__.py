@@ -6,7 +6,7 @@ Entry points: ``make_data_iterator`` (training batches) and ``validate_data_conf
 
 from MaxText.data.errors import DataError
 from MaxText.data.packing import BATCH_KEYS
-from MaxText.data.pipeline import DataIterator, make_data_iterator
+from MaxText.data.pipeline import DataIterator, make_data_iterator, make_shard_iterator
 from MaxText.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
                                      Tokenizer, make_tokenizer)
 from MaxText.data.validation import DATA_CONFIG_KEYS, validate_data_config
@@ -14,5 +14,5 @@ from MaxText.data.validation import DATA_CONFIG_KEYS, validate_data_config
 __all__ = [
     "BATCH_KEYS", "ByteTokenizer", "DATA_CONFIG_KEYS", "DataError", "DataIterator",
     "HFTokenizer", "SentencePieceTokenizer", "Tokenizer", "make_data_iterator",
-    "make_tokenizer", "validate_data_config",
+    "make_shard_iterator", "make_tokenizer", "validate_data_config",
 ]

@@ -1,28 +1,31 @@
 """The training input pipeline: config -> resumable iterator of packed numpy batches.
 
-Grain dataset graph (per process)::
+The data is split into `data_shards` shards; the global batch is their blocks of rows stacked in
+shard order, and each process reads only the shards whose rows its devices hold (usually one), so
+the global batch is the same for any process count. Grain dataset graph (per shard)::
 
     documents (MapDataset, random access)
-      -> [process_index::process_count]   disjoint document shard per process
+      -> [shard::num_shards]              disjoint document share per data shard
       -> shuffle(data_shuffle_seed)       a new permutation every epoch (if `shuffle`)
       -> repeat()                         endless epochs
       -> map(tokenize -> pairs)           runs on Grain's read threads
       -> to_iter_dataset
       -> skip bad records                 counted, at most `max_bad_records` (bad_records.py)
       -> pack (or chunk) into rows of max_target_length
-      -> batch(per_process_batch_size, drop_remainder=True)
+      -> batch(shard_batch_size, drop_remainder=True)
       -> mp_prefetch(grain_worker_count)  optional worker processes
 
 ``dataset_type="synthetic"`` replaces everything before ``batch`` with
 deterministic random rows. Every stage is checkpointable, so
-``DataIterator.get_state``/``set_state`` resume bit-exactly; the state carries a fingerprint of
-the data config, and a state from another config is refused (DataError).
+``DataIterator.get_state``/``set_state`` resume bit-exactly (one state per shard, so another
+process count resumes too); the state carries a fingerprint of the data config and shard layout,
+and a state from another config is refused (DataError).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Sequence
 
 import grain
 import numpy as np
@@ -42,38 +45,53 @@ _READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=64)
 
 
 class DataIterator:
-  """Iterator of batches: dicts of int32 arrays ``[per_process_batch_size, max_target_length]``.
+  """Iterator of batches: dicts of int32 arrays ``[rows, max_target_length]``.
 
-  Keys are ``packing.BATCH_KEYS``. ``get_state()`` returns a JSON-serialisable dict;
-  after ``set_state(state)`` the next batch equals the one that followed ``state``.
-  `fingerprint` (the data config and batch layout) travels with the state and must match.
+  The global batch is cut into `num_shards` equal blocks of rows, block ``s`` always coming from
+  data shard ``s`` (its own disjoint share of the documents or synthetic rows, its own Grain
+  pipeline). This iterator reads the shards in `shard_ids` (consecutive) and yields their blocks
+  stacked in shard order, so the global batch does not depend on how many processes read it.
+
+  Keys are ``packing.BATCH_KEYS``. ``get_state()`` returns a JSON-serialisable dict (one Grain
+  state per shard); after ``set_state(state)`` the next batch equals the one that followed
+  ``state``. `fingerprint` (the data config and shard layout) travels with the state and must
+  match. ``set_state`` accepts a state holding more shards than this iterator reads (states merged
+  from several processes' files) and takes its own.
   """
 
-  def __init__(self, dataset: grain.IterDataset, tokenizer, fingerprint: dict | None = None):
+  def __init__(self, shards: dict[int, grain.IterDataset], tokenizer,
+               fingerprint: dict | None = None, num_shards: int | None = None):
     self.tokenizer = tokenizer
     self.fingerprint = fingerprint
-    self._dataset = dataset
-    self._iterator = iter(dataset)
+    self.shard_ids = tuple(sorted(shards))
+    self.num_shards = num_shards if num_shards is not None else len(self.shard_ids)
+    self._iterators = {s: iter(shards[s]) for s in self.shard_ids}
 
   def __iter__(self) -> "DataIterator":
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    return next(self._iterator)
+    blocks = [next(self._iterators[s]) for s in self.shard_ids]
+    if len(blocks) == 1:
+      return blocks[0]
+    return {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
 
   def get_state(self) -> dict:
-    """Grain's iterator state, encoded so ``json.dumps`` round-trips it exactly."""
-    return {"grain": _encode_state(self._iterator.get_state()), "fingerprint": self.fingerprint}
+    """Grain's iterator state per shard, encoded so ``json.dumps`` round-trips it exactly."""
+    return {"shards": {str(s): _encode_state(it.get_state()) for s, it in self._iterators.items()},
+            "fingerprint": self.fingerprint}
 
   def set_state(self, state: dict) -> None:
     """Restores a state from ``get_state`` (possibly after a JSON round trip).
 
     Raises:
-      DataError: the state is not one, or belongs to another data config or batch layout.
+      DataError: the state is not one, lacks one of this iterator's shards, or belongs to another
+        data config or shard layout.
     """
-    if not isinstance(state, dict) or "grain" not in state:
+    if not isinstance(state, dict) or not isinstance(state.get("shards"), dict):
       raise DataError(f"data iterator state must come from DataIterator.get_state, got "
-                      f"{type(state).__name__}")
+                      f"{type(state).__name__}" + (" (keys " + ", ".join(map(str, state)) + ")"
+                                                    if isinstance(state, dict) else ""))
     saved = state.get("fingerprint")
     if self.fingerprint is not None and saved != self.fingerprint:
       if not isinstance(saved, dict):
@@ -84,17 +102,23 @@ class DataIterator:
               if saved.get(k) != self.fingerprint.get(k)]
       raise DataError("data iterator state was saved for another data config (" + "; ".join(diff)
                       + "); resume with the same data keys, or start a new run_name")
+    missing = [s for s in self.shard_ids if str(s) not in state["shards"]]
+    if missing:
+      raise DataError(f"data iterator state has no position for data shard(s) {missing} of "
+                      f"{self.num_shards} (it has {sorted(state['shards'], key=int)})")
     try:
-      self._iterator.set_state(_decode_state(copy.deepcopy(state["grain"])))
+      for s, it in self._iterators.items():
+        it.set_state(_decode_state(copy.deepcopy(state["shards"][str(s)])))
     except (KeyError, IndexError, TypeError, ValueError) as e:
       raise DataError(f"data iterator state does not fit this pipeline: {type(e).__name__}: "
                       f"{e}") from e
 
   def close(self) -> None:
     """Stops Grain worker processes, if any."""
-    close = getattr(self._iterator, "close", None)
-    if close is not None:
-      close()
+    for it in self._iterators.values():
+      close = getattr(it, "close", None)
+      if close is not None:
+        close()
 
 
 _TUPLE_TAG = "__tuple__"
@@ -127,23 +151,21 @@ def _decode_state(value: Any) -> Any:
   return value
 
 
-def _row_dataset(cfg: Any, tokenizer, process_index: int,
-                 process_count: int) -> grain.IterDataset:
-  """Unbatched rows for this process (see the module docstring for the graph)."""
+def _row_dataset(cfg: Any, tokenizer, shard: int, num_shards: int) -> grain.IterDataset:
+  """Unbatched rows of one data shard (see the module docstring for the graph)."""
   seq_len = get_key(cfg, "max_target_length")
   seed = get_key(cfg, "data_shuffle_seed")
   if get_key(cfg, "dataset_type") == "synthetic":
-    rows = synthetic.synthetic_rows(seed, seq_len, get_key(cfg, "vocab_size"), process_index,
-                                    process_count)
+    rows = synthetic.synthetic_rows(seed, seq_len, get_key(cfg, "vocab_size"), shard, num_shards)
     return rows.to_iter_dataset(_READ_OPTIONS)
 
   docs = sources.document_dataset(
       get_key(cfg, "dataset_type"), get_key(cfg, "dataset_path"),
       get_key(cfg, "dataset_format"), get_key(cfg, "dataset_text_field"), tolerant=True)
-  if len(docs) < process_count:
+  if len(docs) < num_shards:
     raise DataError(f"dataset_path '{get_key(cfg, 'dataset_path')}' has {len(docs)} documents, "
-                    f"fewer than the {process_count} processes that must each read some")
-  docs = docs[process_index::process_count]
+                    f"fewer than the {num_shards} data shards that must each read some")
+  docs = docs[shard::num_shards]
   if get_key(cfg, "shuffle"):
     docs = docs.shuffle(seed=seed)
   docs = docs.repeat()
@@ -155,28 +177,45 @@ def _row_dataset(cfg: Any, tokenizer, process_index: int,
 
 def make_data_iterator(cfg: Any, process_index: int, process_count: int,
                        per_process_batch_size: int) -> DataIterator:
-  """Builds this process's endless, resumable batch iterator.
+  """This process's iterator when each of `process_count` processes reads one data shard (its
+  own `per_process_batch_size` rows of every global batch): `make_shard_iterator(cfg,
+  [process_index], process_count, per_process_batch_size)`."""
+  if not 0 <= process_index < process_count:
+    raise DataError(f"process_index={process_index} must be in [0, {process_count})")
+  return make_shard_iterator(cfg, [process_index], process_count, per_process_batch_size)
+
+
+def make_shard_iterator(cfg: Any, shard_ids: Sequence[int], num_shards: int,
+                        shard_batch_size: int) -> DataIterator:
+  """Builds the endless, resumable iterator of data shards `shard_ids` out of `num_shards`.
 
   Args:
     cfg: any object with the attributes in ``validation.DATA_CONFIG_KEYS``.
-    process_index: this process's index in ``[0, process_count)``.
-    process_count: number of processes; each reads a disjoint share of documents
-      (synthetic: of rows).
-    per_process_batch_size: rows per batch on this process.
+    shard_ids: consecutive shard indices in ``[0, num_shards)`` this process reads.
+    num_shards: shards the data is split into; each reads a disjoint share of documents
+      (synthetic: of rows), so the global batch is the same whatever the process count.
+    shard_batch_size: rows each shard contributes to every batch.
 
   Raises:
     DataError: a bad config key (see ``validate_data_config``) or bad arguments.
   """
-  if not 0 <= process_index < process_count:
-    raise DataError(f"process_index={process_index} must be in [0, {process_count})")
-  if per_process_batch_size < 1:
-    raise DataError(f"per_process_batch_size={per_process_batch_size} must be >= 1")
+  shard_ids = list(shard_ids)
+  if num_shards < 1:
+    raise DataError(f"num_shards={num_shards} must be >= 1")
+  if not shard_ids or any(not 0 <= s < num_shards for s in shard_ids) or \
+      shard_ids != list(range(shard_ids[0], shard_ids[0] + len(shard_ids))):
+    raise DataError(f"shard_ids={shard_ids} must be consecutive indices in [0, {num_shards})")
+  if shard_batch_size < 1:
+    raise DataError(f"shard_batch_size={shard_batch_size} must be >= 1")
   tokenizer = validate_data_config(cfg)
-  rows = _row_dataset(cfg, tokenizer, process_index, process_count)
-  batches = rows.batch(per_process_batch_size, drop_remainder=True)
   workers = get_key(cfg, "grain_worker_count")
-  if workers > 0:
-    batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+  shards = {}
+  for s in shard_ids:
+    batches = _row_dataset(cfg, tokenizer, s, num_shards).batch(shard_batch_size,
+                                                                 drop_remainder=True)
+    if workers > 0:
+      batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    shards[s] = batches
   fingerprint = {k: get_key(cfg, k) for k in DATA_CONFIG_KEYS if k not in _RESUMABLE_KEYS}
-  fingerprint.update(per_process_batch_size=per_process_batch_size, process_count=process_count)
-  return DataIterator(batches, tokenizer, fingerprint)
+  fingerprint.update(shard_batch_size=shard_batch_size, data_shards=num_shards)
+  return DataIterator(shards, tokenizer, fingerprint, num_shards)

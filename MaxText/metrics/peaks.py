@@ -55,7 +55,7 @@ def measure_host_matmul_tflops(size: int = 1024, warmup: int = 2, reps: int = 5)
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-  cpu = jax.devices("cpu")[0]
+  cpu = jax.local_devices(backend="cpu")[0]  # this process's own (in a multi-process run too)
   key_a, key_b = jax.random.split(jax.random.key(0))
   a = jax.device_put(jax.random.normal(key_a, (size, size), jnp.float32), cpu)
   b = jax.device_put(jax.random.normal(key_b, (size, size), jnp.float32), cpu)

@@ -1,8 +1,9 @@
 """Test-only fault injection, driven by one environment variable; inert when it is unset.
 
-    MAXTEXT_FAULT="<kind>:<step>[,<kind>:<step>...]"
+    MAXTEXT_FAULT="<kind>:<step>[@<process>][,<kind>:<step>[@<process>]...]"
 
-kinds (each fires once, at the given step; tests/test_faults.py and RELIABILITY.md use them):
+kinds (each fires once, at the given step, in every process or only in process `@<process>` of a
+multi-process run; tests/test_faults.py, tests/test_multiprocess.py and RELIABILITY.md use them):
   kill_at_step    SIGKILL this process right after step N is dispatched (mid-step), once the
                   saves already started have committed (so the test knows the last good step)
   sigterm_at_step send SIGTERM to this process right after step N is dispatched (preemption)
@@ -35,11 +36,18 @@ def _armed(kind: str, step: int) -> bool:
   spec = os.environ.get(ENV, "")
   for item in filter(None, (s.strip() for s in spec.split(","))):
     name, _, value = item.partition(":")
-    if name not in KINDS or not value.isdigit():
-      raise ValueError(f"{ENV}={spec!r}: '{item}' is not <kind>:<step> with kind in {KINDS}")
-    if name == kind and int(value) == step:
+    value, at, process = value.partition("@")
+    if name not in KINDS or not value.isdigit() or (at and not process.isdigit()):
+      raise ValueError(f"{ENV}={spec!r}: '{item}' is not <kind>:<step>[@<process>] with kind in "
+                       f"{KINDS}")
+    if name == kind and int(value) == step and (not at or int(process) == _process_index()):
       return True
   return False
+
+
+def _process_index() -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.process_index()
 
 
 def _say(msg: str) -> None:

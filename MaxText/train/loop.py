@@ -4,6 +4,7 @@ compiled step → loop with metrics and checkpoints. `main(argv)` returns the pr
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from typing import Any, Sequence
@@ -12,6 +13,7 @@ import jax
 import numpy as np
 import psutil
 
+from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
@@ -20,7 +22,7 @@ from MaxText.config.load import ConfigError, load_config, to_yaml
 from MaxText.config.schema import Config
 from MaxText.config.validate import validate
 from MaxText.data.errors import DataError
-from MaxText.data.pipeline import make_data_iterator
+from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.validation import validate_data_config
 from MaxText.metrics.flops import training_flops_per_step
 from MaxText.metrics.peaks import device_peak_tflops
@@ -28,7 +30,8 @@ from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import faults, memory
+from MaxText.train import distributed, faults, memory
+from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
@@ -40,13 +43,26 @@ __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXI
            "EXIT_PREEMPTED", "Trainer", "main", "run"]
 
 
+def _tag() -> str:
+  """"[process i/n] " in a multi-process run (never starts the runtime itself)."""
+  if not jax.distributed.is_initialized() or jax.process_count() == 1:
+    return ""
+  return f"[process {jax.process_index()}/{jax.process_count()}] "
+
+
 def log(msg: str) -> None:
+  """The run's own lines (progress, summary): printed by process 0 only."""
   if jax.process_index() == 0:
     print(msg, flush=True)
 
 
+def log_host(msg: str) -> None:
+  """A line about this process (its devices, its data): printed by every process, tagged."""
+  print(_tag() + msg, flush=True)
+
+
 def log_error(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
+  print(_tag() + msg, file=sys.stderr, flush=True)
 
 
 def run_dir_of(cfg: Config) -> str:
@@ -89,6 +105,9 @@ class Trainer:
     self.global_batch = cfg.global_batch_size(n)
     self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
                                          cfg.max_target_length)
+    # the rows of each global batch this process feeds (its devices' part of the batch sharding)
+    self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
+    self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
 
   # ---- state -------------------------------------------------------------------------------------
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
@@ -124,15 +143,26 @@ class Trainer:
             for k in BATCH_KEYS}
 
   # ---- loop --------------------------------------------------------------------------------------
+  def _log_processes(self) -> None:
+    local = [d for d in self.devices if d.process_index == jax.process_index()]
+    log_host(f"host {socket.gethostname()}: {len(local)} local {local[0].platform} devices "
+             f"(ids {local[0].id}-{local[-1].id})")
+    if jax.process_count() > 1:
+      plan = self.distributed
+      log(f"distributed: {jax.process_count()} processes, {len(self.devices)} devices; coordinator "
+          f"{plan.coordinator_address if plan else '?'} ({plan.source if plan else 'unknown'}); "
+          "metrics, TensorBoard and config.yml are written by process 0")
+
   def run(self) -> int:
     cfg = self.cfg
+    self._log_processes()
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
       with open(os.path.join(self.run_dir, "config.yml"), "w", encoding="utf-8") as f:
         f.write(to_yaml(cfg))
-    ckpts = data_iter = None
+    ckpts = data_iter = saved_shards = None
     try:
       if cfg.enable_checkpointing:
         ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
@@ -144,14 +174,22 @@ class Trainer:
           log(f"nothing to do: the run already reached step {latest} of steps={cfg.steps}")
           ckpts.close()
           return EXIT_OK
-      data_iter = make_data_iterator(cfg, jax.process_index(), jax.process_count(),
-                                     self.global_batch // jax.process_count())
+        saved_shards = (data_state.saved_num_shards(ckpts.step_dir(latest))
+                        if latest is not None else None)
+      layout = data_layout(cfg.data_shards, saved_shards, jax.process_count(), self.global_batch,
+                           self.rows)
+      log_host(layout.describe(self.global_batch))
+      data_iter = make_shard_iterator(cfg, layout.shard_ids, layout.num_shards,
+                                      layout.shard_batch)
       with PreemptionWatch() as watch:
         code = self._train(ckpts, data_iter, watch)
       if ckpts is not None:
         ckpts.close()  # waits (bounded) for the last commit
         log(f"checkpoints in {ckpts.directory}: latest step {ckpts.latest_step()}")
       return code
+    except ConfigError as e:
+      log_error(f"config error: {e}")
+      code = EXIT_CONFIG
     except DataError as e:
       log_error(f"data error: {e}")
       code = EXIT_DATA
@@ -233,13 +271,13 @@ class Trainer:
   def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
     what = watch.signal_name or "the preemption service"
     if ckpts is None:
-      log(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
+      log_host(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
       return EXIT_PREEMPTED
     ckpts.wait()  # the commit of this step: a failure or hang raises CheckpointError (exit 4)
     since = (f" {time.monotonic() - watch.received_at:.1f} s after the signal"
              if watch.received_at is not None else "")
-    log(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
-        "(rerun to resume)")
+    log_host(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
+             "(rerun to resume)")
     return EXIT_PREEMPTED
 
 
@@ -251,8 +289,10 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
     setup_jax(cfg)
+    plan = distributed.initialize(cfg)  # before anything touches a device
     check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
+    trainer.distributed = plan
     problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
     if problem:
       raise ConfigError(problem)
@@ -263,4 +303,6 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:
-  return run(argv, devices)[0]
+  code = run(argv, devices)[0]
+  distributed.shutdown(code)
+  return code
