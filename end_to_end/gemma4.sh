@@ -5,8 +5,8 @@
 # and layer scalars perturbed), convert it, check logits against transformers (fp32 and bf16),
 # fine-tune 20 steps from it, export back to Hugging Face, and check transformers reproduces our
 # logits from the export. A multimodal `gemma4` checkpoint layout (model.language_model.*, with
-# vision weights) converts to the same parameters, and a Gemma 4 with the MoE block passes the
-# logit check.
+# vision weights) converts to the same parameters, and a Gemma 4 with the MoE block converts,
+# passes the logit check and exports to a folder transformers reloads with the same logits.
 #   bash end_to_end/gemma4.sh [WORK_DIR]
 source "$(dirname "$0")/hf_round_trip.sh"
 
@@ -79,4 +79,7 @@ m.save_pretrained(sys.argv[1])
 PY
 $PY -m MaxText.checkpoint_conversion.to_maxtext hf_path="$W/hf_moe" output_path="$W/ckpt_moe"
 $PY -m MaxText.logit_check hf_path="$W/hf_moe" load_parameters_path="$W/ckpt_moe"
+$PY -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path="$W/ckpt_moe" \
+    output_path="$W/export_moe"
+$PY -m MaxText.logit_check hf_path="$W/export_moe" load_parameters_path="$W/ckpt_moe"
 finetune_export_check

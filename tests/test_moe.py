@@ -189,3 +189,22 @@ def test_router_bias_flattens_expert_load(tmp_path):
   assert not np.any(np.asarray(jax.device_get(
       train(tmp_path, "nobias", *MOE, *MESH_1, "steps=2", "enable_checkpointing=false",
             devices=jax.devices()[:1])[2]["params"]["router_bias"])))
+
+
+def test_shared_expert_adds_its_sigmoid_gated_output():
+  """RoutedMLP with a shared expert = routed experts + shared(x) * sigmoid(x . w_gate)."""
+  from flax import nnx
+  from MaxText.models.model_config import ModelConfig
+  cfg = ModelConfig.from_config(load_config([BASE_YML, "emb_dim=16", *MOE[:3],
+                                             "shared_expert_mlp_dim=24"]))
+  with nnx.use_eager_sharding(False):
+    layer = moe.RoutedMLP(cfg, rngs=nnx.Rngs(params=0))
+  x = np.random.default_rng(0).normal(size=(2, 5, 16)).astype(np.float32)
+  mask = np.ones((2, 5), bool)
+  y, _ = layer(jnp.asarray(x), mask)
+  shared, gate = layer.shared, layer.shared_gate
+  layer.shared = layer.shared_gate = None
+  routed, _ = layer(jnp.asarray(x), mask)
+  gated = np.asarray(shared(jnp.asarray(x))) / (1 + np.exp(-np.asarray(gate(jnp.asarray(x)))))
+  assert np.abs(gated).max() > 1e-3
+  np.testing.assert_allclose(np.asarray(y), np.asarray(routed) + gated, rtol=1e-5, atol=1e-6)
