@@ -6,7 +6,9 @@ kinds (each fires once, at the given step, in every process or only in process `
 multi-process run; tests/test_faults.py, tests/test_multiprocess.py and RELIABILITY.md use them):
   kill_at_step    SIGKILL this process right after step N is dispatched (mid-step), once the
                   saves already started have committed (so the test knows the last good step)
-  sigterm_at_step send SIGTERM to this process right after step N is dispatched (preemption)
+  sigterm_at_step send SIGTERM to this process right after step N is dispatched (preemption), then
+                  pause 3 s: JAX passes the notice to the other processes asynchronously, and on a
+                  loaded machine a tiny model's steps could otherwise run to the end first
   kill_in_save    SIGKILL inside the background write of step N's checkpoint (arrays in flight)
   before_commit   SIGKILL after every file of step N's checkpoint is written, just before commit
   save_error      the background write of step N's checkpoint fails with ENOSPC (disk full)
@@ -68,6 +70,7 @@ def after_dispatch(step: int, wait_for_saves: Callable[[], None]) -> None:
   if _armed("sigterm_at_step", step):
     _say(f"SIGTERM at step {step}")
     os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(3.0)
 
 
 def during_save_write(step: int) -> None:
