@@ -11,26 +11,14 @@
 source "$(dirname "$0")/hf_round_trip.sh"
 
 echo "== build a tiny Gemma 4 in $W/hf"
-$PY - "$W/hf" <<'PY'
-import sys, torch, transformers
-torch.manual_seed(0)
-cfg = transformers.Gemma4TextConfig(
+$PY -c 'import sys; from end_to_end.tiny_hf import save_tiny
+save_tiny(sys.argv[1], "Gemma4TextConfig", "Gemma4ForCausalLM", buffer_suffixes=("layer_scalar",),
     vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
     num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
     num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
     layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
     num_kv_shared_layers=3, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
-    vocab_size_per_layer_input=384, final_logit_softcapping=30.0, max_position_embeddings=1024)
-m = transformers.Gemma4ForCausalLM(cfg)
-with torch.no_grad():
-  for n, p in m.named_parameters():
-    if "norm" in n:
-      p.add_(0.1 * torch.randn_like(p))
-  for n, b in m.named_buffers():
-    if n.endswith("layer_scalar"):
-      b.add_(0.1 * torch.randn_like(b))
-m.save_pretrained(sys.argv[1])
-PY
+    vocab_size_per_layer_input=384, final_logit_softcapping=30.0, max_position_embeddings=1024)' "$W/hf"
 convert_and_check
 echo "== logit check in bf16"
 $PY -m MaxText.logit_check hf_path="$W/hf" load_parameters_path="$W/ckpt" dtype=bfloat16
@@ -60,23 +48,15 @@ jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarra
 print("multimodal layout: identical parameters")
 PY
 echo "== a Gemma 4 with the MoE block (26B-A4B shape): convert and logit check"
-$PY - "$W/hf_moe" <<'PY'
-import sys, torch, transformers
-torch.manual_seed(1)
-cfg = transformers.Gemma4TextConfig(
+$PY -c 'import sys; from end_to_end.tiny_hf import save_tiny
+save_tiny(sys.argv[1], "Gemma4TextConfig", "Gemma4ForCausalLM", seed=1,
+    perturb_suffixes=("router.scale", "per_expert_scale"),
     vocab_size=384, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
     num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
     num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
     layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=0,
     enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
-    final_logit_softcapping=30.0, max_position_embeddings=1024)
-m = transformers.Gemma4ForCausalLM(cfg)
-with torch.no_grad():
-  for n, p in m.named_parameters():
-    if "norm" in n or n.endswith(("router.scale", "per_expert_scale")):
-      p.add_(0.1 * torch.randn_like(p))
-m.save_pretrained(sys.argv[1])
-PY
+    final_logit_softcapping=30.0, max_position_embeddings=1024)' "$W/hf_moe"
 $PY -m MaxText.checkpoint_conversion.to_maxtext hf_path="$W/hf_moe" output_path="$W/ckpt_moe"
 $PY -m MaxText.logit_check hf_path="$W/hf_moe" load_parameters_path="$W/ckpt_moe"
 $PY -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path="$W/ckpt_moe" \

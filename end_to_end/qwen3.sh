@@ -6,18 +6,9 @@
 source "$(dirname "$0")/hf_round_trip.sh"
 
 echo "== build a tiny Qwen3 in $W/hf"
-$PY - "$W/hf" <<'PY'
-import sys, torch, transformers
-torch.manual_seed(0)
-cfg = transformers.Qwen3Config(vocab_size=384, hidden_size=64, intermediate_size=128,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=False)
-m = transformers.Qwen3ForCausalLM(cfg)
-with torch.no_grad():
-  for n, p in m.named_parameters():
-    if "norm" in n:
-      p.add_(0.1 * torch.randn_like(p))
-m.save_pretrained(sys.argv[1])
-PY
+$PY -c 'import sys; from end_to_end.tiny_hf import save_tiny
+save_tiny(sys.argv[1], "Qwen3Config", "Qwen3ForCausalLM", vocab_size=384, hidden_size=64,
+          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          head_dim=16, max_position_embeddings=1024, rope_theta=1e6, tie_word_embeddings=False)' "$W/hf"
 convert_and_check
 finetune_export_check
