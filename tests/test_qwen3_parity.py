@@ -20,7 +20,7 @@ from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
-from MaxText.train.state import make_model_def  # noqa: E402
+from MaxText.models.registry import make_model_def  # noqa: E402
 
 THETA = 1000.0           # small θ so that every channel pair rotates visibly at positions < S
 
@@ -67,7 +67,7 @@ def test_state_dict_round_trip_is_exact(tied, scan):
   saved = hf_map.params_to_hf(params, mcfg)               # the save_pretrained form
   assert ("lm_head.weight" in saved) == (not tied)
   if scan:  # stacked [L, ...] kernels hold layer i at index i
-    q = params["decoder"]["layers"]["attn"]["query"]["kernel"]
+    q = params["decoder"]["runs"][0][0]["attn"]["query"]["kernel"]
     D, H, E = mcfg.emb_dim, mcfg.num_query_heads, mcfg.head_dim
     w1 = sd["model.layers.1.self_attn.q_proj.weight"]     # [H*E, D], row h*E + e
     np.testing.assert_array_equal(q[1, :, 2, 3], w1[2 * E + 3])
