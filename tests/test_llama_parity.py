@@ -5,6 +5,8 @@ tied, scanned and unrolled: logits (incl. a packed row against HF per document),
 state-dict round trip, loss and gradients against torch autograd, and the config maps."""
 import functools
 
+import jax
+
 import numpy as np
 import pytest
 
@@ -93,3 +95,30 @@ def test_configs():
                        (dict(mlp_activation="gelu_tanh"), "silu")):
     with pytest.raises(ValueError, match=says):
       hf_map.config_to_hf(replace(load_config([BASE_YML]), **change))
+
+
+def test_the_default_model_exports_as_llama_and_imports_back(tmp_path):
+  """A checkpoint of the default model (hf_model_type "" in configs/base.yml) exports as a
+  `llama` folder transformers loads with the same logits, and converts back to the same params."""
+  from MaxText.checkpoint.manager import load_params_host, save_params_only
+  from MaxText.checkpoint_conversion import to_huggingface, to_maxtext
+  cfg = replace(our_config(False, True), hf_model_type="")
+  mcfg = ModelConfig.from_config(cfg)
+  model_def = make_model_def(mcfg)
+  params = ours(False, True)[2]
+  save_params_only(str(tmp_path / "ckpt"), params, cfg.as_dict())
+  assert to_huggingface.main([f"load_parameters_path={tmp_path / 'ckpt'}",
+                              f"output_path={tmp_path / 'hf'}"]) == 0
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+  assert type(hf).__name__ == "LlamaForCausalLM"
+  tokens = batch(mcfg.vocab_size)[0]
+  with torch.no_grad():
+    theirs = hf(torch.tensor(tokens)).logits.numpy()
+  S = tokens.shape[1]
+  mine = np.asarray(model_def.apply(params, tokens, np.broadcast_to(np.arange(S), tokens.shape),
+                                    np.ones_like(tokens)))
+  assert np.abs(mine - theirs).max() <= 1e-4 * np.abs(theirs).max()
+  assert to_maxtext.main([f"hf_path={tmp_path / 'hf'}", f"output_path={tmp_path / 'back'}"]) == 0
+  back = load_params_host(str(tmp_path / "back"), model_def.abstract_params)
+  for a, b in zip(*(jax.tree.leaves(t) for t in (back, params))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
