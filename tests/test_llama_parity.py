@@ -3,8 +3,6 @@ MaxText/models/llama/hf_map.py — the architecture of the default model of conf
 norm). Tiny random-init models (fp32, eager attention, GQA 4/2, perturbed norm weights), untied and
 tied, scanned and unrolled: logits (incl. a packed row against HF per document), the exact
 state-dict round trip, loss and gradients against torch autograd, and the config maps."""
-import functools
-
 import jax
 
 import numpy as np
@@ -14,55 +12,34 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML  # noqa: E402
-from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E402
-                       check_round_trip, compare_grads, hf_loss_and_grads, hf_state,
-                       our_loss_and_grads)
+from hf_parity import (TOL_GRAD, batch, check_logits, check_round_trip,  # noqa: E402
+                       compare_grads, hf_loss_and_grads, hf_state, our_loss_and_grads)
+from test_qwen3_parity import hf_model, our_config, ours  # noqa: E402
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.llama import hf_map  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.registry import hf_model_type_for, make_model_def  # noqa: E402
 
-TINY = ["emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2", "head_dim=16",
-        "mlp_dim=128", "rope_theta=1000", "max_position_embeddings=512", "hf_model_type=llama"]
-
-
-def our_config(tied: bool, scan: bool):
-  return load_config([BASE_YML, *TINY, f"tie_word_embeddings={str(tied).lower()}",
-                      f"scan_layers={str(scan).lower()}"])
-
-
-@functools.lru_cache(maxsize=None)
-def hf_model(tied: bool):
-  return build_hf_model(transformers.LlamaConfig, transformers.LlamaForCausalLM,
-                        hf_map.config_to_hf(our_config(tied, True)))
-
-
-@functools.lru_cache(maxsize=None)
-def ours(tied: bool, scan: bool):
-  model = hf_model(tied)
-  cfg = replace(our_config(tied, scan), **hf_map.config_from_hf(model.config.to_dict()))
-  assert cfg == our_config(tied, scan)  # config_to_hf → LlamaConfig → config_from_hf is lossless
-  mcfg = ModelConfig.from_config(cfg)
-  return mcfg, make_model_def(mcfg), hf_map.hf_to_params(hf_state(model), mcfg)
+ARCH = "llama"
 
 
 @pytest.mark.parametrize("tied,scan", [(False, True), (True, False)])
 def test_logits_match_hf(tied, scan):
-  mcfg, model_def, params = ours(tied, scan)
+  mcfg, model_def, params = ours(tied, scan, ARCH)
   assert ("lm_head" in params) == (not tied)
-  check_logits(model_def, params, hf_model(tied), mcfg.vocab_size)
+  check_logits(model_def, params, hf_model(tied, ARCH), mcfg.vocab_size)
 
 
 @pytest.mark.parametrize("tied,scan", [(False, True), (True, False)])
 def test_state_dict_round_trip_is_exact(tied, scan):
-  mcfg, model_def, params = ours(tied, scan)
-  check_round_trip(hf_map, mcfg, model_def, params, hf_state(hf_model(tied)))
+  mcfg, model_def, params = ours(tied, scan, ARCH)
+  check_round_trip(hf_map, mcfg, model_def, params, hf_state(hf_model(tied, ARCH)))
   assert not any("norm.weight" in k and ("q_" in k or "k_" in k) for k in hf_map.hf_names(mcfg))
 
 
 def test_loss_and_grads_match_torch_autograd():
-  model = hf_model(False)
-  mcfg, model_def, params = ours(False, True)
+  model = hf_model(False, ARCH)
+  mcfg, model_def, params = ours(False, True, ARCH)
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
@@ -102,10 +79,10 @@ def test_the_default_model_exports_as_llama_and_imports_back(tmp_path):
   `llama` folder transformers loads with the same logits, and converts back to the same params."""
   from MaxText.checkpoint.manager import load_params_host, save_params_only
   from MaxText.checkpoint_conversion import to_huggingface, to_maxtext
-  cfg = replace(our_config(False, True), hf_model_type="")
+  cfg = replace(our_config(False, True, ARCH), hf_model_type="")
   mcfg = ModelConfig.from_config(cfg)
   model_def = make_model_def(mcfg)
-  params = ours(False, True)[2]
+  params = ours(False, True, ARCH)[2]
   save_params_only(str(tmp_path / "ckpt"), params, cfg.as_dict())
   assert to_huggingface.main([f"load_parameters_path={tmp_path / 'ckpt'}",
                               f"output_path={tmp_path / 'hf'}"]) == 0

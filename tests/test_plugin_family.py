@@ -1,8 +1,9 @@
-"""Proof that a model family is a plug-in: a family defined entirely in this test module — a
-parallel attention + MLP block (GPT-J / PaLM style: x + attn(norm(x)) + mlp(norm(x))), its
-supported keys and its FLOPs — registered at run time, with nothing under MaxText/ edited for it,
-trains through the ordinary trainer; 5 steps on 8 fake devices (data 2 x fsdp 2 x tensor 2) equal
-one device, its FLOPs are what MFU counts, and a key it does not implement is refused (exit 2)."""
+"""Proof that a model family is a plug-in: a family defined entirely in this test module — PaLM
+style, a parallel attention + MLP block (x + attn(norm(x)) + mlp(norm(x))) and the LM head tied to
+the input embedding; its supported keys, its own check and its FLOPs — registered at run time,
+with nothing under MaxText/ edited for it, trains through the ordinary trainer; 5 steps on 8 fake
+devices (data 2 x fsdp 2 x tensor 2) equal one device, its FLOPs are what MFU counts, and a key it
+does not implement (or its own check) is refused with exit 2."""
 import math
 
 import jax
@@ -53,23 +54,23 @@ class ParallelBlock(nnx.Module):
 
 
 class ParallelModel(nnx.Module):
+  """Embedding → parallel blocks (a pattern stack of one kind) → norm → logits = x @ embedding^T."""
+
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
-    self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
-                           std=cfg.init_std, dtype=cfg.param_dtype)
-    self.decoder = PatternStack(lambda kind, r: ParallelBlock(cfg, kind, rngs=r), layer_kinds(cfg),
-                                scan=cfg.scan_layers, remat_policy=cfg.remat_policy, rngs=rngs)
-    self.final_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
-    self.lm_head = DenseGeneral((cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
+    self.blocks = PatternStack(lambda kind, r: ParallelBlock(cfg, kind, rngs=r), layer_kinds(cfg),
+                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy, rngs=rngs)
+    self.table = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"), std=cfg.init_std,
+                       dtype=cfg.param_dtype)
+    self.norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, rngs=rngs, dtype=cfg.compute_dtype,
+                        param_dtype=cfg.param_dtype)
 
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
   def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    x = jnp.take(self.embedding[...], tokens_BS, axis=0).astype(self.cfg.compute_dtype)
-    x = self.decoder(constrain(x, ACT), positions_BS, segment_ids_BS)
-    return self.lm_head(self.final_norm(x)).astype(jnp.float32), {}
+    table_VD = self.table[...].astype(self.norm.dtype)
+    x_BSD = self.blocks(constrain(table_VD[tokens_BS], ACT), positions_BS, segment_ids_BS)
+    return jnp.einsum("bsd,vd->bsv", self.norm(x_BSD), table_VD).astype(jnp.float32), {}
 
 
 def layer_kinds(cfg):
@@ -85,14 +86,21 @@ def flops(cfg, seq_len, causal=True):
                    attention_per_sequence=L * scores)
 
 
-FAMILY = Family(name=NAME, build=ParallelModel, supports=COMMON_KEYS, layer_kinds=layer_kinds,
-                flops=flops)
+def check(cfg):
+  if not cfg.tie_word_embeddings:
+    return [("tie_word_embeddings", "the head is the embedding here: set tie_word_embeddings=true")]
+  return []
+
+
+FAMILY = Family(name=NAME, build=ParallelModel, supports=COMMON_KEYS | {"tie_word_embeddings"},
+                layer_kinds=layer_kinds, flops=flops, check=check)
 
 
 def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
   assert NAME not in registry.FAMILY_MODULES          # not a family of the repository
   registry.register(FAMILY)
-  model = (f"decoder_block={NAME}", "steps=5", "enable_checkpointing=false")
+  model = (f"decoder_block={NAME}", "tie_word_embeddings=true", "steps=5",
+           "enable_checkpointing=false")
   code1, one, s1 = train(tmp_path, "one", *model, *MESH_1, devices=jax.devices()[:1])
   code8, eight, _ = train(tmp_path, "eight", *model, *MESH_222)
   assert code1 == code8 == 0
@@ -100,12 +108,12 @@ def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
   assert len(loss(one)) == 5 and loss(one)[-1] < loss(one)[0]
   np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
   # its parameters are the parallel block's, scanned as one run; MFU counts its own FLOPs
-  block = s1["params"]["decoder"]["runs"][0][0]
+  block = s1["params"]["blocks"]["runs"][0][0]
   assert set(block) == {"norm", "query", "key", "value", "out", "mlp"}
   mcfg = ModelConfig.from_config(load_config(argv(tmp_path, "one", *model)))
   kernels = sum(math.prod(a.shape) for p, a in jax.tree_util.tree_flatten_with_path(s1["params"])[0]
-                if p[-1].key == "kernel")   # every matmul weight (the embedding is only gathered)
-  assert registry.model_flops(mcfg, 64).matmul_params == kernels
+                if p[-1].key == "kernel")   # every matmul weight, and the tied head below
+  assert registry.model_flops(mcfg, 64).matmul_params == kernels + mcfg.vocab_size * mcfg.emb_dim
   want = registry.training_flops(mcfg, seq_len=64, global_batch=8)["total"]
   row = one[-1]
   assert np.isclose(row["tflops_per_device"] * row["step_time_s"] * 1e12, want, rtol=1e-6)
@@ -115,3 +123,6 @@ def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
                 devices=jax.devices()[:1])
   assert code == 2
   assert f"use_qk_norm=True is not supported by decoder_block={NAME}" in capsys.readouterr().err
+  assert run(argv(tmp_path, "untied", *model, *MESH_1, "tie_word_embeddings=false"),
+             devices=jax.devices()[:1])[0] == 2
+  assert "set tie_word_embeddings=true" in capsys.readouterr().err

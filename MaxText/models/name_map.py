@@ -122,12 +122,34 @@ def _index(rule: Rule, layer_index: int | None, e: int | None, shape: tuple[int,
   return index
 
 
+# Rows every transformers causal LM of the Llama lineage shares: the embedding, the final norm, the
+# LM head; and the projections of a layer's `self_attn`.
+CAUSAL_LM_RULES: tuple[Rule, ...] = (
+    Rule("embedding", "model.embed_tokens.weight"),
+    Rule("final_norm/scale", "model.norm.weight"),
+    Rule("lm_head/kernel", "lm_head.weight", in_rank=1),
+)
+
+
+def self_attention_rules(layer: str) -> tuple[Rule, ...]:
+  """q, k, v, o of `{layer}self_attn` ↔ our `attn/{query,key,value,out}/kernel`."""
+  return (Rule("attn/query/kernel", layer + "self_attn.q_proj.weight", in_rank=1),
+          Rule("attn/key/kernel", layer + "self_attn.k_proj.weight", in_rank=1),
+          Rule("attn/value/kernel", layer + "self_attn.v_proj.weight", in_rank=1),
+          Rule("attn/out/kernel", layer + "self_attn.o_proj.weight", in_rank=2))
+
+
 @dataclass(frozen=True)
 class NameMap:
+  """`check(mcfg)` runs before every conversion (an architecture's `config_to_hf`: ValueError
+  when it cannot hold the model); HF names ending with `ignored_suffixes` (non-parameter buffers
+  older checkpoints carry) are skipped on import."""
   global_rules: tuple[Rule, ...]
   layer_rules: tuple[Rule, ...]
   layer_location: Callable[[ModelConfig, int], tuple[tuple, int | None]]
   build: Build
+  check: Callable[[ModelConfig], Any] = lambda mcfg: None
+  ignored_suffixes: tuple[str, ...] = ()
   embedding_name: str = "model.embed_tokens.weight"
   tied_head_name: str = "lm_head.weight"
   # our parameters with no HF counterpart and a neutral value of zero (e.g. an MoE selection bias):
@@ -175,6 +197,8 @@ class NameMap:
       yield Entry(path, rules[path], tuple(src), specs[path])
 
   def hf_names(self, mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
+    """Every HF tensor name the model of `mcfg` maps to."""
+    self.check(mcfg)
     names = [name for e in self.plan(mcfg) for name, _ in e.sources]
     return names + ([self.tied_head_name] if tied_lm_head and mcfg.tie_word_embeddings else [])
 
@@ -184,7 +208,8 @@ class NameMap:
     shape or an HF tensor left over (unless `ignore(name)`) raises ValueError naming it. Each
     parameter is filled in place (64-byte aligned, see `aligned_empty`), so only one HF tensor is
     held beyond the output."""
-    hf = {k for k in hf_state if not ignore(k)}
+    self.check(mcfg)
+    hf = {k for k in hf_state if not (ignore(k) or k.endswith(self.ignored_suffixes))}
     used: set[str] = set()
 
     def take(name: str) -> np.ndarray:
@@ -220,6 +245,7 @@ class NameMap:
     """Our params → HF tensors (dtype kept) as a lazy mapping: each tensor is made when read, so an
     exporter holds one at a time. With tied embeddings the head is left out (as `save_pretrained`
     does) unless `tied_lm_head`."""
+    self.check(mcfg)
     flat = flatten(params)
     for name in self.ours_only:
       value = flat.get(tuple(name.split("/")))

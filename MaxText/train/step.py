@@ -4,7 +4,7 @@ gradient, with the state donated and every sharding pinned. What a family adds (
 MaxText/models/family.py) comes in as `aux_terms`: this module names no family and no parameter."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

@@ -31,12 +31,11 @@ import numpy as np
 
 from MaxText.models.gemma4.model import Transformer, layer_kinds, layer_location
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import NameMap, Rule, check_representable
+from MaxText.models.name_map import (CAUSAL_LM_RULES, NameMap, Rule, check_representable,
+                                     self_attention_rules)
 
 GLOBAL_RULES: tuple[Rule, ...] = (
-    Rule("embedding", "model.embed_tokens.weight"),
-    Rule("final_norm/scale", "model.norm.weight"),
-    Rule("lm_head/kernel", "lm_head.weight", in_rank=1),
+    *CAUSAL_LM_RULES,
     Rule("ple_embedding", "model.embed_tokens_per_layer.weight"),
     Rule("ple_model_proj/kernel", "model.per_layer_model_projection.weight", in_rank=1),
     Rule("ple_proj_norm/scale", "model.per_layer_projection_norm.weight"),
@@ -48,10 +47,7 @@ LAYER_RULES: tuple[Rule, ...] = (
     Rule("post_attn_norm/scale", _L + "post_attention_layernorm.weight"),
     Rule("mlp_norm/scale", _L + "pre_feedforward_layernorm.weight"),
     Rule("post_mlp_norm/scale", _L + "post_feedforward_layernorm.weight"),
-    Rule("attn/query/kernel", _L + "self_attn.q_proj.weight", in_rank=1),
-    Rule("attn/key/kernel", _L + "self_attn.k_proj.weight", in_rank=1),
-    Rule("attn/value/kernel", _L + "self_attn.v_proj.weight", in_rank=1),
-    Rule("attn/out/kernel", _L + "self_attn.o_proj.weight", in_rank=2),
+    *self_attention_rules(_L),
     Rule("attn/query_norm/scale", _L + "self_attn.q_norm.weight"),
     Rule("attn/key_norm/scale", _L + "self_attn.k_norm.weight"),
     Rule("mlp/gate/kernel", _L + "mlp.gate_proj.weight", in_rank=1),
@@ -73,7 +69,7 @@ LAYER_RULES: tuple[Rule, ...] = (
 )
 
 NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, Transformer,
-                   ours_only=("router_bias",))
+                   ours_only=("router_bias",), check=lambda mcfg: config_to_hf(mcfg))
 # the architecture keys a Gemma 4 config.json holds (any other one away from its default is refused)
 REPRESENTS = frozenset({
     "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads", "num_kv_heads", "head_dim",
@@ -105,14 +101,11 @@ class _TextView(Mapping):
     return len(self._names)
 
 
-def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
-  config_to_hf(mcfg)
-  return NAME_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
+hf_names, params_to_hf = NAME_MAP.hf_names, NAME_MAP.params_to_hf
 
 
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF tensors (`gemma4_text` names, or a multimodal checkpoint's) → our pure-dict params."""
-  config_to_hf(mcfg)
   if any(k.startswith(MULTIMODAL_PREFIX) for k in hf_state):
     hf_state = _TextView(hf_state)
   shared = {i for i, k in enumerate(layer_kinds(mcfg)) if k.kv_shared}
@@ -122,12 +115,6 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
     return bool(m) and int(m.group(1)) in shared
 
   return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=ignore)
-
-
-def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
-                 ) -> Mapping[str, np.ndarray]:
-  config_to_hf(mcfg)
-  return NAME_MAP.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
 
 
 # ---- config --------------------------------------------------------------------------------------

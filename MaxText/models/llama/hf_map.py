@@ -24,25 +24,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
-
 from MaxText.models.llama.model import Transformer, layer_location
-from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import NameMap, Rule, check_representable
+from MaxText.models.name_map import (CAUSAL_LM_RULES, NameMap, Rule, check_representable,
+                                     self_attention_rules)
 
-GLOBAL_RULES: tuple[Rule, ...] = (
-    Rule("embedding", "model.embed_tokens.weight"),
-    Rule("final_norm/scale", "model.norm.weight"),
-    Rule("lm_head/kernel", "lm_head.weight", in_rank=1),
-)
+GLOBAL_RULES = CAUSAL_LM_RULES
 
 _L = "model.layers.{i}."
 ATTENTION_RULES: tuple[Rule, ...] = (
     Rule("attn_norm/scale", _L + "input_layernorm.weight"),
-    Rule("attn/query/kernel", _L + "self_attn.q_proj.weight", in_rank=1),
-    Rule("attn/key/kernel", _L + "self_attn.k_proj.weight", in_rank=1),
-    Rule("attn/value/kernel", _L + "self_attn.v_proj.weight", in_rank=1),
-    Rule("attn/out/kernel", _L + "self_attn.o_proj.weight", in_rank=2),
+    *self_attention_rules(_L),
     Rule("mlp_norm/scale", _L + "post_attention_layernorm.weight"),
 )
 DENSE_MLP_RULES: tuple[Rule, ...] = (
@@ -51,32 +42,17 @@ DENSE_MLP_RULES: tuple[Rule, ...] = (
     Rule("mlp/down/kernel", _L + "mlp.down_proj.weight", in_rank=1),
 )
 
-NAME_MAP = NameMap(GLOBAL_RULES, ATTENTION_RULES + DENSE_MLP_RULES, layer_location, Transformer)
 # Non-parameter buffers older checkpoints may carry.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+NAME_MAP = NameMap(GLOBAL_RULES, ATTENTION_RULES + DENSE_MLP_RULES, layer_location, Transformer,
+                   check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=IGNORED_SUFFIXES)
 # the architecture keys a Llama config.json holds (any other one away from its default is refused)
 REPRESENTS = frozenset({"vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads",
                         "num_kv_heads", "head_dim", "mlp_dim", "mlp_activation", "norm_epsilon",
                         "tie_word_embeddings", "rope_theta", "max_position_embeddings"})
-
-
-def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
-  """Every HF tensor name the model of `mcfg` maps to."""
-  config_to_hf(mcfg)
-  return NAME_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
-
-
-def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
-  """HF state dict (NumPy arrays, possibly a lazy mapping) → our pure-dict params."""
-  config_to_hf(mcfg)
-  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=lambda k: k.endswith(IGNORED_SUFFIXES))
-
-
-def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
-                 ) -> Mapping[str, np.ndarray]:
-  """Our params → HF tensors (lazy; `lm_head.weight` only when untied or `tied_lm_head`)."""
-  config_to_hf(mcfg)
-  return NAME_MAP.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
+# the tensor functions (see name_map.NameMap): hf_names(mcfg), hf_to_params(hf_state, mcfg),
+# params_to_hf(params, mcfg, tied_lm_head=False) — each refuses a model Llama cannot hold
+hf_names, hf_to_params, params_to_hf = NAME_MAP.hf_names, NAME_MAP.hf_to_params, NAME_MAP.params_to_hf
 
 
 # ---- config --------------------------------------------------------------------------------------

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
-
 from MaxText.models.llama import hf_map as llama
 from MaxText.models.llama.model import Transformer, layer_location
-from MaxText.models.model_config import ModelConfig
 from MaxText.models.name_map import NameMap, Rule, check_representable
 
 GLOBAL_RULES = llama.GLOBAL_RULES
@@ -28,28 +25,12 @@ QK_NORM_RULES: tuple[Rule, ...] = (
 ATTENTION_RULES = llama.ATTENTION_RULES + QK_NORM_RULES
 LAYER_RULES = ATTENTION_RULES + llama.DENSE_MLP_RULES
 
-NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, Transformer)
 IGNORED_SUFFIXES = llama.IGNORED_SUFFIXES
+NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, Transformer,
+                   check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=IGNORED_SUFFIXES)
 REPRESENTS = llama.REPRESENTS | {"use_qk_norm"}
-
-
-def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
-  """Every HF tensor name the model of `mcfg` maps to."""
-  config_to_hf(mcfg)
-  return NAME_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
-
-
-def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
-  """HF state dict (NumPy arrays, possibly a lazy mapping) → our pure-dict params."""
-  config_to_hf(mcfg)
-  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=lambda k: k.endswith(IGNORED_SUFFIXES))
-
-
-def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
-                 ) -> Mapping[str, np.ndarray]:
-  """Our params → HF tensors (lazy; `lm_head.weight` only when untied or `tied_lm_head`)."""
-  config_to_hf(mcfg)
-  return NAME_MAP.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
+# the tensor functions (see name_map.NameMap), each refusing a model Qwen3 cannot hold
+hf_names, hf_to_params, params_to_hf = NAME_MAP.hf_names, NAME_MAP.hf_to_params, NAME_MAP.params_to_hf
 
 
 # ---- config --------------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ FUSED_RULES = (
     Rule("mlp/experts/wo", _L + "experts.down_proj", in_rank=1, lead=1),
 )
 _LAYER = qwen3.LAYER_RULES + (ROUTER,)   # a dense layer's MLP rows match only dense layers
-_KW = dict(layer_location=layer_location, build=Transformer, ours_only=("router_bias",))
+_KW = dict(layer_location=layer_location, build=Transformer, ours_only=("router_bias",),
+           check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=qwen3.IGNORED_SUFFIXES)
 HUB_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + PER_EXPERT_RULES, **_KW)
 FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + FUSED_RULES, **_KW)
 REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_dim",
@@ -48,24 +49,18 @@ REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_
                                  "decoder_sparse_step"}
 
 
-def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
-  """The hub (per-expert) names."""
-  config_to_hf(mcfg)
-  return HUB_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
+hf_names = HUB_MAP.hf_names   # the hub's (per-expert) names
 
 
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF tensors (hub per-expert files or transformers' fused state dict) → our params."""
-  config_to_hf(mcfg)
   fused = any(k.endswith("mlp.experts.gate_up_proj") for k in hf_state)
-  return (FUSED_MAP if fused else HUB_MAP).hf_to_params(
-      hf_state, mcfg, ignore=lambda k: k.endswith(qwen3.IGNORED_SUFFIXES))
+  return (FUSED_MAP if fused else HUB_MAP).hf_to_params(hf_state, mcfg)
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,
                  fused: bool = False) -> Mapping[str, np.ndarray]:
   """Our params → HF tensors (lazy): the hub's per-expert form, or transformers' fused one."""
-  config_to_hf(mcfg)
   return (FUSED_MAP if fused else HUB_MAP).params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
 
 
