@@ -72,6 +72,20 @@ def test_base_yml_is_rendered_from_the_schema():
   assert load_config([BASE_YML]).as_dict() == raw
 
 
+def test_implementation_tables_match_the_schemas_choices():
+  """Where code maps a key's allowed values to implementations, the table has exactly the
+  schema's choices (the data package's tables are checked in tests/test_data.py)."""
+  from MaxText.config.schema import choices
+  from MaxText.layers.attention_ops import ATTENTION_OPS
+  from MaxText.layers.mlp import ACTIVATIONS
+  from MaxText.layers.moe import RAGGED_ALL_TO_ALL
+  from MaxText.layers.stack import REMAT_POLICIES
+  assert set(REMAT_POLICIES) == set(choices("remat_policy"))
+  assert set(ACTIVATIONS) == set(choices("mlp_activation"))
+  assert set(RAGGED_ALL_TO_ALL) == set(choices("moe_dispatch")) - {"auto"}
+  assert set(choices("attention")) - {"autoselected"} <= set(ATTENTION_OPS)
+
+
 def test_documentation_checker_catches_a_bare_key():
   text = ("steps: 3   # number of steps\n"
           "seed: 0\n"                        # bare key after a different family

@@ -91,6 +91,20 @@ def plan_runs(kinds: tuple[Hashable, ...]) -> tuple[Run, ...]:
   return tuple(reversed(runs))
 
 
+def describe(kinds: Sequence[Hashable]) -> str:
+  """The runs of `kinds` for a log line: "35 layers: 3 x [sliding x 4, full] + 4 x [...]"."""
+  def block(kinds_):
+    parts: list[list] = []
+    for k in map(str, kinds_):
+      if parts and parts[-1][0] == k:
+        parts[-1][1] += 1
+      else:
+        parts.append([k, 1])
+    return ", ".join(k if n == 1 else f"{k} x {n}" for k, n in parts)
+  runs = plan_runs(tuple(kinds))
+  return f"{len(kinds)} layers: " + " + ".join(f"{r.repeats} x [{block(r.block)}]" for r in runs)
+
+
 def location(kinds: Sequence[Hashable], scan: bool, i: int) -> tuple[tuple, int | None]:
   """Where layer i lives below the stack: (path, index on the stacked axis or None)."""
   if not scan:

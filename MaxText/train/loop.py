@@ -24,6 +24,7 @@ from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
+from MaxText.layers import stack
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
@@ -86,17 +87,6 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
   run_dir_of(cfg)
   validate(cfg, devices)
   return validate_data_config(DataConfig.from_config(cfg))
-
-
-def describe_layers(kinds: Sequence) -> str:
-  """"4 layers: dense, moe x 3" — the family's layer kinds in order, runs counted."""
-  runs: list[list] = []
-  for kind in map(str, kinds):
-    if runs and runs[-1][0] == kind:
-      runs[-1][1] += 1
-    else:
-      runs.append([kind, 1])
-  return f"{len(kinds)} layers: " + ", ".join(k if n == 1 else f"{k} x {n}" for k, n in runs)
 
 
 class Trainer:
@@ -174,7 +164,7 @@ class Trainer:
   def run(self) -> int:
     cfg = self.cfg
     self._log_processes()
-    log(f"model {cfg.decoder_block}: {describe_layers(self.family.layer_kinds(self.mcfg))}")
+    log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
