@@ -83,12 +83,12 @@ def _head_dim(mcfg: ModelConfig) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Family:
   """A model family, as generic code sees it."""
-  name: str                                                  # its decoder_block value
-  build: Callable[..., nnx.Module]                            # build(mcfg, *, rngs)
-  supports: frozenset[str]             # the model keys it implements (schema names)
-  layer_kinds: Callable[[ModelConfig], tuple[Hashable, ...]]   # one per layer (str() for logs)
-  flops: Callable[[ModelConfig, int, bool], FlopCount]        # (mcfg, seq_len, causal)
-  check: Callable[[ModelConfig], Problems] = _no_problems      # cross-key checks of its own
+  name: str                                                     # its decoder_block value
+  build: Callable[..., nnx.Module]                              # build(mcfg, *, rngs)
+  supports: frozenset[str]                                      # the model keys it implements
+  layer_kinds: Callable[[ModelConfig], tuple[Hashable, ...]]    # one per layer (str() for logs)
+  flops: Callable[[ModelConfig, int, bool], FlopCount]          # (mcfg, seq_len, causal)
+  check: Callable[[ModelConfig], Problems] = _no_problems       # cross-key checks of its own
   attention_head_dims: Callable[[ModelConfig], tuple[int, ...]] = _head_dim
   aux_terms: Callable[[ModelConfig], AuxTerms | None] = _no_aux_terms
   # Hugging Face model_type → its name map (a module with hf_to_params, params_to_hf,
