@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train  # noqa: E402
-from MaxText.checkpoint.manager import load_params  # noqa: E402
+from MaxText.checkpoint.manager import load_params_host  # noqa: E402
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext  # noqa: E402
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
-from MaxText.train.state import make_model_def  # noqa: E402
+from MaxText.models.registry import make_model_def  # noqa: E402
 
 
 def tiny_qwen3(folder, tie=False):
@@ -38,7 +38,7 @@ def tiny_qwen3(folder, tie=False):
 def our_logits(ckpt, tokens):
   cfg = checkpoint_config(ckpt)
   md = make_model_def(ModelConfig.from_config(cfg))
-  params = load_params(ckpt)
+  params = load_params_host(ckpt, md.abstract_params)
   B, S = tokens.shape
   pos = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S))
   return np.asarray(md.apply(params, tokens, pos, np.ones((B, S), np.int32)))

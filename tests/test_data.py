@@ -3,14 +3,15 @@
 import json
 import os
 import sysconfig
-import types
 
 from absl import flags
 import numpy as np
 import pytest
 
-from MaxText.data import BATCH_KEYS, DataError, make_data_iterator, validate_data_config
-from MaxText.data import packing, sources, tokenizers
+from MaxText.config.load import BASE_YML, ConfigError, load_config
+from MaxText.config.schema import choices
+from MaxText.data import BATCH_KEYS, DataConfig, DataError, make_data_iterator, validate_data_config
+from MaxText.data import file_readers, packing, sources, tokenizers
 
 # Grain worker processes read absl flags; pytest never parses them.
 flags.FLAGS.mark_as_parsed()
@@ -19,12 +20,8 @@ SEQ = 64
 
 
 def make_cfg(**overrides):
-  cfg = dict(dataset_type="embedded", dataset_path="", dataset_format="auto",
-             dataset_text_field="text", tokenizer_type="byte", tokenizer_path="", add_bos=True,
-             add_eos=True, packing=True, shuffle=True, data_shuffle_seed=0,
-             grain_worker_count=0, max_target_length=SEQ, vocab_size=384, max_bad_records=0)
-  cfg.update(overrides)
-  return types.SimpleNamespace(**cfg)
+  """The data config of configs/base.yml, rows of SEQ tokens, with `overrides`."""
+  return DataConfig(**{**vars(DataConfig()), "max_target_length": SEQ, **overrides})
 
 
 def take(it, n):
@@ -214,13 +211,23 @@ def test_missing_paths_raise_data_error_naming_key(tmp_path):
     make_data_iterator(make_cfg(dataset_type="file", dataset_path="/x/y.jsonl"), 0, 1, 2)
   with pytest.raises(DataError, match="tokenizer has 259 ids but vocab_size=128"):
     validate_data_config(make_cfg(vocab_size=128))
-  with pytest.raises(DataError, match="dataset_type 'hub'"):
-    validate_data_config(make_cfg(dataset_type="hub"))
-  with pytest.raises(DataError, match="config has no key 'packing'"):
-    cfg = make_cfg()
-    del cfg.packing
-    validate_data_config(cfg)
+  # types and allowed values are the schema's, checked once when the config is loaded
+  with pytest.raises(ConfigError, match="dataset_type='hub': must be one of"):
+    load_config([BASE_YML, "dataset_type=hub"])
   assert isinstance(validate_data_config(make_cfg()), tokenizers.ByteTokenizer)
+
+
+def test_data_config_is_the_schemas_data_keys():
+  cfg = load_config([BASE_YML, "packing=false", "max_target_length=32"])
+  dcfg = DataConfig.from_config(cfg)
+  assert dcfg.packing is False and dcfg.max_target_length == 32 and dcfg.vocab_size == 384
+  assert set(vars(dcfg)) == {   # what the pipeline reads, and nothing else
+      "dataset_type", "dataset_path", "dataset_format", "dataset_text_field", "tokenizer_type",
+      "tokenizer_path", "add_bos", "add_eos", "packing", "shuffle", "data_shuffle_seed",
+      "grain_worker_count", "max_bad_records", "max_target_length", "vocab_size"}
+  # the implementation tables of allowed values are the schema's choices
+  assert set(file_readers.READERS) == set(choices("dataset_format")) - {"auto"}
+  assert set(tokenizers.TOKENIZER_TYPES) == set(choices("tokenizer_type"))
 
 
 # ---- trained tokenizers through the pipeline ---------------------------------------------------

@@ -13,15 +13,13 @@ TOL_F32 = 2e-6
 
 
 def _ref_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal=True,
-                   sliding_window=None, logit_softcap=None):
+                   sliding_window=None):
   """Materialised attention in fp32 with every option of the kernel (K/V repeated: test only)."""
   B, S, H, E = q_BSHE.shape
   T, K = k_BTKE.shape[1], k_BTKE.shape[2]
   q, k, v = (x.astype(jnp.float32) for x in (q_BSHE, k_BTKE, v_BTKE))
   k, v = jnp.repeat(k, H // K, axis=2), jnp.repeat(v, H // K, axis=2)
   s = jnp.einsum("bshe,bthe->bhst", q, k, precision="highest") * scale
-  if logit_softcap is not None:
-    s = logit_softcap * jnp.tanh(s / logit_softcap)
   i, j = jnp.arange(S)[:, None], jnp.arange(T)[None, :]
   mask = jnp.ones((B, S, T), bool)
   if causal:
@@ -97,7 +95,7 @@ def test_segment_ids_packed_documents():
 
 @pytest.mark.parametrize("kwargs,shape", [
     (dict(sliding_window=40, block_q=32, block_kv=32), (1, 128, 128, 4, 2, 32)),
-    (dict(logit_softcap=2.0, scale=1.0, block_q=64, block_kv=32), (1, 64, 64, 2, 1, 64)),
+    (dict(scale=1.0, block_q=64, block_kv=32), (1, 64, 64, 2, 1, 64)),
     # ragged S=T=100 with blocks of 32, a window that leaves padded query rows with no key,
     # segment ids and a head dim (48) that is padded to a power of two
     (dict(sliding_window=20, block_q=32, block_kv=32, segments=True), (1, 100, 100, 2, 2, 48)),
@@ -115,19 +113,18 @@ def test_options_match_reference(kwargs, shape):
     scale, q = 1.0, q * E ** -0.5          # scale=1.0 with pre-scaled q: logits stay ~1
   else:
     scale = E ** -0.5
-  ref_kw = {n: kwargs[n] for n in ("causal", "sliding_window", "logit_softcap") if n in kwargs}
+  ref_kw = {n: kwargs[n] for n in ("causal", "sliding_window") if n in kwargs}
   _compare(lambda q, k, v: flash_attention(q, k, v, seg, scale=scale, **kwargs),
            lambda q, k, v: _ref_attention(q, k, v, seg, scale=scale, **ref_kw), q, k, v, do)
 
 
 def test_reference_options_are_active():
-  """The window / soft-cap references differ from plain causal attention (tests can fail)."""
+  """The window reference differs from plain causal attention (tests can fail)."""
   q, k, v, _ = _inputs(1, 64, 64, 2, 2, 32)
-  base, window, capped = _compiled(lambda q, k, v: [
+  base, window = _compiled(lambda q, k, v: [
       _ref_attention(q, k, v, None, scale=1.0, **kw)
-      for kw in (dict(), dict(sliding_window=16), dict(logit_softcap=2.0))], q, k, v)
+      for kw in (dict(), dict(sliding_window=16))], q, k, v)
   assert np.abs(window - base).max() > 1e-2
-  assert np.abs(capped - base).max() > 1e-2
 
 
 def test_bf16_inputs():
@@ -212,7 +209,7 @@ def test_lowers_to_triton_for_gpu(dtype):
 
   def run(q, k, v):
     o, vjp = jax.vjp(lambda q, k, v: flash_attention(
-        q, k, v, seg, scale=0.1, sliding_window=64, logit_softcap=30.0, block_q=64, block_kv=32,
+        q, k, v, seg, scale=0.1, sliding_window=64, block_q=64, block_kv=32,
         interpret=False), q, k, v)
     return o, vjp(o)
 

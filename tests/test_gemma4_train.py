@@ -24,13 +24,11 @@ def test_gemma4_mesh_invariance_flash_and_frozen_scalars(tmp_path):
   assert len(loss(one)) == 5 and loss(one)[-1] < loss(one)[0]
   np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
   np.testing.assert_allclose(loss(flash), loss(eight), rtol=0, atol=1e-5)
-  members = s8["params"]["decoder"]["groups"][0]["layers"]["members"]
+  members = s8["params"]["decoder"]["runs"][0]
   q_full = members[1]["attn"]["query"]["kernel"]
   assert q_full.sharding.shard_shape(q_full.shape) != q_full.shape      # really sharded
   scalars = [np.asarray(jax.device_get(m["layer_scalar"]))
-             for g in s1["params"]["decoder"]["groups"].values()
-             for m in g["layers"]["members"].values()]
+             for run in s1["params"]["decoder"]["runs"].values() for m in run.values()]
   assert len(scalars) == 4 and all(np.array_equal(s, np.ones_like(s)) for s in scalars)
-  moved = np.asarray(jax.device_get(s1["params"]["decoder"]["groups"][0]["layers"]["members"][0]
-                                    ["attn_norm"]["scale"]))
+  moved = np.asarray(jax.device_get(s1["params"]["decoder"]["runs"][0][0]["attn_norm"]["scale"]))
   assert not np.array_equal(moved, np.ones_like(moved))                 # trainable ones did move

@@ -79,7 +79,7 @@ def test_manifest_lists_arrays_and_files(saved):
   from MaxText.checkpoint import manifest
   m = manifest.read(str(saved / "checkpoints" / "2"))
   assert m["step"] == 2 and m["config"]["steps"] == 2 and m["code_version"]["git"]
-  q = m["arrays"]["params/decoder/layers/attn/query/kernel"]
+  q = m["arrays"]["params/decoder/runs/0/0/attn/query/kernel"]
   assert q["shape"] == [2, 64, 4, 16] and q["dtype"] == "float32" and len(q["checksum"]) == 16
   assert any(k.startswith("opt_state/") for k in m["arrays"])
   assert {"params/_METADATA", "params/manifest.ocdbt", "meta/metadata",
@@ -164,17 +164,17 @@ def test_array_checksums_name_the_array_whose_values_differ(saved):
   m = manifest.read(str(saved / "checkpoints" / "2"))
   params = load_params(str(saved / "checkpoints"), None)
   assert manifest.compare_arrays(m, {"params": params}) == []
-  w = params["decoder"]["layers"]["mlp"]["up"]["kernel"]
+  w = params["decoder"]["runs"]["0"]["0"]["mlp"]["up"]["kernel"]   # Orbax keys: strings
   w[1, 5, 7] = np.nextafter(w[1, 5, 7], np.float32(np.inf))  # one ulp of one element
   problems = manifest.compare_arrays(m, {"params": params})
-  assert len(problems) == 1 and problems[0].startswith("params/decoder/layers/mlp/up/kernel:")
+  assert len(problems) == 1 and problems[0].startswith("params/decoder/runs/0/0/mlp/up/kernel:")
 
 
 def test_checkpoint_of_another_model_shape_exits_4(saved, tmp_path, capsys):
   _copy(saved, tmp_path)
   code, _, log = _resume(tmp_path, capsys, "mlp_dim=96")
   assert code == 4
-  assert "does not fit this model" in log and "params/decoder/layers/mlp/up/kernel" in log
+  assert "does not fit this model" in log and "params/decoder/runs/0/0/mlp/up/kernel" in log
 
 
 def test_missing_iterator_state_exits_3(saved, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Mixture of experts (MaxText/layers/moe.py): the padded all-to-all against a NumPy model of
 `ragged_all_to_all`'s contract, the dropless experts (and capacity mode) against a dense NumPy
-reference, expert parallelism 4 x fsdp 2 against one device (losses and gradients), and the
+reference, expert parallelism 4 x fsdp 2 against one device (losses and gradients) for a
+Qwen3-MoE-style model with a dense first layer and unnormalised top-k weights, and the
 aux-loss-free bias flattening the expert load."""
 import jax
 import jax.numpy as jnp
@@ -127,15 +128,19 @@ def test_dropless_experts_match_dense_reference(capacity):
 
 # ---- expert parallelism -----------------------------------------------------------------------
 EP = ("per_device_batch_size=1", "ici_expert_parallelism=4", "ici_fsdp_parallelism=2")
+# Qwen3-MoE with mlp_only_layers=[0] and norm_topk_prob=false: layer 0 dense, layers 1-2 MoE
+DENSE_FIRST = ("num_decoder_layers=3", "mlp_only_layers=[0]", "norm_topk_prob=false",
+               "use_qk_norm=true")
 
 
 def _loss_and_grads(cfg_args, devices):
   """Loss (cross-entropy + weighted aux) and gradients of one batch, under the run's mesh."""
+  from MaxText.models.registry import init_params
   from MaxText.sharding.rules import use_rules
   from MaxText.train.loop import Trainer
-  from MaxText.train.state import init_params
-  from MaxText.train.step import cross_entropy_sums, moe_terms
+  from MaxText.train.step import cross_entropy_sums
   t = Trainer(load_config(cfg_args), devices)
+  terms = t.family.aux_terms(t.mcfg)
   params = jax.device_put(init_params(t.mcfg, 0), t.shardings["params"])
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, t.mcfg.vocab_size, (8, 64)).astype(np.int32)
@@ -149,7 +154,7 @@ def _loss_and_grads(cfg_args, devices):
       logits, sown = t.model_def.apply_with_aux(p, b["inputs"], b["inputs_position"],
                                                 b["inputs_segmentation"])
       nll, _, n = cross_entropy_sums(logits, b["targets"], b["inputs_segmentation"] != 0, 0.0)
-      return (nll + moe_terms(sown["moe_stats"], 0.01)["weighted"]) / n
+      return (nll + terms.loss(sown)[0]) / n
 
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
   return float(loss), jax.tree.map(lambda a: np.asarray(jax.device_get(a)), grads), t
@@ -157,21 +162,28 @@ def _loss_and_grads(cfg_args, devices):
 
 def test_expert_parallel_equals_one_device(tmp_path):
   """EP 4 x fsdp 2 on 8 devices: the same gradients as one device, and the same losses over five
-  training steps; the experts' weights and their Adam moments are split over `expert`."""
-  l1, g1, _ = _loss_and_grads(argv(tmp_path, "g1", *MOE, *MESH_1), jax.devices()[:1])
-  l8, g8, t8 = _loss_and_grads(argv(tmp_path, "g8", *MOE, *EP), None)
+  training steps; the experts' weights and their Adam moments are split over `expert`. The model
+  has a dense first layer (a run of its own in the pattern stack) and norm_topk_prob=false."""
+  l1, g1, t1 = _loss_and_grads(argv(tmp_path, "g1", *MOE, *DENSE_FIRST, *MESH_1),
+                               jax.devices()[:1])
+  l8, g8, t8 = _loss_and_grads(argv(tmp_path, "g8", *MOE, *DENSE_FIRST, *EP), None)
+  assert t1.family.layer_kinds(t1.mcfg) == ("dense", "moe", "moe")
   assert abs(l1 - l8) <= 1e-5 * abs(l1)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=0, atol=1e-5), g1, g8)
-  wi = t8.shardings["params"]["decoder"]["layers"]["mlp"]["experts"]["wi"]
+  dense, moe_run = g1["decoder"]["runs"][0][0]["mlp"], g1["decoder"]["runs"][1][0]["mlp"]
+  assert "gate" in dense and "experts" in moe_run and np.abs(dense["gate"]["kernel"]).max() > 0
+  wi = t8.shardings["params"]["decoder"]["runs"][1][0]["mlp"]["experts"]["wi"]
   assert "expert" in str(wi.spec[1])                     # [L, E, D, 2F]: E over `expert`
 
   steps = ("steps=5", "enable_checkpointing=false")
-  _, one, _ = train(tmp_path, "one", *MOE, *MESH_1, *steps, devices=jax.devices()[:1])
-  _, eight, s8 = train(tmp_path, "eight", *MOE, *EP, *steps)
+  _, one, _ = train(tmp_path, "one", *MOE, *DENSE_FIRST, *MESH_1, *steps, devices=jax.devices()[:1])
+  _, eight, s8 = train(tmp_path, "eight", *MOE, *DENSE_FIRST, *EP, *steps)
   np.testing.assert_allclose([r["loss"] for r in eight], [r["loss"] for r in one], rtol=0,
                              atol=1e-5)
   assert all(r["moe_dropped"] == 0 for r in eight)
-  mu = s8["opt_state"][1][0].mu["decoder"]["layers"]["mlp"]["experts"]["wi"]
+  assert {"moe_load_max_over_mean/layer_1", "moe_load_max_over_mean/layer_2"} <= set(eight[0])
+  assert "moe_load_max_over_mean/layer_0" not in eight[0]             # the dense layer has none
+  mu = s8["opt_state"][1][0].mu["decoder"]["runs"][1][0]["mlp"]["experts"]["wi"]
   assert mu.sharding.shard_shape(mu.shape)[1] == mu.shape[1] // 4
 
 

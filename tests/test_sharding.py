@@ -14,7 +14,8 @@ from MaxText.sharding.mesh import create_mesh, fill_parallelism
 from MaxText.sharding.rules import (constrain, logical_to_spec, parse_rules, sharding_report,
                                     use_rules)
 from MaxText.train.optimizer import make_optimizer
-from MaxText.train.state import make_model_def, state_shardings
+from MaxText.models.registry import make_model_def
+from MaxText.train.state import state_shardings
 
 MESH_222 = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2")
 MESH_F8 = ("ici_fsdp_parallelism=8",)
@@ -223,7 +224,7 @@ def test_optimizer_moments_follow_the_parameters(extra):
   replicated = NamedSharding(mesh, P())
   assert sh["step"] == replicated
   # the parameters really are sharded (otherwise the comparison below would be vacuous)
-  q = params["decoder"]["layers"]["attn"]["query"]["kernel"] if cfg.scan_layers else \
+  q = params["decoder"]["runs"][0][0]["attn"]["query"]["kernel"] if cfg.scan_layers else \
       params["decoder"]["layers"][0]["attn"]["query"]["kernel"]
   assert q.spec == (P(None, EMBED_ALL, "tensor", None) if cfg.scan_layers
                     else P(EMBED_ALL, "tensor", None))

@@ -23,7 +23,7 @@ def test_one_device_equals_eight_devices(tmp_path):
   l1, l8 = np.array([m["loss"] for m in m1]), np.array([m["loss"] for m in m8])
   np.testing.assert_allclose(l8, l1, rtol=0, atol=1e-5)
   # the 8-device parameters really are split over the mesh
-  q = s8["params"]["decoder"]["layers"]["attn"]["query"]["kernel"]
+  q = s8["params"]["decoder"]["runs"][0][0]["attn"]["query"]["kernel"]
   assert q.sharding.shard_shape(q.shape) != q.shape
   for a, b in zip(jax.tree.leaves(_host(s1["params"])), jax.tree.leaves(_host(s8["params"]))):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)

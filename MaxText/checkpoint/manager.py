@@ -56,7 +56,7 @@ def require_target_shardings(abstract: Any, what: str) -> None:
 
 class RunCheckpoints:
   def __init__(self, directory: str, *, max_to_keep: int, async_save: bool,
-               save_timeout_s: float = 600.0):
+               save_timeout_s: float = 600.0, save_hooks: manifest.SaveHooks | None = None):
     self.directory = os.path.abspath(directory)
     self.save_timeout_s = float(save_timeout_s)
     self._pending: tuple[int, float] | None = None  # (step, start time) of an unconfirmed save
@@ -71,7 +71,7 @@ class RunCheckpoints:
                        "meta": ocp.JsonCheckpointHandler(),
                        "data": DataStateHandler(),
                        # last: its finalize hashes the other items' final files
-                       manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS)})
+                       manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS, save_hooks)})
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import subprocess
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import jax
 import orbax.checkpoint as ocp
@@ -29,7 +29,6 @@ from etils import epath
 from orbax.checkpoint._src.futures import future as ocp_future
 
 from MaxText.checkpoint import checksum
-from MaxText.train import faults
 
 ITEM = "manifest"
 ARRAYS_FILE = "manifest.json"
@@ -161,17 +160,37 @@ def compare_arrays(manifest: dict, restored: dict[str, Any]) -> list[str]:
   return problems
 
 
+class SaveHooks(Protocol):
+  """Called at two points of a save (the trainer passes its test-only fault injection,
+  MaxText/train/faults.py; by default nothing happens)."""
+
+  def during_save_write(self, step: int) -> None:
+    """In the background write of step's manifest, process 0."""
+
+  def before_commit(self, step: int) -> None:
+    """After every file of step is written and hashed, just before Orbax commits it."""
+
+
+class NoHooks:
+  def during_save_write(self, step: int) -> None:
+    pass
+
+  def before_commit(self, step: int) -> None:
+    pass
+
+
 class ManifestHandler(ocp.AsyncCheckpointHandler):
   """Writes `manifest.json` in the background and `files.json` in `finalize` (process 0)."""
 
-  def __init__(self, hashed_items: tuple[str, ...]):
+  def __init__(self, hashed_items: tuple[str, ...], hooks: SaveHooks | None = None):
     self._hashed_items = hashed_items
+    self._hooks = hooks or NoHooks()
     self._step = None
 
   def _write_now(self, directory: epath.Path, args: "ManifestSave") -> None:
     manifest = args.finish()  # waits for the checksums (on every process: frees their buffers)
     if jax.process_index() == 0:
-      faults.during_save_write(self._step)
+      self._hooks.during_save_write(self._step)
       (directory / ARRAYS_FILE).write_text(json.dumps(manifest, sort_keys=True))
 
   async def _write(self, directory: epath.Path, args: "ManifestSave") -> None:
@@ -193,7 +212,7 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
     step_dir = os.fspath(epath.Path(directory).parent)
     digests = file_digests(step_dir, self._hashed_items)
     (epath.Path(directory) / FILES_FILE).write_text(json.dumps(digests, sort_keys=True))
-    faults.before_commit(self._step)
+    self._hooks.before_commit(self._step)
 
   def restore(self, directory: epath.Path, args: "ManifestRestore" = None) -> dict:
     return read(os.fspath(epath.Path(directory).parent))

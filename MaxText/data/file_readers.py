@@ -15,8 +15,6 @@ import numpy as np
 
 from MaxText.data.errors import DataError
 
-FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
-
 # File extension -> format, for dataset_format="auto".
 EXTENSION_FORMATS = {
     ".txt": "text", ".md": "text", ".py": "text",
@@ -193,14 +191,17 @@ class ArrayRecordFileReader(_Reader):
     return text
 
 
+# dataset_format → its reader: the schema's choices of `dataset_format` but "auto" (a test checks).
+READERS = {
+    "text": lambda path, text_field: TextFileReader(path),
+    "jsonl": JsonlFileReader,
+    "parquet": ParquetFileReader,
+    "arrayrecord": ArrayRecordFileReader,
+}
+
+
 def make_reader(path: str, fmt: str, text_field: str) -> _Reader:
-  """Opens `path` as format `fmt` (one of FORMATS)."""
-  if fmt == "text":
-    return TextFileReader(path)
-  if fmt == "jsonl":
-    return JsonlFileReader(path, text_field)
-  if fmt == "parquet":
-    return ParquetFileReader(path, text_field)
-  if fmt == "arrayrecord":
-    return ArrayRecordFileReader(path, text_field)
-  raise DataError(f"dataset_format '{fmt}' is not one of {['auto', *FORMATS]}")
+  """Opens `path` as format `fmt` (a key of READERS)."""
+  if fmt not in READERS:
+    raise DataError(f"dataset_format '{fmt}' is not one of {['auto', *READERS]}")
+  return READERS[fmt](path, text_field)

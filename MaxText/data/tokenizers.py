@@ -14,9 +14,10 @@ import json
 import os
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
+from MaxText.config.schema import choices
 from MaxText.data.errors import DataError
 
-TOKENIZER_TYPES = ("byte", "huggingface", "sentencepiece")
+TOKENIZER_TYPES = choices("tokenizer_type")
 
 # Candidate special-token strings, most common spelling first.
 _BOS_CANDIDATES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[BOS]", "[CLS]")

@@ -17,26 +17,29 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
-from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.config.load import ConfigError, load_config, to_yaml
 from MaxText.config.schema import Config
-from MaxText.config.validate import validate
+from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
+from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
-from MaxText.metrics.flops import training_flops_per_step
+from MaxText.layers import stack
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
 from MaxText.train import distributed, faults, memory
+from MaxText.train.config_checks import validate
+from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
-from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
+from MaxText.train.state import abstract_state, init_state, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
@@ -78,24 +81,30 @@ def setup_jax(cfg: Config) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def check_config(cfg: Config, devices: Sequence[jax.Device]) -> None:
-  """Everything that can be checked before any compile (raises ConfigError / DataError)."""
+def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
+  """Everything that can be checked before any compile (raises ConfigError / DataError); returns
+  the run's tokenizer (loaded once, to check it against the config)."""
   run_dir_of(cfg)
   validate(cfg, devices)
-  validate_data_config(cfg)
+  return validate_data_config(DataConfig.from_config(cfg))
 
 
 class Trainer:
-  """One training run on `devices` (default: all). After `run()`, `final_state` holds the state."""
+  """One training run on `devices` (default: all). After `run()`, `final_state` holds the state.
+  `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts)."""
 
-  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None):
+  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None,
+               tokenizer: Tokenizer | None = None):
     self.cfg = cfg
+    self.data_config = DataConfig.from_config(cfg)
+    self.tokenizer = tokenizer
     self.devices = list(jax.devices() if devices is None else devices)
     self.run_dir = run_dir_of(cfg)
     self.mesh = create_mesh(cfg, self.devices)
     self.final_state = None
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
+    self.family = get_family(self.mcfg.decoder_block)
     self.model_def = make_model_def(self.mcfg)
     self.tx = make_optimizer(cfg, self.model_def.logical_axes)
     self.lr_schedule = learning_rate_schedule(cfg)
@@ -129,8 +138,7 @@ class Trainer:
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
-                              moe_aux_loss_weight=self.cfg.moe_aux_loss_weight,
-                              router_bias_update_rate=self.cfg.router_bias_update_rate)
+                              aux_terms=self.family.aux_terms(self.mcfg))
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
@@ -156,6 +164,7 @@ class Trainer:
   def run(self) -> int:
     cfg = self.cfg
     self._log_processes()
+    log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
@@ -168,7 +177,7 @@ class Trainer:
         ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
                                max_to_keep=cfg.max_checkpoints_to_keep,
                                async_save=cfg.async_checkpointing,
-                               save_timeout_s=cfg.checkpoint_save_timeout_s)
+                               save_timeout_s=cfg.checkpoint_save_timeout_s, save_hooks=faults)
         latest = ckpts.latest_step()
         if latest is not None and latest >= cfg.steps:
           log(f"nothing to do: the run already reached step {latest} of steps={cfg.steps}")
@@ -179,8 +188,8 @@ class Trainer:
       layout = data_layout(cfg.data_shards, saved_shards, jax.process_count(), self.global_batch,
                            self.rows)
       log_host(layout.describe(self.global_batch))
-      data_iter = make_shard_iterator(cfg, layout.shard_ids, layout.num_shards,
-                                      layout.shard_batch)
+      data_iter = make_shard_iterator(self.data_config, layout.shard_ids, layout.num_shards,
+                                      layout.shard_batch, self.tokenizer)
       with PreemptionWatch() as watch:
         code = self._train(ckpts, data_iter, watch)
       if ckpts is not None:
@@ -209,8 +218,8 @@ class Trainer:
     t0 = time.perf_counter()
     compiled = self.compile_step()
     log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
-    flops = training_flops_per_step(self.mcfg, seq_len=cfg.max_target_length,
-                                    global_batch=self.global_batch)
+    flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
+                           global_batch=self.global_batch)
     peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
@@ -290,8 +299,8 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
       cfg = adopt_checkpoint_architecture(cfg, argv)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
-    check_config(cfg, list(jax.devices() if devices is None else devices))
-    trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
+    tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
+    trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
     trainer.distributed = plan
     problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
     if problem:

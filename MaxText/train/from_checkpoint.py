@@ -1,7 +1,8 @@
 """With `load_parameters_path`, the architecture comes from the checkpoint's stored config.
 
-Architecture keys the user did not set (on the command line or through `model_name`'s file) are
-taken from the checkpoint; one the user set to a different value is an error naming both values.
+Architecture keys (the schema's `arch` keys) the user did not set (on the command line or through
+`model_name`'s file) are taken from the checkpoint; one the user set to a different value is an
+error naming both values.
 """
 from __future__ import annotations
 
@@ -9,13 +10,7 @@ from typing import Sequence
 
 from MaxText.checkpoint.manager import read_meta
 from MaxText.config.load import ConfigError, explicit_keys, replace
-from MaxText.config.schema import Config
-from MaxText.models.model_config import ModelConfig
-
-# keys that change compute or memory but not the parameters' meaning
-NOT_ARCHITECTURE = {"remat_policy", "attention", "flash_block_q", "flash_block_kv", "dtype",
-                    "weight_dtype", "capacity_factor", "moe_dispatch"}
-ARCHITECTURE = (set(ModelConfig.__dataclass_fields__) - NOT_ARCHITECTURE) | {"hf_model_type"}
+from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 
 
 def adopt_checkpoint_architecture(cfg: Config, argv: Sequence[str]) -> Config:
@@ -25,7 +20,7 @@ def adopt_checkpoint_architecture(cfg: Config, argv: Sequence[str]) -> Config:
     raise ConfigError(f"load_parameters_path: {e}") from None
   explicit = explicit_keys(argv)
   changes = {}
-  for key in sorted(ARCHITECTURE & set(saved)):
+  for key in sorted(ARCHITECTURE_KEYS & set(saved)):
     if saved[key] == getattr(cfg, key):
       continue
     if key in explicit:

@@ -1,5 +1,6 @@
-"""Cross-key checks that need the devices or the model family. Run before anything compiles;
-every failure is a `ConfigError` naming the key(s) and the numbers."""
+"""Cross-key checks that need the devices or the model family (its refusals of keys it does not
+implement, its own checks, its Hugging Face model types). Run before anything compiles; every
+failure is a `ConfigError` naming the key(s) and the numbers."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
 from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family
+from MaxText.models.registry import check_model, get_family
 from MaxText.sharding.mesh import mesh_shape
 from MaxText.sharding.rules import parse_rules
 
@@ -29,13 +30,13 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   sizes = {a: i * d for a, i, d in zip(cfg.mesh_axes, ici, dcn)}
 
   mcfg = ModelConfig.from_config(cfg)
-  for key, problem in get_family(cfg.decoder_block).validate(mcfg):
+  for key, problem in check_model(mcfg, cfg.hf_model_type):
     raise ConfigError(f"{key}: {problem}")
   batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
   length_axes = next((axes for name, axes in rules if name == "activation_length"), ())
   for key, problem in attention_problems(
       cfg.attention, mcfg.attention, device=devices[0], dtype=cfg.dtype,
-      head_dims=sorted({mcfg.head_dim_of(t) for t in mcfg.layer_types()}),
+      head_dims=list(get_family(cfg.decoder_block).attention_head_dims(mcfg)),
       sequence_sharded=math.prod(sizes[a] for a in length_axes if a not in batch_axes) > 1):
     raise ConfigError(f"{key}: {problem}")
 
