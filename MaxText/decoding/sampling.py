@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NEG_INF = -jnp.inf
 
@@ -48,10 +49,11 @@ class Sampling:
     return (greedy, not greedy and self.top_k > 0, not greedy and self.top_p < 1,
             not greedy and self.min_p > 0)
 
-  def values(self) -> dict[str, jax.Array]:
-    return {"temperature": jnp.float32(self.temperature or 1.0), "top_k": jnp.int32(self.top_k),
-            "top_p": jnp.float32(self.top_p), "min_p": jnp.float32(self.min_p),
-            "seed": jnp.uint32(self.seed)}
+  def values(self) -> dict[str, np.ndarray]:
+    """The filters' values, as host scalars (arguments of the compiled programs)."""
+    return {"temperature": np.float32(self.temperature or 1.0), "top_k": np.int32(self.top_k),
+            "top_p": np.float32(self.top_p), "min_p": np.float32(self.min_p),
+            "seed": np.uint32(self.seed)}
 
 
 def filtered_logits(logits_BV: jax.Array, static: tuple, values: dict) -> jax.Array:
