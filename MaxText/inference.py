@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from MaxText.checkpoint.manager import load_params, read_meta, resolve_step_dir
-from MaxText.config.load import ConfigError, load_config
+from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
 from MaxText.data import chat_template
 from MaxText.data.errors import DataError
@@ -225,7 +225,9 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
   else:
     cfg, hf_params = load_config_for_decoding(argv)
   devices = list(jax.devices() if devices is None else devices)
-  validate(cfg, devices)
+  # the mesh, rules and model checks of training; decoding has no training rows to check
+  validate(replace(cfg, max_target_length=min(cfg.max_target_length, cfg.max_position_embeddings)),
+           devices)
   mcfg = ModelConfig.from_config(cfg)
   try:
     engine = Engine(mcfg, create_mesh(cfg, devices),
