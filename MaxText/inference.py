@@ -197,7 +197,9 @@ def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, dict | None]:
     from MaxText.checkpoint_conversion.to_maxtext import load_hf  # pylint: disable=import-outside-toplevel
     try:
       return load_hf(os.path.expanduser(cfg.hf_path), list(argv[1:]))
-    except (FileNotFoundError, KeyError) as e:
+    except ConfigError:
+      raise
+    except (FileNotFoundError, KeyError, ValueError) as e:   # ValueError: a bad folder
       raise ConfigError(f"hf_path={cfg.hf_path}: {e}") from None
   if cfg.load_parameters_path:
     return adopt_checkpoint_architecture(cfg, argv), None

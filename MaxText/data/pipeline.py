@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
-from MaxText.config.schema import DATA_KEYS
+from MaxText.config.schema import DATA_KEYS, KEYS, default
 from MaxText.data import bad_records
 from MaxText.data import packing
 from MaxText.data import sources
@@ -97,6 +97,10 @@ class DataIterator:
                       f"{type(state).__name__}" + (" (keys " + ", ".join(map(str, state)) + ")"
                                                     if isinstance(state, dict) else ""))
     saved = state.get("fingerprint")
+    if isinstance(saved, dict) and self.fingerprint is not None:
+      # a data key added after the state was written reads as its default there
+      saved = {**{k: default(k) for k in self.fingerprint if k not in saved and k in KEYS},
+               **saved}
     if self.fingerprint is not None and saved != self.fingerprint:
       if not isinstance(saved, dict):
         raise DataError("data iterator state has no data config fingerprint (written by another "
