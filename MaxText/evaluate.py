@@ -41,7 +41,7 @@ from MaxText.train.step import batch_sharding
 
 
 def with_model_tokenizer(cfg):
-  """`cfg` naming the tokenizer of the model (`inference.tokenizer_for`): ConfigError without one."""
+  """`cfg` naming the model's tokenizer (`inference.tokenizer_for`); ConfigError without one."""
   tokenizer, source = tokenizer_for(cfg)
   if tokenizer is None:
     raise ConfigError(source)

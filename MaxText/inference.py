@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from MaxText.checkpoint.manager import load_params, read_meta, resolve_step_dir
+from MaxText.checkpoint_conversion.to_maxtext import load_hf
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
 from MaxText.data import chat_template
@@ -194,7 +195,6 @@ def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, dict | None]:
   if cfg.hf_path and cfg.load_parameters_path:
     raise ConfigError("hf_path and load_parameters_path both set: give one of them")
   if cfg.hf_path:
-    from MaxText.checkpoint_conversion.to_maxtext import load_hf  # pylint: disable=import-outside-toplevel
     try:
       return load_hf(os.path.expanduser(cfg.hf_path), list(argv[1:]))
     except ConfigError:

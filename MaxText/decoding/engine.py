@@ -5,17 +5,18 @@ and a loaded checkpoint alike.
 
 generate: the prompts (token ids) are sorted by length and cut into batches of `batch_size`; each
 batch is padded to a bucket — rows to a power of two, prompt length to a power of two (>= 16) —
-and prefilled in one call (the family's `prefill`: the training attention op over the new tokens,
-flash where the platform has it), which also samples each row's first token. Then one token per
-step for all rows (`decode_step` over the cache), `chunk` steps per call inside a `while_loop`
-that ends as soon as every row is done; rows that finished (eos id, `max_new_tokens`, or a stop
-string, which the host checks between calls) no longer write to the cache or produce tokens. The
-cache length is one bucket per request (the longest prompt + max_new_tokens, rounded up to a power
-of two, or `max_cache_length`), so a request compiles one prefill per (row, prompt-length)
-bucket and one decoding program per row bucket.
+and prefilled in one call (the family's `extend(prefill=True)`: the training attention op over
+the new tokens, flash where the platform has it), which also samples each row's first token.
+Then one token per step for all rows (`extend` over the cache), `chunk` steps per call inside a
+`while_loop` that ends as soon as every row is done; rows that finished (eos id,
+`max_new_tokens`, or a stop string, which the host checks between calls) no longer write to the
+cache or produce tokens. The cache length is one bucket per request (the longest prompt +
+max_new_tokens, rounded up to a power of two, or `max_cache_length`), so a request compiles one
+prefill per (row, prompt-length) bucket and one decoding program per row bucket.
 
-score: log-probabilities of given completions after given prompts (a teacher-forced forward;
-the head applied `SCORE_CHUNK` positions at a time so the [B, S, V] logits never exist whole).
+score: log-probabilities of given completions after given prompts (a teacher-forced `extend`
+without a cache; the head applied `SCORE_CHUNK` positions at a time so the [B, S, V] logits never
+exist whole).
 
 Requests that cannot run (an empty prompt, ids outside the vocabulary, a prompt plus
 max_new_tokens longer than the cache or the model's positions) raise `DecodeError` naming the
@@ -123,14 +124,20 @@ class Engine:
   def _model(self, params):
     return nnx.merge(self.model_def.graphdef, params)
 
+  @staticmethod
+  def _prompt_positions(lengths_B, S: int):
+    """(positions 0..S-1 [B, S], which are real tokens [B, S]) of right-padded prompts."""
+    positions_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (lengths_B.shape[0], S))
+    return positions_BS, positions_BS < lengths_B[:, None]
+
   def _prefill_fn(self, params, tokens_BS, lengths_B, rows_B, values, *, static, max_len):
     B, S = tokens_BS.shape
     specs = cache_lib.specs(self.mcfg, B, max_len, self.cache_dtype)
     with use_rules(self.mesh, self.rules):
       model = self._model(params)
       cache = cache_lib.constrain_cache(cache_lib.empty(specs), specs, self.mesh, self.rules)
-      valid_BS = jnp.arange(S)[None, :] < lengths_B[:, None]
-      x_BSD, cache = model.prefill(tokens_BS, valid_BS, cache)
+      x_BSD, cache = model.extend(tokens_BS, *self._prompt_positions(lengths_B, S), cache,
+                                  prefill=True)
       last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
       tokens_B, logprobs_B = choose(model.logits(last_B1D)[:, 0], static, values, rows_B,
                                     jnp.zeros_like(rows_B))
@@ -148,8 +155,8 @@ class Engine:
       def step(carry):
         i, cache, st, out_tokens, out_logprobs = carry
         active_B = ~st["done"]
-        x_B1D, cache = model.decode_step(st["token"][:, None], st["position"][:, None],
-                                         active_B[:, None], cache)
+        x_B1D, cache = model.extend(st["token"][:, None], st["position"][:, None],
+                                    active_B[:, None], cache, prefill=False)
         tokens_B, logprobs_B = choose(model.logits(x_B1D)[:, 0], static, values, st["row"],
                                       st["count"])
         out_tokens = out_tokens.at[:, i].set(jnp.where(active_B, tokens_B, -1))
@@ -174,8 +181,8 @@ class Engine:
     C = min(S, SCORE_CHUNK)
     with use_rules(self.mesh, self.rules):
       model = self._model(params)
-      valid_BS = jnp.arange(S)[None, :] < lengths_B[:, None]
-      x_BSD, _ = model.prefill(tokens_BS, valid_BS, None)
+      positions_BS, valid_BS = self._prompt_positions(lengths_B, S)
+      x_BSD, _ = model.extend(tokens_BS, positions_BS, valid_BS, None, prefill=True)
 
       def chunk_logprobs(xs):
         x_BCD, t_BC = xs

@@ -9,7 +9,8 @@ CacheGroup(kind, layers)}`, `layers` layers of one kind whose arrays are stacked
 "layers" axis. A layer writes and reads its own row of its group (`index`); a layer that shares
 another layer's K/V (Gemma 4's KV-shared tail) reads its producer's row and stores nothing.
 Generic decoding code (MaxText/decoding/) only allocates the groups — shapes, dtypes and logical
-axes from `kind.arrays(batch, max_len, dtype)` — and hands them to the model; it never looks inside.
+axes from `kind.arrays(batch, max_len, dtype)` — and hands them to the model; it never looks
+inside.
 A family with another kind of state (e.g. the recurrent and convolution state of linear-attention
 layers) defines its own kind with the same `arrays` method.
 
@@ -18,8 +19,8 @@ layers) defines its own kind with the same `arrays` method.
   sliding window W    a ring buffer of R = min(W, T) slots (slot = position mod R) plus the position
                       each slot holds, pos [B, R] (-1 = empty): memory O(W), not O(length).
 `write` stores the valid tokens of a call (a prefill keeps only the last R of a long prompt in a
-ring); `attend` lets queries see what the cache holds after that write — a decoding step writes its
-one token first, then attends, so a ring of W slots always holds the window q - W < k <= q.
+ring); `attend` lets queries see what the cache holds after that write — a decoding step writes
+its one token first, then attends, so a ring of W slots always holds the window q - W < k <= q.
 """
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ A family that decodes (MaxText/decoding/) declares its per-layer decoding state 
 `decode_cache(mcfg) -> {group name: layers.kv_cache.CacheGroup}` (full-attention K/V, a sliding
 window's ring buffer, a recurrence's state, ...; a layer that reads another layer's cache stores
 nothing) and its module has
-  `prefill(tokens_BS, valid_BS, cache) -> (hidden_BSD, cache)`   right-padded prompts at positions
-                                                                 0..S-1 (cache None: no cache)
-  `decode_step(tokens_BS, positions_BS, valid_BS, cache) -> (hidden_BSD, cache)`   one token a row
-  `logits(hidden_BSD) -> logits_BSV`                              the head (fp32), on final-norm
-                                                                 hidden states
+  `extend(tokens_BS, positions_BS, valid_BS, cache, *, prefill) -> (hidden_BSD, cache)`
+      new tokens (`valid_BS`: the real ones of right-padded rows) → final-norm hidden states and
+      the cache with them; `prefill`: prompts at positions 0..S-1 over an empty cache (or None:
+      no cache, for scoring), else one token per row at its own position
+  `logits(hidden_BSD) -> logits_BSV`   the head (fp32)
 The cache is the dict of groups of arrays the decoding code allocated from `decode_cache`, each
 stacked on a leading axis of the group's layers; the model reads and writes its layers' rows.
 """

@@ -391,19 +391,11 @@ class Transformer(nnx.Module):
       logits_BSV = c * jnp.tanh(logits_BSV / c)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
 
-  # ---- decoding (MaxText/decoding/: the family interface's prefill / decode_step / logits) ------
-  def prefill(self, tokens_BS, valid_BS, cache):
-    """Right-padded prompts (positions 0..S-1, `valid_BS` the real tokens) → (final-norm hidden
-    states [B, S, D], the cache with their K/V; None: no cache)."""
-    positions_BS = jnp.broadcast_to(jnp.arange(tokens_BS.shape[1], dtype=jnp.int32),
-                                    tokens_BS.shape)
-    return self._extend(tokens_BS, positions_BS, valid_BS, cache, prefill=True)
-
-  def decode_step(self, tokens_BS, positions_BS, valid_BS, cache):
-    """One new token per row at `positions_BS` → (hidden [B, 1, D], cache)."""
-    return self._extend(tokens_BS, positions_BS, valid_BS, cache, prefill=False)
-
-  def _extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+  # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
+  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+    """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
+    (final-norm hidden states [B, S, D], the cache with their K/V; None: no cache). `prefill`:
+    the prompts (positions 0..S-1) over an empty cache; else one token per row."""
     x_BSD, xs = self._inputs(tokens_BS)
     xs["cache_index"] = jnp.asarray(cache_rows(self.cfg))
     kv = self._shared_kv(*tokens_BS.shape) if prefill else {}

@@ -173,8 +173,8 @@ class Transformer(nnx.Module):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
   def _embed(self, tokens_BS):
-    return constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(self.cfg.compute_dtype),
-                     ACT_BSD)
+    x_BSD = jnp.take(self.embedding[...], tokens_BS, axis=0)
+    return constrain(x_BSD.astype(self.cfg.compute_dtype), ACT_BSD)
 
   def _moe_inputs(self) -> dict:
     """Per-layer inputs of the MoE layers: their row of the statistics and their router bias."""
@@ -199,25 +199,18 @@ class Transformer(nnx.Module):
   def logits(self, x_BSD):
     """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(self.cfg.compute_dtype))
+      table = self.embedding[...].astype(self.cfg.compute_dtype)
+      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table)
     else:
       logits_BSV = self.lm_head(x_BSD)
     return constrain(logits_BSV.astype(jnp.float32),
                      ("activation_batch", "activation_length", "activation_vocab"))
 
-  # ---- decoding (MaxText/decoding/: the family interface's prefill / decode_step / logits) ------
-  def prefill(self, tokens_BS, valid_BS, cache):
-    """Right-padded prompts (positions 0..S-1, `valid_BS` the real tokens) → (final-norm hidden
-    states [B, S, D], the cache with their K/V; None: no cache)."""
-    positions_BS = jnp.broadcast_to(jnp.arange(tokens_BS.shape[1], dtype=jnp.int32),
-                                    tokens_BS.shape)
-    return self._extend(tokens_BS, positions_BS, valid_BS, cache, prefill=True)
-
-  def decode_step(self, tokens_BS, positions_BS, valid_BS, cache):
-    """One new token per row at `positions_BS` → (hidden [B, 1, D], cache)."""
-    return self._extend(tokens_BS, positions_BS, valid_BS, cache, prefill=False)
-
-  def _extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+  # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
+  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+    """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
+    (final-norm hidden states [B, S, D], the cache with their K/V; None: no cache). `prefill`:
+    the prompts (positions 0..S-1) over an empty cache; else one token per row."""
     xs = {"cache_index": jnp.arange(self.cfg.num_decoder_layers), **self._moe_inputs()}
     x_BSD, cache = self.decoder((self._embed(tokens_BS), cache), positions_BS, valid_BS, prefill,
                                 xs=xs, method="extend")
