@@ -39,16 +39,19 @@ def family_models():
           "gemma4_moe": (lambda: gemma4.hf_model("moe"), lambda: gemma4.ours("moe", True))}
 
 
-def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
-  """transformers' generate(do_sample=False) of one prompt, never stopping at an eos (the model's
-  own generation config has none; `min_new_tokens` would instead forbid the eos token)."""
+def hf_greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+  """transformers' generate(do_sample=False) of a batch of prompts (left-padded, with the attention
+  mask, as transformers batches prompts of different lengths), never stopping at an eos (the
+  model's own generation config has none; `min_new_tokens` would instead forbid the eos token)."""
   import torch
-  import transformers
   model.generation_config.eos_token_id = None
-  config = transformers.GenerationConfig(do_sample=False, max_new_tokens=new_tokens, pad_token_id=0)
+  width = max(map(len, prompts))
+  ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
   with torch.no_grad():
-    out = model.generate(torch.tensor([prompt]), generation_config=config)[0, len(prompt):].tolist()
-  assert len(out) == new_tokens
+    out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                         pad_token_id=0)[:, width:].tolist()
+  assert all(len(o) == new_tokens for o in out)
   return out
 
 

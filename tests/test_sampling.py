@@ -88,7 +88,7 @@ def test_bad_sampling_values_are_named():
 def tiny():
   cfg = load_config([BASE_YML, "model_name=qwen3-tiny"])
   mcfg = ModelConfig.from_config(cfg)
-  eng = engine(mcfg, batch_size=4)
+  eng = engine(mcfg, batch_size=8)
   return eng, eng.place(jax.device_get(init_params(mcfg, 0)))
 
 
