@@ -35,7 +35,7 @@ def test_ring_and_full_caches_match_a_reference():
     kind = KVCache(K, E, window)
     specs = kind.arrays(B, T, jnp.float32)
     group = {n: jnp.full((1, *a.shape), a.fill, a.dtype) for n, a in specs.items()}
-    assert group["k"].shape[2] == (W if window else T)
+    assert group["k"].shape[3] == (W if window else T)
     S = 8
     pos = np.broadcast_to(np.arange(S), (B, S))
     group = kind.write(group, 0, keys[:, :S], values[:, :S], jnp.asarray(pos),
@@ -60,6 +60,6 @@ def test_gemma4_e2b_cache_is_rings_plus_full_layers():
   # 35 layers: 15 with K/V (12 sliding, 3 full); the 20 KV-shared layers store nothing
   assert {n: g.layers for n, g in groups.items()} == {"sliding": 12, "full": 3}
   specs = cache_lib.specs(mcfg, 1, 32768, jnp.bfloat16)
-  assert specs["sliding"]["k"].shape == (12, 1, 512, 1, 256)         # the window, not 32k
-  assert specs["full"]["k"].shape == (3, 1, 32768, 1, 512)
+  assert specs["sliding"]["k"].shape == (12, 1, 1, 512, 256)         # the window, not 32k
+  assert specs["full"]["k"].shape == (3, 1, 1, 32768, 512)
   assert cache_lib.nbytes(specs) == 2 * (12 * 512 * 256 + 3 * 32768 * 512) * 2 + 12 * 512 * 4

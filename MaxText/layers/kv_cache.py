@@ -2,7 +2,7 @@
 
 Conventions
   B batch, S new tokens of this call, T cache slots, K kv heads, E head dim, H query heads,
-  G = H / K query heads per kv head. Arrays are named by shape (`k_BTKE`).
+  G = H / K query heads per kv head. Arrays are named by shape (`k_BKTE`).
 
 A family's `decode_cache(mcfg)` (MaxText/models/family.py) gives its cache groups: `{name:
 CacheGroup(kind, layers)}`, `layers` layers of one kind whose arrays are stacked on a leading
@@ -15,7 +15,8 @@ A family with another kind of state (e.g. the recurrent and convolution state of
 layers) defines its own kind with the same `arrays` method.
 
 `KVCache` is an attention layer's keys and values:
-  full attention      k, v [B, T, K, E] with T the cache length; slot = position.
+  full attention      k, v [B, K, T, E] with T the cache length; slot = position (kv heads before
+                      the length: the layout attention reads without a transpose).
   sliding window W    a ring buffer of R = min(W, T) slots (slot = position mod R) plus the position
                       each slot holds, pos [B, R] (-1 = empty): memory O(W), not O(length).
 `write` stores the valid tokens of a call (a prefill keeps only the last R of a long prompt in a
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-CACHE_BTKE = ("activation_batch", None, "activation_kv_heads", None)
+CACHE_BKTE = ("activation_batch", "activation_kv_heads", None, None)
 CACHE_BT = ("activation_batch", None)
 
 
@@ -67,7 +68,7 @@ class KVCache:
 
   def arrays(self, batch: int, max_len: int, dtype: Any) -> dict[str, ArraySpec]:
     T = self.slots(max_len)
-    kv = ArraySpec((batch, T, self.kv_heads, self.head_dim), dtype, CACHE_BTKE)
+    kv = ArraySpec((batch, self.kv_heads, T, self.head_dim), dtype, CACHE_BKTE)
     out = {"k": kv, "v": kv}
     if self.window:
       out["pos"] = ArraySpec((batch, T), jnp.int32, CACHE_BT, fill=-1)
@@ -76,28 +77,31 @@ class KVCache:
   def write(self, group: dict, index, k_BSKE, v_BSKE, positions_BS, valid_BS) -> dict:
     """`group` with the valid tokens' k/v stored in row `index` (invalid ones are dropped)."""
     B, S = positions_BS.shape
-    T = group["k"].shape[2]
+    T = group["k"].shape[3]
     if self.window:
       last_B = jnp.max(jnp.where(valid_BS, positions_BS, -1), axis=1)
       keep_BS = valid_BS & (positions_BS > last_B[:, None] - T)    # the last T tokens at most
       slot_BS = jnp.where(keep_BS, positions_BS % T, T)
     else:
       slot_BS = jnp.where(valid_BS, positions_BS, T)               # T (or beyond): dropped
-    rows_BS = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
-    out = {name: group[name].at[index, rows_BS, slot_BS].set(x.astype(group[name].dtype),
-                                                             mode="drop")
+    rows_B11 = jnp.arange(B)[:, None, None]
+    heads_1K1 = jnp.arange(self.kv_heads)[None, :, None]
+    at_BKS = (index, rows_B11, heads_1K1, slot_BS[:, None, :])   # broadcast to [B, K, S]
+    out = {name: group[name].at[at_BKS].set(x.transpose(0, 2, 1, 3).astype(group[name].dtype),
+                                            mode="drop")
            for name, x in (("k", k_BSKE), ("v", v_BSKE))}
     if self.window:
-      out["pos"] = group["pos"].at[index, rows_BS, slot_BS].set(positions_BS, mode="drop")
+      out["pos"] = group["pos"].at[index, rows_B11[:, :, 0], slot_BS].set(positions_BS,
+                                                                          mode="drop")
     return out
 
   def attend(self, group: dict, index, q_BSHE, positions_BS, *, scale: float) -> jax.Array:
     """Attention of queries at `positions_BS` over row `index` of the cache: keys at positions
     <= the query's (and > query - window): softmax in fp32, GQA without repeating K/V."""
-    k_BTKE = group["k"][index].astype(q_BSHE.dtype)
-    v_BTKE = group["v"][index].astype(q_BSHE.dtype)
+    k_BKTE = group["k"][index].astype(q_BSHE.dtype)
+    v_BKTE = group["v"][index].astype(q_BSHE.dtype)
     B, S, H, E = q_BSHE.shape
-    T, K = k_BTKE.shape[1], k_BTKE.shape[2]
+    K, T = k_BKTE.shape[1], k_BKTE.shape[2]
     G = H // K
     if self.window:
       key_pos_BT = group["pos"][index]
@@ -109,11 +113,11 @@ class KVCache:
       mask_BST &= key_pos_BT[:, None, :] > q_pos_BS1 - self.window
     # heads-major: the G query heads of one kv head folded into the query rows (row g*S + s)
     q_BKQE = q_BSHE.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, E)
-    scores_BKQT = jnp.einsum("bkqe,btke->bkqt", q_BKQE, k_BTKE,
+    scores_BKQT = jnp.einsum("bkqe,bkte->bkqt", q_BKQE, k_BKTE,
                              preferred_element_type=jnp.float32) * scale
     mask_BQT = jnp.tile(mask_BST, (1, G, 1))
     scores_BKQT = jnp.where(mask_BQT[:, None], scores_BKQT, jnp.finfo(jnp.float32).min)
-    probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1).astype(v_BTKE.dtype)
-    out_BKQE = jnp.einsum("bkqt,btke->bkqe", probs_BKQT, v_BTKE)
+    probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1).astype(v_BKTE.dtype)
+    out_BKQE = jnp.einsum("bkqt,bkte->bkqe", probs_BKQT, v_BKTE)
     return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
 
