@@ -44,6 +44,19 @@ def _read_yaml(path: str) -> dict[str, Any]:
   return data
 
 
+def _with_base(path: str) -> dict[str, Any]:
+  """A config file's keys; a file with `base_config: NAME` (e.g. configs/sft.yml) holds only the
+  keys it changes in NAME (a full config next to it)."""
+  raw = _read_yaml(path)
+  if "base_config" not in raw:
+    return raw
+  overlay = dict(raw)
+  parent = os.path.join(os.path.dirname(path), str(overlay.pop("base_config")))
+  if os.path.abspath(parent) == os.path.abspath(path):
+    raise ConfigError(f"config file '{path}' names itself as its base_config")
+  return {**_read_yaml(parent), **overlay}
+
+
 def _unknown_key(key: str, where: str) -> ConfigError:
   close = difflib.get_close_matches(key, KEYS.keys(), n=3, cutoff=0.6)
   hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -176,7 +189,7 @@ def load_config(argv: Sequence[str]) -> Config:
   if not argv:
     raise ConfigError("usage: train.py configs/base.yml [key=value ...]")
   base_path, overrides = argv[0], parse_overrides(argv[1:])
-  raw = _read_yaml(base_path)
+  raw = _with_base(base_path)
   missing = sorted(set(KEYS) - set(raw))
   if missing:
     raise ConfigError(f"{base_path} lacks keys of the schema: {', '.join(missing)}")
@@ -200,7 +213,7 @@ def explicit_keys(argv: Sequence[str]) -> set[str]:
   """Keys that `argv` sets beyond base.yml: on the command line or through the model file."""
   overrides = parse_overrides(argv[1:])
   keys = set(overrides)
-  model_name = overrides.get("model_name") or _read_yaml(argv[0]).get("model_name", "default")
+  model_name = overrides.get("model_name") or _with_base(argv[0]).get("model_name", "default")
   if model_name != "default":
     keys |= set(model_overlay(models_dir(argv[0]), model_name))
   return keys

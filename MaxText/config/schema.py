@@ -213,6 +213,15 @@ class Config:
   max_bad_records: int = key(0, "unreadable records (bad JSON, missing text field) skipped and "
                              "counted; more: exit 3", min=0, data=True)
   max_target_length: int = key(256, "sequence length S of a training row", min=2, data=True)
+  sft: bool = key(False, "supervised fine-tuning: jsonl records of chat `messages` (or `prompt` / "
+                  "`completion`) rendered with the tokenizer's chat template", data=True)
+  sft_train_on_completion_only: bool = key(True, "sft: the loss counts the assistant tokens only "
+                                           "(false: every token of the conversation)", data=True)
+  sft_overlong: str = key("truncate", "sft: a conversation longer than max_target_length is "
+                          "truncated | dropped (either is counted)",
+                          choices=("truncate", "drop"), data=True)
+  chat_template_path: str = key("", 'sft: a jinja chat template file; "" = the tokenizer\'s own '
+                                "(chat_template.jinja / tokenizer_config.json)", data=True)
   eval_split_fraction: float = key(
       0.0, "hold out this share of the documents for evaluation; training never reads them",
       min=0, max=0.5, data=True)
@@ -246,6 +255,16 @@ class Config:
                               "then halt (exit 5) | skip", choices=("halt", "skip"))
   max_nonfinite_skips: int = key(10, "skip: halt (exit 5) once more than this many steps were "
                                  "skipped", min=0)
+
+  # ---- LoRA ------------------------------------------------------------------------------------
+  lora_rank: int = key(0, "train low-rank adapters of this rank on the frozen base; 0 = full "
+                       "fine-tuning", min=0, section="LoRA (adapters on a frozen base)", **_COMPUTE)
+  lora_alpha: float = key(32.0, "adapter scale alpha: the update is (alpha / rank) x A B", gt=0,
+                          **_COMPUTE)
+  lora_targets: str = key(
+      "", 'regex over the dense projections\' module paths (e.g. "decoder/.*/(query|value)$"); "" '
+      "= every projection of the decoder layers whose axes are all named (attention and MLP, not "
+      "routers, gates to one value or the head)", **_COMPUTE)
 
   # ---- checkpoints -----------------------------------------------------------------------------
   enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",

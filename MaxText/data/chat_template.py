@@ -75,13 +75,14 @@ def special_tokens(folder: str) -> dict[str, str]:
   return out
 
 
-def _environment():
+def _environment(marks: tuple[str, str] = ("", "")):
   import jinja2  # pylint: disable=import-outside-toplevel
   from jinja2 import ext, nodes
   from jinja2.sandbox import ImmutableSandboxedEnvironment
 
   class Generation(ext.Extension):
-    """`{% generation %}...{% endgeneration %}` (marks assistant text for training): its body."""
+    """`{% generation %}...{% endgeneration %}` (marks assistant text for training): its body,
+    between `marks` (none by default; data/sft.py finds the assistant text by them)."""
     tags = {"generation"}
 
     def parse(self, parser):
@@ -90,7 +91,7 @@ def _environment():
       return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     def _body(self, caller):
-      return caller()
+      return marks[0] + caller() + marks[1]
 
   def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
@@ -106,7 +107,8 @@ def _environment():
 
 
 def render(template: str, messages: Sequence[dict[str, Any]], tokens: dict[str, str], *,
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, generation_marks: tuple[str, str] = ("", "")
+           ) -> str:
   """The template applied to `messages` ([{"role", "content"}, ...]); DataError when the template
   does not parse or refuses the messages (its raise_exception)."""
   import jinja2  # pylint: disable=import-outside-toplevel
@@ -115,7 +117,7 @@ def render(template: str, messages: Sequence[dict[str, Any]], tokens: dict[str, 
     raise DataError(f"chat messages must be a list of {{'role': ..., 'content': ...}} objects, "
                     f"got {messages!r:.200}")
   try:
-    compiled = _environment().from_string(template)
+    compiled = _environment(generation_marks).from_string(template)
     return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                            **tokens)
   except jinja2.exceptions.TemplateError as e:

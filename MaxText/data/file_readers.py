@@ -89,7 +89,8 @@ class JsonlFileReader(_Reader):
   def __len__(self) -> int:
     return len(self.offsets)
 
-  def __getitem__(self, index: int) -> str:
+  def record(self, index: int) -> tuple[Any, str]:
+    """(the parsed JSON value of document `index`, where it is: "<path> line <n>")."""
     with self._lock:
       handle = self.__dict__.get("_h_file")
       if handle is None:
@@ -98,13 +99,15 @@ class JsonlFileReader(_Reader):
       line = handle.readline()
     where = f"{self.path} line {int(self.line_numbers[index])}"
     try:
-      record = json.loads(line)
+      return json.loads(line), where
     except ValueError as e:
       raise DataError(f"dataset_path: {where} is not valid JSON: {e}") from e
-    return _text_from_record(record, self.text_field, where)
+
+  def __getitem__(self, index: int) -> str:
+    return _text_from_record(*self.record(index), self.text_field)
 
 
-def _text_from_record(record: Any, text_field: str, where: str) -> str:
+def _text_from_record(record: Any, where: str, text_field: str) -> str:
   if not isinstance(record, dict) or text_field not in record:
     raise DataError(f"dataset_text_field '{text_field}' is missing in {where}")
   value = record[text_field]
@@ -187,7 +190,7 @@ class ArrayRecordFileReader(_Reader):
         record = json.loads(text)
       except ValueError:
         return text  # Plain text that happens to start with "{".
-      return _text_from_record(record, self.text_field, f"{self.path} record {index}")
+      return _text_from_record(record, f"{self.path} record {index}", self.text_field)
     return text
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from MaxText.config.schema import DATA_KEYS, KEYS, default
 from MaxText.data import bad_records
 from MaxText.data import packing
+from MaxText.data import sft
 from MaxText.data import sources
 from MaxText.data import synthetic
 from MaxText.data.config import DataConfig
@@ -169,9 +170,13 @@ def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: 
     rows = synthetic.synthetic_rows(seed, seq_len, dcfg.vocab_size, shard, num_shards)
     return rows.to_iter_dataset(_READ_OPTIONS)
 
-  docs = sources.document_dataset(dcfg.dataset_type, dcfg.dataset_path, dcfg.dataset_format,
-                                  dcfg.dataset_text_field, tolerant=True,
-                                  eval_split_fraction=dcfg.eval_split_fraction, split=split)
+  if dcfg.sft:   # chat records: (record, where), tokenized with the assistant-token mask
+    docs = sft.record_dataset(dcfg.dataset_path, dcfg.dataset_format,
+                              eval_split_fraction=dcfg.eval_split_fraction, split=split)
+  else:
+    docs = sources.document_dataset(dcfg.dataset_type, dcfg.dataset_path, dcfg.dataset_format,
+                                    dcfg.dataset_text_field, tolerant=True,
+                                    eval_split_fraction=dcfg.eval_split_fraction, split=split)
   if len(docs) < num_shards:
     raise DataError(f"dataset_path '{dcfg.dataset_path}' has {len(docs)} documents, "
                     f"fewer than the {num_shards} data shards that must each read some")
@@ -180,9 +185,17 @@ def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: 
     if dcfg.shuffle:
       docs = docs.shuffle(seed=seed)
     docs = docs.repeat()
-  to_pairs = packing.TokenizeToPairs(tokenizer, dcfg.add_bos, dcfg.add_eos)
+  if dcfg.sft:
+    to_pairs = sft.ChatToPairs(sft.ChatFormat.for_tokenizer(dcfg.tokenizer_path,
+                                                            dcfg.chat_template_path),
+                               tokenizer, seq_len, dcfg.sft_train_on_completion_only,
+                               dcfg.sft_overlong)
+  else:
+    to_pairs = packing.TokenizeToPairs(tokenizer, dcfg.add_bos, dcfg.add_eos)
   pairs = docs.map(to_pairs).to_iter_dataset(_READ_OPTIONS)  # Drops None (too-short docs).
   pairs = bad_records.SkipBadRecords(pairs, dcfg.max_bad_records)
+  if dcfg.sft:
+    return sft.rows(pairs, seq_len, dcfg.packing, tokenizer.pad_id)
   return packing.rows_from_pairs(pairs, seq_len, dcfg.packing, tokenizer.pad_id)
 
 

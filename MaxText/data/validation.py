@@ -7,6 +7,7 @@ the pipeline, so a run loads it once.
 
 from __future__ import annotations
 
+from MaxText.data import sft
 from MaxText.data import sources
 from MaxText.data import tokenizers
 from MaxText.data.config import DataConfig
@@ -38,6 +39,14 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer:
     if getattr(dcfg, key) and token_id is None:
       raise DataError(f"{key} is true but the tokenizer {tokenizer!r} has no such token")
 
+  if dcfg.sft:
+    if dcfg.dataset_type != "file" or not isinstance(tokenizer, tokenizers.HFTokenizer):
+      raise DataError("sft=true reads chat records from jsonl files with a Hugging Face tokenizer: "
+                      f"set dataset_type=file (now {dcfg.dataset_type!r}) and tokenizer_type="
+                      f"huggingface (now {dcfg.tokenizer_type!r})")
+    sft.ChatFormat.for_tokenizer(dcfg.tokenizer_path, dcfg.chat_template_path)
+    sft.record_files(dcfg.dataset_path, dcfg.dataset_format)
+    return tokenizer
   if dcfg.dataset_type == "file":
     files = sources.resolve_dataset_files(dcfg.dataset_path, dcfg.dataset_format)
     if any(fmt != "text" for _, fmt in files) and not dcfg.dataset_text_field:
