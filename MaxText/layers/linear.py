@@ -24,7 +24,11 @@ class DenseGeneral(nnx.Module):
 
   def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], logical_axes: Sequence[str],
                *, rngs: nnx.Rngs, dtype: jnp.dtype, param_dtype: jnp.dtype):
-    self.in_rank = len(in_shape)
+    self.in_rank, self.out_rank = len(in_shape), len(out_shape)
+    # LoRA adapters (layers/lora.py sets them): y += lora_scale * (x A) B
+    self.lora_a = nnx.data(None)
+    self.lora_b = nnx.data(None)
+    self.lora_scale = 0.0
     fan_in = 1
     for d in in_shape:
       fan_in *= d
@@ -39,5 +43,10 @@ class DenseGeneral(nnx.Module):
     batch_shape = x.shape[: x.ndim - self.in_rank]
     in_size = math.prod(w.shape[: self.in_rank])
     out_shape = w.shape[self.in_rank:]
-    y = x.astype(self.dtype).reshape(-1, in_size) @ w.reshape(in_size, -1)
+    x2 = x.astype(self.dtype).reshape(-1, in_size)
+    y = x2 @ w.reshape(in_size, -1)
+    if self.lora_a is not None:   # A [*in, r], B [r, *out]; zero B: y exactly as without
+      a = self.lora_a[...].astype(self.dtype).reshape(in_size, -1)
+      b = self.lora_b[...].astype(self.dtype).reshape(a.shape[1], -1)
+      y = y + self.lora_scale * ((x2 @ a) @ b)
     return y.reshape(*batch_shape, *out_shape)

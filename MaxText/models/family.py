@@ -41,6 +41,8 @@ COMMON_KEYS = frozenset({
     "num_kv_heads", "head_dim", "mlp_dim", "norm_epsilon", "rope_theta", "max_position_embeddings",
     "init_std", "dtype", "weight_dtype", "scan_layers", "remat_policy", "attention",
     "flash_block_q", "flash_block_kv"})
+# Model keys generic code applies to any family's module (models/model_def.py: LoRA adapters).
+GENERIC_KEYS = frozenset({"lora_rank", "lora_alpha", "lora_targets"})
 # Routed experts as MaxText/layers/moe.py implements them (with the balancing terms of
 # `moe.MoETerms`).
 ROUTED_EXPERT_KEYS = frozenset({
@@ -121,7 +123,8 @@ class Family:
     then its own checks."""
     refused = [(k, f"{k}={getattr(mcfg, k)!r} is not supported by decoder_block={self.name} "
                    f"(it implements {k} only at {KEYS[k].default!r}, the default)")
-               for k in MODEL_KEYS if k not in self.supports and not is_default(mcfg, k)]
+               for k in MODEL_KEYS
+               if k not in self.supports | GENERIC_KEYS and not is_default(mcfg, k)]
     return refused + self.check(mcfg)
 
 

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import jax
 from flax import nnx, traverse_util
 
+from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 
 Build = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
@@ -31,8 +32,13 @@ class ModelDef:
 
 
 def _build(build: Build, mcfg: ModelConfig, seed: int) -> nnx.Module:
+  """The family's module; with `lora_rank`, its projections carry adapters (layers/lora.py)."""
   with nnx.use_eager_sharding(False):
-    return build(mcfg, rngs=nnx.Rngs(params=seed))
+    rngs = nnx.Rngs(params=seed)
+    model = build(mcfg, rngs=rngs)
+    if mcfg.lora_rank:
+      lora.attach(model, mcfg.lora_rank, mcfg.lora_alpha, mcfg.lora_targets, rngs)
+    return model
 
 
 def model_def_of(build: Build, mcfg: ModelConfig) -> ModelDef:

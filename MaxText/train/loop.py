@@ -4,6 +4,7 @@ compiled step → loop with metrics and checkpoints. `main(argv)` returns the pr
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -24,7 +25,7 @@ from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
-from MaxText.layers import stack
+from MaxText.layers import lora, stack
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
@@ -40,7 +41,7 @@ from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, E
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.periodic import Periodic
 from MaxText.train.preemption import PreemptionWatch
-from MaxText.train.state import abstract_state, init_state, state_shardings
+from MaxText.train.state import abstract_state, init_state, state_shardings, trained
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
@@ -108,11 +109,18 @@ class Trainer:
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
-    self.model_def = make_model_def(self.mcfg)
-    self.tx = make_optimizer(cfg, self.model_def.logical_axes)
+    try:
+      self.model_def = make_model_def(self.mcfg)
+    except (ValueError, re.error) as e:   # lora_targets selects nothing / is no regex
+      if not cfg.lora_rank:
+        raise
+      raise ConfigError(f"lora_targets={cfg.lora_targets!r}: {e}") from e
+    self.adapters_only = bool(cfg.lora_rank)   # LoRA: only the adapters are trained
+    self.tx = make_optimizer(cfg, trained(self.model_def.logical_axes, self.adapters_only))
     self.lr_schedule = learning_rate_schedule(cfg)
-    self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules)
-    self.abstract = abstract_state(self.model_def, self.tx, self.shardings)
+    self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules,
+                                     self.adapters_only)
+    self.abstract = abstract_state(self.model_def, self.tx, self.shardings, self.adapters_only)
     n = len(self.devices)
     self.global_batch = cfg.global_batch_size(n)
     self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
@@ -132,8 +140,10 @@ class Trainer:
         return state, start
     params = None
     if self.cfg.load_parameters_path:
-      params = load_params(self.cfg.load_parameters_path, self.abstract["params"],
-                           verify=self.cfg.checkpoint_verify)
+      # LoRA: the base's parameters (the adapters start fresh)
+      base = lora.split(self.abstract["params"])[1] if self.adapters_only \
+          else self.abstract["params"]
+      params = load_params(self.cfg.load_parameters_path, base, verify=self.cfg.checkpoint_verify)
       log(f"loaded parameters from {self.cfg.load_parameters_path}")
     return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings, params), 0
 
@@ -141,7 +151,8 @@ class Trainer:
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
-                              aux_terms=self.family.aux_terms(self.mcfg))
+                              aux_terms=self.family.aux_terms(self.mcfg),
+                              adapters_only=self.adapters_only)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
@@ -308,7 +319,9 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
     trainer.distributed = plan
-    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
+    problem = memory.check_fits(memory.estimate(
+        trainer.abstract, trainer.devices, trained(trainer.abstract["params"],
+                                                   trainer.adapters_only)))
     if problem:
       raise ConfigError(problem)
   except (ConfigError, DataError) as e:

@@ -51,10 +51,13 @@ def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]
   return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
 
 
-def estimate(abstract_state: dict, devices: Sequence[jax.Device]) -> MemoryEstimate:
+def estimate(abstract_state: dict, devices: Sequence[jax.Device],
+             trained: Any = None) -> MemoryEstimate:
+  """`trained`: the parameters that get gradients (LoRA: the adapters), when not all."""
   params = _per_device_bytes(abstract_state["params"])
   available, source = available_bytes_per_device(devices)
-  return MemoryEstimate(params=params, grads=params,
+  grads = params if trained is None else _per_device_bytes(trained)
+  return MemoryEstimate(params=params, grads=grads,
                         optimizer=_per_device_bytes(abstract_state["opt_state"]),
                         available=available, source=source)
 

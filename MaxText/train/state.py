@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef
 from MaxText.models.registry import init_params
@@ -17,30 +18,44 @@ from MaxText.sharding.rules import Rules, tree_shardings
 TrainState = dict[str, Any]
 
 
+def trained(params: Any, adapters_only: bool) -> Any:
+  """The part of `params` the optimizer updates: all, or the LoRA adapters (layers/lora.py)."""
+  return lora.split(params)[0] if adapters_only else params
+
+
 def state_shardings(model_def: ModelDef, tx: optax.GradientTransformation, mesh: Mesh,
-                    rules: Rules) -> TrainState:
+                    rules: Rules, adapters_only: bool = False) -> TrainState:
   replicated = NamedSharding(mesh, PartitionSpec())
   params = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
-  abstract_opt = jax.eval_shape(tx.init, model_def.abstract_params)
-  opt = optax.tree_map_params(tx, lambda _, sh: sh, abstract_opt, params,
+  abstract_opt = jax.eval_shape(tx.init, trained(model_def.abstract_params, adapters_only))
+  opt = optax.tree_map_params(tx, lambda _, sh: sh, abstract_opt, trained(params, adapters_only),
                               transform_non_params=lambda _: replicated)
   return {"step": replicated, "params": params, "opt_state": opt}
 
 
-def abstract_state(model_def: ModelDef, tx: optax.GradientTransformation, shardings: TrainState):
+def abstract_state(model_def: ModelDef, tx: optax.GradientTransformation, shardings: TrainState,
+                   adapters_only: bool = False):
   shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": model_def.abstract_params,
-            "opt_state": jax.eval_shape(tx.init, model_def.abstract_params)}
+            "opt_state": jax.eval_shape(tx.init, trained(model_def.abstract_params,
+                                                         adapters_only))}
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       shapes, shardings)
 
 
 def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
                shardings: TrainState, params: Any = None) -> TrainState:
-  """Fresh state, created in place on the mesh. `params` (already placed) skips the random init."""
+  """Fresh state, created in place on the mesh. `params` (already placed) skips the random init;
+  with `lora_rank` they are the base's, and the adapters are initialised (the base's init is not
+  computed: only the adapters of the traced init are used)."""
+  adapters_only = bool(mcfg.lora_rank)
+
   def make(params):
     if params is None:
       params = init_params(mcfg, seed)
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    elif adapters_only:
+      params = lora.join(lora.split(init_params(mcfg, seed))[0], params)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt_state": tx.init(trained(params, adapters_only))}
 
   if params is None:
     return jax.jit(lambda: make(None), out_shardings=shardings)()

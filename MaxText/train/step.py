@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from MaxText.layers import lora
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
@@ -35,8 +36,18 @@ def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: ja
 
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
-                    lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None) -> Callable:
-  def micro_loss(params, micro):
+                    lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None,
+                    adapters_only: bool = False) -> Callable:
+  """`adapters_only` (LoRA): gradients, the optimizer and updates cover the adapters only
+  (layers/lora.py); the rest of the parameters pass through unchanged, and so do the family's
+  updates outside the gradient (they would change the frozen base)."""
+  if adapters_only:
+    split, join = lora.split, lora.join
+  else:
+    split, join = (lambda p: (p, {})), (lambda t, _: t)
+
+  def micro_loss(trained, frozen, micro):
+    params = join(trained, frozen)
     logits, aux = model_def.apply_with_aux(params, micro["inputs"], micro["inputs_position"],
                                            micro["inputs_segmentation"])
     mask = micro["targets_segmentation"] != 0
@@ -51,9 +62,9 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
 
   def step(state: TrainState, batch: dict[str, jax.Array]):
     with use_rules(mesh, rules):
-      params = state["params"]
+      params, frozen = split(state["params"])   # params: what is trained
       if grad_accum == 1:
-        (nll, (z, n, sums)), grads = grad_fn(params, batch)
+        (nll, (z, n, sums)), grads = grad_fn(params, frozen, batch)
       else:
         # micro-batch j = rows j, j+A, j+2A, …: every device's contiguous block of rows holds an
         # equal share of each micro-batch, so no rows move between devices
@@ -63,14 +74,15 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
 
         def accumulate(carry, micro):
           micro = jax.tree.map(lambda x: constrain(x, BATCH_AXES), micro)
-          (l, (zz, nn, mm)), g = grad_fn(params, micro)
+          (l, (zz, nn, mm)), g = grad_fn(params, frozen, micro)
           acc_g, acc_l, acc_z, acc_n, acc_m = carry
           return (jax.tree.map(jnp.add, acc_g, g), acc_l + l, acc_z + zz, acc_n + nn,
                   jax.tree.map(jnp.add, acc_m, mm)), None
 
         f32_zero = jnp.zeros((), jnp.float32)
         first = jax.tree.map(lambda x: x[0], micro_batches)
-        sums_zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, first)[0][1][2])
+        sums_zero = jax.tree.map(jnp.zeros_like,
+                                 jax.eval_shape(grad_fn, params, frozen, first)[0][1][2])
         zero = (jax.tree.map(jnp.zeros_like, params), f32_zero, f32_zero, f32_zero, sums_zero)
         (grads, nll, z, n, sums), _ = jax.lax.scan(accumulate, zero, micro_batches)
       denom = jnp.maximum(n, 1.0)
@@ -80,11 +92,12 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
       # a non-finite loss or gradient never reaches the parameters or the optimizer moments
       finite = jnp.isfinite(nll) & jnp.isfinite(grad_norm)
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-      new_params = optax.apply_updates(params, updates)
-      if aux_terms is not None:
-        new_params = aux_terms.update(new_params, sums)
+      new_params = keep(optax.apply_updates(params, updates), params)
+      new_params = join(new_params, frozen)
+      if aux_terms is not None and not adapters_only:
+        new_params = keep(aux_terms.update(new_params, sums), new_params)
       new_state = {"step": state["step"] + 1,
-                   "params": keep(new_params, params),
+                   "params": new_params,
                    "opt_state": keep(opt_state, state["opt_state"])}
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
                  "lr": lr_schedule(state["step"]), "finite": finite.astype(jnp.float32)}

@@ -1,0 +1,181 @@
+"""LoRA (MaxText/layers/lora.py) on chat SFT: zero-initialised adapters leave every family's
+forward exactly as it was; only the adapters train (the base bitwise unchanged after 10 steps, the
+optimizer state exactly two moments of the adapters, in bytes); the assistant loss falls; a
+prompt token's target is not in the objective; 8 fake devices with gradient accumulation equal 1;
+resume is bitwise; the pre-flight estimate accepts a qwen3-8b LoRA on 80 GB where full
+fine-tuning is refused."""
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+import sft_helpers as h
+from conftest import BASE_YML, MESH_1, MESH_222
+from MaxText.checkpoint.manager import save_params_only
+from MaxText.config.load import load_config
+from MaxText.data.config import DataConfig
+from MaxText.data.pipeline import make_shard_iterator
+from MaxText.layers import lora
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import init_params, make_model_def
+from MaxText.train import memory
+from MaxText.train.loop import Trainer, run
+
+MODEL = ["model_name=qwen3-tiny", "max_target_length=128", "learning_rate=1e-2",
+         "warmup_steps=2", "lora_rank=4", "lora_alpha=8"]
+
+
+def _host(tree):
+  return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+def _flat(tree):
+  return {"/".join(map(str, k)): v for k, v in traverse_util.flatten_dict(tree).items()}
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", "qwen3-moe-tiny", "gemma4-tiny"])
+def test_zero_adapters_leave_the_forward_exactly_as_the_base(model):
+  cfg = load_config([BASE_YML, f"model_name={model}", "lora_rank=4"])
+  with_lora = ModelConfig.from_config(cfg)
+  base_cfg = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model}"]))
+  params = init_params(with_lora, 0)
+  adapters, base = lora.split(params)
+  assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in _flat(adapters))
+  assert all(not np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_b"))
+  assert any(np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_a"))
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
+  pos = np.broadcast_to(np.arange(16), (2, 16))
+  seg = np.ones((2, 16), np.int32)
+  got = make_model_def(with_lora).apply(params, tokens, pos, seg)
+  want = make_model_def(base_cfg).apply(base, tokens, pos, seg)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  # a non-zero B changes it (the adapters are in the computation)
+  bumped = lora.join(jax.tree.map(lambda a: a + 0.01, adapters), base)
+  assert not np.allclose(make_model_def(with_lora).apply(bumped, tokens, pos, seg), want)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  d = tmp_path_factory.mktemp("lora")
+  h.save_chat_tokenizer(d / "tok", h.QWEN3_TAGGED)
+  data = h.write_jsonl(d / "chats.jsonl", h.conversations(64))
+  cfg = load_config(h.sft_argv(d, "base", *MODEL, "lora_rank=0"))
+  base = init_params(ModelConfig.from_config(cfg), 7)
+  save_params_only(str(d / "base_ckpt"), base, cfg.as_dict())
+  common = [*MODEL, f"dataset_path={data}", f"tokenizer_path={d}/tok/tokenizer.json",
+            f"load_parameters_path={d}/base_ckpt/0", "checkpoint_period=5", "steps=10"]
+  return d, common, _host(base)
+
+
+@pytest.fixture(scope="module")
+def one_device_run(setup):
+  d, common, base = setup
+  code, trainer = run(h.sft_argv(d, "one", *common, *MESH_1), devices=jax.devices()[:1])
+  assert code == 0
+  return trainer, h.conversations  # noqa
+
+
+def _metrics(d, name):
+  from conftest import read_metrics
+  return read_metrics(os.path.join(str(d), name))
+
+
+def test_only_the_adapters_train(setup, one_device_run):
+  d, _, base = setup
+  trainer, _ = one_device_run
+  state = _host(trainer.final_state)
+  adapters, frozen = lora.split(state["params"])
+  for k, v in _flat(base).items():   # bitwise unchanged after 10 steps
+    np.testing.assert_array_equal(_flat(frozen)[k], v, err_msg=k)
+  assert set(_flat(frozen)) == set(_flat(base))
+  assert all(np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_b"))
+  # optimizer state: AdamW's two moments of the adapters (+ the step counts), nothing else
+  nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))
+  counts = sum(x.nbytes for x in jax.tree.leaves(state["opt_state"]) if x.ndim == 0)
+  assert nbytes(state["opt_state"]) == 2 * nbytes(adapters) + counts
+  assert counts <= 16 and nbytes(adapters) < nbytes(base) / 10
+  losses = [m["loss"] for m in _metrics(d, "one")]
+  assert np.mean(losses[-3:]) < np.mean(losses[:2]) - 1.0, losses
+
+
+def test_eight_devices_with_accumulation_equal_one_and_resume_is_bitwise(setup, one_device_run):
+  d, common, _ = setup
+  trainer, _ = one_device_run
+  code, eight = run(h.sft_argv(d, "eight", *common, *MESH_222, "per_device_batch_size=0.5",
+                               "gradient_accumulation_steps=2", "enable_checkpointing=false"))
+  assert code == 0
+  a = lora.split(eight.final_state["params"])[0]
+  q = _flat(a)["decoder/runs/0/0/attn/query/lora_b"]
+  assert q.sharding.shard_shape(q.shape) != q.shape     # adapters sharded like their weight
+  np.testing.assert_allclose([m["loss"] for m in _metrics(d, "eight")],
+                             [m["loss"] for m in _metrics(d, "one")], rtol=0, atol=2e-5)
+  for (k, x), y in zip(_flat(_host(a)).items(), _flat(_host(lora.split(
+      trainer.final_state["params"])[0])).values()):
+    np.testing.assert_allclose(x, y, rtol=0, atol=2e-5, err_msg=k)
+  # resume: the run's step-5 checkpoint restored and trained to 10 gives the same bits
+  import shutil
+  shutil.copytree(os.path.join(d, "one"), os.path.join(d, "resumed"))
+  shutil.rmtree(os.path.join(d, "resumed", "checkpoints", "10"))
+  code, resumed = run(h.sft_argv(d, "resumed", *common, *MESH_1), devices=jax.devices()[:1])
+  assert code == 0
+  for x, y in zip(jax.tree.leaves(_host(resumed.final_state)),
+                  jax.tree.leaves(_host(trainer.final_state))):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_prompt_targets_are_not_in_the_objective(setup):
+  d, common, _ = setup
+  cfg = load_config(h.sft_argv(d, "objective", *common, *MESH_1))
+  trainer = Trainer(cfg, jax.devices()[:1])
+  it = make_shard_iterator(DataConfig.from_config(cfg), [0], 1, trainer.global_batch)
+  batch = next(it)
+  it.close()
+  prompt = (batch["targets_segmentation"] == 0) & (batch["inputs_segmentation"] != 0)
+  assert prompt.sum() > 100 and (~prompt & (batch["inputs_segmentation"] != 0)).sum() > 50
+  changed = dict(batch, targets=np.where(prompt, (batch["targets"] + 7) % 300, batch["targets"]))
+  step = trainer.compile_step()
+  out = []
+  for b in (batch, changed):
+    state, _ = trainer.initial_state(None, None)
+    new, metrics = step(state, trainer.device_batch(b))
+    out.append((_host(new["params"]), float(metrics["loss"])))
+  assert out[0][1] == out[1][1]
+  for x, y in zip(jax.tree.leaves(out[0][0]), jax.tree.leaves(out[1][0])):
+    np.testing.assert_array_equal(x, y)
+  # an assistant token's target does change it
+  answer = np.argwhere(batch["targets_segmentation"] != 0)[0]
+  other = dict(batch, targets=batch["targets"].copy())
+  other["targets"][tuple(answer)] = (other["targets"][tuple(answer)] + 7) % 300
+  state, _ = trainer.initial_state(None, None)
+  assert float(step(state, trainer.device_batch(other))[1]["loss"]) != out[0][1]
+
+
+class _GPU80:
+  """A device as memory_stats reports an 80 GB GPU."""
+  device_kind, process_index, platform = "NVIDIA H100 80GB HBM3", 0, "gpu"
+
+  def memory_stats(self):
+    return {"bytes_limit": 80 * 10**9}
+
+
+def test_preflight_accepts_qwen3_8b_lora_where_full_fine_tuning_is_refused(tmp_path):
+  est = {}
+  for name, extra in (("full", []), ("lora", ["lora_rank=16"])):
+    cfg = load_config([BASE_YML, "model_name=qwen3-8b", "ici_fsdp_parallelism=1",
+                       f"base_output_directory={tmp_path}", *extra])
+    t = Trainer(cfg, jax.devices()[:1])
+    est[name] = memory.estimate(t.abstract, [_GPU80()],
+                                lora.split(t.abstract["params"])[0] if extra else None)
+  full, lo = est["full"], est["lora"]
+  assert memory.check_fits(full) is not None and memory.check_fits(lo) is None
+  assert lo.params > full.params > 30 * 10**9           # the fp32 base, plus the adapters
+  assert lo.grads == lo.params - full.params            # gradients: the adapters only
+  assert lo.optimizer < 2 * lo.grads + 64               # two moments of the adapters
+
+
+def test_bad_lora_targets_exit_2(tmp_path, capsys):
+  code, _ = run([BASE_YML, *MESH_1, "lora_rank=4", "lora_targets=nothing_matches",
+                 f"base_output_directory={tmp_path}"], devices=jax.devices()[:1])
+  assert code == 2 and "lora_targets='nothing_matches'" in capsys.readouterr().err
