@@ -9,24 +9,32 @@ output. The model config travels in the checkpoint; its `hf_model_type` picks th
 it is "" (a model trained from configs/base.yml), the first of its family's Hugging Face types that
 can hold the model (the default model: `llama`), or the `hf_model_type` argument. Tensors are
 written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or numbered
-shards + index above `max_shard_gb`.
+shards + index above `max_shard_gb`. A LoRA checkpoint (lora_rank > 0) is written merged (each
+adapted kernel W + alpha/r A B: a plain model), or with adapter_format=peft as a PEFT adapter
+folder for `peft.PeftModel.from_pretrained(base, OUT)` (the base: the Hugging Face model the run
+started from).
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_huggingface \
       load_parameters_path=runs/default/checkpoints output_path=hf_out
   python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/ft/checkpoints/200 \
       output_path=hf_out max_shard_gb=2
+  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/lora/checkpoints \
+      output_path=adapter_out adapter_format=peft
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 from MaxText.checkpoint.manager import load_params_host, read_meta
+from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.config import cli
 from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
 from MaxText.config.schema import KEYS, Config
+from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
 
@@ -36,6 +44,9 @@ ARGS = {
     "output_path": cli.Arg(help="the Hugging Face folder to write (must not exist or be empty)"),
     "max_shard_gb": cli.Arg(float, 5.0, "largest safetensors shard"),
     "hf_model_type": cli.Arg(str, "", "the architecture to write when the checkpoint has none"),
+    "adapter_format": cli.Arg(str, "merged", "a LoRA checkpoint: merged (the base with W + "
+                              "alpha/r A B) | peft (adapter_config.json + "
+                              "adapter_model.safetensors for peft.PeftModel.from_pretrained)"),
 }
 
 
@@ -48,8 +59,12 @@ def checkpoint_config(path: str) -> Config:
   return replace(load_config([BASE_YML]), **saved)
 
 
-def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str = "") -> str:
-  """Writes the Hugging Face folder; returns the model_type written."""
+def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str = "",
+           adapter_format: str = "merged") -> str:
+  """Writes the Hugging Face folder (a LoRA checkpoint: merged, or its PEFT adapter folder);
+  returns the model_type written."""
+  if adapter_format not in ("merged", "peft"):
+    raise ConfigError(f"adapter_format={adapter_format!r}: merged or peft")
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   cfg = checkpoint_config(ckpt)
@@ -62,6 +77,16 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
     raise ConfigError(f"{key}: {problem}")
   family = get_hf_map(model_type)
   params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
+  if cfg.lora_rank:
+    base = dataclasses.replace(mcfg, lora_rank=0)
+    if adapter_format == "peft":
+      peft_adapters.export_peft(output_path, params, family, base, rank=cfg.lora_rank,
+                       alpha=cfg.lora_alpha, base_model=cfg.load_parameters_path)
+      return model_type
+    params, mcfg = lora.merged(params, cfg.lora_alpha / cfg.lora_rank), base
+  elif adapter_format == "peft":
+    raise ConfigError(f"adapter_format=peft: checkpoint '{ckpt}' has no LoRA adapters "
+                      "(lora_rank=0)")
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
   return model_type
@@ -74,7 +99,8 @@ def main(argv: list[str]) -> int:
       return 0
     args = parsed[0]
     model_type = export(args["load_parameters_path"], args["output_path"],
-                        int(args["max_shard_gb"] * 2**30), args["hf_model_type"])
+                        int(args["max_shard_gb"] * 2**30), args["hf_model_type"],
+                        args["adapter_format"])
   except (ConfigError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -5,7 +5,9 @@
 Reads `HF_DIR/config.json` (model_type picks the family's name map) and the safetensors shard(s)
 one tensor at a time, and writes `CKPT/0/{params,meta}` — which `train.py
 load_parameters_path=CKPT` fine-tunes from. Extra key=value pairs are config overrides that do not
-change the architecture (e.g. `scan_layers=false`, `weight_dtype=bfloat16`).
+change the architecture (e.g. `scan_layers=false`, `weight_dtype=bfloat16`). With
+`adapter_path=PEFT_DIR` a PEFT LoRA adapter folder of that model is imported too: the checkpoint
+then holds the base and our adapters (lora_rank / lora_alpha from its adapter_config.json).
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=~/Qwen3-0.6B output_path=ckpt/qwen3
@@ -15,21 +17,28 @@ Examples:
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import jax
 import numpy as np
+from flax.traverse_util import flatten_dict
 
 from MaxText.checkpoint.manager import save_params_only
+from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
 from MaxText.config import cli
 from MaxText.config.load import BASE_YML, ConfigError, coerce, load_config, parse_overrides, replace
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
+from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, make_model_def
 
 ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safetensors)"),
-        "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)")}
+        "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
+        "adapter_path": cli.Arg(str, "", "a PEFT LoRA adapter folder for the model of hf_path: "
+                                "written as our adapters (lora_rank, lora_alpha, lora_targets "
+                                "from its adapter_config.json)")}
 
 
 def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
@@ -55,10 +64,13 @@ def _as_jax_array(a: np.ndarray) -> jax.Array:
     return jax.device_put(a)
 
 
-def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
+def convert(hf_path: str, output_path: str, overrides: list[str], adapter_path: str = ""
+            ) -> Config:
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   cfg, params = load_hf(hf_path, overrides)
+  if adapter_path:
+    cfg, params = with_peft_adapters(cfg, params, adapter_path)
   # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
   # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
   params = jax.tree.map(_as_jax_array, params)
@@ -86,13 +98,40 @@ def load_hf(hf_path: str, overrides: list[str]) -> tuple[Config, dict]:
   return cfg, params
 
 
+def with_peft_adapters(cfg: Config, params: dict, adapter_path: str) -> tuple[Config, dict]:
+  """(the config with lora_* keys, the parameters with adapters) of a PEFT folder's adapters
+  (checkpoint_conversion/peft_adapters.py) on the base `params`; lora_targets names exactly the
+  projections the folder adapts."""
+  peft_config = peft_adapters.read_peft_config(adapter_path)
+  rank, alpha = peft_config["r"], float(peft_config.get("lora_alpha") or peft_config["r"])
+  family = get_hf_map(cfg.hf_model_type)
+  base_mcfg = ModelConfig.from_config(cfg)
+  every = replace(cfg, lora_rank=rank, lora_alpha=alpha, lora_targets=".")   # each projection
+  shapes = flatten_dict(make_model_def(ModelConfig.from_config(every)).abstract_params)
+  places = peft_adapters.places(family, base_mcfg, shapes)
+  wanted = set(peft_adapters.adapted_modules(adapter_path))
+  unknown = sorted(wanted - {n[:-len(".weight")] for n in places})
+  if unknown:
+    raise HFFolderError(f"{adapter_path}: {unknown[:4]} are not projections our adapters cover")
+  paths = sorted({"/".join(map(str, p.kernel)) for n, p in places.items()
+                  if n[:-len(".weight")] in wanted})
+  cfg = replace(cfg, lora_rank=rank, lora_alpha=alpha,
+                lora_targets="^(" + "|".join(re.escape(p) for p in paths) + ")$")
+  abstract = make_model_def(ModelConfig.from_config(cfg)).abstract_params
+  adapters = lora.split(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract))[0]
+  params = peft_adapters.import_peft(adapter_path, lora.join(adapters, params), family,
+                                     base_mcfg, rank=rank)
+  return cfg, params
+
+
 def main(argv: list[str]) -> int:
   try:
     parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
     if parsed is None:
       return 0
     args, overrides = parsed
-    cfg = convert(os.path.expanduser(args["hf_path"]), args["output_path"], overrides)
+    cfg = convert(os.path.expanduser(args["hf_path"]), args["output_path"], overrides,
+                  os.path.expanduser(args["adapter_path"]))
   except (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
