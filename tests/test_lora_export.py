@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from conftest import BASE_YML  # noqa: E402
+from end_to_end.tiny_hf import save_tiny  # noqa: E402
 from MaxText.checkpoint.manager import load_params_host, save_params_only  # noqa: E402
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext  # noqa: E402
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config  # noqa: E402
@@ -30,19 +31,14 @@ CASES = {"qwen3": ("qwen3-tiny", "true", []),
 
 
 def hf_base(folder, model_name, extra):
-  """A random-init transformers model of our tiny config (norm scales perturbed), saved."""
+  """A random-init transformers model of our tiny config (end_to_end/tiny_hf.py), saved."""
   cfg = load_config([BASE_YML, f"model_name={model_name}", *extra])
   hf_config = dict(get_hf_map(cfg.hf_model_type).config_to_hf(cfg))
   hf_config.pop("architectures", None)
-  config = transformers.AutoConfig.for_model(hf_config.pop("model_type"), **hf_config)
-  torch.manual_seed(0)
-  model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.add_(0.1 * torch.randn_like(p))
-  model.save_pretrained(folder)
-  return model
+  model_type = hf_config.pop("model_type")
+  config_cls = type(transformers.AutoConfig.for_model(model_type)).__name__
+  model_cls = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+  save_tiny(str(folder), config_cls, model_cls, **hf_config)
 
 
 def forward(md, params, tokens):

@@ -232,22 +232,23 @@ class _CountIterator(grain.DatasetIterator):
     super().__init__(parent)
     self.truncated = self.dropped = 0
 
-  def _log(self, what: str, n: int, where: str, why: str) -> None:
-    if n & (n - 1) == 0:
-      print(f"sft: {what} {n} conversation(s) so far (latest {where}: {why})", file=sys.stderr,
-            flush=True)
+  @staticmethod
+  def _log(n: int, message: str) -> None:
+    if n & (n - 1) == 0:   # 1, 2, 4, 8, ...
+      print(f"sft: {message}", file=sys.stderr, flush=True)
 
   def __next__(self) -> Any:
     while True:
       value = next(self._parent)
       if isinstance(value, Overlong):
         self.dropped += 1
-        self._log("dropped", self.dropped, value.where, value.why)
+        self._log(self.dropped, f"dropped {self.dropped} conversation(s) so far (latest "
+                                f"{value.where}: {value.why})")
         continue
       if value.pop("truncated"):
         self.truncated += 1
-        self._log("truncated", self.truncated, "a conversation",
-                  "longer than max_target_length")
+        self._log(self.truncated, f"truncated {self.truncated} conversation(s) longer than "
+                                  f"max_target_length={value['inputs'].shape[0]} pairs so far")
       return value
 
   def get_state(self) -> dict:
