@@ -103,14 +103,27 @@ def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monk
   _assert_same_as_reference(resumed[23:], _final_params(tmp_path / "run", 40), reference, 24)
 
 
-def test_second_sigint_interrupts_at_once():
+def _custom_sigint_handler(signum, frame):
+  del signum, frame
+
+
+@pytest.mark.parametrize("before", [signal.default_int_handler, signal.SIG_IGN,
+                                    _custom_sigint_handler],
+                         ids=["python_default", "ignored_as_in_a_background_job", "custom"])
+def test_second_sigint_interrupts_at_once(before):
+  """First SIGINT: a stop request; second: KeyboardInterrupt; afterwards the handler found before
+  is back — whatever it was (a shell starting a background job sets SIGINT to SIG_IGN)."""
   from MaxText.train.preemption import PreemptionWatch
-  with PreemptionWatch() as watch:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert watch.signal_name == "SIGINT" and watch.should_stop(1)
-    with pytest.raises(KeyboardInterrupt):
+  found = signal.signal(signal.SIGINT, before)
+  try:
+    with PreemptionWatch() as watch:
       os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      assert watch.signal_name == "SIGINT" and watch.should_stop(1)
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+  finally:
+    signal.signal(signal.SIGINT, found)
 
 
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,
