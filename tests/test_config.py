@@ -170,6 +170,16 @@ def test_unknown_model_name(configs_dir):
   assert "model_name='nope'" in msg and "nope.yml" in msg and "foo" in msg
 
 
+@pytest.mark.parametrize("name", ["../evil", "sub/foo", "..", ".hidden", "/abs/evil", "a\\b"])
+def test_model_name_with_a_path_is_refused(configs_dir, name):
+  """model_name only names files of configs/models/: a path is refused even if the file exists."""
+  (configs_dir / "evil.yml").write_text("emb_dim: 8\n")       # configs/evil.yml, outside models/
+  (configs_dir / "models" / "sub").mkdir()
+  (configs_dir / "models" / "sub" / "foo.yml").write_text("emb_dim: 8\n")
+  msg = _error([str(configs_dir / "base.yml"), f"model_name={name}"])
+  assert msg.startswith(f"model_name={name!r}") and "no path separators" in msg
+
+
 def test_model_yml_with_unknown_key(configs_dir):
   (configs_dir / "models" / "bad.yml").write_text("emb_dimm: 64\n")
   msg = _error([str(configs_dir / "base.yml"), "model_name=bad"])
@@ -216,6 +226,11 @@ def test_validate_accepts_good_configs():
 def test_validate_mesh_product():
   msg = _validate_error("ici_fsdp_parallelism=3")
   assert "ici_fsdp_parallelism=3" in msg and "8" in msg
+  # on CPU the message says how to get more (fake) devices
+  assert "--xla_force_host_platform_device_count=N" in msg and "8 cpu devices" in msg
+  msg = _validate_error("ici_tensor_parallelism=3", "ici_data_parallelism=1")
+  assert "ici_tensor_parallelism=3 = 3 does not divide the 8 devices" in msg
+  assert "ici_fsdp_parallelism=-1" in msg and "xla_force_host_platform_device_count" in msg
 
 
 def test_validate_two_minus_one():

@@ -208,3 +208,30 @@ def test_shared_expert_adds_its_sigmoid_gated_output():
   gated = np.asarray(shared(jnp.asarray(x))) / (1 + np.exp(-np.asarray(gate(jnp.asarray(x)))))
   assert np.abs(gated).max() > 1e-3
   np.testing.assert_allclose(np.asarray(y), np.asarray(routed) + gated, rtol=1e-5, atol=1e-6)
+
+
+# ---- config checks before anything compiles -------------------------------------------------------
+def test_expert_shards_that_do_not_divide_the_experts_exit_2_before_compiling(tmp_path, capsys):
+  """Explicit num_experts, and num_experts taken from a load_parameters_path checkpoint (only its
+  config is read: the refusal comes before any parameter is loaded)."""
+  import json
+  import os
+  from MaxText.config.load import ConfigError
+  from MaxText.config.validate import validate
+  ep = ("ici_expert_parallelism=4", "ici_fsdp_parallelism=2", "per_device_batch_size=1")
+  with pytest.raises(ConfigError, match=r"ici_expert_parallelism=4 x dcn_expert_parallelism=1: "
+                                        r"4 expert shards do not divide num_experts=6$"):
+    validate(load_config([BASE_YML, "num_experts=6", "moe_mlp_dim=32", *ep]), jax.devices())
+  with pytest.raises(ConfigError, match="capacity_factor=1.5 is a single-shard comparison mode"):
+    validate(load_config([BASE_YML, "num_experts=8", "moe_mlp_dim=32", "capacity_factor=1.5", *ep]),
+             jax.devices())
+  ckpt = tmp_path / "ckpt" / "0"
+  os.makedirs(ckpt / "params")
+  os.makedirs(ckpt / "meta")
+  saved = load_config(argv(tmp_path, "src", *MOE[1:], "num_experts=6")).as_dict()
+  (ckpt / "meta" / "metadata").write_text(json.dumps({"step": 0, "config": saved}))
+  code, _, _ = train(tmp_path, "ft", *ep, f"load_parameters_path={tmp_path / 'ckpt'}")
+  out, err = capsys.readouterr()
+  assert code == 2
+  assert "do not divide num_experts=6 (taken from the checkpoint at load_parameters_path=" in err
+  assert "compiled" not in out and "loaded parameters" not in out

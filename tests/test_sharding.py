@@ -149,9 +149,10 @@ def test_fill_parallelism_rejects_wrong_products():
   with pytest.raises(ConfigError) as e:
     fill_parallelism([1, 1, 1, 2, 1], 1, "dcn", MESH_AXES)
   assert "dcn_expert_parallelism=2" in str(e.value)
-  with pytest.raises(ConfigError) as e:  # fixed sizes 3 do not divide 8
+  with pytest.raises(ConfigError) as e:  # fixed sizes 3 do not divide 8: the keys are named
     fill_parallelism([3, -1, 1, 1, 1], 8, "ici", MESH_AXES)
-  assert "3" in str(e.value) and "8" in str(e.value)
+  assert "ici_data_parallelism=3 = 3 does not divide the 8 devices" in str(e.value)
+  assert "ici_fsdp_parallelism=-1" in str(e.value)
   with pytest.raises(ConfigError) as e:
     fill_parallelism([1, 0, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=0" in str(e.value)

@@ -142,6 +142,9 @@ def load_config(argv: Sequence[str]) -> Config:
   model_name = coerce("model_name", overrides["model_name"], from_text=True) \
       if "model_name" in overrides else values["model_name"]
   if model_name != "default":
+    if not model_name or model_name.startswith(".") or any(c in model_name for c in "/\\\0"):
+      raise ConfigError(f"model_name={model_name!r}: must name a file of {models_dir(base_path)} "
+                        "(without .yml; no path separators)")
     path = os.path.join(models_dir(base_path), f"{model_name}.yml")
     if not os.path.isfile(path):
       known = sorted(f[:-4] for f in os.listdir(models_dir(base_path)) if f.endswith(".yml")) \

@@ -36,6 +36,7 @@ from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, E
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -65,13 +66,6 @@ def log_error(msg: str) -> None:
   print(_tag() + msg, file=sys.stderr, flush=True)
 
 
-def run_dir_of(cfg: Config) -> str:
-  name = cfg.run_name
-  if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
-    raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
-  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
-
-
 def setup_jax(cfg: Config) -> None:
   if cfg.jax_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
@@ -80,7 +74,7 @@ def setup_jax(cfg: Config) -> None:
 
 def check_config(cfg: Config, devices: Sequence[jax.Device]) -> None:
   """Everything that can be checked before any compile (raises ConfigError / DataError)."""
-  run_dir_of(cfg)
+  check_writable(cfg)
   validate(cfg, devices)
   validate_data_config(cfg)
 
@@ -153,7 +147,35 @@ class Trainer:
           f"{plan.coordinator_address if plan else '?'} ({plan.source if plan else 'unknown'}); "
           "metrics, TensorBoard and config.yml are written by process 0")
 
+  def _lock_run_dir(self) -> RunLock | None:
+    """Process 0 takes the run directory's lock; every process learns whether it got it."""
+    lock, problem = None, ""
+    if jax.process_index() == 0:
+      try:
+        lock = RunLock(self.run_dir, log).acquire()
+      except ConfigError as e:
+        problem = str(e)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if int(multihost_utils.broadcast_one_to_all(np.int32(bool(problem)))) and not problem:
+        problem = "process 0 could not lock the run directory (see its log)"
+    if problem:
+      raise ConfigError(problem)
+    return lock
+
   def run(self) -> int:
+    try:
+      lock = self._lock_run_dir()
+    except ConfigError as e:
+      log_error(f"config error: {e}")
+      return EXIT_CONFIG
+    try:
+      return self._run_locked()
+    finally:
+      if lock is not None:
+        lock.release()
+
+  def _run_locked(self) -> int:
     cfg = self.cfg
     self._log_processes()
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
