@@ -462,3 +462,25 @@ def test_shards_stack_into_one_batch_and_resume_on_another_process_count():
     make_shard_iterator(cfg, [0, 1], 2, 3).set_state(states[0])
   with pytest.raises(DataError, match="consecutive"):
     make_shard_iterator(cfg, [0, 2], 3, 3)
+
+
+@pytest.mark.parametrize("damage", ["not_parquet", "truncated"])
+def test_unreadable_parquet_file_exits_3_naming_the_file(tmp_path, capsys, damage):
+  import jax
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  from conftest import MESH_1, train
+  path = tmp_path / "data.parquet"
+  if damage == "not_parquet":
+    path.write_text("text\nthis is a CSV file with a .parquet name\n")
+  else:
+    pq.write_table(pa.table({"text": [f"document {i}" for i in range(200)]}), path)
+    os.truncate(path, os.path.getsize(path) // 2)
+  with pytest.raises(DataError, match=f"dataset_path: {path} is not a readable Parquet file"):
+    sources.document_dataset("file", str(path), "auto", "text")
+  code, rows, _ = train(tmp_path, "run", "dataset_type=file", f"dataset_path={path}", "steps=1",
+                        "enable_checkpointing=false", *MESH_1, devices=jax.devices()[:1])
+  err = capsys.readouterr().err
+  assert code == 3 and rows == []
+  assert f"data error: dataset_path: {path} is not a readable Parquet file" in err
+  assert "Traceback" not in err
