@@ -55,6 +55,17 @@ def update_router_bias(bias_LE: jax.Array, load_LE: jax.Array, rate: float) -> j
   return bias_LE + (rate * jnp.sign(mean_L1 - load_LE)).astype(bias_LE.dtype)
 
 
+def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
+  """The rate this step's update uses: the schedule at optax's own count of applied updates (the
+  train state's step also counts the non-finite steps that were skipped; optax's count does not)."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
+  if len(counts) != 1:
+    raise ValueError(f"expected one learning-rate schedule state in the optimizer, found "
+                     f"{len(counts)}")
+  return lr_schedule(counts[0])
+
+
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
                     lr_schedule: optax.Schedule, moe_aux_loss_weight: float = 0.0,
@@ -110,7 +121,8 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
                    "params": keep(new_params, params),
                    "opt_state": keep(opt_state, state["opt_state"])}
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
-                 "lr": lr_schedule(state["step"]), "finite": finite.astype(jnp.float32)}
+                 "lr": applied_learning_rate(state["opt_state"], lr_schedule),
+                 "finite": finite.astype(jnp.float32)}
       if moe:
         metrics.update(moe_metrics(moe["load"], moe["aux_loss_sum"] / denom, moe["dropped"]))
     return new_state, metrics
