@@ -2,6 +2,7 @@
 
 kill -9 runs are subprocesses (`train.py`, same 8 fake CPU devices as this process, so the compiled
 steps and the numbers are identical); everything else runs in this process."""
+import json
 import os
 import re
 import signal
@@ -30,6 +31,11 @@ def _subprocess(out, name, fault, *overrides):
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def read_metrics_file(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
 def _final_params(run_dir, step):
   return jax.tree.leaves(load_params(str(run_dir / "checkpoints" / str(step)), None))
 
@@ -53,7 +59,7 @@ def _assert_same_as_reference(rows, params, reference, first_step):
     assert np.array_equal(a, b)
 
 
-def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference):
+def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference, capsys):
   """kill -9 while step 25 of 40 runs (checkpoint period 10) → rerun resumes at 20; steps 21-40
   (losses, gradient norms, batch checksums) and the final parameters equal the uninterrupted run."""
   p = _subprocess(tmp_path, "run", "kill_at_step:25")
@@ -62,10 +68,16 @@ def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference):
   killed_rows = read_metrics(tmp_path / "run")
   assert [r["step"] for r in killed_rows] == list(range(1, 25))
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["10", "20"]
+  with open(tmp_path / "run" / "run.lock", encoding="utf-8") as f:
+    killed_pid = json.load(f)["pid"]                    # the killed run could not remove it
   code, rows, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
-  _assert_same_as_reference(rows[len(killed_rows):], _final_params(tmp_path / "run", 40),
-                            reference, 21)
+  assert f"stale run lock {tmp_path / 'run' / 'run.lock'} of pid {killed_pid} on host" in \
+      capsys.readouterr().out
+  # metrics.jsonl: one row per step; rows 21-24 of the killed run were moved aside
+  assert [r["step"] for r in rows] == list(range(1, 41)) and rows[:20] == killed_rows[:20]
+  assert read_metrics_file(tmp_path / "run" / "metrics.superseded.jsonl") == killed_rows[20:]
+  _assert_same_as_reference(rows[20:], _final_params(tmp_path / "run", 40), reference, 21)
 
 
 @pytest.mark.parametrize("fault", ["before_commit:20", "kill_in_save:20"])

@@ -238,7 +238,10 @@ class Trainer:
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0)
+                           is_primary=jax.process_index() == 0, start_step=start)
+    if writer.superseded:
+      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
+          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
