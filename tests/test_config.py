@@ -332,3 +332,16 @@ def test_resolved_config_written_to_run_dir(tmp_path):
 def test_non_finite_floats_are_refused(arg):
   with pytest.raises(ConfigError, match=arg.split("=")[0]):
     load_config([BASE_YML, arg])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["configs/base.yml", "steps=3", "--help"]])
+def test_help_prints_usage_examples_and_every_key(args):
+  p = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                     timeout=60, check=False)
+  assert p.returncode == 0 and p.stderr == "", p.stderr
+  assert p.stdout.startswith("usage: train.py CONFIG.yml [key=value ...]")
+  assert "examples:" in p.stdout and "exit status:" in p.stdout
+  shown = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+) = (.*)$", p.stdout, re.M)}
+  assert set(shown) == set(FIELDS)
+  assert shown["steps"].startswith("300    # optimizer steps")
+  assert shown["logical_axis_rules"].startswith("[...]    # logical axis -> mesh axes. Several")
