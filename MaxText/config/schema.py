@@ -84,7 +84,7 @@ class Config:
   dataset_path: str
   dataset_format: str = _spec(choices=("auto", "text", "jsonl", "parquet", "arrayrecord"))
   dataset_text_field: str
-  tokenizer_type: str = _spec(choices=("byte", "huggingface", "sentencepiece"))
+  tokenizer_type: str = _spec(choices=("auto", "byte", "huggingface", "sentencepiece"))
   tokenizer_path: str
   add_bos: bool
   add_eos: bool
