@@ -4,6 +4,7 @@
   shardings describe, so a different mesh than at save time works; no target is refused);
 - `meta`: JSON with the step and the resolved config;
 - `data`: the data iterator state, one JSON file per data shard (`data_state.py`);
+- `tokenizer`: the run's tokenizer files, when it has some (`tokenizer_files.py`);
 - `manifest`: shapes, dtypes and checksums of the arrays, digests of every file (`manifest.py`).
 
 Crash safety: Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it once every
@@ -25,13 +26,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from MaxText.checkpoint import checksum, data_state, manifest
+from MaxText.checkpoint import checksum, data_state, manifest, tokenizer_files
 from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.data.errors import DataError
 
 ARRAY_ITEMS = ("params", "opt_state")
-HASHED_ITEMS = (*ARRAY_ITEMS, "meta", "data")
+HASHED_ITEMS = (*ARRAY_ITEMS, "meta", "data", tokenizer_files.ITEM)
 
 
 def _why(e: BaseException) -> str:
@@ -70,6 +71,7 @@ class RunCheckpoints:
                        "opt_state": ocp.StandardCheckpointHandler(),
                        "meta": ocp.JsonCheckpointHandler(),
                        "data": DataStateHandler(),
+                       tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler(),
                        # last: its finalize hashes the other items' final files
                        manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS)})
 
@@ -87,6 +89,10 @@ class RunCheckpoints:
     args["meta"] = ocp.args.JsonSave({"step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
+    tokenizer = tokenizer_files.files_for(config.get("tokenizer_type", ""),
+                                          config.get("tokenizer_path", ""))
+    if tokenizer:
+      args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
     args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(step, arrays, config))
     self._pending = (int(step), time.monotonic())
     try:
@@ -305,7 +311,8 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
   item_dir = os.path.join(step_dir, "params")
   saved = _read_manifest(step_dir, -1, required=False) if verify else None
   if saved is not None:
-    problems = _on_primary(lambda: manifest.verify_files(step_dir, saved, ("params",)))
+    problems = _on_primary(lambda: manifest.verify_files(step_dir, saved,
+                                                         ("params", tokenizer_files.ITEM)))
     if problems:
       raise CheckpointError(f"checkpoint '{step_dir}' is damaged: " + "; ".join(problems[:8]))
   if abstract_params is not None:
@@ -336,8 +343,10 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
   return params
 
 
-def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -> None:
-  """A checkpoint with just `params` and `meta` (what converters write); committed atomically.
+def save_params_only(directory: str, params: Any, config: dict, step: int = 0,
+                     tokenizer: dict[str, str] | None = None) -> None:
+  """A checkpoint with just `params` and `meta` (what converters write) and, given {name: source
+  file}, the tokenizer's files; committed atomically.
   Written uncompressed, from the arrays as they are, with Orbax's write window bounded by the
   largest array: compression would stage a compressed copy of everything in flight, and the
   converters' budget is about one copy of the weights. The result restores like any checkpoint."""
@@ -346,11 +355,15 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
   handlers = {"params": ocp.PyTreeCheckpointHandler(save_concurrent_gb=window_gb,
                                                     use_compression=False),
-              "meta": ocp.JsonCheckpointHandler()}
+              "meta": ocp.JsonCheckpointHandler(),
+              tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler()}
+  args = {"params": ocp.args.PyTreeSave(params),
+          "meta": ocp.args.JsonSave({"step": step, "config": config})}
+  if tokenizer:
+    args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
   with ocp.CheckpointManager(os.path.abspath(directory), options=options,
                              item_handlers=handlers) as mngr:
-    mngr.save(step, args=ocp.args.Composite(params=ocp.args.PyTreeSave(params),
-                                            meta=ocp.args.JsonSave({"step": step, "config": config})))
+    mngr.save(step, args=ocp.args.Composite(**args))
     mngr.wait_until_finished()
 
 

@@ -7,7 +7,8 @@ loads unchanged.
 CKPT is a run's `checkpoints/` directory (its latest step), one step directory, or a converter's
 output. The model config travels in the checkpoint; its `hf_model_type` picks the name map.
 Tensors are written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or
-numbered shards + index above `max_shard_gb`.
+numbered shards + index above `max_shard_gb`; the checkpoint's tokenizer files are written next to
+them (`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import os
 import sys
 
 
-from MaxText.checkpoint.manager import load_params_host, read_meta
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.manager import load_params_host, read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.checkpoint_conversion.to_maxtext import BASE_YML, split_args
 from MaxText.config.load import ConfigError, load_config, replace
@@ -46,6 +48,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int) -> Config:
   params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
+  tokenizer_files.export(resolve_step_dir(ckpt), output_path)
   return cfg
 
 

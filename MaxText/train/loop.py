@@ -37,6 +37,7 @@ from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, E
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
+from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -313,8 +314,10 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     cfg = load_config(argv)
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
+    cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
+    log(tokenizer_line)
     check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
     trainer.distributed = plan
