@@ -1,5 +1,7 @@
 """The pre-flight memory estimate: exact per-device bytes, and a model that cannot fit is refused
 with the numbers before anything is allocated or compiled."""
+import math
+import re
 import subprocess
 import sys
 import time
@@ -35,3 +37,25 @@ def test_a_model_too_big_for_the_host_is_refused_with_numbers():
   assert "ici_fsdp_parallelism" in p.stderr and "weight_dtype=bfloat16" in p.stderr
   assert "compiled" not in p.stdout
   assert time.monotonic() - t0 < 60
+
+
+def test_refusal_suggests_what_would_fit(monkeypatch, capsys):
+  """Gemma 4 E2B with bfloat16 weights on devices of 2 GiB: bfloat16 is not suggested again; the
+  device count the whole state needs and the family's configs that fit are named (and do fit)."""
+  from MaxText.train.loop import run
+  monkeypatch.setattr(memory, "available_bytes_per_device", lambda devices: (2 * 2**30, "test"))
+  args = [BASE_YML, "model_name=gemma4", "weight_dtype=bfloat16", "per_device_batch_size=1",
+          "max_target_length=256"]
+  code, _ = run(args)
+  err = capsys.readouterr().err
+  assert code == 2 and "the model does not fit" in err
+  assert "weight_dtype=bfloat16" not in err.split("What would fit:")[1]
+  m = re.search(r"the state \(([\d.]+) GiB in all\) split over at least (\d+) devices with "
+                r"2.00 GiB each", err)
+  assert m and int(m.group(2)) == math.ceil(float(m.group(1)) / 2), err
+  named = re.findall(r"model_name=([\w-]+) \(([\d.]+) (MiB|GiB) per device\)", err)
+  assert {n for n, _, _ in named} == {"gemma4-tiny", "gemma4-moe-tiny"}, err
+  assert all(float(size) <= (2 if unit == "GiB" else 2048) for _, size, unit in named)
+  # fp32 weights: bfloat16 is suggested, with what it would need
+  code, _ = run([*args[:2], *args[3:]])
+  assert code == 2 and "weight_dtype=bfloat16 (about" in capsys.readouterr().err

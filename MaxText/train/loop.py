@@ -17,8 +17,8 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
-from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
-from MaxText.config.load import ConfigError, load_config, to_yaml
+from MaxText.config.from_checkpoint import ARCHITECTURE, adopt_checkpoint_architecture
+from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import Config
 from MaxText.config.validate import validate
 from MaxText.data.errors import DataError
@@ -321,13 +321,41 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
     trainer.distributed = plan
-    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
-    if problem:
-      raise ConfigError(problem)
+    est = memory.estimate(trainer.abstract, trainer.devices)
+    if est.needed > est.available:
+      raise ConfigError(memory.check_fits(est, memory.advice(
+          est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices))))
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   return trainer.run(), trainer
+
+
+def family_models_that_fit(cfg: Config, argv: Sequence[str],
+                           devices: Sequence[jax.Device] | None) -> list[tuple[str, int]]:
+  """[(model_name, bytes per device)] of the other configs/models files of this run's family that
+  fit here with the same command line, largest first (none with load_parameters_path)."""
+  if cfg.load_parameters_path:
+    return []
+  folder = models_dir(argv[0])
+  names = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".yml")) \
+      if os.path.isdir(folder) else []
+  rest = [a for a in argv[1:] if a.split("=", 1)[0] not in ARCHITECTURE | {"model_name"}]
+  fits = []
+  for name in names:
+    if name == cfg.model_name:
+      continue
+    try:
+      other = load_config([argv[0], f"model_name={name}", *rest])
+      if other.decoder_block != cfg.decoder_block:
+        continue
+      candidate = Trainer(other, devices)
+      est = memory.estimate(candidate.abstract, candidate.devices)
+    except (ConfigError, ValueError):
+      continue   # this mesh does not suit that model
+    if est.needed <= est.available:
+      fits.append((name, est.needed))
+  return sorted(fits, key=lambda f: -f[1])
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:
