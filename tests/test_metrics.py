@@ -267,6 +267,12 @@ def test_non_primary_writes_nothing(tmp_path):
   assert not run_dir.exists()
 
 
+def test_format_line_shows_the_expert_load_of_moe_runs():
+  base = {"loss": 3.0, "lr": 1e-3, "step_time_s": 0.5}
+  assert "expert load 3.90 |" in writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9)
+  assert "expert load" not in writers.format_line(5, base, 9)
+
+
 def test_format_line():
   line = writers.format_line(12, {
       "loss": 3.45213, "lr": 1e-3, "grad_norm": 1.234, "step_time_s": 0.412,

@@ -2,13 +2,16 @@
 `ragged_all_to_all`'s contract, the dropless experts (and capacity mode) against a dense NumPy
 reference, expert parallelism 4 x fsdp 2 against one device (losses and gradients), and the
 aux-loss-free bias flattening the expert load."""
+import os
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from conftest import BASE_YML, MESH_1, argv, train
+from conftest import BASE_YML, MESH_1, ROOT, argv, train
 from MaxText.config.load import load_config
 from MaxText.layers import moe
 
@@ -175,11 +178,18 @@ def test_expert_parallel_equals_one_device(tmp_path):
   assert mu.sharding.shard_shape(mu.shape)[1] == mu.shape[1] // 4
 
 
-def test_router_bias_flattens_expert_load(tmp_path):
+def test_router_bias_flattens_expert_load(tmp_path, capsys):
   """With the weights frozen (learning_rate=0), only the selection bias moves: the max/mean
-  expert load of the skewed byte-level text falls."""
+  expert load of the skewed byte-level text falls. Without the bias the frozen router keeps ~3.1
+  of a worst-possible 4.0: the progress line shows it and the run warns, once."""
   run = ("steps=30", "learning_rate=0", "enable_checkpointing=false", "log_period=10")
   _, fixed, _ = train(tmp_path, "fixed", *MOE, *MESH_1, *run, devices=jax.devices()[:1])
+  out = capsys.readouterr().out
+  assert re.search(r"^step 10/30 \| .* \| expert load 3\.\d\d \|", out, re.M), out[-3000:]
+  warnings = re.findall(r"^warning: expert load collapsed: moe_load_max_over_mean above 2.00 for "
+                        r"10 steps up to step 10 .*moe_aux_loss_weight=0.01, "
+                        r"router_bias_update_rate=0\. Raise moe_aux_loss_weight", out, re.M)
+  assert len(warnings) == 1, out[-3000:]             # once per collapse
   _, biased, state = train(tmp_path, "biased", *MOE, *MESH_1, *run,
                            "router_bias_update_rate=0.01", devices=jax.devices()[:1])
   load = lambda rows: np.array([r["moe_load_max_over_mean"] for r in rows])
@@ -235,3 +245,23 @@ def test_expert_shards_that_do_not_divide_the_experts_exit_2_before_compiling(tm
   assert code == 2
   assert "do not divide num_experts=6 (taken from the checkpoint at load_parameters_path=" in err
   assert "compiled" not in out and "loaded parameters" not in out
+
+
+def test_collapse_watch_warns_once_per_collapse():
+  from MaxText.metrics.moe_load import PATIENCE, CollapseWatch
+  watch = CollapseWatch(8, 2, "moe_aux_loss_weight=0")           # worst 4.0, threshold 2.0
+  series = [1.5] * 3 + [3.9] * (PATIENCE + 5) + [1.2] * 2 + [3.9] * PATIENCE
+  said = [(i + 1, w) for i, x in enumerate(series)
+          if (w := watch.update(i + 1, {"moe_load_max_over_mean": x}))]
+  assert [s for s, _ in said] == [3 + PATIENCE, 3 + PATIENCE + 5 + 2 + PATIENCE]
+  assert "now 3.90; 4.00 = every token on the same 2 experts" in said[0][1]
+  assert CollapseWatch(8, 2, "").update(1, {"loss": 1.0}) is None      # dense model: no key
+
+
+def test_every_shipped_moe_config_balances_its_experts():
+  names = [f[:-4] for f in os.listdir(os.path.join(ROOT, "configs", "models")) if f.endswith(".yml")]
+  moe_configs = [c for c in (load_config([BASE_YML, f"model_name={n}"]) for n in names)
+                 if c.num_experts]
+  assert len(moe_configs) >= 4
+  for cfg in moe_configs:
+    assert cfg.moe_aux_loss_weight > 0 or cfg.router_bias_update_rate > 0, cfg.model_name

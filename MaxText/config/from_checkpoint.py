@@ -2,6 +2,7 @@
 
 Architecture keys the user did not set (on the command line or through `model_name`'s file) are
 taken from the checkpoint; one the user set to a different value is an error naming both values.
+`CARRIED` training settings (the load-balancing weight) are taken the same way, but may be set.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from MaxText.models.model_config import ModelConfig
 NOT_ARCHITECTURE = {"remat_policy", "attention", "flash_block_q", "flash_block_kv", "dtype",
                     "weight_dtype", "capacity_factor", "moe_dispatch"}
 ARCHITECTURE = (set(ModelConfig.__dataclass_fields__) - NOT_ARCHITECTURE) | {"hf_model_type"}
+# training settings that come with the model (a converted MoE's balancing weight): taken from the
+# checkpoint when the user did not set them, but another value is allowed
+CARRIED = {"moe_aux_loss_weight"}
 
 
 def adopt_checkpoint_architecture(cfg: Config, argv: Sequence[str]) -> Config:
@@ -32,4 +36,6 @@ def adopt_checkpoint_architecture(cfg: Config, argv: Sequence[str]) -> Config:
       raise ConfigError(f"{key}={getattr(cfg, key)!r} disagrees with the checkpoint at "
                         f"load_parameters_path ({key}={saved[key]!r})")
     changes[key] = saved[key]
+  changes.update({k: saved[k] for k in CARRIED & set(saved) - explicit
+                  if saved[k] != getattr(cfg, k)})
   return replace(cfg, **changes) if changes else cfg

@@ -93,6 +93,8 @@ def format_line(step: int, metrics: dict, total_steps: int) -> str:
     parts.append(f"grad {_short(grad)}")
   if (lr := get("lr")) is not None:
     parts.append(f"lr {lr:.1e}")
+  if (load := get("moe_load_max_over_mean")) is not None:   # busiest expert / mean (1 = even)
+    parts.append(f"expert load {load:.2f}")
   step_time = get("step_time_s")
   if step_time is not None:
     parts.append(f"{step_time:.3f} s")

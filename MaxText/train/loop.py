@@ -24,6 +24,7 @@ from MaxText.config.validate import validate
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.validation import validate_data_config
+from MaxText.metrics import moe_load
 from MaxText.metrics.flops import training_flops_per_step
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
@@ -244,6 +245,10 @@ class Trainer:
       log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
           f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
+    collapse = moe_load.CollapseWatch(
+        cfg.num_experts, cfg.num_experts_per_tok,
+        f"moe_aux_loss_weight={cfg.moe_aux_loss_weight:g}, "
+        f"router_bias_update_rate={cfg.router_bias_update_rate:g}")
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
@@ -272,6 +277,8 @@ class Trainer:
         finite = bool(metrics["finite"])
         if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
           log(format_line(step, metrics, cfg.steps))
+        if warning := collapse.update(step, metrics):
+          log(warning)
         if ckpts is not None:
           ckpts.check()  # an earlier async save that failed or hung stops the run here
         if not finite:
