@@ -5,6 +5,7 @@ same model on 1 process x 8 devices in this process.
 One 2-process run (10 steps, checkpoints at 5 and 10) serves several tests; each further
 2-process launch (preemption, kill -9) costs a start-up and a compile on process 1 (JAX's
 persistent cache is written and hit by process 0 only)."""
+import json
 import os
 import re
 import shutil
@@ -82,6 +83,15 @@ def test_two_processes_train_like_one_and_split_the_batch(two_process_run, tmp_p
     assert m, text[i][-2000:]
     rows_of[i] = set(range(int(m.group(1)), int(m.group(2)) + 1))
   assert not rows_of[0] & rows_of[1] and rows_of[0] | rows_of[1] == set(range(8))
+  # each process digested the array files it wrote; process 0's commit-time list has none of
+  # process 1's (it never reads them)
+  from MaxText.checkpoint import manifest
+  step = out / "run" / "checkpoints" / "5"
+  for i in (0, 1):
+    own = json.loads((step / "params" / f"files.process_{i}.json").read_text())
+    assert own and {manifest.writer_of(r) for r in own} == {i}
+  assert all(manifest.writer_of(r) is None
+             for r in json.loads((step / "manifest" / "files.json").read_text()))
   # each process saved its own shard's iterator position
   assert sorted(f for f in os.listdir(out / "run" / "checkpoints" / "5" / "data")
                 if f.endswith(".json")) == ["shard_0-of-2.json", "shard_1-of-2.json"]

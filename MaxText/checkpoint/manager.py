@@ -16,6 +16,7 @@ within `save_timeout_s`; `wait()` bounds the wait for the commit the same way.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import time
@@ -67,8 +68,8 @@ class RunCheckpoints:
         async_options=ocp.AsyncOptions(timeout_secs=max(1, int(self.save_timeout_s))))
     self._mngr = ocp.CheckpointManager(
         self.directory, options=options,
-        item_handlers={"params": ocp.StandardCheckpointHandler(),
-                       "opt_state": ocp.StandardCheckpointHandler(),
+        item_handlers={"params": manifest.ArrayItemHandler("params"),
+                       "opt_state": manifest.ArrayItemHandler("opt_state"),
                        "meta": ocp.JsonCheckpointHandler(),
                        "data": DataStateHandler(),
                        tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler(),
@@ -85,7 +86,7 @@ class RunCheckpoints:
   def save(self, step: int, state: dict, data_iterator: Any, config: dict) -> None:
     self.wait()  # a failed or hung previous save is reported before anything new is written
     arrays = {k: state[k] for k in ARRAY_ITEMS}
-    args = {k: ocp.args.StandardSave(v) for k, v in arrays.items()}
+    args = {k: manifest.ArraySave(v) for k, v in arrays.items()}
     args["meta"] = ocp.args.JsonSave({"step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
@@ -177,9 +178,10 @@ class RunCheckpoints:
       if incompatible:
         raise CheckpointError(f"checkpoint step {step} does not fit this model: "
                               + "; ".join(incompatible[:8]))
-      if verify:
-        file_problems = _on_primary(lambda: manifest.verify_files(step_dir, saved, HASHED_ITEMS))
-    args = {k: ocp.args.StandardRestore(v) for k, v in abstract.items()}
+    # the file digests are checked while Orbax reads the arrays (other cores; the same page cache)
+    checking = _check_files_in_background(step_dir, saved, HASHED_ITEMS) if verify and saved \
+        else None
+    args = {k: manifest.ArrayRestore(v) for k, v in abstract.items()}
     args["meta"] = ocp.args.JsonRestore()
     if data_iterator is not None:
       args["data"] = DataStateRestore(data_iterator)
@@ -188,11 +190,13 @@ class RunCheckpoints:
     except DataError:
       raise
     except Exception as e:  # pylint: disable=broad-except
+      file_problems = _file_problems(checking)
       unreadable = _unreadable_arrays(step_dir, abstract)
       raise CheckpointError(
           f"checkpoint step {step} cannot be read: "
           + "; ".join(unreadable + file_problems or [_why(e)])) from e
     if verify:
+      file_problems = _file_problems(checking)
       differing = manifest.compare_arrays(saved, {k: out[k] for k in ARRAY_ITEMS})
       if differing or file_problems:
         raise CheckpointError(f"checkpoint step {step} is damaged: "
@@ -231,14 +235,28 @@ class RunCheckpoints:
     return aside
 
 
-def _on_primary(fn: Callable[[], list[str]]) -> list[str]:
-  """`fn()` on process 0; other processes learn whether it found problems."""
-  problems = fn() if jax.process_index() == 0 else []
+def _check_files_in_background(step_dir: str, saved: dict, items: tuple[str, ...]
+                               ) -> concurrent.futures.Future:
+  """This process's share of the file checks (`manifest.verifier_of`), on a thread."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verify_files")
+  future = pool.submit(manifest.verify_files, step_dir, saved, items, jax.process_index(),
+                       jax.process_count())
+  pool.shutdown(wait=False)
+  return future
+
+
+def _file_problems(checking: concurrent.futures.Future | None) -> list[str]:
+  """The problems this process found; every process learns how many the others found."""
+  if checking is None:
+    return []
+  problems = checking.result()
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    found = multihost_utils.broadcast_one_to_all(np.int32(len(problems)))
-    if found and not problems:
-      problems = [f"{int(found)} damaged files (see the log of process 0)"]
+    counts = multihost_utils.process_allgather(np.int32(len(problems)))
+    others = int(np.sum(counts)) - len(problems)
+    if others:
+      problems = problems + [f"{others} damaged files found by the other processes (see their "
+                             "logs)"]
   return problems
 
 
@@ -311,7 +329,7 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
   item_dir = os.path.join(step_dir, "params")
   saved = _read_manifest(step_dir, -1, required=False) if verify else None
   if saved is not None:
-    problems = _on_primary(lambda: manifest.verify_files(step_dir, saved,
+    problems = _file_problems(_check_files_in_background(step_dir, saved,
                                                          ("params", tokenizer_files.ITEM)))
     if problems:
       raise CheckpointError(f"checkpoint '{step_dir}' is damaged: " + "; ".join(problems[:8]))
