@@ -125,8 +125,8 @@ def test_balancing_weight_travels_both_ways_and_into_a_fine_tune(tmp_path):
   import os
   from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
   hub = hf_map.config_to_hf(our_config())
-  assert hub["router_aux_loss_coef"] == 0.001 == our_config().moe_aux_loss_weight
-  assert transformers.Qwen3MoeConfig(**hub).router_aux_loss_coef == 0.001
+  assert hub["router_aux_loss_coef"] == 0.01 == our_config().moe_aux_loss_weight   # the tiny's
+  assert transformers.Qwen3MoeConfig(**hub).router_aux_loss_coef == 0.01
   assert hf_map.config_from_hf({**hub, "router_aux_loss_coef": 0.02})["moe_aux_loss_weight"] == 0.02
   del hub["router_aux_loss_coef"]
   assert hf_map.config_from_hf(hub)["moe_aux_loss_weight"] == 0.001
