@@ -74,16 +74,20 @@ def check_fits(est: MemoryEstimate, advice: str = "") -> str | None:
 
 def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
            smaller: list[tuple[str, int]]) -> str:
-  """What would fit: bfloat16 weights (only when they are not already), the number of devices of
-  this size the whole state needs when split over all of them (fsdp), and the configs of the same
-  family that fit here as they are (`smaller`: [(model_name, bytes needed per device)])."""
+  """What would fit: bfloat16 weights (when they are not already and halving fits), the number of
+  devices of this size the whole state needs when split over all of them (fsdp; also with
+  bfloat16 weights), and the configs of the same family that fit here as they are (`smaller`:
+  [(model_name, bytes needed per device)])."""
   total = 2 * _bytes(abstract_state["params"]) + _bytes(abstract_state["opt_state"])
+  devices = lambda nbytes: math.ceil(nbytes / max(est.available, 1))
+  halve = weight_dtype != "bfloat16"   # params, gradients and Adam moments all follow it
   ways = []
-  if weight_dtype != "bfloat16":
+  if halve and est.needed / 2 <= est.available:
     ways.append(f"weight_dtype=bfloat16 (about {est.needed / 2 / GiB:.2f} GiB per device)")
-  ways.append(f"the state ({total / GiB:.2f} GiB in all) split over at least "
-              f"{math.ceil(total / max(est.available, 1))} devices with "
-              f"{est.available / GiB:.2f} GiB each (ici_fsdp_parallelism, or more hosts)")
+  ways.append(f"the state ({total / GiB:.2f} GiB in all) split over at least {devices(total)} "
+              f"devices with {est.available / GiB:.2f} GiB each" +
+              (f" ({devices(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+              " (ici_fsdp_parallelism, or more hosts)")
   if smaller:
     ways.append("a smaller model of this family: " + ", ".join(
         f"model_name={name} ({_size(needed)} per device)" for name, needed in smaller))
