@@ -96,6 +96,7 @@ class RunLock:
     self._content: str | None = None
 
   def acquire(self) -> "RunLock":
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
     for _ in range(3):
       try:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
