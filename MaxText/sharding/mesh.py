@@ -35,8 +35,8 @@ def fill_parallelism(values: Sequence[int], total: int, level: str, axes: Sequen
   if holes:
     if total % known:
       fixed = " x ".join(f"{key(i)}={v}" for i, v in enumerate(values) if v != -1 and v != 1)
-      raise ConfigError(f"{fixed or 'the fixed sizes'} = {known} does not divide the {total} {unit}, "
-                        f"so {key(holes[0])}=-1 cannot take the rest")
+      raise ConfigError(f"{level} parallelism: {fixed or 'the fixed sizes'} = {known} does not "
+                        f"divide the {total} {unit}, so {key(holes[0])}=-1 cannot take the rest")
     values[holes[0]] = total // known
   if math.prod(values) != total:
     detail = " x ".join(f"{key(i)}={v}" for i, v in enumerate(values))
