@@ -2,6 +2,7 @@
 or a flipped byte is refused with exit 4 naming the array or file (or, with checkpoint_fallback,
 the previous good step is restored and the bad one set aside); a missing data iterator state is
 exit 3; restoring needs target shardings."""
+import json
 import os
 import random
 import re
@@ -86,6 +87,29 @@ def test_manifest_lists_arrays_and_files(saved):
           "data/shard_0-of-1.json"} <= set(m["files"])
 
 
+def test_each_process_digests_what_it_wrote(saved):
+  """The array data a process wrote is digested by that process (params/files.process_0.json);
+  process 0's commit-time files.json holds only the files of the whole step; at a restore with n
+  processes each file is verified by exactly one of them."""
+  from MaxText.checkpoint import manifest
+  step = str(saved / "checkpoints" / "2")
+  for item in ("params", "opt_state"):
+    with open(os.path.join(step, item, "files.process_0.json"), encoding="utf-8") as f:
+      own = json.load(f)
+    written = {os.path.relpath(os.path.join(d, n), step)
+               for d, _, names in os.walk(os.path.join(step, item)) for n in names}
+    assert set(own) == {r for r in written if manifest.writer_of(r) == 0}
+    assert any("/ocdbt.process_0/d/" in r for r in own)
+  with open(os.path.join(step, "manifest", "files.json"), encoding="utf-8") as f:
+    shared = json.load(f)
+  assert shared and all(manifest.writer_of(r) is None for r in shared)
+  assert "params/files.process_0.json" in shared        # the lists are checked too
+  assert manifest.writer_of("opt_state/array_metadatas/process_3") == 3
+  for n in (1, 2, 3):
+    assert manifest.verifier_of("params/ocdbt.process_5/d/ab", n) == 5 % n
+    assert manifest.verifier_of("params/_METADATA", n) == 0
+
+
 def test_truncated_array_file_exits_4_naming_the_arrays(saved, tmp_path, capsys):
   from MaxText.checkpoint import manifest
   step = _copy(saved, tmp_path)
@@ -144,7 +168,7 @@ def test_manifest_catches_every_single_byte_flip(saved, tmp_path):
   for rel, pos in picks:
     _flip(step / rel, pos)
     problems = manifest.verify_files(str(step), m, HASHED_ITEMS)
-    assert problems == [f"{rel}: contents changed (BLAKE2b differs)"], (rel, pos)
+    assert problems == [f"{rel}: contents changed (sha256 differs)"], (rel, pos)
     _flip(step / rel, pos)  # back
   assert manifest.verify_files(str(step), m, HASHED_ITEMS) == []
   trainer = Trainer(load_config(argv(tmp_path, "run", *RESUME)), jax.devices()[:1])

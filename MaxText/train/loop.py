@@ -17,14 +17,15 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
-from MaxText.config.load import ConfigError, load_config, to_yaml
-from MaxText.config.schema import Config
+from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
+from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
 from MaxText.layers import stack
+from MaxText.metrics import moe_load
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
@@ -39,6 +40,8 @@ from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, E
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
+from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, init_state, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -68,13 +71,6 @@ def log_error(msg: str) -> None:
   print(_tag() + msg, file=sys.stderr, flush=True)
 
 
-def run_dir_of(cfg: Config) -> str:
-  name = cfg.run_name
-  if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
-    raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
-  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
-
-
 def setup_jax(cfg: Config) -> None:
   if cfg.jax_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
@@ -84,7 +80,7 @@ def setup_jax(cfg: Config) -> None:
 def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
   """Everything that can be checked before any compile (raises ConfigError / DataError); returns
   the run's tokenizer (loaded once, to check it against the config)."""
-  run_dir_of(cfg)
+  check_writable(cfg)
   validate(cfg, devices)
   return validate_data_config(DataConfig.from_config(cfg))
 
@@ -161,7 +157,35 @@ class Trainer:
           f"{plan.coordinator_address if plan else '?'} ({plan.source if plan else 'unknown'}); "
           "metrics, TensorBoard and config.yml are written by process 0")
 
+  def _lock_run_dir(self) -> RunLock | None:
+    """Process 0 takes the run directory's lock; every process learns whether it got it."""
+    lock, problem = None, ""
+    if jax.process_index() == 0:
+      try:
+        lock = RunLock(self.run_dir, log).acquire()
+      except ConfigError as e:
+        problem = str(e)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if int(multihost_utils.broadcast_one_to_all(np.int32(bool(problem)))) and not problem:
+        problem = "process 0 could not lock the run directory (see its log)"
+    if problem:
+      raise ConfigError(problem)
+    return lock
+
   def run(self) -> int:
+    try:
+      lock = self._lock_run_dir()
+    except ConfigError as e:
+      log_error(f"config error: {e}")
+      return EXIT_CONFIG
+    try:
+      return self._run_locked()
+    finally:
+      if lock is not None:
+        lock.release()
+
+  def _run_locked(self) -> int:
     cfg = self.cfg
     self._log_processes()
     log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
@@ -225,8 +249,15 @@ class Trainer:
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0)
+                           is_primary=jax.process_index() == 0, start_step=start)
+    if writer.superseded:
+      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
+          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
+    collapse = moe_load.CollapseWatch(
+        cfg.num_experts, cfg.num_experts_per_tok,
+        f"moe_aux_loss_weight={cfg.moe_aux_loss_weight:g}, "
+        f"router_bias_update_rate={cfg.router_bias_update_rate:g}")
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
@@ -255,6 +286,8 @@ class Trainer:
         finite = bool(metrics["finite"])
         if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
           log(format_line(step, metrics, cfg.steps))
+        if warning := collapse.update(step, metrics):
+          log(warning)
         if ckpts is not None:
           ckpts.check()  # an earlier async save that failed or hung stops the run here
         if not finite:
@@ -297,18 +330,48 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     cfg = load_config(argv)
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
+    cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
+    log(tokenizer_line)
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
     trainer.distributed = plan
-    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
-    if problem:
-      raise ConfigError(problem)
+    est = memory.estimate(trainer.abstract, trainer.devices)
+    if est.needed > est.available:
+      raise ConfigError(memory.check_fits(est, memory.advice(
+          est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices))))
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   return trainer.run(), trainer
+
+
+def family_models_that_fit(cfg: Config, argv: Sequence[str],
+                           devices: Sequence[jax.Device] | None) -> list[tuple[str, int]]:
+  """[(model_name, bytes per device)] of the other configs/models files of this run's family that
+  fit here with the same command line, largest first (none with load_parameters_path)."""
+  if cfg.load_parameters_path:
+    return []
+  folder = models_dir(argv[0])
+  names = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".yml")) \
+      if os.path.isdir(folder) else []
+  rest = [a for a in argv[1:] if a.split("=", 1)[0] not in ARCHITECTURE_KEYS | {"model_name"}]
+  fits = []
+  for name in names:
+    if name == cfg.model_name:
+      continue
+    try:
+      other = load_config([argv[0], f"model_name={name}", *rest])
+      if other.decoder_block != cfg.decoder_block:
+        continue
+      candidate = Trainer(other, devices)
+      est = memory.estimate(candidate.abstract, candidate.devices)
+    except (ConfigError, ValueError):
+      continue   # this mesh does not suit that model
+    if est.needed <= est.available:
+      fits.append((name, est.needed))
+  return sorted(fits, key=lambda f: -f[1])
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:
