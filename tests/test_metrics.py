@@ -286,10 +286,18 @@ def test_non_primary_writes_nothing(tmp_path):
   assert not run_dir.exists()
 
 
-def test_format_line_shows_the_expert_load_of_moe_runs():
+def test_format_line_shows_the_parts_a_family_adds():
+  """The progress line carries what the family's watcher shows (MoE: the expert load) after the
+  learning rate, and nothing for a model without one."""
+  from MaxText.metrics.moe_load import CollapseWatch
   base = {"loss": 3.0, "lr": 1e-3, "step_time_s": 0.5}
-  assert "expert load 3.90 |" in writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9)
-  assert "expert load" not in writers.format_line(5, base, 9)
+  watch = CollapseWatch(8, 2, balancing="", advice="")
+  line = writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9,
+                             [watch.progress({**base, "moe_load_max_over_mean": 3.9})])
+  assert "| lr 1.0e-03 | expert load 3.90 | 0.500 s |" in line
+  assert watch.progress(base) == ""
+  assert writers.format_line(5, base, 9, [watch.progress(base)]) == writers.format_line(5, base, 9)
+  assert "expert load" not in writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9)
 
 
 def test_format_line():

@@ -245,13 +245,14 @@ def test_expert_shards_that_do_not_divide_the_experts_exit_2_before_compiling(tm
 
 def test_collapse_watch_warns_once_per_collapse():
   from MaxText.metrics.moe_load import PATIENCE, CollapseWatch
-  watch = CollapseWatch(8, 2, "moe_aux_loss_weight=0")           # worst 4.0, threshold 2.0
+  watch = CollapseWatch(8, 2, balancing="moe_aux_loss_weight=0", advice="Raise it")   # worst 4.0
   series = [1.5] * 3 + [3.9] * (PATIENCE + 5) + [1.2] * 2 + [3.9] * PATIENCE
   said = [(i + 1, w) for i, x in enumerate(series)
           if (w := watch.update(i + 1, {"moe_load_max_over_mean": x}))]
   assert [s for s, _ in said] == [3 + PATIENCE, 3 + PATIENCE + 5 + 2 + PATIENCE]
-  assert "now 3.90; 4.00 = every token on the same 2 experts" in said[0][1]
-  assert CollapseWatch(8, 2, "").update(1, {"loss": 1.0}) is None      # dense model: no key
+  assert said[0][1].endswith("(now 3.90; 4.00 = every token on the same 2 experts); balancing: "
+                            "moe_aux_loss_weight=0. Raise it")
+  assert CollapseWatch(8, 2, balancing="", advice="").update(1, {"loss": 1.0}) is None   # no key
 
 
 def test_every_shipped_moe_config_balances_its_experts():

@@ -25,6 +25,7 @@ import json
 import math
 import numbers
 import os
+from typing import Sequence
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
                  "tflops_per_device", "mfu")
@@ -67,14 +68,16 @@ def _short(x: float) -> str:
   return f"{x:.3g}"
 
 
-def format_line(step: int, metrics: dict, total_steps: int) -> str:
+def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str] = ()) -> str:
   """One human-readable line, e.g.
 
   ``step   12/300 | loss 3.4521 | grad 1.23 | lr 1.0e-03 | 0.412 s |
   4,970 tok/s | 2.1 TFLOP/s/dev | MFU 12.3% | ETA 2m01s``
 
   Fields whose key is missing (or None / non-finite) are left out, except
-  the loss, which shows ``nan`` so a divergence is visible.
+  the loss, which shows ``nan`` so a divergence is visible. `extra`: parts
+  the model family adds after the learning rate (e.g. ``expert load 1.23``;
+  empty ones are left out).
   """
   width = len(str(total_steps))
   parts = [f"step {step:>{width}d}/{total_steps}"]
@@ -93,8 +96,7 @@ def format_line(step: int, metrics: dict, total_steps: int) -> str:
     parts.append(f"grad {_short(grad)}")
   if (lr := get("lr")) is not None:
     parts.append(f"lr {lr:.1e}")
-  if (load := get("moe_load_max_over_mean")) is not None:   # busiest expert / mean (1 = even)
-    parts.append(f"expert load {load:.2f}")
+  parts.extend(p for p in extra if p)
   step_time = get("step_time_s")
   if step_time is not None:
     parts.append(f"{step_time:.3f} s")

@@ -25,7 +25,6 @@ from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
 from MaxText.layers import stack
-from MaxText.metrics import moe_load
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
@@ -101,6 +100,7 @@ class Trainer:
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
+    self.aux_terms = self.family.aux_terms(self.mcfg)   # None: cross-entropy (+ z-loss) only
     self.model_def = make_model_def(self.mcfg)
     self.tx = make_optimizer(cfg, self.model_def.logical_axes)
     self.lr_schedule = learning_rate_schedule(cfg)
@@ -134,7 +134,7 @@ class Trainer:
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
-                              aux_terms=self.family.aux_terms(self.mcfg))
+                              aux_terms=self.aux_terms)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
@@ -254,10 +254,8 @@ class Trainer:
       log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
           f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
-    collapse = moe_load.CollapseWatch(
-        cfg.num_experts, cfg.num_experts_per_tok,
-        f"moe_aux_loss_weight={cfg.moe_aux_loss_weight:g}, "
-        f"router_bias_update_rate={cfg.router_bias_update_rate:g}")
+    # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
+    family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
@@ -285,8 +283,9 @@ class Trainer:
         writer.write(step, metrics)
         finite = bool(metrics["finite"])
         if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
-          log(format_line(step, metrics, cfg.steps))
-        if warning := collapse.update(step, metrics):
+          log(format_line(step, metrics, cfg.steps,
+                          [family_watch.progress(metrics)] if family_watch else []))
+        if family_watch and (warning := family_watch.update(step, metrics)):
           log(warning)
         if ckpts is not None:
           ckpts.check()  # an earlier async save that failed or hung stops the run here
