@@ -10,6 +10,19 @@ from MaxText.kernels.flash_attention import (flash_attention, flash_attention_de
 from MaxText.layers.attention_ops import dot_product_attention
 
 
+def _visible(B, S, T, segment_ids_BS, causal, sliding_window, xp):
+  """[B, S, T] bool: the keys each query may see (`xp`: numpy or jax.numpy)."""
+  i, j = xp.arange(S)[:, None], xp.arange(T)[None, :]
+  mask = xp.ones((B, S, T), bool)
+  if causal:
+    mask = mask & (j <= i)[None]
+  if sliding_window is not None:
+    mask = mask & (j > i - sliding_window)[None]
+  if segment_ids_BS is not None:
+    mask = mask & (segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :])
+  return mask
+
+
 def _ref_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal=True,
                    sliding_window=None):
   """Materialised attention in fp32 with every option of the kernel (K/V repeated: test only)."""
@@ -18,14 +31,7 @@ def _ref_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal=True
   q, k, v = (x.astype(jnp.float32) for x in (q_BSHE, k_BTKE, v_BTKE))
   k, v = jnp.repeat(k, H // K, axis=2), jnp.repeat(v, H // K, axis=2)
   s = jnp.einsum("bshe,bthe->bhst", q, k, precision="highest") * scale
-  i, j = jnp.arange(S)[:, None], jnp.arange(T)[None, :]
-  mask = jnp.ones((B, S, T), bool)
-  if causal:
-    mask &= (j <= i)[None]
-  if sliding_window is not None:
-    mask &= (j > i - sliding_window)[None]
-  if segment_ids_BS is not None:
-    mask &= segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :]
+  mask = _visible(B, S, T, segment_ids_BS, causal, sliding_window, jnp)
   s = jnp.where(mask[:, None], s, jnp.finfo(jnp.float32).min)
   p = jax.nn.softmax(s, axis=-1)
   return jnp.einsum("bhst,bthe->bshe", p, v, precision="highest")
@@ -57,16 +63,8 @@ def _magnitudes(q, k, v, do, segment_ids, *, scale, causal=True, sliding_window=
   T, K = k.shape[1], k.shape[2]
   k, v = np.repeat(k, H // K, 2), np.repeat(v, H // K, 2)
   s = np.einsum("bshe,bthe->bhst", q, k) * scale
-  i, j = np.arange(S)[:, None], np.arange(T)[None, :]
-  mask = np.ones((B, S, T), bool)
-  if causal:
-    mask &= (j <= i)[None]
-  if sliding_window is not None:
-    mask &= (j > i - sliding_window)[None]
-  if segment_ids is not None:
-    seg = np.asarray(segment_ids)
-    mask &= seg[:, :, None] == seg[:, None, :]
-  s = np.where(mask[:, None], s, -np.inf)
+  seg = None if segment_ids is None else np.asarray(segment_ids)
+  s = np.where(_visible(B, S, T, seg, causal, sliding_window, np)[:, None], s, -np.inf)
   p = np.exp(s - np.max(s, -1, keepdims=True, initial=-1e300))
   p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
   o = np.einsum("bhst,bthe->bshe", p, v)
