@@ -279,9 +279,9 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       single: dict = {}
       node = single
-      keys = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in keypath]
-      if not all(isinstance(k, str) for k in keys):
+      if not all(isinstance(k, jax.tree_util.DictKey) for k in keypath):
         continue  # optimizer tuples: named through the whole-item error instead
+      keys = [k.key for k in keypath]   # str, or int (the pattern stack's runs and members)
       for k in keys[:-1]:
         node = node.setdefault(k, {})
       node[keys[-1]] = leaf
@@ -292,7 +292,7 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
               restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
                                         single)))
       except Exception as e:  # pylint: disable=broad-except
-        bad.append(f"{item}/{'/'.join(keys)}: unreadable ({_why(e)})")
+        bad.append(f"{item}/{'/'.join(map(str, keys))}: unreadable ({_why(e)})")
     if not bad and not os.path.isfile(os.path.join(item_dir, "_METADATA")):
       bad.append(f"{item}/_METADATA: missing")
   return bad
