@@ -8,17 +8,21 @@ does; and what verification costs. Prints the tables of RELIABILITY.md.
    alone (the `params` and `opt_state` items onto their target shardings) and through
    `RunCheckpoints.restore` (manifest verified). Outcomes: Orbax raised / returned different values
    / returned identical values; ours refused (exit 4) or not.
-2. `--cost`: save (until committed) and restore of a >= 2 GB checkpoint with and without
-   verification: the digests' share of the save time, and the restore time with
-   `checkpoint_verify` true and false.
+2. `--cost`: save (until committed), restore and resume (restore + compiling the train step, from
+   the compilation cache, as a rerun does) of a >= 2 GB checkpoint with and without verification:
+   the checksums' and digests' share of the save time, the restore and resume times with
+   `checkpoint_verify` true and false (alternating), and the array checksums alone next to the
+   per-element hash they replace.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import random
 import shutil
+import statistics
 import sys
 import time
 
@@ -31,11 +35,11 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from MaxText.checkpoint import manifest  # noqa: E402
-from MaxText.checkpoint.checksum import tree_checksums  # noqa: E402
+from MaxText.checkpoint.checksum import legacy_tree_checksums, tree_checksums  # noqa: E402
 from MaxText.checkpoint.errors import CheckpointError  # noqa: E402
 from MaxText.checkpoint.manager import HASHED_ITEMS, RunCheckpoints  # noqa: E402
 from MaxText.config.load import load_config  # noqa: E402
-from MaxText.train.loop import Trainer, run  # noqa: E402
+from MaxText.train.loop import Trainer, run, setup_jax  # noqa: E402
 from MaxText.train.state import init_state  # noqa: E402
 
 TINY = ["emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2", "head_dim=16",
@@ -112,65 +116,112 @@ def flip_sweep(out: str, flips: int) -> None:
     print(f"| {k} | {n} | {orbax} | {ours} |")
 
 
-def _timed(fn, seconds: list):
-  def wrapper(*args, **kwargs):
-    t = time.perf_counter()
-    try:
-      return fn(*args, **kwargs)
-    finally:
-      seconds.append(time.perf_counter() - t)
-  return wrapper
+@contextlib.contextmanager
+def _unverified_saves():
+  """Benchmark only: saves without the manifest's array checksums and file digests (a baseline)."""
+  saved = manifest.build, manifest.write_own_digests, manifest.file_digests
+  manifest.build = lambda step, arrays, config, **_: lambda: {"format": manifest.FORMAT}
+  manifest.write_own_digests = lambda *_: None
+  manifest.file_digests = lambda *_: {}
+  try:
+    yield
+  finally:
+    manifest.build, manifest.write_own_digests, manifest.file_digests = saved
 
 
-def cost(out: str, repeats: int = 2) -> None:
-  """Save (until committed) and restore of a >= 2 GB checkpoint (params + Adam state), with and
-  without verification; the digests' share of the save is timed inside the save."""
-  trainer = Trainer(load_config(argv(out, "big", BIG)), jax.devices()[:1])
+def _stats(xs: list[float]) -> str:
+  return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def _share(on: list[float], off: list[float], base: list[float]) -> str:
+  """The median of the paired differences (runs alternate) over the median of `base`."""
+  extra = statistics.median(a - b for a, b in zip(on, off))
+  return f"{extra:+.2f} s | {100 * extra / statistics.median(base):.0f}%"
+
+
+def cost(out: str, repeats: int = 5) -> None:
+  """Save (until committed), restore, and resume (restore + compiling the train step from the
+  persistent compilation cache, as a rerun does) of a >= 2 GB checkpoint (params + Adam state),
+  with and without verification, the two alternating (the machine may be shared): the median
+  of the paired differences is the verification's cost."""
+  load = os.getloadavg()
+  cfg = load_config(argv(out, "big", BIG, f"jax_cache_dir={os.path.join(out, 'jax_cache')}"))
+  setup_jax(cfg)
+  trainer = Trainer(cfg, jax.devices()[:1])
   state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
   size = sum(x.nbytes for x in jax.tree.leaves(state))
-  digest_s: list[float] = []
-  manifest.write_own_digests = _timed(manifest.write_own_digests, digest_s)
-  manifest.file_digests = _timed(manifest.file_digests, digest_s)
-  ckpts = RunCheckpoints(os.path.join(out, "big", "checkpoints"), max_to_keep=repeats + 1,
-                         async_save=True)
-  saves = []
+  elements = sum(x.size for x in jax.tree.leaves(state))
+  arrays = {"params": state["params"], "opt_state": state["opt_state"]}
+  jax.block_until_ready(arrays)
+  t = time.perf_counter()
+  tree_checksums(arrays)
+  sums_s = time.perf_counter() - t
+  t = time.perf_counter()
+  legacy_tree_checksums(arrays)
+  legacy_s = time.perf_counter() - t
+  ckpts = {verify: RunCheckpoints(os.path.join(out, "big", name), max_to_keep=2, async_save=True)
+           for verify, name in ((True, "checkpoints"), (False, "unverified"))}
+  saves = {False: [], True: []}
+  save_cpu = {False: [], True: []}   # CPU seconds of all this process's threads
   for step in range(1, repeats + 1):
-    before = len(digest_s)
-    t = time.perf_counter()
-    ckpts.save(step, state, None, trainer.cfg.as_dict())
-    ckpts.wait()
-    saves.append((time.perf_counter() - t, sum(digest_s[before:])))
-  del state
+    for verify in (False, True):
+      with contextlib.nullcontext() if verify else _unverified_saves():
+        t, cpu = time.perf_counter(), time.process_time()
+        ckpts[verify].save(step, state, None, trainer.cfg.as_dict())
+        ckpts[verify].wait()
+        saves[verify].append(time.perf_counter() - t)
+        save_cpu[verify].append(time.process_time() - cpu)
+  ckpts[False].close()
+  del state, arrays
+  trainer.compile_step()   # fills the compilation cache, as the run that saved did
   restores = {False: [], True: []}
-  checksum_s: list[float] = []
-  manifest.compare_arrays = _timed(manifest.compare_arrays, checksum_s)
+  restore_cpu = {False: [], True: []}   # CPU seconds of all this process's threads
+  resumes = {False: [], True: []}
   for _ in range(repeats):
     for verify in (False, True):
-      before = len(checksum_s)
-      t = time.perf_counter()
-      restored, _ = ckpts.restore(repeats, trainer.abstract, None, verify=verify)
+      t, cpu = time.perf_counter(), time.process_time()
+      restored, _ = ckpts[True].restore(repeats, trainer.abstract, None, verify=verify)
       jax.block_until_ready(restored)
-      restores[verify].append((time.perf_counter() - t, sum(checksum_s[before:])))
+      restores[verify].append(time.perf_counter() - t)
+      restore_cpu[verify].append(time.process_time() - cpu)
       del restored
-  ckpts.close()
+    for verify in (False, True):
+      t = time.perf_counter()   # what a rerun does: compile while the checksums run, or after
+      restored, _ = ckpts[True].restore(repeats, trainer.abstract, None, verify=verify,
+                                        meanwhile=trainer.compile_step if verify else None)
+      if not verify:
+        trainer.compile_step()
+      jax.block_until_ready(restored)
+      resumes[verify].append(time.perf_counter() - t)
+      del restored
+  ckpts[True].close()
   step_dir = os.path.join(out, "big", "checkpoints", str(repeats))
   t = time.perf_counter()
   manifest.verify_files(step_dir, manifest.read(step_dir), HASHED_ITEMS)
   files_s = time.perf_counter() - t
-  save, digests = min(saves)
-  (off, _), (on, sums) = min(restores[False]), min(restores[True])
-  print(f"\ncheckpoint of {size / 2**30:.2f} GiB (params + Adam state; {' '.join(BIG[:3])}), 1 CPU "
-        f"device, {os.cpu_count()} cores, best of {repeats}")
-  print("| | s | verification | share |\n|---|---|---|---|")
-  print(f"| save, until committed | {save:.2f} | file digests {digests:.2f} s | "
-        f"{100 * digests / save:.0f}% |")
-  print(f"| restore, checkpoint_verify=false | {off:.2f} | | |")
-  print(f"| restore, checkpoint_verify=true | {on:.2f} | +{on - off:.2f} s | "
-        f"{100 * (on - off) / off:.0f}% |")
-  print(f"| of which file checks (beside the read) | | +{on - off - sums:.2f} s | "
-        f"{100 * (on - off - sums) / off:.0f}% |")
-  print(f"| of which array checksums (after the read) | | +{sums:.2f} s | {100 * sums / off:.0f}% |")
-  print(f"file checks alone (not overlapped) {files_s:.2f} s")
+  print(f"\ncheckpoint of {size / 2**30:.2f} GiB, {elements / 1e6:.0f} M elements (params + Adam "
+        f"state; {' '.join(BIG[:3])}), 1 CPU device, {os.cpu_count()} cores; {repeats} runs each, "
+        f"with and without verification alternating; load average {load[0]:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after")
+  print("| | s: median (range) | verification: median paired difference | share |")
+  print("|---|---|---|---|")
+  print(f"| save until committed, without checksums and digests | {_stats(saves[False])} | | |")
+  print(f"| save until committed, verified | {_stats(saves[True])} | "
+        f"{_share(saves[True], saves[False], saves[False])} of the save |")
+  print(f"| save's CPU time (all threads), without | {_stats(save_cpu[False])} | | |")
+  print(f"| save's CPU time, verified | {_stats(save_cpu[True])} | "
+        f"{_share(save_cpu[True], save_cpu[False], save_cpu[False])} of its CPU time |")
+  print(f"| restore, checkpoint_verify=false | {_stats(restores[False])} | | |")
+  print(f"| restore, checkpoint_verify=true | {_stats(restores[True])} | "
+        f"{_share(restores[True], restores[False], restores[False])} of the restore |")
+  print(f"| restore's CPU time (all threads), verify=false | {_stats(restore_cpu[False])} | | |")
+  print(f"| restore's CPU time, verify=true | {_stats(restore_cpu[True])} | "
+        f"{_share(restore_cpu[True], restore_cpu[False], restore_cpu[False])} of its CPU time |")
+  print(f"| resume = restore + compile (cached), verify=false | {_stats(resumes[False])} | | |")
+  print(f"| resume, verify=true (checksums while compiling) | {_stats(resumes[True])} | "
+        f"{_share(resumes[True], resumes[False], restores[False])} of the restore |")
+  print(f"array checksums alone: {sums_s:.2f} s ({1e9 * sums_s / elements:.2f} ns per element; "
+        f"the per-element hash they replace: {legacy_s:.2f} s); file checks alone {files_s:.2f} s")
 
 
 def main() -> None:

@@ -94,7 +94,11 @@ class RunCheckpoints:
                                           config.get("tokenizer_path", ""))
     if tokenizer:
       args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
-    args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(step, arrays, config))
+    # one process: the array checksums run on threads beside Orbax's background writes (which
+    # hold the arrays until they are done too); several: before the save returns (their sums are
+    # added up with a collective, which must run on every main thread in order)
+    args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(
+        step, arrays, config, background=jax.process_count() == 1))
     self._pending = (int(step), time.monotonic())
     try:
       self._mngr.save(step, args=ocp.args.Composite(**args), force=True)
@@ -161,8 +165,12 @@ class RunCheckpoints:
     return os.path.join(self.directory, str(step))
 
   def restore(self, step: int, abstract_state: dict, data_iterator: Any, *,
-              verify: bool = True) -> tuple[dict, dict]:
-    """Returns (state, meta); `data_iterator` is set to its saved position in place.
+              verify: bool = True, meanwhile: Callable[[], Any] | None = None
+              ) -> tuple[dict, dict]:
+    """Returns (state, meta); `data_iterator` is set to its saved position in place. With
+    `verify`, the restored arrays' checksums are computed on other threads while Orbax reads the
+    next item and `meanwhile()` runs (e.g. compiling the train step); nothing is returned before
+    they are checked.
 
     Raises DataError (no or mismatched iterator state) or CheckpointError (naming the arrays or
     files that are damaged, missing or incompatible)."""
@@ -181,23 +189,39 @@ class RunCheckpoints:
     # the file digests are checked while Orbax reads the arrays (other cores; the same page cache)
     checking = _check_files_in_background(step_dir, saved, HASHED_ITEMS) if verify and saved \
         else None
-    args = {k: manifest.ArrayRestore(v) for k, v in abstract.items()}
-    args["meta"] = ocp.args.JsonRestore()
-    if data_iterator is not None:
-      args["data"] = DataStateRestore(data_iterator)
+    # with `verify`, one array item at a time, the largest first: each item's checksums run on
+    # other threads while Orbax reads the next (and the last one's during `meanwhile`)
+    order = sorted(abstract, key=lambda k: -sum(x.size * x.dtype.itemsize
+                                                for x in jax.tree.leaves(abstract[k])))
+    groups = [[item] for item in order] if verify else [order]
+    out, comparing = {}, []
     try:
-      out = self._mngr.restore(step, args=ocp.args.Composite(**args))
+      for n, group in enumerate(groups):
+        args = {item: manifest.ArrayRestore(abstract[item]) for item in group}
+        if n == 0:
+          args["meta"] = ocp.args.JsonRestore()
+          if data_iterator is not None:
+            args["data"] = DataStateRestore(data_iterator)
+        restored = self._mngr.restore(step, args=ocp.args.Composite(**args))
+        out.update({k: restored[k] for k in args if k != "data"})
+        if verify:
+          comparing.append(manifest.start_compare(saved, {k: out[k] for k in group},
+                                                  background=True))
     except DataError:
       raise
     except Exception as e:  # pylint: disable=broad-except
+      for finish in comparing:   # the checksums' threads let go of the arrays first
+        finish()
       file_problems = _file_problems(checking)
       unreadable = _unreadable_arrays(step_dir, abstract)
       raise CheckpointError(
           f"checkpoint step {step} cannot be read: "
           + "; ".join(unreadable + file_problems or [_why(e)])) from e
     if verify:
+      if meanwhile is not None:
+        meanwhile()
+      differing = [problem for finish in comparing for problem in finish()]
       file_problems = _file_problems(checking)
-      differing = manifest.compare_arrays(saved, {k: out[k] for k in ARRAY_ITEMS})
       if differing or file_problems:
         raise CheckpointError(f"checkpoint step {step} is damaged: "
                               + "; ".join((differing + file_problems)[:8])
@@ -208,13 +232,16 @@ class RunCheckpoints:
     return state, out["meta"]
 
   def restore_latest(self, abstract_state: dict, data_iterator: Any, *, verify: bool,
-                     fallback: bool, log: Callable[[str], None]) -> tuple[dict | None, int]:
+                     fallback: bool, log: Callable[[str], None],
+                     meanwhile: Callable[[], Any] | None = None) -> tuple[dict | None, int]:
     """(state, step) of the newest usable step, or (None, 0) without one. With `fallback`, a
-    damaged step is logged and moved aside and the next older one is tried."""
+    damaged step is logged and moved aside and the next older one is tried. `meanwhile`: as in
+    `restore`, for each step tried (it should do its work once)."""
     steps = sorted(self.all_steps(), reverse=True)
     for i, step in enumerate(steps):
       try:
-        state, _ = self.restore(step, abstract_state, data_iterator, verify=verify)
+        state, _ = self.restore(step, abstract_state, data_iterator, verify=verify,
+                                meanwhile=meanwhile)
         return state, step
       except CheckpointError as e:
         if not fallback or i + 1 == len(steps):

@@ -1,8 +1,8 @@
 """The integrity manifest of a checkpoint: Orbax item `<step>/manifest/`, committed with the step.
 
 - `manifest.json` (written by the background save): the step, the code version, the config and,
-  for every array of `params` and `opt_state`, its shape, dtype and checksum (`checksum.py`:
-  computed on the devices, the same on any mesh);
+  for every array of `params` and `opt_state`, its shape, dtype and checksum (`checksum.py`, of
+  the kind named by its "checksum" field: the same on any mesh);
 - `<item>/files.process_<i>.json` (written by process i as soon as its own writes of that array
   item are done, before the processes meet to commit): size and SHA-256 of the files process i
   wrote (`ocdbt.process_<i>/…`, `array_metadatas/process_<i>`: the bulk of the bytes);
@@ -14,10 +14,10 @@ So each process reads back only what it wrote; no process reads the whole checkp
 each of the n processes verifies the files written by processes i with i % n == its index (process
 0 also the shared ones), so a restore reads each file once more in all, spread over the processes.
 
-Verification (`verify_files`, then `compare_arrays` after the restore) catches a missing or
-truncated file, missing metadata and any changed byte (the file digests), and names the arrays
-whose values differ or cannot be read (the checksums). `checkpoint_verify=false` skips both at
-restore; RELIABILITY.md has their cost.
+Verification (`verify_files`, then `compare_arrays` / `start_compare` after the restore) catches
+a missing or truncated file, missing metadata and any changed byte (the file digests), and names
+the arrays whose values differ or cannot be read (the checksums). `checkpoint_verify=false` skips
+both at restore; RELIABILITY.md has their cost.
 """
 from __future__ import annotations
 
@@ -64,17 +64,21 @@ def code_version() -> dict:
   return {"git": commit, "jax": jax.__version__, "orbax": ocp.__version__}
 
 
-def build(step: int, arrays: dict[str, Any], config: dict) -> Callable[[], dict]:
+def build(step: int, arrays: dict[str, Any], config: dict, *, background: bool = False
+          ) -> Callable[[], dict]:
   """The manifest of `arrays` ({item name: tree of jax.Array}); every process must call it. The
-  checksums are dispatched now and fetched by the returned function (the background write calls
-  it, so the train loop does not wait for them)."""
-  pending = [checksum.start_tree_checksums(tree, prefix=item) for item, tree in arrays.items()]
+  checksums are started now and collected by the returned function (the background write calls
+  it); `background`: as in `checksum.start_tree_checksums` (one process only: the background write
+  runs off the main thread)."""
+  pending = [checksum.start_tree_checksums(tree, prefix=item, background=background)
+             for item, tree in arrays.items()]
   entries = {}
   for item, tree in arrays.items():
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       entries[f"{item}/{checksum.path_name(keypath)}"] = {"shape": list(leaf.shape),
                                                           "dtype": str(leaf.dtype)}
-  head = {"format": FORMAT, "step": int(step), "code_version": code_version(), "config": config}
+  head = {"format": FORMAT, "step": int(step), "code_version": code_version(), "config": config,
+          "checksum": checksum.KIND}
 
   def finish() -> dict:
     for resolve in pending:
@@ -218,13 +222,33 @@ def check_compatible(manifest: dict, abstract: dict[str, Any]) -> list[str]:
 
 def compare_arrays(manifest: dict, restored: dict[str, Any]) -> list[str]:
   """Restored arrays whose checksum differs from the manifest (every process must call it)."""
-  problems = []
-  for item, tree in restored.items():
-    for name, value in checksum.tree_checksums(tree, prefix=item).items():
-      saved = manifest["arrays"].get(name, {}).get("checksum")
-      if saved != value:
-        problems.append(f"{name}: checksum {value}, {saved} when saved (values differ)")
-  return problems
+  return start_compare(manifest, restored)()
+
+
+def start_compare(manifest: dict, restored: dict[str, Any], *, background: bool = False
+                  ) -> Callable[[], list[str]]:
+  """`compare_arrays` started now and finished by the returned function, with the kind of checksum
+  the manifest was written with; `background`: as `checksum.start_tree_checksums` (nothing may
+  donate or change the arrays before the function returns)."""
+  kind = manifest.get("checksum", checksum.LEGACY_KIND)
+  if kind == checksum.LEGACY_KIND:
+    pending = [lambda tree=tree, item=item: checksum.legacy_tree_checksums(tree, prefix=item)
+               for item, tree in restored.items()]
+  elif kind == checksum.KIND:
+    pending = [checksum.start_tree_checksums(tree, prefix=item, background=background)
+               for item, tree in restored.items()]
+  else:
+    return lambda: [f"the manifest's checksums are of an unknown kind {kind!r}"]
+
+  def finish() -> list[str]:
+    problems = []
+    for sums in pending:
+      for name, value in sums().items():
+        saved = manifest["arrays"].get(name, {}).get("checksum")
+        if saved != value:
+          problems.append(f"{name}: checksum {value}, {saved} when saved (values differ)")
+    return problems
+  return finish
 
 
 class SaveHooks(Protocol):

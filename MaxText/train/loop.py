@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -115,11 +115,15 @@ class Trainer:
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
 
   # ---- state -------------------------------------------------------------------------------------
-  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
+                    meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
+    """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
+    are verified), the parameters of `load_parameters_path`, or a fresh init."""
     if ckpts is not None and ckpts.latest_step() is not None:
       state, start = ckpts.restore_latest(self.abstract, data_iter,
                                           verify=self.cfg.checkpoint_verify,
-                                          fallback=self.cfg.checkpoint_fallback, log=log)
+                                          fallback=self.cfg.checkpoint_fallback, log=log,
+                                          meanwhile=meanwhile)
       if state is not None:
         log(f"resumed from {ckpts.directory}/{start}")
         return state, start
@@ -238,10 +242,17 @@ class Trainer:
 
   def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
     cfg = self.cfg
-    state, start = self.initial_state(ckpts, data_iter)
-    t0 = time.perf_counter()
-    compiled = self.compile_step()
-    log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+    compiled = []
+
+    def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
+      if not compiled:
+        t0 = time.perf_counter()
+        compiled.append(self.compile_step())
+        log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+
+    state, start = self.initial_state(ckpts, data_iter, meanwhile=compile_once)
+    compile_once()
+    compiled = compiled[0]
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
     peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
