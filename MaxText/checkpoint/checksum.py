@@ -19,8 +19,8 @@ w_k(i) = fmix64(i XOR key_k) | 1 (MurmurHash3's 64-bit finaliser; odd). Properti
 Where it is computed: arrays in host memory (CPU devices, NumPy) are contracted axis by axis with
 NumPy on zero-copy views of the shards this process holds — one pass over the values (about 0.8 ns
 per element and core here), split over threads — and the processes' sums are added up (XLA:CPU
-does not vectorise integer reductions: the per-element hash this replaces took about 15 times as
-long there; benchmarks/checkpoint_faults.py --cost). Arrays on GPU/TPU are checksummed on their
+does not vectorise integer reductions: the per-element hash this replaces took 9-12 times as long
+there; benchmarks/checkpoint_faults.py --cost). Arrays on GPU/TPU are checksummed on their
 devices in one fused pass (64-bit integers inside that one computation).
 
 `legacy_tree_checksums`: the per-element hash of manifests written before (kind "fmix32"; still
