@@ -24,17 +24,6 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token
                   "mask_token")
 
 
-def _read_json(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
-  except (OSError, ValueError) as e:
-    raise DataError(f"{path} cannot be read as JSON: {e}") from e
-  if not isinstance(value, dict):
-    raise DataError(f"{path} does not hold a JSON object")
-  return value
-
-
 def find_template(folder: str) -> str:
   """The chat template of the tokenizer in `folder`; DataError when it has none."""
   jinja = os.path.join(folder, "chat_template.jinja")
@@ -45,7 +34,7 @@ def find_template(folder: str) -> str:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
       continue
-    template = _read_json(path).get("chat_template")
+    template = tokenizers.json_object(path).get("chat_template")
     if isinstance(template, list):
       named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
       template = named.get("default")

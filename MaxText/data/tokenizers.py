@@ -133,6 +133,19 @@ class HFTokenizer(_LazyFileTokenizer):
     return self.impl.decode([int(i) for i in ids])
 
 
+def json_object(path: str) -> dict:
+  """A tokenizer folder's JSON file (tokenizer_config.json, ...); DataError naming it when it is
+  not a readable JSON object."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (OSError, ValueError) as e:
+    raise DataError(f"tokenizer_path: {path} cannot be read as JSON: {e}") from e
+  if not isinstance(value, dict):
+    raise DataError(f"tokenizer_path: {path} does not hold a JSON object")
+  return value
+
+
 def special_tokens(folder: str, keys: Sequence[str] = SPECIAL_TOKEN_KEYS
                    ) -> tuple[dict[str, str], dict[str, str]]:
   """({key: token string} for `keys` (bos_token, eos_token, pad_token), {key: the file that set
@@ -143,13 +156,7 @@ def special_tokens(folder: str, keys: Sequence[str] = SPECIAL_TOKEN_KEYS
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
       continue
-    try:
-      with open(path, encoding="utf-8") as f:
-        values = json.load(f)
-    except (OSError, ValueError) as e:
-      raise DataError(f"tokenizer_path: {path} cannot be read as JSON: {e}") from e
-    if not isinstance(values, dict):
-      raise DataError(f"tokenizer_path: {path} does not hold a JSON object")
+    values = json_object(path)
     if name == "tokenizer_config.json":
       config = values
     elif "added_tokens_decoder" in config:
