@@ -83,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     model = load(argv)
     cfg = model.cfg
     print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}); "
-          f"tokenizer: {model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
+          f"{model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
     t0 = time.perf_counter()
     outs = model.generate(prompts)
     seconds = time.perf_counter() - t0

@@ -23,12 +23,11 @@ import jax
 
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import load_params
-from MaxText.config.load import ConfigError, replace
+from MaxText.config.load import ConfigError
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.eval_data import eval_problems
-from MaxText.data.tokenizers import HFTokenizer, SentencePieceTokenizer
-from MaxText.inference import load_config_for_decoding, tokenizer_for
+from MaxText.inference import load_config_for_decoding, model_tokenizer
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.sharding.mesh import create_mesh
@@ -40,17 +39,6 @@ from MaxText.train.loop import check_config
 from MaxText.train.step import batch_sharding
 
 
-def with_model_tokenizer(cfg):
-  """`cfg` naming the model's tokenizer (`inference.tokenizer_for`); ConfigError without one."""
-  tokenizer, source = tokenizer_for(cfg)
-  if tokenizer is None:
-    raise ConfigError(source)
-  if isinstance(tokenizer, (HFTokenizer, SentencePieceTokenizer)):
-    kind = "huggingface" if isinstance(tokenizer, HFTokenizer) else "sentencepiece"
-    return replace(cfg, tokenizer_type=kind, tokenizer_path=tokenizer.path), source
-  return replace(cfg, tokenizer_type="byte", tokenizer_path=""), source
-
-
 def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
             ) -> tuple[Evaluator, object]:
   """(the evaluator, the parameters on the mesh); ConfigError or DataError before any data is
@@ -58,7 +46,7 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   cfg, hf_params = load_config_for_decoding(argv)
   if not cfg.load_parameters_path and hf_params is None:
     raise ConfigError("evaluate needs parameters: set load_parameters_path or hf_path")
-  cfg, source = with_model_tokenizer(cfg)
+  cfg, source = model_tokenizer(cfg)
   devices = list(jax.devices() if devices is None else devices)
   tokenizer = check_config(cfg, devices)
   if cfg.eval_dataset_path or cfg.eval_split_fraction:
@@ -81,7 +69,7 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
                                     f"share of" if cfg.eval_split_fraction else "all of")
   if not cfg.eval_dataset_path:
     where += f" dataset_type={cfg.dataset_type} {cfg.dataset_path}".rstrip()
-  print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers); tokenizer: {source}; data: "
+  print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers); {source}; data: "
         f"{where}; {cfg.eval_steps} batches of {global_batch} x {cfg.max_target_length}")
   evaluator = Evaluator(cfg, tokenizer, model_def, mesh, rules, sharding, global_batch,
                         layout.shard_ids, layout.num_shards, layout.shard_batch,

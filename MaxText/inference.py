@@ -27,7 +27,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from MaxText.checkpoint.manager import load_params, read_meta, resolve_step_dir
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.manager import load_params
 from MaxText.checkpoint_conversion.to_maxtext import load_hf
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
@@ -41,6 +42,7 @@ from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.train.tokenizer_setup import MissingTokenizer, choose_tokenizer
 
 Prompt = str | Sequence[int] | dict
 
@@ -63,33 +65,29 @@ class Generation:
             "finish_reason": self.finish_reason}
 
 
+def model_tokenizer(cfg: Config) -> tuple[Config, str]:
+  """(`cfg` with the model's tokenizer keys resolved, a line saying which and why): training's
+  choice (`train/tokenizer_setup.choose_tokenizer`: `tokenizer_path` when set, else the
+  checkpoint's own tokenizer files, else its byte tokenizer), with a Hugging Face folder
+  (`hf_path`) giving its own tokenizer files the same way. MissingTokenizer (a ConfigError) when
+  the model's tokenizer is not at hand."""
+  if cfg.hf_path and not cfg.tokenizer_path:
+    folder = os.path.expanduser(cfg.hf_path)
+    if not tokenizer_files.files_of(folder):
+      raise MissingTokenizer(f"tokenizer_path: hf_path={cfg.hf_path} holds no tokenizer files; "
+                             "set tokenizer_path")
+    cfg = replace(cfg, tokenizer_path=folder)
+  return choose_tokenizer(cfg)
+
+
 def tokenizer_for(cfg: Config) -> tuple[Tokenizer | None, str]:
-  """(the tokenizer of the model `cfg` decodes, or None, and where it comes from / why none).
-  `tokenizer_path` when set; else a Hugging Face folder's tokenizer.json (hf_path); else the
-  checkpoint's: the tokenizer files it carries (`<step>/tokenizer/`), or the byte tokenizer or
-  the tokenizer file its training run named; else `tokenizer_type`."""
-  if cfg.tokenizer_path:
-    return make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_path), cfg.tokenizer_path
-  if cfg.hf_path:
-    path = os.path.join(os.path.expanduser(cfg.hf_path), "tokenizer.json")
-    if os.path.isfile(path):
-      return HFTokenizer(path), path
-    return None, f"hf_path={cfg.hf_path} has no tokenizer.json; set tokenizer_path"
-  if cfg.load_parameters_path:
-    step_dir = resolve_step_dir(cfg.load_parameters_path)
-    carried = os.path.join(step_dir, "tokenizer", "tokenizer.json")
-    if os.path.isfile(carried):
-      return HFTokenizer(carried), carried
-    saved = read_meta(cfg.load_parameters_path)["config"]
-    kind, path = saved.get("tokenizer_type", "byte"), saved.get("tokenizer_path", "")
-    if kind == "byte":
-      return make_tokenizer("byte"), "byte (the checkpoint's)"
-    if path and os.path.isfile(os.path.expanduser(path)):
-      return make_tokenizer(kind, path), f"{path} (the checkpoint's training tokenizer)"
-    return None, (f"the checkpoint at load_parameters_path={cfg.load_parameters_path} carries no "
-                  f"tokenizer and its training run's {kind} tokenizer_path={path!r} is not there; "
-                  "set tokenizer_path")
-  return make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_path), cfg.tokenizer_type
+  """(the tokenizer of the model `cfg` decodes, or None, and where it comes from or why there is
+  none): `model_tokenizer`'s choice."""
+  try:
+    cfg, line = model_tokenizer(cfg)
+  except MissingTokenizer as e:
+    return None, str(e)
+  return make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_path), line
 
 
 class InferenceModel:
@@ -196,7 +194,10 @@ def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, dict | None]:
     raise ConfigError("hf_path and load_parameters_path both set: give one of them")
   if cfg.hf_path:
     try:
-      return load_hf(os.path.expanduser(cfg.hf_path), list(argv[1:]))
+      converted, params = load_hf(os.path.expanduser(cfg.hf_path), list(argv[1:]))
+      if cfg.tokenizer_type != "auto" or cfg.tokenizer_path:   # the user's choice stands
+        converted = replace(converted, tokenizer_type=cfg.tokenizer_type)
+      return converted, params
     except ConfigError:
       raise
     except (FileNotFoundError, KeyError, ValueError) as e:   # ValueError: a bad folder

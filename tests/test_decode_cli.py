@@ -116,6 +116,31 @@ def test_hf_folder_chat_decoding_equals_transformers(hf_folder, tmp_path, capsys
     assert line["text"] in printed
 
 
+def test_converted_checkpoint_decodes_with_its_own_tokenizer(hf_folder, tmp_path):
+  """The tokenizer is chosen as training chooses it (train/tokenizer_setup.py): the checkpoint's
+  own files by default, `tokenizer_path` over them, `tokenizer_type=byte` refused."""
+  from MaxText.checkpoint_conversion import to_maxtext
+  from MaxText.config.load import ConfigError
+  folder, _, hf_tok = hf_folder
+  ckpt = tmp_path / "ckpt"
+  assert to_maxtext.main([f"hf_path={folder}", f"output_path={ckpt}"]) == 0
+  cfg, _ = inference.load_config_for_decoding([BASE_YML, f"load_parameters_path={ckpt}"])
+  tok, source = inference.tokenizer_for(cfg)
+  assert "the checkpoint's own" in source and tok.eos_id == 3
+  assert tok.encode("hello how are you") == hf_tok("hello how are you")["input_ids"]
+  other = tmp_path / "other"
+  save_tokenizer(other, template=None)
+  _, source = inference.tokenizer_for(load_config_for(ckpt, f"tokenizer_path={other}"))
+  assert str(other) in source and "the checkpoint's own" not in source
+  with pytest.raises(ConfigError, match="tokenizer_type=byte"):
+    inference.tokenizer_for(load_config_for(ckpt, "tokenizer_type=byte"))
+
+
+def load_config_for(ckpt, *overrides):
+  return inference.load_config_for_decoding([BASE_YML, f"load_parameters_path={ckpt}",
+                                             *overrides])[0]
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
   """A random qwen3-tiny checkpoint (byte tokenizer) with 64 positions."""
@@ -174,7 +199,7 @@ def test_bad_input_exits_2(checkpoint, hf_folder, tmp_path, capsys):
       ([ckpt, "prompt=hi", "prompt_ids=1"], "exactly one of prompt"),
       ([ckpt, "prompt=hi", "chat=true", f"tokenizer_path={no_template}/tokenizer.json",
         "tokenizer_type=huggingface"], "has no chat template"),
-      ([f"load_parameters_path={gone}", "prompt=hi"], "carries no tokenizer"),
+      ([f"load_parameters_path={gone}", "prompt=hi"], "tokenizer files are not in the checkpoint"),
       ([f"hf_path={folder}", ckpt, "prompt=hi"], "both set"),
       ([f"hf_path={tmp_path / 'none'}", "prompt=hi"], "hf_path="),
       ([ckpt, "prompt=hi", "temperature=-1"], "temperature"),

@@ -1,8 +1,8 @@
 """Held-out evaluation: the eval_split_fraction split never overlaps what training reads (file
 documents with unique markers, and the embedded default's documents); evaluation during training
 logs eval_loss / eval_perplexity at eval_period and the last step (stdout, metrics.jsonl,
-TensorBoard); `python -m MaxText.evaluate` on a converted checkpoint gives the mean token loss of
-transformers' forward on the same batches; bad eval keys exit 2."""
+TensorBoard); `python -m MaxText.evaluate` on a converted checkpoint (with its own tokenizer) gives
+the mean token loss of transformers' forward on the same batches; bad eval keys exit 2."""
 import glob
 import json
 import math
@@ -19,7 +19,7 @@ from MaxText.data import sources
 from MaxText.data.config import DataConfig
 from MaxText.data.eval_data import EvalBatches, eval_source
 from MaxText.data.pipeline import make_shard_iterator
-from MaxText.data.tokenizers import ByteTokenizer
+from MaxText.data.tokenizers import ByteTokenizer, make_tokenizer
 
 DOCS = 40
 
@@ -96,23 +96,31 @@ def test_evaluate_a_checkpoint_equals_transformers_mean_loss(tmp_path, capsys):
   from hf_parity import build_hf_model
   from test_qwen3_parity import our_config
   import transformers
+  from end_to_end.tiny_hf import save_tiny_tokenizer
+  from MaxText.checkpoint import tokenizer_files
+  from MaxText.checkpoint.manager import resolve_step_dir
   from MaxText.checkpoint_conversion import to_maxtext
   from MaxText.models.qwen3 import hf_map
   hf = build_hf_model(transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
                       hf_map.config_to_hf(our_config(False, True)))
   hf.save_pretrained(tmp_path / "hf")
+  save_tiny_tokenizer(str(tmp_path / "hf"))     # travels into the checkpoint; evaluate uses it
   assert to_maxtext.main([f"hf_path={tmp_path / 'hf'}", f"output_path={tmp_path / 'ckpt'}"]) == 0
   data = marked_docs(tmp_path)
   args = [BASE_YML, f"load_parameters_path={tmp_path / 'ckpt'}", "dataset_type=file",
           f"dataset_path={data}", "max_target_length=48", "per_device_batch_size=0.5",
           "eval_steps=3", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=4"]
   assert evaluate.main(args) == 0
-  last = capsys.readouterr().out.strip().splitlines()[-1]
+  out = capsys.readouterr().out
+  assert "the checkpoint's own, from load_parameters_path" in out
+  last = out.strip().splitlines()[-1]
   got = dict(kv.split("=") for kv in last.split())
   assert list(got) == ["eval_loss", "eval_perplexity", "tokens"]
   # the reference: transformers on each document piece of the same batches (all of the file)
   cfg = load_config(args)
-  batches = EvalBatches(DataConfig.from_config(cfg), "all", ByteTokenizer(), [0], 1, 4, 3)
+  carried = tokenizer_files.in_checkpoint(resolve_step_dir(str(tmp_path / "ckpt")))
+  tokenizer = make_tokenizer("auto", carried)
+  batches = EvalBatches(DataConfig.from_config(cfg), "all", tokenizer, [0], 1, 4, 3)
   nll, tokens = 0.0, 0
   for b in batches:
     for row in range(4):

@@ -9,10 +9,11 @@ output. The model config travels in the checkpoint; its `hf_model_type` picks th
 it is "" (a model trained from configs/base.yml), the first of its family's Hugging Face types that
 can hold the model (the default model: `llama`), or the `hf_model_type` argument. Tensors are
 written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or numbered
-shards + index above `max_shard_gb`. A LoRA checkpoint (lora_rank > 0) is written merged (each
-adapted kernel W + alpha/r A B: a plain model), or with adapter_format=peft as a PEFT adapter
-folder for `peft.PeftModel.from_pretrained(base, OUT)` (the base: the Hugging Face model the run
-started from).
+shards + index above `max_shard_gb`; the checkpoint's tokenizer files are written next to them
+(`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too. A LoRA checkpoint
+(lora_rank > 0) is written merged (each adapted kernel W + alpha/r A B: a plain model), or with
+adapter_format=peft as a PEFT adapter folder for `peft.PeftModel.from_pretrained(base, OUT)` (the
+base: the Hugging Face model the run started from).
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_huggingface \
@@ -28,7 +29,8 @@ import dataclasses
 import os
 import sys
 
-from MaxText.checkpoint.manager import load_params_host, read_meta
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.manager import load_params_host, read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.config import cli
@@ -89,6 +91,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
                       "(lora_rank=0)")
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
+  tokenizer_files.export(resolve_step_dir(ckpt), output_path)
   return model_type
 
 

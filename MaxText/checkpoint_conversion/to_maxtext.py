@@ -3,11 +3,13 @@
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=HF_DIR output_path=CKPT [key=value ...]
 
 Reads `HF_DIR/config.json` (model_type picks the family's name map) and the safetensors shard(s)
-one tensor at a time, and writes `CKPT/0/{params,meta}` — which `train.py
-load_parameters_path=CKPT` fine-tunes from. Extra key=value pairs are config overrides that do not
-change the architecture (e.g. `scan_layers=false`, `weight_dtype=bfloat16`). With
-`adapter_path=PEFT_DIR` a PEFT LoRA adapter folder of that model is imported too: the checkpoint
-then holds the base and our adapters (lora_rank / lora_alpha from its adapter_config.json).
+one tensor at a time, and writes `CKPT/0/{params,meta,tokenizer}` — which `train.py
+load_parameters_path=CKPT` fine-tunes from, with the folder's tokenizer files (tokenizer.json,
+tokenizer_config.json, chat template, special tokens, *.model; `checkpoint/tokenizer_files.py`).
+Extra key=value pairs are config overrides that do not change the architecture (e.g.
+`scan_layers=false`, `weight_dtype=bfloat16`). With `adapter_path=PEFT_DIR` a PEFT LoRA adapter
+folder of that model is imported too: the checkpoint then holds the base and our adapters
+(lora_rank / lora_alpha from its adapter_config.json).
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=~/Qwen3-0.6B output_path=ckpt/qwen3
@@ -24,6 +26,7 @@ import jax
 import numpy as np
 from flax.traverse_util import flatten_dict
 
+from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.manager import save_params_only
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
@@ -74,14 +77,18 @@ def convert(hf_path: str, output_path: str, overrides: list[str], adapter_path: 
   # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
   # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
   params = jax.tree.map(_as_jax_array, params)
-  save_params_only(output_path, params, cfg.as_dict())
+  save_params_only(output_path, params, cfg.as_dict(),
+                   tokenizer=tokenizer_files.files_of(hf_path))
   return cfg
 
 
 def load_hf(hf_path: str, overrides: list[str]) -> tuple[Config, dict]:
   """(our config, our parameters as host NumPy arrays) of a Hugging Face folder, in memory."""
   hf_config = read_config(hf_path)
-  cfg = config_for_hf(hf_config, overrides)
+  tokenizer = tokenizer_files.files_of(hf_path)
+  # the vocabulary is a real tokenizer's: a run from this checkpoint never falls back to bytes
+  cfg = replace(config_for_hf(hf_config, overrides), tokenizer_type="huggingface" if
+                "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
   mcfg = ModelConfig.from_config(cfg)
   family = get_hf_map(cfg.hf_model_type)
   params = family.hf_to_params(HFTensors(hf_path), mcfg)
@@ -135,8 +142,11 @@ def main(argv: list[str]) -> int:
   except (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  tokenizer = sorted(tokenizer_files.files_of(os.path.expanduser(args["hf_path"])))
   print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
-        f"d={cfg.emb_dim}, vocab {cfg.vocab_size})")
+        f"d={cfg.emb_dim}, vocab {cfg.vocab_size}); tokenizer files: "
+        + (", ".join(tokenizer) if tokenizer else "none in hf_path (fine-tuning will need "
+                                                  "tokenizer_path=...)"))
   return 0
 
 

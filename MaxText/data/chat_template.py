@@ -16,23 +16,12 @@ import json
 import os
 from typing import Any, Sequence
 
+from MaxText.data import tokenizers
 from MaxText.data.errors import DataError
 
 CONFIG_FILES = ("chat_template.json", "tokenizer_config.json")
-SPECIAL_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                   "mask_token")
-
-
-def _read_json(path: str) -> dict:
-  try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
-  except (OSError, ValueError) as e:
-    raise DataError(f"{path} cannot be read as JSON: {e}") from e
-  if not isinstance(value, dict):
-    raise DataError(f"{path} does not hold a JSON object")
-  return value
 
 
 def find_template(folder: str) -> str:
@@ -45,7 +34,7 @@ def find_template(folder: str) -> str:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
       continue
-    template = _read_json(path).get("chat_template")
+    template = tokenizers.json_object(path).get("chat_template")
     if isinstance(template, list):
       named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
       template = named.get("default")
@@ -59,20 +48,9 @@ def find_template(folder: str) -> str:
 
 
 def special_tokens(folder: str) -> dict[str, str]:
-  """{bos_token: "<s>", ...} as the template sees them, read as transformers reads them:
-  tokenizer_config.json, then special_tokens_map.json over it unless the config has
-  `added_tokens_decoder`."""
-  out, config = {}, {}
-  for name in SPECIAL_TOKEN_FILES:
-    path = os.path.join(folder, name)
-    if os.path.isfile(path) and "added_tokens_decoder" not in config:
-      values = _read_json(path)
-      config = config or values
-      for key, value in values.items():
-        value = value.get("content") if isinstance(value, dict) else value
-        if key in SPECIAL_TOKENS and isinstance(value, str):
-          out[key] = value
-  return out
+  """{bos_token: "<s>", ...} as the template sees them, read as transformers reads them
+  (`tokenizers.special_tokens`)."""
+  return tokenizers.special_tokens(folder, SPECIAL_TOKENS)[0]
 
 
 def _environment(marks: tuple[str, str] = ("", "")):

@@ -61,7 +61,8 @@ class ChatFormat:
   def for_tokenizer(cls, tokenizer_path: str, chat_template_path: str = "") -> "ChatFormat":
     """The template of `chat_template_path` (a jinja file), else of the tokenizer's folder;
     DataError naming `chat_template_path` when there is none."""
-    folder = os.path.dirname(os.path.abspath(os.path.expanduser(tokenizer_path)))
+    path = os.path.abspath(os.path.expanduser(tokenizer_path))
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
     if chat_template_path:
       path = os.path.expanduser(chat_template_path)
       try:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.sampling import Sampling, choose
@@ -64,6 +64,11 @@ def bucket(n: int, minimum: int = 1, cap: int | None = None) -> int:
   return size if cap is None else min(size, cap)
 
 
+def fetch(x) -> np.ndarray:
+  """A replicated result on the host (its local copy: works in a multi-process run too)."""
+  return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
+
+
 class Engine:
   """Decoding programs for `mcfg` on `mesh` with `rules` (see the module docstring)."""
 
@@ -86,6 +91,16 @@ class Engine:
   def place(self, params):
     """Host (NumPy) parameters → device arrays with this mesh's parameter shardings."""
     return jax.device_put(params, self.param_shardings)
+
+  def _host(self, *trees):
+    """Host values (the same on every process) as arrays replicated over the mesh: what the
+    compiled programs take in a multi-process run, with one sharding whatever the call."""
+    return jax.device_put(trees, NamedSharding(self.mesh, PartitionSpec()))
+
+  def _replicated(self, *trees):
+    """Small results pinned replicated (inside a program): every process can read them whole."""
+    whole = NamedSharding(self.mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, whole), trees)
 
   def compiled_programs(self) -> int:
     """Programs compiled so far by this engine."""
@@ -142,7 +157,7 @@ class Engine:
       tokens_B, logprobs_B = choose(model.logits(last_B1D)[:, 0], static, values, rows_B,
                                     jnp.zeros_like(rows_B))
       cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
-    return cache, tokens_B, logprobs_B
+    return cache, *self._replicated(tokens_B, logprobs_B)
 
   def _decode_fn(self, params, cache, state, eos_E, max_new, values, *, static):
     """Up to `chunk` steps for all rows; stops early once every row is done. state: the token
@@ -173,7 +188,7 @@ class Engine:
       _, cache, state, out_tokens, out_logprobs = jax.lax.while_loop(
           lambda c: (c[0] < C) & ~jnp.all(c[2]["done"]), step, init)
       cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
-    return cache, state, out_tokens, out_logprobs
+    return cache, *self._replicated(state, out_tokens, out_logprobs)
 
   def _score_fn(self, params, tokens_BS, targets_BS, lengths_B):
     """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond)."""
@@ -192,7 +207,7 @@ class Engine:
       split = lambda a: a.reshape(B, S // C, C, *a.shape[2:]).swapaxes(0, 1)
       lp_NBC = jax.lax.map(chunk_logprobs, (split(x_BSD), split(targets_BS)))
       lp_BS = lp_NBC.swapaxes(0, 1).reshape(B, S)
-    return jnp.where(valid_BS, lp_BS, 0.0)
+    return self._replicated(jnp.where(valid_BS, lp_BS, 0.0))[0]
 
   # ---- requests ----------------------------------------------------------------------------------
   def generate(self, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -237,9 +252,10 @@ class Engine:
       tokens_BS[b, :len(p)] = p
       lengths_B[b], rows_B[b] = len(p), rows[b]
     values = sampling.values()
-    cache, first_B, first_lp_B = self._prefill(params, tokens_BS, lengths_B, rows_B, values,
+    cache, first_B, first_lp_B = self._prefill(params, *self._host(tokens_BS, lengths_B, rows_B,
+                                                                  values),
                                                static=sampling.static, max_len=max_len)
-    first_B, first_lp_B = np.asarray(first_B), np.asarray(first_lp_B)
+    first_B, first_lp_B = fetch(first_B), fetch(first_lp_B)
     results = [Completion(list(p), [int(first_B[b])], [float(first_lp_B[b])])
                for b, p in enumerate(prompts)]
     done_B = np.ones(B, bool)
@@ -250,10 +266,11 @@ class Engine:
     while not done_B.all():
       checked = [len(c.output_ids) for c in results]
       cache, state, out_tokens, out_logprobs = self._decode(
-          params, cache, state, eos_E, np.int32(max_new), values, static=sampling.static)
-      out_tokens, out_logprobs = np.asarray(out_tokens), np.asarray(out_logprobs)
+          params, cache, *self._host(state, eos_E, np.int32(max_new), values),
+          static=sampling.static)
+      out_tokens, out_logprobs = fetch(out_tokens), fetch(out_logprobs)
       # the state goes back as host arrays (as it first went in): one program, not two
-      state = {k: np.asarray(v) for k, v in state.items()}
+      state = {k: fetch(v) for k, v in state.items()}
       done_B = state["done"].copy()
       for b, c in enumerate(results):
         new = out_tokens[b] >= 0
@@ -309,7 +326,7 @@ class Engine:
         s = seqs[i]
         tokens_BS[b, :len(s) - 1], targets_BS[b, :len(s) - 1] = s[:-1], s[1:]
         lengths_B[b] = max(len(s) - 1, 1)
-      lp_BS = np.asarray(self._score(params, tokens_BS, targets_BS, lengths_B))
+      lp_BS = fetch(self._score(params, *self._host(tokens_BS, targets_BS, lengths_B)))
       for b, i in enumerate(idx):
         first = len(prompts[i]) - 1
         out[i] = lp_BS[b, first:first + len(completions[i])].astype(np.float32)
