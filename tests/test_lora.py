@@ -35,11 +35,13 @@ def _flat(tree):
   return {"/".join(map(str, k)): v for k, v in traverse_util.flatten_dict(tree).items()}
 
 
-@pytest.mark.parametrize("model", ["qwen3-tiny", "qwen3-moe-tiny", "gemma4-tiny"])
-def test_zero_adapters_leave_the_forward_exactly_as_the_base(model):
-  cfg = load_config([BASE_YML, f"model_name={model}", "lora_rank=4"])
+@pytest.mark.parametrize("model,scan", [("qwen3-tiny", "true"), ("qwen3-moe-tiny", "true"),
+                                        ("gemma4-tiny", "true"), ("gemma4-tiny", "false")])
+def test_zero_adapters_leave_the_forward_exactly_as_the_base(model, scan):
+  cfg = load_config([BASE_YML, f"model_name={model}", "lora_rank=4", f"scan_layers={scan}"])
   with_lora = ModelConfig.from_config(cfg)
-  base_cfg = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model}"]))
+  base_cfg = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model}",
+                                                  f"scan_layers={scan}"]))
   params = init_params(with_lora, 0)
   adapters, base = lora.split(params)
   assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in _flat(adapters))
