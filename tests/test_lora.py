@@ -100,6 +100,13 @@ def test_only_the_adapters_train(setup, one_device_run):
   assert counts <= 16 and nbytes(adapters) < nbytes(base) / 10
   losses = [m["loss"] for m in _metrics(d, "one")]
   assert np.mean(losses[-3:]) < np.mean(losses[:2]) - 1.0, losses
+  # the run's checkpoint loads for decoding: the LoRA keys come with it (carried)
+  from MaxText import inference
+  model = inference.load([BASE_YML, f"load_parameters_path={d}/one/checkpoints", *MESH_1],
+                         devices=jax.devices()[:1])
+  assert (model.cfg.lora_rank, model.cfg.lora_alpha) == (4, 8.0)
+  [scores] = model.score([[1, 2, 3]], [[4, 5]])
+  assert len(scores) == 2 and np.all(np.isfinite(scores))
 
 
 def test_eight_devices_with_accumulation_equal_one_and_resume_is_bitwise(setup, one_device_run):

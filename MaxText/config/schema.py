@@ -265,13 +265,14 @@ class Config:
 
   # ---- LoRA ------------------------------------------------------------------------------------
   lora_rank: int = key(0, "train low-rank adapters of this rank on the frozen base; 0 = full "
-                       "fine-tuning", min=0, section="LoRA (adapters on a frozen base)", **_COMPUTE)
+                       "fine-tuning", min=0, section="LoRA (adapters on a frozen base)",
+                       carried=True, **_COMPUTE)
   lora_alpha: float = key(32.0, "adapter scale alpha: the update is (alpha / rank) x A B", gt=0,
-                          **_COMPUTE)
+                          carried=True, **_COMPUTE)
   lora_targets: str = key(
       "", 'regex over the dense projections\' module paths (e.g. "decoder/.*/(query|value)$"); "" '
       "= every projection of the decoder layers whose axes are all named (attention and MLP, not "
-      "routers, gates to one value or the head)", **_COMPUTE)
+      "routers, gates to one value or the head)", carried=True, **_COMPUTE)
 
   # ---- checkpoints -----------------------------------------------------------------------------
   enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",

@@ -17,7 +17,7 @@ import psutil
 from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
-from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.config import DataConfig
@@ -147,8 +147,9 @@ class Trainer:
         return state, start
     params = None
     if self.cfg.load_parameters_path:
-      # LoRA: the base's parameters (the adapters start fresh)
-      base = lora.split(self.abstract["params"])[1] if self.adapters_only \
+      # LoRA from a checkpoint without adapters: its parameters are the base (adapters start fresh)
+      has_adapters = read_meta(self.cfg.load_parameters_path)["config"].get("lora_rank", 0) > 0
+      base = lora.split(self.abstract["params"])[1] if self.adapters_only and not has_adapters \
           else self.abstract["params"]
       params = load_params(self.cfg.load_parameters_path, base, verify=self.cfg.checkpoint_verify)
       log(f"loaded parameters from {self.cfg.load_parameters_path}")

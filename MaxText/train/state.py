@@ -45,14 +45,14 @@ def abstract_state(model_def: ModelDef, tx: optax.GradientTransformation, shardi
 def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
                shardings: TrainState, params: Any = None) -> TrainState:
   """Fresh state, created in place on the mesh. `params` (already placed) skips the random init;
-  with `lora_rank` they are the base's, and the adapters are initialised (the base's init is not
-  computed: only the adapters of the traced init are used)."""
+  with `lora_rank` and no adapters among them they are the base's, and the adapters are
+  initialised (the base's init is not computed: only the adapters of the traced init are used)."""
   adapters_only = bool(mcfg.lora_rank)
 
   def make(params):
     if params is None:
       params = init_params(mcfg, seed)
-    elif adapters_only:
+    elif adapters_only and not lora.split(params)[0]:   # a base without adapters
       params = lora.join(lora.split(init_params(mcfg, seed))[0], params)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(trained(params, adapters_only))}
