@@ -206,6 +206,7 @@ class Trainer:
   def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
     cfg = self.cfg
     state, start = self.initial_state(ckpts, data_iter)
+    self._first_step = start + 1
     t0 = time.perf_counter()
     compiled = self.compile_step()
     log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
@@ -221,42 +222,33 @@ class Trainer:
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
-    skipped = 0
-    last = time.perf_counter()
+    self._skipped = 0
+    self._last_done = time.perf_counter()
+    pending = None   # (step, metrics, batch checksum) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):
         batch_sum = batch_checksum(batch)
         state, metrics = compiled(state, batch)
+        # The previous step's metrics are read while this one runs (no host sync per step). A
+        # step that saves, stops or ends the run reads its own metrics before going on: a
+        # checkpoint is only written once its step (and every step before it) was seen finite.
+        if pending is not None:
+          code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+          if code is not None:
+            return code
+        pending = (step, metrics, batch_sum)
         faults.after_dispatch(step, wait_for_saves)
         # decided before the next batch is read, so a saved iterator position matches the state
         stop = watch.should_stop(step) and step < cfg.steps
         save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
                                           or stop)
-        if step < cfg.steps and not save_now and not stop:  # overlap the next host batch
-          batch = self.device_batch(next(data_iter))
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        metrics["batch_checksum"] = int(batch_sum)
-        now = time.perf_counter()
-        step_time, last = now - last, now
-        tflops = flops["total"] / step_time / 1e12 / len(self.devices)
-        metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
-                       tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
-                       rss_gib=psutil.Process().memory_info().rss / 2**30)
-        writer.write(step, metrics)
-        finite = bool(metrics["finite"])
-        if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
-          log(format_line(step, metrics, cfg.steps))
-        if ckpts is not None:
-          ckpts.check()  # an earlier async save that failed or hung stops the run here
-        if not finite:
-          skipped += 1
-          if cfg.nonfinite_policy == "halt" or skipped > cfg.max_nonfinite_skips:
-            log(f"halting: non-finite loss or gradient at step {step} (not applied; "
-                f"nonfinite_policy={cfg.nonfinite_policy}, {skipped} such steps); "
-                f"no new checkpoint is written")
-            return EXIT_NONFINITE
-          log(f"skipped step {step}: non-finite loss or gradient ({skipped}/"
-              f"{cfg.max_nonfinite_skips})")
+        if not (save_now or stop or step == cfg.steps):
+          batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
+          continue
+        code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+        pending = None
+        if code is not None:
+          return code
         if save_now:
           ckpts.save(step, state, data_iter, config_dict)
         if stop:
@@ -267,6 +259,38 @@ class Trainer:
       writer.close()
       self.final_state = state
     return EXIT_OK
+
+  def _finish_step(self, step: int, metrics: dict, batch_sum: jax.Array, flops: dict, peak: float,
+                   tokens_per_step: int, writer: MetricsWriter,
+                   ckpts: RunCheckpoints | None) -> int | None:
+    """Reads back one step's metrics (waiting for the step), writes its row and progress line and
+    applies the non-finite policy; returns an exit status to stop with, or None to go on."""
+    cfg = self.cfg
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics["batch_checksum"] = int(batch_sum)
+    now = time.perf_counter()
+    step_time, self._last_done = now - self._last_done, now
+    tflops = flops["total"] / step_time / 1e12 / len(self.devices)
+    metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
+                   tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
+                   rss_gib=psutil.Process().memory_info().rss / 2**30)
+    writer.write(step, metrics)
+    finite = bool(metrics["finite"])
+    if step % cfg.log_period == 0 or step == cfg.steps or step == self._first_step or not finite:
+      log(format_line(step, metrics, cfg.steps))
+    if ckpts is not None:
+      ckpts.check()  # an earlier async save that failed or hung stops the run here
+    if finite:
+      return None
+    self._skipped += 1
+    if cfg.nonfinite_policy == "halt" or self._skipped > cfg.max_nonfinite_skips:
+      log(f"halting: non-finite loss or gradient at step {step} (not applied; "
+          f"nonfinite_policy={cfg.nonfinite_policy}, {self._skipped} such steps); "
+          f"no new checkpoint is written")
+      return EXIT_NONFINITE
+    log(f"skipped step {step}: non-finite loss or gradient ({self._skipped}/"
+        f"{cfg.max_nonfinite_skips})")
+    return None
 
   def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
     what = watch.signal_name or "the preemption service"
