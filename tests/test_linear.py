@@ -6,6 +6,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from MaxText.layers.linear import matmul, row_major_transpose
@@ -26,21 +27,30 @@ def test_row_major_transpose_is_the_transpose():
   np.testing.assert_array_equal(np.asarray(jax.jit(row_major_transpose)(x)), np.asarray(x).T)
 
 
-def test_bf16_matmul_and_grads_match_fp32_reference():
+@pytest.mark.parametrize("w_is_NK", [False, True])          # x @ w, and x @ w.T (tied head)
+@pytest.mark.parametrize("out_dtype", [None, jnp.float32])  # bf16 result, or fp32 logits
+def test_bf16_matmul_and_grads_match_fp32_reference(w_is_NK, out_dtype):
   x, w, dy = operands()
-  y, vjp = jax.vjp(matmul, x, w)
-  dx, dw = vjp(dy)
-  assert (y.dtype, dx.dtype, dw.dtype) == (jnp.bfloat16, jnp.bfloat16, jnp.float32)
+  if w_is_NK:
+    w = w.T
+  f = lambda x, w: matmul(x, w, w_is_NK=w_is_NK, out_dtype=out_dtype)
+  y, vjp = jax.vjp(f, x, w)
+  dx, dw = vjp(dy.astype(y.dtype))
+  assert (y.dtype, dx.dtype, dw.dtype) == (out_dtype or jnp.bfloat16, jnp.bfloat16, jnp.float32)
   x32, dy32 = x.astype(jnp.float32), dy.astype(jnp.float32)
   w16 = w.astype(jnp.bfloat16).astype(jnp.float32)                    # what the dot sees
+  w16_KN = w16.T if w_is_NK else w16
   hi = jax.lax.Precision.HIGHEST
-  y_ref = jnp.dot(x32, w16, precision=hi)
-  dx_ref = jnp.dot(dy32, w16.T, precision=hi)
+  y_ref = jnp.dot(x32, w16_KN, precision=hi)
+  dx_ref = jnp.dot(dy32, w16_KN.T, precision=hi)
   dw_ref = jnp.dot(x32.T, dy32, precision=hi)
-  # y and dx: fp32 accumulation rounded once to bf16 (half an ulp: 2^-8 relative)
+  if w_is_NK:
+    dw_ref = dw_ref.T
+  # bf16 results: fp32 accumulation rounded once to bf16 (half an ulp: 2^-8 relative)
   for got, ref in ((y, y_ref), (dx, dx_ref)):
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref), rtol=2**-8,
-                               atol=2**-8 * float(jnp.max(jnp.abs(ref))))
+    tol = 1e-5 if got.dtype == jnp.float32 else 2**-8
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref), rtol=tol,
+                               atol=tol * float(jnp.max(jnp.abs(ref))))
   # dw stays fp32: only the summation order differs (K-term sums of bf16 products)
   np.testing.assert_allclose(np.asarray(dw), np.asarray(dw_ref), rtol=1e-5,
                              atol=1e-5 * float(jnp.max(jnp.abs(dw_ref))))

@@ -109,6 +109,7 @@ class Config:
   weight_decay: float = _spec(min=0)
   max_grad_norm: float = _spec(min=0)
   z_loss_weight: float = _spec(min=0)
+  loss_chunk_length: int = _spec(min=0)
   moe_aux_loss_weight: float = _spec(min=0)
   router_bias_update_rate: float = _spec(min=0)
   nonfinite_policy: str = _spec(choices=("halt", "skip"))

@@ -9,6 +9,7 @@ operands are not row-major [M, K] x [K, N] / [N, K]), so bf16 would be no faster
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -44,35 +45,44 @@ def row_major_transpose(x_MK: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(x_MK.T.reshape(K, M, 1)).reshape(K, M)
 
 
-@jax.custom_vjp
-def _matmul_lowp(x_MK: jax.Array, w_KN: jax.Array) -> jax.Array:
-  return dot_f32(x_MK, w_KN.astype(x_MK.dtype), (1, 0)).astype(x_MK.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _matmul_lowp(x_MK: jax.Array, w: jax.Array, w_is_NK: bool, out_dtype: jnp.dtype) -> jax.Array:
+  return dot_f32(x_MK, w.astype(x_MK.dtype), (1, 1 if w_is_NK else 0)).astype(out_dtype)
 
 
-def _matmul_lowp_fwd(x_MK, w_KN):
-  return _matmul_lowp(x_MK, w_KN), (x_MK, w_KN)
+def _matmul_lowp_fwd(x_MK, w, w_is_NK, out_dtype):
+  return _matmul_lowp(x_MK, w, w_is_NK, out_dtype), (x_MK, w)
 
 
-def _matmul_lowp_bwd(res, dy_MN):
-  x_MK, w_KN = res
+def _matmul_lowp_bwd(w_is_NK, out_dtype, res, dy_MN):
+  del out_dtype
+  x_MK, w = res
   dy_MN = dy_MN.astype(x_MK.dtype)
-  dx_MK = dot_f32(dy_MN, w_KN.astype(x_MK.dtype), (1, 1)).astype(x_MK.dtype)
-  dw_KN = dot_f32(row_major_transpose(x_MK), dy_MN, (1, 0)).astype(w_KN.dtype)
-  return dx_MK, dw_KN
+  w_lowp = w.astype(x_MK.dtype)
+  dx_MK = dot_f32(dy_MN, w_lowp, (1, 0 if w_is_NK else 1)).astype(x_MK.dtype)
+  if w_is_NK:   # w [N, K]: dw = dy^T x
+    dw = dot_f32(row_major_transpose(dy_MN), x_MK, (1, 0))
+  else:         # w [K, N]: dw = x^T dy
+    dw = dot_f32(row_major_transpose(x_MK), dy_MN, (1, 0))
+  return dx_MK, dw.astype(w.dtype)
 
 
 _matmul_lowp.defvjp(_matmul_lowp_fwd, _matmul_lowp_bwd)
-
 
 # Remat policies that keep weight-matmul outputs save this name (a custom_vjp hides the dot inside).
 MATMUL_OUT = "matmul_out"
 
 
-def matmul(x_MK: jax.Array, w_KN: jax.Array) -> jax.Array:
-  """x @ w in x's dtype; `w` may be wider (fp32 master weights: its gradient stays fp32)."""
+def matmul(x_MK: jax.Array, w: jax.Array, *, w_is_NK: bool = False,
+           out_dtype: jnp.dtype | None = None) -> jax.Array:
+  """x @ w (x @ w.T when `w_is_NK`, e.g. a tied embedding table [V, D]) computed in x's dtype,
+  returned in `out_dtype` (default: x's dtype). `w` may be wider than x (fp32 master weights: its
+  gradient stays fp32)."""
+  out_dtype = x_MK.dtype if out_dtype is None else out_dtype
   if jnp.dtype(x_MK.dtype).itemsize >= 4:
-    return x_MK @ w_KN.astype(x_MK.dtype)
-  return checkpoint_name(_matmul_lowp(x_MK, w_KN), MATMUL_OUT)
+    w = w.astype(x_MK.dtype)
+    return (x_MK @ (w.T if w_is_NK else w)).astype(out_dtype)
+  return checkpoint_name(_matmul_lowp(x_MK, w, w_is_NK, out_dtype), MATMUL_OUT)
 
 
 class DenseGeneral(nnx.Module):
@@ -88,12 +98,15 @@ class DenseGeneral(nnx.Module):
                         dtype=param_dtype)
     self.dtype = dtype
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
+    """`out_dtype` (default: the compute dtype) is the dtype of the result, e.g. fp32 logits
+    straight from the fp32 accumulator."""
     # One 2-D matmul [tokens, in] @ [in, out]: XLA:CPU lays out and differentiates a plain 2-D dot
     # far better than a multi-dimensional dot_general (about 2x on a SwiGLU block, fwd+bwd).
     w = self.kernel[...]
     batch_shape = x.shape[: x.ndim - self.in_rank]
     in_size = math.prod(w.shape[: self.in_rank])
     out_shape = w.shape[self.in_rank:]
-    y = matmul(x.astype(self.dtype).reshape(-1, in_size), w.reshape(in_size, -1))
+    y = matmul(x.astype(self.dtype).reshape(-1, in_size), w.reshape(in_size, -1),
+               out_dtype=out_dtype)
     return y.reshape(*batch_shape, *out_shape)

@@ -130,7 +130,8 @@ class Trainer:
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
                               moe_aux_loss_weight=self.cfg.moe_aux_loss_weight,
-                              router_bias_update_rate=self.cfg.router_bias_update_rate)
+                              router_bias_update_rate=self.cfg.router_bias_update_rate,
+                              loss_chunk_length=self.cfg.loss_chunk_length)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)

@@ -1,5 +1,6 @@
-"""The jitted train step: masked cross-entropy (+ optional z-loss), gradient accumulation over
-micro-batches, clipping + AdamW, with the state donated and every sharding pinned."""
+"""The jitted train step: masked cross-entropy (+ optional z-loss; `train/loss.py`), gradient
+accumulation over micro-batches, clipping + AdamW, with the state donated and every sharding
+pinned."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -10,23 +11,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
+from MaxText.train.loss import cross_entropy_sums, token_loss_sums  # noqa: F401 (re-exported)
 from MaxText.train.state import ModelDef, TrainState
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
 BATCH_AXES = ("activation_batch", "activation_length")
-
-
-def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: jax.Array,
-                       z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
-  Padding and targets across a packed-document boundary have mask 0."""
-  logits_BSV = logits_BSV.astype(jnp.float32)
-  lse_BS = jax.nn.logsumexp(logits_BSV, axis=-1)
-  target_logit_BS = jnp.take_along_axis(logits_BSV, targets_BS[..., None], axis=-1)[..., 0]
-  mask = mask_BS.astype(jnp.float32)
-  z_BS = z_loss_weight * jnp.square(lse_BS)
-  nll = jnp.sum((lse_BS - target_logit_BS + z_BS) * mask)
-  return nll, jnp.sum(z_BS * mask), jnp.sum(mask)
 
 
 def moe_terms(moe_stats: dict, aux_weight: float) -> dict:
@@ -58,12 +47,10 @@ def update_router_bias(bias_LE: jax.Array, load_LE: jax.Array, rate: float) -> j
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
                     lr_schedule: optax.Schedule, moe_aux_loss_weight: float = 0.0,
-                    router_bias_update_rate: float = 0.0) -> Callable:
+                    router_bias_update_rate: float = 0.0, loss_chunk_length: int = 0) -> Callable:
   def micro_loss(params, micro):
-    logits, sown = model_def.apply_with_aux(params, micro["inputs"], micro["inputs_position"],
-                                            micro["inputs_segmentation"])
-    mask = micro["targets_segmentation"] != 0
-    nll, z, n = cross_entropy_sums(logits, micro["targets"], mask, z_loss_weight)
+    nll, z, n, sown = token_loss_sums(model_def, params, micro, z_loss_weight=z_loss_weight,
+                                      chunk=loss_chunk_length)
     moe = moe_terms(sown["moe_stats"], moe_aux_loss_weight) if "moe_stats" in sown else {}
     if moe:
       nll = nll + moe["weighted"]

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.attention_ops import attention_op
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
                                 record, route)
@@ -332,8 +332,9 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    """(logits, {"moe_stats": …} for MoE models, else {})."""
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+    """(logits, {"moe_stats": …} for MoE models, else {}); with `return_hidden` the final-norm
+    hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     table = self.embedding[...]
     x_BSD = jnp.take(table, tokens_BS, axis=0) * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
@@ -351,12 +352,20 @@ class Transformer(nnx.Module):
     x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
     x_BSD = self.final_norm(x_BSD)
+    return (x_BSD if return_hidden else self.logits(x_BSD)), aux
+
+  def logits(self, x_BSD):
+    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V],
+    soft-capped."""
+    cfg = self.cfg
+    B, S, D = x_BSD.shape
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table.astype(dtype))
+      logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
+                         out_dtype=jnp.float32)
+      logits_BSV = logits_MV.reshape(B, S, -1)
     else:
-      logits_BSV = self.lm_head(x_BSD)
-    logits_BSV = logits_BSV.astype(jnp.float32)
+      logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     if cfg.final_logit_softcap:
       c = cfg.final_logit_softcap
       logits_BSV = c * jnp.tanh(logits_BSV / c)
-    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab")), aux
+    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))

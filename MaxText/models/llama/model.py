@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.attention_ops import attention_op
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record
 from MaxText.layers.norms import RMSNorm
@@ -112,8 +112,9 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    """(logits, {"moe_stats": …} for MoE models, else {})."""
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+    """(logits, {"moe_stats": …} for MoE models, else {}); with `return_hidden` the final-norm
+    hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
     stats, xs = {}, None
@@ -123,9 +124,15 @@ class Transformer(nnx.Module):
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
     x_BSD = self.final_norm(x_BSD)
+    return (x_BSD if return_hidden else self.logits(x_BSD)), aux
+
+  def logits(self, x_BSD):
+    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""
+    B, S, D = x_BSD.shape
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(dtype))
+      logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
+                         out_dtype=jnp.float32)
+      logits_BSV = logits_MV.reshape(B, S, -1)
     else:
-      logits_BSV = self.lm_head(x_BSD)
-    return constrain(logits_BSV.astype(jnp.float32),
-                     ("activation_batch", "activation_length", "activation_vocab")), aux
+      logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
+    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
