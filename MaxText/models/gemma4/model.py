@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText.layers import embed
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
@@ -337,8 +338,8 @@ class Transformer(nnx.Module):
     hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     table = self.embedding[...]
-    x_BSD = jnp.take(table, tokens_BS, axis=0) * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
-    x_BSD = constrain(x_BSD.astype(dtype), ACT_BSD)
+    x_BSD = embed.lookup(table, tokens_BS, ("vocab", "embed"), ACT_BSD)
+    x_BSD = constrain((x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)).astype(dtype), ACT_BSD)
     L = cfg.num_decoder_layers
     xs = {"index": jnp.arange(L)}
     if cfg.per_layer_input_dim:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText.layers import embed
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import GatedMLP
@@ -116,7 +117,7 @@ class Transformer(nnx.Module):
     """(logits, {"moe_stats": …} for MoE models, else {}); with `return_hidden` the final-norm
     hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
-    x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
+    x_BSD = embed.lookup(self.embedding[...], tokens_BS, ("vocab", "embed"), ACT_BSD).astype(dtype)
     stats, xs = {}, None
     if cfg.num_experts:
       stats = empty_stats(cfg.num_decoder_layers, cfg.num_experts)
