@@ -30,7 +30,7 @@ from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import distributed, faults, memory
+from MaxText.train import cpu_devices, distributed, faults, memory
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
@@ -108,6 +108,7 @@ class Trainer:
     # the rows of each global batch this process feeds (its devices' part of the batch sharding)
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
+    self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
 
   # ---- state -------------------------------------------------------------------------------------
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
@@ -157,7 +158,9 @@ class Trainer:
   def run(self) -> int:
     cfg = self.cfg
     self._log_processes()
-    log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
+    platform = self.devices[0].platform
+    log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
+        f"{cpu_devices.describe(self.auto_cpu_devices, platform)}")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
@@ -315,9 +318,11 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
       cfg = adopt_checkpoint_architecture(cfg, argv)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
+    auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
     check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
     trainer.distributed = plan
+    trainer.auto_cpu_devices = auto_cpu
     problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
     if problem:
       raise ConfigError(problem)
