@@ -30,16 +30,20 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def user_choice(env: Mapping[str, str]) -> str:
-  """What the user set that decides the CPU devices or the platform ("" = nothing)."""
+def user_choice(env: Mapping[str, str], num_cpu_devices: int | None = None,
+                platforms: str | None = None) -> str:
+  """What the user set that decides the CPU devices or the platform ("" = nothing).
+  `num_cpu_devices` / `platforms`: jax.config's values (read from it when not given)."""
   if DEVICE_COUNT_FLAG in env.get("XLA_FLAGS", ""):
     return f"XLA_FLAGS {DEVICE_COUNT_FLAG}"
   for name in ("JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS", "JAX_PLATFORM_NAME"):
     if env.get(name, "").strip():
       return name
-  if jax.config.jax_num_cpu_devices not in (-1, None):
+  if num_cpu_devices is None:
+    num_cpu_devices, platforms = jax.config.jax_num_cpu_devices, jax.config.jax_platforms
+  if num_cpu_devices not in (-1, None):
     return "jax_num_cpu_devices"
-  if jax.config.jax_platforms:
+  if platforms:
     return "jax_platforms"
   return ""
 
