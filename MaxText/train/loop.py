@@ -26,7 +26,7 @@ from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.validation import validate_data_config
 from MaxText.metrics.flops import training_flops_per_step
 from MaxText.metrics.peaks import device_peak_tflops
-from MaxText.metrics.writers import MetricsWriter, format_line
+from MaxText.metrics.writers import LossSmoother, MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
@@ -36,6 +36,7 @@ from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, E
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.startup import StartupClock
 from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -109,6 +110,7 @@ class Trainer:
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
+    self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   # ---- state -------------------------------------------------------------------------------------
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
@@ -185,6 +187,7 @@ class Trainer:
       log_host(layout.describe(self.global_batch))
       data_iter = make_shard_iterator(cfg, layout.shard_ids, layout.num_shards,
                                       layout.shard_batch)
+      self.clock.mark("data")
       with PreemptionWatch() as watch:
         code = self._train(ckpts, data_iter, watch)
       if ckpts is not None:
@@ -211,12 +214,15 @@ class Trainer:
     cfg = self.cfg
     state, start = self.initial_state(ckpts, data_iter)
     self._first_step = start + 1
+    self.clock.mark("init")
     t0 = time.perf_counter()
     compiled = self.compile_step()
     log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+    self.clock.mark("compile")
     flops = training_flops_per_step(self.mcfg, seq_len=cfg.max_target_length,
                                     global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
+    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
+                                           cfg.dtype)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
@@ -225,8 +231,11 @@ class Trainer:
     config_dict = cfg.as_dict()
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
+    self.clock.mark("metrics")
     batch = self.device_batch(next(data_iter))
+    self.clock.mark("first batch")
     self._skipped = 0
+    self._smoother = LossSmoother()
     self._last_done = time.perf_counter()
     pending = None   # (step, metrics, batch checksum) of the dispatched step not yet read back
     try:
@@ -272,6 +281,7 @@ class Trainer:
     cfg = self.cfg
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     metrics["batch_checksum"] = int(batch_sum)
+    metrics["loss_smoothed"] = self._smoother.update(metrics["loss"])
     now = time.perf_counter()
     step_time, self._last_done = now - self._last_done, now
     tflops = flops["total"] / step_time / 1e12 / len(self.devices)
@@ -282,6 +292,9 @@ class Trainer:
     finite = bool(metrics["finite"])
     if step % cfg.log_period == 0 or step == cfg.steps or step == self._first_step or not finite:
       log(format_line(step, metrics, cfg.steps))
+    if step == self._first_step:
+      self.clock.mark("first step")
+      log(self.clock.line())
     if ckpts is not None:
       ckpts.check()  # an earlier async save that failed or hung stops the run here
     if finite:
@@ -312,6 +325,7 @@ class Trainer:
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
         ) -> tuple[int, Trainer | None]:
   """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer)."""
+  clock = StartupClock()
   try:
     cfg = load_config(argv)
     if cfg.load_parameters_path:
@@ -320,12 +334,15 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     plan = distributed.initialize(cfg)  # before anything touches a device
     auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
     check_config(cfg, list(jax.devices() if devices is None else devices))
+    clock.mark("config + devices")
     trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
+    trainer.clock = clock
     trainer.distributed = plan
     trainer.auto_cpu_devices = auto_cpu
     problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
     if problem:
       raise ConfigError(problem)
+    clock.mark("mesh")
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
