@@ -141,6 +141,10 @@ class Trainer:
                       for k in BATCH_KEYS}
     return jitted.lower(self.abstract, abstract_batch).compile()
 
+  def rows_per_device(self) -> int:
+    """Sequences of each global batch one device holds (its block of the batch sharding)."""
+    return self.batch_sharding.shard_shape((self.global_batch, self.cfg.max_target_length))[0]
+
   def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     shape = (self.global_batch, self.cfg.max_target_length)
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, host_batch[k], shape)
@@ -218,6 +222,12 @@ class Trainer:
     t0 = time.perf_counter()
     compiled = self.compile_step()
     log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+    available, source = memory.available_bytes_per_device(self.devices)
+    line, problem = memory.check_compiled(compiled, available, source)
+    if problem:
+      raise ConfigError(problem)
+    if line:
+      log(line)
     self.clock.mark("compile")
     flops = training_flops_per_step(self.mcfg, seq_len=cfg.max_target_length,
                                     global_batch=self.global_batch)
@@ -339,9 +349,15 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     trainer.clock = clock
     trainer.distributed = plan
     trainer.auto_cpu_devices = auto_cpu
-    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
+    rows = trainer.rows_per_device() / cfg.gradient_accumulation_steps
+    activations = memory.activation_bytes(trainer.mcfg, rows=rows, seq=cfg.max_target_length,
+                                          loss_chunk=cfg.loss_chunk_length)
+    estimate = memory.estimate(trainer.abstract, trainer.devices, activations)
+    problem = memory.check_fits(estimate)
     if problem:
       raise ConfigError(problem)
+    if tight := memory.warning(estimate):
+      log_error(f"warning: {tight}")
     clock.mark("mesh")
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")

@@ -1,9 +1,12 @@
-"""Pre-flight memory check: will the parameters, gradients and optimizer state fit per device?
+"""Pre-flight memory check: will the step fit per device?
 
-Counted per device from the actual shardings (so fsdp/tensor sharding is credited exactly):
-parameters + one gradient copy + the optimizer state. Activations are not counted (they depend on
-remat and fusion); the check only refuses runs that cannot fit even without them, before anything
-is allocated or compiled.
+Counted per device, before anything is allocated or compiled: parameters + one gradient copy +
+the optimizer state, from the actual shardings (so fsdp/tensor sharding is credited exactly), plus
+an estimate of the step's activations (`activation_bytes`: what the remat policy keeps per layer
+for the backward pass, one layer's working set, and the fp32 logits of one loss chunk — all for
+this device's rows). Over the available memory the run is refused (exit 2); over
+`WARN_FRACTION` of it, a warning. After compiling, `compiled_step_bytes` gives XLA's own count of
+the step's buffers for the same check.
 """
 from __future__ import annotations
 
@@ -12,9 +15,15 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import psutil
 
 GiB = 2**30
+
+
+WARN_FRACTION = 0.75
+# the process itself beyond the step's buffers: runtime, compiled code, host batches, allocator slack
+RUNTIME_ALLOWANCE = 1 * GiB
 
 
 @dataclass(frozen=True)
@@ -24,10 +33,12 @@ class MemoryEstimate:
   optimizer: int
   available: int       # bytes per device
   source: str          # where `available` came from
+  activations: int = 0  # estimated activation bytes per device (`activation_bytes`)
+  runtime: int = RUNTIME_ALLOWANCE
 
   @property
   def needed(self) -> int:
-    return self.params + self.grads + self.optimizer
+    return self.params + self.grads + self.optimizer + self.activations + self.runtime
 
 
 def _per_device_bytes(abstract: Any) -> int:
@@ -51,21 +62,95 @@ def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]
   return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
 
 
-def estimate(abstract_state: dict, devices: Sequence[jax.Device]) -> MemoryEstimate:
+def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int:
+  """Estimated activation bytes of one micro-batch step on a device holding `rows` sequences of
+  `seq` tokens (generic dense/MoE decoder dimensions; a model with per-layer variants is counted
+  with its base layer):
+    kept per layer for the backward pass — the layer input (the scan carry) under any remat
+    policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out); with
+    `none` every intermediate, the attention scores included;
+    one layer's working set in the backward pass (fp32 intermediates; the S x S scores of
+    non-flash attention);
+    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) with their softmax
+    and gradient."""
+  c = jnp.dtype(mcfg.compute_dtype).itemsize
+  tokens = rows * seq
+  D, H, K, E, L = (mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim,
+                   mcfg.num_decoder_layers)
+  F = mcfg.mlp_dim
+  if mcfg.num_experts:   # routed copies: k expert MLPs per token (+ a shared expert)
+    F = mcfg.num_experts_per_tok * (mcfg.moe_mlp_dim or mcfg.mlp_dim) + mcfg.shared_expert_mlp_dim
+  qkv = (H + 2 * K) * E
+  matmul_outs = qkv + H * E + 2 * F + 2 * D          # q k v, attention out, o; gate, up; down
+  scores = rows * H * seq * seq if mcfg.attention in ("dot_product",) else 0
+  per_layer = tokens * D * c                           # the carry
+  if mcfg.remat_policy == "save_matmuls":
+    per_layer += tokens * matmul_outs * c
+  elif mcfg.remat_policy == "none":
+    per_layer += tokens * (matmul_outs + qkv + 4 * D + 2 * F) * c + scores * (4 + c)
+  working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * 4 + 3 * scores * 4
+  logit_rows = rows * (min(loss_chunk, seq) if loss_chunk > 0 else seq)
+  logits = 3 * logit_rows * mcfg.vocab_size * 4
+  return int(L * per_layer + working + logits)
+
+
+def estimate(abstract_state: dict, devices: Sequence[jax.Device], activations: int = 0
+             ) -> MemoryEstimate:
   params = _per_device_bytes(abstract_state["params"])
   available, source = available_bytes_per_device(devices)
   return MemoryEstimate(params=params, grads=params,
                         optimizer=_per_device_bytes(abstract_state["opt_state"]),
-                        available=available, source=source)
+                        available=available, source=source, activations=activations)
+
+
+def _breakdown(est: MemoryEstimate) -> str:
+  return (f"parameters {est.params / GiB:.2f} GiB + gradients {est.grads / GiB:.2f} GiB + "
+          f"optimizer state {est.optimizer / GiB:.2f} GiB + activations ~{est.activations / GiB:.2f}"
+          f" GiB + runtime ~{est.runtime / GiB:.0f} GiB = {est.needed / GiB:.2f} GiB needed per "
+          f"device, {est.available / GiB:.2f} GiB available ({est.source})")
 
 
 def check_fits(est: MemoryEstimate) -> str | None:
-  """None when the state fits; otherwise the message to stop with."""
+  """None when the step fits; otherwise the message to stop with."""
   if est.needed <= est.available:
     return None
-  return (f"the model does not fit: parameters {est.params / GiB:.2f} GiB + gradients "
-          f"{est.grads / GiB:.2f} GiB + optimizer state {est.optimizer / GiB:.2f} GiB = "
-          f"{est.needed / GiB:.2f} GiB needed per device, {est.available / GiB:.2f} GiB available "
-          f"({est.source}), before activations. Shard the state over more devices "
+  return (f"the model does not fit: {_breakdown(est)}. Shard the state over more devices "
           f"(ici_fsdp_parallelism / ici_tensor_parallelism, or more hosts), use "
-          f"weight_dtype=bfloat16, or pick a smaller model.")
+          f"weight_dtype=bfloat16, lower per_device_batch_size or max_target_length, use "
+          f"remat_policy=full, set loss_chunk_length, or pick a smaller model.")
+
+
+def warning(est: MemoryEstimate) -> str | None:
+  """A warning when the estimate is close to the available memory (but fits)."""
+  if est.needed <= WARN_FRACTION * est.available:
+    return None
+  return (f"memory is tight: {_breakdown(est)}; the estimate is approximate and the run may run "
+          f"out of memory")
+
+
+def check_compiled(compiled, available: int, source: str) -> tuple[str, str | None]:
+  """(a line on the compiled step's memory, the message to stop with or None) from XLA's count."""
+  step = compiled_step_bytes(compiled)
+  if step is None:
+    return "", None
+  needed = step + RUNTIME_ALLOWANCE
+  line = (f"memory per device: the compiled step's buffers {step / GiB:.2f} GiB + runtime "
+          f"~{RUNTIME_ALLOWANCE / GiB:.0f} GiB of {available / GiB:.2f} GiB available ({source})")
+  if needed <= available:
+    return line, None
+  return line, (f"the compiled step does not fit: {line}. Lower per_device_batch_size or "
+                f"max_target_length, use remat_policy=full, set loss_chunk_length, or shard over "
+                f"more devices.")
+
+
+def compiled_step_bytes(compiled) -> int | None:
+  """XLA's count of the compiled step's buffers per device (arguments + temporaries + outputs that
+  do not reuse a donated argument), or None when the backend gives no memory analysis."""
+  try:
+    ma = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 — not every backend implements it
+    return None
+  if ma is None:
+    return None
+  return int(ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes
+             - ma.alias_size_in_bytes)
