@@ -35,14 +35,23 @@ def dot_f32(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
                              preferred_element_type=jnp.float32)
 
 
-def row_major_transpose(x_MK: jax.Array) -> jax.Array:
-  """x.T as a real row-major [K, M] copy. A plain `x.T` is only a layout change that XLA folds
-  into the consuming dot (contracting dim 0 of x: a form YNNPACK does not take in bf16). Reshaping
-  to [K, M, 1] makes the copy, the barrier keeps it; the trailing unit dim (not a flatten) keeps
-  M's sharding expressible, so a batch-sharded x stays local (the dot's partial sums are reduced
-  over the batch axes afterwards, as for any weight gradient)."""
-  M, K = x_MK.shape
-  return jax.lax.optimization_barrier(x_MK.T.reshape(K, M, 1)).reshape(K, M)
+def row_major_transpose(x: jax.Array) -> jax.Array:
+  """x with its last two axes swapped, as a real row-major copy ([..., M, K] → [..., K, M]). A
+  plain transpose is only a layout change that XLA folds into the consuming dot (contracting the
+  second-to-last axis of an operand: a form YNNPACK does not take in bf16). Reshaping to
+  [..., K, M, 1] makes the copy, the barrier keeps it; the trailing unit dim (not a flatten) keeps
+  every axis's sharding expressible, so a batch-sharded x stays local (the dot's partial sums are
+  reduced over the batch axes afterwards, as for any weight gradient)."""
+  *lead, M, K = x.shape
+  swapped = jnp.swapaxes(x, -1, -2).reshape(*lead, K, M, 1)
+  return jax.lax.optimization_barrier(swapped).reshape(*lead, K, M)
+
+
+def row_major(x: jax.Array) -> jax.Array:
+  """x as a real row-major array. After transposes XLA keeps an array in a permuted layout, and a
+  dot whose bf16 operand is not row-major is run in fp32; the reshape (to a trailing unit dim)
+  makes the copy, the barrier keeps it."""
+  return jax.lax.optimization_barrier(x.reshape(*x.shape, 1)).reshape(x.shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
