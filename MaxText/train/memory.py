@@ -71,8 +71,7 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int
     `none` every intermediate, the attention scores included;
     one layer's working set in the backward pass (fp32 intermediates; the S x S scores of
     non-flash attention);
-    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) with their softmax
-    and gradient."""
+    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) and their gradient."""
   c = jnp.dtype(mcfg.compute_dtype).itemsize
   tokens = rows * seq
   D, H, K, E, L = (mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim,
@@ -90,7 +89,7 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int
     per_layer += tokens * (matmul_outs + qkv + 4 * D + 2 * F) * c + scores * (4 + c)
   working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * 4 + 3 * scores * 4
   logit_rows = rows * (min(loss_chunk, seq) if loss_chunk > 0 else seq)
-  logits = 3 * logit_rows * mcfg.vocab_size * 4
+  logits = 2 * logit_rows * mcfg.vocab_size * 4           # the logits and their gradient
   return int(L * per_layer + working + logits)
 
 
