@@ -12,6 +12,10 @@ transformers run on each document alone. Token ids are drawn from the vocabulary
 Prints per-case max per-token KL(HF ‖ ours) and max |Δlogit|; the LAST line is
 `max_kl=<x> max_abs_diff=<y>`. Exit 0 only if max_kl ≤ max_kl and max |Δ| ≤ atol_fraction ×
 max|logit|; 1 otherwise; 2 on bad arguments.
+
+Examples:
+  python -m MaxText.logit_check hf_path=hf_out load_parameters_path=runs/ft/checkpoints
+  python -m MaxText.logit_check hf_path=hf_out load_parameters_path=ckpt dtype=bfloat16 seed=3
 """
 from __future__ import annotations
 
@@ -19,9 +23,22 @@ import sys
 
 import numpy as np
 
-ARGS = {"hf_path": None, "load_parameters_path": None, "dtype": "float32", "max_kl": None,
-        "atol_fraction": None, "seed": "0", "long_length": "512"}
-DEFAULT_LIMITS = {"float32": ("1e-6", "1e-4"), "bfloat16": ("0.015", "inf")}
+from MaxText.config import cli
+from MaxText.config.load import ConfigError, replace
+
+ARGS = {
+    "hf_path": cli.Arg(help="the Hugging Face folder (transformers loads it)"),
+    "load_parameters_path": cli.Arg(help="our checkpoint (a run's checkpoints/, a step, or a "
+                                    "to_maxtext output)"),
+    "dtype": cli.Arg(str, "float32", "float32 | bfloat16: both sides compute in it"),
+    "max_kl": cli.Arg(float, None, "largest per-token KL(HF || ours) that passes (float32: 1e-6, "
+                      "bfloat16: 0.015)"),
+    "atol_fraction": cli.Arg(float, None, "largest |Δlogit| that passes, as a fraction of "
+                             "max|logit| (float32: 1e-4, bfloat16: no bound)"),
+    "seed": cli.Arg(int, 0, "seed of the random token ids"),
+    "long_length": cli.Arg(int, 512, "tokens of the long case (capped at the model's positions)"),
+}
+DEFAULT_LIMITS = {"float32": (1e-6, 1e-4), "bfloat16": (0.015, float("inf"))}
 
 
 def kl_per_token(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -33,23 +50,19 @@ def kl_per_token(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str]) -> int:
-  args = dict(ARGS)
-  for a in argv:
-    key, _, value = a.partition("=")
-    if key not in ARGS:
-      print(f"error: unknown argument '{key}' (known: {', '.join(ARGS)})", file=sys.stderr)
-      return 2
-    args[key] = value
-  if not args["hf_path"] or not args["load_parameters_path"]:
-    print("error: hf_path=... and load_parameters_path=... are required", file=sys.stderr)
-    return 2
-  if args["dtype"] not in DEFAULT_LIMITS:
-    print(f"error: dtype={args['dtype']!r}: must be one of {', '.join(DEFAULT_LIMITS)}",
-          file=sys.stderr)
+  try:
+    parsed = cli.parse(argv, ARGS, __doc__)
+    if parsed is None:
+      return 0
+    args = parsed[0]
+    if args["dtype"] not in DEFAULT_LIMITS:
+      raise ConfigError(f"dtype={args['dtype']!r}: must be one of {', '.join(DEFAULT_LIMITS)}")
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
     return 2
   default_kl, default_atol = DEFAULT_LIMITS[args["dtype"]]
-  args["max_kl"] = args["max_kl"] or default_kl
-  args["atol_fraction"] = args["atol_fraction"] or default_atol
+  max_kl_limit = default_kl if args["max_kl"] is None else args["max_kl"]
+  atol_fraction = default_atol if args["atol_fraction"] is None else args["atol_fraction"]
 
   import torch
   import transformers
@@ -57,9 +70,8 @@ def main(argv: list[str]) -> int:
   from MaxText.checkpoint.manager import load_params_host
   from MaxText.checkpoint_conversion.hf_io import read_config
   from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
-  from MaxText.config.load import replace
   from MaxText.models.model_config import ModelConfig
-  from MaxText.train.state import make_model_def
+  from MaxText.models.registry import make_model_def
 
   read_config(args["hf_path"])  # refuses auto_map / missing config before transformers reads it
   hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -77,9 +89,9 @@ def main(argv: list[str]) -> int:
     with torch.no_grad():
       return hf(torch.tensor(tokens[None], dtype=torch.long)).logits[0].float().numpy()
 
-  rng = np.random.default_rng(int(args["seed"]))
+  rng = np.random.default_rng(args["seed"])
   vocab = cfg.vocab_size
-  long_len = min(int(args["long_length"]), cfg.max_position_embeddings)
+  long_len = min(args["long_length"], cfg.max_position_embeddings)
   doc_a, doc_b = rng.integers(0, vocab, 40), rng.integers(0, vocab, 24)
   cases = {}
   for name, toks in (("short", rng.integers(0, vocab, 16)), ("long", rng.integers(0, vocab, long_len))):
@@ -100,9 +112,9 @@ def main(argv: list[str]) -> int:
           f"max|logit|={np.abs(ref).max():.3f}  worst token={int(np.argmax(kl))}")
     max_kl, max_diff = max(max_kl, float(kl.max())), max(max_diff, float(diff.max()))
     max_logit = max(max_logit, float(np.abs(ref).max()))
-  ok = max_kl <= float(args["max_kl"]) and max_diff <= float(args["atol_fraction"]) * max_logit
-  print("PASS" if ok else f"FAIL (limits: max_kl {args['max_kl']}, max_abs_diff "
-        f"{float(args['atol_fraction']) * max_logit:.3e})")
+  ok = max_kl <= max_kl_limit and max_diff <= atol_fraction * max_logit
+  print("PASS" if ok else f"FAIL (limits: max_kl {max_kl_limit:g}, max_abs_diff "
+        f"{atol_fraction * max_logit:.3e})")
   print(f"max_kl={max_kl:.6e} max_abs_diff={max_diff:.6e}")
   return 0 if ok else 1
 

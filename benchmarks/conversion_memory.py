@@ -25,8 +25,7 @@ def build(folder: str, layers: int) -> int:
   from MaxText.checkpoint_conversion.hf_io import write_hf_folder
   from MaxText.checkpoint_conversion.to_maxtext import config_for_hf
   from MaxText.models.model_config import ModelConfig
-  from MaxText.models.registry import get_hf_map
-  from MaxText.train.state import make_model_def
+  from MaxText.models.registry import get_hf_map, make_model_def
   hf_map = get_hf_map("qwen3")
   hf_config = {"model_type": "qwen3", "vocab_size": 32000, "hidden_size": 2048,
                "intermediate_size": 5504, "num_hidden_layers": layers, "num_attention_heads": 16,

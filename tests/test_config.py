@@ -13,8 +13,9 @@ import yaml
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train
 from MaxText.config.load import ConfigError, load_config
-from MaxText.config.schema import FIELDS
-from MaxText.config.validate import validate
+from MaxText.config import render
+from MaxText.config.schema import KEYS
+from MaxText.train.config_checks import validate
 
 KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:")
 
@@ -49,15 +50,40 @@ def undocumented_keys(text: str) -> list[str]:
 def test_base_yml_keys_equal_schema_fields():
   with open(BASE_YML, encoding="utf-8") as f:
     raw = yaml.safe_load(f)
-  assert set(raw) == set(FIELDS), (sorted(set(raw) - set(FIELDS)), sorted(set(FIELDS) - set(raw)))
+  assert set(raw) == set(KEYS), (sorted(set(raw) - set(KEYS)), sorted(set(KEYS) - set(raw)))
 
 
 def test_every_base_yml_key_is_documented():
   with open(BASE_YML, encoding="utf-8") as f:
     text = f.read()
   keys = [m.group(1) for m in map(KEY_LINE.match, text.splitlines()) if m]
-  assert set(keys) == set(FIELDS)  # the line scan sees every key
+  assert set(keys) == set(KEYS)  # the line scan sees every key
   assert undocumented_keys(text) == []
+
+
+def test_base_yml_is_rendered_from_the_schema():
+  """configs/base.yml is what `python -m MaxText.config.render` writes (defaults, docs, sections
+  all come from MaxText/config/schema.py); a schema edit without a re-render fails here."""
+  with open(BASE_YML, encoding="utf-8") as f:
+    assert f.read() == render.render(), "configs/base.yml is stale: python -m MaxText.config.render"
+  assert render.main(["--check"]) == 0
+  raw = yaml.safe_load(render.render())
+  assert raw == {k: spec.default for k, spec in KEYS.items()}       # parses back to the defaults
+  assert load_config([BASE_YML]).as_dict() == raw
+
+
+def test_implementation_tables_match_the_schemas_choices():
+  """Where code maps a key's allowed values to implementations, the table has exactly the
+  schema's choices (the data package's tables are checked in tests/test_data.py)."""
+  from MaxText.config.schema import choices
+  from MaxText.layers.attention_ops import ATTENTION_OPS
+  from MaxText.layers.mlp import ACTIVATIONS
+  from MaxText.layers.moe import RAGGED_ALL_TO_ALL
+  from MaxText.layers.stack import REMAT_POLICIES
+  assert set(REMAT_POLICIES) == set(choices("remat_policy"))
+  assert set(ACTIVATIONS) == set(choices("mlp_activation"))
+  assert set(RAGGED_ALL_TO_ALL) == set(choices("moe_dispatch")) - {"auto"}
+  assert set(choices("attention")) - {"autoselected"} <= set(ATTENTION_OPS)
 
 
 def test_documentation_checker_catches_a_bare_key():
@@ -165,9 +191,47 @@ def test_argument_without_equals_sign():
   assert "'steps'" in msg and "key=value" in msg
 
 
+def test_model_file_can_start_from_another(configs_dir):
+  """`base_model: foo` in a model file: foo's keys, then the file's own (gemma4 = gemma4-e2b)."""
+  models = configs_dir / "models"
+  (models / "bar.yml").write_text('base_model: "foo"\nmlp_dim: 96\n')
+  base = str(configs_dir / "base.yml")
+  bar = load_config([base, "model_name=bar"])
+  assert (bar.emb_dim, bar.num_decoder_layers, bar.mlp_dim, bar.model_name) == (128, 2, 96, "bar")
+  assert bar.rope_theta == 5.0e5
+  from MaxText.config.load import explicit_keys
+  assert explicit_keys([base, "model_name=bar"]) == {"model_name", "emb_dim", "num_decoder_layers",
+                                                     "rope_theta", "mlp_dim"}
+  (models / "loop.yml").write_text('base_model: "loop2"\n')
+  (models / "loop2.yml").write_text('base_model: "loop"\n')
+  assert "base_model loops (loop -> loop2 -> loop)" in _error([base, "model_name=loop"])
+  (models / "orphan.yml").write_text('base_model: "nope"\n')
+  msg = _error([base, "model_name=orphan"])
+  assert "model_name='nope' (base_model of orphan.yml)" in msg
+  shipped = load_config([BASE_YML, "model_name=gemma4"])
+  assert shipped.as_dict() == {**load_config([BASE_YML, "model_name=gemma4-e2b"]).as_dict(),
+                               "model_name": "gemma4"}
+
+
+def test_list_keys_check_their_items():
+  assert load_config([BASE_YML, "mlp_only_layers=[0, 2]"]).mlp_only_layers == [0, 2]
+  msg = _error([BASE_YML, 'mlp_only_layers=["a"]'])
+  assert msg.startswith("mlp_only_layers=") and "list of int" in msg
+
+
 def test_unknown_model_name(configs_dir):
   msg = _error([str(configs_dir / "base.yml"), "model_name=nope"])
   assert "model_name='nope'" in msg and "nope.yml" in msg and "foo" in msg
+
+
+@pytest.mark.parametrize("name", ["../evil", "sub/foo", "..", ".hidden", "/abs/evil", "a\\b"])
+def test_model_name_with_a_path_is_refused(configs_dir, name):
+  """model_name only names files of configs/models/: a path is refused even if the file exists."""
+  (configs_dir / "evil.yml").write_text("emb_dim: 8\n")       # configs/evil.yml, outside models/
+  (configs_dir / "models" / "sub").mkdir()
+  (configs_dir / "models" / "sub" / "foo.yml").write_text("emb_dim: 8\n")
+  msg = _error([str(configs_dir / "base.yml"), f"model_name={name}"])
+  assert msg.startswith(f"model_name={name!r}") and "no path separators" in msg
 
 
 def test_model_yml_with_unknown_key(configs_dir):
@@ -216,6 +280,11 @@ def test_validate_accepts_good_configs():
 def test_validate_mesh_product():
   msg = _validate_error("ici_fsdp_parallelism=3")
   assert "ici_fsdp_parallelism=3" in msg and "8" in msg
+  # on CPU the message says how to get more (fake) devices
+  assert "--xla_force_host_platform_device_count=N" in msg and "8 cpu devices" in msg
+  msg = _validate_error("ici_tensor_parallelism=3", "ici_data_parallelism=1")
+  assert "ici_tensor_parallelism=3 = 3 does not divide the 8 devices" in msg
+  assert "ici_fsdp_parallelism=-1" in msg and "xla_force_host_platform_device_count" in msg
 
 
 def test_validate_two_minus_one():
@@ -253,6 +322,34 @@ def test_validate_heads_not_multiple_of_kv_heads():
 def test_validate_unknown_decoder_block():
   msg = _validate_error("decoder_block=gpt")
   assert "decoder_block='gpt'" in msg and "llama" in msg
+
+
+@pytest.mark.parametrize("overrides,says", [
+    # a key the family does not implement, set away from its default: refused automatically
+    (("attention_pattern=sf", "sliding_window=8"), "attention_pattern='sf' is not supported by "
+                                                   "decoder_block=llama"),
+    (("model_name=gemma4-tiny", "first_k_dense_layers=1"), "first_k_dense_layers=1 is not "
+                                                           "supported by decoder_block=gemma4"),
+    (("mlp_only_layers=[0]",), "mlp_only_layers=(0,) needs num_experts > 0"),
+    (("num_experts=4", "moe_mlp_dim=8", "first_k_dense_layers=4"), "no layer is a MoE layer"),
+    # the Hugging Face architecture must be one of the family's, and able to hold the model
+    (("hf_model_type=gemma4_text",), "hf_model_type='gemma4_text' is not an architecture of "
+                                     "decoder_block=llama"),
+    (("hf_model_type=qwen3",), "qwen3 needs use_qk_norm=true"),
+    (("hf_model_type=llama", "use_qk_norm=true"), "Llama has neither"),
+    (("hf_model_type=qwen3_moe", "use_qk_norm=true", "num_experts=4", "moe_mlp_dim=8",
+      "shared_expert_mlp_dim=8"), "no shared expert"),
+])
+def test_validate_family_refusals(overrides, says):
+  msg = _validate_error(*overrides)
+  assert says in msg, msg
+
+
+def test_validate_accepts_the_shipped_architectures():
+  for overrides in (["hf_model_type=llama"], ["hf_model_type=qwen3", "use_qk_norm=true"],
+                    ["model_name=qwen3-moe-tiny", "mlp_only_layers=[0]", "decoder_sparse_step=1"],
+                    ["model_name=gemma4-tiny"], ["model_name=gemma4"]):
+    validate(load_config([BASE_YML, "per_device_batch_size=1", *overrides]), jax.devices())
 
 
 def test_validate_rule_with_unknown_mesh_axis():
@@ -309,7 +406,9 @@ def test_resolved_config_written_to_run_dir(tmp_path):
   assert written["learning_rate"] == 1e-3 and written["seed"] == 7
   assert written["emb_dim"] == 64 and written["run_name"] == "cfgrun"
   assert written["per_device_batch_size"] == 2.0 and written["ici_fsdp_parallelism"] == 1
-  assert written == load_config(argv(tmp_path, "cfgrun", *overrides)).as_dict()
+  # as loaded, with the tokenizer resolved (tokenizer_type=auto without a path: byte)
+  assert written == {**load_config(argv(tmp_path, "cfgrun", *overrides)).as_dict(),
+                     "tokenizer_type": "byte"}
 
 
 @pytest.mark.parametrize("arg", ["learning_rate=nan", "per_device_batch_size=inf",
@@ -317,3 +416,16 @@ def test_resolved_config_written_to_run_dir(tmp_path):
 def test_non_finite_floats_are_refused(arg):
   with pytest.raises(ConfigError, match=arg.split("=")[0]):
     load_config([BASE_YML, arg])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["configs/base.yml", "steps=3", "--help"]])
+def test_help_prints_usage_examples_and_every_key(args):
+  p = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                     timeout=60, check=False)
+  assert p.returncode == 0 and p.stderr == "", p.stderr
+  assert p.stdout.startswith("usage: train.py CONFIG.yml [key=value ...]")
+  assert "examples:" in p.stdout and "exit status:" in p.stdout
+  shown = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+) = (.*)$", p.stdout, re.M)}
+  assert set(shown) == set(KEYS)
+  assert shown["steps"].startswith("300    # optimizer steps")
+  assert shown["logical_axis_rules"].startswith("[...]    # logical axis -> mesh axes")

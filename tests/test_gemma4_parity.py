@@ -26,9 +26,10 @@ from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E
                        kl, our_logits, our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.gemma4 import hf_map  # noqa: E402
-from MaxText.models.gemma4.model import layer_groups  # noqa: E402
+from MaxText.layers.stack import plan_runs  # noqa: E402
+from MaxText.models.gemma4.model import layer_kinds  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
-from MaxText.train.state import make_model_def  # noqa: E402
+from MaxText.models.registry import make_model_def  # noqa: E402
 
 VARIANTS = {
     "all": ["attention_pattern=sf", "num_decoder_layers=6", "num_kv_shared_layers=2",
@@ -136,17 +137,18 @@ def test_state_dict_round_trip_is_exact(variant, scan):
 
 def test_scan_layout():
   """Non-shared layers "sfsf" scan as 2 blocks of (s, f); the shared tail "sf" as 1 block; layer i
-  of HF sits at (group, member, block) — e.g. layer 3 (full) is group 0, member 1, block 1."""
+  of HF sits at (run, member, repeat) — e.g. layer 3 (full) is run 0, member 1, repeat 1."""
   mcfg, _, params = ours("all", True)
-  assert [(start, len(block), n) for start, block, n in layer_groups(mcfg)] == [(0, 2, 2), (4, 2, 1)]
-  q = params["decoder"]["groups"][0]["layers"]["members"][1]["attn"]["query"]["kernel"]
+  runs = plan_runs(layer_kinds(mcfg))
+  assert [(r.start, len(r.block), r.repeats) for r in runs] == [(0, 2, 2), (4, 2, 1)]
+  q = params["decoder"]["runs"][0][1]["attn"]["query"]["kernel"]
   w3 = hf_state(hf_model("all"))["model.layers.3.self_attn.q_proj.weight"]   # [H*E, D]
   E = mcfg.global_head_dim
   assert q.shape == (2, mcfg.emb_dim, mcfg.num_query_heads, E)
   np.testing.assert_array_equal(q[1, :, 2, 3], w3[2 * E + 3])
-  shared = params["decoder"]["groups"][1]["layers"]["members"][0]["attn"]
+  shared = params["decoder"]["runs"][1][0]["attn"]
   assert "key" not in shared and "value" not in shared                  # kv-shared: no K/V
-  full = params["decoder"]["groups"][0]["layers"]["members"][1]["attn"]
+  full = params["decoder"]["runs"][0][1]["attn"]
   assert "key" in full and "value" not in full                          # K = V on full layers
 
 

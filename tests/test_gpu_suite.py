@@ -10,7 +10,7 @@ import jax
 from conftest import ROOT
 from MaxText.config.load import load_config
 from MaxText.models.model_config import ModelConfig
-from MaxText.train.state import make_model_def
+from MaxText.models.registry import make_model_def
 
 
 def dry_run():

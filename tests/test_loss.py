@@ -12,7 +12,7 @@ from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.models.model_config import ModelConfig
 from MaxText.train.loss import (chunked_target_log_probs, target_log_probs, token_loss_sums)
-from MaxText.train.state import init_params, make_model_def
+from MaxText.models.registry import init_params, make_model_def
 
 B, S = 2, 48
 MODEL = ["emb_dim=32", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2", "head_dim=8",

@@ -16,7 +16,7 @@ from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.metrics import flops, peaks, writers
 from MaxText.models.model_config import ModelConfig
-from MaxText.train.state import make_model_def
+from MaxText.models.registry import make_model_def, model_flops, training_flops
 
 # The reference config MaxText 0.2.5 was run with (see /work/shared/notes).
 REF_DIMS = dict(emb_dim=256, num_decoder_layers=4, num_query_heads=4, num_kv_heads=4, head_dim=64,
@@ -32,16 +32,22 @@ REF_MODEL = dims()
 REF_STEP = dict(seq_len=256, global_batch=8)
 
 
+def matmul_params(m) -> int:
+  return model_flops(m, 256).matmul_params
+
+
 def test_reference_param_counts():
   # 4 layers * (4*256*256 attn + 3*256*1024 mlp) + 256*8192 head.
-  assert flops.matmul_param_count(REF_MODEL) == 6_291_456
-  # + input embedding 8192*256 + (2*4+1)*256 norm scales = MaxText's reported count.
-  assert flops.total_param_count(REF_MODEL) == 8_390_912
-  assert flops.total_param_count(dims(tie_word_embeddings=True)) == 8_390_912 - 8192 * 256
+  assert matmul_params(REF_MODEL) == 6_291_456
+  # + input embedding 8192*256 + (2*4+1)*256 norm scales = MaxText's reported count: the model's
+  # own parameters add up to it
+  total = lambda m: sum(math.prod(a.shape) for a in jax.tree.leaves(make_model_def(m).abstract_params))
+  assert total(REF_MODEL) == 8_390_912
+  assert total(dims(tie_word_embeddings=True)) == 8_390_912 - 8192 * 256
 
 
 def test_reference_training_flops():
-  out = flops.training_flops_per_step(REF_MODEL, **REF_STEP)
+  out = training_flops(REF_MODEL, **REF_STEP)
   tokens = 8 * 256
   assert out["tokens"] == tokens
   assert out["matmul"] == 6 * 6_291_456 * tokens == 77_309_411_328
@@ -54,63 +60,76 @@ def test_reference_training_flops():
 
 
 def test_causal_attention_is_half_of_noncausal():
-  causal = flops.training_flops_per_step(REF_MODEL, **REF_STEP, causal=True)
-  full = flops.training_flops_per_step(REF_MODEL, **REF_STEP, causal=False)
+  causal = training_flops(REF_MODEL, **REF_STEP, causal=True)
+  full = training_flops(REF_MODEL, **REF_STEP, causal=False)
   assert full["attention"] == 2 * causal["attention"]
   assert full["matmul"] == causal["matmul"]
   assert full["total"] - causal["total"] == causal["attention"]
 
 
-def test_gqa_and_mlp_matrices_change_the_count():
+def test_gqa_changes_the_count():
   gqa = dims(num_kv_heads=1)
   # k and v shrink from 4 heads to 1: 2 * 256 * 3 * 64 fewer weights per layer.
-  assert flops.matmul_param_count(REF_MODEL) - flops.matmul_param_count(gqa) == 4 * 2 * 256 * 3 * 64
-  two = flops.matmul_param_count(REF_MODEL, num_mlp_matrices=2)
-  assert flops.matmul_param_count(REF_MODEL) - two == 4 * 256 * 1024
+  assert matmul_params(REF_MODEL) - matmul_params(gqa) == 4 * 2 * 256 * 3 * 64
+
+
+def _stacked(model_def):
+  """path → whether the leaf has a stacked "layers" axis (its logical axes say so)."""
+  return {p: "layers" in axes for p, axes in
+          jax.tree_util.tree_flatten_with_path(model_def.logical_axes,
+                                               is_leaf=lambda x: isinstance(x, tuple))[0]}
 
 
 @pytest.mark.parametrize("model_name", ["qwen3-tiny", "gemma4-tiny"])
 def test_matmul_params_equal_the_models_matrices(model_name):
-  """The analytic count equals the model's own weight matrices (all >= 2-D parameters but the
+  """The family's count equals the model's own weight matrices (all >= 2-D parameters but the
   gathered embedding tables), plus the head when it is tied to the embedding."""
   m = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model_name}"]))
-  leaves = jax.tree_util.tree_flatten_with_path(make_model_def(m).abstract_params)[0]
-  stacked = lambda path: "layers" in {getattr(k, "key", None) for k in path} and m.scan_layers
+  model_def = make_model_def(m)
+  stacked = _stacked(model_def)
   count = 0
-  for path, a in leaves:
+  for path, a in jax.tree_util.tree_flatten_with_path(model_def.abstract_params)[0]:
     name = str(path[-1].key)
-    if name in ("embedding", "ple_embedding") or a.ndim - stacked(path) < 2:
+    if name in ("embedding", "ple_embedding") or a.ndim - stacked[path] < 2:
       continue
     count += math.prod(a.shape)
   count += m.emb_dim * m.vocab_size if m.tie_word_embeddings else 0
-  assert flops.matmul_param_count(m) == count
+  assert matmul_params(m) == count
 
 
-@pytest.mark.parametrize("model_name,active_b", [("qwen3-30b-a3b", 3.3), ("gemma4-26b-a4b", 3.8)])
-def test_moe_flops_count_active_experts_only(model_name, active_b):
+@pytest.mark.parametrize("model_name,overrides,active_b", [
+    ("qwen3-30b-a3b", (), 3.3), ("gemma4-26b-a4b", (), 3.8),
+    # DeepSeek-style: the first 4 layers dense; their 6144-wide MLP has as many weights as the 8
+    # active experts of width 768 (3*D*6144 = 8*3*D*768), so the active size stays 3.3B
+    ("qwen3-30b-a3b", ("first_k_dense_layers=4",), 3.3)])
+def test_moe_flops_count_active_experts_only(model_name, overrides, active_b):
   """Matmul parameters = the model's layer matrices with experts counted k/E, plus the LM head
   (Qwen: experts replace the MLP; Gemma 4: they add to it)."""
-  m = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model_name}"]))
+  m = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model_name}", *overrides]))
   leaves = jax.tree_util.tree_flatten_with_path(make_model_def(m).abstract_params)[0]
   experts = sum(math.prod(a.shape) for p, a in leaves if "experts" in str(p))
   layers = sum(math.prod(a.shape) for p, a in leaves if "decoder" in str(p) and a.ndim >= 3)
   active = layers - experts * (1 - m.num_experts_per_tok / m.num_experts)   # [L, ...] matrices
-  assert flops.matmul_param_count(m) == active + m.emb_dim * m.vocab_size   # + the LM head
-  assert abs(flops.matmul_param_count(m) / 1e9 - active_b) < 0.1 * active_b
+  assert matmul_params(m) == active + m.emb_dim * m.vocab_size   # + the LM head
+  assert abs(matmul_params(m) / 1e9 - active_b) < 0.1 * active_b
 
 
 def test_sliding_window_attention_flops():
-  full = dims(num_decoder_layers=2)
-  mixed = dims(num_decoder_layers=2, attention_pattern="sf", sliding_window=64)
-  a, b = (flops.training_flops_per_step(x, **REF_STEP)["attention"] for x in (full, mixed))
+  full = dims(num_decoder_layers=2, decoder_block="gemma4", use_qk_norm=True)
+  mixed = dims(num_decoder_layers=2, decoder_block="gemma4", use_qk_norm=True,
+               attention_pattern="sf", sliding_window=64)
+  a, b = (training_flops(x, **REF_STEP)["attention"] for x in (full, mixed))
   S, W = REF_STEP["seq_len"], 64
   per_layer = a / 2
   assert b == per_layer + per_layer * (S * W - W * (W - 1) / 2) / (S * S / 2)
 
 
 def test_flops_rejects_nonpositive_sizes():
-  with pytest.raises(ValueError):
-    flops.training_flops_per_step(dims(num_decoder_layers=0), **REF_STEP)
+  for step in (dict(seq_len=0, global_batch=8), dict(seq_len=256, global_batch=0)):
+    with pytest.raises(ValueError, match="must be positive"):
+      training_flops(REF_MODEL, **step)
+  with pytest.raises(ValueError, match="matmul_params must be positive"):
+    flops.training_flops_per_step(flops.FlopCount(0, 0.0), seq_len=8, global_batch=1)
 
 
 def _dev(kind, platform="gpu"):
@@ -218,6 +237,53 @@ def test_writer_jsonl_and_tensorboard(tmp_path):
   assert scalars[("mfu", 0)] == pytest.approx(0.123, rel=1e-6)
 
 
+def test_resumed_writer_supersedes_rows_after_the_restored_step(tmp_path):
+  """A run killed at step 5 after a checkpoint at 3, resumed from 3: metrics.jsonl ends with one
+  row per step; the killed run's rows 4-5 (and a half-written line) go to
+  metrics.superseded.jsonl; TensorBoard's events after 3 are purged on load (purge_step)."""
+  run_dir = str(tmp_path / "run")
+  with writers.MetricsWriter(run_dir, enable_tensorboard=True, is_primary=True) as writer:
+    for i in range(1, 6):
+      writer.write(i, _step_metrics(i))
+  with open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+    f.write('{"step": 6, "lo')                      # killed mid-line
+  with writers.MetricsWriter(run_dir, enable_tensorboard=True, is_primary=True,
+                             start_step=3) as writer:
+    assert writer.superseded == 3
+    for i in range(4, 8):
+      writer.write(i, dict(_step_metrics(i), loss=100.0 + i))
+  rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+  assert [r["step"] for r in rows] == list(range(1, 8))
+  assert [r["loss"] for r in rows[3:]] == [104.0, 105.0, 106.0, 107.0]
+  aside = open(os.path.join(run_dir, "metrics.superseded.jsonl")).read().splitlines()
+  assert [json.loads(line)["step"] for line in aside[:2]] == [4, 5]
+  assert aside[2] == '{"step": 6, "lo'
+  # the second event file starts with a purge marker at step 4: TensorBoard drops older events
+  # from step 4 on when it reads the directory
+  events = sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*")))
+  assert len(events) == 2
+  assert _purge_steps(events[-1]) == [4]
+  # a fresh start (step 0) supersedes everything that is there
+  with writers.MetricsWriter(run_dir, enable_tensorboard=False, is_primary=True) as writer:
+    assert writer.superseded == 7
+  assert open(os.path.join(run_dir, "metrics.jsonl")).read() == ""
+
+
+def _purge_steps(path):
+  from tensorboardX.proto import event_pb2
+  out = []
+  with open(path, "rb") as f:
+    data = f.read()
+  pos = 0
+  while pos < len(data):
+    (length,) = struct.unpack("<Q", data[pos:pos + 8])
+    event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+    pos += 12 + length + 4
+    if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+      out.append(event.step)
+  return out
+
+
 def test_writer_nan_becomes_null(tmp_path):
   with writers.MetricsWriter(str(tmp_path), enable_tensorboard=False, is_primary=True) as writer:
     writer.write(0, dict(_step_metrics(0), loss=float("nan")))
@@ -232,6 +298,20 @@ def test_non_primary_writes_nothing(tmp_path):
   writer.write(0, _step_metrics(0))
   writer.close()
   assert not run_dir.exists()
+
+
+def test_format_line_shows_the_parts_a_family_adds():
+  """The progress line carries what the family's watcher shows (MoE: the expert load) after the
+  learning rate, and nothing for a model without one."""
+  from MaxText.metrics.moe_load import CollapseWatch
+  base = {"loss": 3.0, "lr": 1e-3, "step_time_s": 0.5}
+  watch = CollapseWatch(8, 2, balancing="", advice="")
+  line = writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9,
+                             [watch.progress({**base, "moe_load_max_over_mean": 3.9})])
+  assert "| lr 1.0e-03 | expert load 3.90 | 0.500 s |" in line
+  assert watch.progress(base) == ""
+  assert writers.format_line(5, base, 9, [watch.progress(base)]) == writers.format_line(5, base, 9)
+  assert "expert load" not in writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9)
 
 
 def test_format_line():

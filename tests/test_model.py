@@ -11,7 +11,7 @@ import numpy as np
 from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.models.model_config import ModelConfig
-from MaxText.train.state import init_params, make_model_def
+from MaxText.models.registry import init_params, make_model_def
 
 D, L, H, K, E, F, V, S = 32, 2, 4, 2, 8, 48, 50, 16
 MODEL = [f"emb_dim={D}", f"num_decoder_layers={L}", f"num_query_heads={H}", f"num_kv_heads={K}",
@@ -57,10 +57,11 @@ def attention(q, k, v, seg):
 
 
 def layer_params(params, i, scan):
-  layers = params["decoder"]["layers"]
+  """Layer i: scanned, the one run of the pattern stack (its one member, stacked over the layers);
+  unscanned, decoder/layers/i."""
   if scan:
-    return jax.tree.map(lambda a: a[i], layers)
-  return layers[i]
+    return jax.tree.map(lambda a: a[i], params["decoder"]["runs"][0][0])
+  return params["decoder"]["layers"][i]
 
 
 def reference_logits(params, tokens, pos, seg, *, eps, theta, qk_norm, tied, scan):
@@ -156,7 +157,7 @@ def test_init_params_match_the_model_def_and_reference():
   assert shapes(params) == shapes(model_def.abstract_params)
   assert np.all(np.asarray(params["final_norm"]["scale"]) == 1.0)
   assert abs(float(np.std(params["embedding"])) - cfg.init_std) < 0.1 * cfg.init_std
-  q = np.asarray(params["decoder"]["layers"]["attn"]["query"]["kernel"])
+  q = np.asarray(params["decoder"]["runs"][0][0]["attn"]["query"]["kernel"])
   assert abs(float(np.std(q)) - D ** -0.5) < 0.1 * D ** -0.5
   assert not np.allclose(q[0], q[1])  # each layer gets its own draw
   tokens, pos, seg = batch()
@@ -212,7 +213,7 @@ def test_scan_and_unrolled_layers_agree():
   _, scan_def, scan_params = build("use_qk_norm=true")
   cfg, loop_def, loop_params = build("use_qk_norm=true", "scan_layers=false")
   assert not cfg.scan_layers
-  stacked = scan_params["decoder"]["layers"]
+  stacked = scan_params["decoder"]["runs"][0][0]
   per_layer = {i: jax.tree.map(lambda a: a[i], stacked) for i in range(L)}
   assert jax.tree.structure(per_layer) == jax.tree.structure(loop_params["decoder"]["layers"])
   mapped = {**scan_params, "decoder": {"layers": per_layer}}

@@ -19,32 +19,44 @@ from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E
                        our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
+from MaxText.models.llama import hf_map as llama_map  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
-from MaxText.train.state import make_model_def  # noqa: E402
+from MaxText.models.registry import make_model_def  # noqa: E402
 
 THETA = 1000.0           # small θ so that every channel pair rotates visibly at positions < S
 
 
-def our_config(tied: bool, scan: bool):
-  return load_config([BASE_YML, "model_name=qwen3-tiny", f"rope_theta={THETA}",
+# architecture → (its name map, transformers' config and model classes, our tiny config of it);
+# tests/test_llama_parity.py runs the Llama one (the default model's architecture: no q/k norm)
+ARCHS = {
+    "qwen3": (hf_map, "Qwen3Config", "Qwen3ForCausalLM", ["model_name=qwen3-tiny"]),
+    "llama": (llama_map, "LlamaConfig", "LlamaForCausalLM",
+              ["emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2",
+               "head_dim=16", "mlp_dim=128", "max_position_embeddings=512", "hf_model_type=llama"]),
+}
+
+
+def our_config(tied: bool, scan: bool, arch: str = "qwen3"):
+  return load_config([BASE_YML, *ARCHS[arch][3], f"rope_theta={THETA}",
                       f"tie_word_embeddings={str(tied).lower()}", f"scan_layers={str(scan).lower()}"])
 
 
 @functools.lru_cache(maxsize=None)
-def hf_model(tied: bool):
-  """A random-init HF Qwen3 built from config_to_hf(our tiny config); norm weights perturbed."""
-  return build_hf_model(transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-                        hf_map.config_to_hf(our_config(tied, True)))
+def hf_model(tied: bool, arch: str = "qwen3"):
+  """A random-init HF model built from config_to_hf(our tiny config); norm weights perturbed."""
+  name_map, config_class, model_class, _ = ARCHS[arch]
+  return build_hf_model(getattr(transformers, config_class), getattr(transformers, model_class),
+                        name_map.config_to_hf(our_config(tied, True, arch)))
 
 
 @functools.lru_cache(maxsize=None)
-def ours(tied: bool, scan: bool):
+def ours(tied: bool, scan: bool, arch: str = "qwen3"):
   """(ModelConfig from the HF config, model def, params converted from the HF state dict)."""
-  model = hf_model(tied)
-  cfg = replace(our_config(tied, scan), **hf_map.config_from_hf(model.config.to_dict()))
-  assert cfg == our_config(tied, scan)  # config_to_hf → Qwen3Config → config_from_hf is lossless
+  model, name_map = hf_model(tied, arch), ARCHS[arch][0]
+  cfg = replace(our_config(tied, scan, arch), **name_map.config_from_hf(model.config.to_dict()))
+  assert cfg == our_config(tied, scan, arch)  # config_to_hf → HF config → config_from_hf: lossless
   mcfg = ModelConfig.from_config(cfg)
-  return mcfg, make_model_def(mcfg), hf_map.hf_to_params(hf_state(model), mcfg)
+  return mcfg, make_model_def(mcfg), name_map.hf_to_params(hf_state(model), mcfg)
 
 
 # ---- tests --------------------------------------------------------------------------------------
@@ -67,7 +79,7 @@ def test_state_dict_round_trip_is_exact(tied, scan):
   saved = hf_map.params_to_hf(params, mcfg)               # the save_pretrained form
   assert ("lm_head.weight" in saved) == (not tied)
   if scan:  # stacked [L, ...] kernels hold layer i at index i
-    q = params["decoder"]["layers"]["attn"]["query"]["kernel"]
+    q = params["decoder"]["runs"][0][0]["attn"]["query"]["kernel"]
     D, H, E = mcfg.emb_dim, mcfg.num_query_heads, mcfg.head_dim
     w1 = sd["model.layers.1.self_attn.q_proj.weight"]     # [H*E, D], row h*E + e
     np.testing.assert_array_equal(q[1, :, 2, 3], w1[2 * E + 3])

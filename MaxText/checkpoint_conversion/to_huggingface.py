@@ -2,66 +2,86 @@
 loads unchanged.
 
   python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=CKPT output_path=OUT \
-      [max_shard_gb=5]
+      [max_shard_gb=5] [hf_model_type=TYPE]
 
 CKPT is a run's `checkpoints/` directory (its latest step), one step directory, or a converter's
-output. The model config travels in the checkpoint; its `hf_model_type` picks the name map.
-Tensors are written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or
-numbered shards + index above `max_shard_gb`.
+output. The model config travels in the checkpoint; its `hf_model_type` picks the name map — when
+it is "" (a model trained from configs/base.yml), the first of its family's Hugging Face types that
+can hold the model (the default model: `llama`), or the `hf_model_type` argument. Tensors are
+written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or numbered
+shards + index above `max_shard_gb`; the checkpoint's tokenizer files are written next to them
+(`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too.
+
+Examples:
+  python -m MaxText.checkpoint_conversion.to_huggingface \
+      load_parameters_path=runs/default/checkpoints output_path=hf_out
+  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/ft/checkpoints/200 \
+      output_path=hf_out max_shard_gb=2
 """
 from __future__ import annotations
 
 import os
 import sys
 
-
-from MaxText.checkpoint.manager import load_params_host, read_meta
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.manager import load_params_host, read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
-from MaxText.checkpoint_conversion.to_maxtext import BASE_YML, split_args
-from MaxText.config.load import ConfigError, load_config, replace
-from MaxText.config.schema import FIELDS, Config
+from MaxText.config import cli
+from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
+from MaxText.config.schema import KEYS, Config
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_hf_map
-from MaxText.train.state import make_model_def
+from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
+
+ARGS = {
+    "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
+                                    "to_maxtext output"),
+    "output_path": cli.Arg(help="the Hugging Face folder to write (must not exist or be empty)"),
+    "max_shard_gb": cli.Arg(float, 5.0, "largest safetensors shard"),
+    "hf_model_type": cli.Arg(str, "", "the architecture to write when the checkpoint has none"),
+}
 
 
 def checkpoint_config(path: str) -> Config:
   """The config stored in a checkpoint (keys unknown to this version are an error)."""
   saved = read_meta(path)["config"]
-  unknown = sorted(set(saved) - set(FIELDS))
+  unknown = sorted(set(saved) - set(KEYS))
   if unknown:
     raise ConfigError(f"checkpoint '{path}' config has keys this version does not know: {unknown}")
   return replace(load_config([BASE_YML]), **saved)
 
 
-def export(ckpt: str, output_path: str, max_shard_bytes: int) -> Config:
+def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str = "") -> str:
+  """Writes the Hugging Face folder; returns the model_type written."""
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   cfg = checkpoint_config(ckpt)
-  if not cfg.hf_model_type:
-    raise ConfigError(f"checkpoint '{ckpt}' has hf_model_type='' (not a Hugging Face "
-                      f"architecture); set it when converting or training")
-  family = get_hf_map(cfg.hf_model_type)
+  if hf_model_type and cfg.hf_model_type and hf_model_type != cfg.hf_model_type:
+    raise ConfigError(f"hf_model_type={hf_model_type!r}: the checkpoint is "
+                      f"{cfg.hf_model_type!r}")
   mcfg = ModelConfig.from_config(cfg)
+  model_type = hf_model_type_for(mcfg, cfg.hf_model_type or hf_model_type)
+  for key, problem in check_model(mcfg, model_type):
+    raise ConfigError(f"{key}: {problem}")
+  family = get_hf_map(model_type)
   params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
-  return cfg
+  tokenizer_files.export(resolve_step_dir(ckpt), output_path)
+  return model_type
 
 
 def main(argv: list[str]) -> int:
   try:
-    args, rest = split_args(argv, ("load_parameters_path", "output_path"))
-    extra = dict(a.split("=", 1) for a in rest)
-    shard_gb = float(extra.pop("max_shard_gb", 5))
-    if extra:
-      raise ConfigError(f"unknown argument(s): {', '.join(extra)} (known: load_parameters_path, "
-                        f"output_path, max_shard_gb)")
-    cfg = export(args["load_parameters_path"], args["output_path"], int(shard_gb * 2**30))
+    parsed = cli.parse(argv, ARGS, __doc__)
+    if parsed is None:
+      return 0
+    args = parsed[0]
+    model_type = export(args["load_parameters_path"], args["output_path"],
+                        int(args["max_shard_gb"] * 2**30), args["hf_model_type"])
   except (ConfigError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(f"wrote {args['output_path']} ({cfg.hf_model_type})")
+  print(f"wrote {args['output_path']} ({model_type})")
   return 0
 
 

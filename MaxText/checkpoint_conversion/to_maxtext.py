@@ -3,9 +3,16 @@
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=HF_DIR output_path=CKPT [key=value ...]
 
 Reads `HF_DIR/config.json` (model_type picks the family's name map) and the safetensors shard(s)
-one tensor at a time, and writes `CKPT/0/{params,meta}` — which `train.py
-load_parameters_path=CKPT` fine-tunes from. Extra key=value pairs are config overrides that do not
-change the architecture (e.g. `scan_layers=false`, `weight_dtype=bfloat16`).
+one tensor at a time, and writes `CKPT/0/{params,meta,tokenizer}` — which `train.py
+load_parameters_path=CKPT` fine-tunes from, with the folder's tokenizer files (tokenizer.json,
+tokenizer_config.json, chat template, special tokens, *.model; `checkpoint/tokenizer_files.py`).
+Extra key=value pairs are config overrides that do not change the architecture (e.g.
+`scan_layers=false`, `weight_dtype=bfloat16`).
+
+Examples:
+  python -m MaxText.checkpoint_conversion.to_maxtext hf_path=~/Qwen3-0.6B output_path=ckpt/qwen3
+  python -m MaxText.checkpoint_conversion.to_maxtext hf_path=hf_llama output_path=ckpt/llama \\
+      weight_dtype=bfloat16 scan_layers=false
 """
 from __future__ import annotations
 
@@ -15,28 +22,17 @@ import sys
 import jax
 import numpy as np
 
+from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.manager import save_params_only
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
-from MaxText.config.from_checkpoint import ARCHITECTURE
-from MaxText.config.load import ConfigError, coerce, load_config, parse_overrides, replace
-from MaxText.config.schema import Config
+from MaxText.config import cli
+from MaxText.config.load import BASE_YML, ConfigError, coerce, load_config, parse_overrides, replace
+from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_hf_map
-from MaxText.train.state import make_model_def
+from MaxText.models.registry import check_model, get_hf_map, make_model_def
 
-BASE_YML = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__)))), "configs", "base.yml")
-
-
-def split_args(argv: list[str], own: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
-  mine, rest = {}, []
-  for arg in argv:
-    key = arg.split("=", 1)[0]
-    (mine.__setitem__(key, arg.split("=", 1)[1]) if key in own else rest.append(arg))
-  missing = [k for k in own if k not in mine]
-  if missing:
-    raise ConfigError(f"missing argument(s): {', '.join(f'{k}=...' for k in missing)}")
-  return mine, rest
+ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safetensors)"),
+        "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)")}
 
 
 def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
@@ -45,11 +41,14 @@ def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
   values = {"hf_model_type": hf_config["model_type"], **family.config_from_hf(hf_config)}
   cfg = replace(load_config([BASE_YML]), **values)
   changed = parse_overrides(overrides)
-  arch = ARCHITECTURE - {"scan_layers"}   # the parameters' layout, not the model, may be chosen
+  arch = ARCHITECTURE_KEYS - {"scan_layers"}   # the parameters' layout, not the model, may be chosen
   for key in changed:
     if key in arch:
       raise ConfigError(f"{key}: the architecture comes from config.json; it cannot be overridden")
-  return replace(cfg, **{k: coerce(k, v, from_text=True) for k, v in changed.items()})
+  cfg = replace(cfg, **{k: coerce(k, v, from_text=True) for k, v in changed.items()})
+  for key, problem in check_model(ModelConfig.from_config(cfg), cfg.hf_model_type):
+    raise ConfigError(f"{key}: {problem}")
+  return cfg
 
 
 def _as_jax_array(a: np.ndarray) -> jax.Array:
@@ -63,7 +62,10 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   hf_config = read_config(hf_path)
-  cfg = config_for_hf(hf_config, overrides)
+  tokenizer = tokenizer_files.files_of(hf_path)
+  # the vocabulary is a real tokenizer's: a run from this checkpoint never falls back to bytes
+  cfg = replace(config_for_hf(hf_config, overrides), tokenizer_type="huggingface" if
+                "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
   mcfg = ModelConfig.from_config(cfg)
   family = get_hf_map(cfg.hf_model_type)
   params = family.hf_to_params(HFTensors(hf_path), mcfg)
@@ -81,19 +83,25 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
   # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
   # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
   params = jax.tree.map(_as_jax_array, params)
-  save_params_only(output_path, params, cfg.as_dict())
+  save_params_only(output_path, params, cfg.as_dict(), tokenizer=tokenizer)
   return cfg
 
 
 def main(argv: list[str]) -> int:
   try:
-    args, rest = split_args(argv, ("hf_path", "output_path"))
-    cfg = convert(args["hf_path"], args["output_path"], rest)
+    parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
+    if parsed is None:
+      return 0
+    args, overrides = parsed
+    cfg = convert(os.path.expanduser(args["hf_path"]), args["output_path"], overrides)
   except (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  tokenizer = sorted(tokenizer_files.files_of(os.path.expanduser(args["hf_path"])))
   print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
-        f"d={cfg.emb_dim}, vocab {cfg.vocab_size})")
+        f"d={cfg.emb_dim}, vocab {cfg.vocab_size}); tokenizer files: "
+        + (", ".join(tokenizer) if tokenizer else "none in hf_path (fine-tuning will need "
+                                                  "tokenizer_path=...)"))
   return 0
 
 

@@ -1,8 +1,9 @@
 """Builds a `Config` from base.yml, an optional model overlay and `key=value` overrides.
 
-Precedence, lowest first: `configs/base.yml` → `configs/models/<model_name>.yml` → command line.
-Every value is checked against the schema's type and range here; cross-key checks that need the
-device count live in `MaxText.config.validate`. Errors are `ConfigError`, which names the key; the
+Precedence, lowest first: `configs/base.yml` → `configs/models/<model_name>.yml` (after the model
+file it names as `base_model`, if any) → command line. Every value is checked against the schema's
+type and range here; cross-key checks that need the devices or the model family live in
+`MaxText.train.config_checks`. Errors are `ConfigError`, which names the key; the
 trainer turns them into exit status 2 before anything is compiled.
 """
 from __future__ import annotations
@@ -11,12 +12,17 @@ import dataclasses
 import difflib
 import math
 import os
-import typing
 from typing import Any, Sequence
 
 import yaml
 
-from MaxText.config.schema import FIELDS, Config
+from MaxText.config.schema import KEYS, Config
+
+
+BASE_MODEL = "base_model"   # in a model file: the model file it starts from
+# this repository's configs/base.yml (what the tools start from)
+BASE_YML = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "configs", "base.yml")
 
 
 class ConfigError(ValueError):
@@ -39,19 +45,14 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _unknown_key(key: str, where: str) -> ConfigError:
-  close = difflib.get_close_matches(key, FIELDS.keys(), n=3, cutoff=0.6)
+  close = difflib.get_close_matches(key, KEYS.keys(), n=3, cutoff=0.6)
   hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
   return ConfigError(f"unknown config key '{key}' ({where}){hint}")
 
 
-def _type_of(key: str) -> type:
-  hints = typing.get_type_hints(Config)
-  return hints[key]
-
-
 def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
   """Returns `value` as the schema type of `key`, or raises ConfigError naming the key."""
-  kind = _type_of(key)
+  kind = KEYS[key].type
   if from_text and kind is not str:
     try:
       value = yaml.safe_load(value) if value != "" else ""
@@ -89,20 +90,24 @@ def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
   elif kind is list:
     if not isinstance(value, list):
       raise bad
+    items = KEYS[key].items
+    for v in value:
+      if items is not None and (not isinstance(v, items) or isinstance(v, bool) != (items is bool)):
+        raise ConfigError(f"{key}={value!r}: expected a list of {items.__name__}, got {v!r}")
   _check_range(key, value)
   return value
 
 
 def _check_range(key: str, value: Any) -> None:
-  meta = FIELDS[key].metadata
-  if meta.get("choices") is not None and value not in meta["choices"]:
-    raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(repr, meta['choices']))}")
-  if meta.get("min") is not None and value < meta["min"]:
-    raise ConfigError(f"{key}={value!r}: must be >= {meta['min']}")
-  if meta.get("max") is not None and value > meta["max"]:
-    raise ConfigError(f"{key}={value!r}: must be <= {meta['max']}")
-  if meta.get("gt") is not None and value <= meta["gt"]:
-    raise ConfigError(f"{key}={value!r}: must be > {meta['gt']}")
+  spec = KEYS[key]
+  if spec.choices is not None and value not in spec.choices:
+    raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(repr, spec.choices))}")
+  if spec.min is not None and value < spec.min:
+    raise ConfigError(f"{key}={value!r}: must be >= {spec.min}")
+  if spec.max is not None and value > spec.max:
+    raise ConfigError(f"{key}={value!r}: must be <= {spec.max}")
+  if spec.gt is not None and value <= spec.gt:
+    raise ConfigError(f"{key}={value!r}: must be > {spec.gt}")
 
 
 def parse_overrides(args: Sequence[str]) -> dict[str, str]:
@@ -113,7 +118,7 @@ def parse_overrides(args: Sequence[str]) -> dict[str, str]:
       raise ConfigError(f"argument '{arg}' is not key=value")
     key, value = arg.split("=", 1)
     key = key.strip()
-    if key not in FIELDS:
+    if key not in KEYS:
       raise _unknown_key(key, "command line")
     if key in out and out[key] != value:
       raise ConfigError(f"{key} is given twice with different values: {out[key]!r} and {value!r}")
@@ -125,33 +130,53 @@ def models_dir(base_yml: str) -> str:
   return os.path.join(os.path.dirname(os.path.abspath(base_yml)), "models")
 
 
+def model_overlay(directory: str, name: str, chain: tuple[str, ...] = ()) -> dict[str, tuple]:
+  """The keys of `<directory>/<name>.yml` as {key: (value, file)}. A model file may start from
+  another one with `base_model: <name>` (its keys first, then the file's own): a published alias
+  (`gemma4` = `gemma4-e2b`) or a variant that changes a few keys is a reference, not a copy."""
+  where = f" (base_model of {chain[-1]}.yml)" if chain else ""
+  if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+    raise ConfigError(f"model_name={name!r}{where}: must name a file of {directory} "
+                      "(without .yml; no path separators)")
+  path = os.path.join(directory, f"{name}.yml")
+  if not os.path.isfile(path):
+    known = sorted(f[:-4] for f in os.listdir(directory) if f.endswith(".yml")) \
+        if os.path.isdir(directory) else []
+    raise ConfigError(f"model_name='{name}'{where}: no file {path} (known: default, "
+                      f"{', '.join(known)})")
+  if name in chain:
+    raise ConfigError(f"{path}: base_model loops ({' -> '.join((*chain, name))})")
+  raw = _read_yaml(path)
+  base = raw.pop(BASE_MODEL, None)
+  out = {} if base is None else model_overlay(directory, coerce("model_name", base),
+                                              (*chain, name))
+  for key, value in raw.items():
+    if key not in KEYS:
+      raise _unknown_key(key, path)
+    if key == "model_name":
+      raise ConfigError(f"{path} must not set model_name")
+    out[key] = (value, path)
+  return out
+
+
 def load_config(argv: Sequence[str]) -> Config:
   """`argv` = [path/to/base.yml, key=value, ...] (without the program name)."""
   if not argv:
     raise ConfigError("usage: train.py configs/base.yml [key=value ...]")
   base_path, overrides = argv[0], parse_overrides(argv[1:])
   raw = _read_yaml(base_path)
-  missing = sorted(set(FIELDS) - set(raw))
+  missing = sorted(set(KEYS) - set(raw))
   if missing:
     raise ConfigError(f"{base_path} lacks keys of the schema: {', '.join(missing)}")
   for key in raw:
-    if key not in FIELDS:
+    if key not in KEYS:
       raise _unknown_key(key, base_path)
   values = {k: coerce(k, v) for k, v in raw.items()}
 
   model_name = coerce("model_name", overrides["model_name"], from_text=True) \
       if "model_name" in overrides else values["model_name"]
   if model_name != "default":
-    path = os.path.join(models_dir(base_path), f"{model_name}.yml")
-    if not os.path.isfile(path):
-      known = sorted(f[:-4] for f in os.listdir(models_dir(base_path)) if f.endswith(".yml")) \
-          if os.path.isdir(models_dir(base_path)) else []
-      raise ConfigError(f"model_name='{model_name}': no file {path} (known: default, {', '.join(known)})")
-    for key, value in _read_yaml(path).items():
-      if key not in FIELDS:
-        raise _unknown_key(key, path)
-      if key == "model_name":
-        raise ConfigError(f"{path} must not set model_name")
+    for key, (value, _) in model_overlay(models_dir(base_path), model_name).items():
       values[key] = coerce(key, value)
 
   for key, text in overrides.items():
@@ -165,14 +190,14 @@ def explicit_keys(argv: Sequence[str]) -> set[str]:
   keys = set(overrides)
   model_name = overrides.get("model_name") or _read_yaml(argv[0]).get("model_name", "default")
   if model_name != "default":
-    keys |= set(_read_yaml(os.path.join(models_dir(argv[0]), f"{model_name}.yml")))
+    keys |= set(model_overlay(models_dir(argv[0]), model_name))
   return keys
 
 
 def replace(cfg: Config, **changes: Any) -> Config:
   """A copy of `cfg` with `changes` coerced and range-checked like command-line values."""
   for key in changes:
-    if key not in FIELDS:
+    if key not in KEYS:
       raise _unknown_key(key, "replace()")
   return dataclasses.replace(cfg, **{k: coerce(k, v) for k, v in changes.items()})
 

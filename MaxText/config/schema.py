@@ -1,152 +1,314 @@
-"""The one typed schema of every config key.
+"""The one schema: every config key's name, type, default, allowed range and one-line doc.
 
-`configs/base.yml` holds each key's default value and a one-line comment; this module holds each
-key's type and allowed range. `MaxText.config.load` refuses a base.yml whose keys differ from the
-fields here, so the two can never drift apart silently (and `tests/test_config.py` checks it too).
+Each field of `Config` is declared once, here, with `key(default, doc, ...)`:
+  choices     the allowed values of a str key
+  min/max/gt  inclusive numeric bounds / exclusive lower bound
+  model       the model reads it: it is a field of `ModelConfig` (MaxText/models/model_config.py)
+  data        the data pipeline reads it: a field of `DataConfig` (MaxText/data/config.py)
+  arch        it changes what the parameters mean, so `load_parameters_path` takes it from the
+              checkpoint (default: the same as `model`)
+  carried     a training setting that comes with the model (a converted MoE's balancing weight):
+              `load_parameters_path` takes it from the checkpoint unless the user sets it
+  section     the first key of a section of configs/base.yml starts it under this title
+  note        a comment block written above the key in configs/base.yml
 
-Constraints are written next to the field as `_spec(...)` metadata:
-  choices   the allowed values of a str key
-  min/max   inclusive numeric bounds
-  nonneg    shorthand for min=0
+Everything else is derived from this module: `configs/base.yml` is rendered from it (`python -m
+MaxText.config.render`; tests/test_config.py fails when the file is stale), `ModelConfig` and
+`DataConfig` are views of its fields, a family refuses a model key it does not implement when the
+key is away from its default here, and the implementation tables of allowed values (remat
+policies, activations, dispatch, dataset formats, ...) are checked against `choices` by the tests.
+This package imports nothing else of MaxText: every other package may read it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 
-def _spec(*, choices: tuple | None = None, min: float | None = None, max: float | None = None,
-          gt: float | None = None) -> Any:
-  return field(metadata={"choices": choices, "min": min, "max": max, "gt": gt})
+@dataclass(frozen=True)
+class Spec:
+  """What the schema says about one key (`KEYS[name]`)."""
+  name: str
+  type: type                # bool, int, float, str or list
+  items: type | None        # element type of a list key (None: any)
+  default: Any
+  doc: str
+  choices: tuple | None = None
+  min: float | None = None
+  max: float | None = None
+  gt: float | None = None
+  model: bool = False
+  data: bool = False
+  arch: bool = False
+  carried: bool = False
+  section: str | None = None
+  note: str | None = None
+
+
+def key(default: Any, doc: str, *, choices: tuple | None = None, min: float | None = None,
+        max: float | None = None, gt: float | None = None, model: bool = False,
+        data: bool = False, arch: bool | None = None, carried: bool = False,
+        section: str | None = None, note: str | None = None) -> Any:
+  """A field of `Config` with its schema entry (name and type are taken from the annotation)."""
+  meta = dict(default=default, doc=doc, choices=choices, min=min, max=max, gt=gt, model=model,
+              data=data, arch=model if arch is None else arch, carried=carried, section=section,
+              note=note)
+  if isinstance(default, list):
+    return field(default_factory=lambda: copy.deepcopy(default), metadata={"key": meta})
+  return field(default=default, metadata={"key": meta})
 
 
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
 DTYPES = ("float32", "bfloat16", "float16")
+_COMPUTE = dict(model=True, arch=False)   # read by the model, but the parameters mean the same
+
+_RULES = [
+    ["activation_batch", ["data", "fsdp", "expert"]],
+    ["activation_length", ["context"]],
+    ["activation_embed", None],
+    ["activation_heads", ["tensor"]],
+    ["activation_kv_heads", ["tensor"]],
+    ["activation_mlp", ["tensor"]],
+    ["activation_vocab", ["tensor"]],
+    ["embed", ["fsdp", "context", "expert"]],
+    ["embed", ["fsdp", "context"]],
+    ["embed", ["fsdp"]],
+    ["heads", ["tensor"]],
+    ["kv_heads", ["tensor"]],
+    ["head_dim", None],
+    ["mlp", ["tensor"]],
+    ["vocab", ["tensor"]],
+    ["exp", ["expert"]],
+    ["layers", None],
+    ["norm", None],
+]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-  # ---- run ---------------------------------------------------------------------------------
-  run_name: str
-  base_output_directory: str
-  steps: int = _spec(min=1)
-  log_period: int = _spec(min=1)
-  seed: int = _spec(min=0)
-  jax_cache_dir: str
-  # ---- model ---------------------------------------------------------------------------------
-  model_name: str
-  decoder_block: str
-  hf_model_type: str
-  vocab_size: int = _spec(min=1)
-  emb_dim: int = _spec(min=1)
-  num_decoder_layers: int = _spec(min=1)
-  num_query_heads: int = _spec(min=1)
-  num_kv_heads: int = _spec(min=1)
-  head_dim: int = _spec(min=1)
-  mlp_dim: int = _spec(min=1)
-  mlp_activation: str = _spec(choices=("silu", "gelu_tanh"))
-  norm_epsilon: float = _spec(gt=0)
-  use_qk_norm: bool
-  tie_word_embeddings: bool
-  rope_theta: float = _spec(gt=0)
-  max_position_embeddings: int = _spec(min=1)
-  init_std: float = _spec(gt=0)
-  dtype: str = _spec(choices=DTYPES)
-  weight_dtype: str = _spec(choices=DTYPES)
-  scan_layers: bool
-  remat_policy: str = _spec(choices=("none", "full", "save_matmuls"))
-  attention: str = _spec(choices=("autoselected", "dot_product", "flash", "cudnn"))
-  flash_block_q: int = _spec(min=8)
-  flash_block_kv: int = _spec(min=8)
-  attention_pattern: str
-  sliding_window: int = _spec(min=0)
-  attention_scale: float = _spec(min=0)
-  global_head_dim: int = _spec(min=0)
-  global_num_kv_heads: int = _spec(min=0)
-  global_rope_theta: float = _spec(min=0)
-  global_rope_fraction: float = _spec(gt=0, max=1)
-  attention_k_eq_v: bool
-  num_kv_shared_layers: int = _spec(min=0)
-  double_wide_mlp_on_shared: bool
-  per_layer_input_dim: int = _spec(min=0)
-  per_layer_input_vocab_size: int = _spec(min=0)
-  final_logit_softcap: float = _spec(min=0)
-  num_experts: int = _spec(min=0)
-  num_experts_per_tok: int = _spec(min=1)
-  moe_mlp_dim: int = _spec(min=0)
-  norm_topk_prob: bool
-  shared_expert_mlp_dim: int = _spec(min=0)
-  capacity_factor: float = _spec(min=0)
-  moe_dispatch: str = _spec(choices=("auto", "ragged_all_to_all", "padded_all_to_all"))
-  # ---- data ----------------------------------------------------------------------------------
-  dataset_type: str = _spec(choices=("embedded", "synthetic", "file"))
-  dataset_path: str
-  dataset_format: str = _spec(choices=("auto", "text", "jsonl", "parquet", "arrayrecord"))
-  dataset_text_field: str
-  tokenizer_type: str = _spec(choices=("byte", "huggingface", "sentencepiece"))
-  tokenizer_path: str
-  add_bos: bool
-  add_eos: bool
-  packing: bool
-  shuffle: bool
-  data_shuffle_seed: int = _spec(min=0)
-  grain_worker_count: int = _spec(min=0)
-  max_bad_records: int = _spec(min=0)
-  max_target_length: int = _spec(min=2)
-  per_device_batch_size: float = _spec(gt=0)
-  gradient_accumulation_steps: int = _spec(min=1)
-  data_shards: int = _spec(min=0)
-  # ---- optimizer -----------------------------------------------------------------------------
-  learning_rate: float = _spec(min=0)
-  lr_schedule: str = _spec(choices=("cosine", "wsd", "constant"))
-  warmup_steps: int = _spec(min=0)
-  final_lr_fraction: float = _spec(min=0, max=1)
-  wsd_decay_fraction: float = _spec(min=0, max=1)
-  adam_b1: float = _spec(min=0, max=1)
-  adam_b2: float = _spec(min=0, max=1)
-  adam_eps: float = _spec(gt=0)
-  weight_decay: float = _spec(min=0)
-  max_grad_norm: float = _spec(min=0)
-  z_loss_weight: float = _spec(min=0)
-  loss_chunk_length: int = _spec(min=0)
-  moe_aux_loss_weight: float = _spec(min=0)
-  router_bias_update_rate: float = _spec(min=0)
-  nonfinite_policy: str = _spec(choices=("halt", "skip"))
-  max_nonfinite_skips: int = _spec(min=0)
-  # ---- checkpoints ---------------------------------------------------------------------------
-  enable_checkpointing: bool
-  async_checkpointing: bool
-  checkpoint_period: int = _spec(min=1)
-  max_checkpoints_to_keep: int = _spec(min=1)
-  load_parameters_path: str
-  checkpoint_verify: bool
-  checkpoint_fallback: bool
-  checkpoint_save_timeout_s: float = _spec(gt=0)
-  # ---- metrics -------------------------------------------------------------------------------
-  enable_tensorboard: bool
-  peak_tflops_per_device: float = _spec(min=0)
-  # ---- mesh and sharding ---------------------------------------------------------------------
-  mesh_axes: list
-  ici_data_parallelism: int
-  ici_fsdp_parallelism: int
-  ici_context_parallelism: int
-  ici_expert_parallelism: int
-  ici_tensor_parallelism: int
-  dcn_data_parallelism: int
-  dcn_fsdp_parallelism: int
-  dcn_context_parallelism: int
-  dcn_expert_parallelism: int
-  dcn_tensor_parallelism: int
-  logical_axis_rules: list
-  # ---- multi-host (jax.distributed) ----------------------------------------------------------
-  coordinator_address: str
-  num_processes: int = _spec(min=0)
-  process_id: int = _spec(min=-1)
-  distributed_init_timeout_s: int = _spec(min=1)
-  distributed_heartbeat_timeout_s: int = _spec(min=1)
+  run_name: str = key("default", "run directory name under base_output_directory; rerun = resume",
+                      section="run")
+  base_output_directory: str = key(
+      "runs", "parent of run directories (metrics.jsonl, checkpoints/, config.yml)")
+  steps: int = key(300, "optimizer steps to train in total", min=1)
+  log_period: int = key(10, "print a progress line every N steps (metrics.jsonl gets every step)",
+                        min=1)
+  seed: int = key(0, "parameter initialisation seed", min=0)
+  jax_cache_dir: str = key("~/.cache/maxtext_jax",
+                           'persistent XLA compilation cache; "" turns it off')
 
-  # ---- derived values (properties, never stored) -----------------------------------------------
+  # ---- model -----------------------------------------------------------------------------------
+  model_name: str = key("default", '"default" or a file configs/models/<model_name>.yml to overlay',
+                        section="model")
+  decoder_block: str = key("llama", "model family plug-in (MaxText/models/registry.py)",
+                           model=True)
+  hf_model_type: str = key(
+      "", 'Hugging Face model_type it converts to/from, one of its family\'s; "" = the first that fits',
+      arch=True)
+  vocab_size: int = key(384, "embedding rows; must cover the tokenizer's ids (byte: 259)", min=1,
+                        model=True, data=True)
+  emb_dim: int = key(256, "model width D", min=1, model=True)
+  num_decoder_layers: int = key(4, "decoder layers L", min=1, model=True)
+  num_query_heads: int = key(4, "query heads H", min=1, model=True)
+  num_kv_heads: int = key(4, "key/value heads K (GQA when K < H; H % K == 0)", min=1, model=True)
+  head_dim: int = key(64, "per-head width E", min=1, model=True)
+  mlp_dim: int = key(1024, "gated-MLP hidden width F (dense layers)", min=1, model=True)
+  mlp_activation: str = key("silu", "gate activation of the gated MLP: silu | gelu_tanh "
+                            "(tanh-approximated GELU)", choices=("silu", "gelu_tanh"), model=True)
+  norm_epsilon: float = key(1.0e-6, "RMSNorm epsilon", gt=0, model=True)
+  use_qk_norm: bool = key(False, "per-head RMSNorm on q and k before RoPE (Qwen3 style)",
+                          model=True)
+  tie_word_embeddings: bool = key(False, "LM head shares the embedding table", model=True)
+  rope_theta: float = key(10000.0, "RoPE base wavelength", gt=0, model=True)
+  max_position_embeddings: int = key(
+      8192, "longest sequence the model is meant for (max_target_length <= it)", min=1, model=True)
+  init_std: float = key(0.02, "std of the normal init of embeddings (matrices use 1/sqrt(fan_in))",
+                        gt=0, model=True)
+  dtype: str = key("float32", "compute dtype of activations and matmuls", choices=DTYPES,
+                   **_COMPUTE)
+  weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
+                          **_COMPUTE)
+  scan_layers: bool = key(True, "run each repeating run of layers with one lax.scan (fast "
+                          "compile; parameters stacked per run)", model=True)
+  remat_policy: str = key("save_matmuls", "activation rematerialisation, per layer: none | full | "
+                          "save_matmuls (recompute all but weight-matmul outputs)",
+                          choices=("none", "full", "save_matmuls"), **_COMPUTE)
+  attention: str = key(
+      "autoselected", "dot_product (XLA) | flash (our Pallas kernel on GPU; JAX's splash kernel on "
+      "TPU) | cudnn (NVIDIA only) | autoselected (flash on GPU/TPU, else dot_product)",
+      choices=("autoselected", "dot_product", "flash", "cudnn"), **_COMPUTE)
+  flash_block_q: int = key(512, "flash attention query block (clipped to the sequence length; "
+                           "splash: a multiple of 128)", min=8, **_COMPUTE)
+  flash_block_kv: int = key(512, "flash attention key/value block (same rules)", min=8, **_COMPUTE)
+  attention_pattern: str = key(
+      "", 'layer kinds, repeated over the layers: s = sliding window, f = full; "" = all full',
+      model=True, note="Per-layer attention variants (Gemma 4 style). A family refuses any model key "
+      "it does not implement\nwhen it is set away from the default written here.")
+  sliding_window: int = key(0, "keys a sliding layer sees: q-W < k <= q (0 = no sliding layers)",
+                            min=0, model=True)
+  attention_scale: float = key(0.0, "multiplier of q.k; 0 = 1/sqrt(head_dim)", min=0, model=True)
+  global_head_dim: int = key(0, "head width on full layers (0 = head_dim)", min=0, model=True)
+  global_num_kv_heads: int = key(0, "kv heads on full layers (0 = num_kv_heads)", min=0,
+                                 model=True)
+  global_rope_theta: float = key(0.0, "RoPE base on full layers (0 = rope_theta)", min=0,
+                                 model=True)
+  global_rope_fraction: float = key(
+      1.0, "share of channel pairs rotated on full layers (proportional RoPE)", gt=0, max=1,
+      model=True)
+  attention_k_eq_v: bool = key(False, "full layers have no value projection: V = the raw key "
+                               "projection", model=True)
+  num_kv_shared_layers: int = key(0, "the last N layers reuse K/V of the last earlier layer of "
+                                  "their kind", min=0, model=True)
+  double_wide_mlp_on_shared: bool = key(False, "the kv-shared layers have a 2 x mlp_dim MLP",
+                                        model=True)
+  per_layer_input_dim: int = key(0, "per-layer input embeddings (PLE) width; 0 = off", min=0,
+                                 model=True)
+  per_layer_input_vocab_size: int = key(0, "rows of the PLE table (0 = vocab_size)", min=0,
+                                        model=True)
+  final_logit_softcap: float = key(0.0, "logits = c * tanh(logits / c) before the loss; 0 = off",
+                                   min=0, model=True)
+  num_experts: int = key(
+      0, "routed experts E (0 = dense MLP)", min=0, model=True,
+      note="Mixture of experts (MaxText/layers/moe.py): with num_experts > 0 the MLP of every MoE "
+      "layer is routed experts;\nall layers are MoE layers unless the three keys after "
+      "capacity_factor make some dense.")
+  num_experts_per_tok: int = key(2, "experts per token (top-k)", min=1, model=True)
+  moe_mlp_dim: int = key(0, "hidden width of each expert", min=0, model=True)
+  norm_topk_prob: bool = key(True, "renormalise the top-k routing weights to sum to 1", model=True)
+  shared_expert_mlp_dim: int = key(0, "an always-on expert gated by sigmoid(x . w) (0 = none)",
+                                   min=0, model=True)
+  capacity_factor: float = key(0.0, "0 = dropless; > 0 keeps at most cf * tokens*k/E copies per "
+                               "expert (comparison mode)", min=0, **_COMPUTE)
+  first_k_dense_layers: int = key(0, "the first k layers have a dense MLP (DeepSeek style)", min=0,
+                                  model=True)
+  mlp_only_layers: list[int] = key([], "these layer indices have a dense MLP (Qwen3-MoE "
+                                   "mlp_only_layers)", model=True)
+  decoder_sparse_step: int = key(1, "only layers i with (i + 1) % step == 0 are MoE layers "
+                                 "(Qwen3-MoE decoder_sparse_step)", min=1, model=True)
+  moe_dispatch: str = key("auto", "expert-parallel exchange: ragged_all_to_all (GPU/TPU) | "
+                          "padded_all_to_all (CPU) | auto",
+                          choices=("auto", "ragged_all_to_all", "padded_all_to_all"), **_COMPUTE)
+
+  # ---- data ------------------------------------------------------------------------------------
+  dataset_type: str = key("embedded", "embedded (the Python standard library's source) | "
+                          "synthetic | file", choices=("embedded", "synthetic", "file"),
+                          data=True, section="data")
+  dataset_path: str = key("", "file, directory or glob of the dataset when dataset_type=file",
+                          data=True)
+  dataset_format: str = key("auto", "auto (by extension) | text | jsonl | parquet | arrayrecord",
+                            choices=("auto", "text", "jsonl", "parquet", "arrayrecord"), data=True)
+  dataset_text_field: str = key("text", "field/column holding the text in jsonl, parquet, "
+                                "arrayrecord", data=True)
+  tokenizer_type: str = key(
+      "auto", "auto (byte without tokenizer_path, else from the file: .json huggingface, .model "
+      "sentencepiece) | byte | huggingface | sentencepiece",
+      choices=("auto", "byte", "huggingface", "sentencepiece"), data=True)
+  tokenizer_path: str = key(
+      "", "tokenizer.json, a SentencePiece .model, or a folder holding one (\"\" with "
+      "load_parameters_path: the checkpoint's)", data=True)
+  add_bos: bool = key(True, "prepend the tokenizer's bos id to each document", data=True)
+  add_eos: bool = key(True, "append the tokenizer's eos id to each document", data=True)
+  packing: bool = key(True, "pack several documents per row (segment ids + positions)", data=True)
+  shuffle: bool = key(True, "shuffle documents each epoch", data=True)
+  data_shuffle_seed: int = key(0, "seed of the shuffle and of synthetic data", min=0,
+                               max=2**32 - 1, data=True)
+  grain_worker_count: int = key(0, "Grain worker processes (0 = in the training process)", min=0,
+                                data=True)
+  max_bad_records: int = key(0, "unreadable records (bad JSON, missing text field) skipped and "
+                             "counted; more: exit 3", min=0, data=True)
+  max_target_length: int = key(256, "sequence length S of a training row", min=2, data=True)
+  per_device_batch_size: float = key(8.0, "sequences per device per micro-batch (global = this x "
+                                     "devices)", gt=0)
+  gradient_accumulation_steps: int = key(1, "micro-batches summed into one optimizer step", min=1)
+  data_shards: int = key(
+      0, "data streams the global batch is cut from (equal blocks of rows; each process reads "
+      "only its own); 0 = one per process, or as saved when resuming", min=0)
+
+  # ---- optimizer -------------------------------------------------------------------------------
+  learning_rate: float = key(3.0e-3, "peak learning rate", min=0, section="optimizer (optax AdamW)")
+  lr_schedule: str = key("cosine", "cosine (warmup + cosine) | wsd (warmup-stable-decay) | "
+                         "constant", choices=("cosine", "wsd", "constant"))
+  warmup_steps: int = key(20, "linear warmup from 0 to learning_rate", min=0)
+  final_lr_fraction: float = key(0.1, "cosine/wsd end at learning_rate x this", min=0, max=1)
+  wsd_decay_fraction: float = key(0.2, "wsd: share of the steps spent in the final linear decay",
+                                  min=0, max=1)
+  adam_b1: float = key(0.9, "AdamW beta1", min=0, max=1)
+  adam_b2: float = key(0.95, "AdamW beta2", min=0, max=1)
+  adam_eps: float = key(1.0e-8, "AdamW epsilon", gt=0)
+  weight_decay: float = key(0.1, "AdamW decoupled weight decay (matrices only, not norms)", min=0)
+  max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
+  z_loss_weight: float = key(0.0, "weight of the z-loss (log Z)^2 term; 0 turns it off", min=0)
+  loss_chunk_length: int = key(
+      0, "sequence positions per loss chunk: head + cross-entropy run chunk by chunk, so [batch, "
+      "seq, vocab] fp32 logits never exist at once (0 = whole sequence)", min=0)
+  moe_aux_loss_weight: float = key(0.0, "weight of the Switch/Qwen load-balancing loss (HF "
+                                   "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE)
+  router_bias_update_rate: float = key(
+      0.0, "aux-loss-free balancing: selection bias += rate * sign(mean load - load) each step",
+      min=0, **_COMPUTE)
+  nonfinite_policy: str = key("halt", "a step with NaN/Inf loss or grad norm is never applied; "
+                              "then halt (exit 5) | skip", choices=("halt", "skip"))
+  max_nonfinite_skips: int = key(10, "skip: halt (exit 5) once more than this many steps were "
+                                 "skipped", min=0)
+
+  # ---- checkpoints -----------------------------------------------------------------------------
+  enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",
+                                   section="checkpoints (Orbax)")
+  async_checkpointing: bool = key(True, "write checkpoints in the background")
+  checkpoint_period: int = key(100, "save every N steps (and at the last step)", min=1)
+  max_checkpoints_to_keep: int = key(3, "keep the newest N committed checkpoints", min=1)
+  load_parameters_path: str = key("", 'start from these parameters only (fine-tuning); "" = fresh '
+                                  "init")
+  checkpoint_verify: bool = key(True, "on restore, check the manifest (file digests, array "
+                                "checksums); false = faster, unchecked")
+  checkpoint_fallback: bool = key(False, "a damaged newest step is set aside and the previous one "
+                                  "restored (logged); false = exit 4")
+  checkpoint_save_timeout_s: float = key(600.0, "a save not committed within this many seconds is "
+                                         "an error (exit 4): hung storage", gt=0)
+
+  # ---- metrics ---------------------------------------------------------------------------------
+  enable_tensorboard: bool = key(True, "also write TensorBoard scalars to <run dir>/tensorboard/",
+                                 section="metrics")
+  peak_tflops_per_device: float = key(0.0, "peak for MFU; 0 = device table (GPU/TPU) or a "
+                                      "measured CPU matmul rate", min=0)
+
+  # ---- mesh and sharding -----------------------------------------------------------------------
+  mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",
+                             section="mesh and sharding")
+  ici_data_parallelism: int = key(1, 'within a slice; at most one -1 ("the rest") per level')
+  ici_fsdp_parallelism: int = key(-1, "parameters and batch sharded over this axis (ZeRO-3 style)")
+  ici_context_parallelism: int = key(1, "sequence sharding of activations")
+  ici_expert_parallelism: int = key(1, "MoE experts")
+  ici_tensor_parallelism: int = key(1, "heads / mlp / vocab sharding")
+  dcn_data_parallelism: int = key(-1, "across slices (multi-slice hybrid mesh)")
+  dcn_fsdp_parallelism: int = key(1, "across slices")
+  dcn_context_parallelism: int = key(1, "across slices")
+  dcn_expert_parallelism: int = key(1, "across slices")
+  dcn_tensor_parallelism: int = key(1, "across slices")
+  logical_axis_rules: list = key(
+      _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
+      note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "
+      "whose mesh\naxes are not yet used by another dimension of the same array wins. null = "
+      "replicated.")
+
+  # ---- multi-host ------------------------------------------------------------------------------
+  coordinator_address: str = key(
+      "", 'host:port of process 0; "" = JAX_COORDINATOR_ADDRESS[:JAX_COORDINATOR_PORT], or JAX\'s '
+      "own detection (Cloud TPU, Slurm, Open MPI)",
+      section="multi-host (jax.distributed: one process per host, all devices global)")
+  num_processes: int = key(0, "processes (hosts) in the run; 0 = JAX_NUM_PROCESSES / "
+                           "JAX_PROCESS_COUNT / NNODES, else 1", min=0)
+  process_id: int = key(-1, "this process's index; -1 = JAX_PROCESS_ID / NODE_RANK / "
+                        "JOB_COMPLETION_INDEX", min=-1)
+  distributed_init_timeout_s: int = key(300, "how long the processes wait for each other at "
+                                        "start-up", min=1)
+  distributed_heartbeat_timeout_s: int = key(100, "a process silent this long is declared dead "
+                                             "and the others stop (non-zero exit)", min=1)
+
+  # ---- derived values (methods, never stored) ----------------------------------------------------
   def ici_parallelism(self) -> list[int]:
     return [getattr(self, f"ici_{a}_parallelism") for a in self.mesh_axes]
 
@@ -164,4 +326,52 @@ class Config:
     return dataclasses.asdict(self)
 
 
-FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Config)}
+def _specs() -> dict[str, Spec]:
+  hints = typing.get_type_hints(Config)
+  out = {}
+  for f in dataclasses.fields(Config):
+    hint = hints[f.name]
+    kind, args = typing.get_origin(hint) or hint, typing.get_args(hint)
+    out[f.name] = Spec(name=f.name, type=kind, items=args[0] if args else None, **f.metadata["key"])
+  return out
+
+
+KEYS: dict[str, Spec] = _specs()                       # in declaration (= base.yml) order
+MODEL_KEYS = tuple(k for k, s in KEYS.items() if s.model)
+DATA_KEYS = tuple(k for k, s in KEYS.items() if s.data)
+ARCHITECTURE_KEYS = frozenset(k for k, s in KEYS.items() if s.arch)
+CARRIED_KEYS = frozenset(k for k, s in KEYS.items() if s.carried)
+
+
+def choices(name: str) -> tuple:
+  return KEYS[name].choices
+
+
+def default(name: str) -> Any:
+  return copy.deepcopy(KEYS[name].default)
+
+
+class View:
+  """Base of the typed views of a subset of the keys (`ModelConfig`, `DataConfig`)."""
+
+  @classmethod
+  def from_config(cls, cfg: Config):
+    return cls(**{f.name: _frozen(getattr(cfg, f.name)) for f in dataclasses.fields(cls)})
+
+
+def _frozen(value: Any) -> Any:
+  """Lists become tuples in a view, so that a view is hashable (a static model attribute)."""
+  return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def view(name: str, keys: tuple[str, ...], module: str, bases: tuple[type, ...] = ()) -> type:
+  """A frozen dataclass `name` with exactly the schema fields `keys` (their types and defaults;
+  list keys as tuples)."""
+  fields = []
+  for k in keys:
+    spec = KEYS[k]
+    kind = tuple if spec.type is list else spec.type
+    fields.append((k, kind, field(default=_frozen(spec.default))))
+  cls = dataclasses.make_dataclass(name, fields, bases=(*bases, View), frozen=True)
+  cls.__module__ = module
+  return cls

@@ -15,8 +15,6 @@ import numpy as np
 
 from MaxText.data.errors import DataError
 
-FORMATS = ("text", "jsonl", "parquet", "arrayrecord")
-
 # File extension -> format, for dataset_format="auto".
 EXTENSION_FORMATS = {
     ".txt": "text", ".md": "text", ".py": "text",
@@ -126,7 +124,10 @@ class ParquetFileReader(_Reader):
     super().__init__(path)
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     self.text_field = text_field
-    meta = pq.ParquetFile(path).metadata
+    try:
+      meta = pq.ParquetFile(path).metadata
+    except (OSError, ValueError) as e:  # not Parquet, truncated footer, unreadable: ArrowInvalid
+      raise DataError(f"dataset_path: {path} is not a readable Parquet file: {e}") from e
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if text_field not in names:
       raise DataError(f"dataset_text_field '{text_field}' is not a column of {path} "
@@ -193,14 +194,17 @@ class ArrayRecordFileReader(_Reader):
     return text
 
 
+# dataset_format → its reader: the schema's choices of `dataset_format` but "auto" (a test checks).
+READERS = {
+    "text": lambda path, text_field: TextFileReader(path),
+    "jsonl": JsonlFileReader,
+    "parquet": ParquetFileReader,
+    "arrayrecord": ArrayRecordFileReader,
+}
+
+
 def make_reader(path: str, fmt: str, text_field: str) -> _Reader:
-  """Opens `path` as format `fmt` (one of FORMATS)."""
-  if fmt == "text":
-    return TextFileReader(path)
-  if fmt == "jsonl":
-    return JsonlFileReader(path, text_field)
-  if fmt == "parquet":
-    return ParquetFileReader(path, text_field)
-  if fmt == "arrayrecord":
-    return ArrayRecordFileReader(path, text_field)
-  raise DataError(f"dataset_format '{fmt}' is not one of {['auto', *FORMATS]}")
+  """Opens `path` as format `fmt` (a key of READERS)."""
+  if fmt not in READERS:
+    raise DataError(f"dataset_format '{fmt}' is not one of {['auto', *READERS]}")
+  return READERS[fmt](path, text_field)

@@ -30,12 +30,15 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
+from MaxText.config.schema import DATA_KEYS
 from MaxText.data import bad_records
 from MaxText.data import packing
 from MaxText.data import sources
 from MaxText.data import synthetic
+from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.validation import DATA_CONFIG_KEYS, get_key, validate_data_config
+from MaxText.data.tokenizers import Tokenizer
+from MaxText.data.validation import validate_data_config
 
 # Data keys that may change between a save and its resume (everything else must match).
 _RESUMABLE_KEYS = ("max_bad_records",)
@@ -151,50 +154,54 @@ def _decode_state(value: Any) -> Any:
   return value
 
 
-def _row_dataset(cfg: Any, tokenizer, shard: int, num_shards: int) -> grain.IterDataset:
+def _row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int,
+                 num_shards: int) -> grain.IterDataset:
   """Unbatched rows of one data shard (see the module docstring for the graph)."""
-  seq_len = get_key(cfg, "max_target_length")
-  seed = get_key(cfg, "data_shuffle_seed")
-  if get_key(cfg, "dataset_type") == "synthetic":
-    rows = synthetic.synthetic_rows(seed, seq_len, get_key(cfg, "vocab_size"), shard, num_shards)
+  seq_len, seed = dcfg.max_target_length, dcfg.data_shuffle_seed
+  if dcfg.dataset_type == "synthetic":
+    rows = synthetic.synthetic_rows(seed, seq_len, dcfg.vocab_size, shard, num_shards)
     return rows.to_iter_dataset(_READ_OPTIONS)
 
-  docs = sources.document_dataset(
-      get_key(cfg, "dataset_type"), get_key(cfg, "dataset_path"),
-      get_key(cfg, "dataset_format"), get_key(cfg, "dataset_text_field"), tolerant=True)
+  docs = sources.document_dataset(dcfg.dataset_type, dcfg.dataset_path, dcfg.dataset_format,
+                                  dcfg.dataset_text_field, tolerant=True)
   if len(docs) < num_shards:
-    raise DataError(f"dataset_path '{get_key(cfg, 'dataset_path')}' has {len(docs)} documents, "
+    raise DataError(f"dataset_path '{dcfg.dataset_path}' has {len(docs)} documents, "
                     f"fewer than the {num_shards} data shards that must each read some")
   docs = docs[shard::num_shards]
-  if get_key(cfg, "shuffle"):
+  if dcfg.shuffle:
     docs = docs.shuffle(seed=seed)
   docs = docs.repeat()
-  to_pairs = packing.TokenizeToPairs(tokenizer, get_key(cfg, "add_bos"), get_key(cfg, "add_eos"))
+  to_pairs = packing.TokenizeToPairs(tokenizer, dcfg.add_bos, dcfg.add_eos)
   pairs = docs.map(to_pairs).to_iter_dataset(_READ_OPTIONS)  # Drops None (too-short docs).
-  pairs = bad_records.SkipBadRecords(pairs, get_key(cfg, "max_bad_records"))
-  return packing.rows_from_pairs(pairs, seq_len, get_key(cfg, "packing"), tokenizer.pad_id)
+  pairs = bad_records.SkipBadRecords(pairs, dcfg.max_bad_records)
+  return packing.rows_from_pairs(pairs, seq_len, dcfg.packing, tokenizer.pad_id)
 
 
-def make_data_iterator(cfg: Any, process_index: int, process_count: int,
-                       per_process_batch_size: int) -> DataIterator:
+def make_data_iterator(dcfg: DataConfig, process_index: int, process_count: int,
+                       per_process_batch_size: int, tokenizer: Tokenizer | None = None
+                       ) -> DataIterator:
   """This process's iterator when each of `process_count` processes reads one data shard (its
-  own `per_process_batch_size` rows of every global batch): `make_shard_iterator(cfg,
+  own `per_process_batch_size` rows of every global batch): `make_shard_iterator(dcfg,
   [process_index], process_count, per_process_batch_size)`."""
   if not 0 <= process_index < process_count:
     raise DataError(f"process_index={process_index} must be in [0, {process_count})")
-  return make_shard_iterator(cfg, [process_index], process_count, per_process_batch_size)
+  return make_shard_iterator(dcfg, [process_index], process_count, per_process_batch_size,
+                             tokenizer)
 
 
-def make_shard_iterator(cfg: Any, shard_ids: Sequence[int], num_shards: int,
-                        shard_batch_size: int) -> DataIterator:
+def make_shard_iterator(dcfg: DataConfig, shard_ids: Sequence[int], num_shards: int,
+                        shard_batch_size: int, tokenizer: Tokenizer | None = None
+                        ) -> DataIterator:
   """Builds the endless, resumable iterator of data shards `shard_ids` out of `num_shards`.
 
   Args:
-    cfg: any object with the attributes in ``validation.DATA_CONFIG_KEYS``.
+    dcfg: the data config.
     shard_ids: consecutive shard indices in ``[0, num_shards)`` this process reads.
     num_shards: shards the data is split into; each reads a disjoint share of documents
       (synthetic: of rows), so the global batch is the same whatever the process count.
     shard_batch_size: rows each shard contributes to every batch.
+    tokenizer: what ``validate_data_config(dcfg)`` returned (the trainer checks the config and
+      loads the tokenizer once, before anything compiles); None: that is done here.
 
   Raises:
     DataError: a bad config key (see ``validate_data_config``) or bad arguments.
@@ -207,15 +214,16 @@ def make_shard_iterator(cfg: Any, shard_ids: Sequence[int], num_shards: int,
     raise DataError(f"shard_ids={shard_ids} must be consecutive indices in [0, {num_shards})")
   if shard_batch_size < 1:
     raise DataError(f"shard_batch_size={shard_batch_size} must be >= 1")
-  tokenizer = validate_data_config(cfg)
-  workers = get_key(cfg, "grain_worker_count")
+  if tokenizer is None:
+    tokenizer = validate_data_config(dcfg)
   shards = {}
   for s in shard_ids:
-    batches = _row_dataset(cfg, tokenizer, s, num_shards).batch(shard_batch_size,
-                                                                 drop_remainder=True)
-    if workers > 0:
-      batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    batches = _row_dataset(dcfg, tokenizer, s, num_shards).batch(shard_batch_size,
+                                                                  drop_remainder=True)
+    if dcfg.grain_worker_count > 0:
+      batches = batches.mp_prefetch(
+          grain.MultiprocessingOptions(num_workers=dcfg.grain_worker_count))
     shards[s] = batches
-  fingerprint = {k: get_key(cfg, k) for k in DATA_CONFIG_KEYS if k not in _RESUMABLE_KEYS}
+  fingerprint = {k: getattr(dcfg, k) for k in DATA_KEYS if k not in _RESUMABLE_KEYS}
   fingerprint.update(shard_batch_size=shard_batch_size, data_shards=num_shards)
   return DataIterator(shards, tokenizer, fingerprint, num_shards)

@@ -21,8 +21,6 @@ from MaxText.data import bad_records
 from MaxText.data import file_readers
 from MaxText.data.errors import DataError
 
-DATASET_TYPES = ("embedded", "file", "synthetic")
-
 EMBEDDED_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib",
                                     "__pycache__"})
 EMBEDDED_MAX_FILE_BYTES = 200_000
@@ -62,9 +60,9 @@ def resolve_dataset_files(dataset_path: str, dataset_format: str) -> list[tuple[
     DataError: bad format, missing path, nothing matched, or an unknown extension
       with dataset_format="auto".
   """
-  if dataset_format != "auto" and dataset_format not in file_readers.FORMATS:
+  if dataset_format != "auto" and dataset_format not in file_readers.READERS:
     raise DataError(f"dataset_format '{dataset_format}' is not one of "
-                    f"{['auto', *file_readers.FORMATS]}")
+                    f"{['auto', *file_readers.READERS]}")
   if not dataset_path:
     raise DataError("dataset_path is empty but dataset_type 'file' needs a file, directory "
                     "or glob")

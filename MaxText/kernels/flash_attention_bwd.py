@@ -14,19 +14,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from MaxText.kernels.flash_attention import (_SQ, _Cfg, _dot, _masked_scores, _seg_args,
-                                             compiler_params, kv_block_range, q_block_range)
+from MaxText.kernels.flash_common import (SQ, KernelConfig, compiler_params, dot, kv_block_range,
+                                          masked_scores, q_block_range, seg_args)
 
 
-def _ds_from_p(p, dp, delta, t, cfg: _Cfg):
-  """dL/d(raw scaled scores): softmax backward, times the soft-cap derivative 1 - tanh²."""
-  ds = p * (dp - delta[:, None])
-  if t is not None:
-    ds = ds * (1.0 - t * t)
-  return ds
-
-
-def _dq_kernel(*refs, cfg: _Cfg, has_seg: bool):
+def _dq_kernel(*refs, cfg: KernelConfig, has_seg: bool):
   if has_seg:
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, dq_ref = refs
   else:
@@ -44,11 +36,11 @@ def _dq_kernel(*refs, cfg: _Cfg, has_seg: bool):
     v = v_ref[pl.ds(j * bk, bk), :]
     k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
     k_seg = ks_ref[pl.ds(j * bk, bk)] if has_seg else None
-    s, t = _masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg)
+    s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg)
     p = jnp.exp(s - lse[:, None])
-    dp = _dot(do, v, tb=True)
-    ds = _ds_from_p(p, dp, delta, t, cfg)
-    return dq + _dot(ds.astype(k.dtype), k)
+    dp = dot(do, v, tb=True)
+    ds = p * (dp - delta[:, None])      # softmax backward: dL/d(scaled scores)
+    return dq + dot(ds.astype(k.dtype), k)
 
   lo, hi = kv_block_range(qi, block_q=bq, block_kv=bk, num_kv_blocks=cfg.num_kv_blocks,
                           causal=cfg.causal, window=cfg.window)
@@ -56,7 +48,7 @@ def _dq_kernel(*refs, cfg: _Cfg, has_seg: bool):
   dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, cfg: _Cfg, has_seg: bool):
+def _dkv_kernel(*refs, cfg: KernelConfig, has_seg: bool):
   if has_seg:
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, dk_ref, dv_ref = refs
   else:
@@ -76,12 +68,12 @@ def _dkv_kernel(*refs, cfg: _Cfg, has_seg: bool):
     delta = delta_ref[pl.ds(i * bq, bq)]
     q_pos = i * bq + lax.broadcasted_iota(jnp.int32, (bq,), 0)
     q_seg = qs_ref[pl.ds(i * bq, bq)] if has_seg else None
-    s, t = _masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg)
+    s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg)
     p = jnp.exp(s - lse[:, None])
-    dv = dv + _dot(p.astype(do.dtype), do, ta=True)
-    dp = _dot(do, v, tb=True)
-    ds = _ds_from_p(p, dp, delta, t, cfg)
-    dk = dk + _dot(ds.astype(q.dtype), q, ta=True)
+    dv = dv + dot(p.astype(do.dtype), do, ta=True)
+    dp = dot(do, v, tb=True)
+    ds = p * (dp - delta[:, None])      # softmax backward: dL/d(scaled scores)
+    dk = dk + dot(ds.astype(q.dtype), q, ta=True)
     return dk, dv
 
   lo, hi = q_block_range(kj, block_q=bq, block_kv=bk, num_q_blocks=cfg.num_q_blocks,
@@ -92,20 +84,20 @@ def _dkv_kernel(*refs, cfg: _Cfg, has_seg: bool):
   dv_ref[...] = dv
 
 
-def backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg: _Cfg):
+def backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg: KernelConfig):
   """Padded residuals + cotangent → (dq, dk, dv) in the input dtypes."""
   B, Sp, H, E = q.shape
   Tp, K = k.shape[1], k.shape[2]
   bq, bk, G = cfg.block_q, cfg.block_kv, cfg.groups
   has_seg = q_seg is not None
   delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
-  seg = _seg_args(q_seg, kv_seg)
+  seg = seg_args(q_seg, kv_seg)
 
-  q_blk = pl.BlockSpec((_SQ, bq, _SQ, E), lambda b, h, i: (b, i, h, 0))
-  kv_full = pl.BlockSpec((_SQ, Tp, _SQ, E), lambda b, h, i: (b, 0, h // G, 0))
-  row_blk = pl.BlockSpec((_SQ, _SQ, bq), lambda b, h, i: (b, h, i))
-  seg_specs = ([pl.BlockSpec((_SQ, bq), lambda b, h, i: (b, i)),
-                pl.BlockSpec((_SQ, Tp), lambda b, h, i: (b, 0))] if has_seg else [])
+  q_blk = pl.BlockSpec((SQ, bq, SQ, E), lambda b, h, i: (b, i, h, 0))
+  kv_full = pl.BlockSpec((SQ, Tp, SQ, E), lambda b, h, i: (b, 0, h // G, 0))
+  row_blk = pl.BlockSpec((SQ, SQ, bq), lambda b, h, i: (b, h, i))
+  seg_specs = ([pl.BlockSpec((SQ, bq), lambda b, h, i: (b, i)),
+                pl.BlockSpec((SQ, Tp), lambda b, h, i: (b, 0))] if has_seg else [])
   dq = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg, has_seg=has_seg),
       grid=(B, H, cfg.num_q_blocks),
@@ -114,12 +106,12 @@ def backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg: _Cfg):
       compiler_params=compiler_params(E), interpret=cfg.interpret, name="flash_attention_dq",
   )(q, k, v, do, lse, delta, *seg)
 
-  q_full = pl.BlockSpec((_SQ, Sp, _SQ, E), lambda b, h, j: (b, 0, h, 0))
-  kv_blk = pl.BlockSpec((_SQ, bk, _SQ, E), lambda b, h, j: (b, j, h // G, 0))
-  row_full = pl.BlockSpec((_SQ, _SQ, Sp), lambda b, h, j: (b, h, 0))
-  dkv_blk = pl.BlockSpec((_SQ, bk, _SQ, E), lambda b, h, j: (b, j, h, 0))
-  seg_specs = ([pl.BlockSpec((_SQ, Sp), lambda b, h, j: (b, 0)),
-                pl.BlockSpec((_SQ, bk), lambda b, h, j: (b, j))] if has_seg else [])
+  q_full = pl.BlockSpec((SQ, Sp, SQ, E), lambda b, h, j: (b, 0, h, 0))
+  kv_blk = pl.BlockSpec((SQ, bk, SQ, E), lambda b, h, j: (b, j, h // G, 0))
+  row_full = pl.BlockSpec((SQ, SQ, Sp), lambda b, h, j: (b, h, 0))
+  dkv_blk = pl.BlockSpec((SQ, bk, SQ, E), lambda b, h, j: (b, j, h, 0))
+  seg_specs = ([pl.BlockSpec((SQ, Sp), lambda b, h, j: (b, 0)),
+                pl.BlockSpec((SQ, bk), lambda b, h, j: (b, j))] if has_seg else [])
   part = jax.ShapeDtypeStruct((B, Tp, H, E), jnp.float32)
   dk_h, dv_h = pl.pallas_call(
       functools.partial(_dkv_kernel, cfg=cfg, has_seg=has_seg),

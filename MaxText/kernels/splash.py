@@ -8,7 +8,7 @@ kernel groups the query heads of a kv head), so K/V are never repeated.
 Masks are splash's lazy masks, so fully masked blocks are skipped: `CausalMask`; a sliding window
 W (query i sees keys i - W < j, and j <= i when causal) is `LocalMask(window_size=(W - 1, 0 or
 None))`; packed documents are `SegmentIds`. The kernel has no scale argument: q is multiplied by
-`scale` first (splash's logit soft-cap then applies to the scaled logits, as in our kernel).
+`scale` first.
 
 Shapes the kernel does not take directly are padded here, so the op accepts what our GPU kernel
 accepts:
@@ -35,7 +35,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from MaxText.kernels.flash_attention import check_inputs
+from MaxText.kernels.flash_common import check_inputs
 
 LANES = 128                      # splash blocks are multiples of this; S, T and E are padded to it
 RESIDUAL_NAME = "splash_residuals"   # checkpoint_name of the kernel's saved out / logsumexp
@@ -84,16 +84,16 @@ def _accepts(fn, name: str) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, softcap: float | None,
-            bq: int, bkv: int, interpret: bool):
+def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, bkv: int,
+            interpret: bool):
   """Builds (and caches) the kernel: mask processing is NumPy work over all blocks. Built eagerly
   (`ensure_compile_time_eval`) so its mask-info arrays are concrete constants, never tracers of
   the trace that first asked for it (a cached tracer would leak into the next trace)."""
   with jax.ensure_compile_time_eval():
-    return _build_kernel(H, S, T, causal, window, softcap, bq, bkv, interpret)
+    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret)
 
 
-def _build_kernel(H, S, T, causal, window, softcap, bq, bkv, interpret):
+def _build_kernel(H, S, T, causal, window, bq, bkv, interpret):
   sa = _module()
   if window is not None:
     mask = sa.LocalMask((S, T), window_size=(window - 1, 0 if causal else None), offset=0)
@@ -104,8 +104,7 @@ def _build_kernel(H, S, T, causal, window, softcap, bq, bkv, interpret):
   blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
                          block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
                          block_q_dq=bq, block_kv_dq=bkv)
-  kwargs = dict(block_sizes=blocks, head_shards=1, q_seq_shards=1, attn_logits_soft_cap=softcap,
-                interpret=interpret)
+  kwargs = dict(block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
   if _accepts(sa.make_splash_mha, "residual_checkpoint_name"):
     kwargs["residual_checkpoint_name"] = RESIDUAL_NAME
   return sa.make_splash_mha(sa.MultiHeadMask([mask] * H), **kwargs)
@@ -113,10 +112,10 @@ def _build_kernel(H, S, T, causal, window, softcap, bq, bkv, interpret):
 
 def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: float,
                      causal: bool = True, sliding_window: int | None = None,
-                     logit_softcap: float | None = None, block_q: int = 512, block_kv: int = 512,
+                     block_q: int = 512, block_kv: int = 512,
                      interpret: bool | None = None) -> jax.Array:
-  """Splash attention with the contract of `attention_ops.dot_product_attention` (plus
-  `logit_softcap`). interpret=None: interpret mode when the default backend is CPU."""
+  """Splash attention with the contract of `attention_ops.dot_product_attention`.
+  interpret=None: interpret mode when the default backend is CPU."""
   sa = _module()
   check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window)
   B, S, H, E = q_BSHE.shape
@@ -133,8 +132,7 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
   k = jnp.pad(k_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   kernel = _kernel(H, Sp, Tp, bool(causal), None if sliding_window is None else int(sliding_window),
-                   None if logit_softcap is None else float(logit_softcap), bq, bkv,
-                   bool(interpret))
+                   bq, bkv, bool(interpret))
   if segment_ids_BS is None and Tp == T:
     out = jax.vmap(kernel)(q, k, v)
   else:   # padded queries get -1, padded keys -2: no real (>= 0) or padded query matches them

@@ -27,7 +27,7 @@ from typing import Sequence
 
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import Config
-from MaxText.config.validate import validate
+from MaxText.train.config_checks import validate
 from MaxText.train.exit_codes import EXIT_PREEMPTED
 
 CPU_COORDINATOR_PORT = 8476  # CPU node pools: XPK gives the coordinator's host, not a port

@@ -8,8 +8,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from MaxText.kernels import splash as splash_kernel
+from MaxText.kernels.flash_attention import flash_attention
 from MaxText.layers.attention_lowp import attention_core
 from MaxText.layers.linear import row_major
+from MaxText.sharding.rules import current_context, logical_to_spec
 
 
 def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float,
@@ -49,8 +52,6 @@ def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS) -> jax.Ar
   `activation_heads` axes when the kv heads split the same way (else heads stay whole); the
   sequence is not split (context parallelism needs a ring schedule, not provided here; config
   validation refuses it first). Outside a mesh: `run` on the whole arrays."""
-  from MaxText.sharding.rules import current_context, logical_to_spec
-
   ctx = current_context()
   if ctx is None:
     return run(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
@@ -73,8 +74,6 @@ def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS) -> jax.Ar
 def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
           sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
   """Our Pallas flash-attention kernel (MaxText/kernels/flash_attention.py), per shard."""
-  from MaxText.kernels import flash_attention
-
   def run(q, k, v, seg):
     return flash_attention(q, k, v, seg, scale=scale, causal=causal, sliding_window=sliding_window,
                            block_q=block_q, block_kv=block_kv)
@@ -86,10 +85,8 @@ def splash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool
            sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
   """`attention=flash` on TPU: JAX's splash-attention kernel (MaxText/kernels/splash.py), per
   shard; interpret mode on CPU."""
-  from MaxText.kernels.splash import splash_attention
-
   def run(q, k, v, seg):
-    return splash_attention(q, k, v, seg, scale=scale, causal=causal,
+    return splash_kernel.splash_attention(q, k, v, seg, scale=scale, causal=causal,
                             sliding_window=sliding_window, block_q=block_q, block_kv=block_kv)
 
   return _per_shard("flash (splash)", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
@@ -192,8 +189,7 @@ def attention_problems(requested: str, resolved: str, *, device, dtype: str, hea
     if problem:
       problems.append(("attention", problem))
   if resolved == "splash":
-    from MaxText.kernels.splash import available
-    if not available():
+    if not splash_kernel.available():
       problems.append(("attention", f"attention=flash on TPU runs JAX's splash attention, which "
                        f"this jax ({jax.__version__}) does not have"))
   return problems

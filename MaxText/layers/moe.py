@@ -20,6 +20,7 @@ worst case (P x local copies), so nothing is ever dropped.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import jax
@@ -27,7 +28,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from MaxText.layers.linear import param
+from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
+from MaxText.metrics import moe_load
+from MaxText.sharding.rules import current_context, logical_to_spec
 
 
 # ---- routing ----------------------------------------------------------------------------------
@@ -75,8 +79,75 @@ def record(stats: dict, layer, counts_E, probs_E, dropped) -> dict:
 
 
 def finished_stats(stats: dict, segment_ids_BS) -> dict:
-  """What a model sows as `moe_stats`: the statistics plus the unmasked token count."""
+  """What a model returns as `moe_stats`: the statistics plus the unmasked token count."""
   return {**stats, "tokens": jnp.sum(segment_ids_BS != 0).astype(jnp.float32)}
+
+
+def moe_metrics(load_LE: jax.Array, aux_loss_mean: jax.Array, dropped: jax.Array,
+                layers: tuple[int, ...]) -> dict:
+  """Expert load per MoE layer as max/mean (1.0 = perfectly even; named by the layer's index in
+  the model), its worst layer, the aux loss and the token copies dropped (0 when dropless)."""
+  ratio_L = jnp.max(load_LE, axis=1) / jnp.maximum(jnp.mean(load_LE, axis=1), 1e-9)
+  out = {"moe_aux_loss": aux_loss_mean, "moe_dropped": dropped.astype(jnp.float32),
+         moe_load.KEY: jnp.max(ratio_L)}
+  out.update({f"{moe_load.KEY}/layer_{i}": ratio_L[j] for j, i in enumerate(layers)})
+  return out
+
+
+def update_router_bias(bias_LE: jax.Array, load_LE: jax.Array, rate: float) -> jax.Array:
+  """Aux-loss-free balancing (DeepSeek-V3): raise the selection bias of under-loaded experts and
+  lower it for over-loaded ones by `rate`, outside the gradient."""
+  mean_L1 = jnp.mean(load_LE, axis=1, keepdims=True)
+  return bias_LE + (rate * jnp.sign(mean_L1 - load_LE)).astype(bias_LE.dtype)
+
+
+@dataclass(frozen=True)
+class MoETerms:
+  """The training terms of routed experts (a family's `aux_terms`, MaxText/models/family.py):
+  from `aux["moe_stats"]` ([MoE layers, E] statistics and the token count) the load-balancing
+  loss (`aux_loss` x `aux_loss_weight`, summed over tokens like the cross-entropy), the load
+  metrics, and after each step the aux-loss-free update of the selection bias (the parameter
+  `bias_name`, [MoE layers, E]) by `bias_update_rate`, outside the gradient. `layers`: the model's
+  index of each MoE layer (metric names). On the host, `watch()` shows the expert load on the
+  progress line and warns when it collapses (`metrics/moe_load.py`)."""
+  aux_loss_weight: float
+  bias_update_rate: float
+  layers: tuple[int, ...]
+  num_experts: int
+  experts_per_token: int
+  bias_name: str = "router_bias"
+
+  def loss(self, aux: dict) -> tuple[jax.Array, dict]:
+    st = aux["moe_stats"]
+    aux_sum = aux_loss(st["counts"], st["probs"], st["tokens"]) * st["tokens"]
+    return self.aux_loss_weight * aux_sum, {"aux_loss_sum": aux_sum, "load": st["counts"],
+                                            "dropped": st["dropped"]}
+
+  def update(self, params: dict, sums: dict) -> dict:
+    if self.bias_update_rate <= 0:
+      return params
+    return {**params, self.bias_name: update_router_bias(params[self.bias_name], sums["load"],
+                                                         self.bias_update_rate)}
+
+  def metrics(self, sums: dict, tokens: jax.Array) -> dict:
+    return moe_metrics(sums["load"], sums["aux_loss_sum"] / tokens, sums["dropped"], self.layers)
+
+  def watch(self) -> moe_load.CollapseWatch:
+    return moe_load.CollapseWatch(
+        self.num_experts, self.experts_per_token,
+        balancing=f"moe_aux_loss_weight={self.aux_loss_weight:g}, "
+                  f"router_bias_update_rate={self.bias_update_rate:g}",
+        advice="Raise moe_aux_loss_weight (Hugging Face's router_aux_loss_coef, e.g. 0.001-0.01) "
+               "or set router_bias_update_rate (e.g. 0.001)")
+
+
+def active_matmul_params(emb_dim: int, num_experts: int, k: int, mlp_dim: int,
+                         shared_mlp_dim: int = 0) -> int:
+  """Weights a token meets in one routed MLP (FLOPs): the router, its k experts' gate, up and
+  down, and the shared expert with its gate when there is one."""
+  D = emb_dim
+  shared = 3 * D * shared_mlp_dim + D if shared_mlp_dim else 0
+  return D * num_experts + k * 3 * D * mlp_dim + shared
 
 
 # ---- ragged all-to-all ------------------------------------------------------------------------
@@ -200,7 +271,6 @@ class RoutedExperts(nnx.Module):
 
   def __call__(self, x_BSD, weights_BSk, experts_BSk) -> tuple[jax.Array, jax.Array]:
     """Returns (y [B,S,D], dropped token copies)."""
-    from MaxText.sharding.rules import current_context, logical_to_spec
     B, S, D = x_BSD.shape
     k = experts_BSk.shape[-1]
     wi, wo = self.wi[...].astype(self.dtype), self.wo[...].astype(self.dtype)
@@ -250,8 +320,6 @@ class RoutedMLP(nnx.Module):
   sigmoid(x · w_gate) (Qwen3-Next)."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
-    from MaxText.layers.linear import DenseGeneral
-    from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     D, E = cfg.emb_dim, cfg.num_experts
     self.router = DenseGeneral((D,), (E,), ("embed", None), **kw)

@@ -1,16 +1,32 @@
-"""A stack of identical decoder layers, run either by `jax.lax.scan` over stacked parameters
-(`scan_layers=true`: one compiled layer body, leading "layers" axis on every parameter) or as an
-unrolled Python loop; each layer call is wrapped in `jax.checkpoint` per `remat_policy`.
+"""The pattern stack: a model's decoder layers given as one layer kind per layer (any hashable value
+a family chooses, e.g. "dense" / "moe", or Gemma 4's sliding / full / kv-shared), built by the
+family's `make_layer(kind, rngs)`.
 
-A layer is called `layer(carry, *args) -> carry`; the carry is any pytree (the hidden state, or the
-hidden state plus K/V handed to later layers). `xs`, when given, is a pytree of per-layer inputs
-with a leading axis of length num_layers: layer i is then called
-`layer(carry, *args, per_layer=xs[i])`."""
+Scanned (`scan_layers=true`), the kinds are cut into runs (`plan_runs`): each run is a block of
+kinds repeated `repeats` times — a repeating pattern with an optional different prefix or suffix,
+e.g. [dense] x 1 then [moe] x 3 (the first k dense layers), or Gemma 4's [4 sliding + 1 full] x 3
+then the same block with shared K/V x 4. Each run is one `jax.lax.scan` over its repeats whose
+body is one block (one compiled body per run); the parameters of block member m carry a leading
+"layers" axis of length `repeats`. Unscanned, the layers run one after another.
+
+Either way each layer call is wrapped in `jax.checkpoint` per `remat_policy` (remat per layer,
+also inside a scanned block). A layer is called `layer(carry, *args) -> carry`, where the carry is
+any pytree (the hidden state, MoE statistics, K/V handed to later layers); `xs`, when given, is a
+pytree of per-layer inputs with a leading axis of length num_layers, and layer i is then called
+`layer(carry, *args, per_layer=xs[i])`.
+
+Parameter paths (below the stack):  scanned  runs/<run>/<member>/...   (leading axis: repeat)
+                                    unscanned  layers/<i>/...
+`location(kinds, scan, i)` says where layer i lives.
+"""
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -32,6 +48,75 @@ def remat(fn: Callable, policy: str, *, prevent_cse: bool = True) -> Callable:
   return jax.checkpoint(fn, policy=REMAT_POLICIES[policy], prevent_cse=prevent_cse)
 
 
+@dataclass(frozen=True)
+class Run:
+  """Layers [start, stop): `block` (kinds) repeated `repeats` times."""
+  start: int
+  block: tuple
+  repeats: int
+
+  @property
+  def stop(self) -> int:
+    return self.start + len(self.block) * self.repeats
+
+
+@functools.lru_cache(maxsize=None)
+def plan_runs(kinds: tuple[Hashable, ...]) -> tuple[Run, ...]:
+  """Cuts `kinds` into runs with the fewest layers in all blocks together (what is compiled), then
+  the fewest runs. A run's block is the shortest period of its layers."""
+  index: dict = {}
+  ids = np.asarray([index.setdefault(k, len(index)) for k in kinds])
+  n = len(kinds)
+  # same[p][t]: layer t and layer t + p are of one kind; prefix sums count the mismatches
+  mismatches = {p: np.concatenate([[0], np.cumsum(ids[:-p] != ids[p:])]) for p in range(1, n)}
+
+  def period(j: int, i: int) -> int:   # of kinds[j:i]
+    m = i - j
+    for p in range(1, m):
+      if m % p == 0 and mismatches[p][i - p] == mismatches[p][j]:
+        return p
+    return m
+
+  best: list[tuple] = [(0, 0, 0, 0)] + [None] * n   # (block layers, runs, cut, period)
+  for i in range(1, n + 1):
+    for j in range(i):
+      p = period(j, i)
+      cost = (best[j][0] + p, best[j][1] + 1)
+      if best[i] is None or cost < best[i][:2]:
+        best[i] = (*cost, j, p)
+  runs, i = [], n
+  while i > 0:
+    _, _, j, p = best[i]
+    runs.append(Run(j, tuple(kinds[j:j + p]), (i - j) // p))
+    i = j
+  return tuple(reversed(runs))
+
+
+def describe(kinds: Sequence[Hashable]) -> str:
+  """The runs of `kinds` for a log line: "35 layers: 3 x [sliding x 4, full] + 4 x [...]"."""
+  def block(kinds_):
+    parts: list[list] = []
+    for k in map(str, kinds_):
+      if parts and parts[-1][0] == k:
+        parts[-1][1] += 1
+      else:
+        parts.append([k, 1])
+    return ", ".join(k if n == 1 else f"{k} x {n}" for k, n in parts)
+  runs = plan_runs(tuple(kinds))
+  return f"{len(kinds)} layers: " + " + ".join(f"{r.repeats} x [{block(r.block)}]" for r in runs)
+
+
+def location(kinds: Sequence[Hashable], scan: bool, i: int) -> tuple[tuple, int | None]:
+  """Where layer i lives below the stack: (path, index on the stacked axis or None)."""
+  if not scan:
+    return ("layers", i), None
+  for r, run in enumerate(plan_runs(tuple(kinds))):
+    if run.start <= i < run.stop:
+      repeat, member = divmod(i - run.start, len(run.block))
+      return ("runs", r, member), repeat
+  raise IndexError(f"layer {i} is outside the model's {len(kinds)} layers")
+
+
 def _prepend_layers_axis(module: nnx.Module) -> None:
   for _, var in nnx.iter_graph(module):
     if isinstance(var, nnx.Variable) and "logical_axes" in var.get_metadata():
@@ -40,40 +125,16 @@ def _prepend_layers_axis(module: nnx.Module) -> None:
         var.set_metadata("logical_axes", ("layers", *axes))
 
 
-class LayerStack(nnx.Module):
-  """`make_layer(rngs)` builds one layer; the layer is called as `layer(x, *args) -> x`."""
+def _stacked(make_layer: Callable, kind: Hashable, repeats: int, rngs: nnx.Rngs) -> nnx.Module:
+  """`repeats` layers of one kind with their parameters stacked on a leading "layers" axis."""
+  @nnx.split_rngs(splits=repeats)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def make(r):
+    return make_layer(kind, r)
 
-  def __init__(self, make_layer: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *,
-               scan: bool, remat_policy: str, rngs: nnx.Rngs):
-    self.scan = scan
-    self.remat_policy = remat_policy
-    if scan:
-      @nnx.split_rngs(splits=num_layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0)
-      def make_stacked(r):
-        return make_layer(r)
-      self.layers = make_stacked(rngs)
-      _prepend_layers_axis(self.layers)
-    else:
-      self.layers = nnx.List([make_layer(rngs) for _ in range(num_layers)])
-
-  def __call__(self, carry, *args, xs=None):
-    if self.scan:
-      graphdef, state = nnx.split(self.layers)
-      body = remat(lambda c, inp: (_call(graphdef, inp[0], c, args, inp[1]), None),
-                   self.remat_policy, prevent_cse=False)
-      carry, _ = jax.lax.scan(body, carry, (state, xs))
-      return carry
-    return run_unrolled(self.layers, carry, args, xs, self.remat_policy)
-
-
-def run_unrolled(layers, carry, args: tuple, xs, remat_policy: str):
-  """Layers (possibly all different) one after another, each wrapped per `remat_policy`."""
-  for i, layer in enumerate(layers):
-    graphdef, state = nnx.split(layer)
-    x_i = None if xs is None else jax.tree.map(lambda a, i=i: a[i], xs)
-    carry = remat(lambda s, c, x, g=graphdef: _call(g, s, c, args, x), remat_policy)(state, carry, x_i)
-  return carry
+  layers = make(rngs)
+  _prepend_layers_axis(layers)
+  return layers
 
 
 def _call(graphdef, state, carry, args: tuple, x_i):
@@ -81,12 +142,44 @@ def _call(graphdef, state, carry, args: tuple, x_i):
   return layer(carry, *args) if x_i is None else layer(carry, *args, per_layer=x_i)
 
 
-class LayerList(nnx.Module):
-  """Unrolled layers that need not be identical (same calling convention as LayerStack)."""
+def _at(xs, i):
+  return None if xs is None else jax.tree.map(lambda a: a[i], xs)
 
-  def __init__(self, layers: list[nnx.Module], *, remat_policy: str):
-    self.layers = nnx.List(layers)
+
+class PatternStack(nnx.Module):
+  """`make_layer(kind, rngs)` builds one layer of `kind`; see the module docstring."""
+
+  def __init__(self, make_layer: Callable[[Hashable, nnx.Rngs], nnx.Module],
+               kinds: Sequence[Hashable], *, scan: bool, remat_policy: str, rngs: nnx.Rngs):
+    self.scan = scan
     self.remat_policy = remat_policy
+    if scan:
+      self.plan = plan_runs(tuple(kinds))
+      self.runs = nnx.List([nnx.List([_stacked(make_layer, kind, run.repeats, rngs)
+                                      for kind in run.block]) for run in self.plan])
+    else:
+      self.layers = nnx.List([make_layer(kind, rngs) for kind in kinds])
 
   def __call__(self, carry, *args, xs=None):
-    return run_unrolled(self.layers, carry, args, xs, self.remat_policy)
+    if not self.scan:
+      for i, layer in enumerate(self.layers):
+        graphdef, state = nnx.split(layer)
+        step = remat(lambda s, c, x, g=graphdef: _call(g, s, c, args, x), self.remat_policy)
+        carry = step(state, carry, _at(xs, i))
+      return carry
+    for run, members in zip(self.plan, self.runs):
+      graphdefs, states = zip(*(nnx.split(m) for m in members))
+      p = len(run.block)
+      xs_run = None if xs is None else jax.tree.map(
+          lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
+      steps = [remat(lambda s, c, x, g=g: _call(g, s, c, args, x), self.remat_policy,
+                     prevent_cse=False) for g in graphdefs]
+
+      def body(c, inp, steps=steps):
+        states_i, xs_i = inp
+        for m, step in enumerate(steps):
+          c = step(states_i[m], c, _at(xs_i, m))
+        return c, None
+
+      carry, _ = jax.lax.scan(body, carry, (list(states), xs_run))
+    return carry

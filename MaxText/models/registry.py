@@ -1,104 +1,113 @@
-"""`decoder_block` → model family. A family registers a constructor `(ModelConfig, rngs) -> Module`
-whose instances are called as `model(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` and
-`model.forward_with_aux(...) -> (logits_BSV, aux dict)` (MoE statistics), plus a config check run
-before anything compiles. Generic code only ever goes through this table."""
+"""`decoder_block` → model family (MaxText/models/family.py: what generic code knows of one).
+
+`FAMILY_MODULES` is the one table of the families in this repository: a family is its folder
+`MaxText/models/<family>/` (whose `family.py` defines `FAMILY`) plus one line here; the module is
+imported the first time the family is asked for. A family defined elsewhere (a test, a user's
+package) calls `register(FAMILY)`. Generic code reaches families only through this module.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import importlib
+from types import ModuleType
 
-from flax import nnx
-
+from MaxText.config.load import ConfigError
+from MaxText.metrics.flops import FlopCount, training_flops_per_step
+from MaxText.models.family import Family, Problems
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.model_def import ModelDef, init_params_of, model_def_of
 
-
-@dataclass(frozen=True)
-class Family:
-  build: Callable[[ModelConfig, nnx.Rngs], nnx.Module]
-  validate: Callable[[ModelConfig], list[tuple[str, str]]]  # → [(key, problem)]
-  moe_adds_to_dense_mlp: bool = False   # with num_experts > 0: experts beside the MLP, not instead
-
-
-# Keys for per-layer attention variants and their "off" values; a family that does not implement
-# one refuses a config that turns it on.
-VARIANT_KEYS_OFF = {
-    "attention_pattern": "", "sliding_window": 0, "attention_scale": 0.0, "global_head_dim": 0,
-    "global_num_kv_heads": 0, "global_rope_theta": 0.0, "global_rope_fraction": 1.0,
-    "attention_k_eq_v": False, "num_kv_shared_layers": 0, "double_wide_mlp_on_shared": False,
-    "per_layer_input_dim": 0, "per_layer_input_vocab_size": 0, "final_logit_softcap": 0.0,
+FAMILY_MODULES: dict[str, str] = {
+    "llama": "MaxText.models.llama.family",
+    "gemma4": "MaxText.models.gemma4.family",
 }
+_FAMILIES: dict[str, Family] = {}
 
 
-def unsupported(cfg: ModelConfig, off: dict) -> list[tuple[str, str]]:
-  """A family's refusal of the keys it does not implement ({key: its "off" value})."""
-  return [(k, f"{k}={getattr(cfg, k)!r} is not supported by decoder_block={cfg.decoder_block}")
-          for k in off if getattr(cfg, k) != off[k]]
+def register(family: Family) -> Family:
+  """Makes `family` the one behind decoder_block=family.name."""
+  _FAMILIES[family.name] = family
+  return family
 
 
-def moe_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
-  if not cfg.num_experts:
-    return []
-  problems = []
-  if cfg.moe_mlp_dim < 1:
-    problems.append(("moe_mlp_dim", "num_experts > 0 needs moe_mlp_dim >= 1"))
-  if cfg.num_experts_per_tok > cfg.num_experts:
-    problems.append(("num_experts_per_tok", f"{cfg.num_experts_per_tok} experts per token out of "
-                                            f"num_experts={cfg.num_experts}"))
-  return problems
-
-
-def _dense_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
-  problems = unsupported(cfg, VARIANT_KEYS_OFF) + moe_checks(cfg)
-  if cfg.num_query_heads % cfg.num_kv_heads:
-    problems.append(("num_kv_heads", f"num_query_heads={cfg.num_query_heads} is not a multiple "
-                                      f"of num_kv_heads={cfg.num_kv_heads}"))
-  if cfg.head_dim % 2:
-    problems.append(("head_dim", f"head_dim={cfg.head_dim} must be even for RoPE"))
-  return problems
-
-
-def _llama(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-  from MaxText.models.llama.model import Transformer
-  return Transformer(cfg, rngs=rngs)
-
-
-def _gemma4(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-  from MaxText.models.gemma4.model import Transformer
-  return Transformer(cfg, rngs=rngs)
-
-
-def _gemma4_checks(cfg: ModelConfig) -> list[tuple[str, str]]:
-  from MaxText.models.gemma4.model import validate
-  return validate(cfg) + moe_checks(cfg)
-
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(build=_llama, validate=_dense_checks),
-    "gemma4": Family(build=_gemma4, validate=_gemma4_checks, moe_adds_to_dense_mlp=True),
-}
+def names() -> list[str]:
+  return sorted(set(FAMILY_MODULES) | set(_FAMILIES))
 
 
 def get_family(decoder_block: str) -> Family:
-  if decoder_block not in FAMILIES:
-    from MaxText.config.load import ConfigError
+  if decoder_block not in _FAMILIES and decoder_block in FAMILY_MODULES:
+    family = importlib.import_module(FAMILY_MODULES[decoder_block]).FAMILY
+    if family.name != decoder_block:
+      raise ValueError(f"{FAMILY_MODULES[decoder_block]}.FAMILY is named {family.name!r}, "
+                       f"registered as {decoder_block!r}")
+    register(family)
+  if decoder_block not in _FAMILIES:
     raise ConfigError(f"decoder_block='{decoder_block}': unknown model family "
-                      f"(known: {', '.join(sorted(FAMILIES))})")
-  return FAMILIES[decoder_block]
+                      f"(known: {', '.join(names())})")
+  return _FAMILIES[decoder_block]
 
 
-# Hugging Face model_type → the module holding that architecture's name map (`hf_to_params`,
-# `params_to_hf`, `config_from_hf`, `config_to_hf`), imported only when a converter needs it.
-HF_MAPS: dict[str, str] = {
-    "qwen3": "MaxText.models.qwen3.hf_map",
-    "qwen3_moe": "MaxText.models.qwen3_moe.hf_map",
-    "gemma4_text": "MaxText.models.gemma4.hf_map",
-    "gemma4": "MaxText.models.gemma4.hf_map",     # multimodal checkpoints: the text model only
-}
+def make_model_def(mcfg: ModelConfig) -> ModelDef:
+  return model_def_of(get_family(mcfg.decoder_block).build, mcfg)
 
 
-def get_hf_map(model_type: str):
-  import importlib
-  if model_type not in HF_MAPS:
-    raise ValueError(f"Hugging Face model_type '{model_type}' is not supported "
-                     f"(supported: {', '.join(sorted(HF_MAPS))})")
-  return importlib.import_module(HF_MAPS[model_type])
+def init_params(mcfg: ModelConfig, seed: int):
+  return init_params_of(get_family(mcfg.decoder_block).build, mcfg, seed)
+
+
+def model_flops(mcfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:
+  return get_family(mcfg.decoder_block).flops(mcfg, seq_len, causal)
+
+
+def training_flops(mcfg: ModelConfig, *, seq_len: int, global_batch: int,
+                   causal: bool = True) -> dict:
+  """`metrics.flops.training_flops_per_step` of the family's count."""
+  return training_flops_per_step(model_flops(mcfg, seq_len, causal), seq_len=seq_len,
+                                 global_batch=global_batch)
+
+
+def check_model(mcfg: ModelConfig, hf_model_type: str = "") -> Problems:
+  """The family's refusals (keys it does not implement, its own checks) and, when
+  `hf_model_type` is set, that it is one of the family's Hugging Face architectures and that
+  architecture can hold this model."""
+  family = get_family(mcfg.decoder_block)
+  problems = family.problems(mcfg)
+  if hf_model_type and not problems:
+    if hf_model_type not in family.hf_maps:
+      known = ", ".join(family.hf_maps) or "none"
+      problems.append(("hf_model_type", f"hf_model_type={hf_model_type!r} is not an architecture "
+                       f"of decoder_block={family.name} (its Hugging Face model types: {known})"))
+    else:
+      try:
+        family.hf_maps[hf_model_type].config_to_hf(mcfg)
+      except ValueError as e:
+        problems.append(("hf_model_type", f"hf_model_type={hf_model_type!r} cannot hold this "
+                         f"model: {e}"))
+  return problems
+
+
+def hf_model_type_for(mcfg: ModelConfig, hf_model_type: str = "") -> str:
+  """The Hugging Face model_type an export writes: `hf_model_type`, or with "" the first of the
+  family's types whose config can hold the model (ValueError when none can)."""
+  if hf_model_type:
+    return hf_model_type
+  family = get_family(mcfg.decoder_block)
+  why = []
+  for model_type, hf_map in family.hf_maps.items():
+    try:
+      hf_map.config_to_hf(mcfg)
+      return model_type
+    except ValueError as e:
+      why.append(f"{model_type}: {e}")
+  raise ValueError(f"no Hugging Face architecture of decoder_block={family.name} can hold this "
+                   f"model ({'; '.join(why) or 'the family has none'})")
+
+
+def get_hf_map(model_type: str) -> ModuleType:
+  """The name map of a Hugging Face model_type, from whichever family declares it."""
+  for name in names():
+    hf_maps = get_family(name).hf_maps
+    if model_type in hf_maps:
+      return hf_maps[model_type]
+  known = sorted(t for name in names() for t in get_family(name).hf_maps)
+  raise ValueError(f"Hugging Face model_type '{model_type}' is not supported "
+                   f"(supported: {', '.join(known)})")

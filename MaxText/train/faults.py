@@ -15,8 +15,9 @@ multi-process run; tests/test_faults.py, tests/test_multiprocess.py and RELIABIL
   save_hang       the background write of step N's checkpoint blocks (hung storage) until
                   `RELEASE` is set or 120 s pass, then fails
 
-The hooks are called from three places only: the train loop (`after_dispatch`) and the manifest
-item of a checkpoint (`during_save_write`, `before_commit`).
+The hooks are called from three places only: the train loop (`after_dispatch`) and, through the
+save hooks the train loop hands to its `RunCheckpoints` (this module), the manifest item of a
+checkpoint (`during_save_write`, `before_commit`); the checkpoint package never imports this one.
 """
 from __future__ import annotations
 

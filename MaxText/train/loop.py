@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -17,27 +17,32 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
-from MaxText.config.from_checkpoint import adopt_checkpoint_architecture
-from MaxText.config.load import ConfigError, load_config, to_yaml
-from MaxText.config.schema import Config
-from MaxText.config.validate import validate
+from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
+from MaxText.config.schema import ARCHITECTURE_KEYS, Config
+from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
+from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
-from MaxText.metrics.flops import training_flops_per_step
+from MaxText.layers import stack
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import LossSmoother, MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
 from MaxText.train import cpu_devices, distributed, faults, memory
+from MaxText.train.config_checks import validate
+from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.startup import StartupClock
-from MaxText.train.state import abstract_state, init_state, make_model_def, state_shardings
+from MaxText.train.tokenizer_setup import choose_tokenizer
+from MaxText.train.state import abstract_state, init_state, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
@@ -66,37 +71,37 @@ def log_error(msg: str) -> None:
   print(_tag() + msg, file=sys.stderr, flush=True)
 
 
-def run_dir_of(cfg: Config) -> str:
-  name = cfg.run_name
-  if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
-    raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
-  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
-
-
 def setup_jax(cfg: Config) -> None:
   if cfg.jax_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-def check_config(cfg: Config, devices: Sequence[jax.Device]) -> None:
-  """Everything that can be checked before any compile (raises ConfigError / DataError)."""
-  run_dir_of(cfg)
+def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
+  """Everything that can be checked before any compile (raises ConfigError / DataError); returns
+  the run's tokenizer (loaded once, to check it against the config)."""
+  check_writable(cfg)
   validate(cfg, devices)
-  validate_data_config(cfg)
+  return validate_data_config(DataConfig.from_config(cfg))
 
 
 class Trainer:
-  """One training run on `devices` (default: all). After `run()`, `final_state` holds the state."""
+  """One training run on `devices` (default: all). After `run()`, `final_state` holds the state.
+  `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts)."""
 
-  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None):
+  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None,
+               tokenizer: Tokenizer | None = None):
     self.cfg = cfg
+    self.data_config = DataConfig.from_config(cfg)
+    self.tokenizer = tokenizer
     self.devices = list(jax.devices() if devices is None else devices)
     self.run_dir = run_dir_of(cfg)
     self.mesh = create_mesh(cfg, self.devices)
     self.final_state = None
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
+    self.family = get_family(self.mcfg.decoder_block)
+    self.aux_terms = self.family.aux_terms(self.mcfg)   # None: cross-entropy (+ z-loss) only
     self.model_def = make_model_def(self.mcfg)
     self.tx = make_optimizer(cfg, self.model_def.logical_axes)
     self.lr_schedule = learning_rate_schedule(cfg)
@@ -113,11 +118,15 @@ class Trainer:
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   # ---- state -------------------------------------------------------------------------------------
-  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
+                    meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
+    """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
+    are verified), the parameters of `load_parameters_path`, or a fresh init."""
     if ckpts is not None and ckpts.latest_step() is not None:
       state, start = ckpts.restore_latest(self.abstract, data_iter,
                                           verify=self.cfg.checkpoint_verify,
-                                          fallback=self.cfg.checkpoint_fallback, log=log)
+                                          fallback=self.cfg.checkpoint_fallback, log=log,
+                                          meanwhile=meanwhile)
       if state is not None:
         log(f"resumed from {ckpts.directory}/{start}")
         return state, start
@@ -132,8 +141,7 @@ class Trainer:
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
-                              moe_aux_loss_weight=self.cfg.moe_aux_loss_weight,
-                              router_bias_update_rate=self.cfg.router_bias_update_rate,
+                              aux_terms=self.aux_terms,
                               loss_chunk_length=self.cfg.loss_chunk_length)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
@@ -144,6 +152,15 @@ class Trainer:
   def rows_per_device(self) -> int:
     """Sequences of each global batch one device holds (its block of the batch sharding)."""
     return self.batch_sharding.shard_shape((self.global_batch, self.cfg.max_target_length))[0]
+
+  def activation_bytes(self) -> int:
+    """The memory pre-flight's estimate of one micro-batch step's activations per device."""
+    rows = self.rows_per_device() / self.cfg.gradient_accumulation_steps
+    return memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
+                                   loss_chunk=self.cfg.loss_chunk_length)
+
+  def memory_estimate(self) -> memory.MemoryEstimate:
+    return memory.estimate(self.abstract, self.devices, self.activation_bytes())
 
   def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     shape = (self.global_batch, self.cfg.max_target_length)
@@ -161,9 +178,38 @@ class Trainer:
           f"{plan.coordinator_address if plan else '?'} ({plan.source if plan else 'unknown'}); "
           "metrics, TensorBoard and config.yml are written by process 0")
 
+  def _lock_run_dir(self) -> RunLock | None:
+    """Process 0 takes the run directory's lock; every process learns whether it got it."""
+    lock, problem = None, ""
+    if jax.process_index() == 0:
+      try:
+        lock = RunLock(self.run_dir, log).acquire()
+      except ConfigError as e:
+        problem = str(e)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if int(multihost_utils.broadcast_one_to_all(np.int32(bool(problem)))) and not problem:
+        problem = "process 0 could not lock the run directory (see its log)"
+    if problem:
+      raise ConfigError(problem)
+    return lock
+
   def run(self) -> int:
+    try:
+      lock = self._lock_run_dir()
+    except ConfigError as e:
+      log_error(f"config error: {e}")
+      return EXIT_CONFIG
+    try:
+      return self._run_locked()
+    finally:
+      if lock is not None:
+        lock.release()
+
+  def _run_locked(self) -> int:
     cfg = self.cfg
     self._log_processes()
+    log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
     platform = self.devices[0].platform
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
         f"{cpu_devices.describe(self.auto_cpu_devices, platform)}")
@@ -178,7 +224,7 @@ class Trainer:
         ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
                                max_to_keep=cfg.max_checkpoints_to_keep,
                                async_save=cfg.async_checkpointing,
-                               save_timeout_s=cfg.checkpoint_save_timeout_s)
+                               save_timeout_s=cfg.checkpoint_save_timeout_s, save_hooks=faults)
         latest = ckpts.latest_step()
         if latest is not None and latest >= cfg.steps:
           log(f"nothing to do: the run already reached step {latest} of steps={cfg.steps}")
@@ -189,8 +235,8 @@ class Trainer:
       layout = data_layout(cfg.data_shards, saved_shards, jax.process_count(), self.global_batch,
                            self.rows)
       log_host(layout.describe(self.global_batch))
-      data_iter = make_shard_iterator(cfg, layout.shard_ids, layout.num_shards,
-                                      layout.shard_batch)
+      data_iter = make_shard_iterator(self.data_config, layout.shard_ids, layout.num_shards,
+                                      layout.shard_batch, self.tokenizer)
       self.clock.mark("data")
       with PreemptionWatch() as watch:
         code = self._train(ckpts, data_iter, watch)
@@ -216,29 +262,41 @@ class Trainer:
 
   def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
     cfg = self.cfg
-    state, start = self.initial_state(ckpts, data_iter)
+    compiled = []
+
+    def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
+      if not compiled:
+        t0 = time.perf_counter()
+        compiled.append(self.compile_step())
+        log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+
+    state, start = self.initial_state(ckpts, data_iter, meanwhile=compile_once)
     self._first_step = start + 1
-    self.clock.mark("init")
-    t0 = time.perf_counter()
-    compiled = self.compile_step()
-    log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
-    available, source = memory.available_bytes_per_device(self.devices)
-    line, problem = memory.check_compiled(compiled, available, source)
+    self.clock.mark("init" if not compiled else "init + compile")
+    if not compiled:
+      compile_once()
+      self.clock.mark("compile")
+    compiled = compiled[0]
+    line, problem = memory.check_compiled(compiled, self.devices)
     if problem:
       raise ConfigError(problem)
     if line:
       log(line)
-    self.clock.mark("compile")
-    flops = training_flops_per_step(self.mcfg, seq_len=cfg.max_target_length,
-                                    global_batch=self.global_batch)
+    flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
+                           global_batch=self.global_batch)
     peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
                                            cfg.dtype)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0)
+                           is_primary=jax.process_index() == 0, start_step=start)
+    if writer.superseded:
+      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
+          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
+    # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
+    self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     self.clock.mark("metrics")
@@ -288,7 +346,7 @@ class Trainer:
                    ckpts: RunCheckpoints | None) -> int | None:
     """Reads back one step's metrics (waiting for the step), writes its row and progress line and
     applies the non-finite policy; returns an exit status to stop with, or None to go on."""
-    cfg = self.cfg
+    cfg, family_watch = self.cfg, self._family_watch
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     metrics["batch_checksum"] = int(batch_sum)
     metrics["loss_smoothed"] = self._smoother.update(metrics["loss"])
@@ -300,11 +358,14 @@ class Trainer:
                    rss_gib=psutil.Process().memory_info().rss / 2**30)
     writer.write(step, metrics)
     finite = bool(metrics["finite"])
-    if step % cfg.log_period == 0 or step == cfg.steps or step == self._first_step or not finite:
-      log(format_line(step, metrics, cfg.steps))
+    if step % cfg.log_period == 0 or step in (self._first_step, cfg.steps) or not finite:
+      log(format_line(step, metrics, cfg.steps,
+                      [family_watch.progress(metrics)] if family_watch else []))
     if step == self._first_step:
       self.clock.mark("first step")
       log(self.clock.line())
+    if family_watch and (warning := family_watch.update(step, metrics)):
+      log(warning)
     if ckpts is not None:
       ckpts.check()  # an earlier async save that failed or hung stops the run here
     if finite:
@@ -340,29 +401,54 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     cfg = load_config(argv)
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
+    cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
     auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
-    check_config(cfg, list(jax.devices() if devices is None else devices))
+    log(tokenizer_line)
+    tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     clock.mark("config + devices")
-    trainer = Trainer(cfg, devices)  # abstract shapes and shardings only: nothing allocated yet
+    trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
     trainer.clock = clock
     trainer.distributed = plan
     trainer.auto_cpu_devices = auto_cpu
-    rows = trainer.rows_per_device() / cfg.gradient_accumulation_steps
-    activations = memory.activation_bytes(trainer.mcfg, rows=rows, seq=cfg.max_target_length,
-                                          loss_chunk=cfg.loss_chunk_length)
-    estimate = memory.estimate(trainer.abstract, trainer.devices, activations)
-    problem = memory.check_fits(estimate)
-    if problem:
-      raise ConfigError(problem)
-    if tight := memory.warning(estimate):
+    est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
+    if est.needed > est.available:
+      raise ConfigError(memory.check_fits(est, memory.advice(
+          est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices))))
+    if tight := memory.warning(est):
       log_error(f"warning: {tight}")
     clock.mark("mesh")
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   return trainer.run(), trainer
+
+
+def family_models_that_fit(cfg: Config, argv: Sequence[str],
+                           devices: Sequence[jax.Device] | None) -> list[tuple[str, int]]:
+  """[(model_name, bytes per device)] of the other configs/models files of this run's family that
+  fit here with the same command line, largest first (none with load_parameters_path)."""
+  if cfg.load_parameters_path:
+    return []
+  folder = models_dir(argv[0])
+  names = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".yml")) \
+      if os.path.isdir(folder) else []
+  rest = [a for a in argv[1:] if a.split("=", 1)[0] not in ARCHITECTURE_KEYS | {"model_name"}]
+  fits = []
+  for name in names:
+    if name == cfg.model_name:
+      continue
+    try:
+      other = load_config([argv[0], f"model_name={name}", *rest])
+      if other.decoder_block != cfg.decoder_block:
+        continue
+      est = Trainer(other, devices).memory_estimate()
+    except (ConfigError, ValueError):
+      continue   # this mesh does not suit that model
+    if est.needed <= est.available:
+      fits.append((name, est.needed))
+  return sorted(fits, key=lambda f: -f[1])
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:

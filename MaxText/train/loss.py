@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from MaxText.sharding.rules import current_context, logical_to_spec, without_rules
-from MaxText.train.state import ModelDef
+from MaxText.models.model_def import ModelDef
 
 HeadFn = Callable[[Any, jax.Array], jax.Array]   # (params, hidden [..., D]) -> fp32 logits [..., V]
 

@@ -39,8 +39,13 @@ class MemoryEstimate:
   runtime: int = RUNTIME_ALLOWANCE
 
   @property
+  def state(self) -> int:
+    """Parameters, gradients and optimizer state: what weight_dtype and sharding scale."""
+    return self.params + self.grads + self.optimizer
+
+  @property
   def needed(self) -> int:
-    return self.params + self.grads + self.optimizer + self.activations + self.runtime
+    return self.state + self.activations + self.runtime
 
 
 def _per_device_bytes(abstract: Any) -> int:
@@ -95,30 +100,86 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int
   return int(L * per_layer + working + logits)
 
 
+def runtime_share(devices: Sequence[jax.Device]) -> int:
+  """The process's allowance per device: on CPU the local devices share the host (and its one
+  process), so each carries its part of the allowance; an accelerator's memory carries it whole."""
+  if devices[0].platform != "cpu":
+    return RUNTIME_ALLOWANCE
+  local = max(1, sum(1 for d in devices if d.process_index == jax.process_index()))
+  return RUNTIME_ALLOWANCE // local
+
+
 def estimate(abstract_state: dict, devices: Sequence[jax.Device], activations: int = 0
              ) -> MemoryEstimate:
   params = _per_device_bytes(abstract_state["params"])
   available, source = available_bytes_per_device(devices)
   return MemoryEstimate(params=params, grads=params,
                         optimizer=_per_device_bytes(abstract_state["opt_state"]),
-                        available=available, source=source, activations=activations)
+                        available=available, source=source, activations=activations,
+                        runtime=runtime_share(devices))
 
 
 def _breakdown(est: MemoryEstimate) -> str:
   return (f"parameters {est.params / GiB:.2f} GiB + gradients {est.grads / GiB:.2f} GiB + "
           f"optimizer state {est.optimizer / GiB:.2f} GiB + activations ~{est.activations / GiB:.2f}"
-          f" GiB + runtime ~{est.runtime / GiB:.0f} GiB = {est.needed / GiB:.2f} GiB needed per "
+          f" GiB + runtime ~{est.runtime / GiB:.2f} GiB = {est.needed / GiB:.2f} GiB needed per "
           f"device, {est.available / GiB:.2f} GiB available ({est.source})")
 
 
-def check_fits(est: MemoryEstimate) -> str | None:
-  """None when the step fits; otherwise the message to stop with."""
+def check_fits(est: MemoryEstimate, advice: str = "") -> str | None:
+  """None when the step fits; otherwise the message to stop with (ending with `advice`, what
+  would fit, when given)."""
   if est.needed <= est.available:
     return None
-  return (f"the model does not fit: {_breakdown(est)}. Shard the state over more devices "
-          f"(ici_fsdp_parallelism / ici_tensor_parallelism, or more hosts), use "
-          f"weight_dtype=bfloat16, lower per_device_batch_size or max_target_length, use "
-          f"remat_policy=full, set loss_chunk_length, or pick a smaller model.")
+  return (f"the model does not fit: {_breakdown(est)}. " + (advice or (
+      "Shard the state over more devices (ici_fsdp_parallelism / ici_tensor_parallelism, or more "
+      "hosts), use weight_dtype=bfloat16, lower per_device_batch_size or max_target_length, use "
+      "remat_policy=full, set loss_chunk_length, or pick a smaller model.")))
+
+
+def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
+           smaller: list[tuple[str, int]]) -> str:
+  """What would fit: bfloat16 weights (when they are not already and halving the state fits), the
+  number of devices of this size the whole state needs when split over all of them (fsdp; also
+  with bfloat16 weights) next to this device's activations and runtime, lighter activations when
+  they alone leave no room, and the configs of the same family that fit here as they are
+  (`smaller`: [(model_name, bytes needed per device)])."""
+  total = 2 * _bytes(abstract_state["params"]) + _bytes(abstract_state["opt_state"])
+  room = est.available - est.activations - est.runtime   # for the state, per device
+  halve = weight_dtype != "bfloat16"   # params, gradients and Adam moments all follow it
+  ways = []
+  if halve and est.state / 2 <= room:
+    ways.append(f"weight_dtype=bfloat16 (about {(est.needed - est.state / 2) / GiB:.2f} GiB per "
+                f"device)")
+  if room > 0:
+    devices = lambda nbytes: math.ceil(nbytes / room)
+    ways.append(f"the state ({total / GiB:.2f} GiB in all) split over at least {devices(total)} "
+                f"devices with {est.available / GiB:.2f} GiB each ({room / GiB:.2f} GiB of it "
+                f"left after activations and runtime)" +
+                (f" ({devices(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+                " (ici_fsdp_parallelism, or more hosts)")
+  else:
+    bare = lambda nbytes: math.ceil(nbytes / max(est.available - est.runtime, 1))
+    ways.append(f"fewer activations: they alone (~{est.activations / GiB:.2f} GiB) leave no room "
+                f"for the state; lower per_device_batch_size or max_target_length, use "
+                f"remat_policy=full or set loss_chunk_length; even without activations the state "
+                f"({total / GiB:.2f} GiB in all) needs at least {bare(total)} devices of this "
+                f"size" + (f" ({bare(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+                " (ici_fsdp_parallelism, or more hosts)")
+  if smaller:
+    ways.append("a smaller model of this family: " + ", ".join(
+        f"model_name={name} ({_size(needed)} per device)" for name, needed in smaller))
+  else:
+    ways.append("no other model of this family in configs/models/ fits here either")
+  return "What would fit: " + "; or ".join(ways) + "."
+
+
+def _size(nbytes: int) -> str:
+  return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB / 100 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _bytes(tree: Any) -> int:
+  return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
 
 
 def warning(est: MemoryEstimate) -> str | None:
@@ -129,15 +190,16 @@ def warning(est: MemoryEstimate) -> str | None:
           f"out of memory")
 
 
-def check_compiled(compiled, available: int, source: str) -> tuple[str, str | None]:
+def check_compiled(compiled, devices: Sequence[jax.Device]) -> tuple[str, str | None]:
   """(a line on the compiled step's memory, the message to stop with or None) from XLA's count."""
   step = compiled_step_bytes(compiled)
   if step is None:
     return "", None
-  needed = step + RUNTIME_ALLOWANCE
+  available, source = available_bytes_per_device(devices)
+  runtime = runtime_share(devices)
   line = (f"memory per device: the compiled step's buffers {step / GiB:.2f} GiB + runtime "
-          f"~{RUNTIME_ALLOWANCE / GiB:.0f} GiB of {available / GiB:.2f} GiB available ({source})")
-  if needed <= available:
+          f"~{runtime / GiB:.2f} GiB of {available / GiB:.2f} GiB available ({source})")
+  if step + runtime <= available:
     return line, None
   return line, (f"the compiled step does not fit: {line}. Lower per_device_batch_size or "
                 f"max_target_length, use remat_policy=full, set loss_chunk_length, or shard over "

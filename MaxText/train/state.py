@@ -2,64 +2,19 @@
 and its sharded initialisation (parameters are created directly in their shards under jit)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx, traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family
+from MaxText.models.model_def import ModelDef
+from MaxText.models.registry import init_params
 from MaxText.sharding.rules import Rules, tree_shardings
 
 TrainState = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ModelDef:
-  """The static half of a model (NNX graphdef) plus the abstract parameters and their logical axes."""
-  graphdef: Any
-  abstract_params: Any   # pure dict of ShapeDtypeStruct
-  logical_axes: Any      # pure dict of tuples of logical names
-
-  def apply(self, params, *args):
-    return self.apply_with_aux(params, *args)[0]
-
-  def apply_with_aux(self, params, *args):
-    """(logits, auxiliary outputs, e.g. {"moe_stats": …}); a family's `forward_with_aux`."""
-    return nnx.merge(self.graphdef, params).forward_with_aux(*args)
-
-  def apply_hidden(self, params, *args):
-    """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
-    (`head`) chunk by chunk (`train/loss.py`)."""
-    return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
-
-  def head(self, params, hidden):
-    """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V]."""
-    return nnx.merge(self.graphdef, params).logits(hidden)
-
-
-def _build(mcfg: ModelConfig, seed: int) -> nnx.Module:
-  with nnx.use_eager_sharding(False):
-    return get_family(mcfg.decoder_block).build(mcfg, nnx.Rngs(params=seed))
-
-
-def make_model_def(mcfg: ModelConfig) -> ModelDef:
-  abstract_model = nnx.eval_shape(lambda: _build(mcfg, 0))
-  graphdef, state = nnx.split(abstract_model)
-  shapes, axes = {}, {}
-  for path, var in nnx.to_flat_state(state):
-    value = var.get_value()
-    shapes[path] = jax.ShapeDtypeStruct(value.shape, value.dtype)
-    axes[path] = tuple(var.get_metadata().get("logical_axes") or (None,) * len(value.shape))
-  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes))
-
-
-def init_params(mcfg: ModelConfig, seed: int):
-  return nnx.to_pure_dict(nnx.state(_build(mcfg, seed)))
 
 
 def state_shardings(model_def: ModelDef, tx: optax.GradientTransformation, mesh: Mesh,

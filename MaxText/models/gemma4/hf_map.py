@@ -1,7 +1,7 @@
 """Hugging Face Gemma 4 text (`gemma4_text`, `Gemma4ForCausalLM`; and the text model inside
 multimodal `gemma4` checkpoints, prefix `model.language_model.`) ↔ our `gemma4` family.
 
-Rows of the name map (layouts: `in_rank`, see MaxText/checkpoint_conversion/name_map.py):
+Rows of the name map (layouts: `in_rank`, see MaxText/models/name_map.py):
   model.embed_tokens.weight [V, D]                 embedding [V, D]
   model.embed_tokens_per_layer.weight [Vp, L*P]    ple_embedding [Vp, L*P]   (layer-major columns)
   model.per_layer_model_projection.weight [L*P, D] ple_model_proj/kernel [D, L*P]
@@ -29,14 +29,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from MaxText.checkpoint_conversion.name_map import NameMap, Rule
-from MaxText.models.gemma4.model import layer_kinds, layer_location
+from MaxText.models.gemma4.model import Transformer, layer_kinds, layer_location
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.name_map import (CAUSAL_LM_RULES, NameMap, Rule, check_representable,
+                                     self_attention_rules)
 
 GLOBAL_RULES: tuple[Rule, ...] = (
-    Rule("embedding", "model.embed_tokens.weight"),
-    Rule("final_norm/scale", "model.norm.weight"),
-    Rule("lm_head/kernel", "lm_head.weight", in_rank=1),
+    *CAUSAL_LM_RULES,
     Rule("ple_embedding", "model.embed_tokens_per_layer.weight"),
     Rule("ple_model_proj/kernel", "model.per_layer_model_projection.weight", in_rank=1),
     Rule("ple_proj_norm/scale", "model.per_layer_projection_norm.weight"),
@@ -48,10 +47,7 @@ LAYER_RULES: tuple[Rule, ...] = (
     Rule("post_attn_norm/scale", _L + "post_attention_layernorm.weight"),
     Rule("mlp_norm/scale", _L + "pre_feedforward_layernorm.weight"),
     Rule("post_mlp_norm/scale", _L + "post_feedforward_layernorm.weight"),
-    Rule("attn/query/kernel", _L + "self_attn.q_proj.weight", in_rank=1),
-    Rule("attn/key/kernel", _L + "self_attn.k_proj.weight", in_rank=1),
-    Rule("attn/value/kernel", _L + "self_attn.v_proj.weight", in_rank=1),
-    Rule("attn/out/kernel", _L + "self_attn.o_proj.weight", in_rank=2),
+    *self_attention_rules(_L),
     Rule("attn/query_norm/scale", _L + "self_attn.q_norm.weight"),
     Rule("attn/key_norm/scale", _L + "self_attn.k_norm.weight"),
     Rule("mlp/gate/kernel", _L + "mlp.gate_proj.weight", in_rank=1),
@@ -72,14 +68,19 @@ LAYER_RULES: tuple[Rule, ...] = (
     Rule("post_mlp_norm_2/scale", _L + "post_feedforward_layernorm_2.weight"),
 )
 
-NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, ours_only=("router_bias",))
+NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, Transformer,
+                   ours_only=("router_bias",), check=lambda mcfg: config_to_hf(mcfg))
+# the architecture keys a Gemma 4 config.json holds (any other one away from its default is refused)
+REPRESENTS = frozenset({
+    "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads", "num_kv_heads", "head_dim",
+    "mlp_dim", "mlp_activation", "norm_epsilon", "use_qk_norm", "tie_word_embeddings",
+    "rope_theta", "max_position_embeddings", "attention_pattern", "sliding_window",
+    "attention_scale", "global_head_dim", "global_num_kv_heads", "global_rope_theta",
+    "global_rope_fraction", "attention_k_eq_v", "num_kv_shared_layers",
+    "double_wide_mlp_on_shared", "per_layer_input_dim", "per_layer_input_vocab_size",
+    "final_logit_softcap", "num_experts", "num_experts_per_tok", "moe_mlp_dim", "norm_topk_prob"})
 MULTIMODAL_PREFIX = "model.language_model."
 _SHARED_KV = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.weight$")
-
-
-def _check(mcfg: ModelConfig) -> None:
-  if mcfg.decoder_block != "gemma4":
-    raise ValueError(f"Gemma 4 maps onto decoder_block=gemma4, not {mcfg.decoder_block!r}")
 
 
 class _TextView(Mapping):
@@ -100,14 +101,11 @@ class _TextView(Mapping):
     return len(self._names)
 
 
-def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
-  _check(mcfg)
-  return NAME_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
+hf_names, params_to_hf = NAME_MAP.hf_names, NAME_MAP.params_to_hf
 
 
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF tensors (`gemma4_text` names, or a multimodal checkpoint's) → our pure-dict params."""
-  _check(mcfg)
   if any(k.startswith(MULTIMODAL_PREFIX) for k in hf_state):
     hf_state = _TextView(hf_state)
   shared = {i for i, k in enumerate(layer_kinds(mcfg)) if k.kv_shared}
@@ -117,12 +115,6 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
     return bool(m) and int(m.group(1)) in shared
 
   return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=ignore)
-
-
-def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
-                 ) -> Mapping[str, np.ndarray]:
-  _check(mcfg)
-  return NAME_MAP.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
 
 
 # ---- config --------------------------------------------------------------------------------------
@@ -256,6 +248,8 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
   get = cfg.__getitem__ if isinstance(cfg, Mapping) else lambda k: getattr(cfg, k)
   if get("decoder_block") != "gemma4" or get("mlp_activation") != "gelu_tanh":
     raise ValueError("Gemma 4 needs decoder_block=gemma4, mlp_activation=gelu_tanh")
+  if not isinstance(cfg, Mapping):
+    check_representable(cfg, REPRESENTS, "gemma4_text")
   if float(get("attention_scale")) != 1.0:
     raise ValueError(f"attention_scale={get('attention_scale')}: Gemma 4 uses 1.0")
   L, pattern = int(get("num_decoder_layers")), get("attention_pattern") or "f"

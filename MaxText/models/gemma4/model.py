@@ -27,10 +27,11 @@ the router reading the raw residual h: softmax(proj(rms(h) * scale * D^-0.5)) â†
 renormalise â†’ times per_expert_scale of the chosen experts (fp32). Routing statistics travel with
 the layers and are returned by `forward_with_aux` as `moe_stats`; a selection bias `router_bias` [L, E] as in the llama family.
 
-Scanning (`scan_layers=true`): the non-shared layers and the kv-shared tail are each split into a
-repeating block of layer kinds (e.g. 4 sliding + 1 full), and each part is scanned over its
-blocks; K/V for the shared tail travel in the scan carry. Parameter paths:
-  scanned    decoder/groups/<g>/layers/members/<m>/...   (leading axis: block index)
+The layers run as a pattern stack (MaxText/layers/stack.py) of their kinds (attention kind,
+kv-shared or not): scanned, that is a repeating block (e.g. 4 sliding + 1 full) over the
+non-shared layers, then the same block with shared K/V over the tail; K/V for the shared tail
+travel in the carry. Parameter paths:
+  scanned    decoder/runs/<run>/<member>/...   (leading axis: the block's repeat)
   unscanned  decoder/layers/<i>/...
 `layer_location` maps an HF layer index to one of these.
 """
@@ -43,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import embed
+from MaxText.layers import embed, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
@@ -51,7 +52,6 @@ from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load
                                 record, route)
 from MaxText.layers.norms import RMSNorm, rms_normalize
 from MaxText.layers.rope import apply_rope
-from MaxText.layers.stack import LayerList, LayerStack
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
 
@@ -65,28 +65,36 @@ class LayerKind:
   attention: str    # "sliding" | "full"
   kv_shared: bool   # reuses the K/V of the last earlier non-shared layer of the same attention kind
 
-
-def layer_kinds(cfg: ModelConfig) -> list[LayerKind]:
-  first_shared = cfg.first_kv_shared_layer()
-  return [LayerKind(t, i >= first_shared) for i, t in enumerate(cfg.layer_types())]
+  def __str__(self) -> str:
+    return self.attention + (" (kv-shared)" if self.kv_shared else "")
 
 
-def _period(kinds: list[LayerKind]) -> int:
-  """Shortest block length p with kinds[i] == kinds[i % p] and len(kinds) % p == 0."""
-  n = len(kinds)
-  return next(p for p in range(1, n + 1)
-              if n % p == 0 and all(kinds[i] == kinds[i % p] for i in range(n)))
+def attention_types(cfg: ModelConfig) -> tuple[str, ...]:
+  """"sliding" or "full" for each layer: `attention_pattern` repeated over the layers."""
+  pattern = cfg.attention_pattern or "f"
+  bad = sorted(set(pattern) - {"s", "f"})
+  if bad:
+    raise ValueError(f"attention_pattern={cfg.attention_pattern!r}: letters must be s (sliding) "
+                     f"or f (full), got {bad}")
+  return tuple("sliding" if pattern[i % len(pattern)] == "s" else "full"
+               for i in range(cfg.num_decoder_layers))
 
 
-def layer_groups(cfg: ModelConfig) -> list[tuple[int, tuple[LayerKind, ...], int]]:
-  """(first layer, block of kinds, repeats) for the non-shared layers, then the kv-shared tail."""
-  kinds, first_shared = layer_kinds(cfg), cfg.first_kv_shared_layer()
-  groups = []
-  for start, part in ((0, kinds[:first_shared]), (first_shared, kinds[first_shared:])):
-    if part:
-      p = _period(part)
-      groups.append((start, tuple(part[:p]), len(part) // p))
-  return groups
+def head_dim_of(cfg: ModelConfig, attention: str) -> int:
+  return (cfg.global_head_dim or cfg.head_dim) if attention == "full" else cfg.head_dim
+
+
+def kv_heads_of(cfg: ModelConfig, attention: str) -> int:
+  return (cfg.global_num_kv_heads or cfg.num_kv_heads) if attention == "full" else cfg.num_kv_heads
+
+
+def first_kv_shared_layer(cfg: ModelConfig) -> int:
+  return cfg.num_decoder_layers - cfg.num_kv_shared_layers
+
+
+def layer_kinds(cfg: ModelConfig) -> tuple[LayerKind, ...]:
+  first_shared = first_kv_shared_layer(cfg)
+  return tuple(LayerKind(t, i >= first_shared) for i, t in enumerate(attention_types(cfg)))
 
 
 def shared_kv_kinds(cfg: ModelConfig) -> tuple[str, ...]:
@@ -96,51 +104,8 @@ def shared_kv_kinds(cfg: ModelConfig) -> tuple[str, ...]:
 
 def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
   """Where HF layer i lives in our params: (path prefix, index on the stacked axis or None)."""
-  if not cfg.scan_layers:
-    return ("decoder", "layers", i), None
-  for g, (start, block, repeats) in enumerate(layer_groups(cfg)):
-    if start <= i < start + len(block) * repeats:
-      blk, m = divmod(i - start, len(block))
-      return ("decoder", "groups", g, "layers", "members", m), blk
-  raise IndexError(f"layer {i} is outside the model's {cfg.num_decoder_layers} layers")
-
-
-def validate(cfg: ModelConfig) -> list[tuple[str, str]]:
-  """Family checks, run before anything compiles: [(key, problem)]."""
-  try:
-    types = cfg.layer_types()
-  except ValueError as e:
-    return [("attention_pattern", str(e))]
-  problems = []
-  for t in sorted(set(types)):
-    K, E = cfg.kv_heads_of(t), cfg.head_dim_of(t)
-    key = "global_num_kv_heads" if t == "full" and cfg.global_num_kv_heads else "num_kv_heads"
-    if cfg.num_query_heads % K:
-      problems.append((key, f"num_query_heads={cfg.num_query_heads} is not a multiple of the "
-                            f"{K} kv heads of {t} layers"))
-    if E % 2:
-      problems.append(("global_head_dim" if t == "full" and cfg.global_head_dim else "head_dim",
-                       f"{t} layers' head width {E} must be even for RoPE"))
-  if types[-1] != "full":
-    problems.append(("attention_pattern", f"{cfg.attention_pattern!r} over {len(types)} layers "
-                     f"makes the last layer sliding; Gemma 4 needs it full (transformers forces it)"))
-  if "sliding" in types and cfg.sliding_window < 1:
-    problems.append(("sliding_window", "the pattern has sliding layers but sliding_window=0"))
-  if not cfg.use_qk_norm:
-    problems.append(("use_qk_norm", "Gemma 4 always normalises q and k; set use_qk_norm=true"))
-  if cfg.num_experts and not cfg.norm_topk_prob:
-    problems.append(("norm_topk_prob", "Gemma 4's router always renormalises the top-k weights"))
-  if cfg.shared_expert_mlp_dim:
-    problems.append(("shared_expert_mlp_dim", "Gemma 4 has no shared expert"))
-  if cfg.num_kv_shared_layers >= cfg.num_decoder_layers:
-    problems.append(("num_kv_shared_layers", f"{cfg.num_kv_shared_layers} shared layers leave no "
-                     f"layer of the {cfg.num_decoder_layers} to produce K/V"))
-  else:
-    producers = set(types[:cfg.first_kv_shared_layer()])
-    for t in sorted(set(types[cfg.first_kv_shared_layer():]) - producers):
-      problems.append(("num_kv_shared_layers", f"the shared tail has {t} layers but no earlier "
-                       f"{t} layer produces their K/V"))
-  return problems
+  path, index = stack.location(layer_kinds(cfg), cfg.scan_layers, i)
+  return ("decoder", *path), index
 
 
 def _gelu_tanh(x):
@@ -151,7 +116,7 @@ class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
     full = kind.attention == "full"
     D, H = cfg.emb_dim, cfg.num_query_heads
-    E, K = cfg.head_dim_of(kind.attention), cfg.kv_heads_of(kind.attention)
+    E, K = head_dim_of(cfg, kind.attention), kv_heads_of(cfg, kind.attention)
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     norm = functools.partial(RMSNorm, E, eps=cfg.norm_epsilon, logical_axis="head_dim",
                              cast_before_scale=False, **kw)
@@ -263,34 +228,6 @@ class DecoderLayer(nnx.Module):
     return constrain(x_BSD, ACT_BSD), kv, stats
 
 
-class Block(nnx.Module):
-  """A repeating run of layers (the unit the scan iterates over)."""
-
-  def __init__(self, cfg: ModelConfig, kinds: tuple[LayerKind, ...], *, rngs: nnx.Rngs):
-    self.members = nnx.List([DecoderLayer(cfg, k, rngs=rngs) for k in kinds])
-
-  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer):
-    for m, layer in enumerate(self.members):
-      carry = layer(carry, positions_BS, segment_ids_BS,
-                    per_layer=jax.tree.map(lambda a, m=m: a[m], per_layer))
-    return carry
-
-
-class ScannedDecoder(nnx.Module):
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.spans = tuple((start, len(block), repeats) for start, block, repeats in layer_groups(cfg))
-    self.groups = nnx.List([
-        LayerStack(lambda r, block=block: Block(cfg, block, rngs=r), repeats, scan=True,
-                   remat_policy=cfg.remat_policy, rngs=rngs)
-        for _, block, repeats in layer_groups(cfg)])
-
-  def __call__(self, carry, positions_BS, segment_ids_BS, xs):
-    for (start, p, n), group in zip(self.spans, self.groups):
-      xs_g = jax.tree.map(lambda a: a[start:start + n * p].reshape(n, p, *a.shape[1:]), xs)
-      carry = group(carry, positions_BS, segment_ids_BS, xs=xs_g)
-    return carry
-
-
 class Transformer(nnx.Module):
   """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32, soft-capped)."""
 
@@ -301,15 +238,14 @@ class Transformer(nnx.Module):
     self.embedding = param(rngs, (cfg.vocab_size, D), ("vocab", "embed"), std=cfg.init_std,
                            dtype=cfg.param_dtype)
     if P:
+      # columns (layer-major L*P) shard like the embedding's width, so fsdp splits the table
       self.ple_embedding = param(rngs, (cfg.per_layer_input_vocab_size or cfg.vocab_size, L * P),
-                                 ("vocab", None), std=cfg.init_std, dtype=cfg.param_dtype)
+                                 ("vocab", "embed"), std=cfg.init_std, dtype=cfg.param_dtype)
       self.ple_model_proj = DenseGeneral((D,), (L * P,), ("embed", None), **kw)
       self.ple_proj_norm = RMSNorm(P, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
-    if cfg.scan_layers:
-      self.decoder = ScannedDecoder(cfg, rngs=rngs)
-    else:
-      self.decoder = LayerList([DecoderLayer(cfg, k, rngs=rngs) for k in layer_kinds(cfg)],
-                               remat_policy=cfg.remat_policy)
+    self.decoder = stack.PatternStack(lambda kind, r: DecoderLayer(cfg, kind, rngs=r),
+                                      layer_kinds(cfg), scan=cfg.scan_layers,
+                                      remat_policy=cfg.remat_policy, rngs=rngs)
     self.final_norm = RMSNorm(D, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (D,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
@@ -348,7 +284,7 @@ class Transformer(nnx.Module):
     if cfg.num_experts:
       xs["bias"], stats = self.router_bias[...], empty_stats(L, cfg.num_experts)
     B, S = tokens_BS.shape
-    kv = {t: (jnp.zeros((B, S, cfg.kv_heads_of(t), cfg.head_dim_of(t)), dtype),) * 2
+    kv = {t: (jnp.zeros((B, S, kv_heads_of(cfg, t), head_dim_of(cfg, t)), dtype),) * 2
           for t in shared_kv_kinds(cfg)}
     x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}

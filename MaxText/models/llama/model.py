@@ -6,30 +6,36 @@ Conventions
   Arrays are named by shape (`x_BSD`); parameters carry logical axis names (never mesh axes),
   mapped to the mesh by the `logical_axis_rules` table in configs/base.yml.
 
-Block: x + Attn(RMSNorm(x)) then + SwiGLU(RMSNorm(x)); RoPE on q and k (optionally after a per-head
+Block: x + Attn(RMSNorm(x)) then + MLP(RMSNorm(x)); RoPE on q and k (optionally after a per-head
 q/k RMSNorm, as in Qwen3); final RMSNorm; tied or untied LM head. Logits are returned in fp32.
-With num_experts > 0 every layer's MLP is a routed MoE (Qwen3-MoE; MaxText/layers/moe.py): the
-layers then carry per-layer routing statistics (copies and router probability per expert, dropped
-copies), returned by `forward_with_aux` as `moe_stats` for the load-balancing loss and metrics, and read a per-layer
-selection bias `router_bias` [L, E] (aux-loss-free balancing; updated by the train step, never by
-gradients).
+
+Layer kinds: "dense" (gated MLP of width mlp_dim) or, with num_experts > 0, "moe" (a routed MoE,
+Qwen3-MoE / DeepSeek style; MaxText/layers/moe.py). Every layer is a MoE layer except the first
+`first_k_dense_layers`, those in `mlp_only_layers` and those with (i + 1) % decoder_sparse_step != 0.
+The layers run as a pattern stack (MaxText/layers/stack.py: e.g. [dense] x 1 then [moe] x L-1).
+The MoE layers carry their routing statistics (copies and router probability per expert, dropped
+copies), returned by `forward_with_aux` as `moe_stats` [MoE layers, E] for the load-balancing loss
+and metrics, and read a selection bias `router_bias` [MoE layers, E] (aux-loss-free balancing;
+changed by the family's aux terms after each step, never by gradients).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from MaxText.layers import embed
+from MaxText.layers import embed, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
-from MaxText.layers.stack import LayerStack
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
+
+DENSE, MOE = "dense", "moe"
 
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BSHE = ("activation_batch", "activation_length", "activation_heads", None)
@@ -65,32 +71,47 @@ class Attention(nnx.Module):
     return constrain(self.out(o_BSHE), ACT_BSD)
 
 
+def is_moe_layer(cfg: ModelConfig, i: int) -> bool:
+  return (cfg.num_experts > 0 and i >= cfg.first_k_dense_layers and i not in cfg.mlp_only_layers
+          and (i + 1) % cfg.decoder_sparse_step == 0)
+
+
+def layer_kinds(cfg: ModelConfig) -> tuple[str, ...]:
+  return tuple(MOE if is_moe_layer(cfg, i) else DENSE for i in range(cfg.num_decoder_layers))
+
+
+def moe_layers(cfg: ModelConfig) -> tuple[int, ...]:
+  return tuple(i for i, kind in enumerate(layer_kinds(cfg)) if kind == MOE)
+
+
+def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
+  """Where layer i lives in our params: (path prefix, index on the stacked axis or None)."""
+  path, index = stack.location(layer_kinds(cfg), cfg.scan_layers, i)
+  return ("decoder", *path), index
+
+
 class DecoderLayer(nnx.Module):
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.attn_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.attn = Attention(cfg, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
-    self.moe = bool(cfg.num_experts)
+    self.moe = kind == MOE
     self.mlp = (RoutedMLP(cfg, rngs=rngs) if self.moe else
                 GatedMLP(cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activation, **kw))
 
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
-    """carry = (x_BSD, moe stats); per_layer (MoE only) = {"index": layer, "bias": its bias [E]}."""
+    """carry = (x_BSD, moe stats); per_layer (models with MoE layers) = {"moe_layer": this layer's
+    row of the statistics and the bias, "bias": its bias [E]}."""
     x_BSD, stats = carry
     x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS)
     if self.moe:
       y_BSD, (counts, probs, dropped) = self.mlp(self.mlp_norm(x_BSD), segment_ids_BS != 0,
                                                  jax.lax.stop_gradient(per_layer["bias"]))
-      stats = record(stats, per_layer["index"], counts, probs, dropped)
+      stats = record(stats, per_layer["moe_layer"], counts, probs, dropped)
     else:
       y_BSD = self.mlp(self.mlp_norm(x_BSD))
     return constrain(x_BSD + y_BSD, ACT_BSD), stats
-
-
-def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
-  """Where layer i lives in our params: (path prefix, index on the stacked axis or None)."""
-  return (("decoder", "layers"), i) if cfg.scan_layers else (("decoder", "layers", i), None)
 
 
 class Transformer(nnx.Module):
@@ -101,29 +122,34 @@ class Transformer(nnx.Module):
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
                            std=cfg.init_std, dtype=cfg.param_dtype)
-    self.decoder = LayerStack(lambda r: DecoderLayer(cfg, rngs=r), cfg.num_decoder_layers,
-                              scan=cfg.scan_layers, remat_policy=cfg.remat_policy, rngs=rngs)
+    self.decoder = stack.PatternStack(lambda kind, r: DecoderLayer(cfg, kind, rngs=r),
+                                      layer_kinds(cfg), scan=cfg.scan_layers,
+                                      remat_policy=cfg.remat_policy, rngs=rngs)
     self.final_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
-    if cfg.num_experts:
-      self.router_bias = nnx.Param(jnp.zeros((cfg.num_decoder_layers, cfg.num_experts),
+    self.moe_layers = moe_layers(cfg)
+    if self.moe_layers:
+      self.router_bias = nnx.Param(jnp.zeros((len(self.moe_layers), cfg.num_experts),
                                              cfg.param_dtype), logical_axes=("layers", "exp"))
 
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
   def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
-    """(logits, {"moe_stats": …} for MoE models, else {}); with `return_hidden` the final-norm
-    hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
+    """(logits, {"moe_stats": …} for models with MoE layers, else {}); with `return_hidden` the
+    final-norm hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by
+    chunk)."""
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     x_BSD = embed.lookup(self.embedding[...], tokens_BS, ("vocab", "embed"), ACT_BSD).astype(dtype)
     stats, xs = {}, None
-    if cfg.num_experts:
-      stats = empty_stats(cfg.num_decoder_layers, cfg.num_experts)
-      xs = {"index": jnp.arange(cfg.num_decoder_layers), "bias": self.router_bias[...]}
+    if self.moe_layers:
+      row_L = np.zeros(cfg.num_decoder_layers, np.int32)   # dense layers: row 0, never read
+      row_L[list(self.moe_layers)] = np.arange(len(self.moe_layers))
+      stats = empty_stats(len(self.moe_layers), cfg.num_experts)
+      xs = {"moe_layer": jnp.asarray(row_L), "bias": self.router_bias[...][row_L]}
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
-    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
+    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
     x_BSD = self.final_norm(x_BSD)
     return (x_BSD if return_hidden else self.logits(x_BSD)), aux
 

@@ -1,7 +1,10 @@
 """Hugging Face Qwen3-MoE (`model_type: qwen3_moe`, `Qwen3MoeForCausalLM`) ↔ our `llama` family
-with `num_experts > 0` (every layer's MLP is routed experts; MaxText/layers/moe.py).
+with `num_experts > 0` (MaxText/layers/moe.py).
 
-Attention, norms and embeddings map as for Qwen3 (MaxText/models/qwen3/hf_map.py). The experts:
+Attention, norms and embeddings map as for Qwen3 (MaxText/models/qwen3/hf_map.py). Layer i is a
+MoE layer unless it is in `mlp_only_layers` or (i + 1) % `decoder_sparse_step` != 0 — both keys
+are ours too, and an export writes our `first_k_dense_layers` into `mlp_only_layers`; a dense
+layer's MLP maps as Qwen3's (`mlp.gate_proj`, ...). The experts of a MoE layer:
   ours  mlp/experts/wi [E, D, 2F] (gate | up)    mlp/experts/wo [E, F, D]    mlp/router/kernel [D, E]
   hub files (what `save_pretrained` writes, per expert):
         mlp.experts.{e}.gate_proj.weight [F, D] → wi[e, :, :F]     up_proj [F, D] → wi[e, :, F:]
@@ -11,8 +14,7 @@ Attention, norms and embeddings map as for Qwen3 (MaxText/models/qwen3/hf_map.py
 Import accepts either form; export writes the hub's per-expert form. Our `router_bias` (the
 aux-loss-free selection bias) has no Hugging Face counterpart: it is imported as zeros, and an
 export of a model whose bias is not all zero is refused (transformers would route differently).
-Only all-sparse models are supported (decoder_sparse_step 1, no mlp_only_layers: every released
-Qwen3-MoE); no shared expert.
+No shared expert.
 """
 from __future__ import annotations
 
@@ -20,13 +22,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from MaxText.checkpoint_conversion.name_map import NameMap, Rule
-from MaxText.models.llama.model import layer_location
+from MaxText.models.llama import hf_map as llama
+from MaxText.models.llama.model import Transformer, layer_location
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.name_map import NameMap, Rule, check_representable
 from MaxText.models.qwen3 import hf_map as qwen3
 
-_DENSE_MLP = ("mlp/gate/kernel", "mlp/up/kernel", "mlp/down/kernel")
-_ATTENTION_RULES = tuple(r for r in qwen3.LAYER_RULES if r.ours not in _DENSE_MLP)
 _L = "model.layers.{i}.mlp."
 ROUTER = Rule("mlp/router/kernel", _L + "gate.weight", in_rank=1)
 PER_EXPERT_RULES = (
@@ -38,35 +39,28 @@ FUSED_RULES = (
     Rule("mlp/experts/wi", _L + "experts.gate_up_proj", in_rank=1, lead=1),
     Rule("mlp/experts/wo", _L + "experts.down_proj", in_rank=1, lead=1),
 )
-_KW = dict(layer_location=layer_location, ours_only=("router_bias",))
-HUB_MAP = NameMap(qwen3.GLOBAL_RULES, (*_ATTENTION_RULES, ROUTER, *PER_EXPERT_RULES), **_KW)
-FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, (*_ATTENTION_RULES, ROUTER, *FUSED_RULES), **_KW)
+_LAYER = qwen3.LAYER_RULES + (ROUTER,)   # a dense layer's MLP rows match only dense layers
+_KW = dict(layer_location=layer_location, build=Transformer, ours_only=("router_bias",),
+           check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=qwen3.IGNORED_SUFFIXES)
+HUB_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + PER_EXPERT_RULES, **_KW)
+FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + FUSED_RULES, **_KW)
+REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_dim",
+                                 "norm_topk_prob", "first_k_dense_layers", "mlp_only_layers",
+                                 "decoder_sparse_step"}
 
 
-def _check(mcfg: ModelConfig) -> None:
-  if mcfg.decoder_block != "llama" or not mcfg.num_experts or mcfg.shared_expert_mlp_dim:
-    raise ValueError("Qwen3-MoE maps onto decoder_block=llama with num_experts > 0 and no "
-                     "shared expert")
-
-
-def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
-  """The hub (per-expert) names."""
-  _check(mcfg)
-  return HUB_MAP.hf_names(mcfg, tied_lm_head=tied_lm_head)
+hf_names = HUB_MAP.hf_names   # the hub's (per-expert) names
 
 
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF tensors (hub per-expert files or transformers' fused state dict) → our params."""
-  _check(mcfg)
   fused = any(k.endswith("mlp.experts.gate_up_proj") for k in hf_state)
-  return (FUSED_MAP if fused else HUB_MAP).hf_to_params(
-      hf_state, mcfg, ignore=lambda k: k.endswith(qwen3.IGNORED_SUFFIXES))
+  return (FUSED_MAP if fused else HUB_MAP).hf_to_params(hf_state, mcfg)
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,
                  fused: bool = False) -> Mapping[str, np.ndarray]:
   """Our params → HF tensors (lazy): the hub's per-expert form, or transformers' fused one."""
-  _check(mcfg)
   return (FUSED_MAP if fused else HUB_MAP).params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
 
 
@@ -76,9 +70,6 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   hf = dict(hf_config)
   if hf.get("model_type", "qwen3_moe") != "qwen3_moe":
     raise ValueError(f"model_type={hf.get('model_type')!r}: this map is for 'qwen3_moe'")
-  if int(hf.get("decoder_sparse_step", 1)) != 1 or hf.get("mlp_only_layers"):
-    raise ValueError("only all-sparse Qwen3-MoE models are supported (decoder_sparse_step=1, "
-                     "mlp_only_layers=[])")
   if hf.get("shared_expert_intermediate_size"):
     raise ValueError("shared_expert_intermediate_size: Qwen3-MoE has no shared expert")
   keys = qwen3.dense_keys_from_hf(hf)
@@ -90,21 +81,30 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       "num_experts_per_tok": int(hf.get("num_experts_per_tok", 8)),
       "moe_mlp_dim": int(hf.get("moe_intermediate_size", 768)),
       "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+      "mlp_only_layers": sorted(int(i) for i in hf.get("mlp_only_layers") or []),
+      "decoder_sparse_step": int(hf.get("decoder_sparse_step", 1)),
+      # the load-balancing loss's weight the model was trained with (Qwen3MoeConfig default)
+      "moe_aux_loss_weight": float(hf.get("router_aux_loss_coef", 0.001)),
   })
   return keys
 
 
 def config_to_hf(cfg: Any) -> dict[str, Any]:
-  get = cfg.__getitem__ if isinstance(cfg, Mapping) else lambda k: getattr(cfg, k)
+  """Our config → HF Qwen3-MoE config dict (ValueError when Qwen3-MoE cannot hold the model)."""
+  get = llama.getter(cfg)
   if not get("num_experts") or get("shared_expert_mlp_dim"):
     raise ValueError("Qwen3-MoE needs num_experts > 0 and no shared expert")
+  if not isinstance(cfg, Mapping):
+    check_representable(cfg, REPRESENTS, "qwen3_moe")
   out = qwen3.dense_keys_to_hf(get, "qwen3_moe", "Qwen3MoeForCausalLM")
+  dense = set(get("mlp_only_layers")) | set(range(int(get("first_k_dense_layers"))))
   out.update({
       "num_experts": int(get("num_experts")),
       "num_experts_per_tok": int(get("num_experts_per_tok")),
       "moe_intermediate_size": int(get("moe_mlp_dim")),
       "norm_topk_prob": bool(get("norm_topk_prob")),
-      "decoder_sparse_step": 1,
-      "mlp_only_layers": [],
+      "router_aux_loss_coef": float(get("moe_aux_loss_weight")),
+      "decoder_sparse_step": int(get("decoder_sparse_step")),
+      "mlp_only_layers": sorted(int(i) for i in dense),
   })
   return out

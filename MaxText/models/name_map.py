@@ -1,8 +1,9 @@
 """A family's Hugging Face name map as data, read in both conversion directions.
 
 A family's hf_map module declares `Rule` rows — our parameter path ↔ HF tensor name, plus the
-layout transform — and a `layer_location(mcfg, i)` telling where HF layer i lives in our params
-(a path prefix and, for scanned stacks, the index on the stacked axis). `NameMap` turns that into:
+layout transform — a `layer_location(mcfg, i)` telling where HF layer i lives in our params (a
+path prefix and, for scanned stacks, the index on the stacked axis) and the model's constructor
+(`build`, whose abstract parameters say which rows apply). `NameMap` turns that into:
   hf_to_params   HF tensors (a possibly lazy mapping, read one tensor at a time) → our params
   params_to_hf   our params → a lazy mapping of HF tensors (made one at a time when read)
   hf_names       every HF tensor name the model maps to
@@ -26,8 +27,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
+from flax import traverse_util
 
+from MaxText.config.schema import ARCHITECTURE_KEYS, MODEL_KEYS
+from MaxText.models.family import is_default
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.model_def import Build, model_def_of
 
 
 @dataclass(frozen=True)
@@ -60,24 +65,24 @@ def to_hf(k: np.ndarray, rule: Rule) -> np.ndarray:
   return np.ascontiguousarray(np.swapaxes(flat, -1, -2))
 
 
-def flatten(tree: Mapping, prefix: tuple = ()) -> dict[tuple, Any]:
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      out.update(flatten(v, (*prefix, k)))
-    else:
-      out[(*prefix, k)] = v
-  return out
+def flatten(tree: Mapping) -> dict[tuple, Any]:
+  return traverse_util.flatten_dict(dict(tree))
 
 
 def unflatten(flat: Mapping[tuple, Any]) -> dict:
-  out: dict = {}
-  for path, v in flat.items():
-    node = out
-    for k in path[:-1]:
-      node = node.setdefault(k, {})
-    node[path[-1]] = v
-  return out
+  return traverse_util.unflatten_dict(dict(flat))
+
+
+def check_representable(mcfg: Any, represents: set[str], model_type: str) -> None:
+  """ValueError naming the first architecture key that `mcfg` sets away from its default and the
+  Hugging Face architecture `model_type` has no field for (`represents`: the keys it has)."""
+  for key in MODEL_KEYS:
+    if key in ARCHITECTURE_KEYS and key not in represents and key not in _LAYOUT_ONLY \
+        and not is_default(mcfg, key):
+      raise ValueError(f"{key}={getattr(mcfg, key)!r}: {model_type} has no such setting")
+
+
+_LAYOUT_ONLY = {"decoder_block", "scan_layers", "init_std"}   # no effect on what the model computes
 
 
 def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -117,23 +122,49 @@ def _index(rule: Rule, layer_index: int | None, e: int | None, shape: tuple[int,
   return index
 
 
+# Rows every transformers causal LM of the Llama lineage shares: the embedding, the final norm, the
+# LM head; and the projections of a layer's `self_attn`.
+CAUSAL_LM_RULES: tuple[Rule, ...] = (
+    Rule("embedding", "model.embed_tokens.weight"),
+    Rule("final_norm/scale", "model.norm.weight"),
+    Rule("lm_head/kernel", "lm_head.weight", in_rank=1),
+)
+
+
+def self_attention_rules(layer: str) -> tuple[Rule, ...]:
+  """q, k, v, o of `{layer}self_attn` ↔ our `attn/{query,key,value,out}/kernel`."""
+  return (Rule("attn/query/kernel", layer + "self_attn.q_proj.weight", in_rank=1),
+          Rule("attn/key/kernel", layer + "self_attn.k_proj.weight", in_rank=1),
+          Rule("attn/value/kernel", layer + "self_attn.v_proj.weight", in_rank=1),
+          Rule("attn/out/kernel", layer + "self_attn.o_proj.weight", in_rank=2))
+
+
 @dataclass(frozen=True)
 class NameMap:
+  """`check(mcfg)` runs before every conversion (an architecture's `config_to_hf`: ValueError
+  when it cannot hold the model); HF names ending with `ignored_suffixes` (non-parameter buffers
+  older checkpoints carry) are skipped on import."""
   global_rules: tuple[Rule, ...]
   layer_rules: tuple[Rule, ...]
   layer_location: Callable[[ModelConfig, int], tuple[tuple, int | None]]
+  build: Build
+  check: Callable[[ModelConfig], Any] = lambda mcfg: None
+  ignored_suffixes: tuple[str, ...] = ()
   embedding_name: str = "model.embed_tokens.weight"
   tied_head_name: str = "lm_head.weight"
   # our parameters with no HF counterpart and a neutral value of zero (e.g. an MoE selection bias):
   # imported as zeros; exporting one that is not all zero is refused (HF would compute otherwise)
   ours_only: tuple[str, ...] = ()
 
-  def plan(self, mcfg: ModelConfig) -> Iterator[Entry]:
-    """Every parameter of the model of `mcfg`, with its rule and HF sources. A rule whose
-    parameter the model does not have (an untied head, K/V of a kv-shared layer) is skipped; a
-    parameter no rule covers is an error."""
-    from MaxText.train.state import make_model_def
-    specs = flatten(make_model_def(mcfg).abstract_params)
+  def specs(self, mcfg: ModelConfig) -> dict[tuple, Any]:
+    """Our parameters (path → ShapeDtypeStruct) of the model of `mcfg`."""
+    return flatten(model_def_of(self.build, mcfg).abstract_params)
+
+  def plan(self, mcfg: ModelConfig, specs: dict[tuple, Any] | None = None) -> Iterator[Entry]:
+    """Every parameter of the model of `mcfg` (`specs`, when already known), with its rule and HF
+    sources. A rule whose parameter the model does not have (an untied head, K/V of a kv-shared
+    layer, a dense layer's router) is skipped; a parameter no rule covers is an error."""
+    specs = dict(self.specs(mcfg) if specs is None else specs)
     for name in self.ours_only:
       specs.pop(tuple(name.split("/")), None)
     sources: dict[tuple, list] = {}
@@ -166,6 +197,8 @@ class NameMap:
       yield Entry(path, rules[path], tuple(src), specs[path])
 
   def hf_names(self, mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
+    """Every HF tensor name the model of `mcfg` maps to."""
+    self.check(mcfg)
     names = [name for e in self.plan(mcfg) for name, _ in e.sources]
     return names + ([self.tied_head_name] if tied_lm_head and mcfg.tie_word_embeddings else [])
 
@@ -175,7 +208,8 @@ class NameMap:
     shape or an HF tensor left over (unless `ignore(name)`) raises ValueError naming it. Each
     parameter is filled in place (64-byte aligned, see `aligned_empty`), so only one HF tensor is
     held beyond the output."""
-    hf = {k for k in hf_state if not ignore(k)}
+    self.check(mcfg)
+    hf = {k for k in hf_state if not (ignore(k) or k.endswith(self.ignored_suffixes))}
     used: set[str] = set()
 
     def take(name: str) -> np.ndarray:
@@ -184,8 +218,9 @@ class NameMap:
       used.add(name)
       return np.asarray(hf_state[name])
 
+    specs = self.specs(mcfg)
     flat = {}
-    for e in self.plan(mcfg):
+    for e in self.plan(mcfg, specs):
       value = aligned_empty(e.spec.shape, e.spec.dtype)
       for name, index in e.sources:
         value[index] = to_ours(take(name), _block_shape(e.spec.shape, index), e.rule, name)
@@ -199,8 +234,6 @@ class NameMap:
     extra = sorted(hf - used)
     if extra:
       raise ValueError(f"HF tensors with no place in our model: {extra}")
-    from MaxText.train.state import make_model_def
-    specs = flatten(make_model_def(mcfg).abstract_params)
     for name in self.ours_only:
       path = tuple(name.split("/"))
       if path in specs:
@@ -212,6 +245,7 @@ class NameMap:
     """Our params → HF tensors (dtype kept) as a lazy mapping: each tensor is made when read, so an
     exporter holds one at a time. With tied embeddings the head is left out (as `save_pretrained`
     does) unless `tied_lm_head`."""
+    self.check(mcfg)
     flat = flatten(params)
     for name in self.ours_only:
       value = flat.get(tuple(name.split("/")))

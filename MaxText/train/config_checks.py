@@ -1,5 +1,6 @@
-"""Cross-key checks that need the devices or the model family. Run before anything compiles;
-every failure is a `ConfigError` naming the key(s) and the numbers."""
+"""Cross-key checks that need the devices or the model family (its refusals of keys it does not
+implement, its own checks, its Hugging Face model types). Run before anything compiles; every
+failure is a `ConfigError` naming the key(s) and the numbers."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
 from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family
+from MaxText.models.registry import check_model, get_family
 from MaxText.sharding.mesh import mesh_shape
 from MaxText.sharding.rules import parse_rules
 
@@ -29,15 +30,32 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   sizes = {a: i * d for a, i, d in zip(cfg.mesh_axes, ici, dcn)}
 
   mcfg = ModelConfig.from_config(cfg)
-  for key, problem in get_family(cfg.decoder_block).validate(mcfg):
+  for key, problem in check_model(mcfg, cfg.hf_model_type):
     raise ConfigError(f"{key}: {problem}")
   batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
   length_axes = next((axes for name, axes in rules if name == "activation_length"), ())
   for key, problem in attention_problems(
       cfg.attention, mcfg.attention, device=devices[0], dtype=cfg.dtype,
-      head_dims=sorted({mcfg.head_dim_of(t) for t in mcfg.layer_types()}),
+      head_dims=list(get_family(cfg.decoder_block).attention_head_dims(mcfg)),
       sequence_sharded=math.prod(sizes[a] for a in length_axes if a not in batch_axes) > 1):
     raise ConfigError(f"{key}: {problem}")
+
+  if cfg.loss_chunk_length and not hasattr(get_family(cfg.decoder_block).build, "logits"):
+    raise ConfigError(f"loss_chunk_length={cfg.loss_chunk_length}: decoder_block="
+                      f"{cfg.decoder_block} has no separate LM head (`logits`) to apply chunk by "
+                      f"chunk; use loss_chunk_length=0")
+
+  ep = sizes["expert"]
+  if cfg.num_experts and ep > 1:
+    where = (f" (taken from the checkpoint at load_parameters_path={cfg.load_parameters_path})"
+             if cfg.load_parameters_path else "")
+    if cfg.num_experts % ep:
+      raise ConfigError(f"ici_expert_parallelism={cfg.ici_expert_parallelism} x "
+                        f"dcn_expert_parallelism={cfg.dcn_expert_parallelism}: {ep} expert shards "
+                        f"do not divide num_experts={cfg.num_experts}{where}")
+    if cfg.capacity_factor > 0:
+      raise ConfigError(f"capacity_factor={cfg.capacity_factor:g} is a single-shard comparison "
+                        f"mode; it cannot run with {ep}-way expert parallelism")
 
   if cfg.max_target_length > cfg.max_position_embeddings:
     raise ConfigError(f"max_target_length={cfg.max_target_length} exceeds the model's position "

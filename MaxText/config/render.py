@@ -1,0 +1,91 @@
+"""Writes configs/base.yml from the schema (MaxText/config/schema.py): sections, comment blocks,
+one line per key with its default and its doc, the logical-axis-rules table one row per line.
+
+  python -m MaxText.config.render            # rewrites configs/base.yml
+  python -m MaxText.config.render --check    # exit 1 if configs/base.yml is not what it renders
+
+tests/test_config.py runs the check, so an edit of the schema without a re-render fails there.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from MaxText.config.load import BASE_YML
+from MaxText.config.schema import KEYS
+
+WIDTH = 100          # section rule width
+COMMENT_COLUMN = 36  # where the inline doc starts
+
+HEADER = """\
+# Every config key, its default and one line on what it does. Rendered from the schema
+# (MaxText/config/schema.py: each key's type, default, range and doc, declared once) by
+# `python -m MaxText.config.render`: edit the schema, not this file.
+# Precedence: this file < configs/models/<model_name>.yml < key=value.
+"""
+
+
+def _float(x: float) -> str:
+  """YAML 1.1 floats (a dot in the mantissa, a sign in the exponent): 3.0e-3, 10000.0."""
+  if x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e6):
+    mantissa, exponent = f"{x:.15e}".split("e")
+    mantissa = mantissa.rstrip("0")
+    if mantissa.endswith("."):
+      mantissa += "0"
+    return f"{mantissa}e{int(exponent):+d}"
+  return repr(float(x))
+
+
+def value_text(x: Any) -> str:
+  if isinstance(x, bool):
+    return "true" if x else "false"
+  if isinstance(x, int):
+    return str(x)
+  if isinstance(x, float):
+    return _float(x)
+  return json.dumps(x)   # strings and flow lists are valid YAML as JSON
+
+
+def _line(text: str, doc: str) -> str:
+  if len(text) < COMMENT_COLUMN - 1:
+    return f"{text.ljust(COMMENT_COLUMN)}# {doc}"
+  return f"{text}  # {doc}"
+
+
+def render() -> str:
+  out = [HEADER]
+  for name, spec in KEYS.items():
+    if spec.section:
+      rule = f"# ---- {spec.section} "
+      out.append(f"\n{rule}{'-' * (WIDTH - len(rule))}\n")
+    if spec.note:
+      out.extend(f"# {line}\n" for line in spec.note.split("\n"))
+    if isinstance(spec.default, list) and spec.default and isinstance(spec.default[0], list):
+      out.append(_line(f"{name}: [", spec.doc) + "\n")
+      out.extend(f"  {value_text(row)},\n" for row in spec.default)
+      out.append("]\n")
+    else:
+      out.append(_line(f"{name}: {value_text(spec.default)}", spec.doc) + "\n")
+  return "".join(out)
+
+
+def main(argv: list[str]) -> int:
+  text = render()
+  if argv == ["--check"]:
+    with open(BASE_YML, encoding="utf-8") as f:
+      if f.read() == text:
+        return 0
+    print(f"{BASE_YML} is stale: run python -m MaxText.config.render", file=sys.stderr)
+    return 1
+  if argv:
+    print(__doc__, file=sys.stderr)
+    return 2
+  with open(BASE_YML, "w", encoding="utf-8") as f:
+    f.write(text)
+  print(f"wrote {BASE_YML}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

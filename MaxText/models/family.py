@@ -1,0 +1,129 @@
+"""The family interface: everything generic code (the trainer, the step, the metrics, the config
+checks, the converters) may know about a model family. A family is a folder
+`MaxText/models/<family>/` whose `family.py` defines `FAMILY = Family(...)`, plus one line in
+`MaxText/models/registry.py`; generic code never names a family or one of its parameters.
+
+A family's module (`build(mcfg, rngs)`) is called as `model(tokens_BS, positions_BS,
+segment_ids_BS) -> logits_BSV` (fp32) and `model.forward_with_aux(...) -> (logits_BSV, aux)`; `aux`
+is whatever the family's `aux_terms` read (e.g. routing statistics), `{}` for most models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Hashable, Mapping, Protocol
+
+from flax import nnx
+
+from MaxText.config.schema import KEYS, MODEL_KEYS, default
+from MaxText.metrics.flops import FlopCount
+from MaxText.models.model_config import ModelConfig
+
+Problems = list[tuple[str, str]]   # [(config key, what is wrong)]
+
+# Model keys every transformer family is expected to honour (a family adds its own features to
+# these in `supports`; any model key it does not list is refused when set away from its default).
+COMMON_KEYS = frozenset({
+    "decoder_block", "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads",
+    "num_kv_heads", "head_dim", "mlp_dim", "norm_epsilon", "rope_theta", "max_position_embeddings",
+    "init_std", "dtype", "weight_dtype", "scan_layers", "remat_policy", "attention",
+    "flash_block_q", "flash_block_kv"})
+# Routed experts as MaxText/layers/moe.py implements them (with the balancing terms of
+# `moe.MoETerms`).
+ROUTED_EXPERT_KEYS = frozenset({
+    "num_experts", "num_experts_per_tok", "moe_mlp_dim", "norm_topk_prob", "capacity_factor",
+    "moe_dispatch", "moe_aux_loss_weight", "router_bias_update_rate"})
+
+
+class StepWatch(Protocol):
+  """A family's host-side view of each step's metrics (Python floats), for the run's log."""
+
+  def progress(self, metrics: dict) -> str:
+    """Its part of the progress line ("" for none)."""
+
+  def update(self, step: int, metrics: dict) -> str | None:
+    """A warning to log after `step`, or None."""
+
+
+class AuxTerms(Protocol):
+  """A family's training terms beyond the cross-entropy, computed from `forward_with_aux`'s aux.
+
+  The step calls `loss` per micro-batch, adds its first result to the summed cross-entropy (so it
+  must be a sum over tokens, like that) and sums the second over micro-batches; after the
+  optimizer update it calls `update` (changes outside the gradient) and `metrics`. The trainer
+  calls `watch` once per run and hands it every step's metrics.
+  """
+
+  def loss(self, aux: dict) -> tuple[Any, dict]:
+    """(addition to the summed loss, sums to accumulate over micro-batches)."""
+
+  def update(self, params: dict, sums: dict) -> dict:
+    """The parameters after the changes the family makes outside the gradient."""
+
+  def metrics(self, sums: dict, tokens: Any) -> dict[str, Any]:
+    """Scalars for metrics.jsonl (`tokens`: the unmasked tokens of the step)."""
+
+  def watch(self) -> StepWatch:
+    """A fresh host-side watcher of the run's metrics (progress-line part, warnings)."""
+
+
+def routed_expert_problems(mcfg: ModelConfig, keys: frozenset[str]) -> Problems:
+  """A family's checks of its routed-expert `keys`: without experts none may be set, with them the
+  experts must have a width and k <= E."""
+  if not mcfg.num_experts:
+    return [(k, f"{k}={getattr(mcfg, k)!r} needs num_experts > 0") for k in sorted(keys)
+            if k != "num_experts" and not is_default(mcfg, k)]
+  problems = []
+  if mcfg.moe_mlp_dim < 1:
+    problems.append(("moe_mlp_dim", "num_experts > 0 needs moe_mlp_dim >= 1"))
+  if mcfg.num_experts_per_tok > mcfg.num_experts:
+    problems.append(("num_experts_per_tok", f"{mcfg.num_experts_per_tok} experts per token out "
+                                            f"of num_experts={mcfg.num_experts}"))
+  return problems
+
+
+def _no_problems(mcfg: ModelConfig) -> Problems:
+  return []
+
+
+def _no_aux_terms(mcfg: ModelConfig) -> AuxTerms | None:
+  return None
+
+
+def _head_dim(mcfg: ModelConfig) -> tuple[int, ...]:
+  return (mcfg.head_dim,)
+
+
+@dataclass(frozen=True)
+class Family:
+  """A model family, as generic code sees it."""
+  name: str                                                     # its decoder_block value
+  build: Callable[..., nnx.Module]                              # build(mcfg, *, rngs)
+  supports: frozenset[str]                                      # the model keys it implements
+  layer_kinds: Callable[[ModelConfig], tuple[Hashable, ...]]    # one per layer (str() for logs)
+  flops: Callable[[ModelConfig, int, bool], FlopCount]          # (mcfg, seq_len, causal)
+  check: Callable[[ModelConfig], Problems] = _no_problems       # cross-key checks of its own
+  attention_head_dims: Callable[[ModelConfig], tuple[int, ...]] = _head_dim
+  aux_terms: Callable[[ModelConfig], AuxTerms | None] = _no_aux_terms
+  # Hugging Face model_type → its name map (a module with hf_to_params, params_to_hf,
+  # config_from_hf, config_to_hf); an export with hf_model_type="" takes the first that fits
+  hf_maps: Mapping[str, ModuleType] = field(default_factory=dict)
+
+  def __post_init__(self):
+    unknown = sorted(set(self.supports) - set(MODEL_KEYS))
+    if unknown:
+      raise ValueError(f"family {self.name!r} supports keys that are not model keys of the "
+                       f"schema: {unknown}")
+
+  def problems(self, mcfg: ModelConfig) -> Problems:
+    """Every model key it does not implement that `mcfg` sets away from the schema's default,
+    then its own checks."""
+    refused = [(k, f"{k}={getattr(mcfg, k)!r} is not supported by decoder_block={self.name} "
+                   f"(it implements {k} only at {KEYS[k].default!r}, the default)")
+               for k in MODEL_KEYS if k not in self.supports and not is_default(mcfg, k)]
+    return refused + self.check(mcfg)
+
+
+def is_default(mcfg: Any, key: str) -> bool:
+  value, want = getattr(mcfg, key), default(key)
+  return list(value) == want if isinstance(want, list) else value == want

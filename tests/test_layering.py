@@ -1,0 +1,124 @@
+"""The package's imports only go down (docs/architecture.md, "Layers"): read from the source with
+`ast` — every `import MaxText...` wherever it stands (a function-level import counts, so none can
+hide a cycle), plus the family plug-ins named in MaxText/models/registry.py — and refused when a
+module imports a package of a higher layer, when packages or modules import each other in a
+cycle, or when a module takes another module's private (`_name`) names."""
+import ast
+import os
+from collections import defaultdict
+
+from conftest import ROOT
+
+# bottom first; a module may import its own layer and the layers below it
+LAYERS = [
+    ("config",),                              # the one schema, loading, the CLI parser
+    ("data", "metrics", "kernels"),
+    ("checkpoint",),
+    ("sharding",),
+    ("layers",),
+    ("models",),
+    ("train",),
+    ("checkpoint_conversion", "launch", "logit_check"),   # entry points
+]
+LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+
+
+def package(module: str) -> str:
+  return module.split(".")[1] if module.count(".") else module
+
+
+def modules() -> dict[str, str]:
+  """MaxText module name → file."""
+  out = {}
+  for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
+    for f in files:
+      if f.endswith(".py"):
+        path = os.path.join(dirpath, f)
+        name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        out[name.removesuffix(".__init__")] = path
+  return out
+
+
+def imports(mods: dict[str, str]) -> list[tuple[str, str, list[str]]]:
+  """(importer, imported module, names taken from it) for every MaxText import in every module."""
+  edges = []
+  for name, path in mods.items():
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        edges += [(name, a.name, []) for a in node.names if a.name.startswith("MaxText.")]
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("MaxText"):
+        for a in node.names:   # `from MaxText.layers import stack` imports the module .stack
+          sub = f"{node.module}.{a.name}"
+          edges.append((name, sub, []) if sub in mods else (name, node.module, [a.name]))
+      elif (isinstance(node, ast.Assign) and name == "MaxText.models.registry"
+            and any(getattr(t, "id", None) == "FAMILY_MODULES" for t in node.targets)):
+        edges += [(name, v.value, []) for v in node.value.values]   # plug-ins, imported by name
+  return edges
+
+
+def problems(edges: list[tuple[str, str, list[str]]]) -> list[str]:
+  out = []
+  graph, packages = defaultdict(set), defaultdict(set)
+  for src, dst, names in edges:
+    graph[src].add(dst)
+    ps, pd = package(src), package(dst)
+    if ps != pd:
+      packages[ps].add(pd)
+      if LAYER_OF[ps] < LAYER_OF[pd]:
+        out.append(f"upward import: {src} -> {dst} ({ps} is below {pd})")
+    private = [n for n in names if n.startswith("_")]
+    if private:
+      out.append(f"{src} takes private names of {dst}: {private}")
+  for what, g in (("package", packages), ("module", graph)):
+    cycle = find_cycle(g)
+    if cycle:
+      out.append(f"{what} import cycle: {' -> '.join(cycle)}")
+  return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  state: dict[str, int] = {}   # 1 on the current path, 2 done
+
+  def visit(node, path):
+    state[node] = 1
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt):] + [node, nxt] if nxt in path else path + [node, nxt]
+      if nxt not in state:
+        found = visit(nxt, path + [node])
+        if found:
+          return found
+    state[node] = 2
+    return None
+
+  for start in sorted(graph):
+    if start not in state:
+      found = visit(start, [])
+      if found:
+        return found
+  return None
+
+
+def test_every_package_has_a_layer():
+  assert {package(m) for m in modules() if m != "MaxText"} == set(LAYER_OF)
+
+
+def test_imports_only_go_down_and_have_no_cycle():
+  edges = imports(modules())
+  assert len(edges) > 100 and any(dst.startswith("MaxText.models.llama") for _, dst, _ in edges)
+  assert problems(edges) == []
+
+
+def test_the_checker_catches_what_it_refuses():
+  bad = [("MaxText.checkpoint.manifest", "MaxText.train.faults", []),             # upward
+         ("MaxText.kernels.a", "MaxText.kernels.b", ["_Cfg"]),                     # private name
+         ("MaxText.kernels.b", "MaxText.kernels.a", []),                           # module cycle
+         ("MaxText.data.x", "MaxText.metrics.y", []), ("MaxText.metrics.y", "MaxText.data.z", [])]
+  found = problems(bad)
+  assert any(p.startswith("upward import: MaxText.checkpoint.manifest") for p in found)
+  assert any("private names" in p and "_Cfg" in p for p in found)
+  assert any(p.startswith("package import cycle") and "data" in p for p in found)
+  assert any(p.startswith("module import cycle") and "kernels.a" in p for p in found)
+  assert problems(bad[3:4]) == []                                           # one edge down: fine

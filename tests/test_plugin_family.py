@@ -1,0 +1,128 @@
+"""Proof that a model family is a plug-in: a family defined entirely in this test module — PaLM
+style, a parallel attention + MLP block (x + attn(norm(x)) + mlp(norm(x))) and the LM head tied to
+the input embedding; its supported keys, its own check and its FLOPs — registered at run time,
+with nothing under MaxText/ edited for it, trains through the ordinary trainer; 5 steps on 8 fake
+devices (data 2 x fsdp 2 x tensor 2) equal one device, its FLOPs are what MFU counts, and a key it
+does not implement (or its own check) is refused with exit 2."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from conftest import MESH_1, MESH_222, argv, train
+from MaxText.config.load import load_config
+from MaxText.layers.attention_ops import attention_op
+from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.mlp import GatedMLP
+from MaxText.layers.norms import RMSNorm
+from MaxText.layers.rope import apply_rope
+from MaxText.layers.stack import PatternStack
+from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
+                                   attention_score_flops, gated_mlp_params)
+from MaxText.models import registry
+from MaxText.models.family import COMMON_KEYS, Family
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.rules import constrain
+from MaxText.train.loop import run
+
+NAME = "parallel_test"
+ACT = ("activation_batch", "activation_length", "activation_embed")
+
+
+class ParallelBlock(nnx.Module):
+  """x + attention(norm(x)) + MLP(norm(x)): one norm, both branches from the same input."""
+
+  def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
+    D, H, K, E = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.norm = RMSNorm(D, eps=cfg.norm_epsilon, **kw)
+    self.query = DenseGeneral((D,), (H, E), ("embed", "heads", "head_dim"), **kw)
+    self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
+    self.value = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
+    self.out = DenseGeneral((H, E), (D,), ("heads", "head_dim", "embed"), **kw)
+    self.mlp = GatedMLP(D, cfg.mlp_dim, "silu", **kw)
+    self.op, self.theta, self.scale = attention_op(cfg), cfg.rope_theta, E ** -0.5
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+    h_BSD = self.norm(x_BSD)
+    q = apply_rope(self.query(h_BSD), positions_BS, self.theta)
+    k = apply_rope(self.key(h_BSD), positions_BS, self.theta)
+    a_BSD = self.out(self.op(q, k, self.value(h_BSD), segment_ids_BS, scale=self.scale))
+    return constrain(x_BSD + a_BSD + self.mlp(h_BSD), ACT)
+
+
+class ParallelModel(nnx.Module):
+  """Embedding → parallel blocks (a pattern stack of one kind) → norm → logits = x @ embedding^T."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.blocks = PatternStack(lambda kind, r: ParallelBlock(cfg, kind, rngs=r), layer_kinds(cfg),
+                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy, rngs=rngs)
+    self.table = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"), std=cfg.init_std,
+                       dtype=cfg.param_dtype)
+    self.norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, rngs=rngs, dtype=cfg.compute_dtype,
+                        param_dtype=cfg.param_dtype)
+
+  def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
+    return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
+
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
+    table_VD = self.table[...].astype(self.norm.dtype)
+    x_BSD = self.blocks(constrain(table_VD[tokens_BS], ACT), positions_BS, segment_ids_BS)
+    return jnp.einsum("bsd,vd->bsv", self.norm(x_BSD), table_VD).astype(jnp.float32), {}
+
+
+def layer_kinds(cfg):
+  return ("parallel",) * cfg.num_decoder_layers
+
+
+def flops(cfg, seq_len, causal=True):
+  D, H, K, E, L = (cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim,
+                   cfg.num_decoder_layers)
+  per_layer = attention_params(D, H, K, E) + gated_mlp_params(D, cfg.mlp_dim)
+  scores = attention_score_flops(attention_pairs(seq_len, causal=causal), H, E)
+  return FlopCount(matmul_params=D * cfg.vocab_size + L * per_layer,
+                   attention_per_sequence=L * scores)
+
+
+def check(cfg):
+  if not cfg.tie_word_embeddings:
+    return [("tie_word_embeddings", "the head is the embedding here: set tie_word_embeddings=true")]
+  return []
+
+
+FAMILY = Family(name=NAME, build=ParallelModel, supports=COMMON_KEYS | {"tie_word_embeddings"},
+                layer_kinds=layer_kinds, flops=flops, check=check)
+
+
+def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
+  assert NAME not in registry.FAMILY_MODULES          # not a family of the repository
+  registry.register(FAMILY)
+  model = (f"decoder_block={NAME}", "tie_word_embeddings=true", "steps=5",
+           "enable_checkpointing=false")
+  code1, one, s1 = train(tmp_path, "one", *model, *MESH_1, devices=jax.devices()[:1])
+  code8, eight, _ = train(tmp_path, "eight", *model, *MESH_222)
+  assert code1 == code8 == 0
+  loss = lambda rows: np.array([r["loss"] for r in rows])
+  assert len(loss(one)) == 5 and loss(one)[-1] < loss(one)[0]
+  np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
+  # its parameters are the parallel block's, scanned as one run; MFU counts its own FLOPs
+  block = s1["params"]["blocks"]["runs"][0][0]
+  assert set(block) == {"norm", "query", "key", "value", "out", "mlp"}
+  mcfg = ModelConfig.from_config(load_config(argv(tmp_path, "one", *model)))
+  kernels = sum(math.prod(a.shape) for p, a in jax.tree_util.tree_flatten_with_path(s1["params"])[0]
+                if p[-1].key == "kernel")   # every matmul weight, and the tied head below
+  assert registry.model_flops(mcfg, 64).matmul_params == kernels + mcfg.vocab_size * mcfg.emb_dim
+  want = registry.training_flops(mcfg, seq_len=64, global_batch=8)["total"]
+  row = one[-1]
+  assert np.isclose(row["tflops_per_device"] * row["step_time_s"] * 1e12, want, rtol=1e-6)
+  # a model key the family does not list is refused before anything compiles, naming the key
+  capsys.readouterr()
+  code, _ = run(argv(tmp_path, "refused", *model, *MESH_1, "use_qk_norm=true"),
+                devices=jax.devices()[:1])
+  assert code == 2
+  assert f"use_qk_norm=True is not supported by decoder_block={NAME}" in capsys.readouterr().err
+  assert run(argv(tmp_path, "untied", *model, *MESH_1, "tie_word_embeddings=false"),
+             devices=jax.devices()[:1])[0] == 2
+  assert "set tie_word_embeddings=true" in capsys.readouterr().err
