@@ -27,7 +27,7 @@ def test_dry_run_lists_the_five_steps_and_their_files_exist():
   assert titles == ["1", "2", "3", "4", "5"], out
   assert "JAX_PLATFORMS=cuda" in out.splitlines()[1]            # kernels compiled, not interpreted
   for path in ("tests/test_flash_attention.py", "benchmarks/attention.py", "benchmarks/moe.py",
-               "train.py", "configs/models/qwen3-1.7b.yml"):
+               "benchmarks/decode.py", "train.py", "configs/models/qwen3-1.7b.yml"):
     assert os.path.exists(os.path.join(ROOT, path)), path
   assert "--seqs 1024,2048,4096,8192,16384,32768" in out
 

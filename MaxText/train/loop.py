@@ -31,13 +31,14 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import cpu_devices, distributed, faults, memory
+from MaxText.train import cpu_devices, distributed, evaluation, faults, memory
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.periodic import Periodic
 from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.startup import StartupClock
@@ -82,6 +83,8 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
   the run's tokenizer (loaded once, to check it against the config)."""
   check_writable(cfg)
   validate(cfg, devices)
+  for key, problem in evaluation.problems(cfg):
+    raise ConfigError(f"{key}: {problem}")
   return validate_data_config(DataConfig.from_config(cfg))
 
 
@@ -298,6 +301,7 @@ class Trainer:
     # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
     self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
+    periodic = Periodic(self, data_iter, writer, log)   # evaluation and samples
 
     self.clock.mark("metrics")
     batch = self.device_batch(next(data_iter))
@@ -323,18 +327,21 @@ class Trainer:
         stop = watch.should_stop(step) and step < cfg.steps
         save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
                                           or stop)
-        if not (save_now or stop or step == cfg.steps):
+        periodic_now = not stop and periodic.due(step)   # evaluation or samples after this step
+        if not (save_now or stop or periodic_now or step == cfg.steps):
           batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
           continue
         code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
         pending = None
         if code is not None:
           return code
+        if periodic_now:
+          self._last_done += periodic.after_step(step, state["params"])   # its time is no step's
         if save_now:
           ckpts.save(step, state, data_iter, config_dict)
         if stop:
           return self._preempted(step, ckpts, watch)
-        if save_now and step < cfg.steps:
+        if step < cfg.steps:   # after a save, so the saved iterator position matches its state
           batch = self.device_batch(next(data_iter))
     finally:
       writer.close()
