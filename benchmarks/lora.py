@@ -61,7 +61,7 @@ def preflight() -> None:
                          "ici_fsdp_parallelism=1", f"weight_dtype={weights}",
                          f"base_output_directory={tempfile.gettempdir()}", *extra])
       t = Trainer(cfg, jax.devices()[:1])
-      est = memory.estimate(t.abstract, [_GPU80()],
+      est = memory.estimate(t.abstract, [_GPU80()], t.activation_bytes(), trained=
                             lora.split(t.abstract["params"])[0] if extra else None)
       verdict = "accepted" if memory.check_fits(est) is None else "refused (exit 2)"
       print(f"| {name} | {weights} | {est.params / gib:.2f} | {est.grads / gib:.3f} | "

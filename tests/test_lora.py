@@ -175,7 +175,7 @@ def test_preflight_accepts_qwen3_8b_lora_where_full_fine_tuning_is_refused(tmp_p
     cfg = load_config([BASE_YML, "model_name=qwen3-8b", "ici_fsdp_parallelism=1",
                        f"base_output_directory={tmp_path}", *extra])
     t = Trainer(cfg, jax.devices()[:1])
-    est[name] = memory.estimate(t.abstract, [_GPU80()],
+    est[name] = memory.estimate(t.abstract, [_GPU80()], t.activation_bytes(), trained=
                                 lora.split(t.abstract["params"])[0] if extra else None)
   full, lo = est["full"], est["lora"]
   assert memory.check_fits(full) is not None and memory.check_fits(lo) is None

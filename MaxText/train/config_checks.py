@@ -40,6 +40,11 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
       sequence_sharded=math.prod(sizes[a] for a in length_axes if a not in batch_axes) > 1):
     raise ConfigError(f"{key}: {problem}")
 
+  if cfg.loss_chunk_length and not hasattr(get_family(cfg.decoder_block).build, "logits"):
+    raise ConfigError(f"loss_chunk_length={cfg.loss_chunk_length}: decoder_block="
+                      f"{cfg.decoder_block} has no separate LM head (`logits`) to apply chunk by "
+                      f"chunk; use loss_chunk_length=0")
+
   ep = sizes["expert"]
   if cfg.num_experts and ep > 1:
     where = (f" (taken from the checkpoint at load_parameters_path={cfg.load_parameters_path})"
