@@ -1,10 +1,9 @@
 """Full fine-tuning vs LoRA (rank 16) of the same model on this CPU, side by side: peak RSS of a
 whole train.py run (runs interleaved), step time of the two compiled steps called alternately in
 one process (median; on a busy machine the alternation keeps the noise alike, where separate runs
-do not); and the pre-flight memory estimate
-(parameters + gradients + optimizer state per device, before activations) of qwen3-8b full vs
-LoRA on one 80 GB GPU, fp32 and bf16 weights (computed from the abstract state: nothing is
-allocated).
+do not); and the trainer's pre-flight memory estimate (parameters + gradients + optimizer state
++ activations + runtime per device) of qwen3-8b full vs LoRA on one 80 GB GPU, fp32 and bf16
+weights (computed from the abstract state: nothing is allocated).
 
 Model: d_model 512, 4 layers, 8 heads of 64 (kv 8), SwiGLU mlp 2048, vocab 8192, seq 128, batch
 4, synthetic data, 1 device, fp32 (about 25M parameters). LoRA: rank 16, alpha 32, the default
