@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Iterable
 
 import jax
 import numpy as np
@@ -32,10 +33,15 @@ ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safe
         "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)")}
 
 
-def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
+def config_for_hf(hf_config: dict, overrides: list[str],
+                  tensor_names: Iterable[str] | None = None) -> Config:
+  """Our config of an HF checkpoint: its config.json, plus what a name map reads from the names of
+  its tensors where config.json is silent (`config_from_tensor_names`, when the map has one)."""
   family = get_hf_map(hf_config["model_type"])
   # a family may name the exported type itself (a multimodal checkpoint exports its text model)
   values = {"hf_model_type": hf_config["model_type"], **family.config_from_hf(hf_config)}
+  if tensor_names is not None and hasattr(family, "config_from_tensor_names"):
+    values.update(family.config_from_tensor_names(tensor_names))
   cfg = replace(load_config([BASE_YML]), **values)
   changed = parse_overrides(overrides)
   arch = ARCHITECTURE_KEYS - {"scan_layers"}   # the parameters' layout, not the model, may be chosen
@@ -59,10 +65,11 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   hf_config = read_config(hf_path)
-  cfg = config_for_hf(hf_config, overrides)
+  tensors = HFTensors(hf_path)
+  cfg = config_for_hf(hf_config, overrides, tensors)
   mcfg = ModelConfig.from_config(cfg)
   family = get_hf_map(cfg.hf_model_type)
-  params = family.hf_to_params(HFTensors(hf_path), mcfg)
+  params = family.hf_to_params(tensors, mcfg)
   want = make_model_def(mcfg).abstract_params
   flat_want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_leaves_with_path(want)}
   flat_got = {jax.tree_util.keystr(p): a for p, a in jax.tree_util.tree_leaves_with_path(params)}

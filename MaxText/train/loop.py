@@ -106,7 +106,7 @@ class Trainer:
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
     self.model_def = make_model_def(self.mcfg)
-    self.tx = make_optimizer(cfg, self.model_def.logical_axes)
+    self.tx = make_optimizer(cfg, self.model_def.logical_axes, self.family.frozen(self.mcfg))
     self.lr_schedule = learning_rate_schedule(cfg)
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules)
     self.abstract = abstract_state(self.model_def, self.tx, self.shardings)
@@ -302,7 +302,9 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
     trainer.distributed = plan
-    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices))
+    activations = trainer.family.activation_bytes(trainer.mcfg, cfg.per_device_batch_size,
+                                                  cfg.max_target_length)
+    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices, activations))
     if problem:
       raise ConfigError(problem)
   except (ConfigError, DataError) as e:

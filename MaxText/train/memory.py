@@ -1,9 +1,10 @@
 """Pre-flight memory check: will the parameters, gradients and optimizer state fit per device?
 
 Counted per device from the actual shardings (so fsdp/tensor sharding is credited exactly):
-parameters + one gradient copy + the optimizer state. Activations are not counted (they depend on
-remat and fusion); the check only refuses runs that cannot fit even without them, before anything
-is allocated or compiled.
+parameters + one gradient copy + the optimizer state, plus the activations a family knows it must
+keep (`Family.activation_bytes`, e.g. recurrent states of linear-attention layers). Other
+activations are not counted (they depend on remat and fusion); the check only refuses runs that
+cannot fit even without them, before anything is allocated or compiled.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ class MemoryEstimate:
   optimizer: int
   available: int       # bytes per device
   source: str          # where `available` came from
+  activations: int = 0  # the family's known activations (bytes per device)
 
   @property
   def needed(self) -> int:
-    return self.params + self.grads + self.optimizer
+    return self.params + self.grads + self.optimizer + self.activations
 
 
 def _per_device_bytes(abstract: Any) -> int:
@@ -51,21 +53,24 @@ def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]
   return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
 
 
-def estimate(abstract_state: dict, devices: Sequence[jax.Device]) -> MemoryEstimate:
+def estimate(abstract_state: dict, devices: Sequence[jax.Device],
+             activations: int = 0) -> MemoryEstimate:
   params = _per_device_bytes(abstract_state["params"])
   available, source = available_bytes_per_device(devices)
   return MemoryEstimate(params=params, grads=params,
                         optimizer=_per_device_bytes(abstract_state["opt_state"]),
-                        available=available, source=source)
+                        available=available, source=source, activations=activations)
 
 
 def check_fits(est: MemoryEstimate) -> str | None:
   """None when the state fits; otherwise the message to stop with."""
   if est.needed <= est.available:
     return None
+  known = (f" + the model's known activations {est.activations / GiB:.2f} GiB"
+           if est.activations else "")
   return (f"the model does not fit: parameters {est.params / GiB:.2f} GiB + gradients "
-          f"{est.grads / GiB:.2f} GiB + optimizer state {est.optimizer / GiB:.2f} GiB = "
+          f"{est.grads / GiB:.2f} GiB + optimizer state {est.optimizer / GiB:.2f} GiB{known} = "
           f"{est.needed / GiB:.2f} GiB needed per device, {est.available / GiB:.2f} GiB available "
-          f"({est.source}), before activations. Shard the state over more devices "
-          f"(ici_fsdp_parallelism / ici_tensor_parallelism, or more hosts), use "
+          f"({est.source}), before {'other ' if known else ''}activations. Shard the state over "
+          f"more devices (ici_fsdp_parallelism / ici_tensor_parallelism, or more hosts), use "
           f"weight_dtype=bfloat16, or pick a smaller model.")

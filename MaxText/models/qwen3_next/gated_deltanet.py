@@ -1,0 +1,117 @@
+"""Qwen3-Next's Gated DeltaNet layer (its linear-attention layers), for training over packed rows and
+one token at a time with an explicit state (decoding).
+
+Conventions
+  B batch, S sequence, D model width, Hk key heads, Hv value heads (G = Hv / Hk per key head),
+  Dk / Dv key / value head width, W conv width, X = 2·Dk + G·Dv (one key head's q|k|v channels).
+  Arrays are named by shape; parameters carry logical axis names (key and value heads: "heads").
+
+Parameters, laid out per key head as the checkpoint groups them (so tensor parallelism splits
+whole key heads and their value heads together):
+  in_proj_qkvz [D, Hk, 2·Dk + 2·G·Dv]   per key head: q (Dk) | k (Dk) | v (G·Dv) | z (G·Dv)
+  in_proj_ba   [D, Hk, 2·G]             per key head: b (G) | a (G)
+  conv         [W, Hk, X]               depthwise causal conv over q|k|v, no bias
+  A_log, dt_bias [Hv];  norm/scale [Dv];  out_proj [Hv, Dv, D]
+Value head h belongs to key head h // G.
+
+Forward: q|k|v → causal conv (restarting at every packed document) → SiLU; β = sigmoid(b),
+g = −exp(A_log)·softplus(a + dt_bias) (fp32); q, k L2-normalised (q also × Dk^-1/2) and repeated
+to the value heads; the gated delta rule (MaxText/layers/gated_delta.py: chunked for training, or
+token by token with linear_recurrence=token); rms(o)·w·silu(z); out_proj.
+
+Decoding: `init_state(batch)` → {"conv": the last W−1 inputs of q|k|v [B, W−1, Hk, X],
+"delta": the delta-rule state [B, Hv, Dk, Dv] fp32}, both zero at a document's start;
+`step(x_BD, state)` → (y_BD, next state). A prompt's state comes from running `step` over it (or,
+for the delta state, `chunked_gated_delta_rule`'s final state).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.layers.causal_conv import causal_conv, causal_conv_step
+from MaxText.layers.gated_delta import (document_starts, gated_delta_rule, gated_delta_step,
+                                        l2_normalize)
+from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.norms import GatedRMSNorm
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.rules import constrain
+
+ACT_BSHX = ("activation_batch", "activation_length", "activation_heads", None)
+ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
+
+
+class GatedDeltaNet(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, Hk, Hv = cfg.emb_dim, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    Dk, Dv, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    G = Hv // Hk
+    self.dims = (Hk, Hv, Dk, Dv, G)
+    self.dtype = cfg.compute_dtype
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.in_proj_qkvz = DenseGeneral((D,), (Hk, 2 * Dk + 2 * G * Dv), ("embed", "heads", None),
+                                     **kw)
+    self.in_proj_ba = DenseGeneral((D,), (Hk, 2 * G), ("embed", "heads", None), **kw)
+    conv = W ** -0.5 * jax.random.normal(rngs.params(), (W, Hk, 2 * Dk + G * Dv), jnp.float32)
+    self.conv = nnx.Param(conv.astype(cfg.param_dtype), logical_axes=(None, "heads", None))
+    # HF's init: A uniform in [0.01, 16], dt_bias 1
+    A = jax.random.uniform(rngs.params(), (Hv,), jnp.float32, 0.01, 16.0)
+    self.A_log = nnx.Param(jnp.log(A).astype(cfg.param_dtype), logical_axes=("heads",))
+    self.dt_bias = nnx.Param(jnp.ones((Hv,), cfg.param_dtype), logical_axes=("heads",))
+    self.norm = GatedRMSNorm(Dv, eps=cfg.norm_epsilon, **kw)
+    self.out_proj = DenseGeneral((Hv, Dv), (D,), ("heads", None, "embed"), **kw)
+    self.chunk_size = cfg.linear_chunk_size
+    self.chunked = cfg.linear_recurrence == "chunked"
+
+  # ---- the pieces both forms share (any leading dims `...`) --------------------------------------
+  def _project(self, x_D):
+    """x → (q|k|v [..., Hk, X], z [..., Hv, Dv], b and a [..., Hv])."""
+    Hk, Hv, Dk, Dv, G = self.dims
+    qkvz = self.in_proj_qkvz(x_D)
+    ba = self.in_proj_ba(x_D)
+    lead = x_D.shape[:-1]
+    qkv, z = qkvz[..., :2 * Dk + G * Dv], qkvz[..., 2 * Dk + G * Dv:].reshape(*lead, Hv, Dv)
+    return qkv, z, ba[..., :G].reshape(*lead, Hv), ba[..., G:].reshape(*lead, Hv)
+
+  def _rule_inputs(self, mixed, b, a):
+    """Conv output and b, a → (q, k [..., Hv, Dk] normalised and repeated, v [..., Hv, Dv], g, β),
+    the gates in fp32."""
+    Hk, Hv, Dk, Dv, G = self.dims
+    lead = mixed.shape[:-2]
+    mixed = jax.nn.silu(mixed).astype(self.dtype)
+    q = l2_normalize(mixed[..., :Dk]) * Dk ** -0.5
+    k = l2_normalize(mixed[..., Dk:2 * Dk])
+    v = mixed[..., 2 * Dk:].reshape(*lead, Hv, Dv)
+    q, k = jnp.repeat(q, G, axis=-2), jnp.repeat(k, G, axis=-2)
+    beta = jax.nn.sigmoid(b)
+    g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
+        a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
+    return q, k, v, g, beta
+
+  def _output(self, o, z):
+    return self.out_proj(self.norm(o.astype(self.dtype), z))
+
+  # ---- training: packed rows ---------------------------------------------------------------------
+  def __call__(self, x_BSD, segment_ids_BS):
+    qkv, z, b, a = self._project(x_BSD)
+    qkv = constrain(qkv, ACT_BSHX)
+    mixed = causal_conv(qkv, self.conv[...], document_starts(segment_ids_BS))
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    o = gated_delta_rule(q, k, v, g, beta, segment_ids_BS, chunk_size=self.chunk_size,
+                         chunked=self.chunked)
+    return constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
+
+  # ---- decoding: one token -----------------------------------------------------------------------
+  def init_state(self, batch: int) -> dict:
+    Hk, Hv, Dk, Dv, G = self.dims
+    W = self.conv.get_value().shape[0]
+    return {"conv": jnp.zeros((batch, W - 1, Hk, 2 * Dk + G * Dv), self.dtype),
+            "delta": jnp.zeros((batch, Hv, Dk, Dv), jnp.float32)}
+
+  def step(self, x_BD, state: dict) -> tuple[jax.Array, dict]:
+    qkv, z, b, a = self._project(x_BD)
+    mixed, window = causal_conv_step(state["conv"], qkv, self.conv[...])
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    o, delta = gated_delta_step(state["delta"], q, k, v, g, beta)
+    return self._output(o, z), {"conv": window, "delta": delta}
