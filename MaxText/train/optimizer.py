@@ -5,7 +5,9 @@ with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate sche
 scales is [layers, D] but is still a vector per layer and is not decayed.
 
 A family's frozen parameters (`Family.frozen`: top-level names, e.g. a carried multi-token-prediction
-block) get no optimizer state and updates of -0.0: p + (-0.0) is p bit for bit for every p."""
+block) get updates of -0.0 after AdamW: p + (-0.0) is p bit for bit for every p, signed zeros
+included. (Their gradients are zero, so their AdamW moments stay zero; they still take optimizer
+state, which keeps the state's structure that of the parameters.)"""
 from __future__ import annotations
 
 from typing import Sequence
@@ -40,10 +42,11 @@ def decay_mask(logical_axes):
                       is_leaf=lambda x: isinstance(x, tuple))
 
 
-def unchanged() -> optax.GradientTransformation:
-  """Updates of -0.0 (x + -0.0 == x for every x, signed zeros included)."""
+def freeze(frozen_mask) -> optax.GradientTransformation:
+  """Updates of -0.0 where `frozen_mask` is True (x + -0.0 == x for every x, signed zeros
+  included; +0.0 would turn -0.0 into +0.0)."""
   return optax.stateless(lambda updates, params=None: jax.tree.map(
-      lambda u: jnp.full_like(u, -0.0), updates))
+      lambda u, frozen: jnp.full_like(u, -0.0) if frozen else u, updates, frozen_mask))
 
 
 def make_optimizer(cfg: Config, logical_axes,
@@ -56,7 +59,7 @@ def make_optimizer(cfg: Config, logical_axes,
     tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), tx)
   if not frozen:
     return tx
-  labels = {name: jax.tree.map(lambda _, n=name: "frozen" if n in frozen else "train", axes,
-                               is_leaf=lambda x: isinstance(x, tuple))
-            for name, axes in logical_axes.items()}
-  return optax.multi_transform({"train": tx, "frozen": unchanged()}, labels)
+  mask = {name: jax.tree.map(lambda _, n=name: n in frozen, axes,
+                             is_leaf=lambda x: isinstance(x, tuple))
+          for name, axes in logical_axes.items()}
+  return optax.chain(tx, freeze(mask))

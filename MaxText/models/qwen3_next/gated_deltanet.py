@@ -55,10 +55,16 @@ class GatedDeltaNet(nnx.Module):
     self.in_proj_ba = DenseGeneral((D,), (Hk, 2 * G), ("embed", "heads", None), **kw)
     conv = W ** -0.5 * jax.random.normal(rngs.params(), (W, Hk, 2 * Dk + G * Dv), jnp.float32)
     self.conv = nnx.Param(conv.astype(cfg.param_dtype), logical_axes=(None, "heads", None))
-    # HF's init: A uniform in [0.01, 16], dt_bias 1
-    A = jax.random.uniform(rngs.params(), (Hv,), jnp.float32, 0.01, 16.0)
+    # the Mamba / FLA init: A uniform in [1, 16], time steps dt log-uniform in [1e-3, 0.1] with
+    # dt_bias = softplus^-1(dt), so that the decays exp(-A dt) start near 1 (long memory). (HF's
+    # dt_bias = 1 starts with decays near exp(-10): each token nearly resets the state, the
+    # outputs o are tiny and their RMSNorm amplifies fp32 rounding ~1e3x in the gradients.)
+    A = jax.random.uniform(rngs.params(), (Hv,), jnp.float32, 1.0, 16.0)
     self.A_log = nnx.Param(jnp.log(A).astype(cfg.param_dtype), logical_axes=("heads",))
-    self.dt_bias = nnx.Param(jnp.ones((Hv,), cfg.param_dtype), logical_axes=("heads",))
+    dt = jnp.exp(jax.random.uniform(rngs.params(), (Hv,), jnp.float32, jnp.log(1e-3),
+                                    jnp.log(0.1)))
+    self.dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(cfg.param_dtype),
+                             logical_axes=("heads",))
     self.norm = GatedRMSNorm(Dv, eps=cfg.norm_epsilon, **kw)
     self.out_proj = DenseGeneral((Hv, Dv), (D,), ("heads", None, "embed"), **kw)
     self.chunk_size = cfg.linear_chunk_size
