@@ -2,7 +2,8 @@
 the chunked form equals the token-by-token recurrence (values, final state and gradients), both
 equal transformers' reference functions run on each packed document alone, gradients stay finite
 under decays strong enough to overflow an unmasked exp, the Gated DeltaNet layer's one-token step
-reproduces its training forward, and the rule runs per shard under a mesh."""
+reproduces its training forward, and under a mesh the rule is partitioned per row and head with
+no communication."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,7 +142,7 @@ def test_layer_step_reproduces_the_training_forward():
                                   mcfg.linear_value_head_dim)
 
 
-def test_rule_runs_per_shard_and_refuses_a_sharded_sequence():
+def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():
   from MaxText.sharding.rules import parse_rules, use_rules
   q, k, v, g, beta = inputs(4)
   seg = jnp.asarray(packed_segments())
@@ -151,9 +152,27 @@ def test_rule_runs_per_shard_and_refuses_a_sharded_sequence():
                        ["activation_length", ["context"]]], ["data", "context", "tensor"])
   mesh = jax.sharding.Mesh(devices[:6].reshape(2, 1, 3), ("data", "context", "tensor"),
                            axis_types=(AxisType.Auto,) * 3)       # batch 2-way, heads 3-way
-  with jax.set_mesh(mesh), use_rules(mesh, rules):
-    got = jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(q, k, v, g, beta, seg)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-6)
+  x_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None, "tensor"))
+  placed = [jax.device_put(a, x_sh) for a in (q, k, v, g, beta)] + [
+      jax.device_put(seg, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))]
+
+  def loss(q, k, v, g, beta, seg):
+    with use_rules(mesh, rules):
+      return jnp.sum(gd.gated_delta_rule(q, k, v, g, beta, seg, chunk_size=32) ** 2)
+
+  with jax.set_mesh(mesh):
+    fwd_bwd = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))
+    hlo = fwd_bwd.lower(*placed).compile().as_text()
+    with use_rules(mesh, rules):
+      o = jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(*placed)
+  np.testing.assert_allclose(np.asarray(o), np.asarray(want), rtol=0, atol=1e-6)
+  assert o.sharding.shard_shape(o.shape) == (B // 2, S, H // 3, V)
+  # per row and head: forward and backward partitioned with no communication but the loss's sum
+  collectives = [op for op in ("all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+                 if op in hlo]
+  reduces = [line for line in hlo.splitlines() if "all-reduce(" in line]
+  assert not collectives and reduces and all("f32[] all-reduce(" in r for r in reduces), (
+      collectives, reduces)
   cp = jax.sharding.Mesh(devices[:4].reshape(1, 2, 2), ("data", "context", "tensor"),
                          axis_types=(AxisType.Auto,) * 3)
   with jax.set_mesh(cp), use_rules(cp, rules), pytest.raises(ValueError, match="context"):

@@ -95,5 +95,6 @@ def test_frozen_parameters_stay_bitwise_unchanged():
     params = jax.tree.map(lambda p, u: p + u, params, updates)
   assert np.asarray(params["mtp"]["w"]).tobytes() == np.asarray(
       jnp.array([[-0.0, 1.5, -2.0, 0.0]] * 3)).tobytes()
-  assert np.asarray(params["mtp"]["scale"]).tobytes() == np.asarray(jnp.array([-0.0, 3.0])).tobytes()
+  assert (np.asarray(params["mtp"]["scale"]).tobytes()
+          == np.asarray(jnp.array([-0.0, 3.0])).tobytes())
   assert not np.allclose(np.asarray(params["w"]), 1.0)

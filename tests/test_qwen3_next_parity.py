@@ -1,5 +1,5 @@
-"""Our qwen3_next family against Hugging Face transformers' Qwen3-Next (the oracle), through the name
-map of MaxText/models/qwen3_next/hf_map.py. Tiny random-init `Qwen3NextForCausalLM`s (fp32, eager
+"""Our qwen3_next family against Hugging Face transformers' Qwen3-Next (the oracle), through the
+name map of MaxText/models/qwen3_next/hf_map.py. Tiny random-init `Qwen3NextForCausalLM`s (fp32, eager
 attention) from configs/models/qwen3-next-tiny.yml:
   moe    [3 Gated DeltaNet + 1 gated attention], every MLP 8 routed experts (top-2, renormalised)
          plus a shared expert behind its sigmoid gate;
@@ -107,7 +107,8 @@ def test_bf16_logits_within_kl():
                         model_def.abstract_params)
   tokens, pos, seg = batch(mcfg.vocab_size)
   got = our_logits(model_def, params, tokens, pos, seg)
-  hf16, hf32 = hf_logits(hf_model("dense", "bfloat16"), tokens), hf_logits(hf_model("dense"), tokens)
+  hf16 = hf_logits(hf_model("dense", "bfloat16"), tokens)
+  hf32 = hf_logits(hf_model("dense"), tokens)
   div, ours_err, hf_err = kl(hf16, got).max(), kl(hf32, got).max(), kl(hf32, hf16).max()
   print(f"bf16 max KL vs transformers bf16 {div:.2e}; vs fp32: ours {ours_err:.2e}, "
         f"transformers {hf_err:.2e}")

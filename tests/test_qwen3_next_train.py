@@ -17,8 +17,9 @@ from MaxText.train import memory
 # with top-2 routing that flips near-tie expert choices (a discrete change, not a sharding error),
 # and at the default 3e-3 AdamW turns the rest into ~1e-4 by step 5. The dispatch, the all-to-all
 # and the experts' math are exercised all the same.
-QWEN3_NEXT = ("model_name=qwen3-next-tiny", "num_decoder_layers=4", "steps=5",
-              "enable_checkpointing=false", "mtp_num_layers=1", "linear_chunk_size=16",
+# Layers [linear, full] x 2: one scanned block of both kinds, repeated.
+QWEN3_NEXT = ("model_name=qwen3-next-tiny", "num_decoder_layers=4", "attention_pattern=lf",
+              "steps=5", "enable_checkpointing=false", "mtp_num_layers=1", "linear_chunk_size=16",
               "moe_aux_loss_weight=0.01", "num_experts_per_tok=8", "learning_rate=3e-4")
 MESH_EP = ["per_device_batch_size=1", "ici_data_parallelism=2", "ici_fsdp_parallelism=2",
            "ici_expert_parallelism=2"]

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
-from MaxText.sharding.rules import current_context, logical_to_spec
+from MaxText.sharding.rules import constrain, current_context, logical_to_spec
 
 F32 = jnp.float32
 
@@ -149,29 +148,30 @@ def chunked_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, 
 def gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, segment_ids_BS, *,
                      chunk_size: int = 64, chunked: bool = True) -> jax.Array:
   """A training forward over packed rows: the state starts at zero and restarts at every document
-  start. Under a mesh (`use_rules`) it runs per shard through `shard_map` — batch over the
-  `activation_batch` axes, heads over `activation_heads` — with no communication; a sequence
-  sharded over the context axis is refused (ValueError: the recurrence would need the state of the
-  previous shard). Returns o [B, S, H, V] in fp32."""
-  def run(q, k, v, g, beta, seg):
-    reset = document_starts(seg)
-    if chunked:
-      return chunked_gated_delta_rule(q, k, v, g, beta, reset, chunk_size=chunk_size)[0]
-    return recurrent_gated_delta_rule(q, k, v, g, beta, reset)[0]
+  start. Under a mesh (`use_rules`) its inputs and output are constrained to batch over the
+  `activation_batch` axes and heads over `activation_heads`, and XLA partitions it along those
+  (every operation is per row and head: no communication); a sequence sharded over the context
+  axis is refused (ValueError: the recurrence would need the state of the previous shard).
+  Returns o [B, S, H, V] in fp32.
 
+  (Not `shard_map`: on XLA:CPU a shard_map'd rule inside a scanned block of several repeats hangs
+  the step at run time, jax 0.10.2; the partitioner gives the same per-shard program.)"""
   ctx = current_context()
-  args = (q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, segment_ids_BS)
-  if ctx is None:
-    return run(*args)
-  B, S, H, _ = q_BSHK.shape
-  spec = lambda names, shape: logical_to_spec(names, shape, ctx.rules, ctx.mesh)
-  batch, length, heads = spec(("activation_batch", "activation_length", "activation_heads"),
-                              (B, S, H))
-  length = () if length is None else (length,) if isinstance(length, str) else length
-  if any(ctx.mesh.shape[a] > 1 for a in length):
-    raise ValueError("the gated delta rule does not support a sequence sharded over the context "
-                     "axis (context parallelism)")
-  x_spec, gate_spec = P(batch, None, heads, None), P(batch, None, heads)
-  return jax.shard_map(run, mesh=ctx.mesh,
-                       in_specs=(x_spec, x_spec, x_spec, gate_spec, gate_spec, P(batch, None)),
-                       out_specs=x_spec, check_vma=False)(*args)
+  if ctx is not None:
+    B, S, H, _ = q_BSHK.shape
+    length = logical_to_spec(("activation_batch", "activation_length"), (B, S), ctx.rules,
+                             ctx.mesh)[1]
+    length = () if length is None else (length,) if isinstance(length, str) else length
+    if any(ctx.mesh.shape[a] > 1 for a in length):
+      raise ValueError("the gated delta rule does not support a sequence sharded over the context "
+                       "axis (context parallelism)")
+  x_axes = ("activation_batch", None, "activation_heads", None)
+  gate_axes = ("activation_batch", None, "activation_heads")
+  q, k, v = (constrain(a, x_axes) for a in (q_BSHK, k_BSHK, v_BSHV))
+  g, beta = constrain(g_BSH, gate_axes), constrain(beta_BSH, gate_axes)
+  reset = document_starts(segment_ids_BS)
+  if chunked:
+    o = chunked_gated_delta_rule(q, k, v, g, beta, reset, chunk_size=chunk_size)[0]
+  else:
+    o = recurrent_gated_delta_rule(q, k, v, g, beta, reset)[0]
+  return constrain(o, x_axes)

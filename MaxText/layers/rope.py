@@ -7,9 +7,9 @@ Positions come from the data (they restart at 0 for each packed document).
 rotate (channels [0, ra) and [E/2, E/2 + ra)), with the exponent's denominator still the FULL E; the
 other pairs have frequency 0 (identity).
 
-`apply_partial_rope` is the other partial convention (Hugging Face's `partial_rotary_factor`, e.g.
-Qwen3-Next): the first `rotary_dim` channels rotate as a head of that width (pairs i, i + rotary_dim/2,
-exponent denominator rotary_dim); the others pass through unchanged.
+`apply_partial_rope` is the other partial convention (Hugging Face's `partial_rotary_factor`,
+e.g. Qwen3-Next): the first `rotary_dim` channels rotate as a head of that width (pairs i,
+i + rotary_dim/2, exponent denominator rotary_dim); the others pass through unchanged.
 
 Cast order as Hugging Face: angles in fp32, cos/sin cast to the activation dtype, the rotation done
 in the activation dtype.

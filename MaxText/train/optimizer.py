@@ -4,8 +4,8 @@ with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate sche
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
 scales is [layers, D] but is still a vector per layer and is not decayed.
 
-A family's frozen parameters (`Family.frozen`: top-level names, e.g. a carried multi-token-prediction
-block) get updates of -0.0 after AdamW: p + (-0.0) is p bit for bit for every p, signed zeros
+A family's frozen parameters (`Family.frozen`: top-level names, e.g. a carried
+multi-token-prediction block) get updates of -0.0 after AdamW: p + (-0.0) is p bit for bit for every p, signed zeros
 included. (Their gradients are zero, so their AdamW moments stay zero; they still take optimizer
 state, which keeps the state's structure that of the parameters.)"""
 from __future__ import annotations

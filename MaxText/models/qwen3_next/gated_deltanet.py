@@ -1,5 +1,5 @@
-"""Qwen3-Next's Gated DeltaNet layer (its linear-attention layers), for training over packed rows and
-one token at a time with an explicit state (decoding).
+"""Qwen3-Next's Gated DeltaNet layer (its linear-attention layers), for training over packed rows
+and one token at a time with an explicit state (decoding).
 
 Conventions
   B batch, S sequence, D model width, Hk key heads, Hv value heads (G = Hv / Hk per key head),

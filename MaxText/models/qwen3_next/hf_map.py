@@ -168,7 +168,8 @@ REPRESENTS = frozenset({
 def _pattern(letters: str) -> str:
   """The shortest pattern whose repetition gives `letters`."""
   n = len(letters)
-  return next(letters[:p] for p in range(1, n + 1) if n % p == 0 and letters[:p] * (n // p) == letters)
+  return next(letters[:p] for p in range(1, n + 1)
+              if n % p == 0 and letters[:p] * (n // p) == letters)
 
 
 def _rope(hf: Mapping[str, Any]) -> tuple[float, float]:
@@ -228,7 +229,8 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       "num_experts": experts,
       "num_experts_per_tok": int(hf.get("num_experts_per_tok", 10)),
       "moe_mlp_dim": int(hf.get("moe_intermediate_size", 512)) if experts else 0,
-      "shared_expert_mlp_dim": int(hf.get("shared_expert_intermediate_size", 512)) if experts else 0,
+      "shared_expert_mlp_dim": (int(hf.get("shared_expert_intermediate_size", 512)) if experts
+                                else 0),
       "norm_topk_prob": bool(hf.get("norm_topk_prob", True)),
       "mlp_only_layers": sorted(int(i) for i in hf.get("mlp_only_layers") or []),
       "decoder_sparse_step": int(hf.get("decoder_sparse_step", 1)),

@@ -1,0 +1,155 @@
+"""Training cost against the sequence length: one training step (the trainer's own compiled step:
+forward, backward, AdamW) of qwen3-next-tiny (3 Gated DeltaNet layers + 1 gated-attention layer)
+against a Qwen3 dense model of the same width and depth (4 attention layers: D 64, 4/2 heads of
+16, q/k norm, SwiGLU 128) and qwen3-next-tiny with that dense SwiGLU instead of its experts (only
+the token mixers differ from the dense model; on XLA:CPU the experts' `ragged_dot` is a slow
+loop), then the chunked gated delta rule against the token-by-token scan
+(`linear_recurrence=token`) in qwen3-next-tiny at one length.
+
+  .venv/bin/python benchmarks/long_context.py [--seqs 1024,2048,4096,8192,16384] [--batch 1]
+      [--rounds 3] [--scan-seq 4096] [--out FILE]
+
+Every configuration is compiled once (cold: no persistent cache), then `--rounds` rounds each run
+every configuration's step once, alternating, so that load on a shared machine hits all alike;
+the table gives the median step time, tokens/s = batch x S / step, and the compiled step's memory
+(`memory_analysis()`: "temp" is XLA's scratch, where the S x S attention scores live; "peak" =
+arguments + outputs + temp - donated aliases). A step whose compiled peak exceeds the free host
+memory is not run. Both models use attention=dot_product (XLA; the Pallas kernels run only in the
+interpreter on CPU) and remat_policy=save_matmuls (the default). `uptime` is printed before and
+after. On a GPU the same command runs the same programs there (e.g. --seqs 8192,...,65536).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+COMMON = ["vocab_size=384", "emb_dim=64", "num_decoder_layers=4", "num_query_heads=4",
+          "num_kv_heads=2", "head_dim=16", "mlp_dim=128", "ici_fsdp_parallelism=1",
+          "attention=dot_product", "dataset_type=synthetic", "enable_tensorboard=false",
+          "enable_checkpointing=false", "jax_cache_dir=", "max_position_embeddings=65536"]
+MODELS = {
+    "qwen3-next-tiny": ["model_name=qwen3-next-tiny"],
+    # the same mixers with the dense model's MLP: only the token mixing differs from "qwen3 dense"
+    "qwen3-next-tiny, dense MLP": ["model_name=qwen3-next-tiny", "num_experts=0", "moe_mlp_dim=0",
+                                   "shared_expert_mlp_dim=0"],
+    "qwen3 dense": ["model_name=qwen3-tiny"],
+}
+
+
+def uptime() -> str:
+  try:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+  except OSError:
+    return "uptime unavailable"
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--seqs", default="1024,2048,4096,8192,16384")
+  ap.add_argument("--batch", type=int, default=1)
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--scan-seq", type=int, default=4096)
+  ap.add_argument("--out", default="")
+  args = ap.parse_args()
+
+  import jax
+  import numpy as np
+  import psutil
+
+  from MaxText.config.load import load_config
+  from MaxText.train.loop import Trainer
+  from MaxText.train.state import init_state
+  from MaxText.train.step import BATCH_KEYS
+
+  devices = jax.devices()[:1]
+  base = os.path.join(ROOT, "configs", "base.yml")
+
+  def build(name, overrides, S):
+    cfg = load_config([base, *overrides, *COMMON, f"max_target_length={S}",
+                       f"per_device_batch_size={args.batch}"])
+    t = Trainer(cfg, devices)
+    t0 = time.perf_counter()
+    compiled = t.compile_step()
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+            - mem.alias_size_in_bytes)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.vocab_size, (args.batch, S)).astype(np.int32)
+    host = {"inputs": tokens, "targets": np.roll(tokens, -1, 1),
+            "inputs_position": np.tile(np.arange(S, dtype=np.int32), (args.batch, 1)),
+            "inputs_segmentation": np.ones((args.batch, S), np.int32),
+            "targets_segmentation": np.ones((args.batch, S), np.int32)}
+    batch = {k: jax.device_put(host[k], t.batch_sharding) for k in BATCH_KEYS}
+    return {"name": name, "S": S, "trainer": t, "compiled": compiled, "batch": batch,
+            "temp": mem.temp_size_in_bytes, "peak": peak, "compile_s": compile_s, "times": [],
+            "state": None}
+
+  def step(run):
+    if run["state"] is None:
+      t = run["trainer"]
+      run["state"] = init_state(t.mcfg, 0, t.tx, t.shardings)
+    t0 = time.perf_counter()
+    run["state"], metrics = run["compiled"](run["state"], run["batch"])
+    jax.block_until_ready(metrics["loss"])
+    run["times"].append(time.perf_counter() - t0)
+
+  seqs = [int(s) for s in args.seqs.split(",") if s]
+  runs = [build(name, over, S) for S in seqs for name, over in MODELS.items()]
+  scan = [build(f"qwen3-next-tiny, {kind}", [*MODELS["qwen3-next-tiny"],
+                                              f"linear_recurrence={kind}"], args.scan_seq)
+          for kind in ("chunked", "token")] if args.scan_seq else []
+  free = psutil.virtual_memory().available
+  load_before = uptime()
+  for run in runs + scan:
+    run["skip"] = run["peak"] > 0.8 * free
+    if not run["skip"]:
+      step(run)                                    # first call: allocation, not timed below
+      run["times"].clear()
+  for _ in range(args.rounds):
+    for run in runs + scan:
+      if not run["skip"]:
+        step(run)
+  load_after = uptime()
+
+  def row(run):
+    if run["skip"]:
+      return (f"| {run['name']} | {run['S']} | skipped: compiled peak {run['peak'] / 2**30:.1f} "
+              f"GiB > 80% of the free {free / 2**30:.1f} GiB | | | {run['temp'] / 2**20:,.0f} | "
+              f"{run['peak'] / 2**20:,.0f} | {run['compile_s']:.1f} |")
+    t = statistics.median(run["times"])
+    tps = args.batch * run["S"] / t
+    return (f"| {run['name']} | {run['S']} | {t * 1e3:,.0f} | {tps:,.0f} | "
+            f"{run['temp'] / 2**20:,.0f} | {run['peak'] / 2**20:,.0f} | {run['compile_s']:.1f} |")
+
+  head = ("| model | S | step ms | tokens/s | temp MiB | peak MiB | compile s |\n"
+          "|---|---|---|---|---|---|---|")
+  lines = [f"{devices[0].platform} ({devices[0].device_kind}), jax {jax.__version__}; batch "
+           f"{args.batch}, fp32, one training step (fwd + bwd + AdamW), median of {args.rounds} "
+           f"alternating rounds",
+           f"load before: {load_before}", f"load after:  {load_after}", "", head,
+           *map(row, runs)]
+  if scan:
+    lines += ["", f"Gated delta rule at S = {args.scan_seq}: chunked (chunk 64) vs token by token",
+              "", head, *map(row, scan)]
+    done = [r for r in scan if not r["skip"]]
+    if len(done) == 2:
+      ratio = statistics.median(done[1]["times"]) / statistics.median(done[0]["times"])
+      lines.append(f"\ntoken-by-token step / chunked step = {ratio:.1f}x")
+  text = "\n".join(lines)
+  print(text)
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      f.write(text + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
