@@ -86,6 +86,13 @@ def test_logits_match_hf(variant, scan):
   check_logits(model_def, params, hf_model(variant), mcfg.vocab_size)
 
 
+def test_flash_attention_on_the_full_layers():
+  """attention=flash (our Pallas kernel; the interpreter on CPU) in the gated-attention layers."""
+  mcfg, model_def, params = ours("moe", True, "attention=flash")
+  assert mcfg.attention == "flash"
+  check_logits(model_def, params, hf_model("moe"), mcfg.vocab_size)
+
+
 def test_token_by_token_recurrence_gives_the_same_logits():
   """linear_recurrence=token (the reference scan) against HF, and against the chunked form."""
   mcfg, model_def, params = ours("moe", True)

@@ -26,7 +26,8 @@ solve the unit lower-triangular system (I + L) X = [β v | β k γ_i0] with L_ij
   v' = u − w S,    o = (q γ_i0) S + (q kᵀ ⊙ γ) v',    S ← γ_C0 S + Σ_j (k_j γ_Cj) v'_jᵀ
 where γ_i0 is 0 for tokens past a document start inside the chunk. Every decay is the exponential
 of a difference of in-chunk cumulative sums masked to i ≥ j of one document BEFORE the exp, so no
-exp overflows and gradients stay finite; the solve is a fp32 triangular solve.
+exp overflows and gradients stay finite; the triangular system is solved in fp32 through its
+inverse (I + L)^-1, by forward substitution (`unit_lower_inverse`).
 """
 from __future__ import annotations
 
@@ -84,6 +85,35 @@ def recurrent_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS
   return jnp.moveaxis(o_SBHV, 0, 1), state
 
 
+@jax.custom_vjp
+def unit_lower_inverse(L_CC: jax.Array) -> jax.Array:
+  """(I + L)^-1 of strictly lower-triangular L [..., C, C] (fp32) by forward substitution: row i
+  of the inverse is e_i − Σ_{j<i} L_ij · (row j). XLA ops only — not LAPACK's trsm, which the CPU
+  backend calls from every fake device's thread at once (scipy's OpenBLAS then hangs the step).
+  The gradient is the inverse's own: dL = −Aᵀ dA Aᵀ (strictly lower part), no saved loop state."""
+  C = L_CC.shape[-1]
+  eye = jnp.eye(C, dtype=L_CC.dtype)
+
+  def row(i, inv):   # rows < i are final, rows ≥ i still the identity's (L_ij = 0 for j ≥ i)
+    return inv.at[..., i, :].set(eye[i] - jnp.einsum("...j,...jc->...c", L_CC[..., i, :], inv))
+
+  return jax.lax.fori_loop(0, C, row, jnp.broadcast_to(eye, L_CC.shape))
+
+
+def _inverse_fwd(L_CC):
+  inv = unit_lower_inverse(L_CC)
+  return inv, inv
+
+
+def _inverse_bwd(inv, d_inv):
+  C = inv.shape[-1]
+  dL = -jnp.einsum("...ji,...jk,...lk->...il", inv, d_inv, inv)
+  return (jnp.where(jnp.tril(jnp.ones((C, C), jnp.bool_), -1), dL, 0.0),)
+
+
+unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
+
+
 def chunked_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, *,
                              chunk_size: int = 64, initial_state_BHKV=None):
   """The chunked form (see the module docstring): (o [B, S, H, V] fp32, final state [B, H, K, V]).
@@ -121,10 +151,8 @@ def chunked_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, 
 
   kk = jnp.einsum("bhnik,bhnjk->bhnij", k, k)
   lower = jnp.where(strict, beta[..., :, None] * kk * gamma, 0.0)
-  eye = jnp.eye(C, dtype=F32)
   rhs = jnp.concatenate([beta[..., None] * v, (beta * from_start)[..., None] * k], axis=-1)
-  solved = jax.lax.linalg.triangular_solve(eye + lower, rhs, left_side=True, lower=True,
-                                           unit_diagonal=True)
+  solved = jnp.einsum("bhnij,bhnjm->bhnim", unit_lower_inverse(lower), rhs)
   u, w = solved[..., :V], solved[..., V:]                              # [B,H,N,C,V], [B,H,N,C,K]
   attn = jnp.where(incl, jnp.einsum("bhnik,bhnjk->bhnij", q, k) * gamma, 0.0)
   q_in = q * from_start[..., None]

@@ -250,28 +250,12 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
                      "(shared_expert_mlp_dim > 0)")
   if not isinstance(cfg, Mapping):
     check_representable(cfg, REPRESENTS, "qwen3_next")
-  theta, partial = float(get("rope_theta")), float(get("partial_rotary_factor"))
-  types = mixer_types(get("attention_pattern"), int(get("num_decoder_layers")))
-  out = {
-      "architectures": ["Qwen3NextForCausalLM"],
-      "model_type": "qwen3_next",
-      "vocab_size": int(get("vocab_size")),
-      "hidden_size": int(get("emb_dim")),
-      "intermediate_size": int(get("mlp_dim")),
-      "num_hidden_layers": int(get("num_decoder_layers")),
-      "num_attention_heads": int(get("num_query_heads")),
-      "num_key_value_heads": int(get("num_kv_heads")),
-      "head_dim": int(get("head_dim")),
-      "hidden_act": "silu",
-      "rms_norm_eps": float(get("norm_epsilon")),
-      "max_position_embeddings": int(get("max_position_embeddings")),
-      "tie_word_embeddings": bool(get("tie_word_embeddings")),
-      "rope_parameters": {"rope_type": "default", "rope_theta": theta,
-                          "partial_rotary_factor": partial},
-      "rope_theta": theta,
-      "partial_rotary_factor": partial,
-      "attention_bias": False,
-      "layer_types": [f"{t}_attention" for t in types],
+  partial = float(get("partial_rotary_factor"))
+  out = llama.causal_lm_keys_to_hf(get, "qwen3_next", "Qwen3NextForCausalLM")
+  out["rope_parameters"]["partial_rotary_factor"] = out["partial_rotary_factor"] = partial
+  out.update({
+      "layer_types": [f"{t}_attention" for t in mixer_types(get("attention_pattern"),
+                                                             int(get("num_decoder_layers")))],
       "linear_num_key_heads": int(get("linear_num_key_heads")),
       "linear_num_value_heads": int(get("linear_num_value_heads")),
       "linear_key_head_dim": int(get("linear_key_head_dim")),
@@ -284,7 +268,7 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
       "norm_topk_prob": bool(get("norm_topk_prob")),
       "mlp_only_layers": sorted(int(i) for i in get("mlp_only_layers")),
       "decoder_sparse_step": int(get("decoder_sparse_step")),
-  }
+  })
   if get("mtp_num_layers"):
     out["num_nextn_predict_layers"] = int(get("mtp_num_layers"))
   return out

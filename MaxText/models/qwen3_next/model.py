@@ -36,14 +36,13 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from MaxText.layers import stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
-from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record
+from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_partial_rope
 from MaxText.models.model_config import ModelConfig
@@ -210,10 +209,7 @@ class Transformer(nnx.Module):
     x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
     stats, xs = {}, None
     if self.moe_layers:
-      row_L = np.zeros(cfg.num_decoder_layers, np.int32)   # dense layers: row 0, never read
-      row_L[list(self.moe_layers)] = np.arange(len(self.moe_layers))
-      stats = empty_stats(len(self.moe_layers), cfg.num_experts)
-      xs = {"moe_layer": jnp.asarray(row_L), "bias": self.router_bias[...][row_L]}
+      stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
     x_BSD = self.final_norm(x_BSD)
