@@ -251,6 +251,12 @@ def test_published_config_and_counts():
   assert abs(total / 1e9 - 80) < 0.01 * 80
   assert abs((total - embeddings) / 1e9 - 79) < 0.01 * 79
   assert abs(active_non_embedding / 1e9 - 3) < 0.1 * 3
-  # the FLOPs count sees the same active weights (plus the LM head)
+  # the FLOPs count sees the same active weights (plus the LM head); its token mixing is 12
+  # causal attention layers (quadratic in S) and 36 chunked gated delta rules (linear in S: per
+  # token and value head C·(3·Dk + 2·Dv) + 6·Dk·Dv = 139,264 FLOPs at C = 64, Dk = Dv = 128)
   flops = get_family("qwen3_next").flops(mcfg, 4096, True)
   assert abs(flops.matmul_params - (active_non_embedding + counts["lm_head/kernel"])) < 1e-3 * total
+  mixing = lambda S: get_family("qwen3_next").flops(mcfg, S, True).attention_per_sequence
+  attention = lambda S: 12 * 4 * (S * S / 2) * 16 * 256
+  assert mixing(4096) - attention(4096) == 36 * 4096 * 32 * 139_264
+  assert mixing(8192) - attention(8192) == 2 * (mixing(4096) - attention(4096))
