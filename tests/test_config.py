@@ -224,6 +224,16 @@ def test_unknown_model_name(configs_dir):
   assert "model_name='nope'" in msg and "nope.yml" in msg and "foo" in msg
 
 
+@pytest.mark.parametrize("name", ["../evil", "sub/foo", "..", ".hidden", "/abs/evil", "a\\b"])
+def test_model_name_with_a_path_is_refused(configs_dir, name):
+  """model_name only names files of configs/models/: a path is refused even if the file exists."""
+  (configs_dir / "evil.yml").write_text("emb_dim: 8\n")       # configs/evil.yml, outside models/
+  (configs_dir / "models" / "sub").mkdir()
+  (configs_dir / "models" / "sub" / "foo.yml").write_text("emb_dim: 8\n")
+  msg = _error([str(configs_dir / "base.yml"), f"model_name={name}"])
+  assert msg.startswith(f"model_name={name!r}") and "no path separators" in msg
+
+
 def test_model_yml_with_unknown_key(configs_dir):
   (configs_dir / "models" / "bad.yml").write_text("emb_dimm: 64\n")
   msg = _error([str(configs_dir / "base.yml"), "model_name=bad"])
@@ -270,6 +280,11 @@ def test_validate_accepts_good_configs():
 def test_validate_mesh_product():
   msg = _validate_error("ici_fsdp_parallelism=3")
   assert "ici_fsdp_parallelism=3" in msg and "8" in msg
+  # on CPU the message says how to get more (fake) devices
+  assert "--xla_force_host_platform_device_count=N" in msg and "8 cpu devices" in msg
+  msg = _validate_error("ici_tensor_parallelism=3", "ici_data_parallelism=1")
+  assert "ici_tensor_parallelism=3 = 3 does not divide the 8 devices" in msg
+  assert "ici_fsdp_parallelism=-1" in msg and "xla_force_host_platform_device_count" in msg
 
 
 def test_validate_two_minus_one():
@@ -391,7 +406,9 @@ def test_resolved_config_written_to_run_dir(tmp_path):
   assert written["learning_rate"] == 1e-3 and written["seed"] == 7
   assert written["emb_dim"] == 64 and written["run_name"] == "cfgrun"
   assert written["per_device_batch_size"] == 2.0 and written["ici_fsdp_parallelism"] == 1
-  assert written == load_config(argv(tmp_path, "cfgrun", *overrides)).as_dict()
+  # as loaded, with the tokenizer resolved (tokenizer_type=auto without a path: byte)
+  assert written == {**load_config(argv(tmp_path, "cfgrun", *overrides)).as_dict(),
+                     "tokenizer_type": "byte"}
 
 
 @pytest.mark.parametrize("arg", ["learning_rate=nan", "per_device_batch_size=inf",
@@ -399,3 +416,16 @@ def test_resolved_config_written_to_run_dir(tmp_path):
 def test_non_finite_floats_are_refused(arg):
   with pytest.raises(ConfigError, match=arg.split("=")[0]):
     load_config([BASE_YML, arg])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["configs/base.yml", "steps=3", "--help"]])
+def test_help_prints_usage_examples_and_every_key(args):
+  p = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                     timeout=60, check=False)
+  assert p.returncode == 0 and p.stderr == "", p.stderr
+  assert p.stdout.startswith("usage: train.py CONFIG.yml [key=value ...]")
+  assert "examples:" in p.stdout and "exit status:" in p.stdout
+  shown = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+) = (.*)$", p.stdout, re.M)}
+  assert set(shown) == set(KEYS)
+  assert shown["steps"].startswith("300    # optimizer steps")
+  assert shown["logical_axis_rules"].startswith("[...]    # logical axis -> mesh axes")

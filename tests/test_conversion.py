@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train  # noqa: E402
+from end_to_end.tiny_hf import save_tiny_tokenizer  # noqa: E402
 from MaxText.checkpoint.manager import load_params_host  # noqa: E402
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext  # noqa: E402
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config  # noqa: E402
@@ -44,26 +45,42 @@ def our_logits(ckpt, tokens):
   return np.asarray(md.apply(params, tokens, pos, np.ones((B, S), np.int32)))
 
 
-def test_convert_finetune_export_round_trip(tmp_path):
+def finetune_args(out, name):
+  """Fine-tune args: the architecture (emb 64, 2 layers, vocab 384, qk-norm, θ 1e6) comes from the
+  checkpoint although conftest's TINY says otherwise for some keys… so those are not passed."""
+  return [a for a in argv(out, name, *MESH_1, "steps=2", "enable_checkpointing=true")
+          if a.split("=")[0] not in ("emb_dim", "num_decoder_layers", "num_query_heads",
+                                     "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")]
+
+
+def test_convert_finetune_export_round_trip(tmp_path, capsys):
   hf_dir, ckpt, out = tmp_path / "hf", tmp_path / "ckpt", tmp_path / "export"
   model = tiny_qwen3(hf_dir)
+  hf_tok = save_tiny_tokenizer(hf_dir)       # the tokenizer travels with the model
   assert to_maxtext.main([f"hf_path={hf_dir}", f"output_path={ckpt}"]) == 0
+  assert set(os.listdir(ckpt / "0" / "tokenizer")) - {"commit_success.txt"} == {
+      "chat_template.jinja", "tokenizer.json", "tokenizer_config.json"}
   tokens = np.random.default_rng(0).integers(0, 384, (2, 24)).astype(np.int32)
   with torch.no_grad():
     ref = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
   ours = our_logits(str(ckpt), tokens)
   assert np.max(np.abs(ours - ref)) <= 1e-4 * np.max(np.abs(ref))
 
-  # fine-tune: the architecture (emb 64, 2 layers, vocab 384, qk-norm, θ 1e6) comes from the
-  # checkpoint although conftest's TINY says otherwise for some keys… so don't pass those here
-  run_args = [a for a in argv(tmp_path, "ft", *MESH_1, "steps=2", "enable_checkpointing=true")
-              if a.split("=")[0] not in ("emb_dim", "num_decoder_layers", "num_query_heads",
-                                         "num_kv_heads", "head_dim", "mlp_dim", "vocab_size")]
+  run_args = finetune_args(tmp_path, "ft")
   from MaxText.train.loop import run
+  # a byte tokenizer on this model's vocabulary is refused before anything compiles
+  code, _ = run([*run_args, f"load_parameters_path={ckpt}", "tokenizer_type=byte"],
+                devices=jax.devices()[:1])
+  assert code == 2 and "byte ids would mean nothing to it" in capsys.readouterr().err
   code, trainer = run([*run_args, f"load_parameters_path={ckpt}"], devices=jax.devices()[:1])
   assert code == 0
   assert trainer.cfg.emb_dim == 64 and trainer.cfg.hf_model_type == "qwen3"
   assert trainer.cfg.rope_theta == 1e6 and trainer.cfg.use_qk_norm
+  # by default the run uses the checkpoint's tokenizer, says so, and saves it in its checkpoints
+  ckpt_tok = ckpt / "0" / "tokenizer" / "tokenizer.json"
+  assert (trainer.cfg.tokenizer_type, trainer.cfg.tokenizer_path) == ("huggingface", str(ckpt_tok))
+  assert f"tokenizer: huggingface {ckpt_tok} (" in capsys.readouterr().out
+  assert "tokenizer" in os.listdir(tmp_path / "ft" / "checkpoints" / "2")
 
   # export the fine-tuned run and load it with transformers, unchanged
   run_ckpt = tmp_path / "ft" / "checkpoints"
@@ -75,6 +92,31 @@ def test_convert_finetune_export_round_trip(tmp_path):
   ours = our_logits(str(run_ckpt), tokens)
   assert np.max(np.abs(ours - theirs)) <= 1e-4 * np.max(np.abs(theirs))
   assert np.max(np.abs(theirs - ref)) > 1e-6  # it really was fine-tuned
+  # the export carries the tokenizer: transformers loads it, with its special tokens and chat
+  # template, and it encodes as the original
+  exported = transformers.AutoTokenizer.from_pretrained(out)
+  text = "the quick brown fox, and a zebra"
+  assert exported.encode(text) == hf_tok.encode(text)
+  assert (exported.bos_token, exported.eos_token, exported.pad_token) == ("<|bos|>", "<|eos|>",
+                                                                          "<pad>")
+  chat = [{"role": "user", "content": "hi"}]
+  assert exported.apply_chat_template(chat, tokenize=False) == \
+      hf_tok.apply_chat_template(chat, tokenize=False) == "<|bos|>user: hi<|eos|>"
+
+
+def test_checkpoint_of_a_real_vocabulary_without_tokenizer_files_needs_tokenizer_path(tmp_path,
+                                                                                      capsys):
+  """An HF folder without tokenizer files: the converter says so, and a fine-tune from it refuses
+  to fall back to bytes (exit 2 naming tokenizer_path) instead of training on meaningless ids."""
+  from MaxText.train.loop import run
+  tiny_qwen3(tmp_path / "hf")
+  assert to_maxtext.main([f"hf_path={tmp_path / 'hf'}", f"output_path={tmp_path / 'ckpt'}"]) == 0
+  assert "tokenizer files: none in hf_path" in capsys.readouterr().out
+  code, _ = run([*finetune_args(tmp_path, "ft"), f"load_parameters_path={tmp_path / 'ckpt'}"],
+                devices=jax.devices()[:1])
+  err = capsys.readouterr().err
+  assert code == 2 and "has the vocabulary of a real tokenizer but its huggingface tokenizer " \
+      "files are not in the checkpoint; set tokenizer_path to it" in err
 
 
 def test_explicit_architecture_that_disagrees_is_refused(tmp_path):

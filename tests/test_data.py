@@ -13,6 +13,8 @@ from MaxText.config.schema import choices
 from MaxText.data import BATCH_KEYS, DataConfig, DataError, make_data_iterator, validate_data_config
 from MaxText.data import file_readers, packing, sources, tokenizers
 
+from end_to_end import tiny_hf
+
 # Grain worker processes read absl flags; pytest never parses them.
 flags.FLAGS.mark_as_parsed()
 
@@ -232,27 +234,20 @@ def test_data_config_is_the_schemas_data_keys():
 
 # ---- trained tokenizers through the pipeline ---------------------------------------------------
 
-CORPUS = ["the quick brown fox jumps over the lazy dog",
-          "pack my box with five dozen liquor jugs",
-          "how vexingly quick daft zebras jump",
-          "sphinx of black quartz judge my vow"] * 5
+CORPUS = tiny_hf.CORPUS
 
 
 def test_hf_tokenizer_through_pipeline(tmp_path):
-  from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-
-  tok = Tokenizer(models.BPE(unk_token="<unk>"))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  tok.train_from_iterator(CORPUS, trainer)
+  transformers = pytest.importorskip("transformers")
+  tiny_hf.save_tiny_tokenizer(tmp_path)
   tok_path = tmp_path / "tokenizer.json"
-  tok.save(str(tok_path))
   write_jsonl(tmp_path / "data.jsonl", CORPUS[:4])
 
   hf = tokenizers.make_tokenizer("huggingface", str(tok_path))
-  assert (hf.pad_id, hf.bos_id, hf.eos_id) == (0, 1, 2)
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert (hf.pad_id, hf.bos_id, hf.eos_id) == (theirs.pad_token_id, theirs.bos_token_id,
+                                               theirs.eos_token_id) == (0, 1, 2)
+  assert hf.encode(CORPUS[0]) == theirs.encode(CORPUS[0], add_special_tokens=False)
   assert hf.decode(hf.encode(CORPUS[0])) == CORPUS[0]
   cfg = make_cfg(dataset_type="file", dataset_path=str(tmp_path / "data.jsonl"),
                  tokenizer_type="huggingface", tokenizer_path=str(tok_path), shuffle=False,
@@ -266,6 +261,89 @@ def test_hf_tokenizer_through_pipeline(tmp_path):
   assert batch["inputs"].max() < hf.vocab_size
   with pytest.raises(DataError, match=f"tokenizer has {hf.vocab_size} ids but vocab_size=10"):
     make_data_iterator(make_cfg(**{**vars(cfg), "vocab_size": 10}), 0, 1, 2)
+
+
+def _token_files(folder, config=None, special_map=None):
+  tiny_hf.trained_tokenizer().save(str(folder / "tokenizer.json"))
+  if config is not None:
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+  if special_map is not None:
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_map))
+
+
+ADDED = {"added_tokens_decoder": {str(i): {"content": t, "special": True, "lstrip": False,
+                                           "rstrip": False, "normalized": False,
+                                           "single_word": False}
+                                  for i, t in enumerate(tiny_hf.SPECIALS)}}
+
+
+@pytest.mark.parametrize("config,special_map", [
+    ({"bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>",
+                                       "special": True}}, None),   # older transformers
+    ({"bos_token": "<s>", "eos_token": "</s>", "pad_token": None}, {"eos_token": "<|eos|>",
+                                                                    "pad_token": "<pad>"}),
+    ({**ADDED, "bos_token": "<s>", "eos_token": "</s>"}, {"eos_token": "<|eos|>"}),
+    ({"eos_token": "</s>"}, None),
+], ids=["config_only", "map_overrides_config", "map_ignored_with_added_tokens_decoder",
+        "no_bos"])
+def test_special_tokens_are_read_as_transformers_reads_them(tmp_path, config, special_map):
+  transformers = pytest.importorskip("transformers")
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", **config}
+  _token_files(tmp_path, config, special_map)
+  ours = tokenizers.make_tokenizer("auto", str(tmp_path))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert (ours.bos_id, ours.eos_id) == (theirs.bos_token_id, theirs.eos_token_id)
+  assert ours.pad_id == (theirs.pad_token_id if theirs.pad_token_id is not None else 0)
+
+
+def test_special_tokens_are_never_guessed(tmp_path):
+  """A bare tokenizer.json whose vocabulary holds [CLS]/[SEP] and <s>/</s>: no bos/eos, so
+  add_bos/add_eos refuse, naming the setting and the files that set it."""
+  _token_files(tmp_path)
+  tok = tokenizers.make_tokenizer("auto", str(tmp_path / "tokenizer.json"))
+  assert (tok.bos_id, tok.eos_id, tok.pad_id) == (None, None, 0)
+  cfg = make_cfg(tokenizer_type="auto", tokenizer_path=str(tmp_path), vocab_size=300)
+  with pytest.raises(DataError, match=r'add_bos=true but the tokenizer .* has no bos_token \(neither '
+                                      r'tokenizer_config.json nor special_tokens_map.json next to '
+                                      r'it sets "bos_token"; set it there, or set add_bos=false\)'):
+    validate_data_config(cfg)
+  with pytest.raises(DataError, match="add_eos=true .* no eos_token"):
+    validate_data_config(make_cfg(**{**vars(cfg), "add_bos": False}))
+  assert validate_data_config(make_cfg(**{**vars(cfg), "add_bos": False, "add_eos": False}))
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<BOS>"}))
+  with pytest.raises(DataError, match=r"tokenizer_config.json names bos_token='<BOS>', which is "
+                                      r"not in the vocabulary"):
+    tokenizers.make_tokenizer("auto", str(tmp_path))
+
+
+def test_tokenizer_type_comes_from_the_path(tmp_path):
+  resolve = tokenizers.resolve
+  (tmp_path / "hf").mkdir()
+  _token_files(tmp_path / "hf")
+  (tmp_path / "sp").mkdir()
+  (tmp_path / "sp" / "spm.model").write_bytes(b"\0")
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "empty" / "README.md").write_text("x")
+  hf_file, sp_file = str(tmp_path / "hf" / "tokenizer.json"), str(tmp_path / "sp" / "spm.model")
+  assert resolve("auto", "")[:2] == ("byte", "")
+  assert resolve("auto", hf_file)[:2] == ("huggingface", hf_file)
+  assert "inferred from the file name: huggingface" in resolve("auto", hf_file)[2]
+  assert resolve("auto", str(tmp_path / "hf"))[:2] == ("huggingface", hf_file)
+  assert resolve("auto", str(tmp_path / "sp"))[:2] == ("sentencepiece", sp_file)
+  assert resolve("huggingface", str(tmp_path / "hf"))[:2] == ("huggingface", hf_file)
+  with pytest.raises(DataError, match=r"tokenizer_path '.*empty' is a directory without "
+                                      r"tokenizer.json or one \*.model file \(it holds: README.md\)"):
+    resolve("auto", str(tmp_path / "empty"))
+  with pytest.raises(DataError, match=r"tokenizer_type='sentencepiece' contradicts tokenizer_path="
+                                      r"'.*tokenizer.json', which is a huggingface file"):
+    resolve("sentencepiece", hf_file)
+  with pytest.raises(DataError, match="tokenizer_type='byte' .* contradicts tokenizer_path="):
+    resolve("byte", hf_file)
+  (tmp_path / "vocab.bin").write_bytes(b"\0")
+  with pytest.raises(DataError, match="cannot tell the tokenizer type from the file name"):
+    resolve("auto", str(tmp_path / "vocab.bin"))
+  assert resolve("sentencepiece", str(tmp_path / "vocab.bin"))[:2] == (
+      "sentencepiece", str(tmp_path / "vocab.bin"))
 
 
 def test_sentencepiece_tokenizer_through_pipeline(tmp_path):
@@ -469,3 +547,49 @@ def test_shards_stack_into_one_batch_and_resume_on_another_process_count():
     make_shard_iterator(cfg, [0, 1], 2, 3).set_state(states[0])
   with pytest.raises(DataError, match="consecutive"):
     make_shard_iterator(cfg, [0, 2], 3, 3)
+
+
+@pytest.mark.parametrize("damage", ["not_parquet", "truncated"])
+def test_unreadable_parquet_file_exits_3_naming_the_file(tmp_path, capsys, damage):
+  import jax
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  from conftest import MESH_1, train
+  path = tmp_path / "data.parquet"
+  if damage == "not_parquet":
+    path.write_text("text\nthis is a CSV file with a .parquet name\n")
+  else:
+    pq.write_table(pa.table({"text": [f"document {i}" for i in range(200)]}), path)
+    os.truncate(path, os.path.getsize(path) // 2)
+  with pytest.raises(DataError, match=f"dataset_path: {path} is not a readable Parquet file"):
+    sources.document_dataset("file", str(path), "auto", "text")
+  code, rows, _ = train(tmp_path, "run", "dataset_type=file", f"dataset_path={path}", "steps=1",
+                        "enable_checkpointing=false", *MESH_1, devices=jax.devices()[:1])
+  err = capsys.readouterr().err
+  assert code == 3 and rows == []
+  assert f"data error: dataset_path: {path} is not a readable Parquet file" in err
+  assert "Traceback" not in err
+
+
+def test_training_takes_the_tokenizer_type_from_the_path_and_says_so(tmp_path, capsys):
+  """tokenizer_path with the default tokenizer_type (auto) is used, not ignored; the log and
+  config.yml name the type and file; a contradicting explicit type exits 2 before compiling."""
+  import jax
+  import yaml
+  from conftest import MESH_1, train
+  tiny_hf.save_tiny_tokenizer(tmp_path / "tok")
+  run = (*MESH_1, "steps=1", "enable_checkpointing=false", "vocab_size=320",
+         f"tokenizer_path={tmp_path / 'tok'}")
+  code, rows, _ = train(tmp_path, "run", *run, devices=jax.devices()[:1])
+  out = capsys.readouterr().out
+  assert code == 0 and len(rows) == 1
+  tok_file = tmp_path / "tok" / "tokenizer.json"
+  assert (f"tokenizer: huggingface {tok_file} (tokenizer_type=auto; tokenizer.json of the "
+          f"directory {tmp_path / 'tok'}; inferred from the file name: huggingface)") in out
+  written = yaml.safe_load((tmp_path / "run" / "config.yml").read_text())
+  assert (written["tokenizer_type"], written["tokenizer_path"]) == ("huggingface", str(tok_file))
+  code, _, _ = train(tmp_path, "bad", *run, "tokenizer_type=sentencepiece",
+                     f"tokenizer_path={tok_file}", devices=jax.devices()[:1])
+  out, err = capsys.readouterr()
+  assert code == 2 and "tokenizer_type='sentencepiece' contradicts tokenizer_path=" in err
+  assert "compiled" not in out

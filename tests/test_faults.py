@@ -2,6 +2,7 @@
 
 kill -9 runs are subprocesses (`train.py`, same 8 fake CPU devices as this process, so the compiled
 steps and the numbers are identical); everything else runs in this process."""
+import json
 import os
 import re
 import signal
@@ -30,6 +31,11 @@ def _subprocess(out, name, fault, *overrides):
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def read_metrics_file(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
 def _final_params(run_dir, step):
   return jax.tree.leaves(load_params(str(run_dir / "checkpoints" / str(step)), None))
 
@@ -53,7 +59,7 @@ def _assert_same_as_reference(rows, params, reference, first_step):
     assert np.array_equal(a, b)
 
 
-def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference):
+def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference, capsys):
   """kill -9 while step 25 of 40 runs (checkpoint period 10) → rerun resumes at 20; steps 21-40
   (losses, gradient norms, batch checksums) and the final parameters equal the uninterrupted run."""
   p = _subprocess(tmp_path, "run", "kill_at_step:25")
@@ -62,10 +68,16 @@ def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference):
   killed_rows = read_metrics(tmp_path / "run")
   assert [r["step"] for r in killed_rows] == list(range(1, 25))
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["10", "20"]
+  with open(tmp_path / "run" / "run.lock", encoding="utf-8") as f:
+    killed_pid = json.load(f)["pid"]                    # the killed run could not remove it
   code, rows, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
-  _assert_same_as_reference(rows[len(killed_rows):], _final_params(tmp_path / "run", 40),
-                            reference, 21)
+  assert f"stale run lock {tmp_path / 'run' / 'run.lock'} of pid {killed_pid} on host" in \
+      capsys.readouterr().out
+  # metrics.jsonl: one row per step; rows 21-24 of the killed run were moved aside
+  assert [r["step"] for r in rows] == list(range(1, 41)) and rows[:20] == killed_rows[:20]
+  assert read_metrics_file(tmp_path / "run" / "metrics.superseded.jsonl") == killed_rows[20:]
+  _assert_same_as_reference(rows[20:], _final_params(tmp_path / "run", 40), reference, 21)
 
 
 @pytest.mark.parametrize("fault", ["before_commit:20", "kill_in_save:20"])
@@ -103,14 +115,27 @@ def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monk
   _assert_same_as_reference(resumed[23:], _final_params(tmp_path / "run", 40), reference, 24)
 
 
-def test_second_sigint_interrupts_at_once():
+def _custom_sigint_handler(signum, frame):
+  del signum, frame
+
+
+@pytest.mark.parametrize("before", [signal.default_int_handler, signal.SIG_IGN,
+                                    _custom_sigint_handler],
+                         ids=["python_default", "ignored_as_in_a_background_job", "custom"])
+def test_second_sigint_interrupts_at_once(before):
+  """First SIGINT: a stop request; second: KeyboardInterrupt; afterwards the handler found before
+  is back — whatever it was (a shell starting a background job sets SIGINT to SIG_IGN)."""
   from MaxText.train.preemption import PreemptionWatch
-  with PreemptionWatch() as watch:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert watch.signal_name == "SIGINT" and watch.should_stop(1)
-    with pytest.raises(KeyboardInterrupt):
+  found = signal.signal(signal.SIGINT, before)
+  try:
+    with PreemptionWatch() as watch:
       os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      assert watch.signal_name == "SIGINT" and watch.should_stop(1)
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+  finally:
+    signal.signal(signal.SIGINT, found)
 
 
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,

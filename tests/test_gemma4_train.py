@@ -1,13 +1,16 @@
-"""Training the gemma4 family: 1 device equals 8 (data 2, fsdp 2, tensor 2 — the full layers' single
-kv head cannot split over tensor and stays whole), the flash kernel (sliding windows, K = V, shared
-K/V) trains like the XLA path inside the sharded step, and the frozen layer scalars never move."""
+"""Training the gemma4 family: 1 device with the XLA attention equals 8 (data 2, fsdp 2, tensor 2 —
+the full layers' single kv head cannot split over tensor and stays whole) with the flash kernel
+(sliding windows, K = V, shared K/V) inside the sharded step, and the frozen layer scalars never
+move."""
 import jax
 import numpy as np
 
 from conftest import MESH_1, MESH_222, train
 
-GEMMA = ("model_name=gemma4-tiny", "num_decoder_layers=6", "attention_pattern=sf",
-         "num_kv_shared_layers=2", "sliding_window=16", "steps=5", "enable_checkpointing=false",
+# 4 layers (s f s f; the last two reuse K/V of layers 0 and 1), 3 steps: every feature once, in
+# about a third of the time of 6 layers x 5 steps
+GEMMA = ("model_name=gemma4-tiny", "num_decoder_layers=4", "attention_pattern=sf",
+         "num_kv_shared_layers=2", "sliding_window=16", "steps=3", "enable_checkpointing=false",
          "flash_block_q=32", "flash_block_kv=32", "learning_rate=3e-4")
 # Gemma's attention scale 1.0 on normalised q, k gives large logits, so fp32 rounding differs
 # between the kernels by ~2e-5 relative in the gradients; at the default 3e-3 learning rate AdamW
@@ -15,15 +18,16 @@ GEMMA = ("model_name=gemma4-tiny", "num_decoder_layers=6", "attention_pattern=sf
 
 
 def test_gemma4_mesh_invariance_flash_and_frozen_scalars(tmp_path):
+  """One device with the XLA attention against 8 devices (data 2, fsdp 2, tensor 2) with the flash
+  kernel: the same losses (mesh invariance and the kernel at once; tests/test_train.py and
+  tests/test_flash_attention.py check each alone), the frozen layer scalars never move."""
   code1, one, s1 = train(tmp_path, "one", *GEMMA, *MESH_1, "attention=dot_product",
                          devices=jax.devices()[:1])
-  code8, eight, s8 = train(tmp_path, "eight", *GEMMA, *MESH_222, "attention=dot_product")
-  codef, flash, _ = train(tmp_path, "flash", *GEMMA, *MESH_222, "attention=flash")
-  assert code1 == code8 == codef == 0
+  codef, flash, s8 = train(tmp_path, "flash", *GEMMA, *MESH_222, "attention=flash")
+  assert code1 == codef == 0
   loss = lambda rows: np.array([r["loss"] for r in rows])
-  assert len(loss(one)) == 5 and loss(one)[-1] < loss(one)[0]
-  np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
-  np.testing.assert_allclose(loss(flash), loss(eight), rtol=0, atol=1e-5)
+  assert len(loss(one)) == 3 and loss(one)[-1] < loss(one)[0]
+  np.testing.assert_allclose(loss(flash), loss(one), rtol=0, atol=1e-5)
   members = s8["params"]["decoder"]["runs"][0]
   q_full = members[1]["attn"]["query"]["kernel"]
   assert q_full.sharding.shard_shape(q_full.shape) != q_full.shape      # really sharded

@@ -68,3 +68,19 @@ def test_missing_shard_and_missing_tensor_are_named(tmp_path):
   save_file({"b": np.zeros(2, np.float32)}, str(tmp_path / "model-1.safetensors"))
   with pytest.raises(HFFolderError, match="tensor 'a'"):
     HFTensors(str(tmp_path))["a"]
+
+
+def test_reading_and_writing_show_progress(tmp_path, capsys):
+  """About every tenth of the tensors (and the last) prints a line: a large model takes minutes."""
+  rng = np.random.default_rng(0)
+  tensors = {f"t{i:02d}": rng.normal(size=(10, 100)).astype(np.float32) for i in range(25)}
+  write_hf_folder(str(tmp_path), tensors, {"model_type": "x"})
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split(": ")[1].split(" ")[0] for line in lines] == \
+      ["3/25", "6/25", "9/25", "12/25", "15/25", "18/25", "21/25", "24/25", "25/25"]
+  assert lines[-1].startswith(f"writing {tmp_path}: 25/25 tensors, 0.10 MB, ")
+  back = HFTensors(str(tmp_path))
+  for name in sorted(back):
+    back[name]  # pylint: disable=pointless-statement
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 9 and lines[-1].startswith(f"reading {tmp_path}: 25/25 tensors, 0.10 MB")

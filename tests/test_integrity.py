@@ -2,6 +2,7 @@
 or a flipped byte is refused with exit 4 naming the array or file (or, with checkpoint_fallback,
 the previous good step is restored and the bad one set aside); a missing data iterator state is
 exit 3; restoring needs target shardings."""
+import json
 import os
 import random
 import re
@@ -75,6 +76,71 @@ def test_checksum_is_mesh_independent_and_catches_every_bit_flip():
   assert len(seen) == bits.size * 32 and base not in seen
 
 
+def test_checksum_on_the_host_equals_the_one_on_devices():
+  """NumPy over the shards in host memory (what CPU runs use) and the one fused XLA pass (what
+  GPU/TPU use) give the same sums: every dtype width, bool, a scalar, sharded, replicated and
+  partly replicated over 8 devices, computed now or on threads."""
+  import jax.numpy as jnp
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from MaxText.checkpoint import checksum
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((8, 12, 4)).astype(np.float32)
+  tree = {"f32": x, "bf16": x.astype(jnp.bfloat16), "i8": (x * 9).astype(np.int8),
+          "u32": rng.integers(0, 2**32, (5, 3), dtype=np.uint64).astype(np.uint32),
+          "b": x > 0, "scalar": np.float32(-2.5), "v": x[0, :, 0].copy()}
+  host = checksum.tree_checksums(tree)
+  assert len(set(host.values())) == len(host)
+  mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
+  for spec in (P("a", "b"), P(None, "b"), P()):
+    placed = dict(tree, **{k: jax.device_put(tree[k], NamedSharding(mesh, spec))
+                           for k in ("f32", "bf16", "i8", "b")})
+    assert checksum.tree_checksums(placed) == host
+    assert checksum.start_tree_checksums(placed, background=True)() == host
+    on_devices = checksum._start_device(jax.tree.leaves(placed))()   # noqa: SLF001 (the GPU path)
+    assert [f"{v:016x}" for v in on_devices] == [host[k] for k in sorted(tree)]
+
+
+def test_manifests_of_the_former_checksum_still_verify(saved):
+  """A manifest without a "checksum" field (written before the weighted sums) is checked with its
+  own per-element hash; a kind this version does not know is a problem, not a pass."""
+  from MaxText.checkpoint import checksum, manifest
+  from MaxText.checkpoint.manager import load_params
+  m = manifest.read(str(saved / "checkpoints" / "2"))
+  assert m["checksum"] == checksum.KIND
+  params = load_params(str(saved / "checkpoints"), None)
+  old = {k: v for k, v in m.items() if k != "checksum"}
+  old["arrays"] = {k: dict(v, checksum=checksum.legacy_tree_checksums(
+      {"params": params}).get(k, v["checksum"])) for k, v in m["arrays"].items()}
+  assert old["arrays"] != m["arrays"] and manifest.compare_arrays(old, {"params": params}) == []
+  w = params["decoder"]["runs"]["0"]["0"]["mlp"]["up"]["kernel"]
+  w[0, 1, 2] = -w[0, 1, 2]
+  assert [p.split(":")[0] for p in manifest.compare_arrays(old, {"params": params})] == [
+      "params/decoder/runs/0/0/mlp/up/kernel"]
+  assert manifest.compare_arrays(dict(m, checksum="crc9"), {"params": params}) == [
+      "the manifest's checksums are of an unknown kind 'crc9'"]
+
+
+def test_array_values_differing_are_found_while_the_step_compiles(saved, tmp_path, capsys):
+  """Values that differ from the manifest with every file intact (here: the manifest's checksum
+  of one array changed; manifest.json is not among the digested files): the checksums run while
+  the train step compiles, and the run exits 4 naming the array before any step trains; with
+  checkpoint_fallback the previous step is restored and the step compiles only once."""
+  step = _copy(saved, tmp_path)
+  path = step / "manifest" / "manifest.json"
+  m = json.loads(path.read_text())
+  name = "params/decoder/runs/0/0/mlp/up/kernel"
+  m["arrays"][name]["checksum"] = f"{int(m['arrays'][name]['checksum'], 16) ^ 1:016x}"
+  path.write_text(json.dumps(m))
+  code, rows, log = _resume(tmp_path, capsys)
+  assert code == 4 and len(rows) == 2                # nothing trained
+  assert "compiled the train step" in log and f"{name}: checksum" in log
+  assert "(values differ)" in log and "checkpoint step 2 is damaged" in log
+  code, rows, log = _resume(tmp_path, capsys, "checkpoint_fallback=true")
+  assert code == 0 and "falling back to step 1" in log
+  assert log.count("compiled the train step") == 1
+  assert [r["step"] for r in rows][-2:] == [2, 3]
+
+
 def test_manifest_lists_arrays_and_files(saved):
   from MaxText.checkpoint import manifest
   m = manifest.read(str(saved / "checkpoints" / "2"))
@@ -84,6 +150,29 @@ def test_manifest_lists_arrays_and_files(saved):
   assert any(k.startswith("opt_state/") for k in m["arrays"])
   assert {"params/_METADATA", "params/manifest.ocdbt", "meta/metadata",
           "data/shard_0-of-1.json"} <= set(m["files"])
+
+
+def test_each_process_digests_what_it_wrote(saved):
+  """The array data a process wrote is digested by that process (params/files.process_0.json);
+  process 0's commit-time files.json holds only the files of the whole step; at a restore with n
+  processes each file is verified by exactly one of them."""
+  from MaxText.checkpoint import manifest
+  step = str(saved / "checkpoints" / "2")
+  for item in ("params", "opt_state"):
+    with open(os.path.join(step, item, "files.process_0.json"), encoding="utf-8") as f:
+      own = json.load(f)
+    written = {os.path.relpath(os.path.join(d, n), step)
+               for d, _, names in os.walk(os.path.join(step, item)) for n in names}
+    assert set(own) == {r for r in written if manifest.writer_of(r) == 0}
+    assert any("/ocdbt.process_0/d/" in r for r in own)
+  with open(os.path.join(step, "manifest", "files.json"), encoding="utf-8") as f:
+    shared = json.load(f)
+  assert shared and all(manifest.writer_of(r) is None for r in shared)
+  assert "params/files.process_0.json" in shared        # the lists are checked too
+  assert manifest.writer_of("opt_state/array_metadatas/process_3") == 3
+  for n in (1, 2, 3):
+    assert manifest.verifier_of("params/ocdbt.process_5/d/ab", n) == 5 % n
+    assert manifest.verifier_of("params/_METADATA", n) == 0
 
 
 def test_truncated_array_file_exits_4_naming_the_arrays(saved, tmp_path, capsys):
@@ -144,7 +233,7 @@ def test_manifest_catches_every_single_byte_flip(saved, tmp_path):
   for rel, pos in picks:
     _flip(step / rel, pos)
     problems = manifest.verify_files(str(step), m, HASHED_ITEMS)
-    assert problems == [f"{rel}: contents changed (BLAKE2b differs)"], (rel, pos)
+    assert problems == [f"{rel}: contents changed (sha256 differs)"], (rel, pos)
     _flip(step / rel, pos)  # back
   assert manifest.verify_files(str(step), m, HASHED_ITEMS) == []
   trainer = Trainer(load_config(argv(tmp_path, "run", *RESUME)), jax.devices()[:1])

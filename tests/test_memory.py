@@ -1,5 +1,7 @@
 """The pre-flight memory estimate: exact per-device bytes, and a model that cannot fit is refused
 with the numbers before anything is allocated or compiled."""
+import math
+import re
 import subprocess
 import sys
 import time
@@ -35,3 +37,41 @@ def test_a_model_too_big_for_the_host_is_refused_with_numbers():
   assert "ici_fsdp_parallelism" in p.stderr and "weight_dtype=bfloat16" in p.stderr
   assert "compiled" not in p.stdout
   assert time.monotonic() - t0 < 60
+
+
+def test_refusal_suggests_what_would_fit(monkeypatch, capsys):
+  """Gemma 4 E2B with bfloat16 weights on devices of 2 GiB: bfloat16 is not suggested again; the
+  device count the whole state needs and the family's configs that fit are named (and do fit)."""
+  from MaxText.train.loop import run
+  monkeypatch.setattr(memory, "available_bytes_per_device", lambda devices: (2 * 2**30, "test"))
+  args = [BASE_YML, "model_name=gemma4", "weight_dtype=bfloat16", "per_device_batch_size=1",
+          "max_target_length=256"]
+  code, _ = run(args)
+  err = capsys.readouterr().err
+  assert code == 2 and "the model does not fit" in err
+  assert "weight_dtype=bfloat16" not in err.split("What would fit:")[1]
+  m = re.search(r"the state \(([\d.]+) GiB in all\) split over at least (\d+) devices with "
+                r"2.00 GiB each", err)
+  assert m and int(m.group(2)) == math.ceil(float(m.group(1)) / 2), err
+  named = re.findall(r"model_name=([\w-]+) \(([\d.]+) (MiB|GiB) per device\)", err)
+  assert {n for n, _, _ in named} == {"gemma4-tiny", "gemma4-moe-tiny"}, err
+  assert all(float(size) <= (2 if unit == "GiB" else 2048) for _, size, unit in named)
+  # fp32 weights: bfloat16 is suggested with the devices it would need (halving alone is too little)
+  code, _ = run([*args[:2], *args[3:]])
+  err = capsys.readouterr().err
+  m = re.search(r"split over at least (\d+) devices with 2.00 GiB each \((\d+) with "
+                r"weight_dtype=bfloat16\)", err)
+  assert code == 2 and m and int(m.group(2)) == math.ceil(int(m.group(1)) / 2), err
+  assert "weight_dtype=bfloat16 (about" not in err
+
+
+def test_bfloat16_is_suggested_when_halving_fits(tmp_path, monkeypatch, capsys):
+  from MaxText.train.loop import run
+  args = argv(tmp_path, "r", *MESH_1)
+  trainer = Trainer(load_config(args), jax.devices()[:1])
+  needed = memory.estimate(trainer.abstract, trainer.devices).needed
+  monkeypatch.setattr(memory, "available_bytes_per_device", lambda d: (int(0.7 * needed), "test"))
+  code, _ = run(args, devices=jax.devices()[:1])
+  err = capsys.readouterr().err
+  assert code == 2 and f"weight_dtype=bfloat16 (about {needed / 2 / 2**30:.2f} GiB per device)" in err
+  assert "split over at least 2 devices" in err

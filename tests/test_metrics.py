@@ -223,6 +223,53 @@ def test_writer_jsonl_and_tensorboard(tmp_path):
   assert scalars[("mfu", 0)] == pytest.approx(0.123, rel=1e-6)
 
 
+def test_resumed_writer_supersedes_rows_after_the_restored_step(tmp_path):
+  """A run killed at step 5 after a checkpoint at 3, resumed from 3: metrics.jsonl ends with one
+  row per step; the killed run's rows 4-5 (and a half-written line) go to
+  metrics.superseded.jsonl; TensorBoard's events after 3 are purged on load (purge_step)."""
+  run_dir = str(tmp_path / "run")
+  with writers.MetricsWriter(run_dir, enable_tensorboard=True, is_primary=True) as writer:
+    for i in range(1, 6):
+      writer.write(i, _step_metrics(i))
+  with open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+    f.write('{"step": 6, "lo')                      # killed mid-line
+  with writers.MetricsWriter(run_dir, enable_tensorboard=True, is_primary=True,
+                             start_step=3) as writer:
+    assert writer.superseded == 3
+    for i in range(4, 8):
+      writer.write(i, dict(_step_metrics(i), loss=100.0 + i))
+  rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+  assert [r["step"] for r in rows] == list(range(1, 8))
+  assert [r["loss"] for r in rows[3:]] == [104.0, 105.0, 106.0, 107.0]
+  aside = open(os.path.join(run_dir, "metrics.superseded.jsonl")).read().splitlines()
+  assert [json.loads(line)["step"] for line in aside[:2]] == [4, 5]
+  assert aside[2] == '{"step": 6, "lo'
+  # the second event file starts with a purge marker at step 4: TensorBoard drops older events
+  # from step 4 on when it reads the directory
+  events = sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*")))
+  assert len(events) == 2
+  assert _purge_steps(events[-1]) == [4]
+  # a fresh start (step 0) supersedes everything that is there
+  with writers.MetricsWriter(run_dir, enable_tensorboard=False, is_primary=True) as writer:
+    assert writer.superseded == 7
+  assert open(os.path.join(run_dir, "metrics.jsonl")).read() == ""
+
+
+def _purge_steps(path):
+  from tensorboardX.proto import event_pb2
+  out = []
+  with open(path, "rb") as f:
+    data = f.read()
+  pos = 0
+  while pos < len(data):
+    (length,) = struct.unpack("<Q", data[pos:pos + 8])
+    event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+    pos += 12 + length + 4
+    if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+      out.append(event.step)
+  return out
+
+
 def test_writer_nan_becomes_null(tmp_path):
   with writers.MetricsWriter(str(tmp_path), enable_tensorboard=False, is_primary=True) as writer:
     writer.write(0, dict(_step_metrics(0), loss=float("nan")))
@@ -237,6 +284,20 @@ def test_non_primary_writes_nothing(tmp_path):
   writer.write(0, _step_metrics(0))
   writer.close()
   assert not run_dir.exists()
+
+
+def test_format_line_shows_the_parts_a_family_adds():
+  """The progress line carries what the family's watcher shows (MoE: the expert load) after the
+  learning rate, and nothing for a model without one."""
+  from MaxText.metrics.moe_load import CollapseWatch
+  base = {"loss": 3.0, "lr": 1e-3, "step_time_s": 0.5}
+  watch = CollapseWatch(8, 2, balancing="", advice="")
+  line = writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9,
+                             [watch.progress({**base, "moe_load_max_over_mean": 3.9})])
+  assert "| lr 1.0e-03 | expert load 3.90 | 0.500 s |" in line
+  assert watch.progress(base) == ""
+  assert writers.format_line(5, base, 9, [watch.progress(base)]) == writers.format_line(5, base, 9)
+  assert "expert load" not in writers.format_line(5, {**base, "moe_load_max_over_mean": 3.9}, 9)
 
 
 def test_format_line():

@@ -3,13 +3,16 @@
 reference, expert parallelism 4 x fsdp 2 against one device (losses and gradients) for a
 Qwen3-MoE-style model with a dense first layer and unnormalised top-k weights, and the
 aux-loss-free bias flattening the expert load."""
+import os
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from conftest import BASE_YML, MESH_1, argv, train
+from conftest import BASE_YML, MESH_1, ROOT, argv, train
 from MaxText.config.load import load_config
 from MaxText.layers import moe
 
@@ -133,65 +136,56 @@ DENSE_FIRST = ("num_decoder_layers=3", "mlp_only_layers=[0]", "norm_topk_prob=fa
                "use_qk_norm=true")
 
 
-def _loss_and_grads(cfg_args, devices):
-  """Loss (cross-entropy + weighted aux) and gradients of one batch, under the run's mesh."""
-  from MaxText.models.registry import init_params
-  from MaxText.sharding.rules import use_rules
-  from MaxText.train.loop import Trainer
-  from MaxText.train.step import cross_entropy_sums
-  t = Trainer(load_config(cfg_args), devices)
-  terms = t.family.aux_terms(t.mcfg)
-  params = jax.device_put(init_params(t.mcfg, 0), t.shardings["params"])
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, t.mcfg.vocab_size, (8, 64)).astype(np.int32)
-  batch = {"inputs": tokens, "targets": np.roll(tokens, -1, 1),
-           "inputs_position": np.tile(np.arange(64, dtype=np.int32), (8, 1)),
-           "inputs_segmentation": np.ones((8, 64), np.int32)}
-  batch = {k: jax.device_put(v, t.batch_sharding) for k, v in batch.items()}
-
-  def loss_fn(p, b):
-    with use_rules(t.mesh, t.rules):
-      logits, sown = t.model_def.apply_with_aux(p, b["inputs"], b["inputs_position"],
-                                                b["inputs_segmentation"])
-      nll, _, n = cross_entropy_sums(logits, b["targets"], b["inputs_segmentation"] != 0, 0.0)
-      return (nll + terms.loss(sown)[0]) / n
-
-  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
-  return float(loss), jax.tree.map(lambda a: np.asarray(jax.device_get(a)), grads), t
-
-
 def test_expert_parallel_equals_one_device(tmp_path):
-  """EP 4 x fsdp 2 on 8 devices: the same gradients as one device, and the same losses over five
-  training steps; the experts' weights and their Adam moments are split over `expert`. The model
-  has a dense first layer (a run of its own in the pattern stack) and norm_topk_prob=false."""
-  l1, g1, t1 = _loss_and_grads(argv(tmp_path, "g1", *MOE, *DENSE_FIRST, *MESH_1),
-                               jax.devices()[:1])
-  l8, g8, t8 = _loss_and_grads(argv(tmp_path, "g8", *MOE, *DENSE_FIRST, *EP), None)
-  assert t1.family.layer_kinds(t1.mcfg) == ("dense", "moe", "moe")
-  assert abs(l1 - l8) <= 1e-5 * abs(l1)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=0, atol=1e-5), g1, g8)
-  dense, moe_run = g1["decoder"]["runs"][0][0]["mlp"], g1["decoder"]["runs"][1][0]["mlp"]
-  assert "gate" in dense and "experts" in moe_run and np.abs(dense["gate"]["kernel"]).max() > 0
-  wi = t8.shardings["params"]["decoder"]["runs"][1][0]["mlp"]["experts"]["wi"]
-  assert "expert" in str(wi.spec[1])                     # [L, E, D, 2F]: E over `expert`
-
-  steps = ("steps=5", "enable_checkpointing=false")
-  _, one, _ = train(tmp_path, "one", *MOE, *DENSE_FIRST, *MESH_1, *steps, devices=jax.devices()[:1])
+  """EP 4 x fsdp 2 on 8 devices against one device, three training steps on the same batches, for
+  a model with a dense first layer (a run of its own in the pattern stack) and
+  norm_topk_prob=false: the same losses (cross-entropy + weighted aux loss), and the same Adam
+  moments for every parameter (mu and nu are running sums of each step's gradients: equal moments
+  = equal gradients); the experts' weights and their moments are split over `expert`."""
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.models.registry import get_family
+  mcfg = ModelConfig.from_config(load_config(argv(tmp_path, "one", *MOE, *DENSE_FIRST)))
+  assert get_family(mcfg.decoder_block).layer_kinds(mcfg) == ("dense", "moe", "moe")
+  steps = ("steps=3", "enable_checkpointing=false")
+  _, one, s1 = train(tmp_path, "one", *MOE, *DENSE_FIRST, *MESH_1, *steps,
+                     devices=jax.devices()[:1])
   _, eight, s8 = train(tmp_path, "eight", *MOE, *DENSE_FIRST, *EP, *steps)
+  assert [r["batch_checksum"] for r in eight] == [r["batch_checksum"] for r in one]
   np.testing.assert_allclose([r["loss"] for r in eight], [r["loss"] for r in one], rtol=0,
                              atol=1e-5)
   assert all(r["moe_dropped"] == 0 for r in eight)
   assert {"moe_load_max_over_mean/layer_1", "moe_load_max_over_mean/layer_2"} <= set(eight[0])
   assert "moe_load_max_over_mean/layer_0" not in eight[0]             # the dense layer has none
+  adam1, adam8 = (jax.device_get(s["opt_state"][1][0]) for s in (s1, s8))
+  dense, routed = adam1.mu["decoder"]["runs"][0][0]["mlp"], adam1.mu["decoder"]["runs"][1][0]["mlp"]
+  assert "gate" in dense and "experts" in routed
+  mu1, mu8 = jax.tree.leaves(adam1.mu), jax.tree.leaves(adam8.mu)
+  nu1, nu8 = jax.tree.leaves(adam1.nu), jax.tree.leaves(adam8.nu)
+  assert len(mu1) == len(mu8) == len(nu1) > 10
+  assert sum(np.abs(m).max() > 0 for m in mu1) == len(mu1) - 1     # all but the router bias
+  # fp32 rounding of sums over another device split: ~100 eps of each leaf's magnitude (measured
+  # 1e-7..1e-6 of it); a wrong gradient anywhere is off by far more
+  for a, b in [*zip(mu1, mu8), *zip(nu1, nu8)]:
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
+  wi = s8["params"]["decoder"]["runs"][1][0]["mlp"]["experts"]["wi"]
+  assert "expert" in str(wi.sharding.spec[1])                   # [L, E, D, 2F]: E over `expert`
+  assert wi.sharding.shard_shape(wi.shape)[1] == wi.shape[1] // 4
   mu = s8["opt_state"][1][0].mu["decoder"]["runs"][1][0]["mlp"]["experts"]["wi"]
   assert mu.sharding.shard_shape(mu.shape)[1] == mu.shape[1] // 4
 
 
-def test_router_bias_flattens_expert_load(tmp_path):
+def test_router_bias_flattens_expert_load(tmp_path, capsys):
   """With the weights frozen (learning_rate=0), only the selection bias moves: the max/mean
-  expert load of the skewed byte-level text falls."""
+  expert load of the skewed byte-level text falls. Without the bias the frozen router keeps ~3.1
+  of a worst-possible 4.0: the progress line shows it and the run warns, once."""
   run = ("steps=30", "learning_rate=0", "enable_checkpointing=false", "log_period=10")
   _, fixed, _ = train(tmp_path, "fixed", *MOE, *MESH_1, *run, devices=jax.devices()[:1])
+  out = capsys.readouterr().out
+  assert re.search(r"^step 10/30 \| .* \| expert load 3\.\d\d \|", out, re.M), out[-3000:]
+  warnings = re.findall(r"^warning: expert load collapsed: moe_load_max_over_mean above 2.00 for "
+                        r"10 steps up to step 10 .*moe_aux_loss_weight=0.01, "
+                        r"router_bias_update_rate=0\. Raise moe_aux_loss_weight", out, re.M)
+  assert len(warnings) == 1, out[-3000:]             # once per collapse
   _, biased, state = train(tmp_path, "biased", *MOE, *MESH_1, *run,
                            "router_bias_update_rate=0.01", devices=jax.devices()[:1])
   load = lambda rows: np.array([r["moe_load_max_over_mean"] for r in rows])
@@ -220,3 +214,51 @@ def test_shared_expert_adds_its_sigmoid_gated_output():
   gated = np.asarray(shared(jnp.asarray(x))) / (1 + np.exp(-np.asarray(gate(jnp.asarray(x)))))
   assert np.abs(gated).max() > 1e-3
   np.testing.assert_allclose(np.asarray(y), np.asarray(routed) + gated, rtol=1e-5, atol=1e-6)
+
+
+# ---- config checks before anything compiles -------------------------------------------------------
+def test_expert_shards_that_do_not_divide_the_experts_exit_2_before_compiling(tmp_path, capsys):
+  """Explicit num_experts, and num_experts taken from a load_parameters_path checkpoint (only its
+  config is read: the refusal comes before any parameter is loaded)."""
+  import json
+  import os
+  from MaxText.config.load import ConfigError
+  from MaxText.train.config_checks import validate
+  ep = ("ici_expert_parallelism=4", "ici_fsdp_parallelism=2", "per_device_batch_size=1")
+  with pytest.raises(ConfigError, match=r"ici_expert_parallelism=4 x dcn_expert_parallelism=1: "
+                                        r"4 expert shards do not divide num_experts=6$"):
+    validate(load_config([BASE_YML, "num_experts=6", "moe_mlp_dim=32", *ep]), jax.devices())
+  with pytest.raises(ConfigError, match="capacity_factor=1.5 is a single-shard comparison mode"):
+    validate(load_config([BASE_YML, "num_experts=8", "moe_mlp_dim=32", "capacity_factor=1.5", *ep]),
+             jax.devices())
+  ckpt = tmp_path / "ckpt" / "0"
+  os.makedirs(ckpt / "params")
+  os.makedirs(ckpt / "meta")
+  saved = load_config(argv(tmp_path, "src", *MOE[1:], "num_experts=6")).as_dict()
+  (ckpt / "meta" / "metadata").write_text(json.dumps({"step": 0, "config": saved}))
+  code, _, _ = train(tmp_path, "ft", *ep, f"load_parameters_path={tmp_path / 'ckpt'}")
+  out, err = capsys.readouterr()
+  assert code == 2
+  assert "do not divide num_experts=6 (taken from the checkpoint at load_parameters_path=" in err
+  assert "compiled" not in out and "loaded parameters" not in out
+
+
+def test_collapse_watch_warns_once_per_collapse():
+  from MaxText.metrics.moe_load import PATIENCE, CollapseWatch
+  watch = CollapseWatch(8, 2, balancing="moe_aux_loss_weight=0", advice="Raise it")   # worst 4.0
+  series = [1.5] * 3 + [3.9] * (PATIENCE + 5) + [1.2] * 2 + [3.9] * PATIENCE
+  said = [(i + 1, w) for i, x in enumerate(series)
+          if (w := watch.update(i + 1, {"moe_load_max_over_mean": x}))]
+  assert [s for s, _ in said] == [3 + PATIENCE, 3 + PATIENCE + 5 + 2 + PATIENCE]
+  assert said[0][1].endswith("(now 3.90; 4.00 = every token on the same 2 experts); balancing: "
+                            "moe_aux_loss_weight=0. Raise it")
+  assert CollapseWatch(8, 2, balancing="", advice="").update(1, {"loss": 1.0}) is None   # no key
+
+
+def test_every_shipped_moe_config_balances_its_experts():
+  names = [f[:-4] for f in os.listdir(os.path.join(ROOT, "configs", "models")) if f.endswith(".yml")]
+  moe_configs = [c for c in (load_config([BASE_YML, f"model_name={n}"]) for n in names)
+                 if c.num_experts]
+  assert len(moe_configs) >= 4
+  for cfg in moe_configs:
+    assert cfg.moe_aux_loss_weight > 0 or cfg.router_bias_update_rate > 0, cfg.model_name

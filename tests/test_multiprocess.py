@@ -5,6 +5,7 @@ same model on 1 process x 8 devices in this process.
 One 2-process run (10 steps, checkpoints at 5 and 10) serves several tests; each further
 2-process launch (preemption, kill -9) costs a start-up and a compile on process 1 (JAX's
 persistent cache is written and hit by process 0 only)."""
+import json
 import os
 import re
 import shutil
@@ -82,6 +83,15 @@ def test_two_processes_train_like_one_and_split_the_batch(two_process_run, tmp_p
     assert m, text[i][-2000:]
     rows_of[i] = set(range(int(m.group(1)), int(m.group(2)) + 1))
   assert not rows_of[0] & rows_of[1] and rows_of[0] | rows_of[1] == set(range(8))
+  # each process digested the array files it wrote; process 0's commit-time list has none of
+  # process 1's (it never reads them)
+  from MaxText.checkpoint import manifest
+  step = out / "run" / "checkpoints" / "5"
+  for i in (0, 1):
+    own = json.loads((step / "params" / f"files.process_{i}.json").read_text())
+    assert own and {manifest.writer_of(r) for r in own} == {i}
+  assert all(manifest.writer_of(r) is None
+             for r in json.loads((step / "manifest" / "files.json").read_text()))
   # each process saved its own shard's iterator position
   assert sorted(f for f in os.listdir(out / "run" / "checkpoints" / "5" / "data")
                 if f.endswith(".json")) == ["shard_0-of-2.json", "shard_1-of-2.json"]
@@ -101,7 +111,8 @@ def test_saved_by_two_processes_resumes_on_one(two_process_run, tmp_path, capsys
   assert code == 0
   assert f"resumed from {tmp_path / 'run' / 'checkpoints'}/5" in log
   assert "data shards 0-1 of 2 (4 rows each; data_shards from the checkpoint)" in log
-  _same(resumed[10:], rows, range(6, 11))
+  assert [r["step"] for r in resumed] == list(range(1, 11))   # rows 6-10 of the copy superseded
+  _same(resumed[5:], rows, range(6, 11))
 
 
 def test_sigterm_to_one_process_saves_the_same_step_on_both_and_resumes(two_process_run,
@@ -123,11 +134,12 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_resumes(two_proc
   assert 6 <= step < 10
   assert sorted(map(int, filter(str.isdigit, os.listdir(tmp_path / "run" / "checkpoints")))) == \
       [5, step]
-  after = read_metrics(tmp_path / "run")[10:]
+  after = read_metrics(tmp_path / "run")[5:]   # the copy's rows 6-10 were superseded on resume
   _same(after, rows, range(6, step + 1))
   code, resumed, _ = train(tmp_path, "run", *COMMON, *FSDP8)
   assert code == 0 and f"/checkpoints/{step}" in capsys.readouterr().out
-  _same(resumed[10 + step - 5:], rows, range(step + 1, 11))
+  assert [r["step"] for r in resumed] == list(range(1, 11))
+  _same(resumed[step:], rows, range(step + 1, 11))
 
 
 def test_kill_9_of_one_process_stops_the_other_within_the_heartbeat_timeout(two_process_run,

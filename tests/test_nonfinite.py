@@ -46,3 +46,21 @@ def test_skip_goes_on_until_the_limit(tmp_path):
     p1, p3 = (c.restore(os.path.join(ckpt, s, "params")) for s in ("1", "3"))
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p3)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_logged_lr_is_the_rate_applied(tmp_path):
+  """Skipped steps do not advance optax's schedule, only the train state's step: the logged lr
+  is the rate the optimizer uses (the schedule at optax's count), not the schedule at the step."""
+  from conftest import argv
+  from MaxText.config.load import load_config
+  from MaxText.train.optimizer import learning_rate_schedule
+  run = (*DIVERGE, "lr_schedule=cosine", "nonfinite_policy=skip", "max_nonfinite_skips=2",
+         "enable_checkpointing=false")
+  code, rows, _ = train(tmp_path, "lr", *run, devices=jax.devices()[:1])
+  assert code == 5 and [r["finite"] for r in rows] == [1.0, 0.0, 0.0, 0.0]
+  schedule = learning_rate_schedule(load_config(argv(tmp_path, "lr", *run)))
+  rate = lambda count: float(np.float32(schedule(count)))
+  assert len({rate(0), rate(1), rate(2), rate(3)}) == 4     # the schedule moves every step
+  assert rows[0]["lr"] == rate(0)
+  # steps 2-4 applied nothing: optax's count stays at 1 (the state's step went on to 3)
+  assert [r["lr"] for r in rows[1:]] == [rate(1)] * 3

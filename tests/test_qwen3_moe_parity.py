@@ -158,3 +158,28 @@ def test_dense_first_layer_round_trips_through_the_converters(tmp_path):
   with torch.no_grad():
     want, got = model(tokens).logits.numpy(), back(tokens).logits.numpy()
   assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_balancing_weight_travels_both_ways_and_into_a_fine_tune(tmp_path):
+  """HF's router_aux_loss_coef is our moe_aux_loss_weight (Qwen3MoeConfig's 0.001 when absent),
+  written back on export; a fine-tune from a converted checkpoint takes it unless it is set."""
+  import json
+  import os
+  from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
+  hub = hf_map.config_to_hf(our_config())
+  assert hub["router_aux_loss_coef"] == 0.01 == our_config().moe_aux_loss_weight   # the tiny's
+  assert transformers.Qwen3MoeConfig(**hub).router_aux_loss_coef == 0.01
+  assert hf_map.config_from_hf({**hub, "router_aux_loss_coef": 0.02})["moe_aux_loss_weight"] == 0.02
+  del hub["router_aux_loss_coef"]
+  assert hf_map.config_from_hf(hub)["moe_aux_loss_weight"] == 0.001
+  assert hf_map.config_to_hf(replace(our_config(), moe_aux_loss_weight=0.02))[
+      "router_aux_loss_coef"] == 0.02
+  # a checkpoint converted with 0.02 (only its config is read here)
+  os.makedirs(tmp_path / "0" / "params")
+  os.makedirs(tmp_path / "0" / "meta")
+  saved = replace(our_config(), moe_aux_loss_weight=0.02).as_dict()
+  (tmp_path / "0" / "meta" / "metadata").write_text(json.dumps({"step": 0, "config": saved}))
+  argv = [BASE_YML, f"load_parameters_path={tmp_path}"]
+  assert adopt_checkpoint_architecture(load_config(argv), argv).moe_aux_loss_weight == 0.02
+  argv.append("moe_aux_loss_weight=0.05")                 # the user's value wins, no error
+  assert adopt_checkpoint_architecture(load_config(argv), argv).moe_aux_loss_weight == 0.05

@@ -1,18 +1,21 @@
 """Sharding: logical axis rules → PartitionSpecs on real meshes, parallelism filling, the sharding
 report, activation constraints and the optimizer-state shardings."""
+import math
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from conftest import BASE_YML
+from conftest import BASE_YML, ROOT
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import MESH_AXES
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.mesh import create_mesh, fill_parallelism
 from MaxText.sharding.rules import (constrain, logical_to_spec, parse_rules, sharding_report,
-                                    use_rules)
+                                    tree_shardings, use_rules)
 from MaxText.train.optimizer import make_optimizer
 from MaxText.models.registry import make_model_def
 from MaxText.train.state import state_shardings
@@ -150,9 +153,10 @@ def test_fill_parallelism_rejects_wrong_products():
   with pytest.raises(ConfigError) as e:
     fill_parallelism([1, 1, 1, 2, 1], 1, "dcn", MESH_AXES)
   assert "dcn_expert_parallelism=2" in str(e.value)
-  with pytest.raises(ConfigError) as e:  # fixed sizes 3 do not divide 8
+  with pytest.raises(ConfigError) as e:  # fixed sizes 3 do not divide 8: the keys are named
     fill_parallelism([3, -1, 1, 1, 1], 8, "ici", MESH_AXES)
-  assert "3" in str(e.value) and "8" in str(e.value)
+  assert "ici_data_parallelism=3 = 3 does not divide the 8 devices" in str(e.value)
+  assert "ici_fsdp_parallelism=-1" in str(e.value)
   with pytest.raises(ConfigError) as e:
     fill_parallelism([1, 0, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=0" in str(e.value)
@@ -260,3 +264,29 @@ def test_multi_slice_hybrid_grid_puts_dcn_outermost():
   assert [{d.slice_index for d in row.ravel()} for row in grid] == [{0}, {1}]
   with pytest.raises(ConfigError, match="dcn"):
     mesh_shape(load_config([BASE_YML, "dcn_data_parallelism=1", "dcn_fsdp_parallelism=1"]), devices)
+
+
+# ---- every shipped model shards its large parameters under fsdp ------------------------------------
+SHIPPED_MODELS = sorted(f[:-4] for f in os.listdir(os.path.join(ROOT, "configs", "models"))
+                        if f.endswith(".yml"))
+LARGE_BYTES = 4 * 2**20   # the largest parameter allowed to stay whole: stacked norm scales ~1.5 MiB
+
+
+@pytest.mark.parametrize("name", SHIPPED_MODELS)
+def test_no_large_parameter_is_left_whole_by_fsdp(name):
+  """Abstract shapes only (nothing allocated): on fsdp 8 and on fsdp 4 x tensor 2, every parameter
+  above LARGE_BYTES keeps at most 1/fsdp of its bytes per device (Gemma 4 E2B's per-layer-input
+  table, 8.75 GiB, was copied whole to every device)."""
+  mdef = make_model_def(ModelConfig.from_config(load_config([BASE_YML, f"model_name={name}"])))
+  whole = []
+  for mesh_keys in (MESH_F8, ("ici_fsdp_parallelism=4", "ici_tensor_parallelism=2")):
+    mesh, rules, _ = mesh_and_rules(f"model_name={name}", *mesh_keys)
+    shardings = tree_shardings(mdef.logical_axes, mdef.abstract_params, mesh, rules)
+    for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(mdef.abstract_params),
+                                      jax.tree.leaves(shardings)):
+      nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
+      local = math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+      if nbytes > LARGE_BYTES and local * mesh.shape["fsdp"] > nbytes:
+        whole.append(f"{mesh_keys}: {jax.tree_util.keystr(path)} {leaf.shape}: "
+                     f"{local / 2**20:.0f} of {nbytes / 2**20:.0f} MiB per device")
+  assert not whole, whole

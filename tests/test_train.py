@@ -44,15 +44,16 @@ def test_resume_is_bitwise(tmp_path):
   common = ("steps=20", "checkpoint_period=10", "max_checkpoints_to_keep=5", *MESH_222)
   code, straight, s_straight = train(tmp_path, "straight", *common)
   assert code == 0
-  # same run, but "interrupted" after step 10: drop the step-20 checkpoint and the rows after 10
+  # same run, but "interrupted" after step 10: drop the step-20 checkpoint; the resumed run moves
+  # the rows after 10 to metrics.superseded.jsonl and writes them anew (one row per step)
   code, _, _ = train(tmp_path, "resumed", *common)
   ckpt = tmp_path / "resumed" / "checkpoints"
   assert sorted(os.listdir(ckpt)) == ["10", "20"]
   shutil.rmtree(ckpt / "20")
   code, rows, s_resumed = train(tmp_path, "resumed", *common)
   assert code == 0
-  resumed = rows[20:]
-  assert [r["step"] for r in resumed] == list(range(11, 21))
+  assert [r["step"] for r in rows] == list(range(1, 21))
+  resumed = rows[10:]
   assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[10:]]
   assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight[10:]]
   for a, b in zip(jax.tree.leaves(_host(s_straight)), jax.tree.leaves(_host(s_resumed))):

@@ -4,6 +4,7 @@
   shardings describe, so a different mesh than at save time works; no target is refused);
 - `meta`: JSON with the step and the resolved config;
 - `data`: the data iterator state, one JSON file per data shard (`data_state.py`);
+- `tokenizer`: the run's tokenizer files, when it has some (`tokenizer_files.py`);
 - `manifest`: shapes, dtypes and checksums of the arrays, digests of every file (`manifest.py`).
 
 Crash safety: Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it once every
@@ -15,6 +16,7 @@ within `save_timeout_s`; `wait()` bounds the wait for the commit the same way.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import time
@@ -25,13 +27,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from MaxText.checkpoint import checksum, data_state, manifest
+from MaxText.checkpoint import checksum, data_state, manifest, tokenizer_files
 from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.data.errors import DataError
 
 ARRAY_ITEMS = ("params", "opt_state")
-HASHED_ITEMS = (*ARRAY_ITEMS, "meta", "data")
+HASHED_ITEMS = (*ARRAY_ITEMS, "meta", "data", tokenizer_files.ITEM)
 
 
 def _why(e: BaseException) -> str:
@@ -66,10 +68,11 @@ class RunCheckpoints:
         async_options=ocp.AsyncOptions(timeout_secs=max(1, int(self.save_timeout_s))))
     self._mngr = ocp.CheckpointManager(
         self.directory, options=options,
-        item_handlers={"params": ocp.StandardCheckpointHandler(),
-                       "opt_state": ocp.StandardCheckpointHandler(),
+        item_handlers={"params": manifest.ArrayItemHandler("params"),
+                       "opt_state": manifest.ArrayItemHandler("opt_state"),
                        "meta": ocp.JsonCheckpointHandler(),
                        "data": DataStateHandler(),
+                       tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler(),
                        # last: its finalize hashes the other items' final files
                        manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS, save_hooks)})
 
@@ -83,11 +86,19 @@ class RunCheckpoints:
   def save(self, step: int, state: dict, data_iterator: Any, config: dict) -> None:
     self.wait()  # a failed or hung previous save is reported before anything new is written
     arrays = {k: state[k] for k in ARRAY_ITEMS}
-    args = {k: ocp.args.StandardSave(v) for k, v in arrays.items()}
+    args = {k: manifest.ArraySave(v) for k, v in arrays.items()}
     args["meta"] = ocp.args.JsonSave({"step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
-    args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(step, arrays, config))
+    tokenizer = tokenizer_files.files_for(config.get("tokenizer_type", ""),
+                                          config.get("tokenizer_path", ""))
+    if tokenizer:
+      args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
+    # one process: the array checksums run on threads beside Orbax's background writes (which
+    # hold the arrays until they are done too); several: before the save returns (their sums are
+    # added up with a collective, which must run on every main thread in order)
+    args[manifest.ITEM] = manifest.ManifestSave(int(step), manifest.build(
+        step, arrays, config, background=jax.process_count() == 1))
     self._pending = (int(step), time.monotonic())
     try:
       self._mngr.save(step, args=ocp.args.Composite(**args), force=True)
@@ -154,8 +165,12 @@ class RunCheckpoints:
     return os.path.join(self.directory, str(step))
 
   def restore(self, step: int, abstract_state: dict, data_iterator: Any, *,
-              verify: bool = True) -> tuple[dict, dict]:
-    """Returns (state, meta); `data_iterator` is set to its saved position in place.
+              verify: bool = True, meanwhile: Callable[[], Any] | None = None
+              ) -> tuple[dict, dict]:
+    """Returns (state, meta); `data_iterator` is set to its saved position in place. With
+    `verify`, the restored arrays' checksums are computed on other threads while Orbax reads the
+    next item and `meanwhile()` runs (e.g. compiling the train step); nothing is returned before
+    they are checked.
 
     Raises DataError (no or mismatched iterator state) or CheckpointError (naming the arrays or
     files that are damaged, missing or incompatible)."""
@@ -171,23 +186,42 @@ class RunCheckpoints:
       if incompatible:
         raise CheckpointError(f"checkpoint step {step} does not fit this model: "
                               + "; ".join(incompatible[:8]))
-      if verify:
-        file_problems = _on_primary(lambda: manifest.verify_files(step_dir, saved, HASHED_ITEMS))
-    args = {k: ocp.args.StandardRestore(v) for k, v in abstract.items()}
-    args["meta"] = ocp.args.JsonRestore()
-    if data_iterator is not None:
-      args["data"] = DataStateRestore(data_iterator)
+    # the file digests are checked while Orbax reads the arrays (other cores; the same page cache)
+    checking = _check_files_in_background(step_dir, saved, HASHED_ITEMS) if verify and saved \
+        else None
+    # with `verify`, one array item at a time, the largest first: each item's checksums run on
+    # other threads while Orbax reads the next (and the last one's during `meanwhile`)
+    order = sorted(abstract, key=lambda k: -sum(x.size * x.dtype.itemsize
+                                                for x in jax.tree.leaves(abstract[k])))
+    groups = [[item] for item in order] if verify else [order]
+    out, comparing = {}, []
     try:
-      out = self._mngr.restore(step, args=ocp.args.Composite(**args))
+      for n, group in enumerate(groups):
+        args = {item: manifest.ArrayRestore(abstract[item]) for item in group}
+        if n == 0:
+          args["meta"] = ocp.args.JsonRestore()
+          if data_iterator is not None:
+            args["data"] = DataStateRestore(data_iterator)
+        restored = self._mngr.restore(step, args=ocp.args.Composite(**args))
+        out.update({k: restored[k] for k in args if k != "data"})
+        if verify:
+          comparing.append(manifest.start_compare(saved, {k: out[k] for k in group},
+                                                  background=True))
     except DataError:
       raise
     except Exception as e:  # pylint: disable=broad-except
+      for finish in comparing:   # the checksums' threads let go of the arrays first
+        finish()
+      file_problems = _file_problems(checking)
       unreadable = _unreadable_arrays(step_dir, abstract)
       raise CheckpointError(
           f"checkpoint step {step} cannot be read: "
           + "; ".join(unreadable + file_problems or [_why(e)])) from e
     if verify:
-      differing = manifest.compare_arrays(saved, {k: out[k] for k in ARRAY_ITEMS})
+      if meanwhile is not None:
+        meanwhile()
+      differing = [problem for finish in comparing for problem in finish()]
+      file_problems = _file_problems(checking)
       if differing or file_problems:
         raise CheckpointError(f"checkpoint step {step} is damaged: "
                               + "; ".join((differing + file_problems)[:8])
@@ -198,13 +232,16 @@ class RunCheckpoints:
     return state, out["meta"]
 
   def restore_latest(self, abstract_state: dict, data_iterator: Any, *, verify: bool,
-                     fallback: bool, log: Callable[[str], None]) -> tuple[dict | None, int]:
+                     fallback: bool, log: Callable[[str], None],
+                     meanwhile: Callable[[], Any] | None = None) -> tuple[dict | None, int]:
     """(state, step) of the newest usable step, or (None, 0) without one. With `fallback`, a
-    damaged step is logged and moved aside and the next older one is tried."""
+    damaged step is logged and moved aside and the next older one is tried. `meanwhile`: as in
+    `restore`, for each step tried (it should do its work once)."""
     steps = sorted(self.all_steps(), reverse=True)
     for i, step in enumerate(steps):
       try:
-        state, _ = self.restore(step, abstract_state, data_iterator, verify=verify)
+        state, _ = self.restore(step, abstract_state, data_iterator, verify=verify,
+                                meanwhile=meanwhile)
         return state, step
       except CheckpointError as e:
         if not fallback or i + 1 == len(steps):
@@ -225,14 +262,28 @@ class RunCheckpoints:
     return aside
 
 
-def _on_primary(fn: Callable[[], list[str]]) -> list[str]:
-  """`fn()` on process 0; other processes learn whether it found problems."""
-  problems = fn() if jax.process_index() == 0 else []
+def _check_files_in_background(step_dir: str, saved: dict, items: tuple[str, ...]
+                               ) -> concurrent.futures.Future:
+  """This process's share of the file checks (`manifest.verifier_of`), on a thread."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verify_files")
+  future = pool.submit(manifest.verify_files, step_dir, saved, items, jax.process_index(),
+                       jax.process_count())
+  pool.shutdown(wait=False)
+  return future
+
+
+def _file_problems(checking: concurrent.futures.Future | None) -> list[str]:
+  """The problems this process found; every process learns how many the others found."""
+  if checking is None:
+    return []
+  problems = checking.result()
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    found = multihost_utils.broadcast_one_to_all(np.int32(len(problems)))
-    if found and not problems:
-      problems = [f"{int(found)} damaged files (see the log of process 0)"]
+    counts = multihost_utils.process_allgather(np.int32(len(problems)))
+    others = int(np.sum(counts)) - len(problems)
+    if others:
+      problems = problems + [f"{others} damaged files found by the other processes (see their "
+                             "logs)"]
   return problems
 
 
@@ -255,9 +306,9 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       single: dict = {}
       node = single
-      keys = [getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in keypath]
-      if not all(isinstance(k, str) for k in keys):
+      if not all(isinstance(k, jax.tree_util.DictKey) for k in keypath):
         continue  # optimizer tuples: named through the whole-item error instead
+      keys = [k.key for k in keypath]   # str, or int (the pattern stack's runs and members)
       for k in keys[:-1]:
         node = node.setdefault(k, {})
       node[keys[-1]] = leaf
@@ -268,7 +319,7 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
               restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
                                         single)))
       except Exception as e:  # pylint: disable=broad-except
-        bad.append(f"{item}/{'/'.join(keys)}: unreadable ({_why(e)})")
+        bad.append(f"{item}/{'/'.join(map(str, keys))}: unreadable ({_why(e)})")
     if not bad and not os.path.isfile(os.path.join(item_dir, "_METADATA")):
       bad.append(f"{item}/_METADATA: missing")
   return bad
@@ -305,7 +356,8 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
   item_dir = os.path.join(step_dir, "params")
   saved = _read_manifest(step_dir, -1, required=False) if verify else None
   if saved is not None:
-    problems = _on_primary(lambda: manifest.verify_files(step_dir, saved, ("params",)))
+    problems = _file_problems(_check_files_in_background(step_dir, saved,
+                                                         ("params", tokenizer_files.ITEM)))
     if problems:
       raise CheckpointError(f"checkpoint '{step_dir}' is damaged: " + "; ".join(problems[:8]))
   if abstract_params is not None:
@@ -336,8 +388,10 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
   return params
 
 
-def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -> None:
-  """A checkpoint with just `params` and `meta` (what converters write); committed atomically.
+def save_params_only(directory: str, params: Any, config: dict, step: int = 0,
+                     tokenizer: dict[str, str] | None = None) -> None:
+  """A checkpoint with just `params` and `meta` (what converters write) and, given {name: source
+  file}, the tokenizer's files; committed atomically.
   Written uncompressed, from the arrays as they are, with Orbax's write window bounded by the
   largest array: compression would stage a compressed copy of everything in flight, and the
   converters' budget is about one copy of the weights. The result restores like any checkpoint."""
@@ -346,11 +400,15 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0) -
   options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
   handlers = {"params": ocp.PyTreeCheckpointHandler(save_concurrent_gb=window_gb,
                                                     use_compression=False),
-              "meta": ocp.JsonCheckpointHandler()}
+              "meta": ocp.JsonCheckpointHandler(),
+              tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler()}
+  args = {"params": ocp.args.PyTreeSave(params),
+          "meta": ocp.args.JsonSave({"step": step, "config": config})}
+  if tokenizer:
+    args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
   with ocp.CheckpointManager(os.path.abspath(directory), options=options,
                              item_handlers=handlers) as mngr:
-    mngr.save(step, args=ocp.args.Composite(params=ocp.args.PyTreeSave(params),
-                                            meta=ocp.args.JsonSave({"step": step, "config": config})))
+    mngr.save(step, args=ocp.args.Composite(**args))
     mngr.wait_until_finished()
 
 

@@ -1,16 +1,23 @@
 """The integrity manifest of a checkpoint: Orbax item `<step>/manifest/`, committed with the step.
 
 - `manifest.json` (written by the background save): the step, the code version, the config and,
-  for every array of `params` and `opt_state`, its shape, dtype and checksum (`checksum.py`:
-  computed on the devices, the same on any mesh);
-- `files.json` (written in `finalize`, after every other item's files are final and just before
-  Orbax commits the step): the size and BLAKE2b digest of every file of the other items.
+  for every array of `params` and `opt_state`, its shape, dtype and checksum (`checksum.py`, of
+  the kind named by its "checksum" field: the same on any mesh);
+- `<item>/files.process_<i>.json` (written by process i as soon as its own writes of that array
+  item are done, before the processes meet to commit): size and SHA-256 of the files process i
+  wrote (`ocdbt.process_<i>/…`, `array_metadatas/process_<i>`: the bulk of the bytes);
+- `files.json` (written by process 0 in `finalize`, after every other item's files are final and
+  just before Orbax commits the step): size and SHA-256 of every other file (metadata Orbax merges
+  at commit, the config, data-iterator state, tokenizer, the per-process lists themselves).
 
-Verification (`verify_files`, then `compare_arrays` after the restore) catches a missing or
-truncated file, missing metadata and any changed byte (the file digests), and names the arrays
-whose values differ or cannot be read (the checksums). Cost: the files are read once more on
-process 0 at save and at restore (threads, about disk speed), the arrays are checksummed once on
-the devices; `checkpoint_verify=false` skips both at restore.
+So each process reads back only what it wrote; no process reads the whole checkpoint. At restore
+each of the n processes verifies the files written by processes i with i % n == its index (process
+0 also the shared ones), so a restore reads each file once more in all, spread over the processes.
+
+Verification (`verify_files`, then `compare_arrays` / `start_compare` after the restore) catches
+a missing or truncated file, missing metadata and any changed byte (the file digests), and names
+the arrays whose values differ or cannot be read (the checksums). `checkpoint_verify=false` skips
+both at restore; RELIABILITY.md has their cost.
 """
 from __future__ import annotations
 
@@ -20,7 +27,9 @@ import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
+import time
 from typing import Any, Callable, Protocol
 
 import jax
@@ -33,9 +42,11 @@ from MaxText.checkpoint import checksum
 ITEM = "manifest"
 ARRAYS_FILE = "manifest.json"
 FILES_FILE = "files.json"
+PROCESS_FILES = "files.process_{}.json"   # in an array item's directory
 FORMAT = 1
 _SKIP_FILES = ("commit_success.txt", "_CHECKPOINT_METADATA")
 _CHUNK = 4 << 20
+_WRITER = re.compile(r"^(?:ocdbt\.)?process_(\d+)$")
 
 
 @functools.cache
@@ -53,17 +64,21 @@ def code_version() -> dict:
   return {"git": commit, "jax": jax.__version__, "orbax": ocp.__version__}
 
 
-def build(step: int, arrays: dict[str, Any], config: dict) -> Callable[[], dict]:
+def build(step: int, arrays: dict[str, Any], config: dict, *, background: bool = False
+          ) -> Callable[[], dict]:
   """The manifest of `arrays` ({item name: tree of jax.Array}); every process must call it. The
-  checksums are dispatched now and fetched by the returned function (the background write calls
-  it, so the train loop does not wait for them)."""
-  pending = [checksum.start_tree_checksums(tree, prefix=item) for item, tree in arrays.items()]
+  checksums are started now and collected by the returned function (the background write calls
+  it); `background`: as in `checksum.start_tree_checksums` (one process only: the background write
+  runs off the main thread)."""
+  pending = [checksum.start_tree_checksums(tree, prefix=item, background=background)
+             for item, tree in arrays.items()]
   entries = {}
   for item, tree in arrays.items():
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       entries[f"{item}/{checksum.path_name(keypath)}"] = {"shape": list(leaf.shape),
                                                           "dtype": str(leaf.dtype)}
-  head = {"format": FORMAT, "step": int(step), "code_version": code_version(), "config": config}
+  head = {"format": FORMAT, "step": int(step), "code_version": code_version(), "config": config,
+          "checksum": checksum.KIND}
 
   def finish() -> dict:
     for resolve in pending:
@@ -73,12 +88,30 @@ def build(step: int, arrays: dict[str, Any], config: dict) -> Callable[[], dict]
   return finish
 
 
-def _digest(path: str) -> str:
-  h = hashlib.blake2b(digest_size=16)
+HASH = "sha256"   # OpenSSL's, with the CPU's SHA instructions where it has them; older manifests:
+                  # "blake2b" (still verified)
+
+
+def _digest(path: str, algorithm: str = HASH) -> str:
+  h = hashlib.sha256() if algorithm == "sha256" else hashlib.blake2b(digest_size=16)
   with open(path, "rb") as f:
     while chunk := f.read(_CHUNK):
       h.update(chunk)
   return h.hexdigest()
+
+
+def writer_of(rel: str) -> int | None:
+  """The process that wrote a checkpoint file (`ocdbt.process_<i>` or `process_<i>` in its path:
+  array data and metadata each process writes itself), or None for files of the whole step."""
+  for part in rel.split("/"):
+    if m := _WRITER.match(part):
+      return int(m.group(1))
+  return None
+
+
+def verifier_of(rel: str, num_processes: int) -> int:
+  """The process of a restore with `num_processes` processes that verifies a file."""
+  return (writer_of(rel) or 0) % num_processes
 
 
 def _files(step_dir: str, items: tuple[str, ...]) -> list[str]:
@@ -95,11 +128,43 @@ def _parallel(fn, paths: list[str]) -> list:
     return list(pool.map(fn, paths))
 
 
+def _digests(root: str, rel: list[str], prefix: str = "") -> dict[str, dict]:
+  """{prefix + r: {bytes, sha256}} of the files `root/r`."""
+  paths = [os.path.join(root, r) for r in rel]
+  return {prefix + r: {"bytes": os.path.getsize(p), HASH: d}
+          for r, p, d in zip(rel, paths, _parallel(_digest, paths))}
+
+
+def write_own_digests(item_dir: str, item: str) -> None:
+  """This process's digests of the files it wrote into an array item (called once its writes
+  are done); `item_dir` may still carry Orbax's temporary name, the entries use `item`."""
+  me = jax.process_index()
+  rel = []
+  for dirpath, _, names in os.walk(item_dir):
+    rel.extend(r for n in names if n not in _SKIP_FILES and writer_of(
+        r := os.path.relpath(os.path.join(dirpath, n), item_dir)) == me)
+  digests = _digests(item_dir, sorted(rel), prefix=f"{item}/")
+  path = os.path.join(item_dir, PROCESS_FILES.format(me))
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(digests, f, sort_keys=True)
+  os.replace(path + ".tmp", path)
+
+
+def _process_digests(step_dir: str, items: tuple[str, ...]) -> dict[str, dict]:
+  out = {}
+  for item in items:
+    folder = os.path.join(step_dir, item)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+      if re.fullmatch(PROCESS_FILES.format(r"\d+").replace(".", r"\."), name):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+          out.update(json.load(f))
+  return out
+
+
 def file_digests(step_dir: str, items: tuple[str, ...]) -> dict[str, dict]:
-  rel = _files(step_dir, items)
-  digests = _parallel(_digest, [os.path.join(step_dir, r) for r in rel])
-  return {r: {"bytes": os.path.getsize(os.path.join(step_dir, r)), "blake2b": d}
-          for r, d in zip(rel, digests)}
+  """Digests of the files of `items` not already digested by the processes that wrote them."""
+  done = _process_digests(step_dir, items)
+  return _digests(step_dir, [r for r in _files(step_dir, items) if r not in done])
 
 
 def read(step_dir: str) -> dict:
@@ -110,12 +175,17 @@ def read(step_dir: str) -> dict:
     manifest["files"] = json.load(f)
   if manifest.get("format") != FORMAT or not isinstance(manifest.get("arrays"), dict):
     raise ValueError(f"unknown manifest format {manifest.get('format')!r}")
+  items = tuple(sorted({r.split("/", 1)[0] for r in manifest["files"]}))
+  manifest["files"].update(_process_digests(step_dir, items))
   return manifest
 
 
-def verify_files(step_dir: str, manifest: dict, items: tuple[str, ...]) -> list[str]:
-  """Problems with the files of `items` (missing, truncated/grown, changed bytes, unexpected)."""
-  expected = {r: e for r, e in manifest["files"].items() if r.split("/", 1)[0] in items}
+def verify_files(step_dir: str, manifest: dict, items: tuple[str, ...], process: int = 0,
+                 num_processes: int = 1) -> list[str]:
+  """Problems with the files of `items` that process `process` of `num_processes` verifies
+  (`verifier_of`): missing, truncated/grown, changed bytes, not in the manifest."""
+  mine = lambda rel: rel.split("/", 1)[0] in items and verifier_of(rel, num_processes) == process
+  expected = {r: e for r, e in manifest["files"].items() if mine(r)}
   problems, present = [], []
   for rel, entry in expected.items():
     path = os.path.join(step_dir, rel)
@@ -126,11 +196,12 @@ def verify_files(step_dir: str, manifest: dict, items: tuple[str, ...]) -> list[
                       "(truncated or overwritten)")
     else:
       present.append(rel)
-  digests = _parallel(_digest, [os.path.join(step_dir, r) for r in present])
-  problems += [f"{rel}: contents changed (BLAKE2b differs)"
-               for rel, d in zip(present, digests) if d != expected[rel]["blake2b"]]
+  algorithm = lambda rel: HASH if HASH in expected[rel] else "blake2b"
+  digests = _parallel(lambda rel: _digest(os.path.join(step_dir, rel), algorithm(rel)), present)
+  problems += [f"{rel}: contents changed ({algorithm(rel)} differs)"
+               for rel, d in zip(present, digests) if d != expected[rel][algorithm(rel)]]
   problems += [f"{rel}: not in the manifest" for rel in _files(step_dir, items)
-               if rel not in expected]
+               if mine(rel) and rel not in expected]
   return problems
 
 
@@ -151,13 +222,33 @@ def check_compatible(manifest: dict, abstract: dict[str, Any]) -> list[str]:
 
 def compare_arrays(manifest: dict, restored: dict[str, Any]) -> list[str]:
   """Restored arrays whose checksum differs from the manifest (every process must call it)."""
-  problems = []
-  for item, tree in restored.items():
-    for name, value in checksum.tree_checksums(tree, prefix=item).items():
-      saved = manifest["arrays"].get(name, {}).get("checksum")
-      if saved != value:
-        problems.append(f"{name}: checksum {value}, {saved} when saved (values differ)")
-  return problems
+  return start_compare(manifest, restored)()
+
+
+def start_compare(manifest: dict, restored: dict[str, Any], *, background: bool = False
+                  ) -> Callable[[], list[str]]:
+  """`compare_arrays` started now and finished by the returned function, with the kind of checksum
+  the manifest was written with; `background`: as `checksum.start_tree_checksums` (nothing may
+  donate or change the arrays before the function returns)."""
+  kind = manifest.get("checksum", checksum.LEGACY_KIND)
+  if kind == checksum.LEGACY_KIND:
+    pending = [lambda tree=tree, item=item: checksum.legacy_tree_checksums(tree, prefix=item)
+               for item, tree in restored.items()]
+  elif kind == checksum.KIND:
+    pending = [checksum.start_tree_checksums(tree, prefix=item, background=background)
+               for item, tree in restored.items()]
+  else:
+    return lambda: [f"the manifest's checksums are of an unknown kind {kind!r}"]
+
+  def finish() -> list[str]:
+    problems = []
+    for sums in pending:
+      for name, value in sums().items():
+        saved = manifest["arrays"].get(name, {}).get("checksum")
+        if saved != value:
+          problems.append(f"{name}: checksum {value}, {saved} when saved (values differ)")
+    return problems
+  return finish
 
 
 class SaveHooks(Protocol):
@@ -177,6 +268,48 @@ class NoHooks:
 
   def before_commit(self, step: int) -> None:
     pass
+
+
+class _ThenDigest:
+  """A commit future: waits for an item's own futures (this process's writes), then digests
+  what this process wrote into it."""
+
+  def __init__(self, futures: list, digest: Callable[[], None]):
+    self._futures, self._digest, self._done = futures, digest, False
+
+  def result(self, timeout: float | None = None) -> None:
+    start = time.monotonic()
+    for f in self._futures:
+      f.result(timeout=None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
+    if not self._done:
+      self._done = True
+      self._digest()
+
+
+class ArrayItemHandler(ocp.StandardCheckpointHandler):
+  """Orbax's handler for an array item, plus: each process digests the files it wrote into the
+  item as soon as they are written (`write_own_digests`), before the processes meet to commit."""
+
+  def __init__(self, item: str):
+    super().__init__()
+    self._item = item
+
+  async def async_save(self, directory, *args, **kwargs):
+    futures = await super().async_save(directory, *args, **kwargs) or []
+    path = os.fspath(getattr(directory, "path", directory))
+    return [_ThenDigest(futures, lambda: write_own_digests(path, self._item))]
+
+
+@ocp.args.register_with_handler(ArrayItemHandler, for_save=True)
+@dataclasses.dataclass
+class ArraySave(ocp.args.StandardSave):
+  pass
+
+
+@ocp.args.register_with_handler(ArrayItemHandler, for_restore=True)
+@dataclasses.dataclass
+class ArrayRestore(ocp.args.StandardRestore):
+  pass
 
 
 class ManifestHandler(ocp.AsyncCheckpointHandler):
@@ -206,7 +339,8 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
     self._write_now(directory, args)
 
   def finalize(self, directory: epath.Path) -> None:
-    """Runs after the other items are finalized (this item is registered last), before commit."""
+    """Runs after the other items are finalized (this item is registered last), before commit:
+    digests the files the processes did not digest themselves."""
     if jax.process_index() != 0:
       return
     step_dir = os.fspath(epath.Path(directory).parent)

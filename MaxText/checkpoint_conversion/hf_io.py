@@ -7,11 +7,14 @@
   so converters hold one tensor at a time, not the whole model.
 - `write_hf_folder` writes shards of at most `max_shard_bytes` to temporary names and renames them
   (index and config last), so an interrupted export never looks complete.
+- Both print a progress line about every tenth of the tensors (count, bytes, seconds): a large
+  model takes minutes.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Iterator
 
@@ -26,6 +29,25 @@ SINGLE = "model.safetensors"
 
 class HFFolderError(ValueError):
   """A bad Hugging Face folder; the message names the file (and tensor)."""
+
+
+class Progress:
+  """Prints "<what>: i/N tensors, X GB (or MB), T s" about every tenth of N and at the last one."""
+
+  def __init__(self, what: str, total: int, steps: int = 10):
+    self.what, self.total = what, total
+    self.every = max(1, -(-total // steps))
+    self.count = self.nbytes = 0
+    self.start = time.monotonic()
+
+  def add(self, nbytes: int) -> None:
+    self.count += 1
+    self.nbytes += nbytes
+    if self.count % self.every == 0 or self.count == self.total:
+      size = (f"{self.nbytes / 1e9:.2f} GB" if self.nbytes >= 1e9 else
+              f"{self.nbytes / 1e6:.2f} MB")
+      print(f"{self.what}: {self.count}/{self.total} tensors, {size}, "
+            f"{time.monotonic() - self.start:.0f} s", flush=True)
 
 
 def _inside(folder: str, name: str) -> str:
@@ -74,6 +96,7 @@ class HFTensors(Mapping):
     else:
       extra = f" (found only pickle files {pickles}, which are never loaded)" if pickles else ""
       raise HFFolderError(f"{folder}: no {SINGLE} or {INDEX}{extra}")
+    self.progress = Progress(f"reading {folder}", len(self._where))
 
   def __getitem__(self, name: str) -> np.ndarray:
     if name not in self._where:
@@ -81,7 +104,9 @@ class HFTensors(Mapping):
     with safe_open(self._where[name], framework="np") as f:
       if name not in f.keys():
         raise HFFolderError(f"{self._where[name]}: tensor '{name}' listed in the index is missing")
-      return f.get_tensor(name)
+      tensor = f.get_tensor(name)
+    self.progress.add(tensor.nbytes)
+    return tensor
 
   def __iter__(self) -> Iterator[str]:
     return iter(self._where)
@@ -105,8 +130,10 @@ def write_hf_folder(folder: str, tensors: Mapping[str, np.ndarray], config: dict
     save_file(current, tmp, metadata={"format": "pt"})
     written.append((tmp, list(current), size))
 
+  progress = Progress(f"writing {folder}", len(tensors))
   for name in tensors:
     t = np.ascontiguousarray(tensors[name])
+    progress.add(t.nbytes)
     if current and size + t.nbytes > max_shard_bytes:
       flush()
       current, size = {}, 0

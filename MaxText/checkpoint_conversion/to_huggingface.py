@@ -9,7 +9,8 @@ output. The model config travels in the checkpoint; its `hf_model_type` picks th
 it is "" (a model trained from configs/base.yml), the first of its family's Hugging Face types that
 can hold the model (the default model: `llama`), or the `hf_model_type` argument. Tensors are
 written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or numbered
-shards + index above `max_shard_gb`.
+shards + index above `max_shard_gb`; the checkpoint's tokenizer files are written next to them
+(`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too.
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_huggingface \
@@ -22,7 +23,8 @@ from __future__ import annotations
 import os
 import sys
 
-from MaxText.checkpoint.manager import load_params_host, read_meta
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.manager import load_params_host, read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.config import cli
 from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
@@ -64,6 +66,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
   tensors = family.params_to_hf(params, mcfg)
   write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
+  tokenizer_files.export(resolve_step_dir(ckpt), output_path)
   return model_type
 
 

@@ -3,9 +3,11 @@
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=HF_DIR output_path=CKPT [key=value ...]
 
 Reads `HF_DIR/config.json` (model_type picks the family's name map) and the safetensors shard(s)
-one tensor at a time, and writes `CKPT/0/{params,meta}` — which `train.py
-load_parameters_path=CKPT` fine-tunes from. Extra key=value pairs are config overrides that do not
-change the architecture (e.g. `scan_layers=false`, `weight_dtype=bfloat16`).
+one tensor at a time, and writes `CKPT/0/{params,meta,tokenizer}` — which `train.py
+load_parameters_path=CKPT` fine-tunes from, with the folder's tokenizer files (tokenizer.json,
+tokenizer_config.json, chat template, special tokens, *.model; `checkpoint/tokenizer_files.py`).
+Extra key=value pairs are config overrides that do not change the architecture (e.g.
+`scan_layers=false`, `weight_dtype=bfloat16`).
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=~/Qwen3-0.6B output_path=ckpt/qwen3
@@ -21,6 +23,7 @@ from typing import Iterable
 import jax
 import numpy as np
 
+from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.manager import save_params_only
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
 from MaxText.config import cli
@@ -66,7 +69,10 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   hf_config = read_config(hf_path)
   tensors = HFTensors(hf_path)
-  cfg = config_for_hf(hf_config, overrides, tensors)
+  tokenizer = tokenizer_files.files_of(hf_path)
+  # the vocabulary is a real tokenizer's: a run from this checkpoint never falls back to bytes
+  cfg = replace(config_for_hf(hf_config, overrides, tensors), tokenizer_type="huggingface" if
+                "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
   mcfg = ModelConfig.from_config(cfg)
   family = get_hf_map(cfg.hf_model_type)
   params = family.hf_to_params(tensors, mcfg)
@@ -84,7 +90,7 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
   # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
   # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
   params = jax.tree.map(_as_jax_array, params)
-  save_params_only(output_path, params, cfg.as_dict())
+  save_params_only(output_path, params, cfg.as_dict(), tokenizer=tokenizer)
   return cfg
 
 
@@ -98,8 +104,11 @@ def main(argv: list[str]) -> int:
   except (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  tokenizer = sorted(tokenizer_files.files_of(os.path.expanduser(args["hf_path"])))
   print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
-        f"d={cfg.emb_dim}, vocab {cfg.vocab_size})")
+        f"d={cfg.emb_dim}, vocab {cfg.vocab_size}); tokenizer files: "
+        + (", ".join(tokenizer) if tokenizer else "none in hf_path (fine-tuning will need "
+                                                  "tokenizer_path=...)"))
   return 0
 
 

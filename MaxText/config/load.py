@@ -134,11 +134,14 @@ def model_overlay(directory: str, name: str, chain: tuple[str, ...] = ()) -> dic
   """The keys of `<directory>/<name>.yml` as {key: (value, file)}. A model file may start from
   another one with `base_model: <name>` (its keys first, then the file's own): a published alias
   (`gemma4` = `gemma4-e2b`) or a variant that changes a few keys is a reference, not a copy."""
+  where = f" (base_model of {chain[-1]}.yml)" if chain else ""
+  if not name or name.startswith(".") or any(c in name for c in "/\\\0"):
+    raise ConfigError(f"model_name={name!r}{where}: must name a file of {directory} "
+                      "(without .yml; no path separators)")
   path = os.path.join(directory, f"{name}.yml")
   if not os.path.isfile(path):
     known = sorted(f[:-4] for f in os.listdir(directory) if f.endswith(".yml")) \
         if os.path.isdir(directory) else []
-    where = f" (base_model of {chain[-1]}.yml)" if chain else ""
     raise ConfigError(f"model_name='{name}'{where}: no file {path} (known: default, "
                       f"{', '.join(known)})")
   if name in chain:

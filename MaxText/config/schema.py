@@ -7,6 +7,8 @@ Each field of `Config` is declared once, here, with `key(default, doc, ...)`:
   data        the data pipeline reads it: a field of `DataConfig` (MaxText/data/config.py)
   arch        it changes what the parameters mean, so `load_parameters_path` takes it from the
               checkpoint (default: the same as `model`)
+  carried     a training setting that comes with the model (a converted MoE's balancing weight):
+              `load_parameters_path` takes it from the checkpoint unless the user sets it
   section     the first key of a section of configs/base.yml starts it under this title
   note        a comment block written above the key in configs/base.yml
 
@@ -41,17 +43,19 @@ class Spec:
   model: bool = False
   data: bool = False
   arch: bool = False
+  carried: bool = False
   section: str | None = None
   note: str | None = None
 
 
 def key(default: Any, doc: str, *, choices: tuple | None = None, min: float | None = None,
         max: float | None = None, gt: float | None = None, model: bool = False,
-        data: bool = False, arch: bool | None = None, section: str | None = None,
-        note: str | None = None) -> Any:
+        data: bool = False, arch: bool | None = None, carried: bool = False,
+        section: str | None = None, note: str | None = None) -> Any:
   """A field of `Config` with its schema entry (name and type are taken from the annotation)."""
   meta = dict(default=default, doc=doc, choices=choices, min=min, max=max, gt=gt, model=model,
-              data=data, arch=model if arch is None else arch, section=section, note=note)
+              data=data, arch=model if arch is None else arch, carried=carried, section=section,
+              note=note)
   if isinstance(default, list):
     return field(default_factory=lambda: copy.deepcopy(default), metadata={"key": meta})
   return field(default=default, metadata={"key": meta})
@@ -219,10 +223,13 @@ class Config:
                             choices=("auto", "text", "jsonl", "parquet", "arrayrecord"), data=True)
   dataset_text_field: str = key("text", "field/column holding the text in jsonl, parquet, "
                                 "arrayrecord", data=True)
-  tokenizer_type: str = key("byte", "byte (built in) | huggingface (tokenizer.json) | "
-                            "sentencepiece (.model)",
-                            choices=("byte", "huggingface", "sentencepiece"), data=True)
-  tokenizer_path: str = key("", "path of tokenizer.json or the SentencePiece .model", data=True)
+  tokenizer_type: str = key(
+      "auto", "auto (byte without tokenizer_path, else from the file: .json huggingface, .model "
+      "sentencepiece) | byte | huggingface | sentencepiece",
+      choices=("auto", "byte", "huggingface", "sentencepiece"), data=True)
+  tokenizer_path: str = key(
+      "", "tokenizer.json, a SentencePiece .model, or a folder holding one (\"\" with "
+      "load_parameters_path: the checkpoint's)", data=True)
   add_bos: bool = key(True, "prepend the tokenizer's bos id to each document", data=True)
   add_eos: bool = key(True, "append the tokenizer's eos id to each document", data=True)
   packing: bool = key(True, "pack several documents per row (segment ids + positions)", data=True)
@@ -256,7 +263,7 @@ class Config:
   max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
   z_loss_weight: float = key(0.0, "weight of the z-loss (log Z)^2 term; 0 turns it off", min=0)
   moe_aux_loss_weight: float = key(0.0, "weight of the Switch/Qwen load-balancing loss (HF "
-                                   "router_aux_loss_coef)", min=0, **_COMPUTE)
+                                   "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE)
   router_bias_update_rate: float = key(
       0.0, "aux-loss-free balancing: selection bias += rate * sign(mean load - load) each step",
       min=0, **_COMPUTE)
@@ -300,7 +307,7 @@ class Config:
   dcn_expert_parallelism: int = key(1, "across slices")
   dcn_tensor_parallelism: int = key(1, "across slices")
   logical_axis_rules: list = key(
-      _RULES, "logical axis -> mesh axes (the table below)",
+      _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
       note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "
       "whose mesh\naxes are not yet used by another dimension of the same array wins. null = "
       "replicated.")
@@ -351,6 +358,7 @@ KEYS: dict[str, Spec] = _specs()                       # in declaration (= base.
 MODEL_KEYS = tuple(k for k, s in KEYS.items() if s.model)
 DATA_KEYS = tuple(k for k, s in KEYS.items() if s.data)
 ARCHITECTURE_KEYS = frozenset(k for k, s in KEYS.items() if s.arch)
+CARRIED_KEYS = frozenset(k for k, s in KEYS.items() if s.carried)
 
 
 def choices(name: str) -> tuple:

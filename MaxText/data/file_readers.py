@@ -124,7 +124,10 @@ class ParquetFileReader(_Reader):
     super().__init__(path)
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     self.text_field = text_field
-    meta = pq.ParquetFile(path).metadata
+    try:
+      meta = pq.ParquetFile(path).metadata
+    except (OSError, ValueError) as e:  # not Parquet, truncated footer, unreadable: ArrowInvalid
+      raise DataError(f"dataset_path: {path} is not a readable Parquet file: {e}") from e
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if text_field not in names:
       raise DataError(f"dataset_text_field '{text_field}' is not a column of {path} "

@@ -4,12 +4,24 @@ Every tokenizer exposes ``encode(text) -> list[int]``, ``decode(ids) -> str``,
 ``vocab_size``, ``pad_id``, ``bos_id`` and ``eos_id``. ``bos_id``/``eos_id`` are
 ``None`` when the tokenizer has no such token. Tokenizers loaded from files keep
 only the path when pickled (Grain worker processes reload them lazily).
+
+Which tokenizer (`resolve`): ``tokenizer_type=auto`` (the default) is the byte tokenizer without
+a ``tokenizer_path``, else the kind of the file it names: ``*.json`` → huggingface,
+``*.model`` → sentencepiece; a directory means its ``tokenizer.json`` (else its one ``*.model``).
+An explicit type that contradicts the file is refused, as is ``byte`` with a path.
+
+Special tokens are never guessed from spellings: a HuggingFace tokenizer's bos/eos/pad are the
+``bos_token``/``eos_token``/``pad_token`` of the ``tokenizer_config.json`` next to it, overridden
+by ``special_tokens_map.json`` when the config has no ``added_tokens_decoder`` (what
+transformers' ``from_pretrained`` does); a SentencePiece model's come from the model itself. A
+missing bos/eos is ``None`` (``add_bos``/``add_eos`` then refuse, naming the keys); a missing pad
+is id 0 (padding is masked out of the loss, so its id never matters).
 """
 
 from __future__ import annotations
 
 import abc
-
+import glob
 import json
 import os
 from typing import Optional, Protocol, Sequence, runtime_checkable
@@ -18,12 +30,9 @@ from MaxText.config.schema import choices
 from MaxText.data.errors import DataError
 
 TOKENIZER_TYPES = choices("tokenizer_type")
-
-# Candidate special-token strings, most common spelling first.
-_BOS_CANDIDATES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[BOS]", "[CLS]")
-_EOS_CANDIDATES = ("</s>", "<eos>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "[EOS]",
-                   "[SEP]")
-_PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>")
+HF_TOKENIZER_FILE = "tokenizer.json"
+SPECIAL_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token")
 
 
 @runtime_checkable
@@ -93,12 +102,8 @@ class _LazyFileTokenizer(abc.ABC):
 
 
 class HFTokenizer(_LazyFileTokenizer):
-  """A HuggingFace ``tokenizers`` tokenizer loaded from a local ``tokenizer.json``.
-
-  bos/eos come from a ``tokenizer_config.json`` next to the file if it names them,
-  else from well-known special-token spellings in the vocabulary (``<s>``, ``</s>``,
-  ``<|endoftext|>``, ...). pad is ``<pad>`` (or ``[PAD]``/``<|pad|>``) if present, else 0.
-  """
+  """A HuggingFace ``tokenizers`` tokenizer loaded from a local ``tokenizer.json``; special tokens
+  from the ``tokenizer_config.json`` / ``special_tokens_map.json`` next to it (module docstring)."""
 
   def _load(self):
     import tokenizers  # pylint: disable=g-import-not-at-top
@@ -110,30 +115,16 @@ class HFTokenizer(_LazyFileTokenizer):
       return  # Special ids already resolved (reload in a worker process).
     vocab = self._impl.get_vocab(with_added_tokens=True)
     self.vocab_size = self._impl.get_vocab_size(with_added_tokens=True)
-    named = self._config_special_tokens()
-    self.bos_id = _first_id(vocab, named.get("bos_token"), _BOS_CANDIDATES)
-    self.eos_id = _first_id(vocab, named.get("eos_token"), _EOS_CANDIDATES)
-    pad = _first_id(vocab, named.get("pad_token"), _PAD_CANDIDATES)
-    self.pad_id = 0 if pad is None else pad
-
-  def _config_special_tokens(self) -> dict:
-    """Reads bos/eos/pad token strings from a sibling tokenizer_config.json, if any."""
-    cfg_path = os.path.join(os.path.dirname(self.path), "tokenizer_config.json")
-    if not os.path.isfile(cfg_path):
-      return {}
-    try:
-      with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    except (OSError, ValueError):
-      return {}
-    out = {}
-    for key in ("bos_token", "eos_token", "pad_token"):
-      value = cfg.get(key)
-      if isinstance(value, dict):  # {"content": "<s>", ...} form.
-        value = value.get("content")
-      if isinstance(value, str):
-        out[key] = value
-    return out
+    named, where = special_tokens(os.path.dirname(self.path))
+    ids = {}
+    for key in SPECIAL_TOKEN_KEYS:
+      token = named.get(key)
+      if token is not None and token not in vocab:
+        raise DataError(f"tokenizer_path: {where[key]} names {key}={token!r}, which is not in the "
+                        f"vocabulary of {self.path}")
+      ids[key] = None if token is None else int(vocab[token])
+    self.bos_id, self.eos_id = ids["bos_token"], ids["eos_token"]
+    self.pad_id = 0 if ids["pad_token"] is None else ids["pad_token"]
 
   def encode(self, text: str) -> list[int]:
     return self.impl.encode(text, add_special_tokens=False).ids
@@ -142,12 +133,33 @@ class HFTokenizer(_LazyFileTokenizer):
     return self.impl.decode([int(i) for i in ids])
 
 
-def _first_id(vocab: dict, preferred: Optional[str], candidates: Sequence[str]) -> Optional[int]:
-  """Id of `preferred` if in `vocab`, else of the first candidate in `vocab`, else None."""
-  for token in ((preferred,) if preferred else ()) + tuple(candidates):
-    if token in vocab:
-      return int(vocab[token])
-  return None
+def special_tokens(folder: str) -> tuple[dict[str, str], dict[str, str]]:
+  """({bos_token/eos_token/pad_token: token string}, {key: the file that set it}) as transformers
+  reads them: tokenizer_config.json, then special_tokens_map.json over it unless the config has
+  `added_tokens_decoder` (transformers 5 ignores the map then)."""
+  found, where, config = {}, {}, {}
+  for name in SPECIAL_TOKEN_FILES:
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        values = json.load(f)
+    except (OSError, ValueError) as e:
+      raise DataError(f"tokenizer_path: {path} cannot be read as JSON: {e}") from e
+    if not isinstance(values, dict):
+      raise DataError(f"tokenizer_path: {path} does not hold a JSON object")
+    if name == "tokenizer_config.json":
+      config = values
+    elif "added_tokens_decoder" in config:
+      continue
+    for key in SPECIAL_TOKEN_KEYS:
+      value = values.get(key)
+      if isinstance(value, dict):  # {"content": "<s>", ...}: an AddedToken
+        value = value.get("content")
+      if isinstance(value, str):
+        found[key], where[key] = value, path
+  return found, where
 
 
 class SentencePieceTokenizer(_LazyFileTokenizer):
@@ -177,21 +189,72 @@ class SentencePieceTokenizer(_LazyFileTokenizer):
     return self.impl.DecodeIds([int(i) for i in ids])
 
 
-def make_tokenizer(tokenizer_type: str, tokenizer_path: str = "") -> Tokenizer:
-  """Builds the tokenizer named by the `tokenizer_type` / `tokenizer_path` config keys.
-
-  Raises:
-    DataError: unknown type, or the path is missing for a file-based tokenizer.
-  """
-  if tokenizer_type == "byte":
-    return ByteTokenizer()
+def resolve(tokenizer_type: str, tokenizer_path: str) -> tuple[str, str, str]:
+  """(type, file, how it was chosen) for the `tokenizer_type` / `tokenizer_path` keys (module
+  docstring). Raises DataError naming the key when they are missing, unknown or contradict."""
   if tokenizer_type not in TOKENIZER_TYPES:
     raise DataError(f"tokenizer_type '{tokenizer_type}' is not one of {list(TOKENIZER_TYPES)}")
   path = os.path.expanduser(tokenizer_path or "")
   if not path:
+    if tokenizer_type in ("auto", "byte"):
+      return "byte", "", "built in"
     raise DataError(f"tokenizer_path is empty but tokenizer_type '{tokenizer_type}' needs a file")
-  if not os.path.isfile(path):
+  if tokenizer_type == "byte":
+    raise DataError(f"tokenizer_type='byte' (built in) contradicts tokenizer_path="
+                    f"'{tokenizer_path}'; leave tokenizer_type unset (auto) to use that file")
+  if not os.path.exists(path):
     raise DataError(f"tokenizer_path '{tokenizer_path}' does not exist")
-  if tokenizer_type == "huggingface":
+  how = f"tokenizer_type={tokenizer_type}"
+  if os.path.isdir(path):
+    path, kind = _file_in(path, tokenizer_type, tokenizer_path)
+    how += f"; {os.path.basename(path)} of the directory {tokenizer_path}"
+  else:
+    kind = _kind_of(path)
+  if tokenizer_type == "auto":
+    if kind is None:
+      raise DataError(f"tokenizer_path '{tokenizer_path}': cannot tell the tokenizer type from the "
+                      "file name (a HuggingFace tokenizer.json ends in .json, a SentencePiece "
+                      "model in .model); set tokenizer_type=huggingface or sentencepiece")
+    return kind, path, how + f"; inferred from the file name: {kind}"
+  if kind is not None and kind != tokenizer_type:
+    raise DataError(f"tokenizer_type='{tokenizer_type}' contradicts tokenizer_path='{path}', which "
+                    f"is a {kind} file; leave tokenizer_type unset (auto) or fix one of them")
+  return tokenizer_type, path, how
+
+
+def _kind_of(path: str) -> Optional[str]:
+  if path.endswith(".json"):
+    return "huggingface"
+  if path.endswith(".model"):
+    return "sentencepiece"
+  return None
+
+
+def _file_in(folder: str, tokenizer_type: str, given: str) -> tuple[str, str]:
+  """The tokenizer file of a directory (a Hugging Face model or tokenizer folder)."""
+  hf = os.path.join(folder, HF_TOKENIZER_FILE)
+  models = sorted(glob.glob(os.path.join(glob.escape(folder), "*.model")))
+  if tokenizer_type in ("auto", "huggingface") and os.path.isfile(hf):
+    return hf, "huggingface"
+  if tokenizer_type in ("auto", "sentencepiece") and len(models) == 1:
+    return models[0], "sentencepiece"
+  want = {"auto": f"{HF_TOKENIZER_FILE} or one *.model file", "huggingface": HF_TOKENIZER_FILE,
+          "sentencepiece": "one *.model file"}[tokenizer_type]
+  found = sorted(os.listdir(folder))
+  raise DataError(f"tokenizer_path '{given}' is a directory without {want} "
+                  f"(it holds: {', '.join(found[:12]) or 'nothing'}"
+                  f"{', ...' if len(found) > 12 else ''})")
+
+
+def make_tokenizer(tokenizer_type: str, tokenizer_path: str = "") -> Tokenizer:
+  """Builds the tokenizer the `tokenizer_type` / `tokenizer_path` config keys name (`resolve`).
+
+  Raises:
+    DataError: unknown type, a missing or contradicting path, an unreadable file.
+  """
+  kind, path, _ = resolve(tokenizer_type, tokenizer_path)
+  if kind == "byte":
+    return ByteTokenizer()
+  if kind == "huggingface":
     return HFTokenizer(path)
   return SentencePieceTokenizer(path)

@@ -34,9 +34,15 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer:
   if tokenizer.vocab_size > dcfg.vocab_size:
     raise DataError(f"tokenizer has {tokenizer.vocab_size} ids but vocab_size={dcfg.vocab_size}; "
                     "raise vocab_size to at least the tokenizer's size")
-  for key, token_id in (("add_bos", tokenizer.bos_id), ("add_eos", tokenizer.eos_id)):
+  for key, token, token_id in (("add_bos", "bos_token", tokenizer.bos_id),
+                               ("add_eos", "eos_token", tokenizer.eos_id)):
     if getattr(dcfg, key) and token_id is None:
-      raise DataError(f"{key} is true but the tokenizer {tokenizer!r} has no such token")
+      if isinstance(tokenizer, tokenizers.HFTokenizer):
+        where = (f"neither {' nor '.join(tokenizers.SPECIAL_TOKEN_FILES)} next to it sets "
+                 f"\"{token}\"; set it there, or set {key}=false")
+      else:
+        where = f"the model defines none; set {key}=false"
+      raise DataError(f"{key}=true but the tokenizer {tokenizer!r} has no {token} ({where})")
 
   if dcfg.dataset_type == "file":
     files = sources.resolve_dataset_files(dcfg.dataset_path, dcfg.dataset_format)

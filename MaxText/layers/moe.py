@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
+from MaxText.metrics import moe_load
 from MaxText.sharding.rules import current_context, logical_to_spec
 
 
@@ -100,8 +101,8 @@ def moe_metrics(load_LE: jax.Array, aux_loss_mean: jax.Array, dropped: jax.Array
   the model), its worst layer, the aux loss and the token copies dropped (0 when dropless)."""
   ratio_L = jnp.max(load_LE, axis=1) / jnp.maximum(jnp.mean(load_LE, axis=1), 1e-9)
   out = {"moe_aux_loss": aux_loss_mean, "moe_dropped": dropped.astype(jnp.float32),
-         "moe_load_max_over_mean": jnp.max(ratio_L)}
-  out.update({f"moe_load_max_over_mean/layer_{i}": ratio_L[j] for j, i in enumerate(layers)})
+         moe_load.KEY: jnp.max(ratio_L)}
+  out.update({f"{moe_load.KEY}/layer_{i}": ratio_L[j] for j, i in enumerate(layers)})
   return out
 
 
@@ -119,10 +120,13 @@ class MoETerms:
   loss (`aux_loss` x `aux_loss_weight`, summed over tokens like the cross-entropy), the load
   metrics, and after each step the aux-loss-free update of the selection bias (the parameter
   `bias_name`, [MoE layers, E]) by `bias_update_rate`, outside the gradient. `layers`: the model's
-  index of each MoE layer (metric names)."""
+  index of each MoE layer (metric names). On the host, `watch()` shows the expert load on the
+  progress line and warns when it collapses (`metrics/moe_load.py`)."""
   aux_loss_weight: float
   bias_update_rate: float
   layers: tuple[int, ...]
+  num_experts: int
+  experts_per_token: int
   bias_name: str = "router_bias"
 
   def loss(self, aux: dict) -> tuple[jax.Array, dict]:
@@ -139,6 +143,14 @@ class MoETerms:
 
   def metrics(self, sums: dict, tokens: jax.Array) -> dict:
     return moe_metrics(sums["load"], sums["aux_loss_sum"] / tokens, sums["dropped"], self.layers)
+
+  def watch(self) -> moe_load.CollapseWatch:
+    return moe_load.CollapseWatch(
+        self.num_experts, self.experts_per_token,
+        balancing=f"moe_aux_loss_weight={self.aux_loss_weight:g}, "
+                  f"router_bias_update_rate={self.bias_update_rate:g}",
+        advice="Raise moe_aux_loss_weight (Hugging Face's router_aux_loss_coef, e.g. 0.001-0.01) "
+               "or set router_bias_update_rate (e.g. 0.001)")
 
 
 def active_matmul_params(emb_dim: int, num_experts: int, k: int, mlp_dim: int,

@@ -6,6 +6,12 @@ everything it logged) and mirrors the numeric values as TensorBoard scalars
 under ``<run_dir>/tensorboard/``.  Only the primary process writes files;
 the others may still call every method, which then does nothing.
 
+Resuming: a writer opened with ``start_step=k`` (the step the run restored; 0 for a fresh
+start) first moves the rows of ``metrics.jsonl`` for steps after k — written by the interrupted
+run after its last checkpoint, and about to be recomputed — to ``metrics.superseded.jsonl``
+(appended; unparseable lines too), so ``metrics.jsonl`` holds exactly one row per step; the
+TensorBoard writer purges its events after k the same way (``purge_step``).
+
 Expected keys (the trainer passes at least these): ``loss``, ``lr``,
 ``grad_norm``, ``step_time_s``, ``tokens_per_s``, ``tflops_per_device``,
 ``mfu`` (a fraction in 0..1, or None when the device peak is unknown).
@@ -19,6 +25,7 @@ import json
 import math
 import numbers
 import os
+from typing import Sequence
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
                  "tflops_per_device", "mfu")
@@ -61,14 +68,16 @@ def _short(x: float) -> str:
   return f"{x:.3g}"
 
 
-def format_line(step: int, metrics: dict, total_steps: int) -> str:
+def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str] = ()) -> str:
   """One human-readable line, e.g.
 
   ``step   12/300 | loss 3.4521 | grad 1.23 | lr 1.0e-03 | 0.412 s |
   4,970 tok/s | 2.1 TFLOP/s/dev | MFU 12.3% | ETA 2m01s``
 
   Fields whose key is missing (or None / non-finite) are left out, except
-  the loss, which shows ``nan`` so a divergence is visible.
+  the loss, which shows ``nan`` so a divergence is visible. `extra`: parts
+  the model family adds after the learning rate (e.g. ``expert load 1.23``;
+  empty ones are left out).
   """
   width = len(str(total_steps))
   parts = [f"step {step:>{width}d}/{total_steps}"]
@@ -87,6 +96,7 @@ def format_line(step: int, metrics: dict, total_steps: int) -> str:
     parts.append(f"grad {_short(grad)}")
   if (lr := get("lr")) is not None:
     parts.append(f"lr {lr:.1e}")
+  parts.extend(p for p in extra if p)
   step_time = get("step_time_s")
   if step_time is not None:
     parts.append(f"{step_time:.3f} s")
@@ -113,22 +123,53 @@ class MetricsWriter:
   """
 
   JSONL_NAME = "metrics.jsonl"
+  SUPERSEDED_NAME = "metrics.superseded.jsonl"
   TENSORBOARD_DIR = "tensorboard"
 
-  def __init__(self, run_dir: str, *, enable_tensorboard: bool, is_primary: bool):
+  def __init__(self, run_dir: str, *, enable_tensorboard: bool, is_primary: bool,
+               start_step: int = 0):
     self.run_dir = run_dir
     self.is_primary = is_primary
     self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
+    self.superseded = 0   # rows moved to metrics.superseded.jsonl when opening
     self._jsonl = None
     self._tb = None
     if not is_primary:
       return
     os.makedirs(run_dir, exist_ok=True)
+    self.superseded = self._supersede_after(start_step)
     self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
     if enable_tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
 
-      self._tb = SummaryWriter(logdir=os.path.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30)
+      # a resumed writer's file must not replace the one of a run interrupted the same second
+      self._tb = SummaryWriter(logdir=os.path.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30,
+                               purge_step=start_step + 1,
+                               filename_suffix=f".from-step-{start_step}")
+
+  def _supersede_after(self, start_step: int) -> int:
+    """Moves the rows after `start_step` to metrics.superseded.jsonl; returns how many."""
+    if not os.path.exists(self.jsonl_path):
+      return 0
+    keep, drop = [], []
+    with open(self.jsonl_path, encoding="utf-8") as f:
+      for line in f:
+        if not line.strip():
+          continue
+        try:
+          step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+          step = None
+        (keep if isinstance(step, int) and step <= start_step else drop).append(
+            line if line.endswith("\n") else line + "\n")
+    if drop:
+      with open(os.path.join(self.run_dir, self.SUPERSEDED_NAME), "a", encoding="utf-8") as f:
+        f.writelines(drop)
+      tmp = self.jsonl_path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(keep)
+      os.replace(tmp, self.jsonl_path)
+    return len(drop)
 
   def write(self, step: int, metrics: dict) -> None:
     """Record the metrics of one step (no-op on non-primary processes)."""

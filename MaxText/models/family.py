@@ -35,12 +35,23 @@ ROUTED_EXPERT_KEYS = frozenset({
     "moe_dispatch", "moe_aux_loss_weight", "router_bias_update_rate"})
 
 
+class StepWatch(Protocol):
+  """A family's host-side view of each step's metrics (Python floats), for the run's log."""
+
+  def progress(self, metrics: dict) -> str:
+    """Its part of the progress line ("" for none)."""
+
+  def update(self, step: int, metrics: dict) -> str | None:
+    """A warning to log after `step`, or None."""
+
+
 class AuxTerms(Protocol):
   """A family's training terms beyond the cross-entropy, computed from `forward_with_aux`'s aux.
 
   The step calls `loss` per micro-batch, adds its first result to the summed cross-entropy (so it
   must be a sum over tokens, like that) and sums the second over micro-batches; after the
-  optimizer update it calls `update` (changes outside the gradient) and `metrics`.
+  optimizer update it calls `update` (changes outside the gradient) and `metrics`. The trainer
+  calls `watch` once per run and hands it every step's metrics.
   """
 
   def loss(self, aux: dict) -> tuple[Any, dict]:
@@ -51,6 +62,9 @@ class AuxTerms(Protocol):
 
   def metrics(self, sums: dict, tokens: Any) -> dict[str, Any]:
     """Scalars for metrics.jsonl (`tokens`: the unmasked tokens of the step)."""
+
+  def watch(self) -> StepWatch:
+    """A fresh host-side watcher of the run's metrics (progress-line part, warnings)."""
 
 
 def routed_expert_problems(mcfg: ModelConfig, keys: frozenset[str]) -> Problems:

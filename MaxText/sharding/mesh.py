@@ -22,24 +22,31 @@ from MaxText.config.schema import Config
 def fill_parallelism(values: Sequence[int], total: int, level: str, axes: Sequence[str]) -> list[int]:
   """Replaces the single -1 in `values` so that the product equals `total`."""
   values = list(values)
-  for axis, v in zip(axes, values):
+  key = lambda i: f"{level}_{axes[i]}_parallelism"
+  unit = "devices per slice" if level == "ici" else "slices"
+  for i, v in enumerate(values):
     if v == 0 or v < -1:
-      raise ConfigError(f"{level}_{axis}_parallelism={v}: must be a positive size or -1")
+      raise ConfigError(f"{key(i)}={v}: must be a positive size or -1")
   holes = [i for i, v in enumerate(values) if v == -1]
   if len(holes) > 1:
-    names = ", ".join(f"{level}_{axes[i]}_parallelism" for i in holes)
+    names = ", ".join(key(i) for i in holes)
     raise ConfigError(f"at most one {level} parallelism may be -1, got -1 for {names}")
   known = math.prod(v for v in values if v != -1)
   if holes:
     if total % known:
-      raise ConfigError(f"{level} parallelism: the fixed sizes multiply to {known}, which does not "
-                        f"divide the {total} {'devices per slice' if level == 'ici' else 'slices'}")
+      fixed = " x ".join(f"{key(i)}={v}" for i, v in enumerate(values) if v != -1 and v != 1)
+      raise ConfigError(f"{level} parallelism: {fixed or 'the fixed sizes'} = {known} does not "
+                        f"divide the {total} {unit}, so {key(holes[0])}=-1 cannot take the rest")
     values[holes[0]] = total // known
   if math.prod(values) != total:
-    detail = " x ".join(f"{level}_{a}_parallelism={v}" for a, v in zip(axes, values))
-    raise ConfigError(f"{level} mesh {detail} = {math.prod(values)}, but there are {total} "
-                      f"{'devices per slice' if level == 'ici' else 'slices'}")
+    detail = " x ".join(f"{key(i)}={v}" for i, v in enumerate(values))
+    raise ConfigError(f"{level} mesh {detail} = {math.prod(values)}, but there are {total} {unit}")
   return values
+
+
+# Appended to mesh errors on a CPU host (where the device count is whatever XLA was told).
+CPU_DEVICES_HINT = ("on CPU, fake devices: XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                    "(set before Python starts) gives N CPU devices")
 
 
 def num_slices(devices: Sequence[jax.Device]) -> int:
@@ -51,8 +58,14 @@ def mesh_shape(cfg: Config, devices: Sequence[jax.Device]) -> tuple[list[int], l
   slices = num_slices(devices)
   if len(devices) % slices:
     raise ConfigError(f"{len(devices)} devices do not split evenly into {slices} slices")
-  ici = fill_parallelism(cfg.ici_parallelism(), len(devices) // slices, "ici", cfg.mesh_axes)
-  dcn = fill_parallelism(cfg.dcn_parallelism(), slices, "dcn", cfg.mesh_axes)
+  try:
+    ici = fill_parallelism(cfg.ici_parallelism(), len(devices) // slices, "ici", cfg.mesh_axes)
+    dcn = fill_parallelism(cfg.dcn_parallelism(), slices, "dcn", cfg.mesh_axes)
+  except ConfigError as e:
+    if devices[0].platform != "cpu":
+      raise
+    raise ConfigError(f"{e} ({len(devices)} {devices[0].platform} devices; {CPU_DEVICES_HINT})"
+                      ) from None
   return ici, dcn
 
 

@@ -47,6 +47,18 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
       head_dims=list(family.attention_head_dims(mcfg)), sequence_sharded=sequence_sharded):
     raise ConfigError(f"{key}: {problem}")
 
+  ep = sizes["expert"]
+  if cfg.num_experts and ep > 1:
+    where = (f" (taken from the checkpoint at load_parameters_path={cfg.load_parameters_path})"
+             if cfg.load_parameters_path else "")
+    if cfg.num_experts % ep:
+      raise ConfigError(f"ici_expert_parallelism={cfg.ici_expert_parallelism} x "
+                        f"dcn_expert_parallelism={cfg.dcn_expert_parallelism}: {ep} expert shards "
+                        f"do not divide num_experts={cfg.num_experts}{where}")
+    if cfg.capacity_factor > 0:
+      raise ConfigError(f"capacity_factor={cfg.capacity_factor:g} is a single-shard comparison "
+                        f"mode; it cannot run with {ep}-way expert parallelism")
+
   if cfg.max_target_length > cfg.max_position_embeddings:
     raise ConfigError(f"max_target_length={cfg.max_target_length} exceeds the model's position "
                       f"limit max_position_embeddings={cfg.max_position_embeddings}")

@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -17,8 +17,8 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
-from MaxText.config.load import ConfigError, load_config, to_yaml
-from MaxText.config.schema import Config
+from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
+from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
@@ -39,6 +39,8 @@ from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, E
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
+from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, init_state, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -68,13 +70,6 @@ def log_error(msg: str) -> None:
   print(_tag() + msg, file=sys.stderr, flush=True)
 
 
-def run_dir_of(cfg: Config) -> str:
-  name = cfg.run_name
-  if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
-    raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
-  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
-
-
 def setup_jax(cfg: Config) -> None:
   if cfg.jax_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
@@ -84,7 +79,7 @@ def setup_jax(cfg: Config) -> None:
 def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
   """Everything that can be checked before any compile (raises ConfigError / DataError); returns
   the run's tokenizer (loaded once, to check it against the config)."""
-  run_dir_of(cfg)
+  check_writable(cfg)
   validate(cfg, devices)
   return validate_data_config(DataConfig.from_config(cfg))
 
@@ -105,6 +100,7 @@ class Trainer:
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
+    self.aux_terms = self.family.aux_terms(self.mcfg)   # None: cross-entropy (+ z-loss) only
     self.model_def = make_model_def(self.mcfg)
     self.tx = make_optimizer(cfg, self.model_def.logical_axes, self.family.frozen(self.mcfg))
     self.lr_schedule = learning_rate_schedule(cfg)
@@ -119,11 +115,15 @@ class Trainer:
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
 
   # ---- state -------------------------------------------------------------------------------------
-  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
+                    meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
+    """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
+    are verified), the parameters of `load_parameters_path`, or a fresh init."""
     if ckpts is not None and ckpts.latest_step() is not None:
       state, start = ckpts.restore_latest(self.abstract, data_iter,
                                           verify=self.cfg.checkpoint_verify,
-                                          fallback=self.cfg.checkpoint_fallback, log=log)
+                                          fallback=self.cfg.checkpoint_fallback, log=log,
+                                          meanwhile=meanwhile)
       if state is not None:
         log(f"resumed from {ckpts.directory}/{start}")
         return state, start
@@ -138,7 +138,7 @@ class Trainer:
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
-                              aux_terms=self.family.aux_terms(self.mcfg))
+                              aux_terms=self.aux_terms)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
@@ -161,7 +161,35 @@ class Trainer:
           f"{plan.coordinator_address if plan else '?'} ({plan.source if plan else 'unknown'}); "
           "metrics, TensorBoard and config.yml are written by process 0")
 
+  def _lock_run_dir(self) -> RunLock | None:
+    """Process 0 takes the run directory's lock; every process learns whether it got it."""
+    lock, problem = None, ""
+    if jax.process_index() == 0:
+      try:
+        lock = RunLock(self.run_dir, log).acquire()
+      except ConfigError as e:
+        problem = str(e)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      if int(multihost_utils.broadcast_one_to_all(np.int32(bool(problem)))) and not problem:
+        problem = "process 0 could not lock the run directory (see its log)"
+    if problem:
+      raise ConfigError(problem)
+    return lock
+
   def run(self) -> int:
+    try:
+      lock = self._lock_run_dir()
+    except ConfigError as e:
+      log_error(f"config error: {e}")
+      return EXIT_CONFIG
+    try:
+      return self._run_locked()
+    finally:
+      if lock is not None:
+        lock.release()
+
+  def _run_locked(self) -> int:
     cfg = self.cfg
     self._log_processes()
     log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
@@ -214,10 +242,17 @@ class Trainer:
 
   def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
     cfg = self.cfg
-    state, start = self.initial_state(ckpts, data_iter)
-    t0 = time.perf_counter()
-    compiled = self.compile_step()
-    log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+    compiled = []
+
+    def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
+      if not compiled:
+        t0 = time.perf_counter()
+        compiled.append(self.compile_step())
+        log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+
+    state, start = self.initial_state(ckpts, data_iter, meanwhile=compile_once)
+    compile_once()
+    compiled = compiled[0]
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
     peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
@@ -225,8 +260,13 @@ class Trainer:
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0)
+                           is_primary=jax.process_index() == 0, start_step=start)
+    if writer.superseded:
+      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
+          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
+    # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
+    family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
 
     batch = self.device_batch(next(data_iter))
@@ -254,7 +294,10 @@ class Trainer:
         writer.write(step, metrics)
         finite = bool(metrics["finite"])
         if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
-          log(format_line(step, metrics, cfg.steps))
+          log(format_line(step, metrics, cfg.steps,
+                          [family_watch.progress(metrics)] if family_watch else []))
+        if family_watch and (warning := family_watch.update(step, metrics)):
+          log(warning)
         if ckpts is not None:
           ckpts.check()  # an earlier async save that failed or hung stops the run here
         if not finite:
@@ -297,20 +340,53 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     cfg = load_config(argv)
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
+    cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
+    log(tokenizer_line)
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
     trainer.distributed = plan
     activations = trainer.family.activation_bytes(trainer.mcfg, cfg.per_device_batch_size,
                                                   cfg.max_target_length)
-    problem = memory.check_fits(memory.estimate(trainer.abstract, trainer.devices, activations))
-    if problem:
-      raise ConfigError(problem)
+    est = memory.estimate(trainer.abstract, trainer.devices, activations)
+    if est.needed > est.available:
+      raise ConfigError(memory.check_fits(est, memory.advice(
+          est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices))))
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   return trainer.run(), trainer
+
+
+def family_models_that_fit(cfg: Config, argv: Sequence[str],
+                           devices: Sequence[jax.Device] | None) -> list[tuple[str, int]]:
+  """[(model_name, bytes per device)] of the other configs/models files of this run's family that
+  fit here with the same command line, largest first (none with load_parameters_path)."""
+  if cfg.load_parameters_path:
+    return []
+  folder = models_dir(argv[0])
+  names = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".yml")) \
+      if os.path.isdir(folder) else []
+  rest = [a for a in argv[1:] if a.split("=", 1)[0] not in ARCHITECTURE_KEYS | {"model_name"}]
+  fits = []
+  for name in names:
+    if name == cfg.model_name:
+      continue
+    try:
+      other = load_config([argv[0], f"model_name={name}", *rest])
+      if other.decoder_block != cfg.decoder_block:
+        continue
+      candidate = Trainer(other, devices)
+      est = memory.estimate(candidate.abstract, candidate.devices,
+                            candidate.family.activation_bytes(candidate.mcfg,
+                                                              other.per_device_batch_size,
+                                                              other.max_target_length))
+    except (ConfigError, ValueError):
+      continue   # this mesh does not suit that model
+    if est.needed <= est.available:
+      fits.append((name, est.needed))
+  return sorted(fits, key=lambda f: -f[1])
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:

@@ -4,7 +4,7 @@ gradient, with the state donated and every sharding pinned. What a family adds (
 MaxText/models/family.py) comes in as `aux_terms`: this module names no family and no parameter."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,17 @@ def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: ja
   z_BS = z_loss_weight * jnp.square(lse_BS)
   nll = jnp.sum((lse_BS - target_logit_BS + z_BS) * mask)
   return nll, jnp.sum(z_BS * mask), jnp.sum(mask)
+
+
+def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
+  """The rate this step's update uses: the schedule at optax's own count of applied updates (the
+  train state's step also counts the non-finite steps that were skipped; optax's count does not)."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
+  if len(counts) != 1:
+    raise ValueError(f"expected one learning-rate schedule state in the optimizer, found "
+                     f"{len(counts)}")
+  return lr_schedule(counts[0])
 
 
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
@@ -87,7 +98,8 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
                    "params": keep(new_params, params),
                    "opt_state": keep(opt_state, state["opt_state"])}
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
-                 "lr": lr_schedule(state["step"]), "finite": finite.astype(jnp.float32)}
+                 "lr": applied_learning_rate(state["opt_state"], lr_schedule),
+                 "finite": finite.astype(jnp.float32)}
       if aux_terms is not None:
         metrics.update(aux_terms.metrics(sums, denom))
     return new_state, metrics

@@ -86,7 +86,7 @@ def aux_terms(cfg: ModelConfig) -> MoETerms | None:
   if not cfg.num_experts:
     return None
   return MoETerms(cfg.moe_aux_loss_weight, cfg.router_bias_update_rate,
-                  tuple(range(cfg.num_decoder_layers)))
+                  tuple(range(cfg.num_decoder_layers)), cfg.num_experts, cfg.num_experts_per_tok)
 
 
 FAMILY = Family(

@@ -238,8 +238,9 @@ class Transformer(nnx.Module):
     self.embedding = param(rngs, (cfg.vocab_size, D), ("vocab", "embed"), std=cfg.init_std,
                            dtype=cfg.param_dtype)
     if P:
+      # columns (layer-major L*P) shard like the embedding's width, so fsdp splits the table
       self.ple_embedding = param(rngs, (cfg.per_layer_input_vocab_size or cfg.vocab_size, L * P),
-                                 ("vocab", None), std=cfg.init_std, dtype=cfg.param_dtype)
+                                 ("vocab", "embed"), std=cfg.init_std, dtype=cfg.param_dtype)
       self.ple_model_proj = DenseGeneral((D,), (L * P,), ("embed", None), **kw)
       self.ple_proj_norm = RMSNorm(P, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
     self.decoder = stack.PatternStack(lambda kind, r: DecoderLayer(cfg, kind, rngs=r),

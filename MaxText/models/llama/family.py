@@ -48,7 +48,10 @@ def flops(cfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:
 
 def aux_terms(cfg: ModelConfig) -> MoETerms | None:
   layers = moe_layers(cfg)
-  return MoETerms(cfg.moe_aux_loss_weight, cfg.router_bias_update_rate, layers) if layers else None
+  if not layers:
+    return None
+  return MoETerms(cfg.moe_aux_loss_weight, cfg.router_bias_update_rate, layers, cfg.num_experts,
+                  cfg.num_experts_per_tok)
 
 
 FAMILY = Family(

@@ -83,6 +83,8 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
       "mlp_only_layers": sorted(int(i) for i in hf.get("mlp_only_layers") or []),
       "decoder_sparse_step": int(hf.get("decoder_sparse_step", 1)),
+      # the load-balancing loss's weight the model was trained with (Qwen3MoeConfig default)
+      "moe_aux_loss_weight": float(hf.get("router_aux_loss_coef", 0.001)),
   })
   return keys
 
@@ -101,6 +103,7 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
       "num_experts_per_tok": int(get("num_experts_per_tok")),
       "moe_intermediate_size": int(get("moe_mlp_dim")),
       "norm_topk_prob": bool(get("norm_topk_prob")),
+      "router_aux_loss_coef": float(get("moe_aux_loss_weight")),
       "decoder_sparse_step": int(get("decoder_sparse_step")),
       "mlp_only_layers": sorted(int(i) for i in dense),
   })

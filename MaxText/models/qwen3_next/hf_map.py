@@ -235,6 +235,8 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       "mlp_only_layers": sorted(int(i) for i in hf.get("mlp_only_layers") or []),
       "decoder_sparse_step": int(hf.get("decoder_sparse_step", 1)),
       "mtp_num_layers": int(hf.get("num_nextn_predict_layers", 0)),
+      # the load-balancing loss's weight the model was trained with (Qwen3NextConfig default)
+      **({"moe_aux_loss_weight": float(hf.get("router_aux_loss_coef", 0.001))} if experts else {}),
   }
 
 
@@ -269,6 +271,8 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
       "mlp_only_layers": sorted(int(i) for i in get("mlp_only_layers")),
       "decoder_sparse_step": int(get("decoder_sparse_step")),
   })
+  if get("num_experts"):
+    out["router_aux_loss_coef"] = float(get("moe_aux_loss_weight"))
   if get("mtp_num_layers"):
     out["num_nextn_predict_layers"] = int(get("mtp_num_layers"))
   return out

@@ -1,0 +1,134 @@
+"""The run directory `<base_output_directory>/<run_name>/`: its name, a write check before anything
+compiles, and the lock that keeps two runs from sharing it.
+
+The lock is the file `run.lock` (JSON: host, pid, the process's start time, when, the command),
+created with O_EXCL by process 0 of a run and removed when the run ends, whatever its exit status.
+A second run with the same directory exits 2 naming the holder. A lock left by a process that no
+longer runs (kill -9, a crash of the machine's power aside: same host, pid gone or reused by a
+later process) is taken over and the take-over is logged. A lock held from another host cannot be
+checked from here: the run refuses and says to delete the file if that run is dead.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import tempfile
+from typing import Callable
+
+import psutil
+
+from MaxText.config.load import ConfigError
+from MaxText.config.schema import Config
+
+LOCK_NAME = "run.lock"
+
+
+def run_dir_of(cfg: Config) -> str:
+  name = cfg.run_name
+  if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+    raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
+  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
+
+
+def check_writable(cfg: Config) -> None:
+  """Creates the run directory and writes (and removes) a file in it; ConfigError naming
+  base_output_directory when that fails."""
+  run_dir = run_dir_of(cfg)
+  try:
+    os.makedirs(run_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-check-"):
+      pass
+  except OSError as e:
+    raise ConfigError(f"base_output_directory={cfg.base_output_directory!r}: cannot write the run "
+                      f"directory {run_dir} ({type(e).__name__}: {e.strerror or e})") from None
+
+
+def _this_process() -> dict:
+  return {"host": socket.gethostname(), "pid": os.getpid(),
+          "process_start": psutil.Process().create_time(),
+          "since": datetime.datetime.now().isoformat(timespec="seconds"),
+          "command": " ".join(sys.argv)[:300]}
+
+
+def describe(holder: dict) -> str:
+  return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} "
+          f"(since {holder.get('since', '?')}: {holder.get('command') or '?'})")
+
+
+def holder_alive(holder: dict) -> bool | None:
+  """True / False for a process of this host; None when it cannot be told (another host, or a
+  lock file without a readable holder)."""
+  if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+    return None
+  try:
+    proc = psutil.Process(holder["pid"])
+    if proc.status() == psutil.STATUS_ZOMBIE:
+      return False
+    start = holder.get("process_start")
+    # the same pid with another start time is a later process that reused the number
+    return start is None or abs(proc.create_time() - float(start)) < 1.0
+  except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, TypeError):
+    return False
+
+
+def _read(path: str) -> tuple[str, dict]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      raw = f.read()
+  except FileNotFoundError:
+    return "", {}
+  try:
+    holder = json.loads(raw)
+  except ValueError:
+    holder = {}
+  return raw, holder if isinstance(holder, dict) else {}
+
+
+class RunLock:
+  """`RunLock(run_dir, log).acquire()` → the lock, or ConfigError naming the holder; `release()`."""
+
+  def __init__(self, run_dir: str, log: Callable[[str], None]):
+    self.path = os.path.join(run_dir, LOCK_NAME)
+    self.log = log
+    self._content: str | None = None
+
+  def acquire(self) -> "RunLock":
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    for _ in range(3):
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        raw, holder = _read(self.path)
+        alive = holder_alive(holder)
+        if alive is False:
+          self.log(f"taking over the stale run lock {self.path} of {describe(holder)}: that "
+                   "process is no longer running")
+          if _read(self.path)[0] == raw:  # not replaced meanwhile by another run's fresh lock
+            try:
+              os.remove(self.path)
+            except FileNotFoundError:
+              pass
+          continue
+        who = describe(holder) if holder else "a run whose lock file is still being written"
+        dead_hint = ("; if that run is dead (it is on another host, so this cannot be checked "
+                     f"here), delete {self.path}" if alive is None else "")
+        raise ConfigError(
+            f"run_name: the run directory {os.path.dirname(self.path)} is in use by {who} "
+            f"(lock {self.path}): two runs there would write the same checkpoints and "
+            f"metrics.jsonl; wait for it, stop it, or choose another run_name{dead_hint}")
+      self._content = json.dumps(_this_process(), sort_keys=True)
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(self._content)
+        f.flush()
+        os.fsync(f.fileno())
+      return self
+    raise ConfigError(f"run_name: could not take the run lock {self.path} (other runs keep "
+                      "taking it)")
+
+  def release(self) -> None:
+    if self._content is not None and _read(self.path)[0] == self._content:
+      os.remove(self.path)
+    self._content = None

@@ -1,0 +1,71 @@
+"""`train.py --help` / `-h`: how to call it, examples, and every config key with its one-line
+description (the schema, MaxText/config/schema.py) and its default in the CONFIG.yml given
+(configs/base.yml when none). Imports nothing heavy (no jax), so help comes back at once."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from MaxText.config.load import BASE_YML
+from MaxText.config.render import value_text
+from MaxText.config.schema import KEYS
+
+HELP_FLAGS = ("-h", "--help")
+
+HEAD = """\
+usage: train.py CONFIG.yml [key=value ...]
+       train.py --help
+
+Trains the model CONFIG.yml (normally configs/base.yml) describes; each key=value overrides one
+key below (model_name=X overlays configs/models/X.yml first). Rerunning the same command resumes
+from the run's latest checkpoint; a second run with the same run_name while one is running is
+refused. Keys are checked before anything compiles (a bad one exits 2 naming it).
+
+examples:
+  train.py configs/base.yml                      the default model on the embedded text (CPU is fine)
+  train.py configs/base.yml model_name=qwen3-tiny steps=100 run_name=q3
+  train.py configs/base.yml dataset_type=file dataset_path='data/*.jsonl' tokenizer_path=TOKENIZER_DIR
+  train.py configs/base.yml load_parameters_path=CKPT run_name=ft
+                                                 fine-tune a converted checkpoint (its architecture
+                                                 and tokenizer come with it)
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 train.py configs/base.yml ici_fsdp_parallelism=8
+                                                 8 fake CPU devices, parameters sharded 8 ways
+
+exit status: 0 done, 2 bad config, 3 bad data, 4 bad checkpoint or failed save, 5 non-finite loss,
+42 preempted (saved; rerun to resume). Output: <base_output_directory>/<run_name>/ (config.yml,
+metrics.jsonl, tensorboard/, checkpoints/). More: README.md.
+"""
+
+def _defaults(config_yml: str) -> dict[str, Any]:
+  """The keys CONFIG.yml sets (nothing when it cannot be read: help still prints)."""
+  try:
+    with open(config_yml, encoding="utf-8") as f:
+      values = yaml.safe_load(f)
+  except (OSError, yaml.YAMLError):
+    return {}
+  return values if isinstance(values, dict) else {}
+
+
+def key_lines(config_yml: str) -> list[str]:
+  """Section headers and "  key = default    # description" lines in the schema's order, the
+  default being CONFIG.yml's value (the schema's where it has none); a table is shown as
+  "[...]"."""
+  values, out = _defaults(config_yml), []
+  for name, spec in KEYS.items():
+    if spec.section:
+      out.append(f"\n{spec.section}:")
+    value = values.get(name, spec.default)
+    table = isinstance(value, list) and value and isinstance(value[0], list)
+    out.append(f"  {name} = {'[...]' if table else value_text(value)}    # {spec.doc}")
+  return out
+
+
+def usage(config_yml: str = BASE_YML) -> str:
+  return HEAD + f"\nkeys and defaults ({os.path.relpath(config_yml)}):" + "\n".join(
+      key_lines(config_yml)) + "\n"
+
+
+def wants_help(argv: list[str]) -> bool:
+  return any(a in HELP_FLAGS for a in argv)
