@@ -98,7 +98,8 @@ def recurrent_state_bytes(cfg: ModelConfig, sequences: float, seq_len: int) -> i
 
 def aux_terms(cfg: ModelConfig) -> MoETerms | None:
   layers = moe_layers(cfg)
-  return MoETerms(cfg.moe_aux_loss_weight, cfg.router_bias_update_rate, layers) if layers else None
+  return MoETerms(cfg.moe_aux_loss_weight, cfg.router_bias_update_rate, layers, cfg.num_experts,
+                  cfg.num_experts_per_tok) if layers else None
 
 
 def frozen(cfg: ModelConfig) -> tuple[str, ...]:
