@@ -205,17 +205,22 @@ class Transformer(nnx.Module):
 
   def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
     """(logits, {"moe_stats": …} for models with MoE layers, else {})."""
-    cfg, dtype = self.cfg, self.cfg.compute_dtype
-    x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
+    cfg = self.cfg
+    x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(cfg.compute_dtype),
+                      ACT_BSD)
     stats, xs = {}, None
     if self.moe_layers:
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
-    x_BSD = self.final_norm(x_BSD)
+    return self.logits(self.final_norm(x_BSD)), aux
+
+  def logits(self, x_BSD):
+    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(dtype))
+      table = self.embedding[...].astype(self.cfg.compute_dtype)
+      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table)
     else:
       logits_BSV = self.lm_head(x_BSD)
     return constrain(logits_BSV.astype(jnp.float32),
-                     ("activation_batch", "activation_length", "activation_vocab")), aux
+                     ("activation_batch", "activation_length", "activation_vocab"))
