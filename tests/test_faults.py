@@ -138,6 +138,43 @@ def test_second_sigint_interrupts_at_once(before):
     signal.signal(signal.SIGINT, found)
 
 
+_STUCK_RUN = """
+import signal, sys, time
+from MaxText.train.preemption import PreemptionWatch
+with PreemptionWatch() as watch:
+  print("ready", flush=True)
+  time.sleep(120)  # a step that never finishes: the loop never asks should_stop
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_second_signal_ends_a_run_whose_step_never_finishes(signum):
+  """A stop request the loop never gets to answer (a hung step or save): the first signal is
+  announced, the second ends the process within the grace period with 128 + the signal."""
+  proc = subprocess.Popen([sys.executable, "-c", _STUCK_RUN], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signum)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first signal only asks for a stop
+    start = time.monotonic()
+    proc.send_signal(signum)
+    code = proc.wait(timeout=60)
+    elapsed = time.monotonic() - start
+  finally:
+    proc.kill()
+  err = proc.stderr.read()
+  name = signal.Signals(signum).name
+  assert f"{name} received: the run stops after the step in flight" in err
+  if signum == signal.SIGINT:  # the main thread was in the interpreter: KeyboardInterrupt
+    assert code != 0 and "KeyboardInterrupt" in err
+  else:
+    assert code == 128 + signum, err
+    assert f"second stop signal ({name}): exiting now" in err
+    assert elapsed < 30
+
+
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,
                                                                       capsys):
   monkeypatch.setenv(faults.ENV, "save_error:4")

@@ -6,15 +6,27 @@ in flight, saves it, waits for the commit and exits 42. A second SIGINT interrup
 receives SIGTERM and its preemption sync point (`reached_preemption_sync_point(step)`, what Orbax's
 `CheckpointManager.reached_preemption` asks) is reached at the same step on every process, so no
 Python SIGTERM handler is installed there.
+
+A step or a save that never finishes would leave a stop request unanswered for ever: Python runs
+signal handlers only when the main thread is back in the interpreter, which a hung XLA call or
+collective never is. So a watcher thread also sees every signal (through `signal.set_wakeup_fd`,
+written by the C-level handler whatever the main thread does): a second SIGTERM or SIGINT ends the
+process `SECOND_SIGNAL_GRACE_S` seconds later (exit 128 + the signal, as if killed by it, nothing
+saved) unless the main thread has left the run by then — the usual case for Ctrl-C, whose second
+press raises KeyboardInterrupt in the main thread.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 
 import jax
 from jax.experimental import multihost_utils
+
+SECOND_SIGNAL_GRACE_S = 3.0
 
 
 class PreemptionWatch:
@@ -24,6 +36,10 @@ class PreemptionWatch:
     self.signal_name: str | None = None
     self.received_at: float | None = None
     self._previous: dict[int, object] = {}
+    self._watcher: threading.Thread | None = None
+    self._left = threading.Event()
+    self._pipe: tuple[int, int] | None = None
+    self._previous_wakeup_fd = -1
 
   def _handle(self, signum: int, frame) -> None:
     del frame
@@ -33,18 +49,58 @@ class PreemptionWatch:
       self.signal_name = signal.Signals(signum).name
       self.received_at = time.monotonic()
 
+  def _watch(self, read_fd: int, signums: list[int]) -> None:
+    """Counts the stop signals as they arrive (even while the main thread is stuck in C code)."""
+    seen = 0
+    while not self._left.is_set():
+      try:
+        data = os.read(read_fd, 64)
+      except OSError:
+        return
+      if not data:
+        return
+      for signum in data:
+        if signum not in signums or self._left.is_set():
+          continue
+        seen += 1
+        name = signal.Signals(signum).name
+        if seen == 1:
+          print(f"{name} received: the run stops after the step in flight and saves it; send "
+                f"{name} again to stop at once without saving", file=sys.stderr, flush=True)
+        elif seen == 2 and not self._left.wait(SECOND_SIGNAL_GRACE_S):
+          print(f"second stop signal ({name}): exiting now, without saving the step in flight "
+                f"(exit {128 + signum})", file=sys.stderr, flush=True)
+          os._exit(128 + signum)
+
   def __enter__(self) -> "PreemptionWatch":
     if threading.current_thread() is not threading.main_thread():
       return self
     signums = [signal.SIGINT] + ([signal.SIGTERM] if jax.process_count() == 1 else [])
     for signum in signums:
       self._previous[signum] = signal.signal(signum, self._handle)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    self._pipe = (read_fd, write_fd)
+    self._previous_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    self._left.clear()
+    self._watcher = threading.Thread(target=self._watch, args=(read_fd, [int(s) for s in signums]),
+                                     name="stop-signal-watcher", daemon=True)
+    self._watcher.start()
     return self
 
   def __exit__(self, *exc) -> None:
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous.clear()
+    if self._pipe is not None:
+      self._left.set()
+      signal.set_wakeup_fd(self._previous_wakeup_fd)
+      read_fd, write_fd = self._pipe
+      os.write(write_fd, b"\0")  # wakes the watcher, which sees that the run was left
+      self._watcher.join()
+      os.close(read_fd)
+      os.close(write_fd)
+      self._pipe = self._watcher = None
 
   def should_stop(self, step: int) -> bool:
     """True when every process should stop after `step` (call once per step on every process)."""
