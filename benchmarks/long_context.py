@@ -3,24 +3,32 @@ forward, backward, AdamW) of qwen3-next-tiny (3 Gated DeltaNet layers + 1 gated-
 against a Qwen3 dense model of the same width and depth (4 attention layers: D 64, 4/2 heads of
 16, q/k norm, SwiGLU 128) and qwen3-next-tiny with that dense SwiGLU instead of its experts (only
 the token mixers differ from the dense model; on XLA:CPU the experts' `ragged_dot` is a slow
-loop), then the chunked gated delta rule against the token-by-token scan
+loop) — and, with `--models next-linear`, all four layers Gated DeltaNet (no attention layer) —
+then the chunked gated delta rule against the token-by-token scan
 (`linear_recurrence=token`) in qwen3-next-tiny at one length.
 
   .venv/bin/python benchmarks/long_context.py [--seqs 1024,2048,4096,8192,16384] [--batch 1]
-      [--rounds 3] [--scan-seq 4096] [--out FILE]
+      [--models next,next-dense,dense] [--rounds 3] [--scan-seq 4096] [--mem-fraction 0.5]
+      [--out FILE]
 
-Every configuration is compiled once (cold: no persistent cache), then `--rounds` rounds each run
-every configuration's step once, alternating, so that load on a shared machine hits all alike;
-the table gives the median step time, tokens/s = batch x S / step, and the compiled step's memory
-(`memory_analysis()`: "temp" is XLA's scratch, where the S x S attention scores live; "peak" =
-arguments + outputs + temp - donated aliases). A step whose compiled peak exceeds the free host
-memory is not run. Both models use attention=dot_product (XLA; the Pallas kernels run only in the
-interpreter on CPU) and remat_policy=save_matmuls (the default). `uptime` is printed before and
-after. On a GPU the same command runs the same programs there (e.g. --seqs 8192,...,65536).
+One sequence length at a time (so that only its programs are held): every configuration is
+compiled once (cold: no persistent cache), then `--rounds` rounds each run every configuration's
+step once, alternating, so that load on a shared machine hits all alike (each row is printed when
+its length is done). The table gives the median step time, tokens/s = batch x S / step, and the
+compiled step's memory (`memory_analysis()`: "temp" is XLA's scratch, where the S x S attention
+scores live; "peak" = arguments + outputs + temp - donated aliases). A step whose compiled peak
+exceeds `--mem-fraction` (0.5) of the free host memory is not run (the machine may be shared).
+All models use attention=dot_product (XLA; the Pallas kernels run only in the interpreter on CPU)
+and remat_policy=save_matmuls (the default): one attention layer's S x S scores then set the peak
+of both qwen3-next-tiny (its one full layer) and the dense model, which is why `next-linear`
+exists. `uptime` is printed before and after. On a GPU the same command runs the same programs
+there (e.g. --seqs 8192,...,65536; attention=flash or cudnn there keeps the full layers' memory
+linear too).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import subprocess
@@ -34,12 +42,15 @@ COMMON = ["vocab_size=384", "emb_dim=64", "num_decoder_layers=4", "num_query_hea
           "num_kv_heads=2", "head_dim=16", "mlp_dim=128", "ici_fsdp_parallelism=1",
           "attention=dot_product", "dataset_type=synthetic", "enable_tensorboard=false",
           "enable_checkpointing=false", "jax_cache_dir=", "max_position_embeddings=65536"]
-MODELS = {
-    "qwen3-next-tiny": ["model_name=qwen3-next-tiny"],
+DENSE_MLP = ["num_experts=0", "moe_mlp_dim=0", "shared_expert_mlp_dim=0"]
+MODELS = {   # id: (label, overrides)
+    "next": ("qwen3-next-tiny", ["model_name=qwen3-next-tiny"]),
     # the same mixers with the dense model's MLP: only the token mixing differs from "qwen3 dense"
-    "qwen3-next-tiny, dense MLP": ["model_name=qwen3-next-tiny", "num_experts=0", "moe_mlp_dim=0",
-                                   "shared_expert_mlp_dim=0"],
-    "qwen3 dense": ["model_name=qwen3-tiny"],
+    "next-dense": ("qwen3-next-tiny, dense MLP", ["model_name=qwen3-next-tiny", *DENSE_MLP]),
+    # 4 Gated DeltaNet layers, no attention layer at all: the linear mixer alone
+    "next-linear": ("qwen3-next-tiny, dense MLP, all 4 layers linear",
+                    ["model_name=qwen3-next-tiny", "attention_pattern=l", *DENSE_MLP]),
+    "dense": ("qwen3 dense", ["model_name=qwen3-tiny"]),
 }
 
 
@@ -53,10 +64,14 @@ def uptime() -> str:
 def main() -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--seqs", default="1024,2048,4096,8192,16384")
+  ap.add_argument("--models", default="next,next-dense,dense",
+                  help=f"comma-separated, of {', '.join(MODELS)}")
   ap.add_argument("--batch", type=int, default=1)
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--scan-seq", type=int, default=4096)
   ap.add_argument("--out", default="")
+  ap.add_argument("--mem-fraction", type=float, default=0.5,
+                  help="skip a step whose compiled peak exceeds this part of the free memory")
   args = ap.parse_args()
 
   import jax
@@ -88,6 +103,8 @@ def main() -> int:
             "inputs_segmentation": np.ones((args.batch, S), np.int32),
             "targets_segmentation": np.ones((args.batch, S), np.int32)}
     batch = {k: jax.device_put(host[k], t.batch_sharding) for k in BATCH_KEYS}
+    print(f"compiled {name} at S={S} in {compile_s:.1f} s: peak {peak / 2**20:,.0f} MiB",
+          file=sys.stderr, flush=True)
     return {"name": name, "S": S, "trainer": t, "compiled": compiled, "batch": batch,
             "temp": mem.temp_size_in_bytes, "peak": peak, "compile_s": compile_s, "times": [],
             "state": None}
@@ -101,33 +118,46 @@ def main() -> int:
     jax.block_until_ready(metrics["loss"])
     run["times"].append(time.perf_counter() - t0)
 
-  seqs = [int(s) for s in args.seqs.split(",") if s]
-  runs = [build(name, over, S) for S in seqs for name, over in MODELS.items()]
-  scan = [build(f"qwen3-next-tiny, {kind}", [*MODELS["qwen3-next-tiny"],
-                                              f"linear_recurrence={kind}"], args.scan_seq)
-          for kind in ("chunked", "token")] if args.scan_seq else []
-  free = psutil.virtual_memory().available
-  load_before = uptime()
-  for run in runs + scan:
-    run["skip"] = run["peak"] > 0.8 * free
-    if not run["skip"]:
-      step(run)                                    # first call: allocation, not timed below
-      run["times"].clear()
-  for _ in range(args.rounds):
-    for run in runs + scan:
-      if not run["skip"]:
-        step(run)
-  load_after = uptime()
-
   def row(run):
     if run["skip"]:
       return (f"| {run['name']} | {run['S']} | skipped: compiled peak {run['peak'] / 2**30:.1f} "
-              f"GiB > 80% of the free {free / 2**30:.1f} GiB | | | {run['temp'] / 2**20:,.0f} | "
+              f"GiB > {args.mem_fraction:.0%} of the free {run['free'] / 2**30:.1f} GiB | | | "
+              f"{run['temp'] / 2**20:,.0f} | "
               f"{run['peak'] / 2**20:,.0f} | {run['compile_s']:.1f} |")
     t = statistics.median(run["times"])
     tps = args.batch * run["S"] / t
     return (f"| {run['name']} | {run['S']} | {t * 1e3:,.0f} | {tps:,.0f} | "
             f"{run['temp'] / 2**20:,.0f} | {run['peak'] / 2**20:,.0f} | {run['compile_s']:.1f} |")
+
+  seqs = [int(s) for s in args.seqs.split(",") if s]
+  models = [MODELS[m] for m in args.models.split(",") if m]
+  groups = [[(name, over, S) for name, over in models] for S in seqs]
+  if args.scan_seq:
+    groups.append([(f"qwen3-next-tiny, {kind}", [*MODELS["next"][1],
+                                                 f"linear_recurrence={kind}"], args.scan_seq)
+                   for kind in ("chunked", "token")])
+  load_before = uptime()
+  done_groups = []
+  for group in groups:   # one length at a time: its models compiled, then run alternately
+    runs = [build(*g) for g in group]
+    free = psutil.virtual_memory().available
+    for run in runs:
+      run["free"] = free
+      run["skip"] = run["peak"] > args.mem_fraction * free
+      if not run["skip"]:
+        step(run)                                  # first call: allocation, not timed below
+        run["times"].clear()
+    for _ in range(args.rounds):
+      for run in runs:
+        if not run["skip"]:
+          step(run)
+    for run in runs:   # keep the figures, free the compiled step, its state and its batch
+      for key in ("trainer", "compiled", "batch", "state"):
+        run.pop(key)
+      print(row(run), flush=True)
+    done_groups.append(runs)
+    gc.collect()
+  load_after = uptime()
 
   head = ("| model | S | step ms | tokens/s | temp MiB | peak MiB | compile s |\n"
           "|---|---|---|---|---|---|---|")
@@ -135,8 +165,9 @@ def main() -> int:
            f"{args.batch}, fp32, one training step (fwd + bwd + AdamW), median of {args.rounds} "
            f"alternating rounds",
            f"load before: {load_before}", f"load after:  {load_after}", "", head,
-           *map(row, runs)]
-  if scan:
+           *(row(r) for runs in done_groups[:len(seqs)] for r in runs)]
+  if args.scan_seq:
+    scan = done_groups[-1]
     lines += ["", f"Gated delta rule at S = {args.scan_seq}: chunked (chunk 64) vs token by token",
               "", head, *map(row, scan)]
     done = [r for r in scan if not r["skip"]]
