@@ -25,8 +25,9 @@ solve the unit lower-triangular system (I + L) X = [β v | β k γ_i0] with L_ij
 (i > j), giving the new values u and the state readers w; then per chunk, from the incoming state S:
   v' = u − w S,    o = (q γ_i0) S + (q kᵀ ⊙ γ) v',    S ← γ_C0 S + Σ_j (k_j γ_Cj) v'_jᵀ
 where γ_i0 is 0 for tokens past a document start inside the chunk. Every decay is the exponential
-of a difference of in-chunk cumulative sums masked to i ≥ j of one document BEFORE the exp, so no
-exp overflows and gradients stay finite; the triangular system is solved in fp32 through its
+of an in-chunk sum of log decays — Σ_{j<s≤i} g_s summed directly (a segment sum), not as a
+difference of cumulative sums, which strong decays make large enough to lose precision — masked
+to i ≥ j of one document BEFORE the exp, so no exp overflows and gradients stay finite; the triangular system is solved in fp32 through its
 inverse (I + L)^-1, by forward substitution (`unit_lower_inverse`).
 """
 from __future__ import annotations
@@ -144,9 +145,14 @@ def chunked_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, 
   ends_doc = (doc == doc[..., -1:])[:, None]                           # reaches the outgoing state
 
   cum = jnp.cumsum(g, axis=-1)                                         # [B, H, N, C], ≤ 0
-  gamma = jnp.exp(jnp.where(incl, cum[..., :, None] - cum[..., None, :], -jnp.inf))
+  # Σ_{j<s≤i} g_s summed directly, not as cum_i − cum_j: with strong decays (|g| ~ 10 a token)
+  # the cumulative sums reach hundreds and their difference would lose ~|cum|·2^-24 to
+  # cancellation, an error the output RMSNorm amplifies (Mamba-2's segment sum)
+  seg = jnp.cumsum(jnp.where(jnp.tril(jnp.ones((C, C), jnp.bool_), -1), g[..., :, None], 0.0),
+                   axis=-2)                                            # [B, H, N, C, C]
+  gamma = jnp.exp(jnp.where(incl, seg, -jnp.inf))
   from_start = jnp.exp(jnp.where(carried, cum, -jnp.inf))              # γ_i0 (0 past a start)
-  to_end = jnp.exp(jnp.where(ends_doc, cum[..., -1:] - cum, -jnp.inf))  # γ_Cj
+  to_end = jnp.exp(jnp.where(ends_doc, seg[..., -1, :], -jnp.inf))     # γ_Cj
   chunk_decay = from_start[..., -1]                                    # γ_C0 [B, H, N]
 
   kk = jnp.einsum("bhnik,bhnjk->bhnij", k, k)
