@@ -226,7 +226,8 @@ def test_data_config_is_the_schemas_data_keys():
   assert set(vars(dcfg)) == {   # what the pipeline reads, and nothing else
       "dataset_type", "dataset_path", "dataset_format", "dataset_text_field", "tokenizer_type",
       "tokenizer_path", "add_bos", "add_eos", "packing", "shuffle", "data_shuffle_seed",
-      "grain_worker_count", "max_bad_records", "max_target_length", "vocab_size"}
+      "grain_worker_count", "max_bad_records", "max_target_length", "vocab_size",
+      "eval_split_fraction"}
   # the implementation tables of allowed values are the schema's choices
   assert set(file_readers.READERS) == set(choices("dataset_format")) - {"auto"}
   assert set(tokenizers.TOKENIZER_TYPES) == set(choices("tokenizer_type"))

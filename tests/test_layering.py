@@ -17,8 +17,9 @@ LAYERS = [
     ("sharding",),
     ("layers",),
     ("models",),
+    ("decoding",),
     ("train",),
-    ("checkpoint_conversion", "launch", "logit_check"),   # entry points
+    ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate"),  # entry
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 

@@ -21,6 +21,7 @@ COMMON = (*MESH_222, "num_decoder_layers=1", "steps=10", "checkpoint_period=5",
           "max_checkpoints_to_keep=5")
 FSDP8 = ("ici_data_parallelism=1", "ici_fsdp_parallelism=8", "ici_tensor_parallelism=1")
 TOL = 1e-5
+SAMPLE = ("sample_at_end=true", "max_new_tokens=8")   # the decoding engine across 2 processes
 
 
 def _launch(out, name, *overrides, fault="", grace_s=60.0):
@@ -60,12 +61,18 @@ def _copy_until(src, dst, step):
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("mp")
-  result, text = _launch(out, "run", "enable_tensorboard=true")
+  result, text = _launch(out, "run", "enable_tensorboard=true", *SAMPLE)
   assert _statuses(result) == {0: 0, 1: 0}, text[0][-3000:] + text[1][-3000:]
   return out, text, read_metrics(out / "run")
 
 
-def test_two_processes_train_like_one_and_split_the_batch(two_process_run, tmp_path):
+def _sample(log: str) -> str:
+  m = re.search(r"^sample after step 10 [^\n]*\n(?:  \| [^\n]*\n?)*", log, re.M)
+  assert m, log[-2000:]
+  return m.group(0)
+
+
+def test_two_processes_train_like_one_and_split_the_batch(two_process_run, tmp_path, capsys):
   out, text, rows = two_process_run
   # metrics and TensorBoard: process 0 only (one row per step, one event file)
   assert [r["step"] for r in rows] == list(range(1, 11))
@@ -96,9 +103,13 @@ def test_two_processes_train_like_one_and_split_the_batch(two_process_run, tmp_p
   assert sorted(f for f in os.listdir(out / "run" / "checkpoints" / "5" / "data")
                 if f.endswith(".json")) == ["shard_0-of-2.json", "shard_1-of-2.json"]
   # 1 process x 8 devices reading the same 2 shards: the same global batches, the same losses
-  code, ref, _ = train(tmp_path, "one", *COMMON, "data_shards=2", "enable_checkpointing=false")
+  code, ref, _ = train(tmp_path, "one", *COMMON, "data_shards=2", "enable_checkpointing=false",
+                       *SAMPLE)
   assert code == 0
   _same(rows, ref, range(1, 11))
+  # the end-of-run sample: decoded by both processes, printed by process 0, as by one process
+  assert _sample(text[0]) == _sample(capsys.readouterr().out)
+  assert "sample after step" not in text[1]
 
 
 def test_saved_by_two_processes_resumes_on_one(two_process_run, tmp_path, capsys):

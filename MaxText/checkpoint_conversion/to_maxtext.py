@@ -67,6 +67,17 @@ def _as_jax_array(a: np.ndarray) -> jax.Array:
 def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
   if os.path.exists(output_path) and os.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
+  cfg, params = load_hf(hf_path, overrides)
+  # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
+  # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
+  params = jax.tree.map(_as_jax_array, params)
+  save_params_only(output_path, params, cfg.as_dict(),
+                   tokenizer=tokenizer_files.files_of(hf_path))
+  return cfg
+
+
+def load_hf(hf_path: str, overrides: list[str]) -> tuple[Config, dict]:
+  """(our config, our parameters as host NumPy arrays) of a Hugging Face folder, in memory."""
   hf_config = read_config(hf_path)
   tensors = HFTensors(hf_path)
   tokenizer = tokenizer_files.files_of(hf_path)
@@ -86,12 +97,7 @@ def convert(hf_path: str, output_path: str, overrides: list[str]) -> Config:
     if tuple(flat_got[name].shape) != tuple(s.shape):
       raise HFFolderError(f"{hf_path}: parameter {name} has shape {tuple(flat_got[name].shape)}, "
                           f"config.json implies {tuple(s.shape)}")
-  del flat_got
-  # wrap each (64-byte aligned) NumPy leaf in a JAX array without a copy, so the checkpoint is
-  # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
-  params = jax.tree.map(_as_jax_array, params)
-  save_params_only(output_path, params, cfg.as_dict(), tokenizer=tokenizer)
-  return cfg
+  return cfg, params
 
 
 def main(argv: list[str]) -> int:

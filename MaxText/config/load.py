@@ -58,6 +58,8 @@ def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
       value = yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
       raise ConfigError(f"{key}={value!r}: cannot parse the value") from None
+    if kind is list and KEYS[key].items in (int, float) and not isinstance(value, list):
+      value = _bare_list(key, value)
   if kind in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-2" as a string
     try:
       value = float(value)
@@ -96,6 +98,19 @@ def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
         raise ConfigError(f"{key}={value!r}: expected a list of {items.__name__}, got {v!r}")
   _check_range(key, value)
   return value
+
+
+def _bare_list(key: str, value: Any) -> list:
+  """A list of numbers given on the command line without brackets: `prompt_ids=1,5,9` (split at
+  commas), `mlp_only_layers=3` (one item), `mlp_only_layers=` (empty)."""
+  if value == "" or value is None:
+    return []
+  if not isinstance(value, str):
+    return [value]
+  try:
+    return [yaml.safe_load(v) for v in value.split(",")]
+  except yaml.YAMLError:
+    raise ConfigError(f"{key}={value!r}: cannot parse the value") from None
 
 
 def _check_range(key: str, value: Any) -> None:

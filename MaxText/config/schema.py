@@ -96,7 +96,7 @@ class Config:
   steps: int = key(300, "optimizer steps to train in total", min=1)
   log_period: int = key(10, "print a progress line every N steps (metrics.jsonl gets every step)",
                         min=1)
-  seed: int = key(0, "parameter initialisation seed", min=0)
+  seed: int = key(0, "parameter initialisation seed; when decoding, the sampling seed", min=0)
   jax_cache_dir: str = key("~/.cache/maxtext_jax",
                            'persistent XLA compilation cache; "" turns it off')
 
@@ -241,6 +241,9 @@ class Config:
   max_bad_records: int = key(0, "unreadable records (bad JSON, missing text field) skipped and "
                              "counted; more: exit 3", min=0, data=True)
   max_target_length: int = key(256, "sequence length S of a training row", min=2, data=True)
+  eval_split_fraction: float = key(
+      0.0, "hold out this share of the documents for evaluation; training never reads them",
+      min=0, max=0.5, data=True)
   per_device_batch_size: float = key(8.0, "sequences per device per micro-batch (global = this x "
                                      "devices)", gt=0)
   gradient_accumulation_steps: int = key(1, "micro-batches summed into one optimizer step", min=1)
@@ -292,6 +295,48 @@ class Config:
                                  section="metrics")
   peak_tflops_per_device: float = key(0.0, "peak for MFU; 0 = device table (GPU/TPU) or a "
                                       "measured CPU matmul rate", min=0)
+
+  # ---- evaluation and samples ------------------------------------------------------------------
+  eval_period: int = key(0, "every N steps (and after the last) log eval_loss on held-out data; "
+                         "0 = off", min=0, section="evaluation and samples during training")
+  eval_steps: int = key(10, "batches per evaluation (fewer when the held-out data ends first)",
+                        min=1)
+  eval_dataset_path: str = key(
+      "", "held-out file, directory or glob (dataset_format, dataset_text_field as for training); "
+      '"" = the eval_split_fraction share of the training documents')
+  sample_period: int = key(0, "every N steps print a sample (prompt, max_new_tokens and the "
+                           "sampling keys below); 0 = off", min=0)
+  sample_at_end: bool = key(True, "print a sample after the last step")
+
+  # ---- decoding --------------------------------------------------------------------------------
+  hf_path: str = key(
+      "", "decode / evaluate: a Hugging Face folder, converted in memory (instead of "
+      "load_parameters_path)", section="decoding (python -m MaxText.decode; MaxText.inference)")
+  prompt: str = key("", 'the prompt text ("" in a training sample: the tokenizer\'s bos alone)')
+  prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)")
+  prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
+                         "prompt_ids or chat messages")
+  chat: bool = key(False, "render prompts (and jsonl messages) with the tokenizer's own chat "
+                   "template (tokenizer_config.json / chat_template.jinja)")
+  max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1)
+  temperature: float = key(0.0, "0 = greedy; else sample from softmax(logits / temperature)",
+                           min=0)
+  top_k: int = key(0, "sample among the k most likely tokens only; 0 = off", min=0)
+  top_p: float = key(1.0, "sample from the smallest set holding probability >= p; 1 = off",
+                     gt=0, max=1)
+  min_p: float = key(0.0, "drop tokens less likely than min_p x the most likely; 0 = off", min=0,
+                     max=1)
+  stop: list[str] = key([], "stop once the completion text contains one of these strings")
+  eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos")
+  decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
+                           "output_logprobs, text) to this file")
+  decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
+                               min=1)
+  max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "
+                              "longest prompt + max_new_tokens, rounded up to a power of two",
+                              min=0)
+  cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
+                         "float32 | bfloat16 | float16", choices=("auto", *DTYPES))
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",

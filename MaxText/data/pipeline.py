@@ -5,6 +5,7 @@ shard order, and each process reads only the shards whose rows its devices hold 
 the global batch is the same for any process count. Grain dataset graph (per shard)::
 
     documents (MapDataset, random access)
+      -> minus the held-out documents     eval_split_fraction (sources.held_out): evaluation's
       -> [shard::num_shards]              disjoint document share per data shard
       -> shuffle(data_shuffle_seed)       a new permutation every epoch (if `shuffle`)
       -> repeat()                         endless epochs
@@ -30,7 +31,7 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
-from MaxText.config.schema import DATA_KEYS
+from MaxText.config.schema import DATA_KEYS, KEYS, default
 from MaxText.data import bad_records
 from MaxText.data import packing
 from MaxText.data import sources
@@ -96,6 +97,10 @@ class DataIterator:
                       f"{type(state).__name__}" + (" (keys " + ", ".join(map(str, state)) + ")"
                                                     if isinstance(state, dict) else ""))
     saved = state.get("fingerprint")
+    if isinstance(saved, dict) and self.fingerprint is not None:
+      # a data key added after the state was written reads as its default there
+      saved = {**{k: default(k) for k in self.fingerprint if k not in saved and k in KEYS},
+               **saved}
     if self.fingerprint is not None and saved != self.fingerprint:
       if not isinstance(saved, dict):
         raise DataError("data iterator state has no data config fingerprint (written by another "
@@ -154,23 +159,27 @@ def _decode_state(value: Any) -> Any:
   return value
 
 
-def _row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int,
-                 num_shards: int) -> grain.IterDataset:
-  """Unbatched rows of one data shard (see the module docstring for the graph)."""
+def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: int, *,
+                split: str = "train", endless: bool = True) -> grain.IterDataset:
+  """Unbatched rows of one data shard (see the module docstring for the graph). `split`: the
+  documents training reads ("train": all but the `eval_split_fraction` held out), the held-out
+  ones ("eval") or "all"; `endless=False`: one pass in order (no shuffle; evaluation)."""
   seq_len, seed = dcfg.max_target_length, dcfg.data_shuffle_seed
   if dcfg.dataset_type == "synthetic":
     rows = synthetic.synthetic_rows(seed, seq_len, dcfg.vocab_size, shard, num_shards)
     return rows.to_iter_dataset(_READ_OPTIONS)
 
   docs = sources.document_dataset(dcfg.dataset_type, dcfg.dataset_path, dcfg.dataset_format,
-                                  dcfg.dataset_text_field, tolerant=True)
+                                  dcfg.dataset_text_field, tolerant=True,
+                                  eval_split_fraction=dcfg.eval_split_fraction, split=split)
   if len(docs) < num_shards:
     raise DataError(f"dataset_path '{dcfg.dataset_path}' has {len(docs)} documents, "
                     f"fewer than the {num_shards} data shards that must each read some")
   docs = docs[shard::num_shards]
-  if dcfg.shuffle:
-    docs = docs.shuffle(seed=seed)
-  docs = docs.repeat()
+  if endless:
+    if dcfg.shuffle:
+      docs = docs.shuffle(seed=seed)
+    docs = docs.repeat()
   to_pairs = packing.TokenizeToPairs(tokenizer, dcfg.add_bos, dcfg.add_eos)
   pairs = docs.map(to_pairs).to_iter_dataset(_READ_OPTIONS)  # Drops None (too-short docs).
   pairs = bad_records.SkipBadRecords(pairs, dcfg.max_bad_records)
@@ -218,8 +227,8 @@ def make_shard_iterator(dcfg: DataConfig, shard_ids: Sequence[int], num_shards: 
     tokenizer = validate_data_config(dcfg)
   shards = {}
   for s in shard_ids:
-    batches = _row_dataset(dcfg, tokenizer, s, num_shards).batch(shard_batch_size,
-                                                                  drop_remainder=True)
+    batches = row_dataset(dcfg, tokenizer, s, num_shards).batch(shard_batch_size,
+                                                                 drop_remainder=True)
     if dcfg.grain_worker_count > 0:
       batches = batches.mp_prefetch(
           grain.MultiprocessingOptions(num_workers=dcfg.grain_worker_count))

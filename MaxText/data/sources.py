@@ -140,10 +140,54 @@ def file_source(dataset_path: str, dataset_format: str, text_field: str) -> Conc
   return ConcatDocuments([file_readers.make_reader(f, fmt, text_field) for f, fmt in files])
 
 
+class Subset:
+  """Documents `indices` of a source, in order (a Grain data source)."""
+
+  def __init__(self, source, indices: Sequence[int]):
+    self.source, self.indices = source, list(indices)
+
+  def __len__(self) -> int:
+    return len(self.indices)
+
+  def __getitem__(self, index: int):
+    return self.source[self.indices[index]]
+
+  def __repr__(self) -> str:
+    return f"Subset({len(self)} of {self.source!r})"
+
+
+SPLITS = ("all", "train", "eval")
+
+
+def held_out(num_docs: int, fraction: float) -> list[bool]:
+  """Which documents `eval_split_fraction` holds out: document i when floor((i + 1) f) >
+  floor(i f) — spread evenly, floor(n f) of them — the same for every run, process and shard
+  count, so training (the others) never reads one."""
+  return [int((i + 1) * fraction) > int(i * fraction) for i in range(num_docs)]
+
+
+def split_source(source, fraction: float, split: str):
+  """`split` of `source`: "all", the documents training reads ("train") or the held-out ones."""
+  if split not in SPLITS:
+    raise DataError(f"split {split!r} is not one of {SPLITS}")
+  if split == "all" or fraction <= 0:
+    if split == "eval":
+      raise DataError("the held-out split needs eval_split_fraction > 0")
+    return source
+  out = held_out(len(source), fraction)
+  picked = [i for i, h in enumerate(out) if h == (split == "eval")]
+  if not picked:
+    raise DataError(f"eval_split_fraction={fraction} of the {len(source)} documents leaves no "
+                    f"{'held-out' if split == 'eval' else 'training'} document")
+  return Subset(source, picked)
+
+
 def document_dataset(dataset_type: str, dataset_path: str = "", dataset_format: str = "auto",
-                     text_field: str = "text", tolerant: bool = False) -> grain.MapDataset:
+                     text_field: str = "text", tolerant: bool = False, *,
+                     eval_split_fraction: float = 0.0, split: str = "all") -> grain.MapDataset:
   """A ``MapDataset`` of document strings for the `dataset_type` config key; with `tolerant`, an
-  unreadable record is a ``bad_records.BadRecord`` instead of a DataError.
+  unreadable record is a ``bad_records.BadRecord`` instead of a DataError. `split` "train" or
+  "eval" keeps the documents `eval_split_fraction` does not / does hold out (`held_out`).
 
   Raises:
     DataError: unknown type, bad path/format, or an empty dataset.
@@ -158,4 +202,5 @@ def document_dataset(dataset_type: str, dataset_path: str = "", dataset_format: 
   if len(source) == 0:  # pylint: disable=g-explicit-length-test
     raise DataError(f"dataset_type '{dataset_type}' (dataset_path '{dataset_path}') holds no "
                     "documents")
+  source = split_source(source, eval_split_fraction, split)
   return grain.MapDataset.source(bad_records.TolerantSource(source) if tolerant else source)

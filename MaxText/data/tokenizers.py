@@ -133,27 +133,35 @@ class HFTokenizer(_LazyFileTokenizer):
     return self.impl.decode([int(i) for i in ids])
 
 
-def special_tokens(folder: str) -> tuple[dict[str, str], dict[str, str]]:
-  """({bos_token/eos_token/pad_token: token string}, {key: the file that set it}) as transformers
-  reads them: tokenizer_config.json, then special_tokens_map.json over it unless the config has
-  `added_tokens_decoder` (transformers 5 ignores the map then)."""
+def json_object(path: str) -> dict:
+  """A tokenizer folder's JSON file (tokenizer_config.json, ...); DataError naming it when it is
+  not a readable JSON object."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (OSError, ValueError) as e:
+    raise DataError(f"tokenizer_path: {path} cannot be read as JSON: {e}") from e
+  if not isinstance(value, dict):
+    raise DataError(f"tokenizer_path: {path} does not hold a JSON object")
+  return value
+
+
+def special_tokens(folder: str, keys: Sequence[str] = SPECIAL_TOKEN_KEYS
+                   ) -> tuple[dict[str, str], dict[str, str]]:
+  """({key: token string} for `keys` (bos_token, eos_token, pad_token), {key: the file that set
+  it}) as transformers reads them: tokenizer_config.json, then special_tokens_map.json over it
+  unless the config has `added_tokens_decoder` (transformers 5 ignores the map then)."""
   found, where, config = {}, {}, {}
   for name in SPECIAL_TOKEN_FILES:
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
       continue
-    try:
-      with open(path, encoding="utf-8") as f:
-        values = json.load(f)
-    except (OSError, ValueError) as e:
-      raise DataError(f"tokenizer_path: {path} cannot be read as JSON: {e}") from e
-    if not isinstance(values, dict):
-      raise DataError(f"tokenizer_path: {path} does not hold a JSON object")
+    values = json_object(path)
     if name == "tokenizer_config.json":
       config = values
     elif "added_tokens_decoder" in config:
       continue
-    for key in SPECIAL_TOKEN_KEYS:
+    for key in keys:
       value = values.get(key)
       if isinstance(value, dict):  # {"content": "<s>", ...}: an AddedToken
         value = value.get("content")

@@ -13,7 +13,8 @@ Either way each layer call is wrapped in `jax.checkpoint` per `remat_policy` (re
 also inside a scanned block). A layer is called `layer(carry, *args) -> carry`, where the carry is
 any pytree (the hidden state, MoE statistics, K/V handed to later layers); `xs`, when given, is a
 pytree of per-layer inputs with a leading axis of length num_layers, and layer i is then called
-`layer(carry, *args, per_layer=xs[i])`.
+`layer(carry, *args, per_layer=xs[i])`. `method` names another method of the layers to call the
+same way (e.g. a decoding step that carries the decoding cache).
 
 Parameter paths (below the stack):  scanned  runs/<run>/<member>/...   (leading axis: repeat)
                                     unscanned  layers/<i>/...
@@ -136,9 +137,10 @@ def _stacked(make_layer: Callable, kind: Hashable, repeats: int, rngs: nnx.Rngs)
   return layers
 
 
-def _call(graphdef, state, carry, args: tuple, x_i):
+def _call(graphdef, state, carry, args: tuple, x_i, method: str | None = None):
   layer = nnx.merge(graphdef, state)
-  return layer(carry, *args) if x_i is None else layer(carry, *args, per_layer=x_i)
+  fn = layer if method is None else getattr(layer, method)
+  return fn(carry, *args) if x_i is None else fn(carry, *args, per_layer=x_i)
 
 
 def _at(xs, i):
@@ -159,11 +161,12 @@ class PatternStack(nnx.Module):
     else:
       self.layers = nnx.List([make_layer(kind, rngs) for kind in kinds])
 
-  def __call__(self, carry, *args, xs=None):
+  def __call__(self, carry, *args, xs=None, method: str | None = None):
     if not self.scan:
       for i, layer in enumerate(self.layers):
         graphdef, state = nnx.split(layer)
-        step = remat(lambda s, c, x, g=graphdef: _call(g, s, c, args, x), self.remat_policy)
+        step = remat(lambda s, c, x, g=graphdef: _call(g, s, c, args, x, method),
+                     self.remat_policy)
         carry = step(state, carry, _at(xs, i))
       return carry
     for run, members in zip(self.plan, self.runs):
@@ -171,7 +174,7 @@ class PatternStack(nnx.Module):
       p = len(run.block)
       xs_run = None if xs is None else jax.tree.map(
           lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
-      steps = [remat(lambda s, c, x, g=g: _call(g, s, c, args, x), self.remat_policy,
+      steps = [remat(lambda s, c, x, g=g: _call(g, s, c, args, x, method), self.remat_policy,
                      prevent_cse=False) for g in graphdefs]
 
       def body(c, inp, steps=steps):

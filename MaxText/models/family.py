@@ -6,6 +6,18 @@ checks, the converters) may know about a model family. A family is a folder
 A family's module (`build(mcfg, rngs)`) is called as `model(tokens_BS, positions_BS,
 segment_ids_BS) -> logits_BSV` (fp32) and `model.forward_with_aux(...) -> (logits_BSV, aux)`; `aux`
 is whatever the family's `aux_terms` read (e.g. routing statistics), `{}` for most models.
+
+A family that decodes (MaxText/decoding/) declares its per-layer decoding state in
+`decode_cache(mcfg) -> {group name: layers.kv_cache.CacheGroup}` (full-attention K/V, a sliding
+window's ring buffer, a recurrence's state, ...; a layer that reads another layer's cache stores
+nothing) and its module has
+  `extend(tokens_BS, positions_BS, valid_BS, cache, *, prefill) -> (hidden_BSD, cache)`
+      new tokens (`valid_BS`: the real ones of right-padded rows) → final-norm hidden states and
+      the cache with them; `prefill`: prompts at positions 0..S-1 over an empty cache (or None:
+      no cache, for scoring), else one token per row at its own position
+  `logits(hidden_BSD) -> logits_BSV`   the head (fp32)
+The cache is the dict of groups of arrays the decoding code allocated from `decode_cache`, each
+stacked on a leading axis of the group's layers; the model reads and writes its layers' rows.
 """
 from __future__ import annotations
 
@@ -16,6 +28,7 @@ from typing import Any, Callable, Hashable, Mapping, Protocol
 from flax import nnx
 
 from MaxText.config.schema import KEYS, MODEL_KEYS, default
+from MaxText.layers.kv_cache import CacheGroup
 from MaxText.metrics.flops import FlopCount
 from MaxText.models.model_config import ModelConfig
 
@@ -122,6 +135,8 @@ class Family:
   # check adds to the state (e.g. recurrent states kept for the backward pass); heads are
   # counted whole (a tensor-parallel mesh divides them as it multiplies the sequences)
   activation_bytes: Callable[[ModelConfig, float, int], int] = _no_activation_bytes
+  # its decoding cache groups (module docstring); None: the family does not decode
+  decode_cache: Callable[[ModelConfig], Mapping[str, CacheGroup]] | None = None
   # Hugging Face model_type → its name map (a module with hf_to_params, params_to_hf,
   # config_from_hf, config_to_hf); an export with hf_model_type="" takes the first that fits
   hf_maps: Mapping[str, ModuleType] = field(default_factory=dict)

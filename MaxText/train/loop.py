@@ -31,13 +31,14 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import distributed, faults, memory
+from MaxText.train import distributed, evaluation, faults, memory
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.periodic import Periodic
 from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.tokenizer_setup import choose_tokenizer
@@ -81,6 +82,8 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
   the run's tokenizer (loaded once, to check it against the config)."""
   check_writable(cfg)
   validate(cfg, devices)
+  for key, problem in evaluation.problems(cfg):
+    raise ConfigError(f"{key}: {problem}")
   return validate_data_config(DataConfig.from_config(cfg))
 
 
@@ -268,6 +271,7 @@ class Trainer:
     # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
     family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
+    periodic = Periodic(self, data_iter, writer, log)   # evaluation and samples
 
     batch = self.device_batch(next(data_iter))
     skipped = 0
@@ -309,6 +313,8 @@ class Trainer:
             return EXIT_NONFINITE
           log(f"skipped step {step}: non-finite loss or gradient ({skipped}/"
               f"{cfg.max_nonfinite_skips})")
+        if not stop:
+          last += periodic.after_step(step, state["params"])   # its time is no step's
         if save_now:
           ckpts.save(step, state, data_iter, config_dict)
         if stop:

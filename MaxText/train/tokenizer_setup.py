@@ -19,6 +19,11 @@ from MaxText.data import tokenizers
 FILE_TYPES = ("huggingface", "sentencepiece")
 
 
+class MissingTokenizer(ConfigError):
+  """The model's vocabulary is a real tokenizer's whose files are not at hand (exit 2 wherever
+  text must be tokenized; decoding token ids needs none)."""
+
+
 def choose_tokenizer(cfg: Config) -> tuple[Config, str]:
   """(`cfg` with tokenizer_type and tokenizer_path resolved, a log line saying which and why).
   Raises ConfigError / DataError (exit 2) naming the key."""
@@ -40,7 +45,7 @@ def choose_tokenizer(cfg: Config) -> tuple[Config, str]:
             "Leave tokenizer_type and tokenizer_path unset to use the checkpoint's tokenizer")
       if not cfg.tokenizer_path:
         if folder is None:
-          raise ConfigError(
+          raise MissingTokenizer(
               f"tokenizer_path: the model at load_parameters_path={cfg.load_parameters_path} has "
               f"the vocabulary of a real tokenizer but {what}; set tokenizer_path to it")
         cfg = replace(cfg, tokenizer_path=folder)

@@ -7,8 +7,9 @@ from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
                                    routed_expert_problems)
 from MaxText.models.gemma4 import hf_map
-from MaxText.models.gemma4.model import (Transformer, attention_types, first_kv_shared_layer,
-                                         head_dim_of, kv_heads_of, layer_kinds)
+from MaxText.models.gemma4.model import (Transformer, attention_types, decode_cache,
+                                         first_kv_shared_layer, head_dim_of, kv_heads_of,
+                                         layer_kinds)
 from MaxText.models.model_config import ModelConfig
 
 GEMMA4_KEYS = frozenset({
@@ -98,5 +99,6 @@ FAMILY = Family(
     check=check,
     attention_head_dims=attention_head_dims,
     aux_terms=aux_terms,
+    decode_cache=decode_cache,
     hf_maps={"gemma4_text": hf_map, "gemma4": hf_map},   # gemma4: multimodal, the text model only
 )

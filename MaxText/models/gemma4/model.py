@@ -46,6 +46,7 @@ from flax import nnx
 
 from MaxText.layers import stack
 from MaxText.layers.attention_ops import attention_op
+from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
@@ -102,6 +103,30 @@ def shared_kv_kinds(cfg: ModelConfig) -> tuple[str, ...]:
   return tuple(sorted({k.attention for k in layer_kinds(cfg) if k.kv_shared}))
 
 
+def cache_kind(cfg: ModelConfig, attention: str) -> KVCache:
+  """The decoding cache of a layer kind: sliding layers keep a ring buffer of their window."""
+  return KVCache(kv_heads_of(cfg, attention), head_dim_of(cfg, attention),
+                 cfg.sliding_window if attention == "sliding" else 0)
+
+
+def cache_rows(cfg: ModelConfig) -> tuple[int, ...]:
+  """Per layer, its row in its attention kind's cache group: a layer with K/V its own (its rank
+  among those of its kind), a kv-shared layer its producer's (the last earlier one of its kind)."""
+  rows, count = [], {}
+  for kind in layer_kinds(cfg):
+    if not kind.kv_shared:
+      count[kind.attention] = count.get(kind.attention, 0) + 1
+    rows.append(count[kind.attention] - 1)
+  return tuple(rows)
+
+
+def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
+  """One cache group per attention kind ("sliding": ring buffers, "full"), one row per layer
+  with K/V; the kv-shared tail stores nothing."""
+  producers = [k.attention for k in layer_kinds(cfg) if not k.kv_shared]
+  return {t: CacheGroup(cache_kind(cfg, t), producers.count(t)) for t in sorted(set(producers))}
+
+
 def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
   """Where HF layer i lives in our params: (path prefix, index on the stacked axis or None)."""
   path, index = stack.location(layer_kinds(cfg), cfg.scan_layers, i)
@@ -136,21 +161,49 @@ class Attention(nnx.Module):
     self.scale = cfg.attention_scale or E ** -0.5
     self.window = None if full else cfg.sliding_window
     self.op = attention_op(cfg)
+    self.cache = cache_kind(cfg, kind.attention)
+
+  def _q(self, x_BSD, positions_BS):
+    q_BSHE = constrain(self.query_norm(self.query(x_BSD)), ACT_BSHE)
+    return apply_rope(q_BSHE, positions_BS, self.rope_theta, self.rope_fraction)
+
+  def _kv(self, x_BSD, positions_BS):
+    raw_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
+    v_BSKE = raw_BSKE if self.value is None else constrain(self.value(x_BSD), ACT_BSKE)
+    k_BSKE = apply_rope(self.key_norm(raw_BSKE), positions_BS, self.rope_theta, self.rope_fraction)
+    return k_BSKE, self.value_norm(v_BSKE)
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None):
     """Returns (output, (k, v)); a kv-shared layer takes its (k, v) from `shared_kv`."""
-    q_BSHE = constrain(self.query_norm(self.query(x_BSD)), ACT_BSHE)
-    q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta, self.rope_fraction)
-    if self.kv_shared:
-      k_BSKE, v_BSKE = shared_kv
-    else:
-      raw_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
-      v_BSKE = raw_BSKE if self.value is None else constrain(self.value(x_BSD), ACT_BSKE)
-      k_BSKE = apply_rope(self.key_norm(raw_BSKE), positions_BS, self.rope_theta, self.rope_fraction)
-      v_BSKE = self.value_norm(v_BSKE)
+    q_BSHE = self._q(x_BSD, positions_BS)
+    k_BSKE, v_BSKE = shared_kv if self.kv_shared else self._kv(x_BSD, positions_BS)
     o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
                      sliding_window=self.window)
     return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), (k_BSKE, v_BSKE)
+
+  def extend(self, x_BSD, positions_BS, valid_BS, prefill: bool, shared_kv, group: dict | None,
+             index):
+    """Decoding (`valid_BS`: the real tokens of right-padded rows). A layer with K/V stores the
+    new tokens' in row `index` of its cache `group` (None: no cache); a kv-shared layer stores
+    nothing: in a prefill it takes the producer's new K/V from `shared_kv` (as in training), in a
+    step it reads the producer's row `index`, written earlier in the same step. A prefill attends
+    within the new tokens with the training op, a step over the cache. Returns (output, (k, v),
+    group)."""
+    q_BSHE = self._q(x_BSD, positions_BS)
+    k_BSKE = v_BSKE = None
+    if not self.kv_shared:
+      k_BSKE, v_BSKE = self._kv(x_BSD, positions_BS)
+      if group is not None:
+        group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
+    if prefill:
+      if self.kv_shared:
+        k_BSKE, v_BSKE = shared_kv
+      o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=self.scale,
+                       sliding_window=self.window)
+    else:
+      o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
+    out_BSD = constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD)
+    return out_BSD, (k_BSKE, v_BSKE), group
 
 
 class Router(nnx.Module):
@@ -202,30 +255,57 @@ class DecoderLayer(nnx.Module):
                                    **kw)
       self.mlp_norm_2, self.post_mlp_norm_1, self.post_mlp_norm_2 = norm(), norm(), norm()
 
-  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer):
-    """carry = (x_BSD, {attention kind: (k, v)} handed to the kv-shared tail, MoE statistics);
-    per_layer = {"index": layer, "ple": its per-layer input, "bias": its router bias}."""
-    x_BSD, kv, stats = carry
-    shared = kv[self.kind.attention] if self.kind.kv_shared else None
-    a_BSD, new_kv = self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS, shared)
+  def _after_attention(self, x_BSD, a_BSD, mask_BS, per_layer):
+    """The rest of the layer after attention: (output, MoE routing statistics or None)."""
     x_BSD = x_BSD + self.post_attn_norm(a_BSD)
     m_BSD = self.mlp(self.mlp_norm(x_BSD))
+    terms = None
     if self.moe:
       w_BSk, e_BSk, probs_TE = self.router(x_BSD, jax.lax.stop_gradient(per_layer["bias"]))
       y_BSD, dropped = self.experts(self.mlp_norm_2(x_BSD), w_BSk, e_BSk)
       m_BSD = self.post_mlp_norm_1(m_BSD) + self.post_mlp_norm_2(y_BSD)
       counts, probs = load_balancing_terms(probs_TE, e_BSk.reshape(-1, e_BSk.shape[-1]),
-                                           (segment_ids_BS != 0).reshape(-1))
-      stats = record(stats, per_layer["index"], counts, probs, dropped)
+                                           mask_BS.reshape(-1))
+      terms = (counts, probs, dropped)
     x_BSD = x_BSD + self.post_mlp_norm(m_BSD)
     if self.uses_ple:
       g_BSP = _gelu_tanh(self.ple_gate(x_BSD)) * per_layer["ple"]
       x_BSD = x_BSD + self.ple_norm(self.ple_proj(g_BSP))
     # a frozen buffer in Hugging Face: part of the checkpoint, never trained
     x_BSD = x_BSD * jax.lax.stop_gradient(self.layer_scalar[...]).astype(x_BSD.dtype)
+    return constrain(x_BSD, ACT_BSD), terms
+
+  def _hand_on(self, kv: dict, new_kv) -> dict:
+    """The K/V the kv-shared tail reads: a producer's replaces the earlier one of its kind."""
     if not self.kind.kv_shared and self.kind.attention in kv:
       kv = {**kv, self.kind.attention: new_kv}
-    return constrain(x_BSD, ACT_BSD), kv, stats
+    return kv
+
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer):
+    """carry = (x_BSD, {attention kind: (k, v)} handed to the kv-shared tail, MoE statistics);
+    per_layer = {"index": layer, "ple": its per-layer input, "bias": its router bias}."""
+    x_BSD, kv, stats = carry
+    shared = kv[self.kind.attention] if self.kind.kv_shared else None
+    a_BSD, new_kv = self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS, shared)
+    x_BSD, terms = self._after_attention(x_BSD, a_BSD, segment_ids_BS != 0, per_layer)
+    if terms is not None:
+      stats = record(stats, per_layer["index"], *terms)
+    return x_BSD, self._hand_on(kv, new_kv), stats
+
+  def extend(self, carry, positions_BS, valid_BS, prefill, per_layer):
+    """Decoding: carry = (x_BSD, K/V for the kv-shared tail (prefill), the cache);
+    per_layer["cache_index"]: the row of its attention kind's cache group it writes (a kv-shared
+    layer: the producer's row, which it reads)."""
+    x_BSD, kv, cache = carry
+    name = self.kind.attention
+    shared = kv[name] if self.kind.kv_shared and prefill else None
+    a_BSD, new_kv, group = self.attn.extend(
+        self.attn_norm(x_BSD), positions_BS, valid_BS, prefill, shared,
+        None if cache is None else cache[name], per_layer["cache_index"])
+    x_BSD, _ = self._after_attention(x_BSD, a_BSD, valid_BS, per_layer)
+    if cache is not None and not self.kind.kv_shared:
+      cache = {**cache, name: group}
+    return x_BSD, self._hand_on(kv, new_kv) if prefill else kv, cache
 
 
 class Transformer(nnx.Module):
@@ -269,31 +349,57 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    """(logits, {"moe_stats": …} for MoE models, else {})."""
-    cfg, dtype = self.cfg, self.cfg.compute_dtype
+  def _inputs(self, tokens_BS):
+    """(the scaled embeddings x_BSD, per-layer inputs: index, PLE, router bias)."""
+    cfg = self.cfg
     table = self.embedding[...]
     x_BSD = jnp.take(table, tokens_BS, axis=0) * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
-    x_BSD = constrain(x_BSD.astype(dtype), ACT_BSD)
-    L = cfg.num_decoder_layers
-    xs = {"index": jnp.arange(L)}
+    x_BSD = constrain(x_BSD.astype(cfg.compute_dtype), ACT_BSD)
+    xs = {"index": jnp.arange(cfg.num_decoder_layers)}
     if cfg.per_layer_input_dim:
       xs["ple"] = self._per_layer_inputs(tokens_BS, x_BSD)
-    stats = {}
     if cfg.num_experts:
-      xs["bias"], stats = self.router_bias[...], empty_stats(L, cfg.num_experts)
-    B, S = tokens_BS.shape
-    kv = {t: (jnp.zeros((B, S, kv_heads_of(cfg, t), head_dim_of(cfg, t)), dtype),) * 2
-          for t in shared_kv_kinds(cfg)}
+      xs["bias"] = self.router_bias[...]
+    return x_BSD, xs
+
+  def _shared_kv(self, B: int, S: int) -> dict:
+    """Zero K/V of each kind the kv-shared tail reads (replaced by its producer's)."""
+    cfg = self.cfg
+    return {t: (jnp.zeros((B, S, kv_heads_of(cfg, t), head_dim_of(cfg, t)), cfg.compute_dtype),) * 2
+            for t in shared_kv_kinds(cfg)}
+
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
+    """(logits, {"moe_stats": …} for MoE models, else {})."""
+    cfg = self.cfg
+    x_BSD, xs = self._inputs(tokens_BS)
+    stats = empty_stats(cfg.num_decoder_layers, cfg.num_experts) if cfg.num_experts else {}
+    kv = self._shared_kv(*tokens_BS.shape)
     x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
-    x_BSD = self.final_norm(x_BSD)
+    return self.logits(self.final_norm(x_BSD)), aux
+
+  def logits(self, x_BSD):
+    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V],
+    soft-capped."""
+    cfg = self.cfg
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table.astype(dtype))
+      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(cfg.compute_dtype))
     else:
       logits_BSV = self.lm_head(x_BSD)
     logits_BSV = logits_BSV.astype(jnp.float32)
     if cfg.final_logit_softcap:
       c = cfg.final_logit_softcap
       logits_BSV = c * jnp.tanh(logits_BSV / c)
-    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab")), aux
+    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
+
+  # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
+  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+    """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
+    (final-norm hidden states [B, S, D], the cache with their K/V; None: no cache). `prefill`:
+    the prompts (positions 0..S-1) over an empty cache; else one token per row."""
+    x_BSD, xs = self._inputs(tokens_BS)
+    xs["cache_index"] = jnp.asarray(cache_rows(self.cfg))
+    kv = self._shared_kv(*tokens_BS.shape) if prefill else {}
+    x_BSD, _, cache = self.decoder((x_BSD, kv, cache), positions_BS, valid_BS, prefill, xs=xs,
+                                   method="extend")
+    return self.final_norm(x_BSD), cache

@@ -8,7 +8,7 @@ from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
                                    routed_expert_problems)
 from MaxText.models.llama import hf_map as llama_hf
-from MaxText.models.llama.model import MOE, Transformer, layer_kinds, moe_layers
+from MaxText.models.llama.model import MOE, Transformer, decode_cache, layer_kinds, moe_layers
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3 import hf_map as qwen3_hf
 from MaxText.models.qwen3_moe import hf_map as qwen3_moe_hf
@@ -62,5 +62,6 @@ FAMILY = Family(
     flops=flops,
     check=check,
     aux_terms=aux_terms,
+    decode_cache=decode_cache,
     hf_maps={"llama": llama_hf, "qwen3": qwen3_hf, "qwen3_moe": qwen3_moe_hf},
 )

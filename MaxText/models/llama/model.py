@@ -26,6 +26,7 @@ from flax import nnx
 
 from MaxText.layers import stack
 from MaxText.layers.attention_ops import attention_op
+from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
@@ -35,6 +36,7 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
 
 DENSE, MOE = "dense", "moe"
+KV = "kv"   # the decoding cache group of the attention layers
 
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BSHE = ("activation_batch", "activation_length", "activation_heads", None)
@@ -57,8 +59,9 @@ class Attention(nnx.Module):
     self.rope_theta = cfg.rope_theta
     self.scale = E ** -0.5
     self.op = attention_op(cfg)
+    self.cache = KVCache(K, E)
 
-  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+  def _qkv(self, x_BSD, positions_BS):
     q_BSHE = constrain(self.query(x_BSD), ACT_BSHE)
     k_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
     v_BSKE = constrain(self.value(x_BSD), ACT_BSKE)
@@ -66,8 +69,26 @@ class Attention(nnx.Module):
       q_BSHE, k_BSKE = self.query_norm(q_BSHE), self.key_norm(k_BSKE)
     q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta)
     k_BSKE = apply_rope(k_BSKE, positions_BS, self.rope_theta)
+    return q_BSHE, k_BSKE, v_BSKE
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+    q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
     o_BSHE = constrain(self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale), ACT_BSHE)
     return constrain(self.out(o_BSHE), ACT_BSD)
+
+  def extend(self, x_BSD, positions_BS, valid_BS, prefill: bool, group: dict | None, index):
+    """Decoding (`valid_BS`: the real tokens of right-padded rows): stores the new K/V in row
+    `index` of the cache `group` (None: no cache, e.g. scoring); a prefill (positions 0..S-1)
+    attends within the new tokens with the training op, a step over the cache after its write.
+    Returns (output, group)."""
+    q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
+    if group is not None:
+      group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
+    if prefill:
+      o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=self.scale)
+    else:
+      o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
+    return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), group
 
 
 def is_moe_layer(cfg: ModelConfig, i: int) -> bool:
@@ -99,18 +120,33 @@ class DecoderLayer(nnx.Module):
     self.mlp = (RoutedMLP(cfg, rngs=rngs) if self.moe else
                 GatedMLP(cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activation, **kw))
 
+  def _mlp(self, x_BSD, mask_BS, per_layer):
+    """x + MLP(norm(x)), and for a MoE layer its routing statistics (else None)."""
+    if self.moe:
+      y_BSD, terms = self.mlp(self.mlp_norm(x_BSD), mask_BS,
+                              jax.lax.stop_gradient(per_layer["bias"]))
+    else:
+      y_BSD, terms = self.mlp(self.mlp_norm(x_BSD)), None
+    return constrain(x_BSD + y_BSD, ACT_BSD), terms
+
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
     """carry = (x_BSD, moe stats); per_layer (models with MoE layers) = {"moe_layer": this layer's
     row of the statistics and the bias, "bias": its bias [E]}."""
     x_BSD, stats = carry
     x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS)
-    if self.moe:
-      y_BSD, (counts, probs, dropped) = self.mlp(self.mlp_norm(x_BSD), segment_ids_BS != 0,
-                                                 jax.lax.stop_gradient(per_layer["bias"]))
-      stats = record(stats, per_layer["moe_layer"], counts, probs, dropped)
-    else:
-      y_BSD = self.mlp(self.mlp_norm(x_BSD))
-    return constrain(x_BSD + y_BSD, ACT_BSD), stats
+    x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
+    if terms is not None:
+      stats = record(stats, per_layer["moe_layer"], *terms)
+    return x_BSD, stats
+
+  def extend(self, carry, positions_BS, valid_BS, prefill, per_layer):
+    """Decoding: carry = (x_BSD, the cache); per_layer["cache_index"]: this layer's row."""
+    x_BSD, cache = carry
+    a_BSD, group = self.attn.extend(self.attn_norm(x_BSD), positions_BS, valid_BS, prefill,
+                                    None if cache is None else cache[KV],
+                                    per_layer["cache_index"])
+    x_BSD, _ = self._mlp(x_BSD + a_BSD, valid_BS, per_layer)
+    return x_BSD, None if cache is None else {**cache, KV: group}
 
 
 class Transformer(nnx.Module):
@@ -135,19 +171,48 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
+  def _embed(self, tokens_BS):
+    x_BSD = jnp.take(self.embedding[...], tokens_BS, axis=0)
+    return constrain(x_BSD.astype(self.cfg.compute_dtype), ACT_BSD)
+
+  def _moe_inputs(self) -> dict:
+    """Per-layer inputs of the MoE layers: their row of the statistics and their router bias."""
+    if not self.moe_layers:
+      return {}
+    return stack_inputs(self.moe_layers, self.cfg.num_decoder_layers, self.router_bias[...])[1]
+
   def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
     """(logits, {"moe_stats": …} for models with MoE layers, else {})."""
-    cfg, dtype = self.cfg, self.cfg.compute_dtype
-    x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(dtype), ACT_BSD)
+    cfg = self.cfg
+    x_BSD = self._embed(tokens_BS)
     stats, xs = {}, None
     if self.moe_layers:
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
-    x_BSD = self.final_norm(x_BSD)
+    return self.logits(self.final_norm(x_BSD)), aux
+
+  def logits(self, x_BSD):
+    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(dtype))
+      table = self.embedding[...].astype(self.cfg.compute_dtype)
+      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table)
     else:
       logits_BSV = self.lm_head(x_BSD)
     return constrain(logits_BSV.astype(jnp.float32),
-                     ("activation_batch", "activation_length", "activation_vocab")), aux
+                     ("activation_batch", "activation_length", "activation_vocab"))
+
+  # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
+  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+    """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
+    (final-norm hidden states [B, S, D], the cache with their K/V; None: no cache). `prefill`:
+    the prompts (positions 0..S-1) over an empty cache; else one token per row."""
+    xs = {"cache_index": jnp.arange(self.cfg.num_decoder_layers), **self._moe_inputs()}
+    x_BSD, cache = self.decoder((self._embed(tokens_BS), cache), positions_BS, valid_BS, prefill,
+                                xs=xs, method="extend")
+    return self.final_norm(x_BSD), cache
+
+
+def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
+  """Every layer keeps full-attention K/V (one group, one row per layer)."""
+  return {KV: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), cfg.num_decoder_layers)}

@@ -1,0 +1,111 @@
+"""Generates text from a trained model (MaxText.inference underneath).
+
+  python -m MaxText.decode configs/base.yml load_parameters_path=CKPT prompt="def main(" \\
+      max_new_tokens=64 [temperature=0.8 top_p=0.95 seed=1] [decode_output=out.jsonl]
+
+Parameters: `load_parameters_path` (a run's checkpoints/, a step, a converter's output) or
+`hf_path=HF_DIR` (a Hugging Face folder, converted in memory). Prompts, one of: `prompt="..."`,
+`prompt_ids=1,5,9` (token ids: no tokenizer needed), `prompt_file=F` (one prompt per line, or
+.jsonl lines with "prompt", "prompt_ids" or chat "messages"); `chat=true` renders text prompts as a
+user message with the tokenizer's own chat template. Sampling: `temperature` (0 = greedy),
+`top_k`, `top_p`, `min_p`, `seed`; stopping: `max_new_tokens`, `eos_ids` ([] = the tokenizer's
+eos), `stop='["\\n\\n"]'` strings. The tokenizer: `tokenizer_path`, else the checkpoint's or the
+Hugging Face folder's. Every decoding key: configs/base.yml, section "decoding".
+
+Prints each completion (its text, or its ids without a tokenizer); `decode_output=FILE.jsonl`
+writes one JSON line per prompt: prompt_ids, output_ids, output_logprobs (of the chosen tokens
+under the unmodified distribution), text, finish_reason. Exit 0; 2 on a bad config or request
+(an empty prompt, a prompt longer than the cache or the model's positions, max_new_tokens that
+overflows them, no chat template, no tokenizer for text); 4 on a damaged checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from MaxText.checkpoint.errors import CheckpointError
+from MaxText.config.load import ConfigError, load_config
+from MaxText.data.errors import DataError
+from MaxText.inference import InferenceError, load
+from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK
+
+PROMPT_KEYS = ("prompt", "prompt_ids", "prompt_file")
+
+
+def read_prompt_file(path: str) -> list[Any]:
+  """Prompts of a file: .jsonl objects (prompt / prompt_ids / messages) or lines of text."""
+  path = os.path.expanduser(path)
+  if not os.path.isfile(path):
+    raise ConfigError(f"prompt_file '{path}' does not exist")
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  prompts = []
+  for n, line in enumerate(lines, 1):
+    if path.endswith(".jsonl"):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except ValueError as e:
+        raise ConfigError(f"prompt_file {path} line {n} is not JSON: {e}") from None
+      if not isinstance(obj, dict):
+        raise ConfigError(f"prompt_file {path} line {n}: expected an object with prompt, "
+                          f"prompt_ids or messages")
+      prompts.append(obj)
+    elif not line:
+      raise ConfigError(f"prompt_file {path} line {n} is an empty prompt")
+    else:
+      prompts.append(line)
+  if not prompts:
+    raise ConfigError(f"prompt_file {path} holds no prompt")
+  return prompts
+
+
+def prompts_of(cfg) -> list[Any]:
+  given = [k for k in PROMPT_KEYS if getattr(cfg, k)]
+  if len(given) != 1:
+    raise ConfigError("give exactly one of prompt=..., prompt_ids=..., prompt_file=... (got "
+                      f"{', '.join(given) or 'none'})")
+  if cfg.prompt_file:
+    return read_prompt_file(cfg.prompt_file)
+  return [cfg.prompt_ids] if cfg.prompt_ids else [cfg.prompt]
+
+
+def main(argv: Sequence[str]) -> int:
+  if any(a in ("-h", "--help") for a in argv):
+    print(__doc__)
+    return EXIT_OK
+  try:
+    prompts = prompts_of(load_config(argv))   # before the model loads: a bad prompt fails fast
+    model = load(argv)
+    cfg = model.cfg
+    print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}); "
+          f"{model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
+    t0 = time.perf_counter()
+    outs = model.generate(prompts)
+    seconds = time.perf_counter() - t0
+  except (ConfigError, DataError, InferenceError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  except CheckpointError as e:
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    return EXIT_CHECKPOINT
+  new = sum(len(g.output_ids) for g in outs)
+  print(f"{new} tokens in {seconds:.2f} s (compilation included)", file=sys.stderr)
+  for i, g in enumerate(outs):
+    if len(outs) > 1:
+      print(f"--- {i} ({g.finish_reason}) ---")
+    print(g.text if g.text is not None else " ".join(map(str, g.output_ids)))
+  if cfg.decode_output:
+    with open(os.path.expanduser(cfg.decode_output), "w", encoding="utf-8") as f:
+      for g in outs:
+        f.write(json.dumps(g.as_json(), ensure_ascii=False) + "\n")
+    print(f"wrote {cfg.decode_output}", file=sys.stderr)
+  return EXIT_OK
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

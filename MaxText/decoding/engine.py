@@ -1,0 +1,333 @@
+"""Compiled decoding and scoring of one model under a mesh and its logical-axis rules (the
+training mesh: batch over the data axes, heads and MLP over tensor, experts over expert).
+Parameters are an argument of every call, so one engine serves a trainer's changing parameters
+and a loaded checkpoint alike.
+
+generate: the prompts (token ids) are sorted by length and cut into batches of `batch_size`; each
+batch is padded to a bucket — rows to a power of two, prompt length to a power of two (>= 16) —
+and prefilled in one call (the family's `extend(prefill=True)`: the training attention op over
+the new tokens, flash where the platform has it), which also samples each row's first token.
+Then one token per step for all rows (`extend` over the cache), `chunk` steps per call inside a
+`while_loop` that ends as soon as every row is done; rows that finished (eos id,
+`max_new_tokens`, or a stop string, which the host checks between calls) no longer write to the
+cache or produce tokens. The cache length is one bucket per request (the longest prompt +
+max_new_tokens, rounded up to a power of two, or `max_cache_length`), so a request compiles one
+prefill per (row, prompt-length) bucket and one decoding program per row bucket.
+
+score: log-probabilities of given completions after given prompts (a teacher-forced `extend`
+without a cache; the head applied `SCORE_CHUNK` positions at a time so the [B, S, V] logits never
+exist whole).
+
+Requests that cannot run (an empty prompt, ids outside the vocabulary, a prompt plus
+max_new_tokens longer than the cache or the model's positions) raise `DecodeError` naming the
+prompt and the numbers, before anything compiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from MaxText.decoding import cache as cache_lib
+from MaxText.decoding.sampling import Sampling, choose
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import make_model_def
+from MaxText.sharding.rules import Rules, tree_shardings, use_rules
+
+MIN_PROMPT_BUCKET = 16
+SCORE_CHUNK = 256
+MAX_EOS_IDS = 8      # eos ids go in as a fixed-size array (padded with -1): no recompile per count
+
+
+class DecodeError(ValueError):
+  """A request that cannot be decoded; the message names the prompt and the numbers."""
+
+
+@dataclass
+class Completion:
+  prompt_ids: list[int]
+  output_ids: list[int] = field(default_factory=list)
+  output_logprobs: list[float] = field(default_factory=list)
+  finish_reason: str = "length"     # "eos" | "stop" | "length"
+
+
+def bucket(n: int, minimum: int = 1, cap: int | None = None) -> int:
+  """The next power of two >= max(n, minimum), at most `cap`."""
+  size = 1 << max(0, math.ceil(math.log2(max(n, minimum, 1))))
+  return size if cap is None else min(size, cap)
+
+
+def fetch(x) -> np.ndarray:
+  """A replicated result on the host (its local copy: works in a multi-process run too)."""
+  return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
+
+
+class Engine:
+  """Decoding programs for `mcfg` on `mesh` with `rules` (see the module docstring)."""
+
+  def __init__(self, mcfg: ModelConfig, mesh: Mesh, rules: Rules, *, cache_dtype: str = "auto",
+               batch_size: int = 8, max_cache_length: int = 0, chunk: int = 16):
+    cache_lib.groups(mcfg)   # refuses a family that does not decode
+    self.mcfg = dataclasses.replace(mcfg, remat_policy="none")   # nothing to differentiate
+    self.mesh, self.rules = mesh, rules
+    self.model_def = make_model_def(self.mcfg)
+    self.param_shardings = tree_shardings(self.model_def.logical_axes,
+                                          self.model_def.abstract_params, mesh, rules)
+    self.cache_dtype = cache_lib.cache_dtype(cache_dtype, mcfg.dtype,
+                                             mesh.devices.flat[0].platform)
+    self.batch_size, self.max_cache_length, self.chunk = batch_size, max_cache_length, chunk
+    self._prefill = jax.jit(self._prefill_fn, static_argnames=("static", "max_len"))
+    self._decode = jax.jit(self._decode_fn, static_argnames=("static",), donate_argnums=(1,))
+    self._score = jax.jit(self._score_fn)
+
+  # ---- parameters --------------------------------------------------------------------------------
+  def place(self, params):
+    """Host (NumPy) parameters → device arrays with this mesh's parameter shardings."""
+    return jax.device_put(params, self.param_shardings)
+
+  def _host(self, *trees):
+    """Host values (the same on every process) as arrays replicated over the mesh: what the
+    compiled programs take in a multi-process run, with one sharding whatever the call."""
+    return jax.device_put(trees, NamedSharding(self.mesh, PartitionSpec()))
+
+  def _replicated(self, *trees):
+    """Small results pinned replicated (inside a program): every process can read them whole."""
+    whole = NamedSharding(self.mesh, PartitionSpec())
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, whole), trees)
+
+  def compiled_programs(self) -> int:
+    """Programs compiled so far by this engine."""
+    return sum(f._cache_size() for f in (self._prefill, self._decode, self._score))
+
+  # ---- checks ------------------------------------------------------------------------------------
+  def _check_ids(self, what: str, ids: Sequence[int], i: int) -> None:
+    if len(ids) == 0:
+      raise DecodeError(f"{what} {i} is empty: decoding needs at least one token to start from")
+    bad = [t for t in ids if not 0 <= t < self.mcfg.vocab_size]
+    if bad:
+      raise DecodeError(f"{what} {i} holds token ids outside the vocabulary [0, "
+                        f"{self.mcfg.vocab_size}): {bad[:5]}")
+
+  def cache_length(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+    """The cache length of a request; DecodeError when a prompt cannot fit."""
+    positions = self.mcfg.max_position_embeddings
+    if max_new_tokens < 1:
+      raise DecodeError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    for i, p in enumerate(prompts):
+      self._check_ids("prompt", p, i)
+      for limit, name in ((self.max_cache_length, "max_cache_length"),
+                          (positions, "the model's max_position_embeddings")):
+        if limit and len(p) >= limit:
+          raise DecodeError(f"prompt {i} has {len(p)} tokens; {name} is {limit}, which must "
+                            f"exceed the prompt")
+        if limit and len(p) + max_new_tokens > limit:
+          raise DecodeError(f"prompt {i} ({len(p)} tokens) + max_new_tokens={max_new_tokens} = "
+                            f"{len(p) + max_new_tokens} positions overflow {name} ({limit}); "
+                            f"lower max_new_tokens to at most {limit - len(p)}")
+    if self.max_cache_length:
+      return self.max_cache_length
+    return bucket(max(len(p) for p in prompts) + max_new_tokens, 64, positions)
+
+  # ---- compiled programs -------------------------------------------------------------------------
+  def _model(self, params):
+    return nnx.merge(self.model_def.graphdef, params)
+
+  @staticmethod
+  def _prompt_positions(lengths_B, S: int):
+    """(positions 0..S-1 [B, S], which are real tokens [B, S]) of right-padded prompts."""
+    positions_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (lengths_B.shape[0], S))
+    return positions_BS, positions_BS < lengths_B[:, None]
+
+  def _prefill_fn(self, params, tokens_BS, lengths_B, rows_B, values, *, static, max_len):
+    B, S = tokens_BS.shape
+    specs = cache_lib.specs(self.mcfg, B, max_len, self.cache_dtype)
+    with use_rules(self.mesh, self.rules):
+      model = self._model(params)
+      cache = cache_lib.constrain_cache(cache_lib.empty(specs), specs, self.mesh, self.rules)
+      x_BSD, cache = model.extend(tokens_BS, *self._prompt_positions(lengths_B, S), cache,
+                                  prefill=True)
+      last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
+      tokens_B, logprobs_B = choose(model.logits(last_B1D)[:, 0], static, values, rows_B,
+                                    jnp.zeros_like(rows_B))
+      cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
+    return cache, *self._replicated(tokens_B, logprobs_B)
+
+  def _decode_fn(self, params, cache, state, eos_E, max_new, values, *, static):
+    """Up to `chunk` steps for all rows; stops early once every row is done. state: the token
+    each row feeds next (`token`), its position, tokens generated (`count`), `done`, `row`."""
+    B, C = state["token"].shape[0], self.chunk
+    specs = cache_lib.specs(self.mcfg, 1, 1, self.cache_dtype)   # the logical axes
+    with use_rules(self.mesh, self.rules):
+      model = self._model(params)
+
+      def step(carry):
+        i, cache, st, out_tokens, out_logprobs = carry
+        active_B = ~st["done"]
+        x_B1D, cache = model.extend(st["token"][:, None], st["position"][:, None],
+                                    active_B[:, None], cache, prefill=False)
+        tokens_B, logprobs_B = choose(model.logits(x_B1D)[:, 0], static, values, st["row"],
+                                      st["count"])
+        out_tokens = out_tokens.at[:, i].set(jnp.where(active_B, tokens_B, -1))
+        out_logprobs = out_logprobs.at[:, i].set(jnp.where(active_B, logprobs_B, 0.0))
+        count_B = st["count"] + active_B
+        finished_B = jnp.any(tokens_B[:, None] == eos_E[None, :], axis=1) | (count_B >= max_new)
+        st = {"token": jnp.where(active_B, tokens_B, st["token"]),
+              "position": st["position"] + active_B, "count": count_B,
+              "done": st["done"] | (active_B & finished_B), "row": st["row"]}
+        return i + 1, cache, st, out_tokens, out_logprobs
+
+      init = (jnp.int32(0), cache, state, jnp.full((B, C), -1, jnp.int32),
+              jnp.zeros((B, C), jnp.float32))
+      _, cache, state, out_tokens, out_logprobs = jax.lax.while_loop(
+          lambda c: (c[0] < C) & ~jnp.all(c[2]["done"]), step, init)
+      cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
+    return cache, *self._replicated(state, out_tokens, out_logprobs)
+
+  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B):
+    """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond)."""
+    B, S = tokens_BS.shape
+    C = min(S, SCORE_CHUNK)
+    with use_rules(self.mesh, self.rules):
+      model = self._model(params)
+      positions_BS, valid_BS = self._prompt_positions(lengths_B, S)
+      x_BSD, _ = model.extend(tokens_BS, positions_BS, valid_BS, None, prefill=True)
+
+      def chunk_logprobs(xs):
+        x_BCD, t_BC = xs
+        logp_BCV = jax.nn.log_softmax(model.logits(x_BCD), axis=-1)
+        return jnp.take_along_axis(logp_BCV, t_BC[..., None], axis=-1)[..., 0]
+
+      split = lambda a: a.reshape(B, S // C, C, *a.shape[2:]).swapaxes(0, 1)
+      lp_NBC = jax.lax.map(chunk_logprobs, (split(x_BSD), split(targets_BS)))
+      lp_BS = lp_NBC.swapaxes(0, 1).reshape(B, S)
+    return self._replicated(jnp.where(valid_BS, lp_BS, 0.0))[0]
+
+  # ---- requests ----------------------------------------------------------------------------------
+  def generate(self, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               sampling: Sampling = Sampling(), eos_ids: Sequence[int] = (),
+               stop: Sequence[str] = (), detokenize: Callable[[list[int]], str] | None = None,
+               row_ids: Sequence[int] | None = None) -> list[Completion]:
+    """Completions of `prompts` (token ids), in order. `stop` strings need `detokenize` (ids →
+    text). `row_ids` (default: the prompts' indices) seed each prompt's samples."""
+    for key, problem in sampling.problems():
+      raise DecodeError(problem)
+    if len(eos_ids) > MAX_EOS_IDS:
+      raise DecodeError(f"at most {MAX_EOS_IDS} eos ids, got {len(eos_ids)}")
+    if stop and detokenize is None:
+      raise DecodeError("stop strings need a tokenizer to read the completions' text")
+    prompts = [[int(t) for t in p] for p in prompts]
+    if not prompts:
+      return []
+    max_len = self.cache_length(prompts, max_new_tokens)
+    row_ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
+    eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
+    eos_E[:len(eos_ids)] = eos_ids
+    out: list[Completion | None] = [None] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    for start in range(0, len(order), self.batch_size):
+      idx = order[start:start + self.batch_size]
+      done = self._generate_batch(params, [prompts[i] for i in idx], [row_ids[i] for i in idx],
+                                  max_len, max_new_tokens, sampling, eos_E, tuple(stop),
+                                  detokenize)
+      for i, c in zip(idx, done):
+        out[i] = c
+    return out
+
+  def _generate_batch(self, params, prompts, rows, max_len, max_new, sampling, eos_E, stop,
+                      detokenize) -> list[Completion]:
+    n = len(prompts)
+    B = bucket(n)
+    S = bucket(max(len(p) for p in prompts), MIN_PROMPT_BUCKET, max_len)
+    tokens_BS = np.zeros((B, S), np.int32)
+    lengths_B = np.ones(B, np.int32)
+    rows_B = np.zeros(B, np.int32)
+    for b, p in enumerate(prompts):
+      tokens_BS[b, :len(p)] = p
+      lengths_B[b], rows_B[b] = len(p), rows[b]
+    values = sampling.values()
+    cache, first_B, first_lp_B = self._prefill(params, *self._host(tokens_BS, lengths_B, rows_B,
+                                                                  values),
+                                               static=sampling.static, max_len=max_len)
+    first_B, first_lp_B = fetch(first_B), fetch(first_lp_B)
+    results = [Completion(list(p), [int(first_B[b])], [float(first_lp_B[b])])
+               for b, p in enumerate(prompts)]
+    done_B = np.ones(B, bool)
+    for b, c in enumerate(results):
+      done_B[b] = self._finished(c, eos_E, max_new, stop, detokenize, checked=0)
+    state = {"token": first_B.astype(np.int32), "position": lengths_B.copy(),
+             "count": np.ones(B, np.int32), "done": done_B, "row": rows_B}
+    while not done_B.all():
+      checked = [len(c.output_ids) for c in results]
+      cache, state, out_tokens, out_logprobs = self._decode(
+          params, cache, *self._host(state, eos_E, np.int32(max_new), values),
+          static=sampling.static)
+      out_tokens, out_logprobs = fetch(out_tokens), fetch(out_logprobs)
+      # the state goes back as host arrays (as it first went in): one program, not two
+      state = {k: fetch(v) for k, v in state.items()}
+      done_B = state["done"].copy()
+      for b, c in enumerate(results):
+        new = out_tokens[b] >= 0
+        c.output_ids += out_tokens[b, new].tolist()
+        c.output_logprobs += out_logprobs[b, new].tolist()
+        if new.any():
+          done_B[b] = self._finished(c, eos_E, max_new, stop, detokenize, checked[b])
+      state = {**state, "done": done_B}
+    return results
+
+  @staticmethod
+  def _finished(c: Completion, eos_E, max_new, stop, detokenize, checked: int) -> bool:
+    """Whether `c` is done (setting its finish reason; a stop string cuts the completion after
+    the token that completes it). `checked`: tokens already searched for stop strings."""
+    if stop:
+      for j in range(checked + 1, len(c.output_ids) + 1):
+        text = detokenize(c.output_ids[:j])
+        if any(s in text for s in stop):
+          del c.output_ids[j:], c.output_logprobs[j:]
+          c.finish_reason = "stop"
+          return True
+    if c.output_ids[-1] in eos_E[eos_E >= 0]:
+      c.finish_reason = "eos"
+      return True
+    return len(c.output_ids) >= max_new
+
+  def score(self, params, prompts: Sequence[Sequence[int]],
+            completions: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Per completion, the log-probability of each of its tokens given the prompt and the
+    completion's earlier tokens (fp32 arrays of len(completion))."""
+    if len(prompts) != len(completions):
+      raise DecodeError(f"{len(prompts)} prompts but {len(completions)} completions")
+    seqs = []
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+      self._check_ids("prompt", p, i)
+      if len(c):
+        self._check_ids("completion", c, i)
+      seqs.append([int(t) for t in p] + [int(t) for t in c])
+      if len(seqs[-1]) > self.mcfg.max_position_embeddings:
+        raise DecodeError(f"prompt {i} + completion = {len(seqs[-1])} tokens exceed the model's "
+                          f"max_position_embeddings ({self.mcfg.max_position_embeddings})")
+    out = [np.zeros(0, np.float32)] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    for start in range(0, len(order), self.batch_size):
+      idx = order[start:start + self.batch_size]
+      B = bucket(len(idx))
+      S = bucket(max(len(seqs[i]) - 1 for i in idx), MIN_PROMPT_BUCKET)
+      if S > SCORE_CHUNK:
+        S = -(-S // SCORE_CHUNK) * SCORE_CHUNK
+      tokens_BS, targets_BS = np.zeros((B, S), np.int32), np.zeros((B, S), np.int32)
+      lengths_B = np.ones(B, np.int32)
+      for b, i in enumerate(idx):
+        s = seqs[i]
+        tokens_BS[b, :len(s) - 1], targets_BS[b, :len(s) - 1] = s[:-1], s[1:]
+        lengths_B[b] = max(len(s) - 1, 1)
+      lp_BS = fetch(self._score(params, *self._host(tokens_BS, targets_BS, lengths_B)))
+      for b, i in enumerate(idx):
+        first = len(prompts[i]) - 1
+        out[i] = lp_BS[b, first:first + len(completions[i])].astype(np.float32)
+    return out

@@ -1,0 +1,104 @@
+"""The held-out loss of a saved model (MaxText/train/evaluation.py, as during training).
+
+  python -m MaxText.evaluate configs/base.yml load_parameters_path=CKPT [dataset keys] eval_steps=M
+
+Parameters: `load_parameters_path` (a run's checkpoints/, a step, a converter's output) or
+`hf_path=HF_DIR` (converted in memory). Data: `eval_dataset_path` (read with `dataset_format` /
+`dataset_text_field`), else the `eval_split_fraction` share held out of the dataset keys'
+documents (what a training run with that fraction never read), else every document of the
+dataset keys; packed into rows of `max_target_length`, `eval_steps` global batches of
+`per_device_batch_size` x devices rows (fewer when the documents end first). The tokenizer:
+`tokenizer_path`, else the checkpoint's. Mesh and sharding keys as for training.
+
+Prints the model and data, then as its LAST line `eval_loss=<x> eval_perplexity=<y> tokens=<n>`
+(the mean cross-entropy per target token, exp of it, the target tokens counted). Exit 0; 2 on a
+bad config; 3 on bad data; 4 on a damaged checkpoint.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import jax
+
+from MaxText.checkpoint.errors import CheckpointError
+from MaxText.checkpoint.manager import load_params
+from MaxText.config.load import ConfigError
+from MaxText.data.config import DataConfig
+from MaxText.data.errors import DataError
+from MaxText.data.eval_data import eval_problems
+from MaxText.inference import load_config_for_decoding, model_tokenizer
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import make_model_def
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules, tree_shardings
+from MaxText.train.evaluation import Evaluator, format_eval
+from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK
+from MaxText.train.host_data import data_layout, process_rows
+from MaxText.train.loop import check_config
+from MaxText.train.step import batch_sharding
+
+
+def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
+            ) -> tuple[Evaluator, object]:
+  """(the evaluator, the parameters on the mesh); ConfigError or DataError before any data is
+  read (exit 2), CheckpointError (exit 4)."""
+  cfg, hf_params = load_config_for_decoding(argv)
+  if not cfg.load_parameters_path and hf_params is None:
+    raise ConfigError("evaluate needs parameters: set load_parameters_path or hf_path")
+  cfg, source = model_tokenizer(cfg)
+  devices = list(jax.devices() if devices is None else devices)
+  tokenizer = check_config(cfg, devices)
+  if cfg.eval_dataset_path or cfg.eval_split_fraction:
+    for key, problem in eval_problems(DataConfig.from_config(cfg), cfg.eval_dataset_path):
+      raise ConfigError(f"{key}: {problem}")
+  mesh, rules = create_mesh(cfg, devices), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+  model_def = make_model_def(ModelConfig.from_config(cfg))
+  shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
+  if hf_params is not None:
+    params = jax.device_put(hf_params, shardings)
+  else:
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            model_def.abstract_params, shardings)
+    params = load_params(cfg.load_parameters_path, abstract, verify=cfg.checkpoint_verify)
+  global_batch = cfg.micro_batch_size(len(devices))
+  sharding = batch_sharding(mesh, rules, global_batch, cfg.max_target_length)
+  rows = process_rows(sharding, (global_batch, cfg.max_target_length))
+  layout = data_layout(cfg.data_shards, None, jax.process_count(), global_batch, rows)
+  where = cfg.eval_dataset_path or (f"the eval_split_fraction={cfg.eval_split_fraction} held-out "
+                                    f"share of" if cfg.eval_split_fraction else "all of")
+  if not cfg.eval_dataset_path:
+    where += f" dataset_type={cfg.dataset_type} {cfg.dataset_path}".rstrip()
+  print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers); {source}; data: "
+        f"{where}; {cfg.eval_steps} batches of {global_batch} x {cfg.max_target_length}")
+  evaluator = Evaluator(cfg, tokenizer, model_def, mesh, rules, sharding, global_batch,
+                        layout.shard_ids, layout.num_shards, layout.shard_batch,
+                        whole_dataset=True)
+  return evaluator, params
+
+
+def main(argv: Sequence[str]) -> int:
+  if any(a in ("-h", "--help") for a in argv):
+    print(__doc__)
+    return EXIT_OK
+  try:
+    evaluator, params = prepare(argv)
+  except (ConfigError, DataError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  except CheckpointError as e:
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    return EXIT_CHECKPOINT
+  try:
+    result = evaluator.run(params)
+  except DataError as e:
+    print(f"data error: {e}", file=sys.stderr)
+    return EXIT_DATA
+  print(format_eval(None, result))
+  print(f"eval_loss={result['eval_loss']:.6f} eval_perplexity={result['eval_perplexity']:.6f} "
+        f"tokens={int(result['eval_tokens'])}")
+  return EXIT_OK
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,256 @@
+"""The Python API of decoding (compiled by MaxText/decoding/): load a model once, then generate from
+prompts and score completions. No torch.
+
+  from MaxText import inference
+  model = inference.load(["configs/base.yml", "load_parameters_path=runs/default/checkpoints"])
+  [g] = model.generate(["def main("], max_new_tokens=32)        # g.text, g.output_ids, ...
+  model.generate([[1, 5, 9]], temperature=0.8, top_p=0.9, seed=1)            # token ids
+  model.generate([{"messages": [{"role": "user", "content": "Hi"}]}])        # chat template
+  model.score([[1, 5, 9]], [[7, 8]])          # [array([log p(7 | 1 5 9), log p(8 | 1 5 9 7)])]
+
+`load` takes what `python -m MaxText.decode` takes (base.yml, then key=value): the parameters of
+`load_parameters_path` (a run's checkpoints/, a step, a converter's output; its architecture comes
+with it) or of `hf_path` (a Hugging Face folder converted in memory), the mesh and logical-axis
+rules of training, and the decoding keys as `generate`'s defaults. A prompt is text (tokenized,
+with the tokenizer's bos when `add_bos`; with `chat=true` a user message), token ids, or a dict
+with "prompt", "prompt_ids" or chat "messages" (rendered with the tokenizer's own template,
+MaxText/data/chat_template.py). A request that cannot run raises `InferenceError` (exit 2 in the
+tools) naming the prompt, key or number.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.manager import load_params
+from MaxText.checkpoint_conversion.to_maxtext import load_hf
+from MaxText.config.load import ConfigError, load_config, replace
+from MaxText.config.schema import Config
+from MaxText.data import chat_template
+from MaxText.data.errors import DataError
+from MaxText.data.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
+from MaxText.decoding.engine import DecodeError, Engine
+from MaxText.decoding.sampling import Sampling
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules
+from MaxText.train.config_checks import validate
+from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.train.tokenizer_setup import MissingTokenizer, choose_tokenizer
+
+Prompt = str | Sequence[int] | dict
+
+
+class InferenceError(ValueError):
+  """A model or request that cannot be decoded: the message names the key, prompt or number."""
+
+
+@dataclass
+class Generation:
+  prompt_ids: list[int]
+  output_ids: list[int]
+  output_logprobs: list[float]     # of the chosen tokens, under the unmodified distribution
+  finish_reason: str               # "eos" | "stop" | "length"
+  text: str | None                 # the completion's text (None without a tokenizer)
+
+  def as_json(self) -> dict:
+    return {"prompt_ids": self.prompt_ids, "output_ids": self.output_ids,
+            "output_logprobs": self.output_logprobs, "text": self.text,
+            "finish_reason": self.finish_reason}
+
+
+def model_tokenizer(cfg: Config) -> tuple[Config, str]:
+  """(`cfg` with the model's tokenizer keys resolved, a line saying which and why): training's
+  choice (`train/tokenizer_setup.choose_tokenizer`: `tokenizer_path` when set, else the
+  checkpoint's own tokenizer files, else its byte tokenizer), with a Hugging Face folder
+  (`hf_path`) giving its own tokenizer files the same way. MissingTokenizer (a ConfigError) when
+  the model's tokenizer is not at hand."""
+  if cfg.hf_path and not cfg.tokenizer_path:
+    folder = os.path.expanduser(cfg.hf_path)
+    if not tokenizer_files.files_of(folder):
+      raise MissingTokenizer(f"tokenizer_path: hf_path={cfg.hf_path} holds no tokenizer files; "
+                             "set tokenizer_path")
+    cfg = replace(cfg, tokenizer_path=folder)
+  return choose_tokenizer(cfg)
+
+
+def tokenizer_for(cfg: Config) -> tuple[Tokenizer | None, str]:
+  """(the tokenizer of the model `cfg` decodes, or None, and where it comes from or why there is
+  none): `model_tokenizer`'s choice."""
+  try:
+    cfg, line = model_tokenizer(cfg)
+  except MissingTokenizer as e:
+    return None, str(e)
+  return make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_path), line
+
+
+class InferenceModel:
+  """A model loaded for decoding: `generate` and `score` (see the module docstring)."""
+
+  def __init__(self, cfg: Config, engine: Engine, params: Any, tokenizer: Tokenizer | None,
+               tokenizer_source: str, eos_ids: Sequence[int] = ()):
+    self.cfg, self.engine, self.params = cfg, engine, params
+    self.tokenizer, self.tokenizer_source = tokenizer, tokenizer_source
+    default_eos = [] if tokenizer is None or tokenizer.eos_id is None else [tokenizer.eos_id]
+    self.eos_ids = list(cfg.eos_ids or eos_ids or default_eos)
+
+  # ---- prompts -----------------------------------------------------------------------------------
+  def _need_tokenizer(self, what: str) -> Tokenizer:
+    if self.tokenizer is None:
+      raise InferenceError(f"{what} needs a tokenizer: {self.tokenizer_source}")
+    return self.tokenizer
+
+  def render_chat(self, messages: Sequence[dict]) -> list[int]:
+    tok = self._need_tokenizer("chat")
+    if not isinstance(tok, HFTokenizer):
+      raise InferenceError(f"chat=true needs a Hugging Face tokenizer with a chat template; the "
+                           f"tokenizer is {tok!r}")
+    folder = os.path.dirname(tok.path)
+    try:
+      text = chat_template.render(chat_template.find_template(folder), messages,
+                                  chat_template.special_tokens(folder))
+    except DataError as e:
+      raise InferenceError(str(e)) from None
+    return tok.encode(text)
+
+  def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+    """The token ids of one prompt (module docstring)."""
+    chat = self.cfg.chat if chat is None else chat
+    if isinstance(prompt, dict):
+      keys = [k for k in ("prompt", "prompt_ids", "messages") if k in prompt]
+      if len(keys) != 1:
+        raise InferenceError(f"a prompt object needs exactly one of prompt, prompt_ids, messages; "
+                             f"got keys {sorted(prompt)}")
+      if keys[0] == "messages":
+        return self.render_chat(prompt["messages"])
+      return self.encode(prompt[keys[0]], chat)
+    if isinstance(prompt, str):
+      if not prompt:
+        return []
+      if chat:
+        return self.render_chat([{"role": "user", "content": prompt}])
+      tok = self._need_tokenizer("a text prompt")
+      ids = tok.encode(prompt)
+      return [tok.bos_id, *ids] if self.cfg.add_bos and tok.bos_id is not None else ids
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+      raise InferenceError(f"prompt ids must be integers, got {list(prompt)[:8]!r}")
+    return [int(t) for t in prompt]
+
+  def text(self, ids: Sequence[int]) -> str | None:
+    return None if self.tokenizer is None else self.tokenizer.decode(ids)
+
+  # ---- requests ----------------------------------------------------------------------------------
+  def generate(self, prompts: Sequence[Prompt], *, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
+               stop: Sequence[str] | None = None, eos_ids: Sequence[int] | None = None,
+               chat: bool | None = None) -> list[Generation]:
+    """Completions of `prompts`, in order; unset arguments take the config's keys."""
+    cfg = self.cfg
+    pick = lambda v, key: getattr(cfg, key) if v is None else v
+    sampling = Sampling(pick(temperature, "temperature"), pick(top_k, "top_k"),
+                        pick(top_p, "top_p"), pick(min_p, "min_p"), pick(seed, "seed"))
+    stop = list(pick(stop, "stop"))
+    ids = []
+    for i, p in enumerate(prompts):
+      encoded = self.encode(p, chat)
+      if not encoded:
+        raise InferenceError(f"prompt {i} is empty")
+      ids.append(encoded)
+    if stop:
+      self._need_tokenizer("stop strings")
+    try:
+      done = self.engine.generate(self.params, ids, max_new_tokens=pick(max_new_tokens,
+                                                                         "max_new_tokens"),
+                                  sampling=sampling, eos_ids=list(pick(eos_ids, "eos_ids") or
+                                                                  self.eos_ids),
+                                  stop=stop, detokenize=self.text)
+    except DecodeError as e:
+      raise InferenceError(str(e)) from None
+    return [Generation(c.prompt_ids, c.output_ids, c.output_logprobs, c.finish_reason,
+                       self.text(c.output_ids)) for c in done]
+
+  def score(self, prompt_ids: Sequence[Sequence[int]],
+            completion_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """log p(completion token | prompt, the completion before it), per completion (batched and
+    sharded like decoding)."""
+    try:
+      return self.engine.score(self.params, prompt_ids, completion_ids)
+    except DecodeError as e:
+      raise InferenceError(str(e)) from None
+
+
+def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, dict | None]:
+  """The config (architecture from the checkpoint or the Hugging Face folder) and, for hf_path,
+  the converted host parameters."""
+  cfg = load_config(argv)
+  if cfg.hf_path and cfg.load_parameters_path:
+    raise ConfigError("hf_path and load_parameters_path both set: give one of them")
+  if cfg.hf_path:
+    try:
+      converted, params = load_hf(os.path.expanduser(cfg.hf_path), list(argv[1:]))
+      if cfg.tokenizer_type != "auto" or cfg.tokenizer_path:   # the user's choice stands
+        converted = replace(converted, tokenizer_type=cfg.tokenizer_type)
+      return converted, params
+    except ConfigError:
+      raise
+    except (FileNotFoundError, KeyError, ValueError) as e:   # ValueError: a bad folder
+      raise ConfigError(f"hf_path={cfg.hf_path}: {e}") from None
+  if cfg.load_parameters_path:
+    return adopt_checkpoint_architecture(cfg, argv), None
+  return cfg, None
+
+
+def _generation_config_eos(hf_path: str) -> list[int]:
+  """The eos ids of a Hugging Face folder's generation_config.json (what transformers stops at)."""
+  path = os.path.join(os.path.expanduser(hf_path), "generation_config.json")
+  if not os.path.isfile(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    eos = json.load(f).get("eos_token_id")
+  return [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
+
+
+def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = None,
+         params: Any = None) -> InferenceModel:
+  """A model ready to decode. `argv`: [base.yml, key=value, ...] (or a Config; then `params`, host
+  or device arrays, may replace loading). ConfigError / DataError / InferenceError: exit 2;
+  CheckpointError: exit 4."""
+  hf_params = None
+  if isinstance(argv, Config):
+    cfg = argv
+  else:
+    cfg, hf_params = load_config_for_decoding(argv)
+  devices = list(jax.devices() if devices is None else devices)
+  # the mesh, rules and model checks of training; decoding has no training rows to check
+  validate(replace(cfg, max_target_length=min(cfg.max_target_length, cfg.max_position_embeddings)),
+           devices)
+  mcfg = ModelConfig.from_config(cfg)
+  try:
+    engine = Engine(mcfg, create_mesh(cfg, devices),
+                    parse_rules(cfg.logical_axis_rules, cfg.mesh_axes), cache_dtype=cfg.cache_dtype,
+                    batch_size=cfg.decode_batch_size, max_cache_length=cfg.max_cache_length)
+  except ValueError as e:
+    raise InferenceError(str(e)) from None
+  tokenizer, source = tokenizer_for(cfg)
+  if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
+    raise InferenceError(f"the tokenizer ({source}) has {tokenizer.vocab_size} ids but the model's "
+                         f"vocab_size is {cfg.vocab_size}")
+  if params is None and hf_params is not None:
+    params = hf_params
+  if params is None:
+    if not cfg.load_parameters_path:
+      raise ConfigError("decoding needs parameters: set load_parameters_path or hf_path")
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            engine.model_def.abstract_params, engine.param_shardings)
+    params = load_params(cfg.load_parameters_path, abstract, verify=cfg.checkpoint_verify)
+  else:
+    params = engine.place(params)
+  eos = _generation_config_eos(cfg.hf_path) if cfg.hf_path else []
+  return InferenceModel(cfg, engine, params, tokenizer, source, eos)

@@ -1,0 +1,123 @@
+"""Decoding caches: what a layer keeps between decoding steps, declared by its family.
+
+Conventions
+  B batch, S new tokens of this call, T cache slots, K kv heads, E head dim, H query heads,
+  G = H / K query heads per kv head. Arrays are named by shape (`k_BKTE`).
+
+A family's `decode_cache(mcfg)` (MaxText/models/family.py) gives its cache groups: `{name:
+CacheGroup(kind, layers)}`, `layers` layers of one kind whose arrays are stacked on a leading
+"layers" axis. A layer writes and reads its own row of its group (`index`); a layer that shares
+another layer's K/V (Gemma 4's KV-shared tail) reads its producer's row and stores nothing.
+Generic decoding code (MaxText/decoding/) only allocates the groups — shapes, dtypes and logical
+axes from `kind.arrays(batch, max_len, dtype)` — and hands them to the model; it never looks
+inside.
+A family with another kind of state (e.g. the recurrent and convolution state of linear-attention
+layers) defines its own kind with the same `arrays` method.
+
+`KVCache` is an attention layer's keys and values:
+  full attention      k, v [B, K, T, E] with T the cache length; slot = position (kv heads before
+                      the length: the layout attention reads without a transpose).
+  sliding window W    a ring buffer of R = min(W, T) slots (slot = position mod R) plus the position
+                      each slot holds, pos [B, R] (-1 = empty): memory O(W), not O(length).
+`write` stores the valid tokens of a call (a prefill keeps only the last R of a long prompt in a
+ring); `attend` lets queries see what the cache holds after that write — a decoding step writes
+its one token first, then attends, so a ring of W slots always holds the window q - W < k <= q.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+CACHE_BKTE = ("activation_batch", "activation_kv_heads", None, None)
+CACHE_BT = ("activation_batch", None)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+  """One array of one layer's cache (the group adds a leading "layers" axis)."""
+  shape: tuple[int, ...]
+  dtype: Any
+  logical_axes: tuple[str | None, ...]
+  fill: int = 0     # the value of an empty cache
+
+
+class CacheKind(Protocol):
+  def arrays(self, batch: int, max_len: int, dtype: Any) -> dict[str, ArraySpec]:
+    """The arrays one layer of this kind keeps for `batch` rows of up to `max_len` positions;
+    `dtype` is the cache dtype (state that must stay exact, e.g. positions, ignores it)."""
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+  kind: Any       # a CacheKind
+  layers: int     # rows of the stacked arrays
+
+
+@dataclass(frozen=True)
+class KVCache:
+  """Keys and values of attention layers; `window` > 0: a sliding-window ring buffer."""
+  kv_heads: int
+  head_dim: int
+  window: int = 0
+
+  def slots(self, max_len: int) -> int:
+    return min(self.window, max_len) if self.window else max_len
+
+  def arrays(self, batch: int, max_len: int, dtype: Any) -> dict[str, ArraySpec]:
+    T = self.slots(max_len)
+    kv = ArraySpec((batch, self.kv_heads, T, self.head_dim), dtype, CACHE_BKTE)
+    out = {"k": kv, "v": kv}
+    if self.window:
+      out["pos"] = ArraySpec((batch, T), jnp.int32, CACHE_BT, fill=-1)
+    return out
+
+  def write(self, group: dict, index, k_BSKE, v_BSKE, positions_BS, valid_BS) -> dict:
+    """`group` with the valid tokens' k/v stored in row `index` (invalid ones are dropped)."""
+    B, S = positions_BS.shape
+    T = group["k"].shape[3]
+    if self.window:
+      last_B = jnp.max(jnp.where(valid_BS, positions_BS, -1), axis=1)
+      keep_BS = valid_BS & (positions_BS > last_B[:, None] - T)    # the last T tokens at most
+      slot_BS = jnp.where(keep_BS, positions_BS % T, T)
+    else:
+      slot_BS = jnp.where(valid_BS, positions_BS, T)               # T (or beyond): dropped
+    rows_B11 = jnp.arange(B)[:, None, None]
+    heads_1K1 = jnp.arange(self.kv_heads)[None, :, None]
+    at_BKS = (index, rows_B11, heads_1K1, slot_BS[:, None, :])   # broadcast to [B, K, S]
+    out = {name: group[name].at[at_BKS].set(x.transpose(0, 2, 1, 3).astype(group[name].dtype),
+                                            mode="drop")
+           for name, x in (("k", k_BSKE), ("v", v_BSKE))}
+    if self.window:
+      out["pos"] = group["pos"].at[index, rows_B11[:, :, 0], slot_BS].set(positions_BS,
+                                                                          mode="drop")
+    return out
+
+  def attend(self, group: dict, index, q_BSHE, positions_BS, *, scale: float) -> jax.Array:
+    """Attention of queries at `positions_BS` over row `index` of the cache: keys at positions
+    <= the query's (and > query - window): softmax in fp32, GQA without repeating K/V."""
+    k_BKTE = group["k"][index].astype(q_BSHE.dtype)
+    v_BKTE = group["v"][index].astype(q_BSHE.dtype)
+    B, S, H, E = q_BSHE.shape
+    K, T = k_BKTE.shape[1], k_BKTE.shape[2]
+    G = H // K
+    if self.window:
+      key_pos_BT = group["pos"][index]
+    else:
+      key_pos_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
+    q_pos_BS1 = positions_BS[:, :, None]
+    mask_BST = (key_pos_BT[:, None, :] >= 0) & (key_pos_BT[:, None, :] <= q_pos_BS1)
+    if self.window:
+      mask_BST &= key_pos_BT[:, None, :] > q_pos_BS1 - self.window
+    # heads-major: the G query heads of one kv head folded into the query rows (row g*S + s)
+    q_BKQE = q_BSHE.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, E)
+    scores_BKQT = jnp.einsum("bkqe,bkte->bkqt", q_BKQE, k_BKTE,
+                             preferred_element_type=jnp.float32) * scale
+    mask_BQT = jnp.tile(mask_BST, (1, G, 1))
+    scores_BKQT = jnp.where(mask_BQT[:, None], scores_BKQT, jnp.finfo(jnp.float32).min)
+    probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1).astype(v_BKTE.dtype)
+    out_BKQE = jnp.einsum("bkqt,bkte->bkqe", probs_BKQT, v_BKTE)
+    return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
+

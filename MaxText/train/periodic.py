@@ -1,0 +1,43 @@
+"""What a training run does between steps besides checkpoints: held-out evaluation every
+`eval_period` steps and after the last (train/evaluation.py; its row goes to metrics.jsonl and
+TensorBoard under the step), and samples every `sample_period` steps and after the last
+(train/samples.py). `after_step(step, params)` is the loop's one call."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+
+from MaxText.metrics.writers import MetricsWriter
+from MaxText.train.evaluation import Evaluator, format_eval
+from MaxText.train.samples import Sampler
+
+
+class Periodic:
+  def __init__(self, trainer: Any, data_iter: Any, writer: MetricsWriter,
+               log: Callable[[str], None]):
+    cfg = trainer.cfg
+    self.cfg, self.writer, self.log = cfg, writer, log
+    tokenizer = data_iter.tokenizer
+    self.evaluator = None
+    if cfg.eval_period:
+      self.evaluator = Evaluator(cfg, tokenizer, trainer.model_def, trainer.mesh, trainer.rules,
+                                 trainer.batch_sharding, trainer.global_batch, data_iter.shard_ids,
+                                 data_iter.num_shards, trainer.global_batch // data_iter.num_shards)
+    self.sampler = Sampler(cfg, trainer.mcfg, trainer.mesh, trainer.rules, tokenizer)
+
+  def after_step(self, step: int, params: Any) -> float:
+    """Evaluates and samples when due; returns the seconds it took."""
+    cfg = self.cfg
+    t0 = time.perf_counter()
+    last = step == cfg.steps
+    if self.evaluator is not None and (step % cfg.eval_period == 0 or last):
+      result = self.evaluator.run(params)
+      self.writer.write(step, result)
+      self.log(format_eval(step, result))
+    if self.sampler.due(step, last):
+      text = self.sampler.text(step, params)   # every process decodes; process 0 prints
+      if jax.process_index() == 0:
+        self.log(text)
+    return time.perf_counter() - t0
