@@ -11,8 +11,8 @@ from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Prob
                                    routed_expert_problems)
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3_next import hf_map
-from MaxText.models.qwen3_next.model import (FULL, LINEAR, MOE, Transformer, layer_kinds,
-                                             moe_layers)
+from MaxText.models.qwen3_next.model import (FULL, LINEAR, MOE, Transformer, decode_cache,
+                                             layer_kinds, moe_layers)
 
 EXPERT_KEYS = ROUTED_EXPERT_KEYS | {"shared_expert_mlp_dim", "mlp_only_layers",
                                     "decoder_sparse_step"}
@@ -118,5 +118,6 @@ FAMILY = Family(
     frozen=frozen,
     context_parallel=False,
     activation_bytes=recurrent_state_bytes,
+    decode_cache=decode_cache,
     hf_maps={"qwen3_next": hf_map},
 )

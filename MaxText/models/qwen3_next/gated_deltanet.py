@@ -21,18 +21,23 @@ token by token with linear_recurrence=token); rms(o)·w·silu(z); out_proj.
 
 Decoding: `init_state(batch)` → {"conv": the last W−1 inputs of q|k|v [B, W−1, Hk, X],
 "delta": the delta-rule state [B, Hv, Dk, Dv] fp32}, both zero at a document's start;
-`step(x_BD, state)` → (y_BD, next state). A prompt's state comes from running `step` over it (or,
-for the delta state, `chunked_gated_delta_rule`'s final state).
+`step(x_BD, state)` → (y_BD, next state). `extend` keeps that state in the decoding cache
+(`LinearState`, one row per linear layer): a prefill runs the chunked rule over the prompts and
+stores its final state and each prompt's last W−1 conv inputs; a decoding step is `step`.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.causal_conv import causal_conv, causal_conv_step
-from MaxText.layers.gated_delta import (document_starts, gated_delta_rule, gated_delta_step,
-                                        l2_normalize)
+from MaxText.layers.gated_delta import (chunked_gated_delta_rule, document_starts,
+                                        gated_delta_rule, gated_delta_step, l2_normalize)
+from MaxText.layers.kv_cache import ArraySpec
 from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.norms import GatedRMSNorm
 from MaxText.models.model_config import ModelConfig
@@ -40,6 +45,32 @@ from MaxText.sharding.rules import constrain
 
 ACT_BSHX = ("activation_batch", "activation_length", "activation_heads", None)
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
+
+
+@dataclass(frozen=True)
+class LinearState:
+  """A Gated DeltaNet layer's decoding cache (a kind of MaxText/layers/kv_cache.py): the conv window
+  [B, W−1, Hk, X] in the cache dtype and the delta-rule state [B, Hv, Dk, Dv] in fp32 whatever the
+  cache dtype; heads split like the layer's (over tensor). Its size does not grow with the length."""
+  key_heads: int
+  value_heads: int
+  key_dim: int
+  value_dim: int
+  conv_width: int
+
+  def arrays(self, batch: int, max_len: int, dtype: Any) -> dict[str, ArraySpec]:
+    G = self.value_heads // self.key_heads
+    X = 2 * self.key_dim + G * self.value_dim
+    return {"conv": ArraySpec((batch, self.conv_width - 1, self.key_heads, X), dtype,
+                              ("activation_batch", None, "activation_heads", None)),
+            "delta": ArraySpec((batch, self.value_heads, self.key_dim, self.value_dim),
+                               jnp.float32, ("activation_batch", "activation_heads", None, None))}
+
+
+def linear_state(cfg: ModelConfig) -> LinearState:
+  return LinearState(cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                     cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                     cfg.linear_conv_kernel_dim)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -114,6 +145,41 @@ class GatedDeltaNet(nnx.Module):
     W = self.conv.get_value().shape[0]
     return {"conv": jnp.zeros((batch, W - 1, Hk, 2 * Dk + G * Dv), self.dtype),
             "delta": jnp.zeros((batch, Hv, Dk, Dv), jnp.float32)}
+
+  def extend(self, x_BSD, valid_BS, prefill: bool, group: dict | None, index):
+    """Decoding (`valid_BS`: the real tokens of right-padded rows): a prefill runs prompts from a
+    zero state (padding neither writes nor decays the state: β = 0, g = 0) and stores in row
+    `index` of the cache `group` (None: no cache) the final delta-rule state and each prompt's last
+    W−1 conv inputs; otherwise one token per row through `step` (a row whose token is not valid
+    keeps its state). Returns (output, group)."""
+    if not prefill:
+      state = {name: group[name][index] for name in ("conv", "delta")}
+      y_BD, new = self.step(x_BSD[:, 0], state)
+      keep = lambda a: valid_BS[:, 0].reshape(-1, *(1,) * (a.ndim - 1))
+      group = {name: group[name].at[index].set(
+          jnp.where(keep(new[name]), new[name], state[name]).astype(group[name].dtype))
+          for name in ("conv", "delta")}
+      return y_BD[:, None], group
+    qkv, z, b, a = self._project(x_BSD)
+    qkv = constrain(qkv, ACT_BSHX)
+    mixed = causal_conv(qkv, self.conv[...], document_starts(valid_BS.astype(jnp.int32)))
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    real_BS1 = valid_BS[..., None]
+    o, delta = chunked_gated_delta_rule(q, k, v, jnp.where(real_BS1, g, 0.0),
+                                        jnp.where(real_BS1, beta, 0.0),
+                                        jnp.zeros_like(valid_BS).at[:, 0].set(True),
+                                        chunk_size=self.chunk_size)
+    y = constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
+    if group is None:
+      return y, None
+    W = self.conv.get_value().shape[0]
+    lengths_B = jnp.sum(valid_BS, axis=1)
+    at_BW = lengths_B[:, None] - (W - 1) + jnp.arange(W - 1)          # the last W−1 inputs
+    window = jnp.take_along_axis(qkv, jnp.clip(at_BW, 0)[:, :, None, None], axis=1)
+    window = jnp.where((at_BW >= 0)[:, :, None, None], window, 0)     # zeros before the start
+    group = {"conv": group["conv"].at[index].set(window.astype(group["conv"].dtype)),
+             "delta": group["delta"].at[index].set(delta)}
+    return y, group
 
   def step(self, x_BD, state: dict) -> tuple[jax.Array, dict]:
     qkv, z, b, a = self._project(x_BD)

@@ -36,17 +36,19 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from MaxText.layers import stack
 from MaxText.layers.attention_ops import attention_op
+from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_partial_rope
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.qwen3_next.gated_deltanet import GatedDeltaNet
+from MaxText.models.qwen3_next.gated_deltanet import GatedDeltaNet, linear_state
 from MaxText.sharding.rules import constrain
 
 LINEAR, FULL = "linear", "full"
@@ -119,8 +121,10 @@ class GatedAttention(nnx.Module):
     self.rotary_dim = int(E * cfg.partial_rotary_factor)
     self.scale = E ** -0.5
     self.op = attention_op(cfg)
+    self.cache = KVCache(K, E)
 
-  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+  def _qkv(self, x_BSD, positions_BS):
+    """(q, its output gate [B, S, H, E], k, v [B, S, K, E]): q/k normed, partial RoPE."""
     E = self.out.kernel.get_value().shape[1]
     qg_BSH2E = constrain(self.query(x_BSD), ACT_BSHE)
     q_BSHE, gate_BSHE = qg_BSH2E[..., :E], qg_BSH2E[..., E:]
@@ -129,9 +133,29 @@ class GatedAttention(nnx.Module):
     q_BSHE = apply_partial_rope(self.query_norm(q_BSHE), positions_BS, self.rope_theta,
                                 self.rotary_dim)
     k_BSKE = apply_partial_rope(k_BSKE, positions_BS, self.rope_theta, self.rotary_dim)
-    o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale)
+    return q_BSHE, gate_BSHE, k_BSKE, v_BSKE
+
+  def _output(self, o_BSHE, gate_BSHE):
     o_BSHE = constrain(o_BSHE * jax.nn.sigmoid(gate_BSHE), ACT_BSHE)
     return constrain(self.out(o_BSHE), ACT_BSD)
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS):
+    q_BSHE, gate_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
+    o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale)
+    return self._output(o_BSHE, gate_BSHE)
+
+  def extend(self, x_BSD, positions_BS, valid_BS, prefill: bool, group: dict | None, index):
+    """Decoding, as the llama family's attention: the new K/V stored in row `index` of the cache
+    `group` (None: no cache); a prefill attends within the prompts with the training op, a step
+    over the cache after its write. Returns (output, group)."""
+    q_BSHE, gate_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
+    if group is not None:
+      group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
+    if prefill:
+      o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=self.scale)
+    else:
+      o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
+    return self._output(o_BSHE, gate_BSHE), group
 
 
 class DecoderLayer(nnx.Module):
@@ -147,6 +171,15 @@ class DecoderLayer(nnx.Module):
     self.mlp = (RoutedMLP(cfg, rngs=rngs) if self.moe else
                 GatedMLP(cfg.emb_dim, cfg.mlp_dim, cfg.mlp_activation, **kw))
 
+  def _mlp(self, x_BSD, mask_BS, per_layer):
+    """x + MLP(norm(x)), and for a MoE layer its routing statistics (else None)."""
+    h_BSD = self.post_attention_norm(x_BSD)
+    if self.moe:
+      y_BSD, terms = self.mlp(h_BSD, mask_BS, jax.lax.stop_gradient(per_layer["bias"]))
+    else:
+      y_BSD, terms = self.mlp(h_BSD), None
+    return constrain(x_BSD + y_BSD, ACT_BSD), terms
+
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
     """carry = (x_BSD, moe stats); per_layer (models with MoE layers) = {"moe_layer": this layer's
     row of the statistics, "bias": its selection bias [E]}."""
@@ -156,14 +189,26 @@ class DecoderLayer(nnx.Module):
       x_BSD = x_BSD + self.linear_attn(h_BSD, segment_ids_BS)
     else:
       x_BSD = x_BSD + self.attn(h_BSD, positions_BS, segment_ids_BS)
-    h_BSD = self.post_attention_norm(x_BSD)
-    if self.moe:
-      y_BSD, (counts, probs, dropped) = self.mlp(h_BSD, segment_ids_BS != 0,
-                                                 jax.lax.stop_gradient(per_layer["bias"]))
-      stats = record(stats, per_layer["moe_layer"], counts, probs, dropped)
+    x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
+    if terms is not None:
+      stats = record(stats, per_layer["moe_layer"], *terms)
+    return x_BSD, stats
+
+  def extend(self, carry, positions_BS, valid_BS, prefill, per_layer):
+    """Decoding: carry = (x_BSD, the cache: groups LINEAR and FULL); per_layer["cache_index"]:
+    this layer's row of its group."""
+    x_BSD, cache = carry
+    h_BSD = self.input_norm(x_BSD)
+    name = LINEAR if self.attn is None else FULL
+    group = None if cache is None else cache[name]
+    if self.attn is None:
+      a_BSD, group = self.linear_attn.extend(h_BSD, valid_BS, prefill, group,
+                                             per_layer["cache_index"])
     else:
-      y_BSD = self.mlp(h_BSD)
-    return constrain(x_BSD + y_BSD, ACT_BSD), stats
+      a_BSD, group = self.attn.extend(h_BSD, positions_BS, valid_BS, prefill, group,
+                                      per_layer["cache_index"])
+    x_BSD, _ = self._mlp(x_BSD + a_BSD, valid_BS, per_layer)
+    return x_BSD, None if cache is None else {**cache, name: group}
 
 
 class MultiTokenPrediction(nnx.Module):
@@ -203,11 +248,14 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
+  def _embed(self, tokens_BS):
+    x_BSD = jnp.take(self.embedding[...], tokens_BS, axis=0)
+    return constrain(x_BSD.astype(self.cfg.compute_dtype), ACT_BSD)
+
   def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
     """(logits, {"moe_stats": …} for models with MoE layers, else {})."""
     cfg = self.cfg
-    x_BSD = constrain(jnp.take(self.embedding[...], tokens_BS, axis=0).astype(cfg.compute_dtype),
-                      ACT_BSD)
+    x_BSD = self._embed(tokens_BS)
     stats, xs = {}, None
     if self.moe_layers:
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
@@ -224,3 +272,31 @@ class Transformer(nnx.Module):
       logits_BSV = self.lm_head(x_BSD)
     return constrain(logits_BSV.astype(jnp.float32),
                      ("activation_batch", "activation_length", "activation_vocab"))
+
+  # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
+  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+    """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
+    (final-norm hidden states [B, S, D], the cache with their state; None: no cache). `prefill`:
+    the prompts (positions 0..S-1) over an empty cache; else one token per row."""
+    cfg = self.cfg
+    xs = {"cache_index": jnp.asarray(cache_rows(cfg))}
+    if self.moe_layers:
+      xs.update(stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])[1])
+    x_BSD, cache = self.decoder((self._embed(tokens_BS), cache), positions_BS, valid_BS, prefill,
+                                xs=xs, method="extend")
+    return self.final_norm(x_BSD), cache
+
+
+def cache_rows(cfg: ModelConfig) -> np.ndarray:
+  """Each layer's row in its decoding cache group (the linear layers' LINEAR, the full ones' FULL)."""
+  kinds = mixer_types(cfg.attention_pattern, cfg.num_decoder_layers)
+  return np.array([kinds[:i].count(kind) for i, kind in enumerate(kinds)], np.int32)
+
+
+def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
+  """Linear layers keep their conv window and delta-rule state (LINEAR), full layers their K/V
+  (FULL); one row per layer of the kind."""
+  kinds = mixer_types(cfg.attention_pattern, cfg.num_decoder_layers)
+  groups = {LINEAR: CacheGroup(linear_state(cfg), kinds.count(LINEAR)),
+            FULL: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), kinds.count(FULL))}
+  return {name: group for name, group in groups.items() if group.layers}
