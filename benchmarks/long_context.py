@@ -5,11 +5,12 @@ against a Qwen3 dense model of the same width and depth (4 attention layers: D 6
 the token mixers differ from the dense model; on XLA:CPU the experts' `ragged_dot` is a slow
 loop) — and, with `--models next-linear`, all four layers Gated DeltaNet (no attention layer) —
 then the chunked gated delta rule against the token-by-token scan
-(`linear_recurrence=token`) in qwen3-next-tiny at one length.
+(`linear_recurrence=token`) at one length in `--scan-model` (e.g. `next-linear-wide`: all linear,
+the published model's DeltaNet head widths of 128, where the rule is most of the step).
 
   .venv/bin/python benchmarks/long_context.py [--seqs 1024,2048,4096,8192,16384] [--batch 1]
-      [--models next,next-dense,dense] [--rounds 3] [--scan-seq 4096] [--mem-fraction 0.5]
-      [--out FILE]
+      [--models next,next-dense,dense] [--rounds 3] [--scan-seq 4096] [--scan-model next]
+      [--mem-fraction 0.5] [--out FILE]
 
 One sequence length at a time (so that only its programs are held): every configuration is
 compiled once (cold: no persistent cache), then `--rounds` rounds each run every configuration's
@@ -50,6 +51,10 @@ MODELS = {   # id: (label, overrides)
     # 4 Gated DeltaNet layers, no attention layer at all: the linear mixer alone
     "next-linear": ("qwen3-next-tiny, dense MLP, all 4 layers linear",
                     ["model_name=qwen3-next-tiny", "attention_pattern=l", *DENSE_MLP]),
+    # the same with the published model's DeltaNet head widths (key / value heads of 128)
+    "next-linear-wide": ("qwen3-next-tiny, dense MLP, all 4 layers linear, heads of 128",
+                         ["model_name=qwen3-next-tiny", "attention_pattern=l", *DENSE_MLP,
+                          "linear_key_head_dim=128", "linear_value_head_dim=128"]),
     "dense": ("qwen3 dense", ["model_name=qwen3-tiny"]),
 }
 
@@ -69,6 +74,8 @@ def main() -> int:
   ap.add_argument("--batch", type=int, default=1)
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--scan-seq", type=int, default=4096)
+  ap.add_argument("--scan-model", default="next", help=f"the model of the chunked vs token "
+                  f"comparison, one of {', '.join(MODELS)}")
   ap.add_argument("--out", default="")
   ap.add_argument("--mem-fraction", type=float, default=0.5,
                   help="skip a step whose compiled peak exceeds this part of the free memory")
@@ -133,7 +140,8 @@ def main() -> int:
   models = [MODELS[m] for m in args.models.split(",") if m]
   groups = [[(name, over, S) for name, over in models] for S in seqs]
   if args.scan_seq:
-    groups.append([(f"qwen3-next-tiny, {kind}", [*MODELS["next"][1],
+    label, overrides = MODELS[args.scan_model]
+    groups.append([(f"{label}, {kind}", [*overrides,
                                                  f"linear_recurrence={kind}"], args.scan_seq)
                    for kind in ("chunked", "token")])
   load_before = uptime()
@@ -168,7 +176,8 @@ def main() -> int:
            *(row(r) for runs in done_groups[:len(seqs)] for r in runs)]
   if args.scan_seq:
     scan = done_groups[-1]
-    lines += ["", f"Gated delta rule at S = {args.scan_seq}: chunked (chunk 64) vs token by token",
+    lines += ["", f"Gated delta rule at S = {args.scan_seq}: chunked (chunk 64) vs token by token "
+              f"({MODELS[args.scan_model][0]})",
               "", head, *map(row, scan)]
     done = [r for r in scan if not r["skip"]]
     if len(done) == 2:
