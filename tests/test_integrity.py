@@ -238,7 +238,11 @@ def test_manifest_catches_every_single_byte_flip(saved, tmp_path):
   assert manifest.verify_files(str(step), m, HASHED_ITEMS) == []
   trainer = Trainer(load_config(argv(tmp_path, "run", *RESUME)), jax.devices()[:1])
   ckpts = RunCheckpoints(str(step.parent), max_to_keep=5, async_save=False)
-  for rel, pos in rng.sample(picks, 4):
+  # the 4 samples, plus a flip in each per-process digest list (read before anything is checked)
+  lists = [(f, rng.randrange(m["files"][f]["bytes"])) for f in files
+           if re.fullmatch(r".*/files\.process_\d+\.json", f)]
+  assert lists
+  for rel, pos in rng.sample(picks, 4) + lists:
     _flip(step / rel, pos)
     with pytest.raises(CheckpointError, match="checkpoint step 2"):
       ckpts.restore(2, trainer.abstract, None)

@@ -150,14 +150,30 @@ def write_own_digests(item_dir: str, item: str) -> None:
   os.replace(path + ".tmp", path)
 
 
-def _process_digests(step_dir: str, items: tuple[str, ...]) -> dict[str, dict]:
+def _process_digests(step_dir: str, items: tuple[str, ...],
+                     committed: dict[str, dict] | None = None) -> dict[str, dict]:
+  """The per-process digest lists of `items`, merged. With `committed` (the commit-time
+  `files.json`, which digests these lists too), a list whose bytes changed since the commit, or
+  one that does not hold digests, raises ValueError instead of being trusted."""
   out = {}
   for item in items:
     folder = os.path.join(step_dir, item)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-      if re.fullmatch(PROCESS_FILES.format(r"\d+").replace(".", r"\."), name):
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-          out.update(json.load(f))
+      if not re.fullmatch(PROCESS_FILES.format(r"\d+").replace(".", r"\."), name):
+        continue
+      rel, path = f"{item}/{name}", os.path.join(folder, name)
+      if committed is not None and rel in committed:
+        entry = committed[rel]
+        algorithm = HASH if HASH in entry else "blake2b"
+        if os.path.getsize(path) != entry["bytes"] or _digest(path, algorithm) != entry[algorithm]:
+          raise ValueError(f"{rel}: contents changed since the commit ({algorithm} differs)")
+      with open(path, encoding="utf-8") as f:
+        listed = json.load(f)
+      if not isinstance(listed, dict) or not all(
+          isinstance(e, dict) and isinstance(e.get("bytes"), int) and (HASH in e or "blake2b" in e)
+          for e in listed.values()):
+        raise ValueError(f"{rel}: not a list of file digests")
+      out.update(listed)
   return out
 
 
@@ -176,7 +192,7 @@ def read(step_dir: str) -> dict:
   if manifest.get("format") != FORMAT or not isinstance(manifest.get("arrays"), dict):
     raise ValueError(f"unknown manifest format {manifest.get('format')!r}")
   items = tuple(sorted({r.split("/", 1)[0] for r in manifest["files"]}))
-  manifest["files"].update(_process_digests(step_dir, items))
+  manifest["files"].update(_process_digests(step_dir, items, manifest["files"]))
   return manifest
 
 
