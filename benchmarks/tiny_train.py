@@ -1,22 +1,34 @@
-"""Trains the reference tiny config with this trainer and (optionally) with MaxText, side by side.
+"""Trains the reference tiny config with this trainer and with MaxText, side by side, over a matrix
+of device counts, meshes and dtypes, and prints one table.
 
 Reference config: d_model 256, 4 layers, 4 heads of 64, SwiGLU mlp 1024, vocab 8192, seq 256,
-global batch 8, synthetic data, 1 device; fp32 and bf16 compute (fp32 master weights).
+global batch 8 (per-device batch 8 / devices), synthetic data, fp32 master weights.
 
-For each dtype it runs, interleaved so that machine noise hits all alike:
-  ours-default   this trainer with its own default remat/scan settings
-  ours-as-mt     this trainer with MaxText's defaults (remat_policy=full, scan_layers=true)
-  maxtext        MaxText with its defaults (needs --maxtext-python; see benchmarks/RESULTS.md)
-and prints tokens/s (median of steps 5..N), step time, cold compile time, MFU and peak RSS.
+Matrix (every cell runs both trainers back to back, the cells interleaved, `--repeats` times, so
+machine noise hits both alike):
+  devices   1, 2, 4 fake XLA:CPU devices (--xla_force_host_platform_device_count)
+  mesh      fsdp: ici_fsdp_parallelism = devices;  data: ici_data_parallelism = 2 x fsdp = rest
+            (one device: a single "-" row)
+  dtype     float32, bfloat16 compute
+Each trainer runs with its own defaults (ours: scan + save_matmuls remat; MaxText: scan + full
+remat); `--as-mt` adds ours with MaxText's remat/scan settings. Per cell: tokens/s (median of steps
+>= --first-step; global, all devices), ours / MaxText, and how far our losses are from our
+one-device run of the same dtype (max relative difference over the steps: the data and model are
+the same; only the reduction order changes with the mesh).
 
   .venv/bin/python benchmarks/tiny_train.py --maxtext-python /path/to/maxtext-venv/bin/python
+  .venv/bin/python benchmarks/tiny_train.py --devices 2 --meshes fsdp --dtypes bfloat16   # one cell
+
+--default-run instead compares the README run (`train.py configs/base.yml`, nothing set: our
+default model, data, fp32, and one CPU device per core) with MaxText's best CPU setup on the same
+model (vocabulary 384, seq 256, 8 sequences per device; 1 and 2 devices, fp32 and bf16), and
+ours on one device for reference.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -26,18 +38,31 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REF = {"emb_dim": 256, "num_decoder_layers": 4, "num_query_heads": 4, "num_kv_heads": 4,
        "head_dim": 64, "mlp_dim": 1024, "vocab_size": 8192, "max_target_length": 256}
+GLOBAL_BATCH = 8
 
 
-def ours_cmd(out: str, name: str, dtype: str, steps: int, extra: list[str]) -> list[str]:
+README_MODEL = {**REF, "vocab_size": 384}   # configs/base.yml's own model
+
+
+def mesh_keys(devices: int, mesh: str) -> dict[str, int]:
+  """ici_* sizes (both trainers take the same keys)."""
+  if mesh == "data":
+    return {"ici_data_parallelism": 2, "ici_fsdp_parallelism": devices // 2}
+  return {"ici_data_parallelism": 1, "ici_fsdp_parallelism": devices}
+
+
+def ours_cmd(out: str, name: str, cell: dict, steps: int, extra: list[str]) -> list[str]:
   keys = [f"{k}={v}" for k, v in REF.items()] + [
-      "per_device_batch_size=8", "ici_fsdp_parallelism=1", "dataset_type=synthetic",
+      f"per_device_batch_size={GLOBAL_BATCH / cell['devices']:g}", "dataset_type=synthetic",
       f"steps={steps}", "enable_checkpointing=false", "enable_tensorboard=false", "jax_cache_dir=",
-      f"dtype={dtype}", "weight_dtype=float32", f"base_output_directory={out}", f"run_name={name}"]
+      f"dtype={cell['dtype']}", "weight_dtype=float32", f"base_output_directory={out}",
+      f"run_name={name}", *(f"{k}={v}" for k, v in mesh_keys(cell["devices"], cell["mesh"]).items())]
   return [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs/base.yml"),
           *keys, *extra]
 
 
-def maxtext_cmd(python: str, out: str, name: str, dtype: str, steps: int) -> list[str]:
+def maxtext_cmd(python: str, out: str, name: str, cell: dict, steps: int,
+                vocab: int = REF["vocab_size"], per_device_batch: int | None = None) -> list[str]:
   site = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
                         capture_output=True, text=True, check=True).stdout.strip()
   run_dir = os.path.join(out, name)
@@ -49,91 +74,197 @@ def maxtext_cmd(python: str, out: str, name: str, dtype: str, steps: int) -> lis
           f"metrics_file={run_dir}/metrics.jsonl", "enable_tensorboard=false", "model_name=default",
           "decoder_block=llama2", "base_emb_dim=256", "base_num_decoder_layers=4",
           "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=64", "base_mlp_dim=1024",
-          'mlp_activations=["silu","linear"]', "vocab_size=8192", "max_target_length=256",
-          "per_device_batch_size=8", f"dtype={dtype}", "weight_dtype=float32"]
+          'mlp_activations=["silu","linear"]', f"vocab_size={vocab}", "max_target_length=256",
+          f"per_device_batch_size={per_device_batch or GLOBAL_BATCH // cell['devices']}",
+          f"dtype={cell['dtype']}",
+          "weight_dtype=float32",
+          *(f"{k}={v}" for k, v in mesh_keys(cell["devices"], cell["mesh"]).items())]
 
 
-def run(cmd: list[str], env: dict, log_path: str) -> tuple[int, float, float]:
-  """Runs cmd; returns (exit status, peak RSS in GiB of that process, wall seconds)."""
+def _cpu_seconds(pid: int) -> float | None:
+  """utime + stime of a live process (all its threads), from /proc."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+def run(cmd: list[str], env: dict, log_path: str, metrics_path: str | None = None
+        ) -> tuple[int, float, float, list[float]]:
+  """Runs cmd; returns (exit status, peak RSS in GiB of that process, wall seconds, the process's
+  CPU seconds at each new line of `metrics_path`). The CPU time a step costs barely depends on
+  what else runs on the machine, unlike its wall time."""
   start = time.perf_counter()
+  cpu_at_rows: list[float] = []
   with open(log_path, "w") as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    _, status, usage = os.wait4(proc.pid, 0)
-  return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 2**20, time.perf_counter() - start
+    while True:
+      pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+      if pid:
+        break
+      if metrics_path and os.path.exists(metrics_path):
+        with open(metrics_path, "rb") as f:
+          rows = f.read().count(b"\n")
+        cpu = _cpu_seconds(proc.pid)
+        if cpu is not None:
+          cpu_at_rows += [cpu] * (rows - len(cpu_at_rows))
+      time.sleep(0.05)
+  return (os.waitstatus_to_exitcode(status), usage.ru_maxrss / 2**20, time.perf_counter() - start,
+          cpu_at_rows)
 
 
-def summarise(kind: str, run_dir: str, log_path: str, first: int) -> dict:
+def cpu_per_step(cpu_at_rows: list[float], first: int) -> float | None:
+  """Median CPU seconds between consecutive metrics rows from row `first` on."""
+  deltas = [b - a for a, b in zip(cpu_at_rows[first:], cpu_at_rows[first + 1:])]
+  return statistics.median(deltas) if deltas else None
+
+
+def summarise(kind: str, run_dir: str, first: int, devices: int) -> dict:
   rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
-  log = open(log_path).read()
-  if kind == "maxtext":
-    tok = [r["perf/per_device_tokens_per_sec"] for r in rows if r["step"] >= first]
-    step_s = [r["perf/step_time_seconds"] for r in rows if r["step"] >= first]
-    tflops = [r["perf/per_device_tflops_per_sec"] for r in rows if r["step"] >= first]
-    return {"tokens_per_s": statistics.median(tok), "step_s": statistics.median(step_s),
-            "tflops": statistics.median(tflops), "mfu": None, "compile_s": None,
-            "steps_total_s": sum(r["perf/step_time_seconds"] for r in rows)}
+  if kind == "maxtext":  # its steps count from 0; per-device tokens/s
+    sel = [r for r in rows if r["step"] >= first]
+    return {"tokens_per_s": devices * statistics.median(r["perf/per_device_tokens_per_sec"] for r in sel),
+            "step_s": statistics.median(r["perf/step_time_seconds"] for r in sel),
+            "losses": [r["learning/loss"] for r in rows if "learning/loss" in r]}
   sel = [r for r in rows if r["step"] > first]  # our steps count from 1
-  m = re.search(r"compiled the train step in ([\d.]+) s", log)
   return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in sel),
           "step_s": statistics.median(r["step_time_s"] for r in sel),
-          "tflops": statistics.median(r["tflops_per_device"] for r in sel),
-          "mfu": statistics.median(r["mfu"] for r in sel),
-          "compile_s": float(m.group(1)) if m else None,
-          "steps_total_s": sum(r["step_time_s"] for r in rows)}
+          "losses": [r["loss"] for r in rows]}
+
+
+def cells(devices: list[int], meshes: list[str], dtypes: list[str]) -> list[dict]:
+  out = []
+  for n in devices:
+    for mesh in (["-"] if n == 1 else meshes):
+      if mesh == "data" and n % 2:
+        continue
+      out += [{"devices": n, "mesh": mesh, "dtype": d} for d in dtypes]
+  return out
+
+
+def load() -> str:
+  return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def default_run(args, out: str) -> int:
+  """The README run vs MaxText's best CPU setup on the same model (see the module docstring)."""
+  base_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS",
+                                                               "JAX_NUM_CPU_DEVICES")}
+  runs = [("ours default (one device per core)", "ours", None, None)]
+  runs += [("ours, 1 device", "ours", 1, None)]
+  if args.maxtext_python:
+    runs += [(f"MaxText {n} device{'s' * (n > 1)} {d}", "maxtext", n, d)
+             for n in (1, 2) for d in ("float32", "bfloat16")]
+  results: dict[str, list[float]] = {}
+  print(f"{len(runs)} runs x {args.repeats} repeats; {load()}", flush=True)
+  for rep in range(args.repeats):
+    for label, kind, n, dtype in runs:
+      name = f"default-{len(results.get(label, []))}-{label.split()[0]}-{n}-{dtype}-{rep}".replace(" ", "")
+      keys = [f"steps={args.steps}", "enable_checkpointing=false", "enable_tensorboard=false",
+              f"base_output_directory={out}", f"run_name={name}"]
+      if kind == "ours":
+        env = dict(base_env) if n is None else dict(base_env, JAX_NUM_CPU_DEVICES=str(n))
+        cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs/base.yml"),
+               *keys]
+      else:
+        env = dict(base_env, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+        cell = {"devices": n, "mesh": "fsdp", "dtype": dtype}
+        cmd = maxtext_cmd(args.maxtext_python, out, name, cell, args.steps,
+                          vocab=README_MODEL["vocab_size"], per_device_batch=GLOBAL_BATCH)
+      code, _, _, _ = run(cmd, env, os.path.join(out, f"{name}.log"))
+      if code != 0:
+        print(f"{label}: exit {code}; see {out}/{name}.log", file=sys.stderr)
+        return 1
+      s = summarise(kind, os.path.join(out, name), args.first_step, n or 1)
+      results.setdefault(label, []).append(s["tokens_per_s"])
+      print(f"  {label:40s} {s['tokens_per_s']:8,.0f} tok/s  ({load()})", flush=True)
+  med = {label: statistics.median(v) for label, v in results.items()}
+  print(f"\n{load()}\n\n| run | tokens/s |\n|---|---|")
+  for label, v in med.items():
+    print(f"| {label} | {v:,.0f} |")
+  mt = [v for label, v in med.items() if label.startswith("MaxText")]
+  if mt:
+    best = max(mt)
+    print(f"\nours default / MaxText's best ({[l for l, v in med.items() if v == best][0]}): "
+          f"**{med['ours default (one device per core)'] / best:.2f}x**")
+  return 0
 
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  ap.add_argument("--maxtext-python", default="", help="python of a venv with maxtext installed")
+  ap.add_argument("--maxtext-python", default="", help="python of a venv with maxtext installed "
+                  "(../shared/notes/maxtext-on-cpu.md); without it only our runs")
+  ap.add_argument("--devices", default="1,2,4")
+  ap.add_argument("--meshes", default="fsdp,data")
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--steps", type=int, default=21)
   ap.add_argument("--first-step", type=int, default=5, help="median over steps >= this")
-  ap.add_argument("--repeats", type=int, default=1, help="interleaved repetitions of every run")
+  ap.add_argument("--repeats", type=int, default=2, help="interleaved repetitions of every run")
+  ap.add_argument("--as-mt", action="store_true", help="also ours with remat_policy=full")
   ap.add_argument("--out", default="", help="work directory (default: a temporary one)")
+  ap.add_argument("--default-run", action="store_true", help="the README run vs MaxText's best")
   args = ap.parse_args()
   out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="tiny_train_")
   os.makedirs(out, exist_ok=True)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE")
-  env.pop("XLA_FLAGS", None)
-  results: dict[tuple[str, str], list[dict]] = {}
+  if args.default_run:
+    return default_run(args, out)
+  matrix = cells([int(x) for x in args.devices.split(",")], args.meshes.split(","),
+                 args.dtypes.split(","))
+  kinds = ["ours"] + (["ours-as-mt"] if args.as_mt else []) + (["maxtext"] if args.maxtext_python else [])
+  print(f"{len(matrix)} cells x {len(kinds)} trainers x {args.repeats} repeats; {load()}", flush=True)
+  results: dict[tuple, list[dict]] = {}
   for rep in range(args.repeats):
-    for dtype in args.dtypes.split(","):
-      runs = [("ours-default", f"d-{dtype}-{rep}", []),
-              ("ours-as-mt", f"m-{dtype}-{rep}", ["remat_policy=full", "scan_layers=true"])]
-      if args.maxtext_python:
-        runs.append(("maxtext", f"mt-{dtype}-{rep}", None))
-      for kind, name, extra in runs:
-        run_dir = os.path.join(out, name)
-        cmd = (maxtext_cmd(args.maxtext_python, out, name, dtype, args.steps) if kind == "maxtext"
-               else ours_cmd(out, name, dtype, args.steps, extra))
-        log_path = os.path.join(out, f"{kind}-{dtype}-{rep}.log")
-        code, rss, wall = run(cmd, env, log_path)
+    for cell in matrix:
+      env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE",
+                 XLA_FLAGS=f"--xla_force_host_platform_device_count={cell['devices']}")
+      tag = f"{cell['devices']}{cell['mesh']}-{cell['dtype']}-{rep}"
+      for kind in kinds:
+        name = f"{kind}-{tag}"
+        if kind == "maxtext":
+          cmd = maxtext_cmd(args.maxtext_python, out, name, cell, args.steps)
+        else:
+          extra = ["remat_policy=full", "scan_layers=true"] if kind == "ours-as-mt" else []
+          cmd = ours_cmd(out, name, cell, args.steps, extra)
+        log_path = os.path.join(out, f"{name}.log")
+        code, rss, wall, cpu_rows = run(cmd, env, log_path, os.path.join(out, name, "metrics.jsonl"))
         if code != 0:
-          print(f"{kind} {dtype}: exit {code}; see {log_path}", file=sys.stderr)
+          print(f"{name}: exit {code}; see {log_path}", file=sys.stderr)
           return 1
-        s = summarise(kind, run_dir, log_path, args.first_step)
-        s["rss_gib"] = rss
-        s["overhead_s"] = wall - s["steps_total_s"]  # start-up, config, compile, teardown
-        results.setdefault((kind, dtype), []).append(s)
-        print(f"  {kind:13s} {dtype:9s} {s['tokens_per_s']:8,.0f} tok/s", flush=True)
+        s = summarise(kind, os.path.join(out, name), args.first_step, cell["devices"])
+        s.update(rss_gib=rss, wall_s=wall, cpu_s=cpu_per_step(cpu_rows, args.first_step))
+        results.setdefault((kind, cell["devices"], cell["mesh"], cell["dtype"]), []).append(s)
+        cpu = f"{s['cpu_s']:.2f} CPU-s/step" if s["cpu_s"] else "n/a"
+        print(f"  {name:32s} {s['tokens_per_s']:8,.0f} tok/s  {cpu}  ({load()})", flush=True)
 
-  print(f"\n| run | dtype | tokens/s | step s | compile s | wall outside steps s | TFLOP/s | MFU | "
-        f"peak RSS GiB |")
-  print("|---|---|---|---|---|---|---|---|---|")
-  for (kind, dtype), rs in results.items():
-    med = lambda k: statistics.median(r[k] for r in rs) if all(r[k] is not None for r in rs) else None
-    fmt = lambda v, f: format(v, f) if v is not None else "n/a"
-    print(f"| {kind} | {dtype} | {med('tokens_per_s'):,.0f} | {med('step_s'):.3f} | "
-          f"{fmt(med('compile_s'), '.1f')} | {med('overhead_s'):.1f} | {med('tflops'):.4f} | "
-          f"{fmt(med('mfu') and 100 * med('mfu'), '.1f')}{'%' if med('mfu') else ''} | "
-          f"{med('rss_gib'):.2f} |")
-  if args.maxtext_python:
-    print()
-    for dtype in args.dtypes.split(","):
-      mt = statistics.median(r["tokens_per_s"] for r in results[("maxtext", dtype)])
-      for kind in ("ours-default", "ours-as-mt"):
-        ours = statistics.median(r["tokens_per_s"] for r in results[(kind, dtype)])
-        print(f"{kind} / maxtext ({dtype}): {ours / mt:.2f}x")
+  med = lambda rs, k: statistics.median(r[k] for r in rs)
+  print(f"\n{load()}\n")
+  head = "| devices | mesh | dtype | " + " | ".join(f"{k} tok/s" for k in kinds)
+  if "maxtext" in kinds:
+    head += " | ours / MaxText | CPU-s per step ours / MaxText | MaxText / ours CPU time"
+  print(head + " | our loss vs 1 device |")
+  print("|" + "---|" * (head.count("|") + 1))
+  for cell in matrix:
+    key = (cell["devices"], cell["mesh"], cell["dtype"])
+    line = f"| {cell['devices']} | {cell['mesh']} | {cell['dtype']} | "
+    line += " | ".join(f"{med(results[(k, *key)], 'tokens_per_s'):,.0f}" for k in kinds)
+    if "maxtext" in kinds:
+      ratio = med(results[("ours", *key)], "tokens_per_s") / med(results[("maxtext", *key)], "tokens_per_s")
+      line += f" | **{ratio:.2f}x**"
+      cpu = [[r["cpu_s"] for r in results[(k, *key)] if r["cpu_s"]] for k in ("ours", "maxtext")]
+      if all(cpu):
+        ours_cpu, mt_cpu = statistics.median(cpu[0]), statistics.median(cpu[1])
+        line += f" | {ours_cpu:.2f} / {mt_cpu:.2f} | **{mt_cpu / ours_cpu:.2f}x**"
+      else:
+        line += " | n/a | n/a"
+    one = results.get(("ours", 1, "-", cell["dtype"]))
+    dev = "n/a"
+    if one:
+      a, b = one[0]["losses"], results[("ours", *key)][0]["losses"]
+      dev = f"{max(abs(x - y) / abs(y) for x, y in zip(b, a)):.1e}"
+    print(line + f" | {dev} |")
   return 0
 
 

@@ -161,17 +161,31 @@ def test_override_wins():
   assert peaks.device_peak_tflops(_dev("cpu", "cpu"), 7.0) == (7.0, "config")
 
 
-def test_cpu_peak_is_measured_and_cached(monkeypatch):
-  monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", None)
-  tflops, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0)
-  assert source == "measured"
+def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
+  cache = tmp_path / "peak.json"
+  monkeypatch.setenv(peaks.CACHE_ENV, str(cache))
+  monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
+  monkeypatch.setattr(peaks.os, "getloadavg", lambda: (0.0, 0.0, 0.0))   # a quiet machine
+  tflops, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "bfloat16")
+  assert "measured now, cached in" in source and str(cache) in source
   # A 2-core machine reaches well under 10 TFLOP/s but clearly more than nothing.
   assert 1e-4 < tflops < 10.0
-  cached = peaks._MEASURED_HOST_TFLOPS  # pylint: disable=protected-access
-  assert cached is not None
-  # A second call reuses the cached rate instead of measuring again.
+  entry, = json.loads(cache.read_text()).values()
+  assert entry["tflops"] == pytest.approx(tflops * jax.local_device_count())
+  # Another process on the same machine (fresh in-process state) reads the file, never measures.
+  monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
   monkeypatch.setattr(peaks.time, "perf_counter", lambda: pytest.fail("measured twice"))
-  assert peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0) == (tflops, "measured")
+  again, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "bfloat16")
+  assert again == tflops and "cached in" in source and "measured now" not in source
+
+
+def test_cpu_peak_measured_under_load_is_not_cached(monkeypatch, tmp_path):
+  cache = tmp_path / "peak.json"
+  monkeypatch.setenv(peaks.CACHE_ENV, str(cache))
+  monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
+  monkeypatch.setattr(peaks.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+  tflops, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "float32")
+  assert tflops > 0 and "not cached" in source and not cache.exists()
 
 
 def _read_tensorboard_scalars(path):
@@ -310,3 +324,15 @@ def test_format_line():
   for piece in ("loss 3.4521", "grad 1.23", "lr 1.0e-03", "0.412 s", "4,970 tok/s",
                 "2.1 TFLOP/s/dev", "MFU 12.3%", "ETA 1m59s"):  # 288 steps left * 0.412 s
     assert piece in line, piece
+
+
+def test_smoothed_loss_on_the_progress_line():
+  smoother = writers.LossSmoother(horizon=4)
+  assert smoother.update(float("nan")) is None           # nothing finite yet
+  assert smoother.update(8.0) == pytest.approx(8.0)      # bias-corrected: the first loss itself
+  got = [smoother.update(x) for x in (4.0, float("inf"), 4.0)]
+  b = 0.75   # EMA weights 1-b, b(1-b), b^2(1-b) on 4, 4, 8, normalised by 1 - b^3
+  assert got[-1] == pytest.approx(((1 - b) * 4 + b * (1 - b) * 4 + b * b * (1 - b) * 8) / (1 - b**3))
+  assert got[1] == got[0]                                 # inf is left out
+  line = writers.format_line(3, {"loss": 4.0, "loss_smoothed": got[-1]}, 10)
+  assert f"loss 4.0000 (avg {got[-1]:.4f})" in line

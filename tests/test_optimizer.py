@@ -7,7 +7,7 @@ import pytest
 from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
-from MaxText.train.step import cross_entropy_sums
+from MaxText.train.loss import cross_entropy_sums
 
 
 def _cfg(*over):

@@ -265,6 +265,9 @@ class Config:
   weight_decay: float = key(0.1, "AdamW decoupled weight decay (matrices only, not norms)", min=0)
   max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
   z_loss_weight: float = key(0.0, "weight of the z-loss (log Z)^2 term; 0 turns it off", min=0)
+  loss_chunk_length: int = key(
+      0, "sequence positions per loss chunk: head + cross-entropy run chunk by chunk, so [batch, "
+      "seq, vocab] fp32 logits never exist at once (0 = whole sequence)", min=0)
   moe_aux_loss_weight: float = key(0.0, "weight of the Switch/Qwen load-balancing loss (HF "
                                    "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE)
   router_bias_update_rate: float = key(

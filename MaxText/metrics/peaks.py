@@ -1,9 +1,16 @@
-"""Peak dense bf16 throughput per device, used as the MFU denominator.
+"""Peak dense throughput per device, used as the MFU denominator.
 
 Known accelerators are looked up in a table of vendor figures (dense, no
 sparsity, bf16, TFLOP/s per chip).  A CPU has no meaningful datasheet figure
-for our purposes, so its "peak" is measured once per process: the best
-achieved rate of a jitted fp32 matmul.  A config value > 0 overrides both.
+for our purposes, so its "peak" is measured: the best rate of a jitted matmul
+in the run's compute dtype (bf16 operands with fp32 accumulation for bf16, the
+form our layers use; fp32 otherwise), over all cores.  The measurement takes
+about a second and is cached per machine (CPU model, usable cores, dtype, jax
+version) in ``~/.cache/maxtext/cpu_peak.json`` (``MAXTEXT_CPU_PEAK_CACHE``
+moves it), so every run reads MFU against the same figure; a measurement made
+while the machine was busy (1-minute load average above half the cores) is
+used for that run only, not cached.  Delete the file to re-measure.  A config
+value > 0 overrides all of this.
 
 When several XLA:CPU devices are faked on one host
 (``--xla_force_host_platform_device_count``) they share the same cores, so
@@ -13,6 +20,9 @@ sums to the host's utilisation instead of over-counting it N times.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import time
 
 # (substrings that must all appear in the lower-cased device_kind, name, TFLOP/s).
@@ -30,7 +40,8 @@ PEAK_TFLOPS_TABLE: tuple[tuple[tuple[str, ...], str, float], ...] = (
     (("tpu", "v6e"), "TPU v6e", 918.0),
 )
 
-_MEASURED_HOST_TFLOPS: float | None = None
+_MEASURED_HOST_TFLOPS: dict[str, float] = {}   # this process's measurements, by dtype
+CACHE_ENV = "MAXTEXT_CPU_PEAK_CACHE"
 
 
 def lookup_peak_tflops(device_kind: str) -> float | None:
@@ -42,24 +53,21 @@ def lookup_peak_tflops(device_kind: str) -> float | None:
   return None
 
 
-def measure_host_matmul_tflops(size: int = 1024, warmup: int = 2, reps: int = 5) -> float:
-  """Best achieved TFLOP/s of a jitted ``size x size`` fp32 matmul on the CPU backend.
-
-  The result is cached for the life of the process (only the first call
-  pays the ~1 s it takes).
-  """
-  global _MEASURED_HOST_TFLOPS
-  if _MEASURED_HOST_TFLOPS is not None:
-    return _MEASURED_HOST_TFLOPS
+def measure_host_matmul_tflops(dtype: str = "float32", size: int = 1024, warmup: int = 2,
+                               reps: int = 10) -> float:
+  """Best achieved TFLOP/s of a jitted ``size x size`` matmul on the CPU backend, with operands
+  in ``dtype`` and fp32 accumulation (measured once per process and dtype)."""
+  if dtype in _MEASURED_HOST_TFLOPS:
+    return _MEASURED_HOST_TFLOPS[dtype]
 
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   cpu = jax.local_devices(backend="cpu")[0]  # this process's own (in a multi-process run too)
   key_a, key_b = jax.random.split(jax.random.key(0))
-  a = jax.device_put(jax.random.normal(key_a, (size, size), jnp.float32), cpu)
-  b = jax.device_put(jax.random.normal(key_b, (size, size), jnp.float32), cpu)
-  matmul = jax.jit(jnp.matmul)
+  a = jax.device_put(jax.random.normal(key_a, (size, size), jnp.float32).astype(dtype), cpu)
+  b = jax.device_put(jax.random.normal(key_b, (size, size), jnp.float32).astype(dtype), cpu)
+  matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
   for _ in range(warmup):
     matmul(a, b).block_until_ready()
   best = float("inf")
@@ -67,8 +75,65 @@ def measure_host_matmul_tflops(size: int = 1024, warmup: int = 2, reps: int = 5)
     start = time.perf_counter()
     matmul(a, b).block_until_ready()
     best = min(best, time.perf_counter() - start)
-  _MEASURED_HOST_TFLOPS = 2.0 * size**3 / best / 1e12
-  return _MEASURED_HOST_TFLOPS
+  _MEASURED_HOST_TFLOPS[dtype] = 2.0 * size**3 / best / 1e12
+  return _MEASURED_HOST_TFLOPS[dtype]
+
+
+def cache_path() -> str:
+  return os.environ.get(CACHE_ENV) or os.path.expanduser("~/.cache/maxtext/cpu_peak.json")
+
+
+def _machine_key(dtype: str) -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
+  except OSError:
+    pass
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return f"{model} | {cores} cores | {dtype} | jax {jax.__version__}"
+
+
+def _read_cache() -> dict:
+  try:
+    with open(cache_path(), encoding="utf-8") as f:
+      data = json.load(f)
+    return data if isinstance(data, dict) else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def _write_cache(data: dict) -> None:
+  path = cache_path()
+  try:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+  except OSError:
+    pass  # an unwritable cache only means measuring again next time
+
+
+def host_peak_tflops(dtype: str = "float32") -> tuple[float, str]:
+  """(host TFLOP/s, where it came from) for matmuls in `dtype`: the per-machine cache, else a
+  measurement (cached when the machine was quiet)."""
+  key = _machine_key(dtype)
+  entry = _read_cache().get(key)
+  if isinstance(entry, dict) and entry.get("tflops", 0) > 0:
+    return float(entry["tflops"]), (f"{dtype} matmul peak of this host measured "
+                                    f"{entry.get('measured', '?')}, cached in {cache_path()}")
+  tflops = measure_host_matmul_tflops(dtype)
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  if load > cores / 2:
+    return tflops, (f"{dtype} matmul peak measured now under load {load:.1f} on {cores} cores: "
+                    f"not cached, re-measured next run")
+  data = _read_cache()
+  data[key] = {"tflops": tflops, "measured": time.strftime("%Y-%m-%d %H:%M"), "load": load}
+  _write_cache(data)
+  return tflops, f"{dtype} matmul peak of this host measured now, cached in {cache_path()}"
 
 
 def _num_cpu_devices() -> int:
@@ -81,23 +146,25 @@ def _num_cpu_devices() -> int:
     return 1
 
 
-def device_peak_tflops(device, override: float = 0.0) -> tuple[float, str]:
+def device_peak_tflops(device, override: float = 0.0, dtype: str = "float32") -> tuple[float, str]:
   """Peak TFLOP/s of one device and where the figure came from.
 
   Args:
     device: a ``jax.Device`` (anything with ``device_kind`` and ``platform``).
     override: a configured peak; used when > 0.
+    dtype: the compute dtype (the CPU peak is measured for it).
 
   Returns:
-    ``(tflops, source)`` with source one of ``"config"``, ``"table"``,
-    ``"measured"`` (CPU), or ``"unknown"`` (tflops 0.0: MFU cannot be given).
+    ``(tflops, source)`` with source ``"config"``, ``"table"``, ``"unknown"`` (tflops 0.0: MFU
+    cannot be given), or for a CPU a sentence saying where the measurement came from.
   """
   if override and override > 0:
     return float(override), "config"
   kind = str(getattr(device, "device_kind", "") or "")
-  platform = str(getattr(device, "platform", "") or "").lower()
-  if platform == "cpu" or kind.lower() == "cpu":
-    return measure_host_matmul_tflops() / _num_cpu_devices(), "measured"
+  platform_name = str(getattr(device, "platform", "") or "").lower()
+  if platform_name == "cpu" or kind.lower() == "cpu":
+    tflops, source = host_peak_tflops(dtype)
+    return tflops / _num_cpu_devices(), source
   peak = lookup_peak_tflops(kind)
   if peak is not None:
     return peak, "table"

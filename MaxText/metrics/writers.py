@@ -71,8 +71,10 @@ def _short(x: float) -> str:
 def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str] = ()) -> str:
   """One human-readable line, e.g.
 
-  ``step   12/300 | loss 3.4521 | grad 1.23 | lr 1.0e-03 | 0.412 s |
+  ``step   12/300 | loss 3.4521 (avg 3.5102) | grad 1.23 | lr 1.0e-03 | 0.412 s |
   4,970 tok/s | 2.1 TFLOP/s/dev | MFU 12.3% | ETA 2m01s``
+
+  (avg: ``loss_smoothed``, when given: see `LossSmoother`.)
 
   Fields whose key is missing (or None / non-finite) are left out, except
   the loss, which shows ``nan`` so a divergence is visible. `extra`: parts
@@ -92,6 +94,8 @@ def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str]
   loss = get("loss")
   if "loss" in metrics:
     parts.append(f"loss {loss:.4f}" if loss is not None else "loss nan")
+    if (smoothed := get("loss_smoothed")) is not None:
+      parts[-1] += f" (avg {smoothed:.4f})"
   if (grad := get("grad_norm")) is not None:
     parts.append(f"grad {_short(grad)}")
   if (lr := get("lr")) is not None:
@@ -110,6 +114,22 @@ def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str]
     remaining = max(total_steps - step, 0)
     parts.append(f"ETA {_format_duration(remaining * step_time)}")
   return " | ".join(parts)
+
+
+class LossSmoother:
+  """Exponential moving average of the loss (time constant ~`horizon` steps), bias-corrected as
+  Adam's moments so the first steps are not pulled towards 0; non-finite losses are left out."""
+
+  def __init__(self, horizon: int = 20):
+    self.beta = 1.0 - 1.0 / horizon
+    self.ema = 0.0
+    self.weight = 0.0
+
+  def update(self, loss: float) -> float | None:
+    if math.isfinite(loss):
+      self.ema = self.beta * self.ema + (1.0 - self.beta) * loss
+      self.weight = self.beta * self.weight + (1.0 - self.beta)
+    return self.ema / self.weight if self.weight > 0 else None
 
 
 class MetricsWriter:

@@ -29,6 +29,15 @@ class ModelDef:
     """(logits, auxiliary outputs, e.g. {"moe_stats": …}): the family's `forward_with_aux`."""
     return nnx.merge(self.graphdef, params).forward_with_aux(*args)
 
+  def apply_hidden(self, params, *args):
+    """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
+    (`head`) chunk by chunk (`train/loss.py`); the family's `forward_with_aux(return_hidden=True)`."""
+    return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
+
+  def head(self, params, hidden):
+    """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V]."""
+    return nnx.merge(self.graphdef, params).logits(hidden)
+
 
 def _build(build: Build, mcfg: ModelConfig, seed: int) -> nnx.Module:
   with nnx.use_eager_sharding(False):

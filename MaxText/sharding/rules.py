@@ -81,6 +81,16 @@ def current_context() -> ShardingContext | None:
   return _CONTEXT.get()
 
 
+@contextlib.contextmanager
+def without_rules():
+  """Makes `constrain` a no-op again (inside a `shard_map` body, where arrays are per-device)."""
+  token = _CONTEXT.set(None)
+  try:
+    yield
+  finally:
+    _CONTEXT.reset(token)
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   """`with_sharding_constraint` by logical names; a no-op outside `use_rules`."""
   ctx = _CONTEXT.get()

@@ -47,6 +47,11 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
       head_dims=list(family.attention_head_dims(mcfg)), sequence_sharded=sequence_sharded):
     raise ConfigError(f"{key}: {problem}")
 
+  if cfg.loss_chunk_length and not hasattr(get_family(cfg.decoder_block).build, "logits"):
+    raise ConfigError(f"loss_chunk_length={cfg.loss_chunk_length}: decoder_block="
+                      f"{cfg.decoder_block} has no separate LM head (`logits`) to apply chunk by "
+                      f"chunk; use loss_chunk_length=0")
+
   ep = sizes["expert"]
   if cfg.num_experts and ep > 1:
     where = (f" (taken from the checkpoint at load_parameters_path={cfg.load_parameters_path})"

@@ -26,6 +26,7 @@ import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
+from MaxText.train import stdout_filter
 
 ADDRESS_ENV = "JAX_COORDINATOR_ADDRESS"
 PORT_ENV = "JAX_COORDINATOR_PORT"
@@ -125,8 +126,10 @@ def initialize(cfg: Config, env: Mapping[str, str] | None = None) -> Plan | None
   if p is None or jax.distributed.is_initialized():
     return p
   # CPU hosts (and the tests: several processes on one machine) need cross-process collectives;
-  # harmless on GPU/TPU, whose collectives do not use it.
+  # harmless on GPU/TPU, whose collectives do not use it. Gloo's per-communicator stdout lines
+  # are dropped (stdout_filter.py).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  stdout_filter.GLOO.start()
   try:
     jax.distributed.initialize(
         coordinator_address=p.coordinator_address, num_processes=p.num_processes,
@@ -149,3 +152,4 @@ def shutdown(code: int) -> None:
   may be stuck in a collective: they stop at the heartbeat timeout)."""
   if jax.distributed.is_initialized() and code in (0, 42):
     jax.distributed.shutdown()
+  stdout_filter.GLOO.stop()

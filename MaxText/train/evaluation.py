@@ -18,7 +18,8 @@ from MaxText.data.eval_data import EvalBatches, eval_problems, eval_source
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, use_rules
-from MaxText.train.step import BATCH_KEYS, cross_entropy_sums
+from MaxText.train.loss import token_loss_sums
+from MaxText.train.step import BATCH_KEYS
 
 
 def problems(cfg: Config) -> list[tuple[str, str]]:
@@ -54,10 +55,9 @@ class Evaluator:
 
     def sums(params, batch):
       with use_rules(mesh, rules):
-        logits = model_def.apply(params, batch["inputs"], batch["inputs_position"],
-                                 batch["inputs_segmentation"])
-        nll, _, n = cross_entropy_sums(logits, batch["targets"], batch["targets_segmentation"] != 0,
-                                       0.0)
+        # the training loss without its z-loss, chunked as training is (loss_chunk_length)
+        nll, _, n, _ = token_loss_sums(model_def, params, batch, z_loss_weight=0.0,
+                                       chunk=cfg.loss_chunk_length)
       return nll, n
 
     self._sums = jax.jit(sums, out_shardings=NamedSharding(mesh, PartitionSpec()))

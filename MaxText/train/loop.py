@@ -26,12 +26,12 @@ from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
 from MaxText.layers import stack
 from MaxText.metrics.peaks import device_peak_tflops
-from MaxText.metrics.writers import MetricsWriter, format_line
+from MaxText.metrics.writers import LossSmoother, MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import distributed, evaluation, faults, memory
+from MaxText.train import cpu_devices, distributed, evaluation, faults, memory
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
@@ -41,6 +41,7 @@ from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.periodic import Periodic
 from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
+from MaxText.train.startup import StartupClock
 from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, init_state, state_shardings
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
@@ -116,6 +117,8 @@ class Trainer:
     # the rows of each global batch this process feeds (its devices' part of the batch sharding)
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
+    self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
+    self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   # ---- state -------------------------------------------------------------------------------------
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
@@ -141,12 +144,28 @@ class Trainer:
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
-                              aux_terms=self.aux_terms)
+                              aux_terms=self.aux_terms,
+                              loss_chunk_length=self.cfg.loss_chunk_length)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
     shape = (self.global_batch, self.cfg.max_target_length)
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
                       for k in BATCH_KEYS}
     return jitted.lower(self.abstract, abstract_batch).compile()
+
+  def rows_per_device(self) -> int:
+    """Sequences of each global batch one device holds (its block of the batch sharding)."""
+    return self.batch_sharding.shard_shape((self.global_batch, self.cfg.max_target_length))[0]
+
+  def activation_bytes(self) -> int:
+    """The memory pre-flight's estimate of one micro-batch step's activations per device, plus
+    what the family keeps beyond a generic decoder layer (e.g. recurrent states)."""
+    rows = self.rows_per_device() / self.cfg.gradient_accumulation_steps
+    return (memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
+                                    loss_chunk=self.cfg.loss_chunk_length)
+            + self.family.activation_bytes(self.mcfg, rows, self.cfg.max_target_length))
+
+  def memory_estimate(self) -> memory.MemoryEstimate:
+    return memory.estimate(self.abstract, self.devices, self.activation_bytes())
 
   def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     shape = (self.global_batch, self.cfg.max_target_length)
@@ -196,7 +215,9 @@ class Trainer:
     cfg = self.cfg
     self._log_processes()
     log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
-    log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {self.devices[0].platform} devices")
+    platform = self.devices[0].platform
+    log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
+        f"{cpu_devices.describe(self.auto_cpu_devices, platform)}")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
@@ -221,6 +242,7 @@ class Trainer:
       log_host(layout.describe(self.global_batch))
       data_iter = make_shard_iterator(self.data_config, layout.shard_ids, layout.num_shards,
                                       layout.shard_batch, self.tokenizer)
+      self.clock.mark("data")
       with PreemptionWatch() as watch:
         code = self._train(ckpts, data_iter, watch)
       if ckpts is not None:
@@ -254,11 +276,21 @@ class Trainer:
         log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
 
     state, start = self.initial_state(ckpts, data_iter, meanwhile=compile_once)
-    compile_once()
+    self._first_step = start + 1
+    self.clock.mark("init" if not compiled else "init + compile")
+    if not compiled:
+      compile_once()
+      self.clock.mark("compile")
     compiled = compiled[0]
+    line, problem = memory.check_compiled(compiled, self.devices)
+    if problem:
+      raise ConfigError(problem)
+    if line:
+      log(line)
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device)
+    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
+                                           cfg.dtype)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
     tokens_per_step = self.global_batch * cfg.max_target_length
@@ -269,62 +301,93 @@ class Trainer:
           f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
     config_dict = cfg.as_dict()
     # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
-    family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
+    self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
     periodic = Periodic(self, data_iter, writer, log)   # evaluation and samples
 
+    self.clock.mark("metrics")
     batch = self.device_batch(next(data_iter))
-    skipped = 0
-    last = time.perf_counter()
+    self.clock.mark("first batch")
+    self._skipped = 0
+    self._smoother = LossSmoother()
+    self._last_done = time.perf_counter()
+    pending = None   # (step, metrics, batch checksum) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):
         batch_sum = batch_checksum(batch)
         state, metrics = compiled(state, batch)
+        # The previous step's metrics are read while this one runs (no host sync per step). A
+        # step that saves, stops or ends the run reads its own metrics before going on: a
+        # checkpoint is only written once its step (and every step before it) was seen finite.
+        if pending is not None:
+          code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+          if code is not None:
+            return code
+        pending = (step, metrics, batch_sum)
         faults.after_dispatch(step, wait_for_saves)
         # decided before the next batch is read, so a saved iterator position matches the state
         stop = watch.should_stop(step) and step < cfg.steps
         save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
                                           or stop)
-        if step < cfg.steps and not save_now and not stop:  # overlap the next host batch
-          batch = self.device_batch(next(data_iter))
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        metrics["batch_checksum"] = int(batch_sum)
-        now = time.perf_counter()
-        step_time, last = now - last, now
-        tflops = flops["total"] / step_time / 1e12 / len(self.devices)
-        metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
-                       tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
-                       rss_gib=psutil.Process().memory_info().rss / 2**30)
-        writer.write(step, metrics)
-        finite = bool(metrics["finite"])
-        if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not finite:
-          log(format_line(step, metrics, cfg.steps,
-                          [family_watch.progress(metrics)] if family_watch else []))
-        if family_watch and (warning := family_watch.update(step, metrics)):
-          log(warning)
-        if ckpts is not None:
-          ckpts.check()  # an earlier async save that failed or hung stops the run here
-        if not finite:
-          skipped += 1
-          if cfg.nonfinite_policy == "halt" or skipped > cfg.max_nonfinite_skips:
-            log(f"halting: non-finite loss or gradient at step {step} (not applied; "
-                f"nonfinite_policy={cfg.nonfinite_policy}, {skipped} such steps); "
-                f"no new checkpoint is written")
-            return EXIT_NONFINITE
-          log(f"skipped step {step}: non-finite loss or gradient ({skipped}/"
-              f"{cfg.max_nonfinite_skips})")
-        if not stop:
-          last += periodic.after_step(step, state["params"])   # its time is no step's
+        periodic_now = not stop and periodic.due(step)   # evaluation or samples after this step
+        if not (save_now or stop or periodic_now or step == cfg.steps):
+          batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
+          continue
+        code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+        pending = None
+        if code is not None:
+          return code
+        if periodic_now:
+          self._last_done += periodic.after_step(step, state["params"])   # its time is no step's
         if save_now:
           ckpts.save(step, state, data_iter, config_dict)
         if stop:
           return self._preempted(step, ckpts, watch)
-        if save_now and step < cfg.steps:
+        if step < cfg.steps:   # after a save, so the saved iterator position matches its state
           batch = self.device_batch(next(data_iter))
     finally:
       writer.close()
       self.final_state = state
     return EXIT_OK
+
+  def _finish_step(self, step: int, metrics: dict, batch_sum: jax.Array, flops: dict, peak: float,
+                   tokens_per_step: int, writer: MetricsWriter,
+                   ckpts: RunCheckpoints | None) -> int | None:
+    """Reads back one step's metrics (waiting for the step), writes its row and progress line and
+    applies the non-finite policy; returns an exit status to stop with, or None to go on."""
+    cfg, family_watch = self.cfg, self._family_watch
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics["batch_checksum"] = int(batch_sum)
+    metrics["loss_smoothed"] = self._smoother.update(metrics["loss"])
+    now = time.perf_counter()
+    step_time, self._last_done = now - self._last_done, now
+    tflops = flops["total"] / step_time / 1e12 / len(self.devices)
+    metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
+                   tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
+                   rss_gib=psutil.Process().memory_info().rss / 2**30)
+    writer.write(step, metrics)
+    finite = bool(metrics["finite"])
+    if step % cfg.log_period == 0 or step in (self._first_step, cfg.steps) or not finite:
+      log(format_line(step, metrics, cfg.steps,
+                      [family_watch.progress(metrics)] if family_watch else []))
+    if step == self._first_step:
+      self.clock.mark("first step")
+      log(self.clock.line())
+    if family_watch and (warning := family_watch.update(step, metrics)):
+      log(warning)
+    if ckpts is not None:
+      ckpts.check()  # an earlier async save that failed or hung stops the run here
+    if finite:
+      return None
+    self._skipped += 1
+    if cfg.nonfinite_policy == "halt" or self._skipped > cfg.max_nonfinite_skips:
+      log(f"halting: non-finite loss or gradient at step {step} (not applied; "
+          f"nonfinite_policy={cfg.nonfinite_policy}, {self._skipped} such steps); "
+          f"no new checkpoint is written")
+      return EXIT_NONFINITE
+    log(f"skipped step {step}: non-finite loss or gradient ({self._skipped}/"
+        f"{cfg.max_nonfinite_skips})")
+    return None
 
   def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
     what = watch.signal_name or "the preemption service"
@@ -342,6 +405,7 @@ class Trainer:
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
         ) -> tuple[int, Trainer | None]:
   """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer)."""
+  clock = StartupClock()
   try:
     cfg = load_config(argv)
     if cfg.load_parameters_path:
@@ -349,16 +413,21 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
+    auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
     log(tokenizer_line)
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
+    clock.mark("config + devices")
     trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
+    trainer.clock = clock
     trainer.distributed = plan
-    activations = trainer.family.activation_bytes(trainer.mcfg, cfg.per_device_batch_size,
-                                                  cfg.max_target_length)
-    est = memory.estimate(trainer.abstract, trainer.devices, activations)
+    trainer.auto_cpu_devices = auto_cpu
+    est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
     if est.needed > est.available:
       raise ConfigError(memory.check_fits(est, memory.advice(
           est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices))))
+    if tight := memory.warning(est):
+      log_error(f"warning: {tight}")
+    clock.mark("mesh")
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
@@ -383,11 +452,7 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
       other = load_config([argv[0], f"model_name={name}", *rest])
       if other.decoder_block != cfg.decoder_block:
         continue
-      candidate = Trainer(other, devices)
-      est = memory.estimate(candidate.abstract, candidate.devices,
-                            candidate.family.activation_bytes(candidate.mcfg,
-                                                              other.per_device_batch_size,
-                                                              other.max_target_length))
+      est = Trainer(other, devices).memory_estimate()
     except (ConfigError, ValueError):
       continue   # this mesh does not suit that model
     if est.needed <= est.available:

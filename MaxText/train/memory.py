@@ -1,10 +1,13 @@
-"""Pre-flight memory check: will the parameters, gradients and optimizer state fit per device?
+"""Pre-flight memory check: will the step fit per device?
 
-Counted per device from the actual shardings (so fsdp/tensor sharding is credited exactly):
-parameters + one gradient copy + the optimizer state, plus the activations a family knows it must
-keep (`Family.activation_bytes`, e.g. recurrent states of linear-attention layers). Other
-activations are not counted (they depend on remat and fusion); the check only refuses runs that
-cannot fit even without them, before anything is allocated or compiled.
+Counted per device, before anything is allocated or compiled: parameters + one gradient copy +
+the optimizer state, from the actual shardings (so fsdp/tensor sharding is credited exactly), plus
+an estimate of the step's activations (`activation_bytes`: what the remat policy keeps per layer
+for the backward pass, one layer's working set, and the fp32 logits of one loss chunk — all for
+this device's rows — plus what the family keeps beyond a generic decoder layer,
+`Family.activation_bytes`, e.g. the recurrent states of linear-attention layers). Over the
+available memory the run is refused (exit 2); over `WARN_FRACTION` of it, a warning. After
+compiling, `compiled_step_bytes` gives XLA's own count of the step's buffers for the same check.
 """
 from __future__ import annotations
 
@@ -13,9 +16,17 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import psutil
 
 GiB = 2**30
+
+
+# a process can peak ~25% above its step's XLA buffers (allocator high-water marks from
+# initialisation: qwen3-0.6b peaked at 20.5 GB for 15.2 GiB of buffers), so warn early
+WARN_FRACTION = 0.7
+# the process itself beyond the step's buffers: runtime, compiled code, host batches, allocator slack
+RUNTIME_ALLOWANCE = 1 * GiB
 
 
 @dataclass(frozen=True)
@@ -25,11 +36,17 @@ class MemoryEstimate:
   optimizer: int
   available: int       # bytes per device
   source: str          # where `available` came from
-  activations: int = 0  # the family's known activations (bytes per device)
+  activations: int = 0  # estimated activation bytes per device (`activation_bytes`)
+  runtime: int = RUNTIME_ALLOWANCE
+
+  @property
+  def state(self) -> int:
+    """Parameters, gradients and optimizer state: what weight_dtype and sharding scale."""
+    return self.params + self.grads + self.optimizer
 
   @property
   def needed(self) -> int:
-    return self.params + self.grads + self.optimizer + self.activations
+    return self.state + self.activations + self.runtime
 
 
 def _per_device_bytes(abstract: Any) -> int:
@@ -53,47 +70,103 @@ def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]
   return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
 
 
-def estimate(abstract_state: dict, devices: Sequence[jax.Device],
-             activations: int = 0) -> MemoryEstimate:
+def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int:
+  """Estimated activation bytes of one micro-batch step on a device holding `rows` sequences of
+  `seq` tokens (generic dense/MoE decoder dimensions; a model with per-layer variants is counted
+  with its base layer):
+    kept per layer for the backward pass — the layer input (the scan carry) under any remat
+    policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out); with
+    `none` every intermediate, the attention scores included;
+    one layer's working set in the backward pass (fp32 intermediates; the S x S scores of
+    non-flash attention);
+    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) and their gradient."""
+  c = jnp.dtype(mcfg.compute_dtype).itemsize
+  tokens = rows * seq
+  D, H, K, E, L = (mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim,
+                   mcfg.num_decoder_layers)
+  F = mcfg.mlp_dim
+  if mcfg.num_experts:   # routed copies: k expert MLPs per token (+ a shared expert)
+    F = mcfg.num_experts_per_tok * (mcfg.moe_mlp_dim or mcfg.mlp_dim) + mcfg.shared_expert_mlp_dim
+  qkv = (H + 2 * K) * E
+  matmul_outs = qkv + H * E + 2 * F + 2 * D          # q k v, attention out, o; gate, up; down
+  scores = rows * H * seq * seq if mcfg.attention in ("dot_product",) else 0
+  per_layer = tokens * D * c                           # the carry
+  if mcfg.remat_policy == "save_matmuls":
+    per_layer += tokens * matmul_outs * c
+  elif mcfg.remat_policy == "none":
+    per_layer += tokens * (matmul_outs + qkv + 4 * D + 2 * F) * c + scores * (4 + c)
+  working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * 4 + 3 * scores * 4
+  logit_rows = rows * (min(loss_chunk, seq) if loss_chunk > 0 else seq)
+  logits = 2 * logit_rows * mcfg.vocab_size * 4           # the logits and their gradient
+  return int(L * per_layer + working + logits)
+
+
+def runtime_share(devices: Sequence[jax.Device]) -> int:
+  """The process's allowance per device: on CPU the local devices share the host (and its one
+  process), so each carries its part of the allowance; an accelerator's memory carries it whole."""
+  if devices[0].platform != "cpu":
+    return RUNTIME_ALLOWANCE
+  local = max(1, sum(1 for d in devices if d.process_index == jax.process_index()))
+  return RUNTIME_ALLOWANCE // local
+
+
+def estimate(abstract_state: dict, devices: Sequence[jax.Device], activations: int = 0
+             ) -> MemoryEstimate:
   params = _per_device_bytes(abstract_state["params"])
   available, source = available_bytes_per_device(devices)
   return MemoryEstimate(params=params, grads=params,
                         optimizer=_per_device_bytes(abstract_state["opt_state"]),
-                        available=available, source=source, activations=activations)
+                        available=available, source=source, activations=activations,
+                        runtime=runtime_share(devices))
+
+
+def _breakdown(est: MemoryEstimate) -> str:
+  return (f"parameters {est.params / GiB:.2f} GiB + gradients {est.grads / GiB:.2f} GiB + "
+          f"optimizer state {est.optimizer / GiB:.2f} GiB + activations ~{est.activations / GiB:.2f}"
+          f" GiB + runtime ~{est.runtime / GiB:.2f} GiB = {est.needed / GiB:.2f} GiB needed per "
+          f"device, {est.available / GiB:.2f} GiB available ({est.source})")
 
 
 def check_fits(est: MemoryEstimate, advice: str = "") -> str | None:
-  """None when the state fits; otherwise the message to stop with (ending with `advice`, what
+  """None when the step fits; otherwise the message to stop with (ending with `advice`, what
   would fit, when given)."""
   if est.needed <= est.available:
     return None
-  known = (f" + the model's known activations {est.activations / GiB:.2f} GiB"
-           if est.activations else "")
-  return (f"the model does not fit: parameters {est.params / GiB:.2f} GiB + gradients "
-          f"{est.grads / GiB:.2f} GiB + optimizer state {est.optimizer / GiB:.2f} GiB{known} = "
-          f"{est.needed / GiB:.2f} GiB needed per device, {est.available / GiB:.2f} GiB available "
-          f"({est.source}), before {'other ' if known else ''}activations. " + (advice or (
-              "Shard the state over more devices (ici_fsdp_parallelism / ici_tensor_parallelism, "
-              "or more hosts), use weight_dtype=bfloat16, or pick a smaller model.")))
+  return (f"the model does not fit: {_breakdown(est)}. " + (advice or (
+      "Shard the state over more devices (ici_fsdp_parallelism / ici_tensor_parallelism, or more "
+      "hosts), use weight_dtype=bfloat16, lower per_device_batch_size or max_target_length, use "
+      "remat_policy=full, set loss_chunk_length, or pick a smaller model.")))
 
 
 def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
            smaller: list[tuple[str, int]]) -> str:
-  """What would fit: bfloat16 weights (when they are not already and halving fits), the number of
-  devices of this size the whole state needs when split over all of them (fsdp; also with
-  bfloat16 weights), and the configs of the same family that fit here as they are (`smaller`:
-  [(model_name, bytes needed per device)])."""
+  """What would fit: bfloat16 weights (when they are not already and halving the state fits), the
+  number of devices of this size the whole state needs when split over all of them (fsdp; also
+  with bfloat16 weights) next to this device's activations and runtime, lighter activations when
+  they alone leave no room, and the configs of the same family that fit here as they are
+  (`smaller`: [(model_name, bytes needed per device)])."""
   total = 2 * _bytes(abstract_state["params"]) + _bytes(abstract_state["opt_state"])
-  devices = lambda nbytes: math.ceil(nbytes / max(est.available, 1))
+  room = est.available - est.activations - est.runtime   # for the state, per device
   halve = weight_dtype != "bfloat16"   # params, gradients and Adam moments all follow it
   ways = []
-  halved = (est.needed - est.activations) / 2 + est.activations   # the state halves, not these
-  if halve and halved <= est.available:
-    ways.append(f"weight_dtype=bfloat16 (about {halved / GiB:.2f} GiB per device)")
-  ways.append(f"the state ({total / GiB:.2f} GiB in all) split over at least {devices(total)} "
-              f"devices with {est.available / GiB:.2f} GiB each" +
-              (f" ({devices(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
-              " (ici_fsdp_parallelism, or more hosts)")
+  if halve and est.state / 2 <= room:
+    ways.append(f"weight_dtype=bfloat16 (about {(est.needed - est.state / 2) / GiB:.2f} GiB per "
+                f"device)")
+  if room > 0:
+    devices = lambda nbytes: math.ceil(nbytes / room)
+    ways.append(f"the state ({total / GiB:.2f} GiB in all) split over at least {devices(total)} "
+                f"devices with {est.available / GiB:.2f} GiB each ({room / GiB:.2f} GiB of it "
+                f"left after activations and runtime)" +
+                (f" ({devices(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+                " (ici_fsdp_parallelism, or more hosts)")
+  else:
+    bare = lambda nbytes: math.ceil(nbytes / max(est.available - est.runtime, 1))
+    ways.append(f"fewer activations: they alone (~{est.activations / GiB:.2f} GiB) leave no room "
+                f"for the state; lower per_device_batch_size or max_target_length, use "
+                f"remat_policy=full or set loss_chunk_length; even without activations the state "
+                f"({total / GiB:.2f} GiB in all) needs at least {bare(total)} devices of this "
+                f"size" + (f" ({bare(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+                " (ici_fsdp_parallelism, or more hosts)")
   if smaller:
     ways.append("a smaller model of this family: " + ", ".join(
         f"model_name={name} ({_size(needed)} per device)" for name, needed in smaller))
@@ -108,3 +181,40 @@ def _size(nbytes: int) -> str:
 
 def _bytes(tree: Any) -> int:
   return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+
+def warning(est: MemoryEstimate) -> str | None:
+  """A warning when the estimate is close to the available memory (but fits)."""
+  if est.needed <= WARN_FRACTION * est.available:
+    return None
+  return (f"memory is tight: {_breakdown(est)}; the estimate is approximate and the run may run "
+          f"out of memory")
+
+
+def check_compiled(compiled, devices: Sequence[jax.Device]) -> tuple[str, str | None]:
+  """(a line on the compiled step's memory, the message to stop with or None) from XLA's count."""
+  step = compiled_step_bytes(compiled)
+  if step is None:
+    return "", None
+  available, source = available_bytes_per_device(devices)
+  runtime = runtime_share(devices)
+  line = (f"memory per device: the compiled step's buffers {step / GiB:.2f} GiB + runtime "
+          f"~{runtime / GiB:.2f} GiB of {available / GiB:.2f} GiB available ({source})")
+  if step + runtime <= available:
+    return line, None
+  return line, (f"the compiled step does not fit: {line}. Lower per_device_batch_size or "
+                f"max_target_length, use remat_policy=full, set loss_chunk_length, or shard over "
+                f"more devices.")
+
+
+def compiled_step_bytes(compiled) -> int | None:
+  """XLA's count of the compiled step's buffers per device (arguments + temporaries + outputs that
+  do not reuse a donated argument), or None when the backend gives no memory analysis."""
+  try:
+    ma = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 — not every backend implements it
+    return None
+  if ma is None:
+    return None
+  return int(ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes
+             - ma.alias_size_in_bytes)

@@ -27,6 +27,12 @@ class Periodic:
                                  data_iter.num_shards, trainer.global_batch // data_iter.num_shards)
     self.sampler = Sampler(cfg, trainer.mcfg, trainer.mesh, trainer.rules, tokenizer)
 
+  def due(self, step: int) -> bool:
+    """Whether `after_step(step, …)` has anything to do."""
+    last = step == self.cfg.steps
+    return ((self.evaluator is not None and (step % self.cfg.eval_period == 0 or last))
+            or self.sampler.due(step, last))
+
   def after_step(self, step: int, params: Any) -> float:
     """Evaluates and samples when due; returns the seconds it took."""
     cfg = self.cfg

@@ -1,7 +1,8 @@
-"""The jitted train step: masked cross-entropy (+ optional z-loss, + the family's auxiliary loss),
-gradient accumulation over micro-batches, clipping + AdamW, then the family's changes outside the
-gradient, with the state donated and every sharding pinned. What a family adds (its `AuxTerms`,
-MaxText/models/family.py) comes in as `aux_terms`: this module names no family and no parameter."""
+"""The jitted train step: masked cross-entropy (+ optional z-loss; whole or chunked, `train/loss.py`;
++ the family's auxiliary loss), gradient accumulation over micro-batches, clipping + AdamW, then the
+family's changes outside the gradient, with the state donated and every sharding pinned. What a
+family adds (its `AuxTerms`, MaxText/models/family.py) comes in as `aux_terms`: this module names no
+family and no parameter."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -14,23 +15,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
+from MaxText.train.loss import token_loss_sums
 from MaxText.train.state import TrainState
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
 BATCH_AXES = ("activation_batch", "activation_length")
-
-
-def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: jax.Array,
-                       z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
-  Padding and targets across a packed-document boundary have mask 0."""
-  logits_BSV = logits_BSV.astype(jnp.float32)
-  lse_BS = jax.nn.logsumexp(logits_BSV, axis=-1)
-  target_logit_BS = jnp.take_along_axis(logits_BSV, targets_BS[..., None], axis=-1)[..., 0]
-  mask = mask_BS.astype(jnp.float32)
-  z_BS = z_loss_weight * jnp.square(lse_BS)
-  nll = jnp.sum((lse_BS - target_logit_BS + z_BS) * mask)
-  return nll, jnp.sum(z_BS * mask), jnp.sum(mask)
 
 
 def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
@@ -46,12 +35,11 @@ def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Ar
 
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
-                    lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None) -> Callable:
+                    lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None,
+                    loss_chunk_length: int = 0) -> Callable:
   def micro_loss(params, micro):
-    logits, aux = model_def.apply_with_aux(params, micro["inputs"], micro["inputs_position"],
-                                           micro["inputs_segmentation"])
-    mask = micro["targets_segmentation"] != 0
-    nll, z, n = cross_entropy_sums(logits, micro["targets"], mask, z_loss_weight)
+    nll, z, n, aux = token_loss_sums(model_def, params, micro, z_loss_weight=z_loss_weight,
+                                     chunk=loss_chunk_length)
     sums = {}
     if aux_terms is not None:
       extra, sums = aux_terms.loss(aux)

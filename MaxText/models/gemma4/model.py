@@ -44,10 +44,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import stack
+from MaxText.layers import embed, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
                                 record, route)
@@ -353,7 +353,8 @@ class Transformer(nnx.Module):
     """(the scaled embeddings x_BSD, per-layer inputs: index, PLE, router bias)."""
     cfg = self.cfg
     table = self.embedding[...]
-    x_BSD = jnp.take(table, tokens_BS, axis=0) * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
+    x_BSD = embed.lookup(table, tokens_BS, ("vocab", "embed"), ACT_BSD)
+    x_BSD = x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
     x_BSD = constrain(x_BSD.astype(cfg.compute_dtype), ACT_BSD)
     xs = {"index": jnp.arange(cfg.num_decoder_layers)}
     if cfg.per_layer_input_dim:
@@ -368,25 +369,29 @@ class Transformer(nnx.Module):
     return {t: (jnp.zeros((B, S, kv_heads_of(cfg, t), head_dim_of(cfg, t)), cfg.compute_dtype),) * 2
             for t in shared_kv_kinds(cfg)}
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    """(logits, {"moe_stats": …} for MoE models, else {})."""
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+    """(logits, {"moe_stats": …} for MoE models, else {}); with `return_hidden` the final-norm
+    hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
     cfg = self.cfg
     x_BSD, xs = self._inputs(tokens_BS)
     stats = empty_stats(cfg.num_decoder_layers, cfg.num_experts) if cfg.num_experts else {}
     kv = self._shared_kv(*tokens_BS.shape)
     x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
-    return self.logits(self.final_norm(x_BSD)), aux
+    x_BSD = self.final_norm(x_BSD)
+    return (x_BSD if return_hidden else self.logits(x_BSD)), aux
 
   def logits(self, x_BSD):
     """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V],
     soft-capped."""
     cfg = self.cfg
+    B, S, D = x_BSD.shape
     if self.lm_head is None:
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, self.embedding[...].astype(cfg.compute_dtype))
+      logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
+                         out_dtype=jnp.float32)
+      logits_BSV = logits_MV.reshape(B, S, -1)
     else:
-      logits_BSV = self.lm_head(x_BSD)
-    logits_BSV = logits_BSV.astype(jnp.float32)
+      logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     if cfg.final_logit_softcap:
       c = cfg.final_logit_softcap
       logits_BSV = c * jnp.tanh(logits_BSV / c)

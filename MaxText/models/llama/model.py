@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import stack
+from MaxText.layers import embed, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
@@ -172,8 +172,8 @@ class Transformer(nnx.Module):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
   def _embed(self, tokens_BS):
-    x_BSD = jnp.take(self.embedding[...], tokens_BS, axis=0)
-    return constrain(x_BSD.astype(self.cfg.compute_dtype), ACT_BSD)
+    x_BSD = embed.lookup(self.embedding[...], tokens_BS, ("vocab", "embed"), ACT_BSD)
+    return x_BSD.astype(self.cfg.compute_dtype)
 
   def _moe_inputs(self) -> dict:
     """Per-layer inputs of the MoE layers: their row of the statistics and their router bias."""
@@ -181,8 +181,10 @@ class Transformer(nnx.Module):
       return {}
     return stack_inputs(self.moe_layers, self.cfg.num_decoder_layers, self.router_bias[...])[1]
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    """(logits, {"moe_stats": …} for models with MoE layers, else {})."""
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+    """(logits, {"moe_stats": …} for models with MoE layers, else {}); with `return_hidden` the
+    final-norm hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by
+    chunk)."""
     cfg = self.cfg
     x_BSD = self._embed(tokens_BS)
     stats, xs = {}, None
@@ -190,17 +192,20 @@ class Transformer(nnx.Module):
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
-    return self.logits(self.final_norm(x_BSD)), aux
+    x_BSD = self.final_norm(x_BSD)
+    return (x_BSD if return_hidden else self.logits(x_BSD)), aux
 
   def logits(self, x_BSD):
-    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""
+    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V], straight
+    from the fp32 accumulator of the head's matmul (training, chunked loss and decoding)."""
+    B, S, D = x_BSD.shape
     if self.lm_head is None:
-      table = self.embedding[...].astype(self.cfg.compute_dtype)
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table)
+      logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
+                         out_dtype=jnp.float32)
+      logits_BSV = logits_MV.reshape(B, S, -1)
     else:
-      logits_BSV = self.lm_head(x_BSD)
-    return constrain(logits_BSV.astype(jnp.float32),
-                     ("activation_batch", "activation_length", "activation_vocab"))
+      logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
+    return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):

@@ -252,8 +252,10 @@ class Transformer(nnx.Module):
     x_BSD = jnp.take(self.embedding[...], tokens_BS, axis=0)
     return constrain(x_BSD.astype(self.cfg.compute_dtype), ACT_BSD)
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS):
-    """(logits, {"moe_stats": …} for models with MoE layers, else {})."""
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+    """(logits, {"moe_stats": …} for models with MoE layers, else {}); with `return_hidden` the
+    final-norm hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by
+    chunk)."""
     cfg = self.cfg
     x_BSD = self._embed(tokens_BS)
     stats, xs = {}, None
@@ -261,7 +263,8 @@ class Transformer(nnx.Module):
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
-    return self.logits(self.final_norm(x_BSD)), aux
+    x_BSD = self.final_norm(x_BSD)
+    return (x_BSD if return_hidden else self.logits(x_BSD)), aux
 
   def logits(self, x_BSD):
     """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""

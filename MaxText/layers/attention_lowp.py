@@ -1,0 +1,66 @@
+"""The dot-product attention core in bf16 with fp32 softmax, for XLA:CPU.
+
+Heads-major arrays (q [B, K, Q, E] with the G query heads of a kv head folded into Q; k/v
+[B, K, T, E]) and a boolean mask [B, 1, Q, T]. Written with autodiff, the backward pass of the
+bf16 attention multiplies fp32 cotangents with bf16 operands, so XLA:CPU converts every operand to
+fp32 (and runs two of the five batched dots outside YNNPACK, whose bf16 kernels want the
+contracted axis last on the left). The custom VJP keeps all five dots in bf16 with fp32
+accumulation, in the layouts YNNPACK takes, and saves only the output and the per-row
+log-sum-exp: the probabilities are recomputed from them (as in flash attention).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from MaxText.layers.linear import row_major, row_major_transpose
+
+
+def _bdot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+  """Batched (over the leading B, K axes) dot, fp32 accumulation."""
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((0, 1), (0, 1))),
+                             preferred_element_type=jnp.float32)
+
+
+def _scores(q, k, mask, scale):
+  s = _bdot(q, k, (3, 3)) * scale                                  # [B, K, Q, T] fp32
+  return jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+
+
+def _forward(q, k, v, mask, scale):
+  s = _scores(q, k, mask, scale)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  p = jnp.exp(s - m)
+  l = jnp.sum(p, axis=-1, keepdims=True)
+  o = (_bdot(p.astype(v.dtype), v, (3, 2)) / l).astype(q.dtype)   # [B, K, Q, E]
+  return o, (m + jnp.log(l))[..., 0]                               # lse [B, K, Q]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attention_core(q_BKQE, k_BKTE, v_BKTE, mask_B1QT, scale: float):
+  """softmax(q k^T * scale, masked) v → [B, K, Q, E] in q's dtype. The caller passes row-major
+  q, k, v (`linear.row_major`: the heads-major arrays come from transposes)."""
+  return _forward(q_BKQE, k_BKTE, v_BKTE, mask_B1QT, scale)[0]
+
+
+def _fwd(q, k, v, mask, scale):
+  o, lse = _forward(q, k, v, mask, scale)
+  return o, (q, k, v, mask, o, lse)
+
+
+def _bwd(scale, res, do):
+  q, k, v, mask, o, lse = res
+  do = row_major(do.astype(q.dtype))      # arrives through the output's transposes
+  p = jnp.exp(_scores(q, k, mask, scale) - lse[..., None])         # fp32 probabilities
+  dv = _bdot(row_major_transpose(p.astype(v.dtype)), do, (3, 2))   # [B, K, T, E]
+  dp = _bdot(do, v, (3, 3))                                        # [B, K, Q, T]
+  rowdot = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
+  ds = (p * (dp - rowdot) * scale).astype(q.dtype)
+  dq = _bdot(ds, k, (3, 2))
+  dk = _bdot(row_major_transpose(ds), q, (3, 2))
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+attention_core.defvjp(_fwd, _bwd)

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU suite, one command (about 8 minutes on one H200): runs, in order,
+#   1. the Pallas kernel tests compiled for the GPU (JAX_PLATFORMS=cuda: no interpret mode)
+#   2. benchmarks/attention.py: our flash kernel vs cuDNN, S = 1k..32k
+#   3. MFU of a ~1.1B dense Qwen3-shaped model (Qwen3-1.7B dimensions, 16 layers), bf16, S = 4096
+#   4. benchmarks/moe.py: one MoE layer (Qwen3-30B-A3B-like: 64 experts, top-8) on one device,
+#      EP 1, grouped matmuls (ragged_dot; moe_dispatch=auto: the real ragged_all_to_all on GPU)
+#      vs a dense MLP of equal active parameters
+#   5. benchmarks/decode.py: decode tokens/s of our engine (on the GPU) vs transformers' generate
+# and writes one Markdown file (default gpu_suite.md) with every step's command, status, time and
+# result table, for benchmarks/RESULTS.md.
+#
+#   bash benchmarks/gpu_suite.sh [--out FILE] [--dry-run]
+#
+# --dry-run prints what would run (and the file it would write) without running anything.
+# PYTHON=... picks the interpreter (default .venv/bin/python).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-.venv/bin/python}
+OUT=gpu_suite.md
+DRY=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --out) OUT=$2; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+WORK=$(mktemp -d /tmp/gpu_suite.XXXXXX)
+MFU_RUN=(train.py configs/base.yml model_name=qwen3-1.7b num_decoder_layers=16
+         max_target_length=4096 per_device_batch_size=4 dtype=bfloat16 weight_dtype=float32
+         attention=flash loss_chunk_length=1024 dataset_type=synthetic steps=20 log_period=5
+         enable_checkpointing=false enable_tensorboard=false jax_cache_dir=
+         base_output_directory="$WORK" run_name=mfu_1b)
+FAILED=0
+
+# step TITLE TIMEOUT_S CMD...: runs CMD (env assignments allowed in front), records it in $OUT
+step() {
+  local title=$1 limit=$2
+  shift 2
+  echo "## $title" >> "$OUT"
+  echo >> "$OUT"
+  echo "\`$*\` (limit ${limit} s)" >> "$OUT"
+  echo >> "$OUT"
+  if [ $DRY = 1 ]; then
+    echo "[dry-run] $title: $* (limit ${limit} s)"
+    return 0
+  fi
+  echo "[gpu_suite] $title ..." >&2
+  local log="$WORK/step.log" start end rc
+  start=$(date +%s)
+  timeout "$limit" env "$@" > "$log" 2>&1
+  rc=$?
+  end=$(date +%s)
+  [ $rc = 0 ] || FAILED=1
+  echo "exit status $rc after $((end - start)) s" >> "$OUT"
+  echo >> "$OUT"
+  echo '```' >> "$OUT"
+  tail -n 40 "$log" >> "$OUT"
+  echo '```' >> "$OUT"
+  echo >> "$OUT"
+}
+
+if [ $DRY = 1 ]; then
+  echo "[dry-run] would write the results to $OUT"
+  OUT=/dev/null
+else
+  {
+    echo "# GPU suite ($(date -u +%Y-%m-%d), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+    echo
+    "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1
+    echo
+  } > "$OUT"
+fi
+
+step "1. Pallas kernel tests on the GPU (no interpret mode)" 120 \
+  JAX_PLATFORMS=cuda "$PY" -m pytest -q -p no:cacheprovider tests/test_flash_attention.py
+step "2. Flash attention: ours vs cuDNN, S 1k-32k" 150 \
+  "$PY" benchmarks/attention.py --seqs 1024,2048,4096,8192,16384,32768
+step "3. MFU: ~1.1B dense Qwen3-shaped model, bf16, S 4096, one GPU" 180 \
+  "$PY" "${MFU_RUN[@]}"
+if [ $DRY = 0 ] && [ -f "$WORK/mfu_1b/metrics.jsonl" ]; then
+  "$PY" - "$WORK/mfu_1b/metrics.jsonl" >> "$OUT" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][5:]
+mfu = statistics.median(r["mfu"] for r in rows)
+tok = statistics.median(r["tokens_per_s"] for r in rows)
+print(f"median of steps 6-20: **MFU {100 * mfu:.1f}%** (goal >= 55%), {tok:,.0f} tokens/s\n")
+EOF
+fi
+step "4. MoE layer, one device, EP 1: grouped matmuls vs dense" 60 \
+  "$PY" benchmarks/moe.py --devices 1 --tokens 32768 --dim 2048 --experts 64 --top-k 8 \
+  --expert-dim 768 --repeats 10
+step "5. Decode tokens/s: our engine vs transformers' generate (~100M Qwen3-shaped, greedy)" 150 \
+  "$PY" benchmarks/decode.py --batches 1,8,32
+
+[ $DRY = 1 ] || echo "[gpu_suite] results in $OUT" >&2
+rm -rf "$WORK"
+exit $FAILED

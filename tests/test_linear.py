@@ -1,0 +1,106 @@
+"""The weight matmul (`layers/linear.py: matmul`): bf16 forward/backward against an fp32 reference
+computed from the same bf16-rounded operands, the dot forms XLA:CPU runs in bf16, and a
+batch-sharded weight gradient that stays local (no activation all-gather)."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from MaxText.layers.linear import matmul, row_major_transpose
+
+M, K, N = 64, 32, 48
+
+
+def operands(seed=0):
+  kx, kw, kd = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.bfloat16)
+  w = jax.random.normal(kw, (K, N), jnp.float32) * K ** -0.5          # fp32 master weight
+  dy = jax.random.normal(kd, (M, N), jnp.float32).astype(jnp.bfloat16)
+  return x, w, dy
+
+
+def test_row_major_transpose_is_the_transpose():
+  x, _, _ = operands()
+  np.testing.assert_array_equal(np.asarray(jax.jit(row_major_transpose)(x)), np.asarray(x).T)
+
+
+@pytest.mark.parametrize("w_is_NK", [False, True])          # x @ w, and x @ w.T (tied head)
+@pytest.mark.parametrize("out_dtype", [None, jnp.float32])  # bf16 result, or fp32 logits
+def test_bf16_matmul_and_grads_match_fp32_reference(w_is_NK, out_dtype):
+  x, w, dy = operands()
+  if w_is_NK:
+    w = w.T
+  f = lambda x, w: matmul(x, w, w_is_NK=w_is_NK, out_dtype=out_dtype)
+  y, vjp = jax.vjp(f, x, w)
+  dx, dw = vjp(dy.astype(y.dtype))
+  assert (y.dtype, dx.dtype, dw.dtype) == (out_dtype or jnp.bfloat16, jnp.bfloat16, jnp.float32)
+  x32, dy32 = x.astype(jnp.float32), dy.astype(jnp.float32)
+  w16 = w.astype(jnp.bfloat16).astype(jnp.float32)                    # what the dot sees
+  w16_KN = w16.T if w_is_NK else w16
+  hi = jax.lax.Precision.HIGHEST
+  y_ref = jnp.dot(x32, w16_KN, precision=hi)
+  dx_ref = jnp.dot(dy32, w16_KN.T, precision=hi)
+  dw_ref = jnp.dot(x32.T, dy32, precision=hi)
+  if w_is_NK:
+    dw_ref = dw_ref.T
+  # bf16 results: fp32 accumulation rounded once to bf16 (half an ulp: 2^-8 relative)
+  for got, ref in ((y, y_ref), (dx, dx_ref)):
+    tol = 1e-5 if got.dtype == jnp.float32 else 2**-8
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref), rtol=tol,
+                               atol=tol * float(jnp.max(jnp.abs(ref))))
+  # dw stays fp32: only the summation order differs (K-term sums of bf16 products)
+  np.testing.assert_allclose(np.asarray(dw), np.asarray(dw_ref), rtol=1e-5,
+                             atol=1e-5 * float(jnp.max(jnp.abs(dw_ref))))
+
+
+def test_fp32_matmul_is_the_plain_product():
+  x, w, dy = operands()
+  x = x.astype(jnp.float32)
+  y, vjp = jax.vjp(matmul, x, w)
+  y_ref, vjp_ref = jax.vjp(lambda a, b: a @ b, x, w)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ref))
+  for got, ref in zip(vjp(dy.astype(jnp.float32)), vjp_ref(dy.astype(jnp.float32))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
+def _dot_operand_types(hlo: str) -> list[tuple[str, str]]:
+  """(lhs type, rhs type) of every dot in the fused computations of compiled CPU HLO."""
+  out = []
+  for block in re.split(r"\n(?=%)", hlo):
+    m = re.search(r"dot\(%([\w.\-]+), %([\w.\-]+)\)", block)
+    if m:
+      ty = lambda n: re.search(r"%" + re.escape(n) + r" = (\w+)\[", block).group(1)
+      out.append((ty(m.group(1)), ty(m.group(2))))
+  return out
+
+
+def test_bf16_dots_are_not_upcast_on_cpu():
+  """All three dots (forward, input gradient, weight gradient) keep bf16 operands."""
+  if jax.devices()[0].platform != "cpu":
+    return
+  x, w, dy = operands()
+  f = lambda x, w, dy: jax.vjp(matmul, x, w)[1](dy)
+  hlo = jax.jit(lambda x, w, dy: (matmul(x, w), *f(x, w, dy))).lower(x, w, dy).compile().as_text()
+  types = _dot_operand_types(hlo)
+  assert len(types) == 3 and all(t == ("bf16", "bf16") for t in types), types
+
+
+def test_batch_sharded_weight_gradient_gathers_no_activations():
+  """x and dy split over the batch: the weight gradient is a local dot plus a reduction; the
+  [tokens, features] operands are never all-gathered (a flattening transpose would force that)."""
+  devices = jax.devices()[:2]
+  mesh = Mesh(np.asarray(devices), ("fsdp",), axis_types=(AxisType.Auto,))
+  x, w, dy = operands()
+  rows = NamedSharding(mesh, P("fsdp", None))
+  x, dy = jax.device_put(x, rows), jax.device_put(dy, rows)
+  w = jax.device_put(w, NamedSharding(mesh, P("fsdp", None)))
+  grad_w = jax.jit(lambda x, w, dy: jax.vjp(matmul, x, w)[1](dy)[1],
+                   out_shardings=NamedSharding(mesh, P("fsdp", None)))
+  hlo = grad_w.lower(x, w, dy).compile().as_text()
+  gathered = re.findall(r"= (\w+\[[\d,]*\])\{[\d,]*\} all-gather\(", hlo)
+  assert all(not s.endswith((f"[{M},{K}]", f"[{M},{N}]", f"[{K},{M}]")) for s in gathered), gathered
+  ref = jnp.dot(x.astype(jnp.float32).T, dy.astype(jnp.float32), precision="highest")
+  np.testing.assert_allclose(np.asarray(grad_w(x, w, dy)), np.asarray(ref), rtol=1e-5, atol=1e-5)

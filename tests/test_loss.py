@@ -1,0 +1,162 @@
+"""Chunked cross-entropy (`train/loss.py`): loss, z-loss and every gradient equal the whole-sequence
+version (fp32, only the summation order differs), token log-probabilities too, and the compiled
+step's temporary memory shrinks with the chunk."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import BASE_YML
+from MaxText.config.load import load_config
+from MaxText.models.model_config import ModelConfig
+from MaxText.train.loss import (chunked_target_log_probs, target_log_probs, token_loss_sums)
+from MaxText.models.registry import init_params, make_model_def
+
+B, S = 2, 48
+MODEL = ["emb_dim=32", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2", "head_dim=8",
+         "mlp_dim=48", "vocab_size=300", f"max_target_length={S}", "init_std=0.5"]
+
+
+def build(*overrides):
+  keys = dict(kv.split("=", 1) for kv in [*MODEL, *overrides])   # a later value replaces an earlier
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, *(f"{k}={v}" for k, v in keys.items())]))
+  return make_model_def(mcfg), init_params(mcfg, 0)
+
+
+def batch(vocab=300):
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, vocab, (B, S + 1)).astype(np.int32)
+  seg = np.ones((B, S), np.int32)
+  seg[1, 30:] = 2                     # two packed documents in row 1
+  seg[0, 40:] = 0                     # padding at the end of row 0
+  pos = np.where(seg[1] == 2, np.arange(S) - 30, np.arange(S))
+  return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "inputs_segmentation": seg,
+          "targets_segmentation": seg, "inputs_position": np.stack([np.arange(S), pos]).astype(np.int32)}
+
+
+def rel(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("chunk", [16, 20])      # 3 even chunks; 3 chunks with a padded last one
+def test_chunked_loss_and_grads_equal_the_whole_sequence(tied, chunk):
+  model_def, params = build(f"tie_word_embeddings={str(tied).lower()}")
+  micro = batch()
+
+  def loss(p, c):
+    nll, z, n, _ = token_loss_sums(model_def, p, micro, z_loss_weight=1e-2, chunk=c)
+    return nll / n, (z, n)
+
+  grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (l0, (z0, n0)), g0 = grad(params, 0)
+  (l1, (z1, n1)), g1 = grad(params, chunk)
+  assert float(n0) == float(n1) == 40 + 48
+  # fp32 sums of the same terms in another order: a few ulps of the total
+  assert rel(l1, l0) < 1e-6 and rel(z1, z0) < 1e-6, (float(l0), float(l1))
+  flat0, flat1 = jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)
+  for (path, a), b in zip(flat0, flat1):
+    assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
+
+
+def test_chunked_target_log_probs_equal_whole():
+  model_def, params = build()
+  micro = batch()
+  args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
+  hidden, _ = model_def.apply_hidden(params, *args)
+  whole = target_log_probs(model_def.head(params, hidden), micro["targets"])
+  chunked = jax.jit(lambda p, h, t: chunked_target_log_probs(model_def.head, p, h, t, 20))(
+      params, hidden, micro["targets"])
+  assert chunked.shape == (B, S)
+  np.testing.assert_allclose(np.asarray(chunked), np.asarray(whole), rtol=1e-6, atol=1e-6)
+
+
+def test_chunking_cuts_the_logits_memory():
+  """With a large vocabulary the [B, S, V] fp32 logits (and their gradient) dominate the step's
+  temporary memory; chunks of S/8 positions cut it by more than 4x."""
+  V, S_big = 16384, 256
+  model_def, params = build(f"vocab_size={V}", f"max_target_length={S_big}")
+  tokens = jnp.zeros((B, S_big), jnp.int32)
+  micro = {"inputs": tokens, "targets": tokens, "inputs_segmentation": tokens + 1,
+           "targets_segmentation": tokens + 1,
+           "inputs_position": jnp.broadcast_to(jnp.arange(S_big), (B, S_big))}
+
+  def temp_bytes(chunk):
+    f = jax.grad(lambda p: token_loss_sums(model_def, p, micro, z_loss_weight=0.0, chunk=chunk)[0])
+    return jax.jit(f).lower(params).compile().memory_analysis().temp_size_in_bytes
+
+  logits_bytes = B * S_big * V * 4
+  whole, chunked = temp_bytes(0), temp_bytes(S_big // 8)
+  assert whole > logits_bytes                  # the whole-sequence step holds at least the logits
+  assert whole - chunked > 0.75 * logits_bytes, (whole, chunked, logits_bytes)
+
+
+def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys):
+  from MaxText.sharding.mesh import create_mesh
+  from MaxText.sharding.rules import parse_rules, tree_shardings, use_rules
+  cfg = load_config([BASE_YML, *MODEL, *mesh_keys])
+  mesh, rules = create_mesh(cfg, jax.devices()), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+  shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
+
+  def sharded(p):
+    with use_rules(mesh, rules):
+      return jax.value_and_grad(_mean_loss)(p, model_def, micro, chunk)
+
+  step = jax.jit(sharded, in_shardings=(shardings,))
+  placed = jax.device_put(params, shardings)
+  return step(placed), step.lower(placed).compile().as_text()
+
+
+def _mean_loss(p, model_def, micro, chunk):
+  nll, _, n, _ = token_loss_sums(model_def, p, micro, z_loss_weight=1e-2, chunk=chunk)
+  return nll / n
+
+
+def test_chunked_loss_under_a_mesh_equals_one_device():
+  """data 2 x fsdp 2 x tensor 2 (vocabulary split over tensor): the per-batch-shard chunk loop
+  (shard_map) gives the whole-sequence loss and gradients."""
+  model_def, params = build()
+  micro = {k: np.concatenate([v] * 4) for k, v in batch().items()}     # 8 rows over 4 batch shards
+  mesh = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2")
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(
+      lambda p: _mean_loss(p, model_def, micro, 0)))(params)
+  (whole_loss, whole_grads), _ = _sharded_loss_and_grads(model_def, params, micro, 0, *mesh)
+  (got_loss, got_grads), _ = _sharded_loss_and_grads(model_def, params, micro, 16, *mesh)
+  # chunked vs whole under the same mesh: 1e-6 (summation order); vs one device: the sharded
+  # reductions of the rest of the model add their own fp32 reordering (1e-5, as the EP tests)
+  assert rel(got_loss, whole_loss) < 1e-6 and rel(got_loss, ref_loss) < 1e-5
+  for (path, a), b, c in zip(jax.tree.leaves_with_path(whole_grads), jax.tree.leaves(got_grads),
+                             jax.tree.leaves(ref_grads)):
+    assert rel(b, a) < 1e-6 and rel(b, c) < 1e-5, (jax.tree_util.keystr(path), rel(b, a), rel(b, c))
+
+
+def test_chunk_loop_has_no_collectives_when_only_the_batch_is_split():
+  """data 2 x fsdp 4: the head is gathered, and its gradient reduced, outside the chunk loop (a
+  scan over globally sharded chunks would do both once per chunk)."""
+  model_def, params = build("scan_layers=false")   # the chunk loop is then the only while loop
+  micro = {k: np.concatenate([v] * 4) for k, v in batch().items()}
+  _, hlo = _sharded_loss_and_grads(model_def, params, micro, 16, "ici_data_parallelism=2",
+                                   "ici_fsdp_parallelism=4")
+  whiles = re.findall(r"body=%([\w.\-]+)", hlo)   # the chunk loop, forward and backward
+  assert whiles
+  for name in whiles:
+    body = re.search(r"\n%" + re.escape(name) + r" .*?\n}", hlo, re.S).group(0)
+    assert not re.search(r"all-gather|all-reduce|reduce-scatter|all-to-all", body), name
+
+
+def test_training_with_chunked_loss_matches_whole(tmp_path):
+  """The train step end to end (8 devices: data 2 x fsdp 2 x tensor 2, two accumulated
+  micro-batches): losses and gradient norms of 3 steps with chunks of 16 positions (of 64) equal
+  the whole-sequence run."""
+  from conftest import MESH_222, train
+  common = ("steps=3", "gradient_accumulation_steps=2", "per_device_batch_size=2",
+            "enable_checkpointing=false", "z_loss_weight=1e-3", *MESH_222)
+  code0, rows0, _ = train(tmp_path, "whole", *common)
+  code1, rows1, _ = train(tmp_path, "chunked", *common, "loss_chunk_length=16")
+  assert code0 == code1 == 0 and len(rows0) == len(rows1) == 3
+  for a, b in zip(rows0, rows1):
+    assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (a["loss"], b["loss"])
+    assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"])

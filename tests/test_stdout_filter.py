@@ -1,0 +1,25 @@
+"""`train/stdout_filter.py`: lines a C++ library writes to fd 1 with a known prefix are dropped,
+everything else (Python prints, other fd-1 writes) comes through in order."""
+import subprocess
+import sys
+
+from conftest import ROOT
+
+CHILD = """
+import os
+from MaxText.train.stdout_filter import GLOO
+print("before", flush=True)
+GLOO.start()
+print("python line 1", flush=True)
+os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\\n")
+os.write(1, b"c++ line\\n")
+print("python line 2", flush=True)
+GLOO.stop()
+print("after", flush=True)
+"""
+
+
+def test_gloo_lines_are_dropped_and_the_rest_kept_in_order():
+  out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, check=True).stdout
+  assert out.splitlines() == ["before", "python line 1", "c++ line", "python line 2", "after"]
