@@ -29,14 +29,28 @@ def engine(mcfg: ModelConfig, mesh_args=MESH_1, **kw) -> Engine:
 def family_models():
   """{name: (HF model, (mcfg, model_def, params from its state dict))} of the parity tests:
   Qwen3, Qwen3-MoE (all layers sparse), Gemma 4 with every feature (sliding window 4, a KV-shared
-  tail) and the Gemma 4 MoE shape."""
+  tail), the Gemma 4 MoE shape and Qwen3-Next ([3 Gated DeltaNet + 1 gated attention], dense MLPs:
+  a random MoE's routing flips on near ties at the rounding noise of its linear layers)."""
   import test_gemma4_parity as gemma4
+  import test_qwen3_next_parity as qwen3_next
   import test_qwen3_moe_parity as qwen3_moe
   import test_qwen3_parity as qwen3
   return {"qwen3": (lambda: qwen3.hf_model(False), lambda: qwen3.ours(False, True)),
           "qwen3_moe": (lambda: qwen3_moe.hf_model("sparse"), lambda: qwen3_moe.ours("sparse")),
           "gemma4": (lambda: gemma4.hf_model("all"), lambda: gemma4.ours("all", True)),
-          "gemma4_moe": (lambda: gemma4.hf_model("moe"), lambda: gemma4.ours("moe", True))}
+          "gemma4_moe": (lambda: gemma4.hf_model("moe"), lambda: gemma4.ours("moe", True)),
+          "qwen3_next": (lambda: qwen3_next.hf_model("dense"),
+                         lambda: qwen3_next.ours("dense", True))}
+
+
+def another_way(family: str):
+  """A model def computing `family_models()[family]`'s forward another way (same parameters), for
+  the families whose fp32 rounding noise the padding test does not reach, or None: Qwen3-Next's
+  linear layers token by token instead of in chunks."""
+  if family != "qwen3_next":
+    return None
+  import test_qwen3_next_parity as qwen3_next
+  return qwen3_next.ours("dense", True, "linear_recurrence=token")[1]
 
 
 def hf_greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:

@@ -9,7 +9,10 @@ transformers' own logits). output_logprobs equal a teacher-forced forward of pro
 The log-probability tolerance is 1e-5, or twice the forward's own fp32 rounding noise where that
 is larger: how much the teacher-forced forward's log-probabilities move when only padding is added
 (the same sums in another order), over the test's sequences (measured when 1e-5 is exceeded). For the Gemma 4 MoE shape that noise
-is ~5e-5, above 1e-5."""
+is ~5e-5, above 1e-5. Qwen3-Next (3 Gated DeltaNet layers + 1 gated attention) also measures its
+forward against the same forward with its linear layers token by token instead of in chunks
+(~1e-4 on this random model, whose output RMSNorms amplify rounding); against transformers the
+tolerance is 1e-4, or 4x that noise (two fp32 evaluations)."""
 import jax
 import numpy as np
 import pytest
@@ -17,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from decoding_helpers import (MESH_8, engine, family_models, hf_greedy,  # noqa: E402
-                              hf_next_logits, log_softmax)
+from decoding_helpers import (MESH_8, another_way, engine, family_models,  # noqa: E402
+                              hf_greedy, hf_next_logits, log_softmax)
 
 NEW = 48
 PROMPT_LENGTHS = (3, 11, 6)
@@ -48,7 +51,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
   return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gemma4", "gemma4_moe"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gemma4", "gemma4_moe", "qwen3_next"])
 def test_greedy_equals_transformers_generate(family):
   hf_model, ours = family_models()[family]
   hf, (mcfg, model_def, params) = hf_model(), ours()
@@ -65,7 +68,13 @@ def test_greedy_equals_transformers_generate(family):
   if max(errors) >= TOL_LOGPROB:   # measure the forward's own rounding noise
     noise = max(np.abs(f - g).max()
                 for f, g in zip(forwards, forward_logprobs(model_def, params, seqs, 80)))
+    other = another_way(family)    # and, where the family has one, another form of it
+    if other is not None:
+      noise = max(noise, max(np.abs(f - g).max()
+                             for f, g in zip(forwards, forward_logprobs(other, params, seqs, 64))))
   tol = max(TOL_LOGPROB, 2 * noise)
+  # transformers' forward and ours: two fp32 evaluations, each within ~2x the noise of the value
+  tol_hf = max(TOL_HF_LOGPROB, 4 * noise)
   for p, c, seq, err, want in zip(ps, got, seqs, errors, hf_greedy(hf, ps, NEW)):
     assert len(c.output_ids) == NEW and c.finish_reason == "length"
     j = first_difference(c.output_ids, want)
@@ -79,7 +88,7 @@ def test_greedy_equals_transformers_generate(family):
     assert err < tol
     with torch.no_grad():
       hf_logits = hf(torch.tensor(seq[None], dtype=torch.long), use_cache=False).logits[0].numpy()
-    assert np.abs(np.asarray(c.output_logprobs) - log_softmax(hf_logits)[at]).max() < TOL_HF_LOGPROB
+    assert np.abs(np.asarray(c.output_logprobs) - log_softmax(hf_logits)[at]).max() < tol_hf
   scores = eng.score(params, ps, [c.output_ids for c in got])
   for c, s in zip(got, scores):
     assert s.shape == (NEW,) and np.abs(s - np.asarray(c.output_logprobs)).max() < tol

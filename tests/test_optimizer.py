@@ -79,3 +79,22 @@ def test_cross_entropy_masks_padding_and_matches_numpy():
   logits[0, 4] += 100.0
   nll2, _, _ = cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask), 1e-2)
   assert float(nll2) == pytest.approx(float(nll), rel=1e-6)
+
+
+def test_frozen_parameters_stay_bitwise_unchanged():
+  """A family's frozen parameters (a carried MTP block) keep every bit, signed zeros included,
+  under gradients, clipping and decoupled weight decay; the others train."""
+  axes = {"w": ("embed", "mlp"), "mtp": {"w": ("embed", "mlp"), "scale": ("norm",)}}
+  params = {"w": jnp.ones((3, 4)),
+            "mtp": {"w": jnp.array([[-0.0, 1.5, -2.0, 0.0]] * 3), "scale": jnp.array([-0.0, 3.0])}}
+  tx = make_optimizer(_cfg("weight_decay=0.1", "warmup_steps=0"), axes, frozen=("mtp",))
+  state = tx.init(params)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  for _ in range(2):
+    updates, state = tx.update(grads, state, params)
+    params = jax.tree.map(lambda p, u: p + u, params, updates)
+  assert np.asarray(params["mtp"]["w"]).tobytes() == np.asarray(
+      jnp.array([[-0.0, 1.5, -2.0, 0.0]] * 3)).tobytes()
+  assert (np.asarray(params["mtp"]["scale"]).tobytes()
+          == np.asarray(jnp.array([-0.0, 3.0])).tobytes())
+  assert not np.allclose(np.asarray(params["w"]), 1.0)

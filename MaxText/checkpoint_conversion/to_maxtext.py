@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Iterable
 
 import jax
 import numpy as np
@@ -44,10 +45,15 @@ ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safe
                                 "from its adapter_config.json)")}
 
 
-def config_for_hf(hf_config: dict, overrides: list[str]) -> Config:
+def config_for_hf(hf_config: dict, overrides: list[str],
+                  tensor_names: Iterable[str] | None = None) -> Config:
+  """Our config of an HF checkpoint: its config.json, plus what a name map reads from the names of
+  its tensors where config.json is silent (`config_from_tensor_names`, when the map has one)."""
   family = get_hf_map(hf_config["model_type"])
   # a family may name the exported type itself (a multimodal checkpoint exports its text model)
   values = {"hf_model_type": hf_config["model_type"], **family.config_from_hf(hf_config)}
+  if tensor_names is not None and hasattr(family, "config_from_tensor_names"):
+    values.update(family.config_from_tensor_names(tensor_names))
   cfg = replace(load_config([BASE_YML]), **values)
   changed = parse_overrides(overrides)
   arch = ARCHITECTURE_KEYS - {"scan_layers"}   # the parameters' layout, not the model, may be chosen
@@ -85,13 +91,14 @@ def convert(hf_path: str, output_path: str, overrides: list[str], adapter_path: 
 def load_hf(hf_path: str, overrides: list[str]) -> tuple[Config, dict]:
   """(our config, our parameters as host NumPy arrays) of a Hugging Face folder, in memory."""
   hf_config = read_config(hf_path)
+  tensors = HFTensors(hf_path)
   tokenizer = tokenizer_files.files_of(hf_path)
   # the vocabulary is a real tokenizer's: a run from this checkpoint never falls back to bytes
-  cfg = replace(config_for_hf(hf_config, overrides), tokenizer_type="huggingface" if
+  cfg = replace(config_for_hf(hf_config, overrides, tensors), tokenizer_type="huggingface" if
                 "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
   mcfg = ModelConfig.from_config(cfg)
   family = get_hf_map(cfg.hf_model_type)
-  params = family.hf_to_params(HFTensors(hf_path), mcfg)
+  params = family.hf_to_params(tensors, mcfg)
   want = make_model_def(mcfg).abstract_params
   flat_want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_leaves_with_path(want)}
   flat_got = {jax.tree_util.keystr(p): a for p, a in jax.tree_util.tree_leaves_with_path(params)}

@@ -144,8 +144,9 @@ class Config:
                            "splash: a multiple of 128)", min=8, **_COMPUTE)
   flash_block_kv: int = key(512, "flash attention key/value block (same rules)", min=8, **_COMPUTE)
   attention_pattern: str = key(
-      "", 'layer kinds, repeated over the layers: s = sliding window, f = full; "" = all full',
-      model=True, note="Per-layer attention variants (Gemma 4 style). A family refuses any model key "
+      "", 'layer kinds, repeated over the layers: s = sliding window, f = full, l = linear '
+      '(Gated DeltaNet); "" = all full',
+      model=True, note="Per-layer attention variants (Gemma 4, Qwen3-Next). A family refuses any model key "
       "it does not implement\nwhen it is set away from the default written here.")
   sliding_window: int = key(0, "keys a sliding layer sees: q-W < k <= q (0 = no sliding layers)",
                             min=0, model=True)
@@ -170,6 +171,26 @@ class Config:
                                         model=True)
   final_logit_softcap: float = key(0.0, "logits = c * tanh(logits / c) before the loss; 0 = off",
                                    min=0, model=True)
+  partial_rotary_factor: float = key(
+      1.0, "share of each head's channels RoPE rotates: the first ones, as a head of that width "
+      "(HF partial_rotary_factor)", gt=0, max=1, model=True)
+  linear_num_key_heads: int = key(
+      0, "q/k heads of the linear layers (0 = none)", min=0, model=True,
+      note="Linear-attention layers (Gated DeltaNet, Qwen3-Next; MaxText/layers/gated_delta.py): the "
+      "layers marked l in attention_pattern.")
+  linear_num_value_heads: int = key(0, "value heads of the linear layers (a multiple of the key "
+                                    "heads)", min=0, model=True)
+  linear_key_head_dim: int = key(0, "q/k head width of the linear layers", min=0, model=True)
+  linear_value_head_dim: int = key(0, "value head width of the linear layers", min=0, model=True)
+  linear_conv_kernel_dim: int = key(4, "width of the causal depthwise conv over q|k|v", min=1,
+                                    model=True)
+  linear_chunk_size: int = key(64, "tokens per chunk of the chunked gated delta rule (training)",
+                               min=1, **_COMPUTE)
+  linear_recurrence: str = key("chunked", "chunked (training) | token (one token at a time: the "
+                               "reference form, slow)", choices=("chunked", "token"), **_COMPUTE)
+  mtp_num_layers: int = key(0, "multi-token-prediction layers carried with the model (HF mtp.*): "
+                            "loaded, checkpointed and exported unchanged, never trained", min=0,
+                            model=True)
   num_experts: int = key(
       0, "routed experts E (0 = dense MLP)", min=0, model=True,
       note="Mixture of experts (MaxText/layers/moe.py): with num_experts > 0 the MLP of every MoE "

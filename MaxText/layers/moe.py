@@ -25,6 +25,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -76,6 +77,17 @@ def record(stats: dict, layer, counts_E, probs_E, dropped) -> dict:
   return {"counts": stats["counts"].at[layer].set(counts_E),
           "probs": stats["probs"].at[layer].set(probs_E),
           "dropped": stats["dropped"] + dropped}
+
+
+def stack_inputs(moe_layers: tuple[int, ...], num_layers: int, bias_ME: jax.Array
+                 ) -> tuple[dict, dict]:
+  """What a pattern stack of `num_layers` layers carries and hands its MoE layers (`moe_layers`,
+  in order): empty routing statistics, and per layer {"moe_layer": its row of the statistics
+  (dense layers: row 0, never read), "bias": its selection bias [E] (rows of `bias_ME`)}."""
+  row_L = np.zeros(num_layers, np.int32)
+  row_L[list(moe_layers)] = np.arange(len(moe_layers))
+  return (empty_stats(len(moe_layers), bias_ME.shape[-1]),
+          {"moe_layer": jnp.asarray(row_L), "bias": bias_ME[row_L]})
 
 
 def finished_stats(stats: dict, segment_ids_BS) -> dict:

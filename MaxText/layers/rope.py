@@ -7,6 +7,10 @@ Positions come from the data (they restart at 0 for each packed document).
 rotate (channels [0, ra) and [E/2, E/2 + ra)), with the exponent's denominator still the FULL E; the
 other pairs have frequency 0 (identity).
 
+`apply_partial_rope` is the other partial convention (Hugging Face's `partial_rotary_factor`,
+e.g. Qwen3-Next): the first `rotary_dim` channels rotate as a head of that width (pairs i,
+i + rotary_dim/2, exponent denominator rotary_dim); the others pass through unchanged.
+
 Cast order as Hugging Face: angles in fp32, cos/sin cast to the activation dtype, the rotation done
 in the activation dtype.
 """
@@ -35,3 +39,12 @@ def apply_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float,
   cos = jnp.cos(angle_BSE2)[:, :, None, :].astype(dtype)
   x1, x2 = x_BSHE[..., : E // 2], x_BSHE[..., E // 2:]
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def apply_partial_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float,
+                       rotary_dim: int) -> jax.Array:
+  E = x_BSHE.shape[-1]
+  if rotary_dim == E:
+    return apply_rope(x_BSHE, positions_BS, theta)
+  rotated = apply_rope(x_BSHE[..., :rotary_dim], positions_BS, theta)
+  return jnp.concatenate([rotated, x_BSHE[..., rotary_dim:]], axis=-1)

@@ -8,11 +8,13 @@
                            it is tied: the logits matmul is done either way). Embedding lookups
                            are gathers and cost nothing; norms, activations, softmax and the loss
                            are elementwise and are ignored.
-  attention_per_sequence   FLOPs of the attention scores (QK^T and softmax(QK^T)V, no weights) of
-                           one sequence on the forward pass, summed over the layers:
-                           4 * pairs * H * E per layer, `pairs` the query-key pairs it admits
-                           (`attention_pairs`: S^2 / 2 causal — MaxText's convention — or what a
-                           sliding window W leaves, S*W - W*(W-1)/2).
+  attention_per_sequence   FLOPs of the token mixing without weights of one sequence on the
+                           forward pass, summed over the layers. Softmax attention: the scores
+                           (QK^T and softmax(QK^T)V), 4 * pairs * H * E per layer, `pairs` the
+                           query-key pairs it admits (`attention_pairs`: S^2 / 2 causal —
+                           MaxText's convention — or what a sliding window W leaves,
+                           S*W - W*(W-1)/2). Linear attention (the chunked gated delta rule):
+                           `gated_delta_flops`, linear in S.
 
 A matmul with N weights costs 2*N FLOPs per token forward and 4*N backward, and the attention
 scores cost twice their forward FLOPs backward, so per step of `global_batch` sequences of
@@ -50,6 +52,16 @@ def attention_pairs(seq_len: int, *, window: int = 0, causal: bool = True) -> fl
 def attention_score_flops(pairs: float, heads: int, head_dim: int) -> float:
   """QK^T and PV of one layer, forward: 2 matmuls of 2 FLOPs per pair, head and channel."""
   return 4 * pairs * heads * head_dim
+
+
+def gated_delta_flops(seq_len: int, heads: int, key_dim: int, value_dim: int, chunk: int) -> float:
+  """The chunked gated delta rule (MaxText/layers/gated_delta.py) of one layer over one sequence,
+  forward, no weights. Per token and (value) head: inside its chunk of C tokens the causal half
+  (C/2 pairs) of q·kᵀ and βk·kᵀ (2·K each per pair), of (q kᵀ)·v' (2·V) and of the triangular
+  solve for [v | k] (2·(K + V)); across chunks the three state products — read by w, read by q,
+  the update kᵀv' — 2·K·V each: C·(3K + 2V) + 6·K·V."""
+  C = min(chunk, seq_len)
+  return seq_len * heads * (C * (3 * key_dim + 2 * value_dim) + 6 * key_dim * value_dim)
 
 
 def attention_params(emb_dim: int, heads: int, kv_heads: int, head_dim: int, *, keys: bool = True,

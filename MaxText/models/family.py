@@ -109,6 +109,14 @@ def _head_dim(mcfg: ModelConfig) -> tuple[int, ...]:
   return (mcfg.head_dim,)
 
 
+def _nothing_frozen(mcfg: ModelConfig) -> tuple[str, ...]:
+  return ()
+
+
+def _no_activation_bytes(mcfg: ModelConfig, sequences: float, seq_len: int) -> int:
+  return 0
+
+
 @dataclass(frozen=True)
 class Family:
   """A model family, as generic code sees it."""
@@ -120,6 +128,15 @@ class Family:
   check: Callable[[ModelConfig], Problems] = _no_problems       # cross-key checks of its own
   attention_head_dims: Callable[[ModelConfig], tuple[int, ...]] = _head_dim
   aux_terms: Callable[[ModelConfig], AuxTerms | None] = _no_aux_terms
+  # top-level parameters carried but never trained (the optimizer leaves them bitwise unchanged)
+  frozen: Callable[[ModelConfig], tuple[str, ...]] = _nothing_frozen
+  # False: its layers need whole sequences per shard (a recurrence), so a sequence sharded over
+  # the context axis is refused at config time
+  context_parallel: bool = True
+  # (mcfg, sequences per device, seq_len) → activation bytes per device the pre-flight memory
+  # check adds to the state (e.g. recurrent states kept for the backward pass); heads are
+  # counted whole (a tensor-parallel mesh divides them as it multiplies the sequences)
+  activation_bytes: Callable[[ModelConfig, float, int], int] = _no_activation_bytes
   # its decoding cache groups (module docstring); None: the family does not decode
   decode_cache: Callable[[ModelConfig], Mapping[str, CacheGroup]] | None = None
   # Hugging Face model_type → its name map (a module with hf_to_params, params_to_hf,

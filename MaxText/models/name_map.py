@@ -16,7 +16,8 @@ scales, embedding tables). `lead` leading axes are shared as they are (fused exp
 `[E, out, in]` ↔ ours `[E, *in, *out]`).
 
 Experts and fusions. `expert=True`: the HF name has "{e}" and holds one expert; our parameter's
-expert axis (the first after a stacked layers axis) takes it at index e. `part=(j, n)`: our
+expert axis (the first after a stacked layers axis; in a global rule, the first) takes it at
+index e. `part=(j, n)`: our
 parameter's last axis is n equal parts and the rule maps part j (e.g. our fused gate|up kernel
 from HF's separate gate_proj and up_proj).
 """
@@ -37,7 +38,8 @@ from MaxText.models.model_def import Build, model_def_of
 
 @dataclass(frozen=True)
 class Rule:
-  ours: str                # "/"-joined path (per-layer rules: relative to one layer)
+  ours: str                # "/"-joined path (per-layer rules: relative to one layer; a number: a
+                           # list index)
   hf: str                  # HF tensor name; "{i}" is the layer index, "{e}" the expert
   in_rank: int | None = None  # None: same array; n: nn.Linear [out, in] ↔ kernel [*in (n dims), *out]
   lead: int = 0            # leading axes shared as they are (before in/out)
@@ -93,6 +95,11 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
   raw = np.empty(nbytes + 64, np.uint8)
   start = (-raw.ctypes.data) % 64
   return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def split_path(name: str) -> tuple:
+  """"a/b/0/c" → ("a", "b", 0, "c"): a number is an index into a list of modules (nnx.List)."""
+  return tuple(int(p) if p.isdigit() else p for p in name.split("/"))
 
 
 def _name(path: tuple) -> str:
@@ -166,19 +173,22 @@ class NameMap:
     layer, a dense layer's router) is skipped; a parameter no rule covers is an error."""
     specs = dict(self.specs(mcfg) if specs is None else specs)
     for name in self.ours_only:
-      specs.pop(tuple(name.split("/")), None)
+      specs.pop(split_path(name), None)
     sources: dict[tuple, list] = {}
     rules: dict[tuple, Rule] = {}
     stacked: dict[tuple, list] = {}
     for rule in self.global_rules:
-      path = tuple(rule.ours.split("/"))
+      path = split_path(rule.ours)
       if path in specs:
         rules[path] = rule
-        sources.setdefault(path, []).append((rule.hf, _index(rule, None, None, specs[path].shape)))
+        for e in (range(mcfg.num_experts) if rule.expert else [None]):
+          sources.setdefault(path, []).append(
+              (rule.hf.format(e=e) if rule.expert else rule.hf,
+               _index(rule, None, e, specs[path].shape)))
     for i in range(mcfg.num_decoder_layers):
       prefix, layer_index = self.layer_location(mcfg, i)
       for rule in self.layer_rules:
-        path = (*prefix, *rule.ours.split("/"))
+        path = (*prefix, *split_path(rule.ours))
         if path not in specs:
           continue
         rules[path] = rule
@@ -235,7 +245,7 @@ class NameMap:
     if extra:
       raise ValueError(f"HF tensors with no place in our model: {extra}")
     for name in self.ours_only:
-      path = tuple(name.split("/"))
+      path = split_path(name)
       if path in specs:
         flat[path] = np.zeros(specs[path].shape, specs[path].dtype)
     return unflatten(flat)
@@ -248,7 +258,7 @@ class NameMap:
     self.check(mcfg)
     flat = flatten(params)
     for name in self.ours_only:
-      value = flat.get(tuple(name.split("/")))
+      value = flat.get(split_path(name))
       if value is not None and np.any(np.asarray(value)):
         raise ValueError(f"{name} is not zero: Hugging Face has no such parameter, so the exported "
                          f"model would compute differently")

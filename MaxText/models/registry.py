@@ -19,6 +19,7 @@ from MaxText.models.model_def import ModelDef, init_params_of, model_def_of
 FAMILY_MODULES: dict[str, str] = {
     "llama": "MaxText.models.llama.family",
     "gemma4": "MaxText.models.gemma4.family",
+    "qwen3_next": "MaxText.models.qwen3_next.family",
 }
 _FAMILIES: dict[str, Family] = {}
 

@@ -34,10 +34,17 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
     raise ConfigError(f"{key}: {problem}")
   batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
   length_axes = next((axes for name, axes in rules if name == "activation_length"), ())
+  family = get_family(cfg.decoder_block)
+  sequence_sharded = math.prod(sizes[a] for a in length_axes if a not in batch_axes) > 1
+  if sequence_sharded and not family.context_parallel:
+    raise ConfigError(f"ici_context_parallelism / dcn_context_parallelism: decoder_block="
+                      f"{family.name} has layers that run a whole sequence per shard (a "
+                      f"recurrence over the sequence), so the sequence cannot be sharded over "
+                      f"the context axis (context parallelism is not supported); set both to 1 "
+                      f"and shard the batch (data / fsdp) instead")
   for key, problem in attention_problems(
       cfg.attention, mcfg.attention, device=devices[0], dtype=cfg.dtype,
-      head_dims=list(get_family(cfg.decoder_block).attention_head_dims(mcfg)),
-      sequence_sharded=math.prod(sizes[a] for a in length_axes if a not in batch_axes) > 1):
+      head_dims=list(family.attention_head_dims(mcfg)), sequence_sharded=sequence_sharded):
     raise ConfigError(f"{key}: {problem}")
 
   if cfg.loss_chunk_length and not hasattr(get_family(cfg.decoder_block).build, "logits"):

@@ -113,7 +113,8 @@ class Trainer:
         raise
       raise ConfigError(f"lora_targets={cfg.lora_targets!r}: {e}") from e
     self.adapters_only = bool(cfg.lora_rank)   # LoRA: only the adapters are trained
-    self.tx = make_optimizer(cfg, trained(self.model_def.logical_axes, self.adapters_only))
+    self.tx = make_optimizer(cfg, trained(self.model_def.logical_axes, self.adapters_only),
+                             self.family.frozen(self.mcfg))
     self.lr_schedule = learning_rate_schedule(cfg)
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules,
                                      self.adapters_only)
@@ -173,10 +174,12 @@ class Trainer:
     return self.batch_sharding.shard_shape((self.global_batch, self.cfg.max_target_length))[0]
 
   def activation_bytes(self) -> int:
-    """The memory pre-flight's estimate of one micro-batch step's activations per device."""
+    """The memory pre-flight's estimate of one micro-batch step's activations per device, plus
+    what the family keeps beyond a generic decoder layer (e.g. recurrent states)."""
     rows = self.rows_per_device() / self.cfg.gradient_accumulation_steps
-    return memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
-                                   loss_chunk=self.cfg.loss_chunk_length)
+    return (memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
+                                    loss_chunk=self.cfg.loss_chunk_length)
+            + self.family.activation_bytes(self.mcfg, rows, self.cfg.max_target_length))
 
   def memory_estimate(self) -> memory.MemoryEstimate:
     return memory.estimate(self.abstract, self.devices, self.activation_bytes(),

@@ -4,9 +4,10 @@ Counted per device, before anything is allocated or compiled: parameters + one g
 the optimizer state, from the actual shardings (so fsdp/tensor sharding is credited exactly), plus
 an estimate of the step's activations (`activation_bytes`: what the remat policy keeps per layer
 for the backward pass, one layer's working set, and the fp32 logits of one loss chunk — all for
-this device's rows). Over the available memory the run is refused (exit 2); over
-`WARN_FRACTION` of it, a warning. After compiling, `compiled_step_bytes` gives XLA's own count of
-the step's buffers for the same check.
+this device's rows — plus what the family keeps beyond a generic decoder layer,
+`Family.activation_bytes`, e.g. the recurrent states of linear-attention layers). Over the
+available memory the run is refused (exit 2); over `WARN_FRACTION` of it, a warning. After
+compiling, `compiled_step_bytes` gives XLA's own count of the step's buffers for the same check.
 """
 from __future__ import annotations
 

@@ -2,10 +2,18 @@
 with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate schedule.
 
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
-scales is [layers, D] but is still a vector per layer and is not decayed."""
+scales is [layers, D] but is still a vector per layer and is not decayed.
+
+A family's frozen parameters (`Family.frozen`: top-level names, e.g. a carried
+multi-token-prediction block) get updates of -0.0 after AdamW: p + (-0.0) is p bit for bit for every p, signed zeros
+included. (Their gradients are zero, so their AdamW moments stay zero; they still take optimizer
+state, which keeps the state's structure that of the parameters.)"""
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
+import jax.numpy as jnp
 import optax
 
 from MaxText.config.schema import Config
@@ -34,10 +42,24 @@ def decay_mask(logical_axes):
                       is_leaf=lambda x: isinstance(x, tuple))
 
 
-def make_optimizer(cfg: Config, logical_axes) -> optax.GradientTransformation:
-  """`logical_axes`: the parameters' logical axis names (ModelDef.logical_axes)."""
-  adamw = optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                      weight_decay=cfg.weight_decay, mask=decay_mask(logical_axes))
+def freeze(frozen_mask) -> optax.GradientTransformation:
+  """Updates of -0.0 where `frozen_mask` is True (x + -0.0 == x for every x, signed zeros
+  included; +0.0 would turn -0.0 into +0.0)."""
+  return optax.stateless(lambda updates, params=None: jax.tree.map(
+      lambda u, frozen: jnp.full_like(u, -0.0) if frozen else u, updates, frozen_mask))
+
+
+def make_optimizer(cfg: Config, logical_axes,
+                   frozen: Sequence[str] = ()) -> optax.GradientTransformation:
+  """`logical_axes`: the parameters' logical axis names (ModelDef.logical_axes); `frozen`: the
+  top-level parameters left out of training."""
+  tx = optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                   weight_decay=cfg.weight_decay, mask=decay_mask(logical_axes))
   if cfg.max_grad_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
-  return adamw
+    tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), tx)
+  if not frozen:
+    return tx
+  mask = {name: jax.tree.map(lambda _, n=name: n in frozen, axes,
+                             is_leaf=lambda x: isinstance(x, tuple))
+          for name, axes in logical_axes.items()}
+  return optax.chain(tx, freeze(mask))

@@ -115,6 +115,12 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 def dense_keys_to_hf(get, model_type: str, architecture: str) -> dict[str, Any]:
   if get("decoder_block") != "llama" or get("mlp_activation") != "silu":
     raise ValueError(f"{model_type} needs decoder_block=llama and mlp_activation=silu")
+  return causal_lm_keys_to_hf(get, model_type, architecture)
+
+
+def causal_lm_keys_to_hf(get, model_type: str, architecture: str) -> dict[str, Any]:
+  """The config.json fields the Llama lineage shares (sizes, norm eps, positions, tied head, plain
+  RoPE θ in the 5.x and 4.x places, no attention bias)."""
   theta = float(get("rope_theta"))
   return {
       "architectures": [architecture],

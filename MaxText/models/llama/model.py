@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from MaxText.layers import embed, stack
@@ -30,7 +29,7 @@ from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import GatedMLP
-from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record
+from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
 from MaxText.models.model_config import ModelConfig
@@ -180,9 +179,7 @@ class Transformer(nnx.Module):
     """Per-layer inputs of the MoE layers: their row of the statistics and their router bias."""
     if not self.moe_layers:
       return {}
-    row_L = np.zeros(self.cfg.num_decoder_layers, np.int32)   # dense layers: row 0, never read
-    row_L[list(self.moe_layers)] = np.arange(len(self.moe_layers))
-    return {"moe_layer": jnp.asarray(row_L), "bias": self.router_bias[...][row_L]}
+    return stack_inputs(self.moe_layers, self.cfg.num_decoder_layers, self.router_bias[...])[1]
 
   def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
     """(logits, {"moe_stats": …} for models with MoE layers, else {}); with `return_hidden` the
@@ -192,8 +189,7 @@ class Transformer(nnx.Module):
     x_BSD = self._embed(tokens_BS)
     stats, xs = {}, None
     if self.moe_layers:
-      stats = empty_stats(len(self.moe_layers), cfg.num_experts)
-      xs = self._moe_inputs()
+      stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
     x_BSD = self.final_norm(x_BSD)

@@ -1,0 +1,189 @@
+"""Qwen3-Next's Gated DeltaNet layer (its linear-attention layers), for training over packed rows
+and one token at a time with an explicit state (decoding).
+
+Conventions
+  B batch, S sequence, D model width, Hk key heads, Hv value heads (G = Hv / Hk per key head),
+  Dk / Dv key / value head width, W conv width, X = 2·Dk + G·Dv (one key head's q|k|v channels).
+  Arrays are named by shape; parameters carry logical axis names (key and value heads: "heads").
+
+Parameters, laid out per key head as the checkpoint groups them (so tensor parallelism splits
+whole key heads and their value heads together):
+  in_proj_qkvz [D, Hk, 2·Dk + 2·G·Dv]   per key head: q (Dk) | k (Dk) | v (G·Dv) | z (G·Dv)
+  in_proj_ba   [D, Hk, 2·G]             per key head: b (G) | a (G)
+  conv         [W, Hk, X]               depthwise causal conv over q|k|v, no bias
+  A_log, dt_bias [Hv];  norm/scale [Dv];  out_proj [Hv, Dv, D]
+Value head h belongs to key head h // G.
+
+Forward: q|k|v → causal conv (restarting at every packed document) → SiLU; β = sigmoid(b),
+g = −exp(A_log)·softplus(a + dt_bias) (fp32); q, k L2-normalised (q also × Dk^-1/2) and repeated
+to the value heads; the gated delta rule (MaxText/layers/gated_delta.py: chunked for training, or
+token by token with linear_recurrence=token); rms(o)·w·silu(z); out_proj.
+
+Decoding: `init_state(batch)` → {"conv": the last W−1 inputs of q|k|v [B, W−1, Hk, X],
+"delta": the delta-rule state [B, Hv, Dk, Dv] fp32}, both zero at a document's start;
+`step(x_BD, state)` → (y_BD, next state). `extend` keeps that state in the decoding cache
+(`LinearState`, one row per linear layer): a prefill runs the chunked rule over the prompts and
+stores its final state and each prompt's last W−1 conv inputs; a decoding step is `step`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from MaxText.layers.causal_conv import causal_conv, causal_conv_step
+from MaxText.layers.gated_delta import (chunked_gated_delta_rule, document_starts,
+                                        gated_delta_rule, gated_delta_step, l2_normalize)
+from MaxText.layers.kv_cache import ArraySpec
+from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.norms import GatedRMSNorm
+from MaxText.models.model_config import ModelConfig
+from MaxText.sharding.rules import constrain
+
+ACT_BSHX = ("activation_batch", "activation_length", "activation_heads", None)
+ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
+
+
+@dataclass(frozen=True)
+class LinearState:
+  """A Gated DeltaNet layer's decoding cache (a kind of MaxText/layers/kv_cache.py): the conv window
+  [B, W−1, Hk, X] in the cache dtype and the delta-rule state [B, Hv, Dk, Dv] in fp32 whatever the
+  cache dtype; heads split like the layer's (over tensor). Its size does not grow with the length."""
+  key_heads: int
+  value_heads: int
+  key_dim: int
+  value_dim: int
+  conv_width: int
+
+  def arrays(self, batch: int, max_len: int, dtype: Any) -> dict[str, ArraySpec]:
+    G = self.value_heads // self.key_heads
+    X = 2 * self.key_dim + G * self.value_dim
+    return {"conv": ArraySpec((batch, self.conv_width - 1, self.key_heads, X), dtype,
+                              ("activation_batch", None, "activation_heads", None)),
+            "delta": ArraySpec((batch, self.value_heads, self.key_dim, self.value_dim),
+                               jnp.float32, ("activation_batch", "activation_heads", None, None))}
+
+
+def linear_state(cfg: ModelConfig) -> LinearState:
+  return LinearState(cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                     cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                     cfg.linear_conv_kernel_dim)
+
+
+class GatedDeltaNet(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, Hk, Hv = cfg.emb_dim, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    Dk, Dv, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    G = Hv // Hk
+    self.dims = (Hk, Hv, Dk, Dv, G)
+    self.dtype = cfg.compute_dtype
+    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    self.in_proj_qkvz = DenseGeneral((D,), (Hk, 2 * Dk + 2 * G * Dv), ("embed", "heads", None),
+                                     **kw)
+    self.in_proj_ba = DenseGeneral((D,), (Hk, 2 * G), ("embed", "heads", None), **kw)
+    conv = W ** -0.5 * jax.random.normal(rngs.params(), (W, Hk, 2 * Dk + G * Dv), jnp.float32)
+    self.conv = nnx.Param(conv.astype(cfg.param_dtype), logical_axes=(None, "heads", None))
+    # the Mamba / FLA init: A uniform in [1, 16], time steps dt log-uniform in [1e-3, 0.1] with
+    # dt_bias = softplus^-1(dt), so that the decays exp(-A dt) start near 1 (long memory). (HF's
+    # dt_bias = 1 starts with decays near exp(-10): each token nearly resets the state, the
+    # outputs o are tiny and their RMSNorm amplifies fp32 rounding ~1e3x in the gradients.)
+    A = jax.random.uniform(rngs.params(), (Hv,), jnp.float32, 1.0, 16.0)
+    self.A_log = nnx.Param(jnp.log(A).astype(cfg.param_dtype), logical_axes=("heads",))
+    dt = jnp.exp(jax.random.uniform(rngs.params(), (Hv,), jnp.float32, jnp.log(1e-3),
+                                    jnp.log(0.1)))
+    self.dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(cfg.param_dtype),
+                             logical_axes=("heads",))
+    self.norm = GatedRMSNorm(Dv, eps=cfg.norm_epsilon, **kw)
+    self.out_proj = DenseGeneral((Hv, Dv), (D,), ("heads", None, "embed"), **kw)
+    self.chunk_size = cfg.linear_chunk_size
+    self.chunked = cfg.linear_recurrence == "chunked"
+
+  # ---- the pieces both forms share (any leading dims `...`) --------------------------------------
+  def _project(self, x_D):
+    """x → (q|k|v [..., Hk, X], z [..., Hv, Dv], b and a [..., Hv])."""
+    Hk, Hv, Dk, Dv, G = self.dims
+    qkvz = self.in_proj_qkvz(x_D)
+    ba = self.in_proj_ba(x_D)
+    lead = x_D.shape[:-1]
+    qkv, z = qkvz[..., :2 * Dk + G * Dv], qkvz[..., 2 * Dk + G * Dv:].reshape(*lead, Hv, Dv)
+    return qkv, z, ba[..., :G].reshape(*lead, Hv), ba[..., G:].reshape(*lead, Hv)
+
+  def _rule_inputs(self, mixed, b, a):
+    """Conv output and b, a → (q, k [..., Hv, Dk] normalised and repeated, v [..., Hv, Dv], g, β),
+    the gates in fp32."""
+    Hk, Hv, Dk, Dv, G = self.dims
+    lead = mixed.shape[:-2]
+    mixed = jax.nn.silu(mixed).astype(self.dtype)
+    q = l2_normalize(mixed[..., :Dk]) * Dk ** -0.5
+    k = l2_normalize(mixed[..., Dk:2 * Dk])
+    v = mixed[..., 2 * Dk:].reshape(*lead, Hv, Dv)
+    q, k = jnp.repeat(q, G, axis=-2), jnp.repeat(k, G, axis=-2)
+    beta = jax.nn.sigmoid(b)
+    g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
+        a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
+    return q, k, v, g, beta
+
+  def _output(self, o, z):
+    return self.out_proj(self.norm(o.astype(self.dtype), z))
+
+  # ---- training: packed rows ---------------------------------------------------------------------
+  def __call__(self, x_BSD, segment_ids_BS):
+    qkv, z, b, a = self._project(x_BSD)
+    qkv = constrain(qkv, ACT_BSHX)
+    mixed = causal_conv(qkv, self.conv[...], document_starts(segment_ids_BS))
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    o = gated_delta_rule(q, k, v, g, beta, segment_ids_BS, chunk_size=self.chunk_size,
+                         chunked=self.chunked)
+    return constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
+
+  # ---- decoding: one token -----------------------------------------------------------------------
+  def init_state(self, batch: int) -> dict:
+    Hk, Hv, Dk, Dv, G = self.dims
+    W = self.conv.get_value().shape[0]
+    return {"conv": jnp.zeros((batch, W - 1, Hk, 2 * Dk + G * Dv), self.dtype),
+            "delta": jnp.zeros((batch, Hv, Dk, Dv), jnp.float32)}
+
+  def extend(self, x_BSD, valid_BS, prefill: bool, group: dict | None, index):
+    """Decoding (`valid_BS`: the real tokens of right-padded rows): a prefill runs prompts from a
+    zero state (padding neither writes nor decays the state: β = 0, g = 0) and stores in row
+    `index` of the cache `group` (None: no cache) the final delta-rule state and each prompt's last
+    W−1 conv inputs; otherwise one token per row through `step` (a row whose token is not valid
+    keeps its state). Returns (output, group)."""
+    if not prefill:
+      state = {name: group[name][index] for name in ("conv", "delta")}
+      y_BD, new = self.step(x_BSD[:, 0], state)
+      keep = lambda a: valid_BS[:, 0].reshape(-1, *(1,) * (a.ndim - 1))
+      group = {name: group[name].at[index].set(
+          jnp.where(keep(new[name]), new[name], state[name]).astype(group[name].dtype))
+          for name in ("conv", "delta")}
+      return y_BD[:, None], group
+    qkv, z, b, a = self._project(x_BSD)
+    qkv = constrain(qkv, ACT_BSHX)
+    mixed = causal_conv(qkv, self.conv[...], document_starts(valid_BS.astype(jnp.int32)))
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    real_BS1 = valid_BS[..., None]
+    o, delta = chunked_gated_delta_rule(q, k, v, jnp.where(real_BS1, g, 0.0),
+                                        jnp.where(real_BS1, beta, 0.0),
+                                        jnp.zeros_like(valid_BS).at[:, 0].set(True),
+                                        chunk_size=self.chunk_size)
+    y = constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
+    if group is None:
+      return y, None
+    W = self.conv.get_value().shape[0]
+    lengths_B = jnp.sum(valid_BS, axis=1)
+    at_BW = lengths_B[:, None] - (W - 1) + jnp.arange(W - 1)          # the last W−1 inputs
+    window = jnp.take_along_axis(qkv, jnp.clip(at_BW, 0)[:, :, None, None], axis=1)
+    window = jnp.where((at_BW >= 0)[:, :, None, None], window, 0)     # zeros before the start
+    group = {"conv": group["conv"].at[index].set(window.astype(group["conv"].dtype)),
+             "delta": group["delta"].at[index].set(delta)}
+    return y, group
+
+  def step(self, x_BD, state: dict) -> tuple[jax.Array, dict]:
+    qkv, z, b, a = self._project(x_BD)
+    mixed, window = causal_conv_step(state["conv"], qkv, self.conv[...])
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    o, delta = gated_delta_step(state["delta"], q, k, v, g, beta)
+    return self._output(o, z), {"conv": window, "delta": delta}

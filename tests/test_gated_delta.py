@@ -1,0 +1,195 @@
+"""The gated delta rule (MaxText/layers/gated_delta.py) and the causal conv (layers/causal_conv.py):
+the chunked form equals the token-by-token recurrence (values, final state and gradients), both
+equal transformers' reference functions run on each packed document alone, gradients stay finite
+under decays strong enough to overflow an unmasked exp, the Gated DeltaNet layer's one-token step
+reproduces its training forward, and under a mesh the rule is partitioned per row and head with
+no communication."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from MaxText.layers import causal_conv as cc
+from MaxText.layers import gated_delta as gd
+
+B, S, H, K, V = 2, 150, 3, 8, 6          # S is not a multiple of either chunk size tested
+
+
+def inputs(seed: int = 0, decay_scale: float = 1.0):
+  rng = np.random.default_rng(seed)
+  q = gd.l2_normalize(rng.normal(size=(B, S, H, K))) * K ** -0.5
+  k = gd.l2_normalize(rng.normal(size=(B, S, H, K)))
+  v = jnp.asarray(rng.normal(size=(B, S, H, V)), jnp.float32)
+  g = jnp.asarray(-decay_scale * np.exp(rng.normal(size=(B, S, H)) - 1.0), jnp.float32)
+  beta = jax.nn.sigmoid(jnp.asarray(rng.normal(size=(B, S, H)), jnp.float32))
+  return q, k, v, g, beta
+
+
+def packed_segments():
+  """Row 0: documents of 40, 60, 50 tokens; row 1: 129 tokens then 21 of padding (id 0)."""
+  seg = np.ones((B, S), np.int32)
+  seg[0, 40:], seg[0, 100:] = 2, 3
+  seg[1, 129:] = 0
+  return seg
+
+
+@pytest.mark.parametrize("chunk", [64, 16])
+def test_chunked_equals_token_by_token(chunk):
+  q, k, v, g, beta = inputs()
+  reset = gd.document_starts(jnp.asarray(packed_segments()))
+  o_tok, s_tok = jax.jit(gd.recurrent_gated_delta_rule)(q, k, v, g, beta, reset)
+  o_chk, s_chk = jax.jit(gd.chunked_gated_delta_rule, static_argnames="chunk_size")(
+      q, k, v, g, beta, reset, chunk_size=chunk)
+  scale = float(jnp.abs(o_tok).max())
+  assert scale > 0.5
+  assert float(jnp.abs(o_chk - o_tok).max()) <= 1e-5 * scale
+  assert float(jnp.abs(s_chk - s_tok).max()) <= 1e-5 * float(jnp.abs(s_tok).max())
+  # the resets matter: the same row as one document differs after the first boundary
+  one_doc = gd.chunked_gated_delta_rule(q, k, v, g, beta, reset.at[:, 1:].set(False),
+                                        chunk_size=chunk)[0]
+  assert float(jnp.abs(one_doc[0, 40:] - o_tok[0, 40:]).max()) > 1e-2
+
+
+def test_strong_decays_lose_no_precision():
+  """Decays of a Qwen3-Next layer's scale (log decays down to about -65 a token, the in-chunk
+  cumulative sums to about -800): chunked = token by token within 1e-6 of the output's scale, a few
+  fp32 ulps. The decays are summed per pair of tokens (segment sums); as differences of cumulative
+  sums they lose ~|cum| x 2^-24 (4.5e-6 here)."""
+  q, k, v, g, beta = inputs(3, decay_scale=10.0)
+  assert float(jnp.min(g)) < -50
+  reset = gd.document_starts(jnp.ones((B, S), jnp.int32))
+  o_tok = jax.jit(gd.recurrent_gated_delta_rule)(q, k, v, g, beta, reset)[0]
+  o_chk = jax.jit(gd.chunked_gated_delta_rule, static_argnames="chunk_size")(
+      q, k, v, g, beta, reset, chunk_size=64)[0]
+  assert float(jnp.abs(o_chk - o_tok).max()) <= 1e-6 * float(jnp.abs(o_tok).max())
+
+
+def test_packed_documents_equal_transformers_run_alone():
+  """Each document of a packed row against transformers' own recurrent reference on it alone."""
+  torch = pytest.importorskip("torch")
+  from transformers.models.qwen3_next import modeling_qwen3_next as hf
+  rng = np.random.default_rng(1)
+  raw = [rng.normal(size=(B, S, H, K)).astype(np.float32) for _ in range(2)]
+  v, g, beta = (np.asarray(a) for a in inputs(1)[2:])
+  q, k = gd.l2_normalize(raw[0]) * K ** -0.5, gd.l2_normalize(raw[1])
+  seg = packed_segments()
+  o = np.asarray(gd.chunked_gated_delta_rule(q, k, v, g, beta, gd.document_starts(seg),
+                                             chunk_size=64)[0])
+  t = lambda a: torch.tensor(np.ascontiguousarray(a))
+  worst = 0.0
+  for row, docs in ((0, [(0, 40), (40, 100), (100, S)]), (1, [(0, 129), (129, S)])):
+    for a, e in docs:
+      ref, _ = hf.torch_recurrent_gated_delta_rule(
+          t(raw[0][row:row + 1, a:e]), t(raw[1][row:row + 1, a:e]), t(v[row:row + 1, a:e]),
+          t(g[row:row + 1, a:e]), t(beta[row:row + 1, a:e]), use_qk_l2norm_in_kernel=True)
+      worst = max(worst, float(np.abs(ref.numpy()[0] - o[row, a:e]).max()))
+  assert worst <= 1e-5 * np.abs(o).max(), worst
+
+
+def test_gradients_equal_and_stay_finite():
+  """jax.grad through the chunked form equals it through the recurrence; with decays 50x stronger
+  (in-chunk cumulative log decays of about -1e3: an unmasked exp(cum_j - cum_i) overflows) the
+  gradients stay finite."""
+  reset = gd.document_starts(jnp.asarray(packed_segments()))
+  w = jnp.asarray(np.random.default_rng(2).normal(size=(B, S, H, V)), jnp.float32)
+
+  def grads(fn, decay_scale):
+    loss = lambda *a: jnp.sum(fn(*a, reset)[0] * w)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*inputs(2, decay_scale))
+
+  chunked = lambda *a: gd.chunked_gated_delta_rule(*a, chunk_size=32)
+  for got, want in zip(grads(chunked, 1.0), grads(gd.recurrent_gated_delta_rule, 1.0)):
+    assert float(jnp.abs(got - want).max()) <= 1e-5 * float(jnp.abs(want).max())
+  strong = grads(chunked, 50.0)
+  assert float(jnp.min(inputs(2, 50.0)[3])) < -100
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in strong)
+
+
+def test_causal_conv_restarts_per_document_and_steps():
+  torch = pytest.importorskip("torch")
+  from transformers.models.qwen3_next import modeling_qwen3_next as hf
+  rng = np.random.default_rng(3)
+  W, C = 4, 5
+  x = rng.normal(size=(B, S, C)).astype(np.float32)
+  w = rng.normal(size=(W, C)).astype(np.float32)
+  seg = packed_segments()
+  out = np.asarray(cc.causal_conv(x, w, gd.document_starts(seg)))
+  hf_conv = lambda a: hf.causal_conv1d_fn(torch.tensor(a).transpose(1, 2), torch.tensor(w.T),
+                                          None).transpose(1, 2).numpy()
+  for a, e in [(0, 40), (40, 100), (100, S)]:
+    np.testing.assert_allclose(out[0:1, a:e], hf_conv(x[0:1, a:e]), rtol=0, atol=1e-5)
+  window, steps = np.zeros((B, W - 1, C), np.float32), []
+  for t in range(S):   # row 0's boundaries; the step takes a fresh window at a document start
+    if t in (40, 100):
+      window = np.zeros_like(window)
+    y, window = cc.causal_conv_step(window, x[:, t], w)
+    steps.append(np.asarray(y))
+  np.testing.assert_allclose(np.stack(steps, 1)[0], out[0], rtol=0, atol=1e-5)
+
+
+def test_layer_step_reproduces_the_training_forward():
+  """The Gated DeltaNet layer's decoding step (conv window + delta-rule state), fed one token at a
+  time and reset at a document start, gives the training forward's outputs on a packed row."""
+  from flax import nnx
+  from MaxText.config.load import load_config
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.models.qwen3_next.gated_deltanet import GatedDeltaNet
+  from conftest import BASE_YML
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, "model_name=qwen3-next-tiny",
+                                              "linear_chunk_size=8"]))
+  layer = GatedDeltaNet(mcfg, rngs=nnx.Rngs(params=0))
+  T, boundary = 21, 13
+  x = jax.random.normal(jax.random.key(0), (2, T, mcfg.emb_dim))
+  seg = jnp.asarray(np.where(np.arange(T) < boundary, 1, 2)[None].repeat(2, 0), jnp.int32)
+  want = layer(x, seg)
+  state, got = layer.init_state(2), []
+  step = jax.jit(lambda s, xt: nnx.merge(*nnx.split(layer)).step(xt, s))
+  for t in range(T):
+    if t == boundary:
+      state = layer.init_state(2)
+    y, state = step(state, x[:, t])
+    got.append(y)
+  got = jnp.stack(got, 1)
+  assert float(jnp.abs(got - want).max()) <= 1e-5 * float(jnp.abs(want).max())
+  assert state["delta"].shape == (2, mcfg.linear_num_value_heads, mcfg.linear_key_head_dim,
+                                  mcfg.linear_value_head_dim)
+
+
+def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():
+  from MaxText.sharding.rules import parse_rules, use_rules
+  q, k, v, g, beta = inputs(4)
+  seg = jnp.asarray(packed_segments())
+  want = gd.gated_delta_rule(q, k, v, g, beta, seg, chunk_size=32)
+  devices = np.asarray(jax.devices()[:8])
+  rules = parse_rules([["activation_batch", ["data"]], ["activation_heads", ["tensor"]],
+                       ["activation_length", ["context"]]], ["data", "context", "tensor"])
+  mesh = jax.sharding.Mesh(devices[:6].reshape(2, 1, 3), ("data", "context", "tensor"),
+                           axis_types=(AxisType.Auto,) * 3)       # batch 2-way, heads 3-way
+  x_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None, "tensor"))
+  placed = [jax.device_put(a, x_sh) for a in (q, k, v, g, beta)] + [
+      jax.device_put(seg, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))]
+
+  def loss(q, k, v, g, beta, seg):
+    with use_rules(mesh, rules):
+      return jnp.sum(gd.gated_delta_rule(q, k, v, g, beta, seg, chunk_size=32) ** 2)
+
+  with jax.set_mesh(mesh):
+    fwd_bwd = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))
+    hlo = fwd_bwd.lower(*placed).compile().as_text()
+    with use_rules(mesh, rules):
+      o = jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(*placed)
+  np.testing.assert_allclose(np.asarray(o), np.asarray(want), rtol=0, atol=1e-6)
+  assert o.sharding.shard_shape(o.shape) == (B // 2, S, H // 3, V)
+  # per row and head: forward and backward partitioned with no communication but the loss's sum
+  collectives = [op for op in ("all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+                 if op in hlo]
+  reduces = [line for line in hlo.splitlines() if "all-reduce(" in line]
+  assert not collectives and reduces and all("f32[] all-reduce(" in r for r in reduces), (
+      collectives, reduces)
+  cp = jax.sharding.Mesh(devices[:4].reshape(1, 2, 2), ("data", "context", "tensor"),
+                         axis_types=(AxisType.Auto,) * 3)
+  with jax.set_mesh(cp), use_rules(cp, rules), pytest.raises(ValueError, match="context"):
+    jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(q[:, :148], k[:, :148],
+                                                                v[:, :148], g[:, :148],
+                                                                beta[:, :148], seg[:, :148])

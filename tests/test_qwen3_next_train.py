@@ -1,0 +1,80 @@
+"""Training the qwen3_next family: 5 steps on 1 device equal 5 on 8 (fsdp 2, expert 2, tensor 2:
+the batch over fsdp and expert, the experts over expert, the DeltaNet and attention heads over
+tensor — one run for both, one compile fewer); the carried MTP block never moves (bit for bit, signed zeros included); context parallelism and a
+recurrent state that cannot fit are refused before anything compiles."""
+import jax
+import numpy as np
+
+from conftest import BASE_YML, MESH_1, argv, train
+from MaxText.config.load import load_config
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_family, init_params
+from MaxText.train import memory
+
+# Every expert on every token (top-k = E = 8) and a 3e-4 learning rate: Gated DeltaNet layers
+# amplify fp32 rounding far more than attention (their output RMSNorm divides outputs near zero by
+# up to 1/sqrt(eps)), so on 8 devices the hidden states differ from 1 device by ~1e-7 relative;
+# with top-2 routing that flips near-tie expert choices (a discrete change, not a sharding error),
+# and at the default 3e-3 AdamW turns the rest into ~1e-4 by step 5. The dispatch, the all-to-all
+# and the experts' math are exercised all the same.
+# Layers [linear, full] x 2: one scanned block of both kinds, repeated.
+QWEN3_NEXT = ("model_name=qwen3-next-tiny", "num_decoder_layers=4", "attention_pattern=lf",
+              "steps=5", "enable_checkpointing=false", "mtp_num_layers=1", "linear_chunk_size=16",
+              "moe_aux_loss_weight=0.01", "num_experts_per_tok=8", "learning_rate=3e-4")
+MESH_FET = ["per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
+            "ici_tensor_parallelism=2"]
+
+
+def _host(tree):
+  return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+
+
+def test_one_device_equals_eight_and_mtp_stays_frozen(tmp_path):
+  code1, one, s1 = train(tmp_path, "one", *QWEN3_NEXT, *MESH_1, devices=jax.devices()[:1])
+  code8, eight, s8 = train(tmp_path, "eight", *QWEN3_NEXT, *MESH_FET)
+  assert code1 == code8 == 0
+  loss = lambda rows: np.array([r["loss"] for r in rows])
+  assert len(loss(one)) == 5 and loss(one)[-1] < loss(one)[0]
+  np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
+  assert one[-1]["moe_aux_loss"] > 0
+  linear = s8["params"]["decoder"]["runs"][0][0]["linear_attn"]["in_proj_qkvz"]["kernel"]
+  assert linear.sharding.shard_shape(linear.shape)[2] == linear.shape[2] // 2   # key heads / 2
+  experts = s8["params"]["decoder"]["runs"][0][0]["mlp"]["experts"]["wo"]
+  assert experts.sharding.shard_shape(experts.shape)[1] == experts.shape[1] // 2   # experts / 2
+  trained = _host(s1["params"])
+  for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(_host(s8["params"]))):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+  mcfg = ModelConfig.from_config(load_config(argv(tmp_path, "one", *QWEN3_NEXT, *MESH_1)))
+  initial = jax.jit(lambda: init_params(mcfg, 0))()      # as the trainer creates it (jitted)
+  moved = trained["decoder"]["runs"][0][0]["linear_attn"]["A_log"]
+  assert not np.array_equal(moved, np.asarray(initial["decoder"]["runs"][0][0]["linear_attn"]
+                                                                         ["A_log"]))
+  for got, want in zip(jax.tree.leaves(trained["mtp"]), jax.tree.leaves(initial["mtp"])):
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
+def test_context_parallelism_is_refused(tmp_path, capsys):
+  code, _, _ = train(tmp_path, "cp", *QWEN3_NEXT, "per_device_batch_size=1",
+                     "ici_fsdp_parallelism=4", "ici_context_parallelism=2",
+                     "attention=dot_product")
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "context parallelism is not supported" in err and "qwen3_next" in err
+
+
+def test_preflight_counts_the_recurrent_state():
+  """The delta-rule states kept for the backward pass: one [Hv, Dk, Dv] fp32 per chunk and
+  sequence, for one layer under remat, for every linear layer without."""
+  cfg = load_config([BASE_YML, "model_name=qwen3-next-80b-a3b",
+                     "max_target_length=4096"])
+  family = get_family("qwen3_next")
+  mcfg = ModelConfig.from_config(cfg)
+  per_layer = 4096 // 64 * 32 * 128 * 128 * 4                     # 134 MB per sequence
+  assert family.activation_bytes(mcfg, 2, 4096) == 2 * per_layer
+  no_remat = ModelConfig.from_config(load_config([BASE_YML,
+                                                  "model_name=qwen3-next-80b-a3b",
+                                                  "remat_policy=none"]))
+  assert family.activation_bytes(no_remat, 2, 4096) == 36 * 2 * per_layer
+  est = memory.MemoryEstimate(params=1, grads=1, optimizer=2, available=10, source="test",
+                              activations=36 * 2 * per_layer)
+  assert "activations ~9.00 GiB" in memory.check_fits(est)
