@@ -44,9 +44,10 @@ from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
-from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
+from MaxText.layers.moe import RoutedMLP, record
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_partial_rope
+from MaxText.models.llama import model as llama_model
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3_next.gated_deltanet import GatedDeltaNet, linear_state
 from MaxText.sharding.rules import constrain
@@ -225,8 +226,10 @@ class MultiTokenPrediction(nnx.Module):
     self.norm = zero_centered_norm(D, cfg, rngs)
 
 
-class Transformer(nnx.Module):
-  """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32)."""
+class Transformer(llama_model.Transformer):
+  """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32). The embedding
+  lookup, the forward, the LM head and the MoE layers' per-layer inputs are the Llama lineage's;
+  the layers, the zero-centred final norm, the MTP block and the decoding cache are this family's."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -245,46 +248,13 @@ class Transformer(nnx.Module):
                                              cfg.param_dtype), logical_axes=("layers", "exp"))
     self.mtp = MultiTokenPrediction(cfg, rngs=rngs) if cfg.mtp_num_layers else None
 
-  def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
-    return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
-
-  def _embed(self, tokens_BS):
-    x_BSD = jnp.take(self.embedding[...], tokens_BS, axis=0)
-    return constrain(x_BSD.astype(self.cfg.compute_dtype), ACT_BSD)
-
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
-    """(logits, {"moe_stats": …} for models with MoE layers, else {}); with `return_hidden` the
-    final-norm hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by
-    chunk)."""
-    cfg = self.cfg
-    x_BSD = self._embed(tokens_BS)
-    stats, xs = {}, None
-    if self.moe_layers:
-      stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
-    x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
-    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
-    x_BSD = self.final_norm(x_BSD)
-    return (x_BSD if return_hidden else self.logits(x_BSD)), aux
-
-  def logits(self, x_BSD):
-    """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V]."""
-    if self.lm_head is None:
-      table = self.embedding[...].astype(self.cfg.compute_dtype)
-      logits_BSV = jnp.einsum("bsd,vd->bsv", x_BSD, table)
-    else:
-      logits_BSV = self.lm_head(x_BSD)
-    return constrain(logits_BSV.astype(jnp.float32),
-                     ("activation_batch", "activation_length", "activation_vocab"))
-
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
     """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
     (final-norm hidden states [B, S, D], the cache with their state; None: no cache). `prefill`:
     the prompts (positions 0..S-1) over an empty cache; else one token per row."""
     cfg = self.cfg
-    xs = {"cache_index": jnp.asarray(cache_rows(cfg))}
-    if self.moe_layers:
-      xs.update(stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])[1])
+    xs = {"cache_index": jnp.asarray(cache_rows(cfg)), **self._moe_inputs()}
     x_BSD, cache = self.decoder((self._embed(tokens_BS), cache), positions_BS, valid_BS, prefill,
                                 xs=xs, method="extend")
     return self.final_norm(x_BSD), cache
