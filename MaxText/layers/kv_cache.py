@@ -95,6 +95,17 @@ class KVCache:
                                                                           mode="drop")
     return out
 
+  def extend(self, group: dict | None, index, op, q_BSHE, k_BSKE, v_BSKE, positions_BS, valid_BS,
+             *, prefill: bool, scale: float) -> tuple[jax.Array, dict | None]:
+    """One attention layer's decoding: the new K/V stored in row `index` of `group` (None: no
+    cache, e.g. scoring); a prefill (positions 0..S-1) attends within the new tokens with the
+    training op `op`, a step over the cache after its write. Returns (o_BSHE, group)."""
+    if group is not None:
+      group = self.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
+    if prefill:
+      return op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=scale), group
+    return self.attend(group, index, q_BSHE, positions_BS, scale=scale), group
+
   def attend(self, group: dict, index, q_BSHE, positions_BS, *, scale: float) -> jax.Array:
     """Attention of queries at `positions_BS` over row `index` of the cache: keys at positions
     <= the query's (and > query - window): softmax in fp32, GQA without repeating K/V."""

@@ -97,6 +97,21 @@ def routed_expert_problems(mcfg: ModelConfig, keys: frozenset[str]) -> Problems:
   return problems
 
 
+def dense_layer_problems(mcfg: ModelConfig, moe_layers: tuple[int, ...],
+                         keys: tuple[str, ...]) -> Problems:
+  """Checks of the keys (`keys`) that keep some layers of a MoE model dense: `mlp_only_layers`
+  inside the model, and at least one MoE layer left (`moe_layers`) when num_experts > 0."""
+  problems = []
+  outside = [i for i in mcfg.mlp_only_layers if not 0 <= i < mcfg.num_decoder_layers]
+  if outside:
+    problems.append(("mlp_only_layers", f"layers {outside} are outside the model's "
+                                         f"{mcfg.num_decoder_layers} layers"))
+  if mcfg.num_experts and not moe_layers:
+    problems.append(("num_experts", f"num_experts={mcfg.num_experts} but no layer is a MoE layer "
+                     f"({', '.join(f'{k}={getattr(mcfg, k)!r}' for k in keys)})"))
+  return problems
+
+
 def _no_problems(mcfg: ModelConfig) -> Problems:
   return []
 

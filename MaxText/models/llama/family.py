@@ -6,7 +6,7 @@ from MaxText.layers.moe import MoETerms, active_matmul_params
 from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
-                                   routed_expert_problems)
+                                   dense_layer_problems, routed_expert_problems)
 from MaxText.models.llama import hf_map as llama_hf
 from MaxText.models.llama.model import MOE, Transformer, decode_cache, layer_kinds, moe_layers
 from MaxText.models.model_config import ModelConfig
@@ -24,14 +24,7 @@ def check(cfg: ModelConfig) -> Problems:
                                       f"of num_kv_heads={cfg.num_kv_heads}"))
   if cfg.head_dim % 2:
     problems.append(("head_dim", f"head_dim={cfg.head_dim} must be even for RoPE"))
-  outside = [i for i in cfg.mlp_only_layers if not 0 <= i < cfg.num_decoder_layers]
-  if outside:
-    problems.append(("mlp_only_layers", f"layers {outside} are outside the model's "
-                                         f"{cfg.num_decoder_layers} layers"))
-  if cfg.num_experts and not moe_layers(cfg):
-    problems.append(("num_experts", f"num_experts={cfg.num_experts} but no layer is a MoE layer "
-                     f"({', '.join(f'{k}={getattr(cfg, k)!r}' for k in DENSE_LAYER_KEYS)})"))
-  return problems
+  return problems + dense_layer_problems(cfg, moe_layers(cfg), DENSE_LAYER_KEYS)
 
 
 def flops(cfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:

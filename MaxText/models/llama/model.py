@@ -82,12 +82,8 @@ class Attention(nnx.Module):
     attends within the new tokens with the training op, a step over the cache after its write.
     Returns (output, group)."""
     q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
-    if group is not None:
-      group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
-    if prefill:
-      o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=self.scale)
-    else:
-      o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
+    o_BSHE, group = self.cache.extend(group, index, self.op, q_BSHE, k_BSKE, v_BSKE, positions_BS,
+                                      valid_BS, prefill=prefill, scale=self.scale)
     return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), group
 
 

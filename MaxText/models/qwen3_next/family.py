@@ -8,14 +8,14 @@ from MaxText.layers.moe import MoETerms, active_matmul_params
 from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_delta_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
-                                   routed_expert_problems)
+                                   dense_layer_problems, routed_expert_problems)
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3_next import hf_map
 from MaxText.models.qwen3_next.model import (FULL, LINEAR, MOE, Transformer, decode_cache,
                                              layer_kinds, moe_layers)
 
-EXPERT_KEYS = ROUTED_EXPERT_KEYS | {"shared_expert_mlp_dim", "mlp_only_layers",
-                                    "decoder_sparse_step"}
+DENSE_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
+EXPERT_KEYS = ROUTED_EXPERT_KEYS | {"shared_expert_mlp_dim", *DENSE_LAYER_KEYS}
 LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                "linear_value_head_dim")
 QWEN3_NEXT_KEYS = frozenset({"mlp_activation", "tie_word_embeddings", "attention_pattern",
@@ -45,14 +45,7 @@ def check(cfg: ModelConfig) -> Problems:
     if cfg.linear_num_key_heads and cfg.linear_num_value_heads % cfg.linear_num_key_heads:
       problems.append(("linear_num_value_heads", f"{cfg.linear_num_value_heads} value heads are "
                        f"not a multiple of linear_num_key_heads={cfg.linear_num_key_heads}"))
-  outside = [i for i in cfg.mlp_only_layers if not 0 <= i < cfg.num_decoder_layers]
-  if outside:
-    problems.append(("mlp_only_layers", f"layers {outside} are outside the model's "
-                                         f"{cfg.num_decoder_layers} layers"))
-  if cfg.num_experts and not moe_layers(cfg):
-    problems.append(("num_experts", f"num_experts={cfg.num_experts} but no layer is a MoE layer "
-                     f"(mlp_only_layers={list(cfg.mlp_only_layers)}, decoder_sparse_step="
-                     f"{cfg.decoder_sparse_step})"))
+  problems += dense_layer_problems(cfg, moe_layers(cfg), DENSE_LAYER_KEYS)
   return problems
 
 

@@ -150,12 +150,8 @@ class GatedAttention(nnx.Module):
     `group` (None: no cache); a prefill attends within the prompts with the training op, a step
     over the cache after its write. Returns (output, group)."""
     q_BSHE, gate_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
-    if group is not None:
-      group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
-    if prefill:
-      o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=self.scale)
-    else:
-      o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
+    o_BSHE, group = self.cache.extend(group, index, self.op, q_BSHE, k_BSKE, v_BSKE, positions_BS,
+                                      valid_BS, prefill=prefill, scale=self.scale)
     return self._output(o_BSHE, gate_BSHE), group
 
 
