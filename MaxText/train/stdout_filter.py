@@ -3,19 +3,24 @@
 Gloo (JAX's cross-process CPU collectives) prints "[Gloo] Rank i is connected to n peer ranks..."
 with std::cout for every communicator it opens — dozens of lines per multi-process CPU run, with
 no switch to turn them off. `StdoutFilter` puts a pipe behind fd 1 and a thread that forwards
-every line except those to the real stdout, in order (Python's own prints go through the same
-pipe). `stop()` puts the real stdout back and waits for the thread to drain the pipe.
+everything except those messages to the real stdout, in order (Python's own prints go through the
+same pipe). std::cout may write a message in pieces, and another thread's print can land between
+them (a line "[Gloo] Rank 1 is connected to 1 peer ranks. [process 1/2] host ..." then "Expected
+number ... : 1"): so the messages are cut out of each line by pattern, and a line is dropped only
+when nothing but them was on it. `stop()` puts the real stdout back and waits for the thread to
+drain the pipe.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 
 
 class StdoutFilter:
-  def __init__(self, drop_prefixes: tuple[bytes, ...]):
-    self.drop_prefixes = drop_prefixes
+  def __init__(self, noise: bytes):
+    self.noise = re.compile(noise)   # what to cut out of each line
     self._saved: int | None = None
     self._thread: threading.Thread | None = None
 
@@ -38,8 +43,9 @@ class StdoutFilter:
   def _pump(self, read_end: int, out: int) -> None:
     with os.fdopen(read_end, "rb", buffering=0) as pipe:
       for line in pipe:
-        if not line.startswith(self.drop_prefixes):
-          os.write(out, line)
+        kept = self.noise.sub(b"", line)
+        if kept.strip() or not line.strip():   # drop the lines that held only noise
+          os.write(out, kept)
 
   def stop(self, timeout_s: float = 5.0) -> None:
     """Real stdout back on fd 1; the lines still in the pipe are forwarded first."""
@@ -52,4 +58,5 @@ class StdoutFilter:
     self._saved = self._thread = None
 
 
-GLOO = StdoutFilter((b"[Gloo] ",))
+GLOO = StdoutFilter(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. ?"
+                    rb"|Expected number of connected peer ranks is : \d+")
