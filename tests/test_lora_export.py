@@ -1,6 +1,6 @@
 """LoRA checkpoints to Hugging Face and back: the merged export (transformers), the PEFT export
 (through `peft.PeftModel.from_pretrained` on the transformers base) and our own forward agree
-within 1e-4 (fp32) for Qwen3, Qwen3-MoE and Gemma 4 (scanned and not); a PEFT folder imported by
+within 1e-4 (fp32) for Qwen3, Qwen3-MoE, Gemma 4 and Qwen3-Next (scanned and not); a PEFT folder imported by
 to_maxtext gives back our adapters exactly."""
 import json
 import os
@@ -27,12 +27,26 @@ from MaxText.models.registry import get_hf_map, make_model_def  # noqa: E402
 CASES = {"qwen3": ("qwen3-tiny", "true", []),
          "qwen3_moe": ("qwen3-moe-tiny", "false", []),
          "gemma4": ("gemma4-tiny", "true", ["attention_pattern=sf", "num_decoder_layers=6",
-                                             "num_kv_shared_layers=2", "sliding_window=4"])}
+                                             "num_kv_shared_layers=2", "sliding_window=4"]),
+         # the attention and Gated DeltaNet projections (default targets: test below). Not the
+         # shared expert's MLP: peft 0.21 on transformers 5 rewrites every *.gate_proj / up_proj /
+         # down_proj target of a qwen2_moe-style model to the fused experts' parameters
+         # (peft/utils/transformers_weight_conversion.py), so it drops those adapters on load.
+         "qwen3_next": ("qwen3-next-tiny", "true",
+                        ["lora_targets=/(attn|linear_attn)/[a-z_]+$"])}
+
+# Qwen3-Next's default targets: the Gated DeltaNet projections (a named axis on each side; their
+# fused dimension is not) with attention and the shared expert's MLP; never the router, the
+# shared expert's one-value gate, the norms or the head.
+NEXT_DEFAULT = {"attn/query", "attn/key", "attn/value", "attn/out", "linear_attn/in_proj_qkvz",
+                "linear_attn/in_proj_ba", "linear_attn/out_proj", "mlp/shared/gate",
+                "mlp/shared/up", "mlp/shared/down"}
 
 
 def hf_base(folder, model_name, extra):
   """A random-init transformers model of our tiny config (end_to_end/tiny_hf.py), saved."""
-  cfg = load_config([BASE_YML, f"model_name={model_name}", *extra])
+  cfg = load_config([BASE_YML, f"model_name={model_name}",
+                     *(e for e in extra if not e.startswith("lora_"))])
   hf_config = dict(get_hf_map(cfg.hf_model_type).config_to_hf(cfg))
   hf_config.pop("architectures", None)
   model_type = hf_config.pop("model_type")
@@ -63,7 +77,8 @@ def test_merged_peft_and_ours_agree(case, tmp_path):
   hf_dir = tmp_path / "hf"
   hf_base(hf_dir, model_name, extra)
   cfg, base = to_maxtext.load_hf(str(hf_dir), [f"scan_layers={scan}"])
-  cfg = replace(cfg, lora_rank=4, lora_alpha=8.0)
+  targets = [e.split("=", 1)[1] for e in extra if e.startswith("lora_targets=")]
+  cfg = replace(cfg, lora_rank=4, lora_alpha=8.0, lora_targets=(targets or [""])[0])
   md = make_model_def(ModelConfig.from_config(cfg))
   abstract = traverse_util.flatten_dict(lora.split(md.abstract_params)[0])
   rng = np.random.default_rng(1)
@@ -104,6 +119,17 @@ def test_merged_peft_and_ours_agree(case, tmp_path):
   for k, v in traverse_util.flatten_dict(got).items():
     np.testing.assert_array_equal(v, want[k], err_msg="/".join(map(str, k)))
   close(forward(back_md, got, tokens), ours)
+
+
+def test_qwen3_next_default_targets():
+  cfg = load_config([BASE_YML, "model_name=qwen3-next-tiny", "scan_layers=false", "lora_rank=2"])
+  flat = traverse_util.flatten_dict(make_model_def(ModelConfig.from_config(cfg)).abstract_params)
+  adapted = {"/".join(map(str, k[:-1])) for k in flat if k[-1] == "lora_a"}
+  for i, kind in enumerate(("linear_attn", "linear_attn", "linear_attn", "attn")):
+    prefix = f"decoder/layers/{i}/"
+    want = {m for m in NEXT_DEFAULT if m.startswith("mlp/") or m.startswith(kind + "/")}
+    assert {a[len(prefix):] for a in adapted if a.startswith(prefix)} == want, i
+  assert all(a.startswith("decoder/layers/") for a in adapted), adapted
 
 
 def test_peft_export_of_a_plain_checkpoint_is_refused(tmp_path, capsys):

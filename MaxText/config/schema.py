@@ -295,8 +295,8 @@ class Config:
                           carried=True, **_COMPUTE)
   lora_targets: str = key(
       "", 'regex over the dense projections\' module paths (e.g. "decoder/.*/(query|value)$"); "" '
-      "= every projection of the decoder layers whose axes are all named (attention and MLP, not "
-      "routers, gates to one value or the head)", carried=True, **_COMPUTE)
+      "= every projection of the decoder layers with a named axis on each side (attention, MLP, "
+      "Gated DeltaNet; not routers, gates to one value or the head)", carried=True, **_COMPUTE)
 
   # ---- checkpoints -----------------------------------------------------------------------------
   enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",

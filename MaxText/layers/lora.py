@@ -15,9 +15,11 @@ pattern stack's "layers" axis when scanned):
     lora_b [*lead, rank, *out]  logical axes (*lead, None, *out axes)  zeros
 so the projection computes x W + (alpha / rank) (x A) B, starts exactly equal to the base, and each
 adapter is sharded by the rules like the weight it adapts. `targets` "" takes every projection
-whose axes are all named and none is "vocab": attention and MLP projections of any family, not a
-router, a gate to one value or the output head. Experts kept as raw stacked arrays (MoE) are not
-projections and get no adapters.
+with at least one named axis on its input side and one on its output side and no "vocab" axis:
+attention and MLP projections of any family, and fused ones whose packed dimension is unnamed
+(Gated DeltaNet's in_proj_qkvz [embed, heads, None]); not a router or a gate to one value (their
+output axis is unnamed), a norm (not a projection) or the output head. Experts kept as raw stacked
+arrays (MoE) are not projections and get no adapters.
 
 Parameters stay one tree; `split` / `join` cut it into the adapters (trained) and the rest
 (frozen), by the adapters' names, which belong to this module.
@@ -37,8 +39,10 @@ from MaxText.layers.linear import DenseGeneral
 ADAPTERS = ("lora_a", "lora_b")
 
 
-def default_target(axes: tuple) -> bool:
-  return all(a is not None for a in axes) and "vocab" not in axes
+def default_target(axes: tuple, in_rank: int) -> bool:
+  """`axes`: a kernel's logical axes [*in, *out] (no "layers"): a named axis on each side, no vocab."""
+  named = lambda side: any(a is not None for a in side)
+  return named(axes[:in_rank]) and named(axes[in_rank:]) and "vocab" not in axes
 
 
 def targets(model: nnx.Module, pattern: str) -> list[tuple[str, DenseGeneral]]:
@@ -50,7 +54,8 @@ def targets(model: nnx.Module, pattern: str) -> list[tuple[str, DenseGeneral]]:
       continue
     name = "/".join(map(str, path))
     axes = tuple(node.kernel.get_metadata().get("logical_axes") or ())
-    if (regex.search(name) if regex else default_target(tuple(a for a in axes if a != "layers"))):
+    if (regex.search(name) if regex
+        else default_target(tuple(a for a in axes if a != "layers"), node.in_rank)):
       out.append((name, node))
   return out
 
