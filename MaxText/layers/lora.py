@@ -97,10 +97,19 @@ def join(adapters: dict, base: dict) -> dict:
                                        **traverse_util.flatten_dict(adapters)})
 
 
+def merge_kernel(w: Any, a: Any, b: Any, scale: float) -> Any:
+  """W + scale * A B in float32, cast back to W's dtype, for W [*lead, *in, *out], A [*lead, *in, r],
+  B [*lead, r, *out] (any `lead`); NumPy arrays or jax.Arrays (on their devices) alike."""
+  lead = a.ndim + b.ndim - w.ndim - 2
+  r = a.shape[-1]
+  a, b = a.astype("float32"), b.astype("float32")
+  delta = a.reshape(*a.shape[:lead], -1, r) @ b.reshape(*b.shape[:lead], r, -1)
+  return (w.astype("float32") + scale * delta.reshape(w.shape)).astype(w.dtype)
+
+
 def merged(params: Any, scale: float) -> dict:
-  """The parameters (host arrays) with every adapted kernel replaced by W + scale * A B (in
-  float32, cast back to W's dtype) and no adapters: what the adapted model computes, as a plain
-  model."""
+  """The parameters (host arrays) with every adapted kernel replaced by W + scale * A B
+  (`merge_kernel`) and no adapters: what the adapted model computes, as a plain model."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   flat = traverse_util.flatten_dict(params)
   out = {k: v for k, v in flat.items() if not is_adapter(k)}
@@ -108,10 +117,6 @@ def merged(params: Any, scale: float) -> dict:
     if k[-1] != "lora_a":
       continue
     where = k[:-1]
-    w = np.asarray(out[(*where, "kernel")])
-    a, b = np.asarray(a, np.float32), np.asarray(flat[(*where, "lora_b")], np.float32)
-    lead = a.ndim + b.ndim - w.ndim - 2       # a [*lead, *in, r], b [*lead, r, *out]
-    r = a.shape[-1]
-    delta = a.reshape(*a.shape[:lead], -1, r) @ b.reshape(*b.shape[:lead], r, -1)
-    out[(*where, "kernel")] = (w.astype(np.float32) + scale * delta.reshape(w.shape)).astype(w.dtype)
+    out[(*where, "kernel")] = merge_kernel(np.asarray(out[(*where, "kernel")]), np.asarray(a),
+                                           np.asarray(flat[(*where, "lora_b")]), scale)
   return traverse_util.unflatten_dict(out)

@@ -59,12 +59,14 @@ def to_ours(w: np.ndarray, shape: tuple[int, ...], rule: Rule, name: str) -> np.
   return w if rule.in_rank is None else np.swapaxes(w, -1, -2).reshape(shape)
 
 
-def to_hf(k: np.ndarray, rule: Rule) -> np.ndarray:
+def to_hf(k: Any, rule: Rule) -> Any:
+  """Our array → HF's layout; a NumPy array stays one (contiguous), a jax.Array stays on its
+  devices."""
   if rule.in_rank is None:
     return k
   lead, body = k.shape[: rule.lead], k.shape[rule.lead:]
-  flat = k.reshape(*lead, math.prod(body[: rule.in_rank]), -1)
-  return np.ascontiguousarray(np.swapaxes(flat, -1, -2))
+  out = k.reshape(*lead, math.prod(body[: rule.in_rank]), -1).swapaxes(-1, -2)
+  return np.ascontiguousarray(out) if isinstance(out, np.ndarray) else out
 
 
 def flatten(tree: Mapping) -> dict[tuple, Any]:
@@ -250,11 +252,13 @@ class NameMap:
         flat[path] = np.zeros(specs[path].shape, specs[path].dtype)
     return unflatten(flat)
 
-  def params_to_hf(self, params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False
-                   ) -> Mapping[str, np.ndarray]:
+  def params_to_hf(self, params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,
+                   on_device: bool = False) -> Mapping[str, np.ndarray]:
     """Our params → HF tensors (dtype kept) as a lazy mapping: each tensor is made when read, so an
-    exporter holds one at a time. With tied embeddings the head is left out (as `save_pretrained`
-    does) unless `tied_lm_head`."""
+    exporter holds one at a time (a parameter is indexed where it lives before anything is copied:
+    a scanned jax.Array gives one layer's block). With tied embeddings the head is left out (as
+    `save_pretrained` does) unless `tied_lm_head`. Tensors are NumPy arrays, or with `on_device`
+    the leaves' own arrays (a jax.Array stays on its devices; MaxText/refit.py)."""
     self.check(mcfg)
     flat = flatten(params)
     for name in self.ours_only:
@@ -272,18 +276,20 @@ class NameMap:
       where.update((name, (value, e.rule, index)) for name, index in e.sources)
     if tied_lm_head and mcfg.tie_word_embeddings:
       where[self.tied_head_name] = where[self.embedding_name]
-    return LazyHF(where)
+    return LazyHF(where, on_device)
 
 
 class LazyHF(Mapping):
-  def __init__(self, where: dict[str, tuple[Any, Rule, tuple]]):
-    self._where = where
+  def __init__(self, where: dict[str, tuple[Any, Rule, tuple]], on_device: bool = False):
+    self._where, self._on_device = where, on_device
 
   def __getitem__(self, name: str) -> np.ndarray:
     value, rule, index = self._where[name]
-    value = np.asarray(np.asarray(value)[index])
-    out = to_hf(value, rule)
-    return out if out is not value else value.copy()
+    part = value[index]                     # indexed where it lives: only this block is copied
+    if not self._on_device:
+      part = np.asarray(part)
+    out = to_hf(part, rule)
+    return out.copy() if out is part and isinstance(out, np.ndarray) else out
 
   def __iter__(self):
     return iter(self._where)

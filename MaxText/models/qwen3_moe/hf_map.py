@@ -59,9 +59,10 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,
-                 fused: bool = False) -> Mapping[str, np.ndarray]:
+                 fused: bool = False, on_device: bool = False) -> Mapping[str, np.ndarray]:
   """Our params → HF tensors (lazy): the hub's per-expert form, or transformers' fused one."""
-  return (FUSED_MAP if fused else HUB_MAP).params_to_hf(params, mcfg, tied_lm_head=tied_lm_head)
+  return (FUSED_MAP if fused else HUB_MAP).params_to_hf(params, mcfg, tied_lm_head=tied_lm_head,
+                                                        on_device=on_device)
 
 
 # ---- config --------------------------------------------------------------------------------------

@@ -109,12 +109,9 @@ class _ConvLayout(Mapping):
     value = self._tensors[name]
     if self._order is None or not _CONV.search(name):
       return value
-    w = np.asarray(value)
     if self._to_ours:
-      return w[:, 0][self._order]
-    out = np.empty_like(w)
-    out[self._order] = w
-    return out[:, None]
+      return np.asarray(value)[:, 0][self._order]
+    return value[np.argsort(self._order)][:, None]   # HF channel ← our row (a jax.Array stays one)
 
   def __iter__(self):
     return iter(self._tensors)
@@ -139,12 +136,12 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,
-                 fused: bool = False) -> Mapping[str, np.ndarray]:
+                 fused: bool = False, on_device: bool = False) -> Mapping[str, np.ndarray]:
   """Our params → HF tensors (lazy): the hub's per-expert form, or transformers' fused one (the
-  MTP block, which transformers does not have, always per expert)."""
+  MTP block, which transformers does not have, always per expert); `on_device`: NameMap's."""
   nm = name_map(mcfg.mtp_num_layers, fused)
-  return _ConvLayout(nm.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head), mcfg,
-                     to_ours=False)
+  return _ConvLayout(nm.params_to_hf(params, mcfg, tied_lm_head=tied_lm_head,
+                                     on_device=on_device), mcfg, to_ours=False)
 
 
 def config_from_tensor_names(names: Iterable[str]) -> dict[str, Any]:
