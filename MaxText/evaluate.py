@@ -22,7 +22,7 @@ from typing import Sequence
 import jax
 
 from MaxText.checkpoint.errors import CheckpointError
-from MaxText.checkpoint.manager import load_params
+from MaxText.train import lora_base
 from MaxText.config.load import ConfigError
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
@@ -60,7 +60,8 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   else:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             model_def.abstract_params, shardings)
-    params = load_params(cfg.load_parameters_path, abstract, verify=cfg.checkpoint_verify)
+    params = lora_base.load(cfg.load_parameters_path, ModelConfig.from_config(cfg), abstract,
+                            verify=cfg.checkpoint_verify)
   global_batch = cfg.micro_batch_size(len(devices))
   sharding = batch_sharding(mesh, rules, global_batch, cfg.max_target_length)
   rows = process_rows(sharding, (global_batch, cfg.max_target_length))

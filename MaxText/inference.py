@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import load_params
+from MaxText.train import lora_base
 from MaxText.checkpoint_conversion.to_maxtext import load_hf
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
@@ -249,7 +249,7 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
       raise ConfigError("decoding needs parameters: set load_parameters_path or hf_path")
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             engine.model_def.abstract_params, engine.param_shardings)
-    params = load_params(cfg.load_parameters_path, abstract, verify=cfg.checkpoint_verify)
+    params = lora_base.load(cfg.load_parameters_path, mcfg, abstract, verify=cfg.checkpoint_verify)
   else:
     params = engine.place(params)
   eos = _generation_config_eos(cfg.hf_path) if cfg.hf_path else []

@@ -67,11 +67,11 @@ def main(argv: list[str]) -> int:
   import torch
   import transformers
 
-  from MaxText.checkpoint.manager import load_params_host
   from MaxText.checkpoint_conversion.hf_io import read_config
   from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
   from MaxText.models.model_config import ModelConfig
   from MaxText.models.registry import make_model_def
+  from MaxText.train import lora_base
 
   read_config(args["hf_path"])  # refuses auto_map / missing config before transformers reads it
   hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
   hf.eval()
   cfg = replace(checkpoint_config(args["load_parameters_path"]), dtype=args["dtype"])
   model_def = make_model_def(ModelConfig.from_config(cfg))
-  params = load_params_host(args["load_parameters_path"], model_def.abstract_params)
+  params = lora_base.load_host(args["load_parameters_path"], ModelConfig.from_config(cfg),
+                               model_def.abstract_params)
 
   def ours(tokens, positions, segments):
     return np.asarray(model_def.apply(params, tokens[None], positions[None], segments[None]))[0]

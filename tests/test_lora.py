@@ -2,8 +2,8 @@
 forward exactly as it was; only the adapters train (the base bitwise unchanged after 10 steps, the
 optimizer state exactly two moments of the adapters, in bytes); the assistant loss falls; a
 prompt token's target is not in the objective; 8 fake devices with gradient accumulation equal 1;
-resume is bitwise; the pre-flight estimate accepts a qwen3-8b LoRA on 80 GB where full
-fine-tuning is refused."""
+resume is bitwise; checkpoints hold the adapters and a reference to the base (a changed base: exit
+4); the pre-flight estimate accepts a qwen3-8b LoRA on 80 GB where full fine-tuning is refused."""
 import os
 
 import jax
@@ -13,14 +13,14 @@ from flax import traverse_util
 
 import sft_helpers as h
 from conftest import BASE_YML, MESH_1, MESH_222
-from MaxText.checkpoint.manager import save_params_only
+from MaxText.checkpoint.manager import load_params, read_meta, save_params_only
 from MaxText.config.load import load_config
 from MaxText.data.config import DataConfig
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
-from MaxText.train import memory
+from MaxText.train import lora_base, memory
 from MaxText.train.loop import Trainer, run
 
 MODEL = ["model_name=qwen3-tiny", "max_target_length=128", "learning_rate=1e-2",
@@ -188,3 +188,69 @@ def test_bad_lora_targets_exit_2(tmp_path, capsys):
   code, _ = run([BASE_YML, *MESH_1, "lora_rank=4", "lora_targets=nothing_matches",
                  f"base_output_directory={tmp_path}"], devices=jax.devices()[:1])
   assert code == 2 and "lora_targets='nothing_matches'" in capsys.readouterr().err
+
+
+def _du(path) -> int:
+  return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path)
+             for f in files)
+
+
+def test_checkpoints_hold_the_adapters_and_a_reference_to_the_base(setup, one_device_run):
+  d, _, base = setup
+  step = os.path.join(str(d), "one", "checkpoints", "10")
+  saved = _flat(load_params(step))            # host arrays, whatever the checkpoint holds
+  assert saved and all(k.endswith(("lora_a", "lora_b")) for k in saved), sorted(saved)[:4]
+  ref = read_meta(step)["lora_base"]
+  assert ref["path"] == os.path.join(str(d), "base_ckpt", "0") and ref["init_seed"] is None
+  assert ref["fingerprint"] == lora_base.fingerprint(base)
+  # the params item is a small fraction of the base's
+  assert _du(os.path.join(step, "params")) * 5 < _du(os.path.join(str(d), "base_ckpt", "0",
+                                                                "params"))
+
+
+def test_a_changed_base_is_refused_with_exit_4(setup, one_device_run, capsys):
+  """The base checkpoint replaced by another model: resume, decoding and export each refuse the
+  LoRA checkpoint with a CheckpointError / exit 4 naming the base; with the base back, it loads."""
+  import shutil
+  from MaxText import inference
+  from MaxText.checkpoint.errors import CheckpointError
+  from MaxText.checkpoint_conversion import to_huggingface
+  d, common, _ = setup
+  base_dir = os.path.join(str(d), "base_ckpt")
+  os.rename(base_dir, base_dir + ".orig")
+  try:
+    cfg = load_config(h.sft_argv(d, "base", *MODEL, "lora_rank=0"))
+    save_params_only(base_dir, init_params(ModelConfig.from_config(cfg), 8), cfg.as_dict())
+    ckpt = os.path.join(str(d), "one", "checkpoints")
+    with pytest.raises(CheckpointError, match="base model that has changed"):
+      inference.load([BASE_YML, f"load_parameters_path={ckpt}", *MESH_1],
+                     devices=jax.devices()[:1])
+    assert to_huggingface.main([f"load_parameters_path={ckpt}",
+                                f"output_path={d}/changed_export"]) == 4
+    assert "base_ckpt/0" in capsys.readouterr().err
+    shutil.copytree(os.path.join(str(d), "one"), os.path.join(str(d), "changed"))
+    shutil.rmtree(os.path.join(str(d), "changed", "checkpoints", "10"))
+    code, _ = run(h.sft_argv(d, "changed", *common, *MESH_1), devices=jax.devices()[:1])
+    assert code == 4
+  finally:
+    shutil.rmtree(base_dir, ignore_errors=True)
+    os.rename(base_dir + ".orig", base_dir)
+  assert to_huggingface.main([f"load_parameters_path={ckpt}",
+                              f"output_path={d}/restored_export"]) == 0
+
+
+def test_lora_from_the_random_init_references_its_seed(tmp_path):
+  """No load_parameters_path: the base is the random init, referenced by its seed; the checkpoint
+  exports (the base made again and checked against its fingerprint)."""
+  from MaxText.checkpoint_conversion import to_huggingface
+  data = h.write_jsonl(tmp_path / "chats.jsonl", h.conversations(16))
+  h.save_chat_tokenizer(tmp_path / "tok", h.QWEN3_TAGGED)
+  code, _ = run(h.sft_argv(tmp_path, "fresh", *MODEL, *MESH_1, f"dataset_path={data}",
+                           f"tokenizer_path={tmp_path}/tok/tokenizer.json", "steps=2",
+                           "checkpoint_period=2"), devices=jax.devices()[:1])
+  assert code == 0
+  step = os.path.join(str(tmp_path), "fresh", "checkpoints", "2")
+  ref = read_meta(step)["lora_base"]
+  assert ref["path"] == "" and ref["init_seed"] == 0
+  assert all(k.endswith(("lora_a", "lora_b")) for k in _flat(load_params(step)))
+  assert to_huggingface.main([f"load_parameters_path={step}", f"output_path={tmp_path}/out"]) == 0

@@ -83,11 +83,13 @@ class RunCheckpoints:
     return sorted(self._mngr.all_steps())
 
   # ---- save ----------------------------------------------------------------------------------
-  def save(self, step: int, state: dict, data_iterator: Any, config: dict) -> None:
+  def save(self, step: int, state: dict, data_iterator: Any, config: dict,
+           meta: dict | None = None) -> None:
+    """`meta`: more entries of the `meta` item (e.g. a LoRA run's base reference)."""
     self.wait()  # a failed or hung previous save is reported before anything new is written
     arrays = {k: state[k] for k in ARRAY_ITEMS}
     args = {k: manifest.ArraySave(v) for k, v in arrays.items()}
-    args["meta"] = ocp.args.JsonSave({"step": int(step), "config": config})
+    args["meta"] = ocp.args.JsonSave({**(meta or {}), "step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
     tokenizer = tokenizer_files.files_for(config.get("tokenizer_type", ""),

@@ -30,7 +30,8 @@ import os
 import sys
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import load_params_host, read_meta, resolve_step_dir
+from MaxText.checkpoint.errors import CheckpointError
+from MaxText.checkpoint.manager import read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.config import cli
@@ -39,6 +40,7 @@ from MaxText.config.schema import KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
+from MaxText.train import lora_base
 
 ARGS = {
     "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
@@ -78,7 +80,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   for key, problem in check_model(mcfg, model_type):
     raise ConfigError(f"{key}: {problem}")
   family = get_hf_map(model_type)
-  params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
+  params = lora_base.load_host(ckpt, mcfg, make_model_def(mcfg).abstract_params)
   if cfg.lora_rank:
     base = dataclasses.replace(mcfg, lora_rank=0)
     if adapter_format == "peft":
@@ -107,6 +109,9 @@ def main(argv: list[str]) -> int:
   except (ConfigError, ValueError, KeyError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except CheckpointError as e:   # damaged, or a LoRA checkpoint whose base changed
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    return 4
   print(f"wrote {args['output_path']} ({model_type})")
   return 0
 

@@ -32,7 +32,7 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import cpu_devices, distributed, evaluation, faults, memory
+from MaxText.train import cpu_devices, distributed, evaluation, faults, lora_base, memory
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
@@ -102,6 +102,7 @@ class Trainer:
     self.run_dir = run_dir_of(cfg)
     self.mesh = create_mesh(cfg, self.devices)
     self.final_state = None
+    self.lora_base: dict | None = None   # LoRA: the base the run's checkpoints refer to
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
@@ -138,23 +139,53 @@ class Trainer:
                     meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
     """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
     are verified), the parameters of `load_parameters_path`, or a fresh init."""
+    cfg = self.cfg
     if ckpts is not None and ckpts.latest_step() is not None:
-      state, start = ckpts.restore_latest(self.abstract, data_iter,
-                                          verify=self.cfg.checkpoint_verify,
-                                          fallback=self.cfg.checkpoint_fallback, log=log,
+      # a LoRA run's checkpoints hold the adapters and a reference to the base (train/lora_base.py)
+      ref = lora_base.checkpoint_reference(ckpts.step_dir(ckpts.latest_step())) \
+          if self.adapters_only else None
+      state, start = ckpts.restore_latest(self.saved_part(self.abstract, ref), data_iter,
+                                          verify=cfg.checkpoint_verify,
+                                          fallback=cfg.checkpoint_fallback, log=log,
                                           meanwhile=meanwhile)
       if state is not None:
+        if ref is not None:
+          state["params"] = lora.join(state["params"], lora_base.base_of(
+              ref, self.mcfg, lora.split(self.abstract["params"])[1], verify=cfg.checkpoint_verify,
+              source=ckpts.step_dir(start)))
+        self.lora_base = ref
         log(f"resumed from {ckpts.directory}/{start}")
         return state, start
     params = None
-    if self.cfg.load_parameters_path:
-      # LoRA from a checkpoint without adapters: its parameters are the base (adapters start fresh)
-      has_adapters = read_meta(self.cfg.load_parameters_path)["config"].get("lora_rank", 0) > 0
-      base = lora.split(self.abstract["params"])[1] if self.adapters_only and not has_adapters \
-          else self.abstract["params"]
-      params = load_params(self.cfg.load_parameters_path, base, verify=self.cfg.checkpoint_verify)
-      log(f"loaded parameters from {self.cfg.load_parameters_path}")
-    return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings, params), 0
+    if cfg.load_parameters_path:
+      path = cfg.load_parameters_path
+      has_adapters = read_meta(path)["config"].get("lora_rank", 0) > 0
+      ref = lora_base.checkpoint_reference(path)
+      if self.adapters_only and not has_adapters:
+        # LoRA from a checkpoint without adapters: its parameters are the base (adapters start
+        # fresh), and it is the base the run's checkpoints refer to
+        params = load_params(path, lora.split(self.abstract["params"])[1],
+                             verify=cfg.checkpoint_verify)
+        self.lora_base = lora_base.reference(path, cfg.seed, params)
+      elif self.adapters_only and ref is not None:
+        # a LoRA checkpoint (adapters + base reference): the run keeps adapting that base
+        params = lora_base.load(path, self.mcfg, self.abstract["params"],
+                                verify=cfg.checkpoint_verify)
+        self.lora_base = ref
+      else:   # a whole model (or a LoRA checkpoint of the former format, which holds its base)
+        params = load_params(path, self.abstract["params"], verify=cfg.checkpoint_verify)
+      log(f"loaded parameters from {path}")
+    state = init_state(self.mcfg, cfg.seed, self.tx, self.shardings, params)
+    if self.adapters_only and not cfg.load_parameters_path:
+      self.lora_base = lora_base.reference("", cfg.seed, lora.split(state["params"])[1])
+    return state, 0
+
+  def saved_part(self, state: dict, ref: dict | None) -> dict:
+    """What a checkpoint holds of `state` (or its abstract): with a LoRA base reference, the
+    params are the adapters only."""
+    if ref is None:
+      return state
+    return {**state, "params": lora.split(state["params"])[0]}
 
   def compile_step(self):
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
@@ -358,7 +389,8 @@ class Trainer:
         if periodic_now:
           self._last_done += periodic.after_step(step, state["params"])   # its time is no step's
         if save_now:
-          ckpts.save(step, state, data_iter, config_dict)
+          ckpts.save(step, self.saved_part(state, self.lora_base), data_iter, config_dict,
+                     meta=None if self.lora_base is None else {lora_base.META_KEY: self.lora_base})
         if stop:
           return self._preempted(step, ckpts, watch)
         if step < cfg.steps:   # after a save, so the saved iterator position matches its state
