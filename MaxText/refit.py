@@ -21,21 +21,30 @@ caller holds one tensor at a time (the generator keeps no reference to what it y
 host (`tensors="numpy"`, the CPU default) each tensor is a NumPy array; `tensors="torch"` gives
 torch tensors: on a GPU/TPU platform the block and its layout change stay on the devices, are put
 on one device and handed over with DLPack (no host copy), on CPU `torch.from_numpy`.
+
+The command line lists what an engine would receive from a checkpoint (a LoRA one merged):
+  python -m MaxText.refit load_parameters_path=runs/sft/checkpoints [layout=state_dict]
+prints one `name shape dtype` line per tensor, then their count and bytes.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, Iterator
 
 import jax
 import numpy as np
 from flax import traverse_util
 
+from MaxText.checkpoint.errors import CheckpointError
+from MaxText.config import cli
+from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for
+from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
+from MaxText.train import lora_base
 
 LAYOUTS = ("checkpoint", "state_dict")
 TENSORS = ("numpy", "torch")
@@ -135,3 +144,40 @@ def stream(params: Any, cfg: Config, *, layout: str = "checkpoint", tensors: str
   for name in lazy:
     tensor = lazy[name]
     yield name, (_to_torch(tensor, device) if tensors == "torch" else np.asarray(tensor))
+
+
+ARGS = {
+    "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
+                                    "to_maxtext output"),
+    "layout": cli.Arg(str, "checkpoint", "checkpoint (the hub's files, vLLM) | state_dict "
+                      "(transformers' load_state_dict)"),
+}
+
+
+def main(argv: list[str]) -> int:
+  from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config  # pylint: disable=import-outside-toplevel
+  try:
+    parsed = cli.parse(argv, ARGS, __doc__)
+    if parsed is None:
+      return 0
+    args = parsed[0]
+    cfg = checkpoint_config(args["load_parameters_path"])
+    mcfg = ModelConfig.from_config(cfg)
+    params = lora_base.load_host(args["load_parameters_path"], mcfg,
+                                 make_model_def(mcfg).abstract_params)
+    count = nbytes = 0
+    for name, tensor in stream(params, cfg, layout=args["layout"]):
+      print(f"{name} {tuple(tensor.shape)} {tensor.dtype}")
+      count, nbytes = count + 1, nbytes + tensor.nbytes
+  except (ConfigError, ValueError, KeyError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except CheckpointError as e:
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    return 4
+  print(f"{count} tensors, {nbytes / 2**20:.2f} MiB")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -210,6 +210,22 @@ def test_generator_holds_one_layer():
   assert 0 < Spy.peak <= bound, (Spy.peak, bound)
 
 
+def test_command_line_lists_the_stream(tmp_path, capsys):
+  from MaxText.checkpoint.manager import save_params_only
+  cfg = config("qwen3_moe", "lora_rank=2")
+  params = with_adapters(cfg, jax.tree.map(np.asarray, init_params(ModelConfig.from_config(cfg), 9)))
+  save_params_only(str(tmp_path / "ck"), params, cfg.as_dict())
+  assert refit.main([f"load_parameters_path={tmp_path / 'ck'}", "layout=state_dict"]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  want = dict(refit.stream(params, cfg, layout="state_dict"))
+  assert [line.split(" ")[0] for line in lines[:-1]] == list(want)
+  assert lines[0] == f"{next(iter(want))} {want[next(iter(want))].shape} float32"
+  assert lines[-1].startswith(f"{len(want)} tensors")
+  assert refit.main([f"load_parameters_path={tmp_path / 'ck'}", "layout=npz"]) == 2
+  assert refit.main([f"load_parameters_path={tmp_path / 'nothing'}"]) == 2
+  assert "does not exist" in capsys.readouterr().err
+
+
 def test_bad_arguments():
   cfg = config("qwen3")
   with pytest.raises(ValueError, match="layout='safetensors'"):
