@@ -39,10 +39,10 @@ echo "== the assistant loss fell; transformers, transformers + peft and our impo
 $PY - "$W" <<'PYEOF'
 import json, sys
 import numpy as np, peft, torch, transformers
-from MaxText.checkpoint.manager import load_params_host
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
+from MaxText.train import lora_base
 
 W = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{W}/runs/lora/metrics.jsonl")]
@@ -51,8 +51,9 @@ print(f"assistant-token loss: first 5 steps {first:.3f}, last 5 steps {last:.3f}
 assert last < first - 1.0, (first, last)
 
 def ours(ckpt, tokens):
-  md = make_model_def(ModelConfig.from_config(checkpoint_config(ckpt)))
-  params = load_params_host(ckpt, md.abstract_params)
+  mcfg = ModelConfig.from_config(checkpoint_config(ckpt))
+  md = make_model_def(mcfg)
+  params = lora_base.load_host(ckpt, mcfg, md.abstract_params)   # a LoRA run's: adapters + its base
   pos = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
   return np.asarray(md.apply(params, tokens, pos, np.ones(tokens.shape, np.int32)))
 
