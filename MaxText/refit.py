@@ -109,10 +109,17 @@ def _on_accelerator(params: Any) -> bool:
       next(iter(leaves[0].devices())).platform != "cpu"
 
 
+def _own(x: Any) -> np.ndarray:
+  """A host array of its own: a read-only one may be a view of a jax buffer (a CPU parameter the
+  next train step donates), so it is copied."""
+  x = np.asarray(x)
+  return x if x.flags.writeable else x.copy()
+
+
 def _to_torch(x: Any, device: Any) -> Any:
   import torch  # pylint: disable=import-outside-toplevel
   if isinstance(x, np.ndarray):
-    return torch.from_numpy(np.ascontiguousarray(x))
+    return torch.from_numpy(_own(np.ascontiguousarray(x)))
   # one device's copy of the block, handed over without leaving the accelerator
   return torch.utils.dlpack.from_dlpack(jax.device_put(x, device))
 
@@ -143,7 +150,7 @@ def stream(params: Any, cfg: Config, *, layout: str = "checkpoint", tensors: str
   device = jax.local_devices()[0] if on_device else None
   for name in lazy:
     tensor = lazy[name]
-    yield name, (_to_torch(tensor, device) if tensors == "torch" else np.asarray(tensor))
+    yield name, (_to_torch(tensor, device) if tensors == "torch" else _own(tensor))
 
 
 ARGS = {
