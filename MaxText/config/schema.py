@@ -390,9 +390,11 @@ class Config:
       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-scale"))
   max_bad_rewards: int = key(0, "GRPO: reward calls that raise or return a non-number (logged, "
                              "counted, scored 0) before the run stops with exit 3", min=0)
-  eval_prompts: str = key("", "GRPO: held-out .jsonl prompts; every eval_period steps (and before "
-                          "the first and after the last) their greedy completions' mean reward is "
-                          "logged as eval_reward")
+  eval_prompts: str = key("", "GRPO: held-out .jsonl prompts; before the first step, every "
+                          "eval_reward_period steps and after the last, their greedy completions' "
+                          "mean reward is logged as eval_reward")
+  eval_reward_period: int = key(0, "GRPO: evaluate eval_prompts every N steps (0 = only before the "
+                                "first step and after the last)", min=0)
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",

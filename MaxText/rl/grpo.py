@@ -191,7 +191,7 @@ class GRPOTrainer(Trainer):
         faults.after_dispatch(step, ckpts.wait if ckpts is not None else (lambda: None))
         stop = watch.should_stop(step) and step < cfg.steps
         if self.eval_set is not None and not stop and (
-            step == cfg.steps or (cfg.eval_period and step % cfg.eval_period == 0)):
+            step == cfg.steps or (cfg.eval_reward_period and step % cfg.eval_reward_period == 0)):
           self._log_eval(step, self.evaluate(state["params"]), writer)
         if ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps or stop):
           ckpts.save(step, state, None, config_dict)
