@@ -391,8 +391,9 @@ class Config:
   max_bad_rewards: int = key(0, "GRPO: reward calls that raise or return a non-number (logged, "
                              "counted, scored 0) before the run stops with exit 3", min=0)
   eval_prompts: str = key("", "GRPO: held-out .jsonl prompts; before the first step, every "
-                          "eval_reward_period steps and after the last, their greedy completions' "
-                          "mean reward is logged as eval_reward")
+                          "eval_reward_period steps and after the last, the mean reward of "
+                          "num_generations samples of each (eval_reward) and of a greedy one "
+                          "(eval_reward_greedy)")
   eval_reward_period: int = key(0, "GRPO: evaluate eval_prompts every N steps (0 = only before the "
                                 "first step and after the last)", min=0)
 

@@ -24,9 +24,7 @@ The family's auxiliary loss (MoE balancing) is not part of the GRPO loss.
 """
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import time
 from typing import Any, Sequence
 
@@ -48,7 +46,7 @@ from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, mak
 from MaxText.train import faults
 from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK
 from MaxText.train.host_data import process_rows
-from MaxText.train.loop import Trainer, log, log_error, main as train_main
+from MaxText.train.loop import Trainer, exit_process, log, log_error, main as train_main
 from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.state import init_state
 
@@ -136,16 +134,21 @@ class GRPOTrainer(Trainer):
     return list(self.io.eos_ids)
 
   def evaluate(self, params) -> dict[str, float]:
-    """Mean reward of greedy completions of the held-out prompts (one each)."""
+    """The held-out prompts' mean reward: of `num_generations` samples of each, drawn as in
+    training with the same keys at every evaluation (`eval_reward`: what GRPO maximises), and of
+    one greedy completion each (`eval_reward_greedy`)."""
     cfg, ev = self.cfg, self.eval_set
     idx = list(range(len(ev.rows)))
-    done = rollout_lib.generate(self.engine, params, ev, idx, copies=1, sampling=self.sampling(True),
-                                first_row=0, max_new_tokens=cfg.max_new_tokens,
-                                eos_ids=self.eos_ids(), stop=cfg.stop, decode=self.io.text)
-    per_fn = rollout_lib.score(self.scorer, ev, idx, 1, done, self.eos_ids(), self.io.text)
-    out = {"eval_reward": float(self.scorer.total(per_fn).mean()), "eval_prompts": len(idx)}
-    for f, r in enumerate(self.scorer.rewards):
-      out[f"eval_reward/{r.name}"] = float(per_fn[:, f].mean())
+    out = {"eval_prompts": len(idx)}
+    for name, copies, sampling in (("eval_reward", self.group, self.sampling()),
+                                   ("eval_reward_greedy", 1, self.sampling(greedy=True))):
+      done = rollout_lib.generate(self.engine, params, ev, idx, copies=copies, sampling=sampling,
+                                  first_row=0, max_new_tokens=cfg.max_new_tokens,
+                                  eos_ids=self.eos_ids(), stop=cfg.stop, decode=self.io.text)
+      per_fn = rollout_lib.score(self.scorer, ev, idx, copies, done, self.eos_ids(), self.io.text)
+      out[name] = float(self.scorer.total(per_fn).mean())
+      for f, r in enumerate(self.scorer.rewards):
+        out[f"{name}/{r.name}"] = float(per_fn[:, f].mean())
     return out
 
   # ---- the loop ----------------------------------------------------------------------------------
@@ -204,8 +207,9 @@ class GRPOTrainer(Trainer):
 
   def _log_eval(self, step: int, metrics: dict, writer: MetricsWriter) -> None:
     writer.write(step, metrics)
-    log(f"eval after step {step} | eval_reward {metrics['eval_reward']:.4f} | "
-        f"{metrics['eval_prompts']} held-out prompts (greedy)")
+    log(f"eval after step {step} | eval_reward {metrics['eval_reward']:.4f} (sampled x"
+        f"{self.group}) | greedy {metrics['eval_reward_greedy']:.4f} | {metrics['eval_prompts']} "
+        "held-out prompts")
 
   def _one_step(self, step: int, state: dict, step_fn, policy_lp, ref_lp, reference
                 ) -> tuple[dict, dict]:
@@ -282,10 +286,4 @@ if __name__ == "__main__":
   if any(a in ("-h", "--help") for a in sys.argv[1:]) or len(sys.argv) < 2:
     print(__doc__)
     sys.exit(0)
-  code = main(sys.argv[1:])
-  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-         if t is not threading.main_thread()):
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-  sys.exit(code)
+  exit_process(main(sys.argv[1:]))

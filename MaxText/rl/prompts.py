@@ -10,6 +10,7 @@ concatenated epochs (P = prompts_per_step).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -34,11 +35,13 @@ class PromptSet:
   def for_step(self, step: int, per_step: int, seed: int) -> list[int]:
     """Indices of the prompts of rollout batch `step` (1-based)."""
     n = len(self.rows)
-    out = []
-    for k in range((step - 1) * per_step, step * per_step):
-      epoch, i = divmod(k, n)
-      out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
-    return out
+    return [int(epoch_order(n, seed, k // n)[k % n])
+            for k in range((step - 1) * per_step, step * per_step)]
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 def read_prompts(path: str, key: str, encode: Callable[[dict], list[int]],

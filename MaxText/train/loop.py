@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -483,6 +484,17 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
     if est.needed <= est.available:
       fits.append((name, est.needed))
   return sorted(fits, key=lambda f: -f[1])
+
+
+def exit_process(code: int) -> None:
+  """Ends the process with `code`; without waiting for a non-daemon thread still alive (e.g. a
+  checkpoint write stuck on hung storage, exit 4)."""
+  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+         if t is not threading.main_thread()):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
