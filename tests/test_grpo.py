@@ -135,3 +135,92 @@ def test_two_processes_equal_one(learning_run, tmp_path):
     assert got["reward_mean"] == want["reward_mean"]
     assert got["reward_std"] == want["reward_std"]
     assert abs(got["loss"] - want["loss"]) <= 1e-5, (got["loss"], want["loss"])
+
+
+def test_sigterm_saves_exits_42_and_the_rerun_continues_the_same_run(learning_run, tmp_path,
+                                                                      monkeypatch):
+  _, prompts, rows, _ = learning_run
+  args = (f"prompts={prompts}", "reward=grpo_helpers:digits", "steps=5", "checkpoint_period=100")
+  monkeypatch.setenv("MAXTEXT_FAULT", "sigterm_at_step:3")
+  code, first, _ = grpo(tmp_path, "run", *args)
+  assert code == 42
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3"]
+  monkeypatch.delenv("MAXTEXT_FAULT")
+  code, resumed, _ = grpo(tmp_path, "run", *args)
+  assert code == 0
+  got = {r["step"]: r for r in resumed if "reward_mean" in r}
+  assert sorted(got) == [1, 2, 3, 4, 5]
+  for want in rows[:5]:   # the uninterrupted run's first 5 steps
+    assert got[want["step"]]["reward_mean"] == want["reward_mean"]
+    assert got[want["step"]]["loss"] == want["loss"]
+
+
+@pytest.mark.skipif(not os.environ.get("MAXTEXT_SLOW_TESTS"),
+                    reason="minutes of CPU: set MAXTEXT_SLOW_TESTS=1 (benchmarks/RESULTS.md has "
+                    "the full run's figures)")
+def test_demo_warm_up_then_grpo_raises_the_held_out_reward(tmp_path):
+  """benchmarks/grpo_demo.py, shortened: supervised warm-up on addition answers that carry a
+  remark 60% of the time, then GRPO with the exact-answer reward on other prompts; the held-out
+  prompts' reward (sampled and greedy) rises."""
+  import json   # pylint: disable=import-outside-toplevel
+  import subprocess   # pylint: disable=import-outside-toplevel
+  import sys   # pylint: disable=import-outside-toplevel
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grpo_demo.py"),
+                        "--out", str(tmp_path), "--sft-steps", "200", "--grpo-steps", "30"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200, check=True)
+  result = json.loads(out.stdout[out.stdout.index("{"):])
+  assert result["eval_reward_after"] > result["eval_reward_before"] + 0.15, result
+  assert result["eval_reward_greedy_after"] > result["eval_reward_greedy_before"] + 0.3, result
+
+
+def test_lora_reference_is_the_base_without_a_copy():
+  """With LoRA the reference log-probabilities are the base model's: the same parameters with the
+  adapters zeroed (step.base_only) give the model without adapters exactly."""
+  import jax.numpy as jnp   # pylint: disable=import-outside-toplevel
+  from conftest import BASE_YML   # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import load_config   # pylint: disable=import-outside-toplevel
+  from MaxText.layers import lora   # pylint: disable=import-outside-toplevel
+  from MaxText.models.model_config import ModelConfig   # pylint: disable=import-outside-toplevel
+  from MaxText.models.registry import init_params, make_model_def   # pylint: disable=import-outside-toplevel
+  from MaxText.rl.step import base_only, token_logprobs   # pylint: disable=import-outside-toplevel
+  keys = [BASE_YML, *[k for k in TINY if k.split("=")[0] in ("emb_dim", "num_decoder_layers",
+                                                             "num_query_heads", "num_kv_heads",
+                                                             "head_dim", "mlp_dim", "vocab_size")]]
+  with_lora = ModelConfig.from_config(load_config([*keys, "lora_rank=4"]))
+  plain = ModelConfig.from_config(load_config(keys))
+  params = init_params(with_lora, 0)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, x: jnp.asarray(rng.normal(0, 0.5, x.shape), x.dtype)
+      if lora.is_adapter(tuple(k.key for k in p)) else x, params)
+  batch = {"inputs": jnp.asarray(rng.integers(0, 264, (2, 12)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(0, 264, (2, 12)), jnp.int32),
+           "positions": jnp.broadcast_to(jnp.arange(12), (2, 12)),
+           "segments": jnp.ones((2, 12), jnp.int32)}
+  adapted = token_logprobs(make_model_def(with_lora), params, batch, 0)
+  ref = token_logprobs(make_model_def(with_lora), base_only(params), batch, 0)
+  base = token_logprobs(make_model_def(plain), lora.split(params)[1], batch, 0)
+  np.testing.assert_allclose(np.asarray(ref), np.asarray(base), rtol=0, atol=1e-6)
+  assert np.abs(np.asarray(adapted) - np.asarray(base)).max() > 1e-3   # the adapters do change it
+
+
+def test_lora_run_trains_the_adapters_only_over_several_passes(tmp_path):
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  code, rows, trainer = grpo(tmp_path, "lora", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                             "steps=2", "lora_rank=4", "num_iterations=2",
+                             "enable_checkpointing=false")
+  assert code == 0
+  assert rows[-1]["kl"] > 0          # the reference (the base under the adapters) differs now
+  assert rows[-1]["optimizer_steps"] == 4
+  # the second pass over a rollout batch is off-policy: its ratios move away from 1
+  assert rows[-1]["ratio_max"] > 1.0 or rows[-1]["ratio_min"] < 1.0
+  from MaxText.layers import lora   # pylint: disable=import-outside-toplevel
+  from MaxText.train.state import init_state   # pylint: disable=import-outside-toplevel
+  base_now = lora.split(trainer.final_state["params"])[1]
+  start = init_state(trainer.mcfg, trainer.cfg.seed, trainer.tx, trainer.shardings)   # as the run
+  base_init = lora.split(start["params"])[1]
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+      jax.tree.leaves(lora.split(trainer.final_state["params"])[0]),
+      jax.tree.leaves(lora.split(start["params"])[0])))   # the adapters did train
+  for a, b in zip(jax.tree.leaves(base_now), jax.tree.leaves(base_init)):
+    assert np.array_equal(np.asarray(a), np.asarray(b))

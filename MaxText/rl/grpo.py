@@ -240,8 +240,11 @@ class GRPOTrainer(Trainer):
     diff = np.abs(old - ro.rollout_logprobs)[mask]
     passes = [{k: float(v) for k, v in jax.device_get(m).items()} for m in passes]
     t2 = time.perf_counter()
+    # over the passes: the mean, the extremes of the ratio, finite only if every pass was
     metrics = {k: float(np.mean([p[k] for p in passes])) for k in passes[0]}
-    metrics["finite"] = float(min(p["finite"] for p in passes))
+    metrics.update(ratio_max=max(p["ratio_max"] for p in passes),
+                   ratio_min=min(p["ratio_min"] for p in passes),
+                   finite=min(p["finite"] for p in passes))
     metrics.update(
         reward_mean=float(ro.rewards.mean()), reward_std=float(ro.rewards.std()),
         advantage_abs_mean=float(np.abs(advantages).mean()),
