@@ -21,6 +21,7 @@ from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
 from MaxText.models.registry import init_params, make_model_def  # noqa: E402
 from MaxText.rl import losses  # noqa: E402
+from MaxText.rl.step import token_logprobs  # noqa: E402
 from MaxText.train.loss import chunked_target_log_probs  # noqa: E402
 
 B, T = 6, 10
@@ -190,6 +191,31 @@ def test_chunked_gather_value_and_gradient_equal_the_plain_gather():
   np.testing.assert_allclose(np.asarray(lp1), np.asarray(lp0), rtol=1e-6, atol=1e-6)
   for (path, a), b in zip(jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)):
     assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
+
+
+def test_chunked_gather_does_not_hold_the_fp32_logits():
+  """The gradient of the policy loss through the chunked gather (GRPO's step) keeps one chunk's
+  fp32 logits at a time: with V = 16384 the whole-sequence version's temporary memory exceeds
+  the chunked one's by most of the [B, S, V] fp32 logits."""
+  V, S = 16384, 256
+  keys = dict(kv.split("=", 1) for kv in [*MODEL, f"vocab_size={V}", f"max_target_length={S}"])
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, *(f"{k}={v}" for k, v in keys.items())]))
+  model_def, params = make_model_def(mcfg), init_params(mcfg, 0)
+  z = jnp.zeros((2, S), jnp.int32)
+  batch = {"inputs": z, "targets": z, "positions": jnp.broadcast_to(jnp.arange(S), (2, S)),
+           "segments": z + 1}
+  f32 = jnp.zeros((2, S), jnp.float32)
+
+  def temp_bytes(chunk):
+    def loss(p):
+      logp = token_logprobs(model_def, p, batch, chunk)
+      return losses.policy_loss(logp, f32, f32, jnp.ones(2), f32 + 1, beta=0.1)[0]
+    return jax.jit(jax.grad(loss)).lower(params).compile().memory_analysis().temp_size_in_bytes
+
+  logits_bytes = 2 * S * V * 4
+  whole, chunked = temp_bytes(0), temp_bytes(S // 8)
+  assert whole > logits_bytes
+  assert whole - chunked > 0.75 * logits_bytes, (whole, chunked, logits_bytes)
 
 
 # ---- the loss's gradient w.r.t. a model's parameters, against transformers ------------------------
