@@ -86,7 +86,7 @@ class GRPOTrainer(Trainer):
     self.batch_sharding = self.shardings_rl["inputs"]
     self.rows = process_rows(self.batch_sharding, (self.global_batch, S))
     self.scorer = RewardScorer(load_rewards(cfg.reward, cfg.reward_weights), cfg.max_bad_rewards,
-                               log_error if jax.process_index() == 0 else (lambda _: None))
+                               log_error)   # scoring runs on process 0 only
     self.engine = Engine(self.mcfg, self.mesh, self.rules, cache_dtype=cfg.cache_dtype,
                          batch_size=self.global_batch, max_cache_length=S)
     self.io = InferenceModel(cfg, self.engine, None, tokenizer, "the run's tokenizer")

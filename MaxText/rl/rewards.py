@@ -5,7 +5,9 @@ A reward function is called as `f(prompt, completion, row) -> number`: `prompt` 
 (the jsonl row's `prompt`, or the decoded prompt tokens), `completion` the completion's text, `row`
 the prompt's jsonl object as read. bool, int and float are numbers; anything else, NaN/inf, or an
 exception is a bad reward: it is logged with the prompt's line and the function's name, counted,
-and scored 0; one more than `max_bad_rewards` in the run stops it with exit 3 (DataError).
+and scored 0; one more than `max_bad_rewards` stops the run with exit 3 (DataError). The count
+starts at 0 in each invocation (a resumed run counts again). With several processes the functions
+run on process 0 only and its results are broadcast.
 Examples for verifiable tasks: MaxText/rl/example_rewards.py.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 
 from MaxText.config.load import ConfigError
@@ -85,12 +88,33 @@ class RewardScorer:
                       f"last: {reward.name} {problem} on {where}")
     return 0.0
 
-  def score(self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict],
-            wheres: Sequence[str]) -> np.ndarray:
-    """[N, F] rewards of N completions under F functions (unweighted)."""
+  def _score_here(self, prompts, completions, rows, wheres) -> np.ndarray:
     return np.array([[self._one(r, p, c, row, w) for r in self.rewards]
                      for p, c, row, w in zip(prompts, completions, rows, wheres)],
                     np.float32).reshape(len(completions), len(self.rewards))
+
+  def score(self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict],
+            wheres: Sequence[str]) -> np.ndarray:
+    """[N, F] rewards of N completions under F functions (unweighted). With several processes the
+    functions run on process 0 only (once per completion, whatever their side effects or
+    randomness) and every process gets its rewards, its count of bad ones and its verdict."""
+    if jax.process_count() == 1:
+      return self._score_here(prompts, completions, rows, wheres)
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    rewards = np.zeros((len(completions), len(self.rewards)), np.float32)
+    error = ""
+    if jax.process_index() == 0:
+      try:
+        rewards = self._score_here(prompts, completions, rows, wheres)
+      except DataError as e:
+        error = str(e)
+    rewards, bad, failed = multihost_utils.broadcast_one_to_all(
+        (rewards, np.int32(self.bad), np.int32(bool(error))))
+    self.bad = int(bad)
+    if int(failed):
+      raise DataError(error or f"more than max_bad_rewards={self.max_bad} bad rewards (see the "
+                      "log of process 0)")
+    return np.asarray(rewards)
 
   def total(self, per_fn_NF: np.ndarray) -> np.ndarray:
     return per_fn_NF @ np.array([r.weight for r in self.rewards], np.float32)
