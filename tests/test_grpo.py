@@ -224,3 +224,19 @@ def test_lora_run_trains_the_adapters_only_over_several_passes(tmp_path):
       jax.tree.leaves(lora.split(start["params"])[0])))   # the adapters did train
   for a, b in zip(jax.tree.leaves(base_now), jax.tree.leaves(base_init)):
     assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_example_rewards():
+  from MaxText.rl import example_rewards as ex   # pylint: disable=import-outside-toplevel
+  row = {"answer": "46"}
+  assert ex.exact_answer("12+34=", "46", row) == 1.0
+  assert ex.exact_answer("12+34=", " 46\nmore text", row) == 1.0    # the first line, stripped
+  assert ex.exact_answer("12+34=", "46 ok", row) == 0.0
+  assert ex.exact_answer("12+34=", "4", row) == 0.0
+  with pytest.raises(KeyError, match="answer"):
+    ex.exact_answer("p", "46", {})
+  assert ex.format_check("p", "-12", {}) == 1.0
+  assert ex.format_check("p", "12\n\n", {}) == 1.0
+  assert ex.format_check("p", "12 ok", {}) == 0.0
+  assert ex.format_check("p", "12\nthen more", {}) == 0.0
+  assert ex.format_check("p", "<a>yes</a>", {"format": r"<a>\w+</a>"}) == 1.0
