@@ -19,7 +19,8 @@ LAYERS = [
     ("models",),
     ("decoding",),
     ("train",),
-    ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate"),  # entry
+    ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
+     "inspect"),  # entry
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 
