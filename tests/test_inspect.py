@@ -13,6 +13,7 @@ computation in two frameworks: a few ulps per op over a handful of layers)."""
 import functools
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -184,3 +185,150 @@ def test_identity_interventions_change_nothing_bitwise():
   np.testing.assert_array_equal(same.logits, plain.logits)
   for a, b in zip(same.hidden_states + same.attentions, plain.hidden_states + plain.attentions):
     np.testing.assert_array_equal(a, b)
+
+
+def _stacked_patterns(m: Inspector, ids, **kw) -> list[tuple[int, ...]]:
+  """Shapes of every rank-5 [n, B, H, S, S] value in the traced forward (attention kept for n
+  layers at once), read from its jaxpr (nothing compiled or run)."""
+  _, tokens, m._lengths = m._inputs(ids)
+  names, _ = m._site_names(("attentions",), kw.get("layers"))
+  program, _ = m._program(names, kw.get("heads"), {})
+  S = tokens.shape[1]
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      for v in [*eqn.invars, *eqn.outvars]:
+        shape = getattr(getattr(v, "aval", None), "shape", ())
+        if len(shape) == 5 and shape[-2:] == (S, S):
+          found.append(shape)
+      for sub in jax_core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(program)(m.params, *m._placed(tokens)).jaxpr)
+  return found
+
+
+def test_a_subset_of_layers_is_all_the_scan_keeps():
+  """gemma4 "all" scans layers 0-3 as 2 repeats of (sliding, full): all attentions stack 2 rows
+  per member; asking for layer 3 keeps a buffer of 1 row of the heads asked for."""
+  m = inspector("gemma4")
+  every = _stacked_patterns(m, ROWS[0])
+  assert any(s[0] == 2 for s in every), every
+  one = _stacked_patterns(m, ROWS[0], layers=[3], heads=(1,))
+  assert one and all(s[0] == 1 and s[2] == 1 for s in one), one
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma4"])
+def test_logit_lens_equals_transformers_norm_and_head(family):
+  m = inspector(family)
+  model = hf(family)
+  t = m.forward(ROWS[0])
+  W = m.unembed_weight()
+  np.testing.assert_array_equal(W, model.lm_head.weight.detach().numpy())
+  cap = getattr(model.config, "final_logit_softcapping", None)
+  softcap = (lambda z: z) if not cap else (lambda z: cap * np.tanh(z / cap))
+  for i, h in enumerate(t.hidden_states[:-1]):
+    with torch.no_grad():
+      want = softcap(model.lm_head(model.model.norm(torch.tensor(h))).numpy())
+    close(m.lens(h), want, f"lens of hidden state {i}")
+    close(softcap(m.final_norm(h) @ W.T), want, f"final_norm @ W.T of hidden state {i}")
+  np.testing.assert_array_equal(m.lens(t.hidden_states[-1], normed=True), t.logits)
+
+
+def test_grad_equals_torch_autograd_and_a_finite_difference():
+  """d log p(target | prefix) / d resid_post.0 (inside the scan): against torch autograd of the
+  same objective at the output of HF's layer 0, and a central difference along a random
+  direction (both rows of one batch: +eps and -eps)."""
+  m = inspector("qwen3")
+  ids, target = ROWS[0], 7
+  objective = lambda logits: jax.nn.log_softmax(logits[-1])[target]
+  value, g = m.grad("resid_post.0", objective, ids)
+  assert g.shape == (len(ids), m.mcfg.emb_dim)
+  model = hf(family := "qwen3")
+  kept = {}
+  handle = model.model.layers[0].register_forward_hook(
+      lambda mod, args, out: kept.setdefault("h", out[0] if isinstance(out, tuple) else out))
+  try:
+    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    kept["h"].retain_grad()
+    torch.log_softmax(logits[-1], -1)[target].backward()
+  finally:
+    handle.remove()
+    model.zero_grad()
+  close(np.float32(value), torch.log_softmax(logits[-1], -1)[target].item(), f"{family} value")
+  close(g, kept["h"].grad[0].numpy(), "grad at resid_post.0")
+  u = np.random.default_rng(1).normal(size=g.shape).astype(np.float32)
+  eps = 1e-2
+  delta = np.stack([eps * u, -eps * u])
+  t = m.forward([ids, ids], capture=["logits"],
+                interventions={"resid_post.0": lambda x, ctx: x + delta})
+  plus, minus = (float(jax.nn.log_softmax(t.logits[b, -1])[target]) for b in (0, 1))
+  fd, exact = (plus - minus) / (2 * eps), float((g * u).sum())
+  # fp32 rounding of log p (~1e-6 x |log p|) / eps and the eps^2 third-order term: ~1e-3 here
+  print(f"finite difference {fd:.6f}, <grad, u> {exact:.6f}")
+  assert abs(fd - exact) <= 2e-3 * max(1.0, abs(exact))
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+  """The qwen3 oracle saved as a Hugging Face folder with the tiny tokenizer and chat template."""
+  from end_to_end.tiny_hf import save_tiny_tokenizer
+  folder = tmp_path_factory.mktemp("hf")
+  hf("qwen3").save_pretrained(folder)
+  save_tiny_tokenizer(str(folder))
+  return str(folder)
+
+
+def test_cli_writes_the_trace_and_pictures(hf_folder, tmp_path):
+  from MaxText.inspect.__main__ import main
+  out, pictures = tmp_path / "trace.npz", tmp_path / "pictures"
+  assert main([f"hf_path={hf_folder}", "prompt=the quick brown fox", f"output={out}",
+               f"plot={pictures}", "capture=hidden_states,attentions,logits,mlp_out.1"]) == 0
+  got = dict(np.load(out))
+  ids = [int(t) for t in got["token_ids"]]
+  m = inspector("qwen3")
+  S, L = len(ids), m.num_layers
+  assert set(got) == {"token_ids", "hidden_states", "logits", "mlp_out.1",
+                      *(f"attentions_{l}" for l in range(L))}
+  assert got["hidden_states"].shape == (L + 1, S, m.mcfg.emb_dim)
+  assert got["attentions_1"].shape == (m.mcfg.num_query_heads, S, S)
+  want = hf_run(hf("qwen3"), ids, output_hidden_states=True, output_attentions=True)
+  close(got["hidden_states"], np.stack([h[0] for h in want.hidden_states]), "cli hidden states")
+  close(got["attentions_1"], want.attentions[1][0], "cli attentions")
+  close(got["logits"], want.logits[0], "cli logits")
+  files = sorted(p.name for p in pictures.iterdir())
+  assert files == ["attention_layer0.png", "attention_layer1.png", "logit_lens.png"]
+  for f in files:
+    with open(pictures / f, "rb") as fh:
+      assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["capture=mlp_in.0"], "mlp_in.0"), (["layers=1,x"], "layers"), (["layers=9"], "layers [9]"),
+    (["heads=7"], "heads [7]"), (["prompt_ids=1,2", "prompt=hi"], "exactly one"),
+    (["nonsense=1"], "nonsense")])
+def test_cli_refuses_bad_arguments(hf_folder, tmp_path, capsys, args, needle):
+  from MaxText.inspect.__main__ import main
+  base = [f"hf_path={hf_folder}", f"output={tmp_path / 't.npz'}"]
+  if not any(a.startswith("prompt") for a in args):
+    base.append("prompt_ids=1,2,3")
+  assert main(base + args) == 2
+  assert needle in capsys.readouterr().err
+
+
+def test_load_and_the_decoding_api(hf_folder):
+  """`load(hf_path=...)`; logprobs equals the forward's log-softmax; chat and generate run the
+  decoding engine (greedy: the first token is the forward's argmax)."""
+  from MaxText import inspect as mi
+  m = mi.load(hf_path=hf_folder)
+  ids = m.tokenize("the quick brown fox")
+  t = m.forward(ids, capture=["logits"])
+  logp = np.asarray(jax.nn.log_softmax(t.logits, -1))
+  [got] = m.logprobs([ids[:2]], [ids[2:]])
+  close(got, logp[np.arange(1, len(ids) - 1), ids[2:]], "logprobs")
+  [g] = m.generate([ids], max_new_tokens=2, temperature=0.0)
+  assert g.output_ids[0] == int(t.logits[-1].argmax())
+  reply = m.chat([{"role": "user", "content": "the fox"}], max_new_tokens=2, temperature=0.0)
+  assert len(reply.output_ids) == 2
+  import inspect                                   # the standard library's, untouched
+  assert inspect.isfunction(mi.load)

@@ -42,6 +42,7 @@ class Inspector:
     self._interventions: dict[str, Callable] = {}
     self._programs: dict[Any, Callable] = {}
     self._reached: dict[Any, set[str]] = {}     # per program: the site names its forward passes
+    self._jitted = self._lens_pieces()
 
   # ---- decoding (MaxText/inference.py) ------------------------------------------------------------
   def generate(self, prompts, **kwargs):
@@ -51,12 +52,15 @@ class Inspector:
   def logprobs(self, prompts: Sequence, completions: Sequence) -> list[np.ndarray]:
     """log p of each completion token given the prompt (text or token ids) and the tokens before."""
     encode = self.inference.encode
-    return self.inference.score([encode(p) for p in prompts], [encode(c) if not isinstance(c, str)
-                                                               else self._text_ids(c)
-                                                               for c in completions])
+    return self.inference.score([encode(p) for p in prompts],
+                                [self._text_ids(c) if isinstance(c, str) else encode(c)
+                                 for c in completions])
 
   def _text_ids(self, text: str) -> list[int]:
-    return self.inference._need_tokenizer("a text completion").encode(text)
+    """A completion's text as ids (no bos: it continues the prompt)."""
+    if self.inference.tokenizer is None:
+      raise ValueError(f"a text completion needs a tokenizer: {self.inference.tokenizer_source}")
+    return self.inference.tokenizer.encode(text)
 
   def chat(self, messages: Sequence[dict], **kwargs):
     """One chat completion: `messages` rendered with the tokenizer's chat template."""
@@ -66,9 +70,9 @@ class Inspector:
     return self.inference.encode(prompt)
 
   def token_text(self, ids: Iterable[int]) -> list[str]:
-    """Each id's own text (for labels), or the id itself without a tokenizer."""
+    """Each id's own text (for labels); `<id>` without a tokenizer or for an empty text."""
     tok = self.inference.tokenizer
-    return [str(i) if tok is None else tok.decode([int(i)]) for i in ids]
+    return [(tok.decode([int(i)]) if tok is not None else "") or f"<{int(i)}>" for i in ids]
 
   # ---- lens pieces ---------------------------------------------------------------------------------
   def _model(self, params=None):
@@ -76,20 +80,29 @@ class Inspector:
 
   def unembed_weight(self) -> np.ndarray:
     """The head's matrix [V, D] (logits = final_norm(h) @ W.T, then the family's soft-cap)."""
-    return np.asarray(jax.jit(lambda p: self._model(p).unembedding())(self.params))
+    return np.asarray(self._jitted["unembed"](self.params))
 
   def final_norm(self, x) -> np.ndarray:
     """The model's final norm applied to hidden states [..., D]."""
-    return np.asarray(jax.jit(lambda p, x: self._model(p).final_norm(x))(self.params,
-                                                                          jnp.asarray(x)))
+    return np.asarray(self._jitted["final_norm"](self.params, jnp.asarray(x)))
 
-  def lens(self, x) -> np.ndarray:
-    """The logit lens: the model's head (soft-cap included) on final_norm(x), fp32 [..., V]."""
-    def fn(p, x):
+  def lens(self, x, normed: bool = False) -> np.ndarray:
+    """The logit lens: the model's head (soft-cap included) on final_norm(x) (on x itself when
+    `normed`: the last hidden state is already after the final norm), fp32 [..., V]."""
+    return np.asarray(self._jitted["lens"](self.params, jnp.asarray(x), normed=normed))
+
+  def _lens_pieces(self) -> dict[str, Callable]:
+    def rows(x):
+      return x.reshape(1, -1, x.shape[-1]).astype(self.mcfg.compute_dtype)
+
+    def lens(p, x, normed):
       model = self._model(p)
-      x_BSD = x.reshape(1, -1, x.shape[-1]).astype(self.mcfg.compute_dtype)
-      return model.logits(model.final_norm(x_BSD)).reshape(*x.shape[:-1], -1)
-    return np.asarray(jax.jit(fn)(self.params, jnp.asarray(x)))
+      x_BSD = rows(x) if normed else model.final_norm(rows(x))
+      return model.logits(x_BSD).reshape(*x.shape[:-1], -1)
+
+    return {"unembed": jax.jit(lambda p: self._model(p).unembedding()),
+            "final_norm": jax.jit(lambda p, x: self._model(p).final_norm(rows(x)).reshape(x.shape)),
+            "lens": jax.jit(lens, static_argnames="normed")}
 
   # ---- interventions -------------------------------------------------------------------------------
   @contextlib.contextmanager
