@@ -26,6 +26,7 @@ import test_qwen3_moe_parity as qwen3_moe  # noqa: E402
 import test_qwen3_next_parity as qwen3_next  # noqa: E402
 import test_qwen3_parity as qwen3  # noqa: E402
 from MaxText import inference  # noqa: E402
+from MaxText.config.load import replace  # noqa: E402
 from MaxText.inspect import Inspector  # noqa: E402
 
 TOL = 1e-5
@@ -40,10 +41,15 @@ FAMILIES = {
 ROWS = [[3, 17, 42, 99, 7, 61, 11, 5, 23, 64], [8, 2, 77, 31, 9, 14]]   # a ragged batch
 
 
+MESH_222 = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2")   # sorted
+
+
 @functools.lru_cache(maxsize=None)
-def inspector(family: str, scan: bool = True) -> Inspector:
+def inspector(family: str, scan: bool = True, mesh: tuple[str, ...] = ()) -> Inspector:
+  """The family's oracle converted to our parameters (default mesh: fsdp over the 8 devices)."""
   module, args, _ = FAMILIES[family]
-  cfg = module.our_config(*args, scan)
+  cfg = replace(module.our_config(*args, scan),
+                **{k: int(v) for k, v in (a.split("=") for a in mesh)})
   _, _, params = module.ours(*args, scan)
   return Inspector(inference.load(cfg, params=params))
 
@@ -66,9 +72,12 @@ def close(got, want, what: str):
   return err / scale
 
 
-@pytest.mark.parametrize("family,scan", [(f, True) for f in FAMILIES] + [("qwen3_next", False)])
-def test_trace_matches_transformers(family, scan):
-  m = inspector(family, scan)
+@pytest.mark.parametrize("family,scan,mesh", [(f, True, ()) for f in FAMILIES] +
+                         [("qwen3_next", False, ()), ("gemma4", False, MESH_222)])
+def test_trace_matches_transformers(family, scan, mesh):
+  m = inspector(family, scan, mesh)
+  assert dict(m.mesh.shape) == ({"data": 2, "fsdp": 2, "tensor": 2, "context": 1, "expert": 1}
+                                if mesh else {**dict(m.mesh.shape), "fsdp": 8})
   trace = m.forward(ROWS, capture={"hidden_states", "attentions", "logits"})
   L = m.num_layers
   assert list(trace.lengths) == [len(r) for r in ROWS] and trace.tokens.shape == (2, len(ROWS[0]))
@@ -87,7 +96,7 @@ def test_trace_matches_transformers(family, scan):
     assert trace.attention_layers == [1, 3]
   else:
     assert trace.attention_layers == list(range(L))
-  print(f"{family} scan={scan}: worst |Δ| / max|x| = {worst:.1e}")
+  print(f"{family} scan={scan} mesh={dict(m.mesh.shape)}: worst |Δ| / max|x| = {worst:.1e}")
 
 
 def test_one_sequence_and_a_subset_of_layers_and_heads():

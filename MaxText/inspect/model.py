@@ -212,7 +212,7 @@ class Inspector:
     (None: all); `heads`: the heads kept at attention sites (None: all). Only what is asked for
     leaves the compiled program, and only those layers are kept inside it."""
     batched, tokens, self._lengths = self._inputs(token_ids)
-    capture = tuple(capture)
+    capture = tuple(sorted(set(capture)))
     names, exact = self._site_names(capture, layers)
     heads_ = None if heads is None else tuple(int(h) for h in heads)
     if heads_ is not None:
