@@ -199,7 +199,7 @@ def test_identity_interventions_change_nothing_bitwise():
 def _stacked_patterns(m: Inspector, ids, **kw) -> list[tuple[int, ...]]:
   """Shapes of every rank-5 [n, B, H, S, S] value in the traced forward (attention kept for n
   layers at once), read from its jaxpr (nothing compiled or run)."""
-  _, tokens, m._lengths = m._inputs(ids)
+  _, tokens, lengths = m._inputs(ids)
   names, _ = m._site_names(("attentions",), kw.get("layers"))
   program, _ = m._program(names, kw.get("heads"), {})
   S = tokens.shape[1]
@@ -213,7 +213,7 @@ def _stacked_patterns(m: Inspector, ids, **kw) -> list[tuple[int, ...]]:
           found.append(shape)
       for sub in jax_core.jaxprs_in_params(eqn.params):
         walk(sub)
-  walk(jax.make_jaxpr(program)(m.params, *m._placed(tokens)).jaxpr)
+  walk(jax.make_jaxpr(program)(m.params, *m._placed(tokens, lengths)).jaxpr)
   return found
 
 
@@ -341,3 +341,17 @@ def test_load_and_the_decoding_api(hf_folder):
   assert len(reply.output_ids) == 2
   import inspect                                   # the standard library's, untouched
   assert inspect.isfunction(mi.load)
+
+
+def test_load_from_a_checkpoint(tmp_path):
+  """`load(load_parameters_path=...)`: the architecture comes with the checkpoint; same trace."""
+  from MaxText import inspect as mi
+  from MaxText.checkpoint.manager import save_params_only
+  cfg = qwen3.our_config(False, True)
+  save_params_only(str(tmp_path / "c"), jax.device_get(inspector("qwen3").params), cfg.as_dict())
+  m = mi.load(load_parameters_path=str(tmp_path / "c"))
+  assert m.num_layers == inspector("qwen3").num_layers
+  got = m.forward(ROWS[0], capture=["logits"]).logits
+  close(got, inspector("qwen3").forward(ROWS[0], capture=["logits"]).logits, "checkpoint logits")
+  with pytest.raises(ValueError, match="one of hf_path"):
+    mi.load()

@@ -164,7 +164,7 @@ class Inspector:
                objective: Callable | None = None):
     key = (capture, heads, tuple(interventions.items()), grad_site, objective)
     if key in self._programs:
-      return self._programs[key]
+      return self._programs[key], key
     L, graphdef = self.num_layers, self.model_def.graphdef
 
     def run(params, tokens_BS, positions_BS, segment_ids_BS, extra: dict):
@@ -196,10 +196,11 @@ class Inspector:
     self._programs[key] = fn
     return fn, key
 
-  def _placed(self, tokens: np.ndarray):
+  def _placed(self, tokens: np.ndarray, lengths: np.ndarray):
+    """(tokens, positions, segment ids: 1 on each row's tokens, 0 on its padding) on the mesh."""
     B, S = tokens.shape
     positions = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S))
-    segments = (np.arange(S)[None, :] < self._lengths[:, None]).astype(np.int32)
+    segments = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int32)
     whole = NamedSharding(self.mesh, PartitionSpec())
     return jax.device_put((tokens, np.ascontiguousarray(positions), segments), whole)
 
@@ -211,7 +212,7 @@ class Inspector:
     ("resid_post.*"); `layers`: the decoder layers whose hidden states and attentions are kept
     (None: all); `heads`: the heads kept at attention sites (None: all). Only what is asked for
     leaves the compiled program, and only those layers are kept inside it."""
-    batched, tokens, self._lengths = self._inputs(token_ids)
+    batched, tokens, lengths = self._inputs(token_ids)
     capture = tuple(sorted(set(capture)))
     names, exact = self._site_names(capture, layers)
     heads_ = None if heads is None else tuple(int(h) for h in heads)
@@ -220,14 +221,14 @@ class Inspector:
       if bad:
         raise ValueError(f"heads {bad} are outside the model's {self.mcfg.num_query_heads} heads")
     program, key = self._program(names, heads_, {**self._interventions, **(interventions or {})})
-    placed = self._placed(tokens)
+    placed = self._placed(tokens, lengths)
     results = {k: np.asarray(v) for k, v in program(self.params, *placed).items()}
     missing = [n for n in exact if n not in results]
     if missing:
       raise ValueError(f"sites {missing} are not in this model's forward (e.g. attention sites "
                        f"of a layer without softmax attention)")
     unbatch = (lambda a: a[0]) if not batched else (lambda a: a)
-    trace = Trace(tokens=unbatch(tokens), lengths=None if not batched else self._lengths,
+    trace = Trace(tokens=unbatch(tokens), lengths=lengths if batched else None,
                   heads=heads_)
     L = self.num_layers
     chosen = set(range(L) if layers is None else layers)
@@ -257,8 +258,8 @@ class Inspector:
     interventions; the gradient has the site's shape ([S, D] for a residual site of one sequence)."""
     if len(sites.expand(site, self.num_layers)) != 1 or "*" in site:
       raise ValueError(f"grad needs one site, got {site!r}")
-    batched, tokens, self._lengths = self._inputs(token_ids)
-    placed = self._placed(tokens)
+    batched, tokens, lengths = self._inputs(token_ids)
+    placed = self._placed(tokens, lengths)
     shape_prog, _ = self._program((site,), None, dict(self._interventions))
     shapes = jax.eval_shape(shape_prog, self.params, *placed)
     if site not in shapes:
