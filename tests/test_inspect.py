@@ -225,6 +225,14 @@ def test_a_subset_of_layers_is_all_the_scan_keeps():
   assert any(s[0] == 2 for s in every), every
   one = _stacked_patterns(m, ROWS[0], layers=[3], heads=(1,))
   assert one and all(s[0] == 1 and s[2] == 1 for s in one), one
+  S, H = len(ROWS[0]), m.mcfg.num_query_heads
+  cost_one = m.program_memory(S, ["attentions"], layers=[3], heads=[1])
+  cost_all = m.program_memory(S, ["attentions"])
+  print(f"one layer and head: {cost_one}; all: {cost_all}")
+  # the arrays (fp32, replicated on each device) plus XLA's 8-byte table of a tuple of outputs
+  assert cost_one["output"] == S * S * 4
+  assert cost_all["output"] == m.num_layers * H * S * S * 4 + 8 * m.num_layers
+  assert cost_one["temp"] < cost_all["temp"]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma4"])

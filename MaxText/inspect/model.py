@@ -251,6 +251,25 @@ class Inspector:
     trace.sites = {k: unbatch(v) for k, v in results.items() if k in asked}
     return trace
 
+  def program_memory(self, length: int, capture: Iterable[str] = HIGH_LEVEL,
+                     layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                     batch: int = 1) -> dict[str, int]:
+    """XLA's count of the compiled forward's memory on one device for `batch` rows of `length`
+    tokens (bytes): its arguments, outputs and temporaries. Compiles only (works on abstract
+    parameters too): what a capture would cost before running it."""
+    names, _ = self._site_names(tuple(sorted(set(capture))), layers)
+    heads_ = None if heads is None else tuple(int(h) for h in heads)
+    program, _ = self._program(names, heads_, dict(self._interventions))
+    whole = NamedSharding(self.mesh, PartitionSpec())
+    ids = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=whole)
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                         sharding=getattr(a, "sharding", None)),
+                          self.params)
+    analysis = program.lower(params, ids, ids, ids).compile().memory_analysis()
+    return {"argument": int(analysis.argument_size_in_bytes),
+            "output": int(analysis.output_size_in_bytes),
+            "temp": int(analysis.temp_size_in_bytes)}
+
   # ---- gradients -----------------------------------------------------------------------------------
   def grad(self, site: str, objective: Callable, token_ids) -> tuple[float, np.ndarray]:
     """(objective, d objective / d the value at `site`): `objective(logits)` a scalar JAX function

@@ -36,7 +36,8 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
     mask_BST &= (jnp.arange(T)[None, :] > jnp.arange(S)[:, None] - sliding_window)[None]
   mask_BQT = jnp.tile(mask_BST, (1, G, 1))                      # row g*S + s ↔ (head g, query s)
   probed = sites.active() is not None
-  if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed:   # bf16: every dot in bf16 (attention_lowp.py)
+  # bf16: every dot in bf16 (attention_lowp.py); under a probe the plain path below (its sites)
+  if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed:
     out_BKQE = attention_core(row_major(q_BKQE), row_major(k_BKTE), row_major(v_BKTE),
                               mask_BQT[:, None], scale)
     return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)

@@ -227,10 +227,11 @@ class PatternStack(nnx.Module):
       xs_run = None if xs is None else jax.tree.map(
           lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
       layer_sets = [tuple(run.start + r * p + m for r in range(run.repeats)) for m in range(p)]
-      keep = [{b: [r for r in range(run.repeats) if run.start + r * p + m in probe.captured_layers(b)]
+      # per member: {captured base: the repeats whose layer was asked for}
+      keep = [{b: [r for r, i in enumerate(layer_sets[m]) if i in probe.captured_layers(b)]
                for b in probe.wanted(layer_sets[m])} for m in range(p)]
-      steps = [remat(framed(g, run.start + m, layer_sets[m], frozenset(keep[m]), p), self.remat_policy,
-                     prevent_cse=False) for m, g in enumerate(graphdefs)]
+      steps = [remat(framed(g, run.start + m, layer_sets[m], frozenset(keep[m]), p),
+                     self.remat_policy, prevent_cse=False) for m, g in enumerate(graphdefs)]
       first = jax.tree.map(lambda a: a[0], (list(states), xs_run))
       buffers = []
       for m, step in enumerate(steps):
