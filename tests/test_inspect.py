@@ -191,6 +191,10 @@ def test_identity_interventions_change_nothing_bitwise():
            "mlp_out.3": ident}
   with m.intervene(every):
     same = m.forward(ROWS, capture=capture)
+  programs = len(m._programs)
+  with m.intervene(every):                   # the same sites and functions: the same program
+    m.forward(ROWS, capture=capture)
+  assert len(m._programs) == programs
   np.testing.assert_array_equal(same.logits, plain.logits)
   for a, b in zip(same.hidden_states + same.attentions, plain.hidden_states + plain.attentions):
     np.testing.assert_array_equal(a, b)

@@ -196,6 +196,15 @@ class Inspector:
     self._programs[key] = fn
     return fn, key
 
+  def _heads(self, heads: Sequence[int] | None) -> tuple[int, ...] | None:
+    if heads is None:
+      return None
+    heads_ = tuple(int(h) for h in heads)
+    bad = [h for h in heads_ if not 0 <= h < self.mcfg.num_query_heads]
+    if bad:
+      raise ValueError(f"heads {bad} are outside the model's {self.mcfg.num_query_heads} heads")
+    return heads_
+
   def _placed(self, tokens: np.ndarray, lengths: np.ndarray):
     """(tokens, positions, segment ids: 1 on each row's tokens, 0 on its padding) on the mesh."""
     B, S = tokens.shape
@@ -213,13 +222,9 @@ class Inspector:
     (None: all); `heads`: the heads kept at attention sites (None: all). Only what is asked for
     leaves the compiled program, and only those layers are kept inside it."""
     batched, tokens, lengths = self._inputs(token_ids)
-    capture = tuple(sorted(set(capture)))
+    capture = _names(capture)
     names, exact = self._site_names(capture, layers)
-    heads_ = None if heads is None else tuple(int(h) for h in heads)
-    if heads_ is not None:
-      bad = [h for h in heads_ if not 0 <= h < self.mcfg.num_query_heads]
-      if bad:
-        raise ValueError(f"heads {bad} are outside the model's {self.mcfg.num_query_heads} heads")
+    heads_ = self._heads(heads)
     program, key = self._program(names, heads_, {**self._interventions, **(interventions or {})})
     placed = self._placed(tokens, lengths)
     results = {k: np.asarray(v) for k, v in program(self.params, *placed).items()}
@@ -244,11 +249,8 @@ class Inspector:
                           for l in with_attention]
     if "logits" in capture:
       trace.logits = unbatch(results["logits"])
-    high = {"resid_pre.0", "final_norm_out", "logits", *(f"resid_post.{l}" for l in range(L)),
-            *(f"attn_pattern.{l}" for l in range(L))}
-    asked = set(names) - (high - {n for c in capture if c not in HIGH_LEVEL
-                                  for n in sites.expand(c, L)})
-    trace.sites = {k: unbatch(v) for k, v in results.items() if k in asked}
+    explicit = {n for c in capture if c not in HIGH_LEVEL for n in sites.expand(c, L)}
+    trace.sites = {k: unbatch(v) for k, v in results.items() if k in explicit}
     return trace
 
   def program_memory(self, length: int, capture: Iterable[str] = HIGH_LEVEL,
@@ -257,9 +259,8 @@ class Inspector:
     """XLA's count of the compiled forward's memory on one device for `batch` rows of `length`
     tokens (bytes): its arguments, outputs and temporaries. Compiles only (works on abstract
     parameters too): what a capture would cost before running it."""
-    names, _ = self._site_names(tuple(sorted(set(capture))), layers)
-    heads_ = None if heads is None else tuple(int(h) for h in heads)
-    program, _ = self._program(names, heads_, dict(self._interventions))
+    names, _ = self._site_names(_names(capture), layers)
+    program, _ = self._program(names, self._heads(heads), dict(self._interventions))
     whole = NamedSharding(self.mesh, PartitionSpec())
     ids = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=whole)
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
@@ -288,3 +289,8 @@ class Inspector:
     value, g = program(delta, self.params, *placed, unbatched=not batched)
     g = np.asarray(g)
     return float(value), (g if batched else g[0])
+
+
+def _names(capture: Iterable[str] | str) -> tuple[str, ...]:
+  """What to capture, in a fixed order (one program per set): a name or an iterable of names."""
+  return (capture,) if isinstance(capture, str) else tuple(sorted(set(capture)))
