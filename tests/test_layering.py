@@ -21,6 +21,7 @@ LAYERS = [
     ("train",),
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
      "inspect"),  # entry
+    ("rl",),                                  # GRPO: drives the decoding API and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 
