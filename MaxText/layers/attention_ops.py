@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from MaxText.kernels import splash as splash_kernel
+from MaxText.layers import sites
 from MaxText.kernels.flash_attention import flash_attention
 from MaxText.layers.attention_lowp import attention_core
 from MaxText.layers.linear import row_major
@@ -34,14 +35,21 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   if sliding_window is not None:                                # keys q - W < k (<= q if causal)
     mask_BST &= (jnp.arange(T)[None, :] > jnp.arange(S)[:, None] - sliding_window)[None]
   mask_BQT = jnp.tile(mask_BST, (1, G, 1))                      # row g*S + s ↔ (head g, query s)
-  if jnp.dtype(q_BSHE.dtype).itemsize < 4:   # bf16: every dot in bf16 (attention_lowp.py)
+  probed = sites.active() is not None
+  # bf16: every dot in bf16 (attention_lowp.py); under a probe the plain path below (its sites)
+  if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed:
     out_BKQE = attention_core(row_major(q_BKQE), row_major(k_BKTE), row_major(v_BKTE),
                               mask_BQT[:, None], scale)
     return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
   scores_BKQT = jnp.einsum("bkqe,bkte->bkqt", q_BKQE, k_BKTE,
                            preferred_element_type=jnp.float32) * scale
   scores_BKQT = jnp.where(mask_BQT[:, None], scores_BKQT, jnp.finfo(jnp.float32).min)
-  probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1).astype(v_BTKE.dtype)
+  if probed:   # inspection sites (layers/sites.py) see [B, H, S, T], head h = k·G + g
+    scores_BKQT = sites.site("attn_scores", scores_BKQT.reshape(B, H, S, T)).reshape(B, K, G * S, T)
+  probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1)
+  if probed:
+    probs_BKQT = sites.site("attn_pattern", probs_BKQT.reshape(B, H, S, T)).reshape(B, K, G * S, T)
+  probs_BKQT = probs_BKQT.astype(v_BTKE.dtype)
   out_BKQE = jnp.einsum("bkqt,bkte->bkqe", probs_BKQT, v_BKTE)
   return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
 

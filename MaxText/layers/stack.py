@@ -19,6 +19,12 @@ same way (e.g. a decoding step that carries the decoding cache).
 Parameter paths (below the stack):  scanned  runs/<run>/<member>/...   (leading axis: repeat)
                                     unscanned  layers/<i>/...
 `location(kinds, scan, i)` says where layer i lives.
+
+Under an inspection probe (MaxText/layers/sites.py) each layer call runs in a frame that knows the
+layer's index (traced inside a scan), marks the residual stream — the carry's first element, or
+the carry itself — as `resid_pre.{i}` / `resid_post.{i}`, and hands back the values captured inside
+the layer; a scanned run keeps them in buffers with one row per layer asked for (not per repeat),
+so capturing one layer of many costs that layer's values only.
 """
 from __future__ import annotations
 
@@ -27,8 +33,11 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from MaxText.layers import sites
 
 REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
@@ -163,6 +172,9 @@ class PatternStack(nnx.Module):
       self.layers = nnx.List([make_layer(kind, rngs) for kind in kinds])
 
   def __call__(self, carry, *args, xs=None, method: str | None = None):
+    probe = sites.active()
+    if probe is not None:
+      return self._probed(probe, carry, args, xs, method)
     if not self.scan:
       for i, layer in enumerate(self.layers):
         graphdef, state = nnx.split(layer)
@@ -186,3 +198,78 @@ class PatternStack(nnx.Module):
 
       carry, _ = jax.lax.scan(body, carry, (list(states), xs_run))
     return carry
+
+  # ---- under an inspection probe (module docstring) ----------------------------------------------
+  def _probed(self, probe: sites.Probe, carry, args: tuple, xs, method: str | None):
+    def framed(g, index, layers, wanted, stride=0):
+      """Layer call `g` in a probe frame: layer `index` (+ `stride` x the scan's repeat `r`)."""
+      def run(s, c, x, r=None):
+        i = index if r is None else index + r * stride
+        with probe.frame(i, layers, wanted) as frame:
+          c = _with_residual(c, lambda v: sites.site("resid_pre", v))
+          c = _call(g, s, c, args, x, method)
+          c = _with_residual(c, lambda v: sites.site("resid_post", v))
+        return c, frame.captured
+      return run
+
+    if not self.scan:
+      for i, layer in enumerate(self.layers):
+        graphdef, state = nnx.split(layer)
+        step = remat(framed(graphdef, i, (i,), probe.wanted((i,))), self.remat_policy)
+        carry, captured = step(state, carry, _at(xs, i))
+        for base, value in captured.items():
+          if i in probe.captured_layers(base):
+            probe.store(base, i, value)
+      return carry
+    for run, members in zip(self.plan, self.runs):
+      graphdefs, states = zip(*(nnx.split(m) for m in members))
+      p = len(run.block)
+      xs_run = None if xs is None else jax.tree.map(
+          lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
+      layer_sets = [tuple(run.start + r * p + m for r in range(run.repeats)) for m in range(p)]
+      # per member: {captured base: the repeats whose layer was asked for}
+      keep = [{b: [r for r, i in enumerate(layer_sets[m]) if i in probe.captured_layers(b)]
+               for b in probe.wanted(layer_sets[m])} for m in range(p)]
+      steps = [remat(framed(g, run.start + m, layer_sets[m], frozenset(keep[m]), p),
+                     self.remat_policy, prevent_cse=False) for m, g in enumerate(graphdefs)]
+      first = jax.tree.map(lambda a: a[0], (list(states), xs_run))
+      buffers = []
+      for m, step in enumerate(steps):
+        shapes = jax.eval_shape(step, first[0][m], carry, _at(first[1], m), 0)[1]
+        keep[m] = {b: rows for b, rows in keep[m].items() if b in shapes}   # sites it reaches
+        buffers.append({b: jnp.zeros((len(rows), *shapes[b].shape), shapes[b].dtype)
+                        for b, rows in keep[m].items()})
+
+      def body(c, inp, steps=steps, keep=keep):
+        c, bufs = c
+        states_i, xs_i, r = inp
+        bufs = [dict(b) for b in bufs]
+        for m, step in enumerate(steps):
+          c, captured = step(states_i[m], c, _at(xs_i, m), r)
+          for b, rows in keep[m].items():
+            bufs[m][b] = _store_row(bufs[m][b], captured[b], rows, r)
+        return (c, bufs), None
+
+      (carry, buffers), _ = jax.lax.scan(
+          body, (carry, buffers), (list(states), xs_run, jnp.arange(run.repeats, dtype=jnp.int32)))
+      for m in range(p):
+        for b, rows in keep[m].items():
+          for k, r in enumerate(rows):
+            probe.store(b, run.start + r * p + m, buffers[m][b][k])
+    return carry
+
+
+def _with_residual(carry, fn: Callable):
+  """`fn` applied to the residual stream: the carry's first element, or the carry itself."""
+  if isinstance(carry, tuple):
+    return (fn(carry[0]), *carry[1:])
+  return fn(carry)
+
+
+def _store_row(buf, value, rows: list[int], r):
+  """`buf` with `value` in the row of repeat `r` when `r` is one of `rows` (else unchanged)."""
+  rows_ = jnp.asarray(rows, jnp.int32)
+  slot = jnp.clip(jnp.searchsorted(rows_, r), 0, len(rows) - 1)
+  current = jax.lax.dynamic_index_in_dim(buf, slot, keepdims=False)
+  new = jnp.where(rows_[slot] == r, value.astype(buf.dtype), current)
+  return jax.lax.dynamic_update_index_in_dim(buf, new, slot, 0)

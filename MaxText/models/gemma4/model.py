@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import embed, stack
+from MaxText.layers import embed, sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, matmul, param
@@ -257,7 +257,7 @@ class DecoderLayer(nnx.Module):
 
   def _after_attention(self, x_BSD, a_BSD, mask_BS, per_layer):
     """The rest of the layer after attention: (output, MoE routing statistics or None)."""
-    x_BSD = x_BSD + self.post_attn_norm(a_BSD)
+    x_BSD = x_BSD + sites.site("attn_out", self.post_attn_norm(a_BSD))
     m_BSD = self.mlp(self.mlp_norm(x_BSD))
     terms = None
     if self.moe:
@@ -267,7 +267,7 @@ class DecoderLayer(nnx.Module):
       counts, probs = load_balancing_terms(probs_TE, e_BSk.reshape(-1, e_BSk.shape[-1]),
                                            mask_BS.reshape(-1))
       terms = (counts, probs, dropped)
-    x_BSD = x_BSD + self.post_mlp_norm(m_BSD)
+    x_BSD = x_BSD + sites.site("mlp_out", self.post_mlp_norm(m_BSD))
     if self.uses_ple:
       g_BSP = _gelu_tanh(self.ple_gate(x_BSD)) * per_layer["ple"]
       x_BSD = x_BSD + self.ple_norm(self.ple_proj(g_BSP))
@@ -355,7 +355,7 @@ class Transformer(nnx.Module):
     table = self.embedding[...]
     x_BSD = embed.lookup(table, tokens_BS, ("vocab", "embed"), ACT_BSD)
     x_BSD = x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
-    x_BSD = constrain(x_BSD.astype(cfg.compute_dtype), ACT_BSD)
+    x_BSD = sites.site("embed_out", constrain(x_BSD.astype(cfg.compute_dtype), ACT_BSD))
     xs = {"index": jnp.arange(cfg.num_decoder_layers)}
     if cfg.per_layer_input_dim:
       xs["ple"] = self._per_layer_inputs(tokens_BS, x_BSD)
@@ -396,6 +396,10 @@ class Transformer(nnx.Module):
       c = cfg.final_logit_softcap
       logits_BSV = c * jnp.tanh(logits_BSV / c)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
+
+  def unembedding(self):
+    """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by (before the soft-cap)."""
+    return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import embed, stack
+from MaxText.layers import embed, sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, matmul, param
@@ -123,13 +123,14 @@ class DecoderLayer(nnx.Module):
                               jax.lax.stop_gradient(per_layer["bias"]))
     else:
       y_BSD, terms = self.mlp(self.mlp_norm(x_BSD)), None
-    return constrain(x_BSD + y_BSD, ACT_BSD), terms
+    return constrain(x_BSD + sites.site("mlp_out", y_BSD), ACT_BSD), terms
 
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
     """carry = (x_BSD, moe stats); per_layer (models with MoE layers) = {"moe_layer": this layer's
     row of the statistics and the bias, "bias": its bias [E]}."""
     x_BSD, stats = carry
-    x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS)
+    x_BSD = x_BSD + sites.site("attn_out", self.attn(self.attn_norm(x_BSD), positions_BS,
+                                                     segment_ids_BS))
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
       stats = record(stats, per_layer["moe_layer"], *terms)
@@ -169,7 +170,7 @@ class Transformer(nnx.Module):
 
   def _embed(self, tokens_BS):
     x_BSD = embed.lookup(self.embedding[...], tokens_BS, ("vocab", "embed"), ACT_BSD)
-    return x_BSD.astype(self.cfg.compute_dtype)
+    return sites.site("embed_out", x_BSD.astype(self.cfg.compute_dtype))
 
   def _moe_inputs(self) -> dict:
     """Per-layer inputs of the MoE layers: their row of the statistics and their router bias."""
@@ -202,6 +203,10 @@ class Transformer(nnx.Module):
     else:
       logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
+
+  def unembedding(self):
+    """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by."""
+    return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):

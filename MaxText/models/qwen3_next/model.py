@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from MaxText.layers import stack
+from MaxText.layers import sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, param
@@ -175,7 +175,7 @@ class DecoderLayer(nnx.Module):
       y_BSD, terms = self.mlp(h_BSD, mask_BS, jax.lax.stop_gradient(per_layer["bias"]))
     else:
       y_BSD, terms = self.mlp(h_BSD), None
-    return constrain(x_BSD + y_BSD, ACT_BSD), terms
+    return constrain(x_BSD + sites.site("mlp_out", y_BSD), ACT_BSD), terms
 
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
     """carry = (x_BSD, moe stats); per_layer (models with MoE layers) = {"moe_layer": this layer's
@@ -183,9 +183,10 @@ class DecoderLayer(nnx.Module):
     x_BSD, stats = carry
     h_BSD = self.input_norm(x_BSD)
     if self.attn is None:
-      x_BSD = x_BSD + self.linear_attn(h_BSD, segment_ids_BS)
+      a_BSD = self.linear_attn(h_BSD, segment_ids_BS)
     else:
-      x_BSD = x_BSD + self.attn(h_BSD, positions_BS, segment_ids_BS)
+      a_BSD = self.attn(h_BSD, positions_BS, segment_ids_BS)
+    x_BSD = x_BSD + sites.site("attn_out", a_BSD)
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
       stats = record(stats, per_layer["moe_layer"], *terms)

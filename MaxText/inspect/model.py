@@ -1,0 +1,296 @@
+"""An inspectable model: forward passes that capture and edit named sites (MaxText/layers/sites.py)
+inside the compiled program, gradients with respect to a site, and the decoding API of
+MaxText/inference.py (generate, logprobs, chat) on the same parameters.
+
+The forward runs the family's model with the dot-product attention op (the only one that
+materialises the probabilities; the parameters are the same whatever op trained them), under the
+mesh and logical-axis rules the model was loaded with. One program is compiled per set of
+interventions (name and function object), captures, heads and input shape, and reused after.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from MaxText.inference import InferenceModel
+from MaxText.inspect.trace import Trace
+from MaxText.layers import sites
+from MaxText.models.registry import make_model_def
+from MaxText.sharding.rules import use_rules
+
+HIGH_LEVEL = ("hidden_states", "attentions", "logits")
+
+
+class Inspector:
+  """`forward`, `intervene`, `grad`, `unembed_weight`, `final_norm`, and `generate`, `logprobs`,
+  `chat` (MaxText/inference.py) of one loaded model."""
+
+  def __init__(self, inference: InferenceModel):
+    self.inference = inference
+    engine = inference.engine
+    self.mcfg = dataclasses.replace(engine.mcfg, attention="dot_product", remat_policy="none")
+    self.num_layers = self.mcfg.num_decoder_layers
+    self.model_def = make_model_def(self.mcfg)
+    self.mesh, self.rules, self.params = engine.mesh, engine.rules, inference.params
+    self._interventions: dict[str, Callable] = {}
+    self._programs: dict[Any, Callable] = {}
+    self._reached: dict[Any, set[str]] = {}     # per program: the site names its forward passes
+    self._jitted = self._lens_pieces()
+
+  # ---- decoding (MaxText/inference.py) ------------------------------------------------------------
+  def generate(self, prompts, **kwargs):
+    """`InferenceModel.generate`: completions of text, token-id or chat prompts."""
+    return self.inference.generate(prompts, **kwargs)
+
+  def logprobs(self, prompts: Sequence, completions: Sequence) -> list[np.ndarray]:
+    """log p of each completion token given the prompt (text or token ids) and the tokens before."""
+    encode = self.inference.encode
+    return self.inference.score([encode(p) for p in prompts],
+                                [self._text_ids(c) if isinstance(c, str) else encode(c)
+                                 for c in completions])
+
+  def _text_ids(self, text: str) -> list[int]:
+    """A completion's text as ids (no bos: it continues the prompt)."""
+    if self.inference.tokenizer is None:
+      raise ValueError(f"a text completion needs a tokenizer: {self.inference.tokenizer_source}")
+    return self.inference.tokenizer.encode(text)
+
+  def chat(self, messages: Sequence[dict], **kwargs):
+    """One chat completion: `messages` rendered with the tokenizer's chat template."""
+    return self.inference.generate([{"messages": list(messages)}], **kwargs)[0]
+
+  def tokenize(self, prompt) -> list[int]:
+    return self.inference.encode(prompt)
+
+  def token_text(self, ids: Iterable[int]) -> list[str]:
+    """Each id's own text (for labels); `<id>` without a tokenizer or for an empty text."""
+    tok = self.inference.tokenizer
+    return [(tok.decode([int(i)]) if tok is not None else "") or f"<{int(i)}>" for i in ids]
+
+  # ---- lens pieces ---------------------------------------------------------------------------------
+  def _model(self, params=None):
+    return nnx.merge(self.model_def.graphdef, self.params if params is None else params)
+
+  def unembed_weight(self) -> np.ndarray:
+    """The head's matrix [V, D] (logits = final_norm(h) @ W.T, then the family's soft-cap)."""
+    return np.asarray(self._jitted["unembed"](self.params))
+
+  def final_norm(self, x) -> np.ndarray:
+    """The model's final norm applied to hidden states [..., D]."""
+    return np.asarray(self._jitted["final_norm"](self.params, jnp.asarray(x)))
+
+  def lens(self, x, normed: bool = False) -> np.ndarray:
+    """The logit lens: the model's head (soft-cap included) on final_norm(x) (on x itself when
+    `normed`: the last hidden state is already after the final norm), fp32 [..., V]."""
+    return np.asarray(self._jitted["lens"](self.params, jnp.asarray(x), normed=normed))
+
+  def _lens_pieces(self) -> dict[str, Callable]:
+    def rows(x):
+      return x.reshape(1, -1, x.shape[-1]).astype(self.mcfg.compute_dtype)
+
+    def lens(p, x, normed):
+      model = self._model(p)
+      x_BSD = rows(x) if normed else model.final_norm(rows(x))
+      return model.logits(x_BSD).reshape(*x.shape[:-1], -1)
+
+    return {"unembed": jax.jit(lambda p: self._model(p).unembedding()),
+            "final_norm": jax.jit(lambda p, x: self._model(p).final_norm(rows(x)).reshape(x.shape)),
+            "lens": jax.jit(lens, static_argnames="normed")}
+
+  # ---- interventions -------------------------------------------------------------------------------
+  @contextlib.contextmanager
+  def intervene(self, interventions: dict[str, Callable]):
+    """Inside, every `forward` / `grad` applies `interventions` ({site name or glob: fn(x,
+    context) -> x'}, JAX functions) inside the compiled forward."""
+    for name in interventions:
+      sites.expand(name, self.num_layers)          # a bad name fails here, naming it
+    outer = self._interventions
+    self._interventions = {**outer, **interventions}
+    try:
+      yield self
+    finally:
+      self._interventions = outer
+
+  # ---- the forward ---------------------------------------------------------------------------------
+  def _inputs(self, token_ids) -> tuple[bool, np.ndarray, np.ndarray]:
+    """(batched?, tokens [B, S] right-padded with 0, lengths [B])."""
+    if isinstance(token_ids, str) or (isinstance(token_ids, dict)):
+      token_ids = self.tokenize(token_ids)
+    arr = np.asarray(token_ids, dtype=object) if not isinstance(token_ids, np.ndarray) else token_ids
+    batched = arr.ndim == 2 or (arr.ndim == 1 and len(arr) and not np.isscalar(arr[0])
+                                and not isinstance(arr[0], (int, np.integer)))
+    rows = [list(map(int, r)) for r in token_ids] if batched else [list(map(int, token_ids))]
+    if not rows or any(len(r) == 0 for r in rows):
+      raise ValueError("forward needs at least one token per row")
+    bad = [t for r in rows for t in r if not 0 <= t < self.mcfg.vocab_size]
+    if bad:
+      raise ValueError(f"token ids outside the vocabulary [0, {self.mcfg.vocab_size}): {bad[:5]}")
+    lengths = np.asarray([len(r) for r in rows], np.int32)
+    tokens = np.zeros((len(rows), lengths.max()), np.int32)
+    for i, r in enumerate(rows):
+      tokens[i, :len(r)] = r
+    return batched, tokens, lengths
+
+  def _site_names(self, capture: Iterable[str], layers: Sequence[int] | None) -> tuple[tuple, tuple]:
+    """(site patterns to capture, the exact names the user asked for, which must be reached)."""
+    L = self.num_layers
+    chosen = range(L) if layers is None else sorted(set(int(l) for l in layers))
+    bad = [l for l in chosen if not 0 <= l < L]
+    if bad:
+      raise ValueError(f"layers {bad} are outside the model's {L} layers")
+    names, exact = [], []
+    for c in capture:
+      if c == "hidden_states":
+        names += ["resid_pre.0", *(f"resid_post.{l}" for l in chosen if l < L - 1)]
+        names += ["final_norm_out"] if L - 1 in chosen else []
+      elif c == "attentions":
+        names += [f"attn_pattern.{l}" for l in chosen]
+      elif c == "logits":
+        names.append("logits")
+      else:
+        hits = sites.expand(c, L)
+        names += hits
+        exact += [c] if len(hits) == 1 and hits[0] == c else []
+    return tuple(dict.fromkeys(names)), tuple(exact)
+
+  def _program(self, capture: tuple, heads, interventions: dict, grad_site: str | None = None,
+               objective: Callable | None = None):
+    key = (capture, heads, tuple(interventions.items()), grad_site, objective)
+    if key in self._programs:
+      return self._programs[key], key
+    L, graphdef = self.num_layers, self.model_def.graphdef
+
+    def run(params, tokens_BS, positions_BS, segment_ids_BS, extra: dict):
+      probe = sites.Probe(L, {**interventions, **extra}, capture, heads)
+      with sites.probing(probe), use_rules(self.mesh, self.rules):
+        model = nnx.merge(graphdef, params)
+        x_BSD, _ = model.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS,
+                                          return_hidden=True)
+        x_BSD = sites.site("final_norm_out", x_BSD)
+        logits_BSV = sites.site("logits", model.logits(x_BSD))
+      missing = [n for n in interventions if n not in probe.reached and
+                 len(sites.expand(n, L)) == 1]
+      if missing:
+        raise ValueError(f"intervention sites {missing} are not in this model's forward (e.g. "
+                         f"attention sites of a layer without softmax attention)")
+      self._reached[key] = probe.reached
+      return logits_BSV, probe.results
+
+    if grad_site is None:
+      def forward(params, tokens_BS, positions_BS, segment_ids_BS):
+        return run(params, tokens_BS, positions_BS, segment_ids_BS, {})[1]
+      fn = jax.jit(forward)
+    else:
+      def value(delta, params, tokens_BS, positions_BS, segment_ids_BS, unbatched):
+        extra = {grad_site: lambda x, ctx: x + delta.astype(x.dtype)}
+        logits_BSV = run(params, tokens_BS, positions_BS, segment_ids_BS, extra)[0]
+        return objective(logits_BSV[0] if unbatched else logits_BSV)
+      fn = jax.jit(jax.value_and_grad(value), static_argnames=("unbatched",))
+    self._programs[key] = fn
+    return fn, key
+
+  def _heads(self, heads: Sequence[int] | None) -> tuple[int, ...] | None:
+    if heads is None:
+      return None
+    heads_ = tuple(int(h) for h in heads)
+    bad = [h for h in heads_ if not 0 <= h < self.mcfg.num_query_heads]
+    if bad:
+      raise ValueError(f"heads {bad} are outside the model's {self.mcfg.num_query_heads} heads")
+    return heads_
+
+  def _placed(self, tokens: np.ndarray, lengths: np.ndarray):
+    """(tokens, positions, segment ids: 1 on each row's tokens, 0 on its padding) on the mesh."""
+    B, S = tokens.shape
+    positions = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S))
+    segments = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int32)
+    whole = NamedSharding(self.mesh, PartitionSpec())
+    return jax.device_put((tokens, np.ascontiguousarray(positions), segments), whole)
+
+  def forward(self, token_ids, capture: Iterable[str] = HIGH_LEVEL,
+              layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+              interventions: dict[str, Callable] | None = None) -> Trace:
+    """A `Trace` of `token_ids` (one sequence: ids or a prompt; or a batch: a list of id lists,
+    right-padded). `capture`: "hidden_states", "attentions", "logits" and/or site names or globs
+    ("resid_post.*"); `layers`: the decoder layers whose hidden states and attentions are kept
+    (None: all); `heads`: the heads kept at attention sites (None: all). Only what is asked for
+    leaves the compiled program, and only those layers are kept inside it."""
+    batched, tokens, lengths = self._inputs(token_ids)
+    capture = _names(capture)
+    names, exact = self._site_names(capture, layers)
+    heads_ = self._heads(heads)
+    program, key = self._program(names, heads_, {**self._interventions, **(interventions or {})})
+    placed = self._placed(tokens, lengths)
+    results = {k: np.asarray(v) for k, v in program(self.params, *placed).items()}
+    missing = [n for n in exact if n not in results]
+    if missing:
+      raise ValueError(f"sites {missing} are not in this model's forward (e.g. attention sites "
+                       f"of a layer without softmax attention)")
+    unbatch = (lambda a: a[0]) if not batched else (lambda a: a)
+    trace = Trace(tokens=unbatch(tokens), lengths=lengths if batched else None,
+                  heads=heads_)
+    L = self.num_layers
+    chosen = set(range(L) if layers is None else layers)
+    if "hidden_states" in capture:
+      keys = ["resid_pre.0", *(f"resid_post.{l}" for l in range(L - 1)), "final_norm_out"]
+      trace.hidden_states = [unbatch(results[k]) if (i == 0 or i - 1 in chosen) else None
+                             for i, k in enumerate(keys)]
+    if "attentions" in capture:
+      with_attention = sorted(int(n.split(".")[1]) for n in self._reached[key]
+                              if n.startswith("attn_pattern."))
+      trace.attention_layers = with_attention
+      trace.attentions = [unbatch(results[f"attn_pattern.{l}"]) if l in chosen else None
+                          for l in with_attention]
+    if "logits" in capture:
+      trace.logits = unbatch(results["logits"])
+    explicit = {n for c in capture if c not in HIGH_LEVEL for n in sites.expand(c, L)}
+    trace.sites = {k: unbatch(v) for k, v in results.items() if k in explicit}
+    return trace
+
+  def program_memory(self, length: int, capture: Iterable[str] = HIGH_LEVEL,
+                     layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                     batch: int = 1) -> dict[str, int]:
+    """XLA's count of the compiled forward's memory on one device for `batch` rows of `length`
+    tokens (bytes): its arguments, outputs and temporaries. Compiles only (works on abstract
+    parameters too): what a capture would cost before running it."""
+    names, _ = self._site_names(_names(capture), layers)
+    program, _ = self._program(names, self._heads(heads), dict(self._interventions))
+    whole = NamedSharding(self.mesh, PartitionSpec())
+    ids = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=whole)
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                         sharding=getattr(a, "sharding", None)),
+                          self.params)
+    analysis = program.lower(params, ids, ids, ids).compile().memory_analysis()
+    return {"argument": int(analysis.argument_size_in_bytes),
+            "output": int(analysis.output_size_in_bytes),
+            "temp": int(analysis.temp_size_in_bytes)}
+
+  # ---- gradients -----------------------------------------------------------------------------------
+  def grad(self, site: str, objective: Callable, token_ids) -> tuple[float, np.ndarray]:
+    """(objective, d objective / d the value at `site`): `objective(logits)` a scalar JAX function
+    of the logits ([S, V] for one sequence, [B, S, V] for a batch) of the forward with the active
+    interventions; the gradient has the site's shape ([S, D] for a residual site of one sequence)."""
+    if len(sites.expand(site, self.num_layers)) != 1 or "*" in site:
+      raise ValueError(f"grad needs one site, got {site!r}")
+    batched, tokens, lengths = self._inputs(token_ids)
+    placed = self._placed(tokens, lengths)
+    shape_prog, _ = self._program((site,), None, dict(self._interventions))
+    shapes = jax.eval_shape(shape_prog, self.params, *placed)
+    if site not in shapes:
+      raise ValueError(f"site {site!r} is not in this model's forward")
+    delta = jnp.zeros(shapes[site].shape, shapes[site].dtype)
+    program, _ = self._program((), None, dict(self._interventions), site, objective)
+    value, g = program(delta, self.params, *placed, unbatched=not batched)
+    g = np.asarray(g)
+    return float(value), (g if batched else g[0])
+
+
+def _names(capture: Iterable[str] | str) -> tuple[str, ...]:
+  """What to capture, in a fixed order (one program per set): a name or an iterable of names."""
+  return (capture,) if isinstance(capture, str) else tuple(sorted(set(capture)))

@@ -1,0 +1,57 @@
+"""The result of an inspected forward pass: NumPy arrays only (no JAX, no torch), the layout of
+transformers' `output_hidden_states=True, output_attentions=True`.
+
+  tokens            [S] token ids ([B, S] for a batch; rows right-padded, see `lengths`)
+  hidden_states     L + 1 entries [S, D]: entry 0 the embedding output (the first layer's input),
+                    entry i the output of layer i - 1, the last one after the final norm — as
+                    transformers gives it (its `capture_outputs` replaces the last layer's output
+                    with `last_hidden_state`, the same for Qwen3, Qwen3-MoE, Gemma 4, Qwen3-Next);
+                    None for entries not asked for (`layers=`), as transformers does for a subset
+  attentions        one entry [H, S, S] per layer with softmax attention (`attention_layers`:
+                    every layer, or only the full-attention layers of Qwen3-Next), probabilities
+                    of the dot-product path; None where not asked for; H the heads asked for
+  logits            [S, V] fp32
+  sites             any other captured site by name ("resid_post.3", "mlp_out.0", ...)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Trace:
+  tokens: np.ndarray
+  hidden_states: list | None = None
+  attentions: list | None = None
+  attention_layers: list[int] = field(default_factory=list)
+  logits: np.ndarray | None = None
+  sites: dict[str, np.ndarray] = field(default_factory=dict)
+  lengths: np.ndarray | None = None          # batched: the real tokens of each row
+  heads: tuple[int, ...] | None = None       # the heads of `attentions` (None: all)
+
+  def arrays(self) -> dict[str, np.ndarray]:
+    """The npz layout of the CLI: `token_ids`, `hidden_states` [L+1, S, D] (only the captured
+    entries, then with `hidden_states_index`), `attentions_{l}` [H, S, S], `logits` [S, V], and
+    every other captured site under its name."""
+    out = {"token_ids": self.tokens}
+    if self.hidden_states is not None:
+      index = [i for i, h in enumerate(self.hidden_states) if h is not None]
+      out["hidden_states"] = np.stack([self.hidden_states[i] for i in index])
+      if len(index) != len(self.hidden_states):
+        out["hidden_states_index"] = np.asarray(index)
+    for layer, a in zip(self.attention_layers, self.attentions or []):
+      if a is not None:
+        out[f"attentions_{layer}"] = a
+    if self.logits is not None:
+      out["logits"] = self.logits
+    if self.lengths is not None:
+      out["lengths"] = self.lengths
+    if self.heads is not None:
+      out["heads"] = np.asarray(self.heads)
+    out.update(self.sites)
+    return out
+
+  def save(self, path: str) -> None:
+    np.savez(path, **self.arrays())
