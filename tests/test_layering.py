@@ -19,7 +19,9 @@ LAYERS = [
     ("models",),
     ("decoding",),
     ("train",),
-    ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate"),  # entry
+    ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
+    ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
+     "quantize"),  # entry
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 

@@ -104,6 +104,8 @@ class DenseGeneral(nnx.Module):
     self.lora_a = nnx.data(None)
     self.lora_b = nnx.data(None)
     self.lora_scale = 0.0
+    # a quantized matmul (layers/quant.py sets it): quant(self, x_MK, out_dtype) -> y_MN
+    self.quant = None
     fan_in = 1
     for d in in_shape:
       fan_in *= d
@@ -118,10 +120,13 @@ class DenseGeneral(nnx.Module):
     # far better than a multi-dimensional dot_general (about 2x on a SwiGLU block, fwd+bwd).
     w = self.kernel[...]
     batch_shape = x.shape[: x.ndim - self.in_rank]
-    in_size = math.prod(w.shape[: self.in_rank])
+    in_size = math.prod(x.shape[x.ndim - self.in_rank:])
     out_shape = w.shape[self.in_rank:]
     x2 = x.astype(self.dtype).reshape(-1, in_size)
-    y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
+    if self.quant is not None:
+      y = self.quant(self, x2, out_dtype)
+    else:
+      y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
     if self.lora_a is not None:   # A [*in, r], B [r, *out]; zero B: y exactly as without
       a = self.lora_a[...].reshape(in_size, -1)
       b = self.lora_b[...].reshape(a.shape[1], -1)
