@@ -21,6 +21,14 @@ Three roles, each a static, hashable `quant` object on the projection that compu
   * `HessianProbe` — calibration: the projection's forward is unchanged, and the gradient of the
     zero parameter `hessian_probe` [*lead, K, K] is X^T X over the tokens it saw (K: the flattened
     input), so one backward pass gives every layer's GPTQ Hessian, scanned layers included.
+
+qwix's rules, qtypes, QAT and PTQ arithmetic are used as they are; its `quantize_model`
+interception is not: it finds a weight by identity with a module attribute, but a projection here
+reshapes and casts its kernel before a plain 2-D matmul, and the pattern stack calls its layers
+through `nnx.merge` inside `jax.lax.scan` (as for LoRA, layers/lora.py). So the module-path match
+happens once, when the model is built, and the projection calls qwix's op itself.
+A QAT-trained checkpoint holds float weights: decoding it runs in float (`quantization` is not an
+architecture key); `python -m MaxText.quantize` turns it into integer weights.
 """
 from __future__ import annotations
 
