@@ -50,6 +50,8 @@ from MaxText.layers import quant
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules
 from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.loop import check_config
@@ -127,7 +129,9 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
     rows = cfg.micro_batch_size(len(devices))
     batches = EvalBatches(DataConfig.from_config(cfg), "train", tokenizer, [0], 1, rows, steps)
     print(f"calibration: {steps} batches of {rows} x {cfg.max_target_length} tokens")
-    hess, seen = convert.hessians(mcfg, params, batches, cfg.weight_quant_exclude)
+    hess, seen = convert.hessians(mcfg, params, batches, cfg.weight_quant_exclude,
+                                  create_mesh(cfg, devices),
+                                  parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
     need = max(h.shape[-1] for h in hess.values())
     if seen < need:
       raise ConfigError(f"calibration_steps={steps}: {seen} calibration tokens; a Hessian of "

@@ -7,7 +7,7 @@ projections; not the embedding, the head or routers), minus `weight_quant_exclud
 matrix [prod(in), prod(out)] the model multiplies.
 
 Hessians (GPTQ, and the per-layer output error of either method): one forward + backward per
-calibration batch through the model with `HessianProbe`s (the gradient of each zero probe is X^T X
+calibration batch through the model (sharded over the mesh as in training) with `HessianProbe`s (the gradient of each zero probe is X^T X
 of that projection's input over the batch's tokens), summed over batches and divided by the
 token count — all from the full-precision model (not layer by layer through already-quantized
 layers, as the GPTQ paper does).
@@ -22,11 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from MaxText.layers import quant
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
+from MaxText.sharding.rules import Rules, tree_shardings, use_rules
+from MaxText.train.step import batch_sharding
 from MaxText.quantization import gptq
 
 Flat = dict[tuple, Any]
@@ -55,35 +58,41 @@ def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
   return [Target(t.name, keys[t.kernel], t.in_rank, t.lead) for t in found]
 
 
-def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: str
-             ) -> tuple[dict[str, np.ndarray], int]:
+def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: str,
+             mesh: Mesh, rules: Rules) -> tuple[dict[str, np.ndarray], int]:
   """({module path: H [*lead, K, K] float64, mean over tokens}, tokens seen) from the calibration
-  batches (rows with no token are dropped)."""
+  batches, the model sharded over `mesh` by the rules as in training (the probes replicated). A
+  batch with a row of padding only (the documents ran out) is left out."""
   model_def = make_model_def(mcfg, modify=lambda m: quant.attach_probes(m, exclude))
+  shardings = traverse_util.flatten_dict(
+      tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules))
   flat_abstract = traverse_util.flatten_dict(model_def.abstract_params)
   probe_keys = [k for k in flat_abstract if k[-1] == "hessian_probe"]
-  base = traverse_util.flatten_dict(params)
+  base = {k: jax.device_put(v, shardings[k])
+          for k, v in traverse_util.flatten_dict(params).items()}
+  zeros = [jax.device_put(np.zeros(flat_abstract[k].shape, np.float32), shardings[k])
+           for k in probe_keys]
 
   @jax.jit
-  def step(probes, tokens, positions, segments):
+  def step(base, probes, tokens, positions, segments):
     def total(pr):
-      tree = traverse_util.unflatten_dict({**base_dev, **dict(zip(probe_keys, pr))})
-      return jnp.sum(model_def.apply(tree, tokens, positions, segments))
+      tree = traverse_util.unflatten_dict({**base, **dict(zip(probe_keys, pr))})
+      with use_rules(mesh, rules):
+        return jnp.sum(model_def.apply(tree, tokens, positions, segments))
     return jax.grad(total)(probes)
 
-  base_dev = {k: jnp.asarray(v) for k, v in base.items()}
-  zeros = [jnp.zeros(flat_abstract[k].shape, flat_abstract[k].dtype) for k in probe_keys]
   sums = [np.zeros(flat_abstract[k].shape, np.float64) for k in probe_keys]
   seen = 0
   for batch in batches:
-    keep = batch["inputs_segmentation"].any(axis=1)
-    if not keep.any():
+    if not batch["inputs_segmentation"].any(axis=1).all():
       continue
-    grads = step(zeros, *(jnp.asarray(batch[k][keep]) for k in
-                          ("inputs", "inputs_position", "inputs_segmentation")))
+    rows = batch["inputs"].shape
+    sharding = batch_sharding(mesh, rules, *rows)
+    grads = step(base, zeros, *(jax.device_put(batch[k], sharding) for k in
+                                ("inputs", "inputs_position", "inputs_segmentation")))
     for s, g in zip(sums, grads):
-      s += np.asarray(g, np.float64)
-    seen += int((batch["inputs_segmentation"][keep] > 0).sum())
+      s += np.asarray(jax.device_get(g), np.float64)
+    seen += int((batch["inputs_segmentation"] > 0).sum())
   names = ["/".join(map(str, k[:-1])) for k in probe_keys]
   return {n: s / max(seen, 1) for n, s in zip(names, sums)}, seen
 
