@@ -15,7 +15,8 @@ Three roles, each a static, hashable `quant` object on the projection that compu
     weights only — and a straight-through backward on the original operands). With LoRA the
     frozen base is the quantized operand and the adapters stay in full precision (QLoRA).
   * `IntWeights` — a post-training-quantized checkpoint (MaxText.quantize): `kernel` holds the
-    integer levels (int8, or int4 packed two per uint8 along the last input axis) and
+    integer levels (int8, or int4 packed two per uint8 along the kernel's last axis, so every other
+    dimension — the ones model code may read — keeps its size) and
     `kernel_scale` [*lead, G, *out] the per-group scales (G groups of consecutive rows of the
     flattened input); the matmul is qwix's `dot_general` on a `qwix.QArray` of them.
   * `HessianProbe` — calibration: the projection's forward is unchanged, and the gradient of the
@@ -151,7 +152,7 @@ class IntWeights:
   def __call__(self, dense: DenseGeneral, x_MK: jax.Array, out_dtype) -> jax.Array:
     q = dense.kernel[...]
     if self.bits == 4:
-      q = unpack_int4(q, dense.in_rank - 1)
+      q = unpack_int4(q, q.ndim - 1)
     q_KN = q.reshape(x_MK.shape[1], -1)
     scale_GN = dense.kernel_scale[...].reshape(-1, q_KN.shape[1])
     qtype = jnp.int4 if self.bits == 4 else jnp.int8
@@ -166,13 +167,12 @@ def int_weight_layout(dense: DenseGeneral, bits: int, group_size: int
   shape, axes, lead, ins = _split_kernel(dense)
   k = math.prod(ins)
   gs = group_size_for(k, group_size)
-  if bits == 4:
-    at = len(lead) + dense.in_rank - 1
-    if shape[at] % 2:
-      raise ValueError(f"bits=4 packs two levels per byte along an input axis of even size; "
-                       f"it is {shape[at]}")
-    shape = (*shape[:at], shape[at] // 2, *shape[at + 1:])
   out = shape[len(lead) + dense.in_rank:]
+  if bits == 4:
+    if shape[-1] % 2:
+      raise ValueError(f"bits=4 packs two levels per byte along the kernel's last axis, which "
+                       f"needs an even size; it is {shape[-1]}")
+    shape = (*shape[:-1], shape[-1] // 2)
   return (shape, jnp.uint8 if bits == 4 else jnp.int8, (*lead, k // gs, *out),
           (*axes[:len(lead)], None, *axes[len(lead) + dense.in_rank:]))
 

@@ -142,7 +142,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     q = np.stack([a for a, _ in out[t.kernel]]).reshape(w.shape)
     s = np.stack([b for _, b in out[t.kernel]])
     s = s.reshape(*lead, s.shape[1], *w.shape[t.lead + t.in_rank:]).astype(np.float32)
-    flat[t.kernel] = quant.pack_int4(q, t.lead + t.in_rank - 1) if bits == 4 else q.astype(np.int8)
+    flat[t.kernel] = quant.pack_int4(q, q.ndim - 1) if bits == 4 else q.astype(np.int8)
     flat[t.kernel[:-1] + ("kernel_scale",)] = s
   return traverse_util.unflatten_dict(flat), reports
 
@@ -160,7 +160,7 @@ def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
   for t in tgts:
     q = np.asarray(flat[t.kernel])
     if bits == 4:
-      q = np.asarray(quant.unpack_int4(jnp.asarray(q), t.lead + t.in_rank - 1))
+      q = np.asarray(quant.unpack_int4(jnp.asarray(q), q.ndim - 1))
     s = np.asarray(flat.pop(t.kernel[:-1] + ("kernel_scale",)), np.float32)
     lead = q.shape[:t.lead]
     k = math.prod(q.shape[t.lead:t.lead + t.in_rank])
