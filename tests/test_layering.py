@@ -19,8 +19,9 @@ LAYERS = [
     ("models",),
     ("decoding",),
     ("train",),
+    ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
-     "refit", "inspect"),                                                                # entry
+     "refit", "inspect", "quantize"),                                                    # entry
     ("rl",),                                  # GRPO: drives the decoding API and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}

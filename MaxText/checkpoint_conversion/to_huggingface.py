@@ -40,6 +40,7 @@ from MaxText.config.schema import KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
+from MaxText.quantization import convert
 from MaxText.train import lora_base
 
 ARGS = {
@@ -75,12 +76,18 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   if hf_model_type and cfg.hf_model_type and hf_model_type != cfg.hf_model_type:
     raise ConfigError(f"hf_model_type={hf_model_type!r}: the checkpoint is "
                       f"{cfg.hf_model_type!r}")
-  mcfg = ModelConfig.from_config(cfg)
+  mcfg = stored = ModelConfig.from_config(cfg)
+  if stored.weight_bits:   # written dequantized: the architecture is the float model's
+    cfg = replace(cfg, weight_bits=0, weight_group_size=0, weight_quant_exclude="")
+    mcfg = ModelConfig.from_config(cfg)
   model_type = hf_model_type_for(mcfg, cfg.hf_model_type or hf_model_type)
   for key, problem in check_model(mcfg, model_type):
     raise ConfigError(f"{key}: {problem}")
   family = get_hf_map(model_type)
-  params = lora_base.load_host(ckpt, mcfg, make_model_def(mcfg).abstract_params)
+  params = lora_base.load_host(ckpt, stored, make_model_def(stored).abstract_params)
+  if stored.weight_bits:   # integer weights → floats (what the quantized model computes)
+    params = convert.dequantized(params, convert.targets(mcfg, stored.weight_quant_exclude),
+                                 stored.weight_bits, mcfg.param_dtype)
   if cfg.lora_rank:
     base = dataclasses.replace(mcfg, lora_rank=0)
     if adapter_format == "peft":

@@ -298,6 +298,22 @@ class Config:
       "= every projection of the decoder layers with a named axis on each side (attention, MLP, "
       "Gated DeltaNet; not routers, gates to one value or the head)", carried=True, **_COMPUTE)
 
+  # ---- quantization ------------------------------------------------------------------------------
+  quantization: str = key(
+      "", "quantized training through qwix on the decoder's dense projections: int8 (weights and "
+      "activations) | fp8 (e4m3) | int4 (weights only); \"\" = off. The embedding, the LM head "
+      "and routers stay in full precision", choices=("", "int8", "fp8", "int4"),
+      section="quantization (qwix; MaxText.quantize for post-training)", **_COMPUTE)
+  quantization_exclude: str = key(
+      "", "regex over the projections' module paths left in full precision by quantization "
+      '(e.g. "attention/out$")', **_COMPUTE)
+  weight_bits: int = key(0, "integer weights of a quantized checkpoint (MaxText.quantize writes "
+                         "it): 8 | 4; 0 = float weights", min=0, max=8, model=True)
+  weight_group_size: int = key(0, "rows of the flattened input per weight scale of a quantized "
+                               "checkpoint; 0 = one per output column", min=0, model=True)
+  weight_quant_exclude: str = key("", "regex over the module paths a quantized checkpoint kept in "
+                                  "float", model=True)
+
   # ---- checkpoints -----------------------------------------------------------------------------
   enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",
                                    section="checkpoints (Orbax)")

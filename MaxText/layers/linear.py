@@ -100,10 +100,13 @@ class DenseGeneral(nnx.Module):
   def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], logical_axes: Sequence[str],
                *, rngs: nnx.Rngs, dtype: jnp.dtype, param_dtype: jnp.dtype):
     self.in_rank, self.out_rank = len(in_shape), len(out_shape)
+    self.out_shape = tuple(out_shape)   # (a quantized kernel may be stored packed)
     # LoRA adapters (layers/lora.py sets them): y += lora_scale * (x A) B
     self.lora_a = nnx.data(None)
     self.lora_b = nnx.data(None)
     self.lora_scale = 0.0
+    # a quantized matmul (layers/quant.py sets it): quant(self, x_MK, out_dtype) -> y_MN
+    self.quant = None
     fan_in = 1
     for d in in_shape:
       fan_in *= d
@@ -118,12 +121,14 @@ class DenseGeneral(nnx.Module):
     # far better than a multi-dimensional dot_general (about 2x on a SwiGLU block, fwd+bwd).
     w = self.kernel[...]
     batch_shape = x.shape[: x.ndim - self.in_rank]
-    in_size = math.prod(w.shape[: self.in_rank])
-    out_shape = w.shape[self.in_rank:]
+    in_size = math.prod(x.shape[x.ndim - self.in_rank:])
     x2 = x.astype(self.dtype).reshape(-1, in_size)
-    y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
+    if self.quant is not None:
+      y = self.quant(self, x2, out_dtype)
+    else:
+      y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
     if self.lora_a is not None:   # A [*in, r], B [r, *out]; zero B: y exactly as without
       a = self.lora_a[...].reshape(in_size, -1)
       b = self.lora_b[...].reshape(a.shape[1], -1)
       y = y + (self.lora_scale * matmul(matmul(x2, a), b)).astype(y.dtype)
-    return y.reshape(*batch_shape, *out_shape)
+    return y.reshape(*batch_shape, *self.out_shape)

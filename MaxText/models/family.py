@@ -41,8 +41,11 @@ COMMON_KEYS = frozenset({
     "num_kv_heads", "head_dim", "mlp_dim", "norm_epsilon", "rope_theta", "max_position_embeddings",
     "init_std", "dtype", "weight_dtype", "scan_layers", "remat_policy", "attention",
     "flash_block_q", "flash_block_kv"})
-# Model keys generic code applies to any family's module (models/model_def.py: LoRA adapters).
-GENERIC_KEYS = frozenset({"lora_rank", "lora_alpha", "lora_targets"})
+# Model keys generic code applies to any family's module (models/model_def.py: LoRA adapters,
+# quantized projections).
+GENERIC_KEYS = frozenset({"lora_rank", "lora_alpha", "lora_targets", "quantization",
+                          "quantization_exclude", "weight_bits", "weight_group_size",
+                          "weight_quant_exclude"})
 # Routed experts as MaxText/layers/moe.py implements them (with the balancing terms of
 # `moe.MoETerms`).
 ROUTED_EXPERT_KEYS = frozenset({

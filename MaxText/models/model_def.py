@@ -10,7 +10,7 @@ from typing import Any, Callable
 import jax
 from flax import nnx, traverse_util
 
-from MaxText.layers import lora
+from MaxText.layers import lora, quant
 from MaxText.models.model_config import ModelConfig
 
 Build = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
@@ -40,18 +40,26 @@ class ModelDef:
     return nnx.merge(self.graphdef, params).logits(hidden)
 
 
-def _build(build: Build, mcfg: ModelConfig, seed: int) -> nnx.Module:
-  """The family's module; with `lora_rank`, its projections carry adapters (layers/lora.py)."""
+def _build(build: Build, mcfg: ModelConfig, seed: int,
+           modify: Callable[[nnx.Module], Any] | None = None) -> nnx.Module:
+  """The family's module; with `lora_rank`, its projections carry adapters (layers/lora.py); with
+  `quantization` / `weight_bits`, quantized matmuls (layers/quant.py); then `modify(model)`."""
   with nnx.use_eager_sharding(False):
     rngs = nnx.Rngs(params=seed)
     model = build(mcfg, rngs=rngs)
     if mcfg.lora_rank:
       lora.attach(model, mcfg.lora_rank, mcfg.lora_alpha, mcfg.lora_targets, rngs)
+    quant.apply(model, mcfg)
+    if modify is not None:
+      modify(model)
     return model
 
 
-def model_def_of(build: Build, mcfg: ModelConfig) -> ModelDef:
-  abstract_model = nnx.eval_shape(lambda: _build(build, mcfg, 0))
+def model_def_of(build: Build, mcfg: ModelConfig,
+                 modify: Callable[[nnx.Module], Any] | None = None) -> ModelDef:
+  """`modify(model)`, when given, changes the built module before it is split (e.g. calibration
+  probes)."""
+  abstract_model = nnx.eval_shape(lambda: _build(build, mcfg, 0, modify))
   graphdef, state = nnx.split(abstract_model)
   shapes, axes = {}, {}
   for path, var in nnx.to_flat_state(state):

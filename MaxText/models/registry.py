@@ -47,8 +47,9 @@ def get_family(decoder_block: str) -> Family:
   return _FAMILIES[decoder_block]
 
 
-def make_model_def(mcfg: ModelConfig) -> ModelDef:
-  return model_def_of(get_family(mcfg.decoder_block).build, mcfg)
+def make_model_def(mcfg: ModelConfig, modify=None) -> ModelDef:
+  """`modify(model)`: see `model_def.model_def_of`."""
+  return model_def_of(get_family(mcfg.decoder_block).build, mcfg, modify)
 
 
 def init_params(mcfg: ModelConfig, seed: int):

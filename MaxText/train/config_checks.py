@@ -10,6 +10,7 @@ import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
+from MaxText.layers import quant
 from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_family
@@ -30,7 +31,7 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   sizes = {a: i * d for a, i, d in zip(cfg.mesh_axes, ici, dcn)}
 
   mcfg = ModelConfig.from_config(cfg)
-  for key, problem in check_model(mcfg, cfg.hf_model_type):
+  for key, problem in check_model(mcfg, cfg.hf_model_type) + quant.problems(mcfg):
     raise ConfigError(f"{key}: {problem}")
   batch_axes = next((axes for name, axes in rules if name == BATCH_AXES_LOGICAL), ())
   length_axes = next((axes for name, axes in rules if name == "activation_length"), ())

@@ -1,0 +1,172 @@
+"""A model's float parameters → its integer-weight form (`layers/quant.py: IntWeights`), by RTN or
+GPTQ (`quantization/gptq.py`), and back (dequantized floats, for `to_huggingface`).
+
+Targets: the projections `layers/quant.targets` picks (the decoder's attention and MLP
+projections; not the embedding, the head or routers), minus `weight_quant_exclude`. A kernel
+[*lead, *in, *out] (lead: the scanned stack's repeat axis) is quantized per lead index as the 2-D
+matrix [prod(in), prod(out)] the model multiplies.
+
+Hessians (GPTQ, and the per-layer output error of either method): one forward + backward per
+calibration batch through the model (sharded over the mesh as in training) with `HessianProbe`s (the gradient of each zero probe is X^T X
+of that projection's input over the batch's tokens), summed over batches and divided by the
+token count — all from the full-precision model (not layer by layer through already-quantized
+layers, as the GPTQ paper does).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+from jax.sharding import Mesh
+from tqdm import tqdm
+
+from MaxText.layers import quant
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import make_model_def
+from MaxText.sharding.rules import Rules, tree_shardings, use_rules
+from MaxText.train.step import batch_sharding
+from MaxText.quantization import gptq
+
+Flat = dict[tuple, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+  name: str        # module path, "/" joined
+  kernel: tuple    # the kernel's key path in the parameter tree
+  in_rank: int
+  lead: int        # leading (stacked) axes of the kernel
+
+
+def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
+  """The projections quantized, with where their kernels live."""
+  found = []
+
+  def record(model):
+    for name, dense in quant.targets(model, exclude):
+      path = tuple(name.split("/")) + ("kernel",)
+      ndim = len(dense.kernel.get_value().shape)
+      found.append(Target(name, path, dense.in_rank, ndim - dense.in_rank - dense.out_rank))
+
+  model_def = make_model_def(mcfg, modify=record)
+  keys = {tuple(map(str, k)): k for k in traverse_util.flatten_dict(model_def.abstract_params)}
+  return [Target(t.name, keys[t.kernel], t.in_rank, t.lead) for t in found]
+
+
+def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: str,
+             mesh: Mesh, rules: Rules) -> tuple[dict[str, np.ndarray], int]:
+  """({module path: H [*lead, K, K] float64, mean over tokens}, tokens seen) from the calibration
+  batches, the model sharded over `mesh` by the rules as in training (the probes replicated). A
+  batch with a row of padding only (the documents ran out) is left out."""
+  model_def = make_model_def(mcfg, modify=lambda m: quant.attach_probes(m, exclude))
+  shardings = traverse_util.flatten_dict(
+      tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules))
+  flat_abstract = traverse_util.flatten_dict(model_def.abstract_params)
+  probe_keys = [k for k in flat_abstract if k[-1] == "hessian_probe"]
+  base = {k: jax.device_put(v, shardings[k])
+          for k, v in traverse_util.flatten_dict(params).items()}
+  zeros = [jax.device_put(np.zeros(flat_abstract[k].shape, np.float32), shardings[k])
+           for k in probe_keys]
+
+  @jax.jit
+  def step(base, probes, tokens, positions, segments):
+    def total(pr):
+      tree = traverse_util.unflatten_dict({**base, **dict(zip(probe_keys, pr))})
+      with use_rules(mesh, rules):
+        return jnp.sum(model_def.apply(tree, tokens, positions, segments))
+    return jax.grad(total)(probes)
+
+  sums = [np.zeros(flat_abstract[k].shape, np.float64) for k in probe_keys]
+  seen = 0
+  for batch in batches:
+    if not batch["inputs_segmentation"].any(axis=1).all():
+      continue
+    rows = batch["inputs"].shape
+    sharding = batch_sharding(mesh, rules, *rows)
+    grads = step(base, zeros, *(jax.device_put(batch[k], sharding) for k in
+                                ("inputs", "inputs_position", "inputs_segmentation")))
+    for s, g in zip(sums, grads):
+      s += np.asarray(jax.device_get(g), np.float64)
+    seen += int((batch["inputs_segmentation"] > 0).sum())
+  names = ["/".join(map(str, k[:-1])) for k in probe_keys]
+  return {n: s / max(seen, 1) for n, s in zip(names, sums)}, seen
+
+
+@dataclass
+class LayerReport:
+  name: str
+  index: int              # the lead (stacked repeat) index; 0 unstacked
+  error: float            # ||XW - XŴ||^2 / ||XW||^2 (calibration tokens), or weight error
+  rtn_error: float | None  # RTN's, for comparison (GPTQ with a Hessian)
+
+
+def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, group_size: int,
+                    *, act_order: bool = True, damp: float = 0.01, block_size: int = 128,
+                    hess: dict[str, np.ndarray] | None = None,
+                    progress: bool = True
+                    ) -> tuple[dict, list[LayerReport]]:
+  """(the parameter tree with each target's kernel as integer levels + `kernel_scale`, a report
+  per quantized matrix). int4 levels are packed (layers/quant.py: pack_int4)."""
+  flat = dict(traverse_util.flatten_dict(params))
+  jobs = [(t, i) for t in tgts
+          for i in range(math.prod(np.shape(flat[t.kernel])[:t.lead]))]
+  reports = []
+  out: dict[tuple, list] = {}
+  bar = tqdm(jobs, desc=f"{method} int{bits}", unit="matrix", disable=not progress)
+  for t, i in bar:
+    w = np.asarray(flat[t.kernel])
+    lead, ins = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank]
+    k = math.prod(ins)
+    w_KN = jnp.asarray(w.reshape(math.prod(lead), k, -1)[i], jnp.float32)
+    h = None if hess is None else jnp.asarray(hess[t.name].reshape(-1, k, k)[i], jnp.float32)
+    q, s = gptq.rtn(w_KN, bits, group_size)
+    rtn_err = _error(w_KN, gptq.dequantize(q, s), h)
+    err, rtn_cmp = rtn_err, None
+    if method == "gptq":
+      q, s = gptq.gptq(w_KN, h, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
+                       block_size=block_size)
+      err, rtn_cmp = _error(w_KN, gptq.dequantize(q, s), h), rtn_err
+    reports.append(LayerReport(t.name, i, err, rtn_cmp))
+    what = "output" if h is not None else "weight"
+    bar.write(f"  {t.name}[{i}]: relative {what} error {err:.3e}" +
+              (f" (rtn {rtn_cmp:.3e})" if rtn_cmp is not None else ""))
+    out.setdefault(t.kernel, []).append((np.asarray(q), np.asarray(s)))
+  for t in tgts:
+    w = np.asarray(flat[t.kernel])
+    lead = w.shape[:t.lead]
+    q = np.stack([a for a, _ in out[t.kernel]]).reshape(w.shape)
+    s = np.stack([b for _, b in out[t.kernel]])
+    s = s.reshape(*lead, s.shape[1], *w.shape[t.lead + t.in_rank:]).astype(np.float32)
+    flat[t.kernel] = quant.pack_int4(q, q.ndim - 1) if bits == 4 else q.astype(np.int8)
+    flat[t.kernel[:-1] + ("kernel_scale",)] = s
+  return traverse_util.unflatten_dict(flat), reports
+
+
+def _error(w: jax.Array, wq: jax.Array, h: jax.Array | None) -> float:
+  if h is None:
+    return float(jnp.sum((w - wq) ** 2) / jnp.maximum(jnp.sum(w ** 2), 1e-30))
+  return float(gptq.layer_error(w, wq, h) / jnp.maximum(gptq.layer_error(w, 0 * w, h), 1e-30))
+
+
+def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
+  """The float parameters of an integer-weight tree (each kernel = levels x scale, in `dtype`;
+  the scales dropped): what the integer model computes, as a plain model."""
+  flat = dict(traverse_util.flatten_dict(params))
+  for t in tgts:
+    q = np.asarray(flat[t.kernel])
+    if bits == 4:
+      q = np.asarray(quant.unpack_int4(jnp.asarray(q), q.ndim - 1))
+    s = np.asarray(flat.pop(t.kernel[:-1] + ("kernel_scale",)), np.float32)
+    lead = q.shape[:t.lead]
+    k = math.prod(q.shape[t.lead:t.lead + t.in_rank])
+    q3 = q.reshape(math.prod(lead), k, -1).astype(np.float32)
+    s3 = s.reshape(math.prod(lead), s.shape[t.lead], -1)
+    g = s3.shape[1]
+    w = (q3.reshape(q3.shape[0], g, k // g, -1) * s3[:, :, None, :]).reshape(q.shape)
+    flat[t.kernel] = w.astype(dtype)
+  return traverse_util.unflatten_dict(flat)

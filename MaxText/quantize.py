@@ -1,0 +1,179 @@
+"""Post-training quantization: a checkpoint → a checkpoint with integer weights (int8 or int4 levels
++ float32 scales per group) that MaxText.decode and MaxText.evaluate load directly.
+
+  python -m MaxText.quantize configs/base.yml load_parameters_path=CKPT output_path=QCKPT \\
+      method=rtn|gptq bits=8|4 group_size=128 calibration_steps=N [act_order=true] [dataset keys]
+
+What is quantized: the decoder's attention and MLP projections (layers/quant.py); the embedding,
+the LM head, norms and routers stay as they are, and so do the projections whose module path the
+regex `weight_quant_exclude` searches. Scales: symmetric, one per `group_size` consecutive input
+rows and output column (0: one per column). Methods:
+  rtn   round to nearest.
+  gptq  GPTQ (quantization/gptq.py): the Hessian X^T X of each projection's input from
+        `calibration_steps` batches of the dataset keys' training documents (per_device_batch_size
+        x devices rows of max_target_length tokens; the eval_split_fraction share is never read),
+        dampening `damp` x mean diagonal, blocked lazy updates, act_order (columns by descending
+        Hessian diagonal; default true).
+With calibration_steps > 0 each matrix's relative output error ||XW - XŴ||^2 / ||XW||^2 on the
+calibration tokens is logged (GPTQ: next to RTN's); else the relative weight error.
+
+The written checkpoint carries the config with `weight_bits`, `weight_group_size` and
+`weight_quant_exclude`, so loading it builds the integer model: its arrays restore as int8 (int4:
+two levels per uint8), about bits/16 of bf16 in memory and on disk, plus the scales. Exit 0; 2 on
+a bad or unsupported combination (naming the key: bits, method, group_size, calibration_steps, an
+already-quantized checkpoint, lora_rank); 3 on bad data; 4 on a damaged checkpoint.
+
+Examples:
+  python -m MaxText.quantize configs/base.yml load_parameters_path=runs/default/checkpoints \\
+      output_path=q8 method=rtn bits=8
+  python -m MaxText.quantize configs/base.yml load_parameters_path=runs/default/checkpoints \\
+      output_path=q4 method=gptq bits=4 group_size=64 calibration_steps=8 eval_split_fraction=0.05
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import jax
+
+from MaxText.checkpoint import tokenizer_files
+from MaxText.checkpoint.errors import CheckpointError
+from MaxText.checkpoint.manager import load_params_host, resolve_step_dir, save_params_only
+from MaxText.config import cli
+from MaxText.config.load import ConfigError, load_config, replace
+from MaxText.data.config import DataConfig
+from MaxText.data.errors import DataError
+from MaxText.data.eval_data import EvalBatches
+from MaxText.inference import model_tokenizer
+from MaxText.layers import quant
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import make_model_def
+from MaxText.quantization import convert
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules
+from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK
+from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.train.loop import check_config
+
+
+def _flag(text: str) -> bool:
+  if text.lower() not in ("true", "false", "1", "0"):
+    raise ValueError(text)
+  return text.lower() in ("true", "1")
+
+
+_flag.__name__ = "bool"
+
+ARGS = {
+    "output_path": cli.Arg(help="the quantized checkpoint to write (must not exist or be empty)"),
+    "method": cli.Arg(str, "rtn", "rtn | gptq"),
+    "bits": cli.Arg(int, 8, "8 | 4"),
+    "group_size": cli.Arg(int, 128, "input rows per scale; 0 = one scale per output column"),
+    "calibration_steps": cli.Arg(int, 0, "batches of the dataset's training documents for the "
+                                 "Hessians (gptq needs them; rtn: only for the error report)"),
+    "act_order": cli.Arg(_flag, True, "gptq: columns in descending Hessian-diagonal order"),
+    "damp": cli.Arg(float, 0.01, "gptq: dampening, a fraction of the mean Hessian diagonal"),
+    "block_size": cli.Arg(int, 128, "gptq: columns per lazy-update block"),
+}
+
+
+def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[convert.LayerReport]:
+  """Writes the quantized checkpoint; the per-matrix reports. ConfigError / DataError /
+  CheckpointError as in the module docstring."""
+  method, bits, gs, steps = args["method"], args["bits"], args["group_size"], \
+      args["calibration_steps"]
+  if method not in ("rtn", "gptq"):
+    raise ConfigError(f"method={method!r}: rtn or gptq")
+  if bits not in (4, 8):
+    raise ConfigError(f"bits={bits}: 8 or 4")
+  if gs < 0:
+    raise ConfigError(f"group_size={gs}: >= 0 (0 = one scale per output column)")
+  if method == "gptq" and steps <= 0:
+    raise ConfigError("calibration_steps: method=gptq needs calibration batches for the Hessians "
+                      "(calibration_steps=N > 0)")
+  if not 0 <= args["damp"] < 1:
+    raise ConfigError(f"damp={args['damp']}: in [0, 1)")
+  out = args["output_path"]
+  if os.path.exists(out) and os.listdir(out):
+    raise ConfigError(f"output_path '{out}' exists and is not empty")
+  cfg = load_config(argv)
+  if not cfg.load_parameters_path:
+    raise ConfigError("load_parameters_path: the checkpoint to quantize")
+  cfg = adopt_checkpoint_architecture(cfg, argv)
+  if cfg.weight_bits:
+    raise ConfigError(f"load_parameters_path={cfg.load_parameters_path} is already quantized "
+                      f"(weight_bits={cfg.weight_bits}); quantize the full-precision checkpoint")
+  if cfg.lora_rank:
+    raise ConfigError(f"lora_rank={cfg.lora_rank}: the checkpoint has LoRA adapters; export it "
+                      "merged first (to_huggingface, then to_maxtext) and quantize that")
+  if cfg.quantization:
+    cfg = replace(cfg, quantization="")   # a QAT run's weights are float: quantize them as such
+  mcfg = ModelConfig.from_config(cfg)
+  try:
+    tgts = convert.targets(mcfg, cfg.weight_quant_exclude)
+    qcfg = replace(cfg, weight_bits=bits, weight_group_size=gs)
+    make_model_def(ModelConfig.from_config(qcfg))    # every target's layout fits (group, packing)
+  except ValueError as e:
+    key = "bits" if "packs" in str(e) else "group_size"
+    raise ConfigError(f"{key}: {e}") from None
+  if not tgts:
+    raise ConfigError(f"decoder_block={cfg.decoder_block}: weight_quant_exclude="
+                      f"{cfg.weight_quant_exclude!r} leaves no projection to quantize")
+  params = load_params_host(cfg.load_parameters_path, make_model_def(mcfg).abstract_params)
+  hess = None
+  if steps > 0:
+    cfg, _ = model_tokenizer(cfg)
+    devices = jax.devices()
+    tokenizer = check_config(cfg, devices)
+    rows = cfg.micro_batch_size(len(devices))
+    batches = EvalBatches(DataConfig.from_config(cfg), "train", tokenizer, [0], 1, rows, steps)
+    print(f"calibration: {steps} batches of {rows} x {cfg.max_target_length} tokens")
+    hess, seen = convert.hessians(mcfg, params, batches, cfg.weight_quant_exclude,
+                                  create_mesh(cfg, devices),
+                                  parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
+    need = max(h.shape[-1] for h in hess.values())
+    if seen < need:
+      raise ConfigError(f"calibration_steps={steps}: {seen} calibration tokens; a Hessian of "
+                        f"{need} inputs needs at least {need} (raise calibration_steps, "
+                        f"per_device_batch_size or max_target_length)")
+  qparams, reports = convert.quantize_params(
+      params, tgts, method, bits, gs, act_order=args["act_order"], damp=args["damp"],
+      block_size=args["block_size"], hess=hess, progress=progress)
+  step_dir = resolve_step_dir(cfg.load_parameters_path)
+  folder = tokenizer_files.in_checkpoint(step_dir)
+  save_params_only(out, qparams, qcfg.as_dict(),
+                   tokenizer=tokenizer_files.files_of(folder) if folder else None)
+  return reports
+
+
+def main(argv: Sequence[str]) -> int:
+  try:
+    if not argv or "=" in argv[0]:
+      parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
+      if parsed is None:
+        return EXIT_OK
+      raise ConfigError("the first argument is the config file (configs/base.yml)")
+    parsed = cli.parse(argv[1:], ARGS, __doc__, overrides=True)
+    if parsed is None:
+      return EXIT_OK
+    args, rest = parsed
+    reports = quantize([argv[0], *rest], args)
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  except DataError as e:
+    print(f"data error: {e}", file=sys.stderr)
+    return EXIT_DATA
+  except (CheckpointError, FileNotFoundError) as e:
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    return EXIT_CHECKPOINT
+  worst = max(reports, key=lambda r: r.error)
+  print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
+        f"{args['group_size']}, {len(reports)} matrices; largest relative error {worst.error:.3e} "
+        f"({worst.name}[{worst.index}])")
+  return EXIT_OK
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,248 @@
+"""Quantization: the GPTQ core equals a NumPy reference of the algorithm (column by column, no
+blocks, in float64) with and without act-order; RTN int8 logits are within 1% of fp32; on a tiny
+trained model GPTQ at 4 bits has a smaller layer output error than RTN on every matrix; the
+quantized checkpoint restores into integer arrays and evaluates / decodes / exports to transformers
+(dequantized); bad combinations exit 2 naming the key; qwix QAT trains (the loss falls, 8 devices
+equal 1)."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from conftest import BASE_YML, MESH_1, train
+from MaxText import decode, evaluate, quantize
+from MaxText.checkpoint.manager import load_params, load_params_host, read_meta
+from MaxText.config.load import load_config, replace
+from MaxText.layers import quant
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import init_params, make_model_def
+from MaxText.quantization import convert, gptq
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules, tree_shardings
+from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
+
+
+# ---- the GPTQ core vs a NumPy reference ---------------------------------------------------------
+def gptq_reference(w_KN, h_KK, bits, gs, act_order, damp):
+  """GPTQ as the paper writes it: one column at a time, every later column updated at once."""
+  W, H = w_KN.T.copy(), h_KK.copy()            # W [N, K]
+  n, k = W.shape
+  qmax = 2 ** (bits - 1) - 1
+  dead = np.diag(H) == 0
+  H[dead, dead] = 1
+  W[:, dead] = 0
+
+  def scales(block):                            # [N, gs] -> [N]
+    amax = np.abs(block).max(axis=1)
+    return np.where(amax > 0, amax / qmax, 1.0)
+
+  static = act_order or gs == k
+  S = np.stack([scales(W[:, g * gs:(g + 1) * gs]) for g in range(k // gs)])   # [G, N]
+  perm = np.argsort(-np.diag(H), kind="stable") if act_order else np.arange(k)
+  W, H = W[:, perm], H[perm][:, perm]
+  H = H + damp * np.mean(np.diag(H)) * np.eye(k)
+  U = np.linalg.cholesky(np.linalg.inv(H)).T   # H^-1 = U^T U
+  Q = np.zeros_like(W)
+  for j in range(k):
+    if not static and j % gs == 0:
+      S[j // gs] = scales(W[:, j:j + gs])
+    s = S[perm[j] // gs]
+    q = np.clip(np.round(W[:, j] / s), -qmax - 1, qmax)
+    err = (W[:, j] - q * s) / U[j, j]
+    W[:, j:] -= np.outer(err, U[j, j:])
+    Q[:, j] = q
+  out = np.zeros_like(Q)
+  out[:, perm] = Q
+  return out.T, S
+
+
+@pytest.mark.parametrize("act_order,gs,bits", [(False, 8, 4), (True, 8, 4), (True, 0, 8),
+                                               (False, 0, 4)])
+def test_gptq_core_equals_numpy_reference(act_order, gs, bits):
+  rng = np.random.default_rng(0)
+  k, n = 32, 12
+  w = rng.normal(size=(k, n))
+  x = rng.normal(size=(200, k)) * rng.uniform(0.2, 3.0, size=k)   # uneven diagonal: act-order
+  x[:, 5] = 0                                                     # a dead input
+  h = x.T @ x / 200
+  want_q, want_s = gptq_reference(w, h, bits, gs or k, act_order, 0.01)
+  with jax.enable_x64(True):
+    q, s = gptq.gptq(jnp.asarray(w), jnp.asarray(h), bits=bits, group_size=gs,
+                     act_order=act_order, damp=0.01, block_size=16)   # 2 blocks of 16 columns
+    q, s = np.asarray(q), np.asarray(s)
+  np.testing.assert_array_equal(q, want_q.astype(np.int8))
+  np.testing.assert_allclose(s, want_s, rtol=1e-12)
+  assert not np.array_equal(q, np.asarray(gptq.rtn(jnp.asarray(w), bits, gs)[0]))  # not RTN
+
+
+def test_int4_packing_round_trips():
+  q = np.random.default_rng(1).integers(-8, 8, size=(3, 6, 5)).astype(np.int8)
+  packed = quant.pack_int4(q, 1)
+  assert packed.shape == (3, 3, 5) and packed.dtype == np.uint8
+  np.testing.assert_array_equal(np.asarray(quant.unpack_int4(jnp.asarray(packed), 1)), q)
+
+
+# ---- a tiny trained model: GPTQ vs RTN, the quantized checkpoint ---------------------------------
+DATA = ["eval_split_fraction=0.1", "per_device_batch_size=1"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  out = tmp_path_factory.mktemp("quant")
+  code, rows, _ = train(out, "fp", "steps=30", "learning_rate=3e-3", "checkpoint_period=30",
+                        *DATA[:1])
+  assert code == 0 and rows[-1]["loss"] < rows[0]["loss"]
+  return out, str(out / "fp" / "checkpoints")
+
+
+def _config(ckpt):
+  """The config of a checkpoint (its architecture, quantization keys included)."""
+  argv = [BASE_YML, f"load_parameters_path={ckpt}"]
+  return adopt_checkpoint_architecture(load_config(argv), argv)
+
+
+def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
+  _, ckpt = trained
+  cfg = _config(ckpt)
+  mcfg = ModelConfig.from_config(cfg)
+  params = load_params_host(ckpt, make_model_def(mcfg).abstract_params)
+  qparams, _ = convert.quantize_params(params, convert.targets(mcfg, ""), "rtn", 8, 128,
+                                       progress=False)
+  qmcfg = ModelConfig.from_config(replace(cfg, weight_bits=8, weight_group_size=128))
+  tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, cfg.vocab_size)
+  pos = np.broadcast_to(np.arange(32), (2, 32))
+  seg = np.ones((2, 32), np.int32)
+  want = np.asarray(make_model_def(mcfg).apply(params, tokens, pos, seg))
+  got = np.asarray(make_model_def(qmcfg).apply(qparams, tokens, pos, seg))
+  rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+  assert 0 < rel < 0.01, rel
+
+
+def _quantize(out, ckpt, name, *args):
+  return quantize.main([BASE_YML, f"load_parameters_path={ckpt}", f"output_path={out / name}",
+                        *DATA, f"base_output_directory={out}", "run_name=q", *args])
+
+
+def test_gptq_beats_rtn_on_every_layer_and_the_checkpoint_is_integer(trained, capsys):
+  out, ckpt = trained
+  assert _quantize(out, ckpt, "g4", "method=gptq", "bits=4", "group_size=32",
+                   "calibration_steps=2") == 0
+  lines = [l for l in capsys.readouterr().out.splitlines() if "relative output error" in l]
+  assert len(lines) == 14   # 7 projections x 2 layers
+  for line in lines:
+    err = float(line.split("error ")[1].split()[0])
+    rtn = float(line.split("(rtn ")[1].rstrip(")"))
+    assert err < rtn, line
+  qdir = out / "g4"
+  meta = read_meta(str(qdir))["config"]
+  assert (meta["weight_bits"], meta["weight_group_size"]) == (4, 32)
+  # restored into integer arrays: packed int4 + float32 scales
+  cfg = _config(qdir)
+  mcfg = ModelConfig.from_config(cfg)
+  md = make_model_def(mcfg)
+  devices = jax.devices()
+  mesh = create_mesh(cfg, devices)
+  shardings = tree_shardings(md.logical_axes, md.abstract_params, mesh,
+                             parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          md.abstract_params, shardings)
+  params = traverse_util.flatten_dict(load_params(str(qdir), abstract))
+  kernels = {k: v for k, v in params.items() if k[-1] == "kernel" and "attn" in k or "mlp" in k}
+  assert kernels and all(v.dtype == jnp.uint8 for k, v in kernels.items() if k[-1] == "kernel")
+  fp = traverse_util.flatten_dict(load_params(ckpt))
+  for k, v in kernels.items():
+    if k[-1] == "kernel":
+      assert v.nbytes * 8 == np.asarray(fp[tuple(map(str, k))]).nbytes   # 4 of 32 bits
+
+
+def test_quantized_checkpoints_evaluate_decode_and_export(trained, capsys, tmp_path):
+  out, ckpt = trained
+  assert _quantize(out, ckpt, "r8", "method=rtn", "bits=8") == 0
+  losses = {}
+  for name, path in (("fp", ckpt), ("r8", str(out / "r8"))):
+    capsys.readouterr()
+    assert evaluate.main([BASE_YML, f"load_parameters_path={path}", *DATA, "eval_steps=1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    losses[name] = float(last.split()[0].split("=")[1])
+  assert abs(losses["r8"] - losses["fp"]) < 0.01 * losses["fp"]
+  assert decode.main([BASE_YML, f"load_parameters_path={out / 'r8'}", "prompt_ids=1,5,9",
+                      "max_new_tokens=4", f"decode_output={tmp_path / 'o.jsonl'}"]) == 0
+  with open(tmp_path / "o.jsonl", encoding="utf-8") as f:
+    assert len(json.loads(f.readline())["output_ids"]) == 4
+  # to_huggingface: dequantized weights that transformers runs like our integer model
+  from MaxText.checkpoint_conversion import to_huggingface
+  import torch
+  import transformers
+  hf = tmp_path / "hf"
+  assert to_huggingface.main([f"load_parameters_path={out / 'r8'}", f"output_path={hf}"]) == 0
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+  tokens = np.array([[1, 5, 9, 20, 31, 7]])
+  with torch.no_grad():
+    theirs = model(torch.tensor(tokens)).logits.numpy()
+  cfg = _config(out / "r8")
+  mcfg = ModelConfig.from_config(cfg)
+  md = make_model_def(mcfg)
+  ours = np.asarray(md.apply(load_params_host(str(out / "r8"), md.abstract_params), tokens,
+                             np.arange(6)[None], np.ones((1, 6), np.int32)))
+  np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("args,key", [
+    (["method=awq"], "method"), (["bits=3"], "bits"), (["method=gptq"], "calibration_steps"),
+    (["group_size=48"], "group_size"),
+    (["method=gptq", "calibration_steps=1", "max_target_length=8"],
+     "calibration_steps")])
+def test_bad_combinations_exit_2_naming_the_key(trained, capsys, args, key):
+  out, ckpt = trained
+  assert _quantize(out, ckpt, "bad", *args) == 2
+  assert key in capsys.readouterr().err
+
+
+def test_quantizing_a_quantized_checkpoint_exits_2(trained, capsys):
+  out, ckpt = trained
+  if not os.path.isdir(out / "r8"):
+    assert _quantize(out, ckpt, "r8", "method=rtn", "bits=8") == 0
+  assert _quantize(out, str(out / "r8"), "again", "bits=4") == 2
+  assert "already quantized" in capsys.readouterr().err
+
+
+# ---- quantized training (qwix) --------------------------------------------------------------------
+def test_int8_qat_trains_and_8_devices_equal_1(tmp_path):
+  args = ["quantization=int8", "steps=8", "learning_rate=3e-3", "enable_checkpointing=false",
+          "per_device_batch_size=1"]
+  code, one, _ = train(tmp_path, "one", *args, "per_device_batch_size=8", *MESH_1,
+                       devices=jax.devices()[:1])
+  assert code == 0 and one[-1]["loss"] < one[0]["loss"] - 0.2
+  code, eight, _ = train(tmp_path, "eight", *args)
+  assert code == 0
+  # fake-quantized activations are scaled per token, so the sharding does not change them; what
+  # differs is the order of the fp32 sums (and an int8 level that a rounding flips)
+  np.testing.assert_allclose([r["loss"] for r in eight], [r["loss"] for r in one], rtol=2e-3)
+
+
+# qwen3-moe-tiny, gemma4-tiny and qwen3-next-tiny (scanned) pass too (30-60 s each on a busy
+# machine: run them with -k every_family after adding them here); CI keeps the LoRA, unscanned case
+@pytest.mark.parametrize("model,extra", [("qwen3-tiny", ["scan_layers=false", "lora_rank=4"])])
+def test_qat_rules_quantize_the_projections_of_every_family(model, extra):
+  """int8 QAT changes the forward (and `quantization_exclude` matching every projection restores it
+  exactly); the embedding, head and routers are never quantized."""
+  def forward(*keys):
+    cfg = load_config([BASE_YML, f"model_name={model}", *extra, *keys])
+    mcfg = ModelConfig.from_config(cfg)
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
+    pos = np.broadcast_to(np.arange(16), (2, 16))
+    params = init_params(mcfg, 0)
+    return np.asarray(make_model_def(mcfg).apply(params, tokens, pos, np.ones((2, 16), np.int32)))
+
+  want = forward()
+  got = forward("quantization=int8")
+  rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+  assert rel > 0 and np.isfinite(got).all(), rel
+  np.testing.assert_array_equal(forward("quantization=int8", "quantization_exclude=."), want)
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model}", *extra]))
+  names = [t.name for t in convert.targets(mcfg, "")]
+  assert names and not any(("embed" in n or "head" in n or "router" in n) for n in names)
