@@ -1,9 +1,9 @@
 """Quantized projections, set on any model's `linear.DenseGeneral` modules by module path (as LoRA
 is, layers/lora.py) — generic code, no family or parameter named.
 
-Which projections: those `lora.default_target` takes (every axis named, none "vocab": the attention
-and MLP projections of the decoder layers; not the embedding, the LM head, a router or a gate to
-one value), minus those whose module path ("/" joined, e.g. "decoder/runs/0/0/mlp/up") the regex
+Which projections: those `lora.default_target` takes (a named axis on each side, none "vocab":
+the attention, Gated DeltaNet and MLP projections of the decoder layers; not the embedding, the LM
+head, a router or a gate to one value), minus those whose module path ("/" joined, e.g. "decoder/runs/0/0/mlp/up") the regex
 `exclude` searches. Routed experts kept as raw stacked arrays (MoE) are not projections and stay
 in full precision.
 
@@ -46,7 +46,7 @@ from flax import nnx
 from qwix._src.core import dot_general_qt
 
 from MaxText.layers.linear import DenseGeneral, matmul
-from MaxText.layers.lora import default_target
+from MaxText.layers import lora
 
 DIMS = (((1,), (0,)), ((), ()))   # x_MK @ w_KN
 # quantization key → (weight qtype, activation qtype); int4 quantizes the weights only
@@ -56,18 +56,10 @@ WEIGHT_BITS = (0, 4, 8)
 
 
 def targets(model: nnx.Module, exclude: str) -> list[tuple[str, DenseGeneral]]:
-  """[(module path, projection)] quantized: the default projections minus `exclude`'s matches."""
+  """[(module path, projection)] quantized: LoRA's default projections minus `exclude`'s matches."""
   regex = re.compile(exclude) if exclude else None
-  out = []
-  for path, node in nnx.iter_graph(model):
-    if not isinstance(node, DenseGeneral):
-      continue
-    name = "/".join(map(str, path))
-    axes = tuple(node.kernel.get_metadata().get("logical_axes") or ())
-    if default_target(tuple(a for a in axes if a != "layers")) and not (regex and
-                                                                         regex.search(name)):
-      out.append((name, node))
-  return out
+  return [(name, node) for name, node in lora.targets(model, "")
+          if not (regex and regex.search(name))]
 
 
 def _split_kernel(dense: DenseGeneral) -> tuple[tuple, tuple, tuple, tuple]:
