@@ -4,8 +4,8 @@ is, layers/lora.py) — generic code, no family or parameter named.
 Which projections: those `lora.default_target` takes (a named axis on each side, none "vocab":
 the attention, Gated DeltaNet and MLP projections of the decoder layers; not the embedding, the LM
 head, a router or a gate to one value), minus those whose module path ("/" joined, e.g.
-"decoder/runs/0/0/mlp/up") the regex `exclude` searches. Routed experts kept as raw stacked arrays (MoE) are not projections and stay
-in full precision.
+"decoder/runs/0/0/mlp/up") the regex `exclude` searches. Routed experts kept as raw stacked
+arrays (MoE) are not projections and stay in full precision.
 
 Three roles, each a static, hashable `quant` object on the projection that computes its matmul:
   * `Qat` — quantized training through qwix: the rules are qwix `QtRule`s (`qat_rules`: the
