@@ -206,10 +206,17 @@ def test_lora_reference_is_the_base_without_a_copy():
 
 def test_lora_run_trains_the_adapters_only_over_several_passes(tmp_path):
   prompts = write_prompts(tmp_path / "p.jsonl")
-  code, rows, trainer = grpo(tmp_path, "lora", f"prompts={prompts}", "reward=grpo_helpers:digits",
-                             "steps=2", "lora_rank=4", "num_iterations=2",
-                             "enable_checkpointing=false")
+  keys = (f"prompts={prompts}", "reward=grpo_helpers:digits", "lora_rank=4", "num_iterations=2",
+          "checkpoint_period=1")
+  assert grpo(tmp_path, "lora", *keys, "steps=1")[0] == 0
+  # its checkpoint holds the adapters and a reference to the base (train/lora_base.py)
+  from MaxText.checkpoint.manager import read_meta   # pylint: disable=import-outside-toplevel
+  from MaxText.train import lora_base   # pylint: disable=import-outside-toplevel
+  step1 = tmp_path / "lora" / "checkpoints" / "1"
+  assert read_meta(str(step1))[lora_base.META_KEY]["init_seed"] is not None
+  code, rows, trainer = grpo(tmp_path, "lora", *keys, "steps=2")   # resumes from step 1
   assert code == 0
+  assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
   assert rows[-1]["kl"] > 0          # the reference (the base under the adapters) differs now
   assert rows[-1]["optimizer_steps"] == 4
   # the second pass over a rollout batch is off-policy: its ratios move away from 1

@@ -197,7 +197,7 @@ class GRPOTrainer(Trainer):
             step == cfg.steps or (cfg.eval_reward_period and step % cfg.eval_reward_period == 0)):
           self._log_eval(step, self.evaluate(state["params"]), writer)
         if ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps or stop):
-          ckpts.save(step, state, None, config_dict)
+          self.save_checkpoint(ckpts, step, state, None, config_dict)
         if stop:
           return self._preempted(step, ckpts, watch)
     finally:

@@ -188,6 +188,12 @@ class Trainer:
       return state
     return {**state, "params": lora.split(state["params"])[0]}
 
+  def save_checkpoint(self, ckpts: RunCheckpoints, step: int, state: dict, data_iter: Any,
+                      config_dict: dict) -> None:
+    """Saves `state` at `step` (a LoRA run: its adapters and the reference to its base)."""
+    ckpts.save(step, self.saved_part(state, self.lora_base), data_iter, config_dict,
+               meta=None if self.lora_base is None else {lora_base.META_KEY: self.lora_base})
+
   def compile_step(self):
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
@@ -395,8 +401,7 @@ class Trainer:
         if periodic_now:
           self._last_done += periodic.after_step(step, state["params"])   # its time is no step's
         if save_now:
-          ckpts.save(step, self.saved_part(state, self.lora_base), data_iter, config_dict,
-                     meta=None if self.lora_base is None else {lora_base.META_KEY: self.lora_base})
+          self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
         if stop:
           return self._preempted(step, ckpts, watch)
         if step < cfg.steps:   # after a save, so the saved iterator position matches its state
