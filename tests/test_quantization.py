@@ -189,6 +189,12 @@ def test_quantized_checkpoints_evaluate_decode_and_export(trained, capsys, tmp_p
   ours = np.asarray(md.apply(load_params_host(str(out / "r8"), md.abstract_params), tokens,
                              np.arange(6)[None], np.ones((1, 6), np.int32)))
   np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
+  # MaxText.inspect runs the integer model too (its logits and hidden states)
+  from MaxText import inspect as mi
+  trace = mi.load(load_parameters_path=str(out / "r8")).forward(
+      tokens[0].tolist(), capture={"hidden_states", "logits"})
+  np.testing.assert_allclose(trace.logits, ours[0], rtol=1e-5, atol=1e-5)
+  assert len(trace.hidden_states) == mcfg.num_decoder_layers + 1
 
 
 @pytest.mark.parametrize("args,key", [
