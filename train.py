@@ -1,7 +1,6 @@
 """Entry point: `python train.py configs/base.yml [key=value ...]` (see README.md; `--help`)."""
 import os
 import sys
-import threading
 
 from MaxText.train.usage import usage, wants_help
 
@@ -11,12 +10,6 @@ if __name__ == "__main__":
                 None)
     sys.stdout.write(usage(base) if base else usage())
     sys.exit(0)
-  from MaxText.train.loop import main  # pylint: disable=g-import-not-at-top  (jax: after --help)
-  code = main(sys.argv[1:])
-  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-         if t is not threading.main_thread()):
-    # e.g. a checkpoint write stuck on hung storage (exit 4): do not wait for it
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-  sys.exit(code)
+  # pylint: disable-next=g-import-not-at-top  (jax: after --help)
+  from MaxText.train.loop import exit_process, main
+  exit_process(main(sys.argv[1:]))

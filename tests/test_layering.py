@@ -20,6 +20,7 @@ LAYERS = [
     ("decoding",),
     ("train",),
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate"),  # entry
+    ("rl",),                                  # GRPO: drives the decoding API and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 

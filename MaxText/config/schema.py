@@ -361,6 +361,42 @@ class Config:
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES))
 
+  # ---- reinforcement learning (GRPO) -----------------------------------------------------------
+  prompts: str = key(
+      "", "GRPO: .jsonl prompts, one object a line with prompt (text), prompt_ids or chat messages; "
+      "the whole row goes to the reward functions",
+      section="reinforcement learning (python -m MaxText.rl.grpo)")
+  reward: str = key("", "GRPO: reward functions package.module:function, comma-separated; each is "
+                    "called as f(prompt, completion, row) -> number")
+  reward_weights: list[float] = key([], "GRPO: one weight per reward function; [] = all 1")
+  num_generations: int = key(4, "GRPO: completions sampled per prompt (the group, >= 2)", min=1)
+  prompts_per_step: int = key(4, "GRPO: prompts per rollout batch (rows = this x num_generations)",
+                              min=1)
+  num_iterations: int = key(1, "GRPO: optimizer passes over each rollout batch (1 = on-policy)",
+                            min=1)
+  advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
+                                 "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
+  epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)
+  epsilon_high: float = key(0.2, "PPO clip: above at 1 + epsilon_high", min=0)
+  dual_clip: float = key(0.0, "dual clip: for negative advantages the loss is at most dual_clip x "
+                         "|A|; 0 = off, else > 1", min=0)
+  kl_beta: float = key(0.0, "weight of the KL penalty to the reference (the loaded parameters; "
+                       "with LoRA the base without adapters)", min=0)
+  kl_estimator: str = key("k3", "KL estimator: k1 (logp - ref), k2 (half its square), k3",
+                          choices=("k1", "k2", "k3"))
+  loss_aggregation: str = key(
+      "token-mean", "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-scale "
+      "(Dr. GRPO: per-sequence sum / max_new_tokens)",
+      choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-scale"))
+  max_bad_rewards: int = key(0, "GRPO: reward calls that raise or return a non-number (logged, "
+                             "counted, scored 0) before the run stops with exit 3", min=0)
+  eval_prompts: str = key("", "GRPO: held-out .jsonl prompts; before the first step, every "
+                          "eval_reward_period steps and after the last, the mean reward of "
+                          "num_generations samples of each (eval_reward) and of a greedy one "
+                          "(eval_reward_greedy)")
+  eval_reward_period: int = key(0, "GRPO: evaluate eval_prompts every N steps (0 = only before the "
+                                "first step and after the last)", min=0)
+
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",
                              section="mesh and sharding")

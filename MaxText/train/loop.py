@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -255,11 +256,7 @@ class Trainer:
           return EXIT_OK
         saved_shards = (data_state.saved_num_shards(ckpts.step_dir(latest))
                         if latest is not None else None)
-      layout = data_layout(cfg.data_shards, saved_shards, jax.process_count(), self.global_batch,
-                           self.rows)
-      log_host(layout.describe(self.global_batch))
-      data_iter = make_shard_iterator(self.data_config, layout.shard_ids, layout.num_shards,
-                                      layout.shard_batch, self.tokenizer)
+      data_iter = self.open_data(saved_shards)
       self.clock.mark("data")
       with PreemptionWatch() as watch:
         code = self._train(ckpts, data_iter, watch)
@@ -282,6 +279,15 @@ class Trainer:
     if ckpts is not None:
       ckpts.abandon()  # a save still writing is let finish (bounded); a hung one is left behind
     return code
+
+  def open_data(self, saved_shards: int | None) -> Any:
+    """The training data iterator (positioned at the start; a restore moves it): this process's
+    data shards (`saved_shards`: how many the run's checkpoint was saved with, None: fresh)."""
+    layout = data_layout(self.cfg.data_shards, saved_shards, jax.process_count(),
+                         self.global_batch, self.rows)
+    log_host(layout.describe(self.global_batch))
+    return make_shard_iterator(self.data_config, layout.shard_ids, layout.num_shards,
+                               layout.shard_batch, self.tokenizer)
 
   def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
     cfg = self.cfg
@@ -420,9 +426,10 @@ class Trainer:
     return EXIT_PREEMPTED
 
 
-def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
-        ) -> tuple[int, Trainer | None]:
-  """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer)."""
+def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+        trainer_class: type[Trainer] = Trainer) -> tuple[int, Trainer | None]:
+  """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer).
+  `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   clock = StartupClock()
   try:
     cfg = load_config(argv)
@@ -435,7 +442,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     log(tokenizer_line)
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     clock.mark("config + devices")
-    trainer = Trainer(cfg, devices, tokenizer)  # abstract shapes and shardings: nothing allocated
+    trainer = trainer_class(cfg, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock
     trainer.distributed = plan
     trainer.auto_cpu_devices = auto_cpu
@@ -479,7 +486,19 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
   return sorted(fits, key=lambda f: -f[1])
 
 
-def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> int:
-  code = run(argv, devices)[0]
+def exit_process(code: int) -> None:
+  """Ends the process with `code`; without waiting for a non-daemon thread still alive (e.g. a
+  checkpoint write stuck on hung storage, exit 4)."""
+  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+         if t is not threading.main_thread()):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)
+
+
+def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+         trainer_class: type[Trainer] = Trainer) -> int:
+  code = run(argv, devices, trainer_class)[0]
   distributed.shutdown(code)
   return code

@@ -47,6 +47,15 @@ def target_log_probs(logits_BSV: jax.Array, targets_BS: jax.Array) -> jax.Array:
   return target_logit_BS - lse_BS
 
 
+def target_log_probs_and_entropy(logits_BSV: jax.Array, targets_BS: jax.Array
+                                 ) -> tuple[jax.Array, jax.Array]:
+  """(log p(target) [B, S], the entropy of the distribution at each position [B, S]), fp32."""
+  logits_BSV = logits_BSV.astype(jnp.float32)
+  lse_BS, target_logit_BS = _lse_and_target_logit(logits_BSV, targets_BS)
+  probs_BSV = jnp.exp(logits_BSV - lse_BS[..., None])
+  return target_logit_BS - lse_BS, lse_BS - jnp.sum(probs_BSV * logits_BSV, axis=-1)
+
+
 def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: jax.Array,
                        z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
@@ -176,18 +185,20 @@ def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
 
 
 def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, targets_BS: jax.Array,
-                             chunk: int) -> jax.Array:
-  """log p(target) [B, S] (e.g. a policy's token log-probabilities) chunk by chunk, as above."""
+                             chunk: int, entropy: bool = False):
+  """log p(target) [B, S] (e.g. a policy's token log-probabilities) chunk by chunk, as above, with
+  the same value and gradient as the whole; `entropy`: (log p, the entropy per position [B, S])."""
   B, S = targets_BS.shape
+  per_chunk = target_log_probs_and_entropy if entropy else target_log_probs
   if chunk <= 0 or chunk >= S:
-    return target_log_probs(head(params, hidden_BSD), targets_BS)
+    return per_chunk(head(params, hidden_BSD), targets_BS)
 
   @jax.checkpoint
   def one_chunk(_, xs):
-    return None, target_log_probs(head(params, xs[0]), xs[1])
+    return None, per_chunk(head(params, xs[0]), xs[1])
 
-  _, logp_nBc = jax.lax.scan(one_chunk, None, (_chunks(hidden_BSD, chunk), _chunks(targets_BS, chunk)))
-  return logp_nBc.swapaxes(0, 1).reshape(B, -1)[:, :S]
+  _, out_nBc = jax.lax.scan(one_chunk, None, (_chunks(hidden_BSD, chunk), _chunks(targets_BS, chunk)))
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, -1)[:, :S], out_nBc)
 
 
 def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,

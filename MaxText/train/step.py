@@ -34,6 +34,22 @@ def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Ar
   return lr_schedule(counts[0])
 
 
+def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
+  return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+
+
+def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+                   loss: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
+  """(new params, new optimizer state, gradient norm, finite): the optimizer's update, except
+  that a non-finite loss or gradient never reaches the parameters or the optimizer moments (both
+  stay as they were)."""
+  grad_norm = optax.tree.norm(grads)
+  updates, new_opt_state = tx.update(grads, opt_state, params)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  return (keep_if(finite, optax.apply_updates(params, updates), params),
+          keep_if(finite, new_opt_state, opt_state), grad_norm, finite)
+
+
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
                     lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None,
@@ -85,18 +101,14 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
         (grads, nll, z, n, sums), _ = jax.lax.scan(accumulate, zero, micro_batches)
       denom = jnp.maximum(n, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
-      grad_norm = optax.tree.norm(grads)
-      updates, opt_state = tx.update(grads, state["opt_state"], params)
-      # a non-finite loss or gradient never reaches the parameters or the optimizer moments
-      finite = jnp.isfinite(nll) & jnp.isfinite(grad_norm)
-      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-      new_params = keep(optax.apply_updates(params, updates), params)
+      new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
+                                                                params, nll)
       new_params = join(new_params, frozen)
       if aux_terms is not None and not adapters_only:
-        new_params = keep(aux_terms.update(new_params, sums), new_params)
+        new_params = keep_if(finite, aux_terms.update(new_params, sums), new_params)
       new_state = {"step": state["step"] + 1,
                    "params": new_params,
-                   "opt_state": keep(opt_state, state["opt_state"])}
+                   "opt_state": opt_state}
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
                  "lr": applied_learning_rate(state["opt_state"], lr_schedule),
                  "finite": finite.astype(jnp.float32)}

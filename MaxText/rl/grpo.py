@@ -1,0 +1,292 @@
+"""GRPO on verifiable rewards, co-located: the decoding engine samples from the current parameters
+on the training mesh, the trainer scores and updates them.
+
+  python -m MaxText.rl.grpo configs/grpo.yml load_parameters_path=CKPT prompts=FILE.jsonl \
+      reward=package.module:function[,package.module:other] [key=value ...]
+
+Each step (a rollout batch): the `prompts_per_step` prompts of the step (MaxText/rl/prompts.py), G
+= `num_generations` completions each from the engine (temperature / top_k / top_p / min_p,
+max_new_tokens, eos and stop keys; MaxText/rl/rollout.py), their rewards (MaxText/rl/rewards.py;
+weighted by `reward_weights`), advantages per group (`advantage_estimator`), the old
+log-probabilities recomputed by the trainer (the engine's own are compared with them and the
+difference logged), the reference's (`kl_beta` > 0: the loaded parameters, kept as a copy; with
+LoRA the base under the adapters, no copy), then `num_iterations` optimizer updates on the clipped
+policy loss (MaxText/rl/losses.py, MaxText/rl/step.py).
+
+The rest is train.py's machinery (`train/loop.py: Trainer`, of which `GRPOTrainer` is a kind):
+config (base.yml + configs/grpo.yml + key=value; architecture and tokenizer from the checkpoint),
+mesh and rules, the pre-flight memory check, the run directory and its lock, checkpoints every
+`checkpoint_period` steps and at the end (a rerun resumes bit for bit: prompts and samples are
+functions of (seed, step)), SIGTERM → save → exit 42, metrics.jsonl / TensorBoard / stdout, and the
+exit statuses (2 config — including a prompt over the budget, group size 1, a reward module that
+does not import —, 3 more than `max_bad_rewards` bad rewards, 4 checkpoint, 5 non-finite).
+The family's auxiliary loss (MoE balancing) is not part of the GRPO loss.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.config.load import ConfigError
+from MaxText.config.schema import Config
+from MaxText.decoding.engine import Engine
+from MaxText.decoding.sampling import Sampling
+from MaxText.inference import InferenceModel
+from MaxText.metrics.writers import MetricsWriter
+from MaxText.rl import losses, rollout as rollout_lib
+from MaxText.rl.prompts import PromptSet, read_prompts
+from MaxText.rl.rewards import RewardScorer, load_rewards
+from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, make_logprob_fn)
+from MaxText.train import faults
+from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK
+from MaxText.train.host_data import process_rows
+from MaxText.train.loop import Trainer, exit_process, log, log_error, main as train_main
+from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.state import init_state
+
+
+def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
+  """Cross-key refusals of a GRPO run: (key, why)."""
+  out = []
+  if cfg.num_generations < 2:
+    out.append(("num_generations", f"num_generations={cfg.num_generations}: GRPO's advantages are "
+                "relative to the other completions of the same prompt, so a group needs at least "
+                "2"))
+  if cfg.gradient_accumulation_steps != 1:
+    out.append(("gradient_accumulation_steps", "GRPO updates on the whole rollout batch at once; "
+                "set gradient_accumulation_steps=1 (fewer prompts_per_step for less memory)"))
+  if cfg.dual_clip and cfg.dual_clip <= 1:
+    out.append(("dual_clip", f"dual_clip={cfg.dual_clip} must be > 1 (or 0 = off)"))
+  if cfg.max_new_tokens >= cfg.max_target_length:
+    out.append(("max_new_tokens", f"max_new_tokens={cfg.max_new_tokens} leaves no room for a "
+                f"prompt in max_target_length={cfg.max_target_length}"))
+  if cfg.temperature == 0:
+    out.append(("temperature", "temperature=0 decodes greedily: every completion of a prompt is "
+                "the same and no advantage is ever non-zero; sample (e.g. temperature=1)"))
+  return out
+
+
+class GRPOTrainer(Trainer):
+  """A Trainer whose batches are rollouts (module docstring)."""
+
+  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None, tokenizer=None):
+    for key, problem in grpo_problems(cfg):
+      raise ConfigError(f"{key}: {problem}")
+    super().__init__(cfg, devices, tokenizer)
+    self.group = cfg.num_generations
+    self.global_batch = cfg.prompts_per_step * cfg.num_generations
+    S = cfg.max_target_length
+    self.shardings_rl = batch_shardings(self.mesh, self.rules, self.global_batch, S)
+    self.batch_sharding = self.shardings_rl["inputs"]
+    self.rows = process_rows(self.batch_sharding, (self.global_batch, S))
+    self.scorer = RewardScorer(load_rewards(cfg.reward, cfg.reward_weights), cfg.max_bad_rewards,
+                               log_error)   # scoring runs on process 0 only
+    self.engine = Engine(self.mcfg, self.mesh, self.rules, cache_dtype=cfg.cache_dtype,
+                         batch_size=self.global_batch, max_cache_length=S)
+    self.io = InferenceModel(cfg, self.engine, None, tokenizer, "the run's tokenizer")
+    budget = S - cfg.max_new_tokens
+    hint = f"max_target_length={S} - max_new_tokens={cfg.max_new_tokens}"
+    read = lambda path, key: read_prompts(path, key, self.io.encode, self.io.text, budget, hint)
+    self.prompts: PromptSet = read(cfg.prompts, "prompts")
+    self.eval_set: PromptSet | None = read(cfg.eval_prompts, "eval_prompts") \
+        if cfg.eval_prompts else None
+    self.use_reference = cfg.kl_beta > 0 or self.adapters_only   # with LoRA the KL is free to log
+    self.loss_kwargs = dict(epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+                            dual_clip=cfg.dual_clip or None, beta=cfg.kl_beta,
+                            kl_estimator=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
+                            max_response_len=cfg.max_new_tokens)
+
+  def open_data(self, saved_shards: int | None) -> Any:
+    del saved_shards
+    return None   # the prompts are chosen per step (MaxText/rl/prompts.py): no iterator to save
+
+  # ---- pieces of a step --------------------------------------------------------------------------
+  def device_arrays(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Host arrays every process holds whole → global arrays with the rollout shardings."""
+    return {k: jax.make_array_from_callback(v.shape, self.shardings_rl[k],
+                                            lambda idx, v=v: v[idx])
+            for k, v in host.items()}
+
+  def reference_params(self, state: dict, fresh: bool) -> Any:
+    """The reference's parameters without LoRA (`kl_beta` > 0): the loaded (or initial)
+    parameters — a copy of the state's at a fresh start, loaded again after a resume."""
+    if not (self.cfg.kl_beta > 0 and not self.adapters_only):
+      return None
+    if fresh:
+      return jax.tree.map(jnp.copy, state["params"])
+    if self.cfg.load_parameters_path:
+      return load_params(self.cfg.load_parameters_path, self.abstract["params"],
+                         verify=self.cfg.checkpoint_verify)
+    return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings)["params"]
+
+  def sampling(self, greedy: bool = False) -> Sampling:
+    cfg = self.cfg
+    return Sampling() if greedy else Sampling(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p,
+                                              cfg.seed)
+
+  def eos_ids(self) -> list[int]:
+    return list(self.io.eos_ids)
+
+  def evaluate(self, params) -> dict[str, float]:
+    """The held-out prompts' mean reward: of `num_generations` samples of each, drawn as in
+    training with the same keys at every evaluation (`eval_reward`: what GRPO maximises), and of
+    one greedy completion each (`eval_reward_greedy`)."""
+    cfg, ev = self.cfg, self.eval_set
+    idx = list(range(len(ev.rows)))
+    out = {"eval_prompts": len(idx)}
+    for name, copies, sampling in (("eval_reward", self.group, self.sampling()),
+                                   ("eval_reward_greedy", 1, self.sampling(greedy=True))):
+      done = rollout_lib.generate(self.engine, params, ev, idx, copies=copies, sampling=sampling,
+                                  first_row=0, max_new_tokens=cfg.max_new_tokens,
+                                  eos_ids=self.eos_ids(), stop=cfg.stop, decode=self.io.text)
+      per_fn = rollout_lib.score(self.scorer, ev, idx, copies, done, self.eos_ids(), self.io.text)
+      out[name] = float(self.scorer.total(per_fn).mean())
+      for f, r in enumerate(self.scorer.rewards):
+        out[f"{name}/{r.name}"] = float(per_fn[:, f].mean())
+    return out
+
+  # ---- the loop ----------------------------------------------------------------------------------
+  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
+    del data_iter
+    cfg = self.cfg
+    state, start = self.initial_state(ckpts, None)
+    reference = self.reference_params(state, fresh=start == 0)
+    step_fn = jit_grpo_step(
+        make_grpo_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
+                       lr_schedule=self.lr_schedule, chunk=cfg.loss_chunk_length,
+                       adapters_only=self.adapters_only, use_reference=self.use_reference,
+                       loss_kwargs=self.loss_kwargs),
+        self.shardings, self.shardings_rl, self.mesh)
+    policy_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
+                                self.shardings_rl, reference_base=False)
+    ref_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
+                             self.shardings_rl, reference_base=self.adapters_only)
+    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
+                           is_primary=jax.process_index() == 0, start_step=start)
+    self.clock.mark("init")
+    config_dict = cfg.as_dict()
+    self._skipped = 0
+    try:
+      if self.eval_set is not None and start == 0:
+        self._log_eval(0, self.evaluate(state["params"]), writer)
+      for step in range(start + 1, cfg.steps + 1):
+        state, metrics = self._one_step(step, state, step_fn, policy_lp, ref_lp, reference)
+        writer.write(step, metrics)
+        if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not metrics["finite"]:
+          log(progress_line(step, cfg.steps, metrics, self.scorer))
+        if step == start + 1:
+          self.clock.mark("first step")
+          log(self.clock.line())
+        if ckpts is not None:
+          ckpts.check()
+        if not metrics["finite"]:
+          self._skipped += 1
+          if cfg.nonfinite_policy == "halt" or self._skipped > cfg.max_nonfinite_skips:
+            log(f"halting: non-finite loss or gradient at step {step} (not applied; "
+                f"nonfinite_policy={cfg.nonfinite_policy}); no new checkpoint is written")
+            return EXIT_NONFINITE
+        faults.after_dispatch(step, ckpts.wait if ckpts is not None else (lambda: None))
+        stop = watch.should_stop(step) and step < cfg.steps
+        if self.eval_set is not None and not stop and (
+            step == cfg.steps or (cfg.eval_reward_period and step % cfg.eval_reward_period == 0)):
+          self._log_eval(step, self.evaluate(state["params"]), writer)
+        if ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps or stop):
+          ckpts.save(step, state, None, config_dict)
+        if stop:
+          return self._preempted(step, ckpts, watch)
+    finally:
+      writer.close()
+      self.final_state = state
+    return EXIT_OK
+
+  def _log_eval(self, step: int, metrics: dict, writer: MetricsWriter) -> None:
+    writer.write(step, metrics)
+    log(f"eval after step {step} | eval_reward {metrics['eval_reward']:.4f} (sampled x"
+        f"{self.group}) | greedy {metrics['eval_reward_greedy']:.4f} | {metrics['eval_prompts']} "
+        "held-out prompts")
+
+  def _one_step(self, step: int, state: dict, step_fn, policy_lp, ref_lp, reference
+                ) -> tuple[dict, dict]:
+    cfg, N = self.cfg, self.global_batch
+    t0 = time.perf_counter()
+    idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed)
+    ro = rollout_lib.rollout(self.engine, state["params"], self.prompts, idx, self.scorer,
+                             copies=self.group, sampling=self.sampling(), first_row=(step - 1) * N,
+                             max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
+                             stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
+    t1 = time.perf_counter()
+    advantages = np.asarray(losses.group_advantages(ro.rewards, self.group,
+                                                    cfg.advantage_estimator))
+    batch = self.device_arrays({**ro.arrays, "advantages": advantages})
+    batch["old_logprobs"] = policy_lp(state["params"], batch)
+    if self.use_reference:
+      batch["ref_logprobs"] = ref_lp(reference if reference is not None else state["params"],
+                                     batch)
+    else:
+      batch["ref_logprobs"] = jnp.zeros_like(batch["old_logprobs"])
+    passes = []
+    for _ in range(cfg.num_iterations):
+      state, m = step_fn(state, batch)
+      passes.append(m)
+    state = {**state, "step": state["step"] + 1}
+    mask = ro.arrays["mask"] > 0
+    old = _gather(batch["old_logprobs"])
+    diff = np.abs(old - ro.rollout_logprobs)[mask]
+    passes = [{k: float(v) for k, v in jax.device_get(m).items()} for m in passes]
+    t2 = time.perf_counter()
+    # over the passes: the mean, the extremes of the ratio, finite only if every pass was
+    metrics = {k: float(np.mean([p[k] for p in passes])) for k in passes[0]}
+    metrics.update(ratio_max=max(p["ratio_max"] for p in passes),
+                   ratio_min=min(p["ratio_min"] for p in passes),
+                   finite=min(p["finite"] for p in passes))
+    metrics.update(
+        reward_mean=float(ro.rewards.mean()), reward_std=float(ro.rewards.std()),
+        advantage_abs_mean=float(np.abs(advantages).mean()),
+        response_length=float(ro.lengths.mean()), finished_frac=float(ro.finished.mean()),
+        rollout_logprob_diff_mean=float(diff.mean()), rollout_logprob_diff_max=float(diff.max()),
+        bad_rewards=float(self.scorer.bad), rollout_time_s=t1 - t0, train_time_s=t2 - t1,
+        step_time_s=t2 - t0, optimizer_steps=float(step * cfg.num_iterations))
+    for f, r in enumerate(self.scorer.rewards):
+      metrics[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
+    return state, metrics
+
+
+def _gather(x: jax.Array) -> np.ndarray:
+  """A sharded global array whole on every process."""
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def progress_line(step: int, steps: int, m: dict, scorer: RewardScorer) -> str:
+  parts = [f"step {step}/{steps}", f"reward {m['reward_mean']:.3f} ± {m['reward_std']:.3f}"]
+  if len(scorer.rewards) > 1:
+    parts.append(" ".join(f"{r.name.rsplit(':', 1)[-1]} {m[f'reward/{r.name}']:.3f}"
+                          for r in scorer.rewards))
+  parts.append(f"loss {m['loss']:.4f}")
+  if "kl" in m:
+    parts.append(f"kl {m['kl']:.4f}")
+  parts += [f"clip {m['clip_frac_low']:.3f}/{m['clip_frac_high']:.3f}",
+            f"len {m['response_length']:.1f}", f"entropy {m['entropy']:.3f}",
+            f"rollout {m['rollout_time_s']:.2f} s train {m['train_time_s']:.2f} s"]
+  if m["bad_rewards"]:
+    parts.append(f"bad rewards {int(m['bad_rewards'])}")
+  return " | ".join(parts)
+
+
+def main(argv: Sequence[str]) -> int:
+  return train_main(argv, trainer_class=GRPOTrainer)
+
+
+if __name__ == "__main__":
+  if any(a in ("-h", "--help") for a in sys.argv[1:]) or len(sys.argv) < 2:
+    print(__doc__)
+    sys.exit(0)
+  exit_process(main(sys.argv[1:]))

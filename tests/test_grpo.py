@@ -1,0 +1,242 @@
+"""The GRPO loop (python -m MaxText.rl.grpo) on a tiny random model, in this process on 8 fake
+devices: the reward rises (a dense "share of digits" reward, high learning rate), a run resumed
+from its checkpoint ends bit for bit where the uninterrupted one did (samples and prompts are
+functions of (seed, step)), bad rewards are counted up to max_bad_rewards then exit 3, and each
+bad input is refused with exit 2 naming its culprit before anything compiles."""
+import os
+import re
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import CACHE_DIR, ROOT, read_metrics
+from grpo_helpers import write_prompts
+from MaxText.rl.grpo import GRPOTrainer
+from MaxText.train.loop import run
+
+GRPO_YML = os.path.join(ROOT, "configs", "grpo.yml")
+TINY = ["emb_dim=32", "num_decoder_layers=1", "num_query_heads=2", "num_kv_heads=1", "head_dim=16",
+        "mlp_dim=64", "vocab_size=264", "max_target_length=16", "max_new_tokens=6",
+        "num_generations=4", "prompts_per_step=4", "enable_tensorboard=false",
+        "peak_tflops_per_device=1.0", f"jax_cache_dir={CACHE_DIR}", "log_period=1",
+        "learning_rate=3e-2", "kl_beta=0.01"]
+
+
+def grpo(out, name, *overrides):
+  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={out}",
+                                            f"run_name={name}", *overrides])
+  code, trainer = run([GRPO_YML, *(f"{k}={v}" for k, v in merged.items())],
+                      trainer_class=GRPOTrainer)
+  path = os.path.join(str(out), name, "metrics.jsonl")
+  rows = read_metrics(os.path.join(str(out), name)) if os.path.exists(path) else []
+  return code, rows, trainer
+
+
+@pytest.fixture(scope="module")
+def learning_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("grpo")
+  prompts = write_prompts(out / "p.jsonl")
+  code, rows, trainer = grpo(out, "run", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                             "steps=16", "checkpoint_period=8", "max_checkpoints_to_keep=5")
+  assert code == 0
+  return out, prompts, [r for r in rows if "reward_mean" in r], trainer.final_state
+
+
+def test_reward_rises(learning_run):
+  _, _, rows, _ = learning_run
+  assert [r["step"] for r in rows] == list(range(1, 17))
+  first = np.mean([r["reward_mean"] for r in rows[:4]])
+  last = np.mean([r["reward_mean"] for r in rows[-4:]])
+  print(f"digit share: first 4 steps {first:.3f}, last 4 {last:.3f}")
+  assert last > first + 0.2, (first, last)
+  # on-policy (num_iterations=1): the engine's log-probabilities are the trainer's
+  assert max(r["rollout_logprob_diff_max"] for r in rows) < 1e-3
+  assert all(r["ratio_mean"] == pytest.approx(1.0, abs=1e-4) for r in rows)
+  for key in ("kl", "clip_frac_low", "clip_frac_high", "entropy", "response_length",
+              "reward_std", "reward/grpo_helpers:digits", "rollout_time_s", "train_time_s"):
+    assert key in rows[-1], key
+  assert rows[-1]["kl"] > 0
+
+
+def test_resume_is_bitwise(learning_run, tmp_path):
+  out, prompts, rows, final = learning_run
+  shutil.copytree(out / "run", tmp_path / "run")
+  for name in os.listdir(tmp_path / "run" / "checkpoints"):
+    if name.isdigit() and int(name) > 8:
+      shutil.rmtree(tmp_path / "run" / "checkpoints" / name)
+  code, resumed, trainer = grpo(tmp_path, "run", f"prompts={prompts}",
+                                "reward=grpo_helpers:digits", "steps=16", "checkpoint_period=8",
+                                "max_checkpoints_to_keep=5")
+  assert code == 0
+  resumed = {r["step"]: r for r in resumed if "reward_mean" in r}
+  for r in rows[8:]:
+    assert resumed[r["step"]]["reward_mean"] == r["reward_mean"]
+    assert resumed[r["step"]]["loss"] == r["loss"]
+  for a, b in zip(jax.tree.leaves(final["params"]), jax.tree.leaves(trainer.final_state["params"])):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  code, rows, _ = grpo(tmp_path, "bad", f"prompts={prompts}",
+                       "reward=grpo_helpers:digits,grpo_helpers:flaky", "steps=2",
+                       "max_bad_rewards=10", "enable_checkpointing=false")
+  err = capsys.readouterr().err
+  assert code == 3, err[-2000:]
+  assert "bad reward (1/10 allowed, max_bad_rewards): grpo_helpers:flaky " in err
+  assert re.search(r"grpo_helpers:flaky raised ValueError: cannot score row (\d+) on \S+p.jsonl "
+                   r"line (\d+)", err)
+  assert "grpo_helpers:flaky returned str 'yes', not a number" in err
+  assert "more than max_bad_rewards=10" in err
+  assert "line" in err and "p.jsonl" in err
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["num_generations=1"], "num_generations=1: GRPO's advantages are relative"),
+    (["reward=no_such_package.rewards:score"], "module 'no_such_package.rewards' does not import"),
+    (["reward=grpo_helpers:no_such_function"], "has no function 'no_such_function'"),
+    (["reward="], "GRPO needs at least one reward function"),
+    (["max_new_tokens=6", "LONG"], "line 9: the prompt has 12 tokens, more than the 10 allowed "
+                                   "(max_target_length=16 - max_new_tokens=6)"),
+    (["temperature=0"], "temperature=0 decodes greedily"),
+])
+def test_bad_input_exits_2_naming_the_culprit(tmp_path, capsys, overrides, expected):
+  prompts = write_prompts(tmp_path / "p.jsonl", long_line=11 if "LONG" in overrides else None)
+  overrides = [o for o in overrides if o != "LONG"]
+  code, _, _ = grpo(tmp_path, "x", f"prompts={prompts}", "reward=grpo_helpers:digits", *overrides)
+  err = capsys.readouterr().err
+  assert code == 2, err[-2000:]
+  assert expected in err, err[-2000:]
+
+
+def test_two_processes_equal_one(learning_run, tmp_path):
+  """2 processes x 4 fake devices (loopback, gloo) against the 1 x 8 run above: the same
+  completions (rewards equal) and losses within 1e-5 over the first 3 steps."""
+  import sys   # pylint: disable=import-outside-toplevel
+  from MaxText.launch import local   # pylint: disable=import-outside-toplevel
+  _, prompts, rows, _ = learning_run
+  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
+                                            "run_name=mp", f"prompts={prompts}",
+                                            "reward=grpo_helpers:digits", "steps=3",
+                                            "enable_checkpointing=false"])
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
+  result = local.launch([sys.executable, "-m", "MaxText.rl.grpo", GRPO_YML,
+                         *(f"{k}={v}" for k, v in merged.items())], 2, devices_per_process=4,
+                        log_dir=str(tmp_path / "logs"), cwd=ROOT, env=env, timeout_s=400)
+  logs = "".join((tmp_path / "logs" / f"process_{i}.{s}").read_text()
+                 for i in (0, 1) for s in ("out", "err"))
+  assert result.status == 0, logs[-4000:]
+  assert "distributed: 2 processes, 8 devices" in logs
+  mp = [r for r in read_metrics(tmp_path / "mp") if "reward_mean" in r]
+  assert [r["step"] for r in mp] == [1, 2, 3]
+  for got, want in zip(mp, rows[:3]):
+    assert got["reward_mean"] == want["reward_mean"]
+    assert got["reward_std"] == want["reward_std"]
+    assert abs(got["loss"] - want["loss"]) <= 1e-5, (got["loss"], want["loss"])
+
+
+def test_sigterm_saves_exits_42_and_the_rerun_continues_the_same_run(learning_run, tmp_path,
+                                                                      monkeypatch):
+  _, prompts, rows, _ = learning_run
+  args = (f"prompts={prompts}", "reward=grpo_helpers:digits", "steps=5", "checkpoint_period=100")
+  monkeypatch.setenv("MAXTEXT_FAULT", "sigterm_at_step:3")
+  code, first, _ = grpo(tmp_path, "run", *args)
+  assert code == 42
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3"]
+  monkeypatch.delenv("MAXTEXT_FAULT")
+  code, resumed, _ = grpo(tmp_path, "run", *args)
+  assert code == 0
+  got = {r["step"]: r for r in resumed if "reward_mean" in r}
+  assert sorted(got) == [1, 2, 3, 4, 5]
+  for want in rows[:5]:   # the uninterrupted run's first 5 steps
+    assert got[want["step"]]["reward_mean"] == want["reward_mean"]
+    assert got[want["step"]]["loss"] == want["loss"]
+
+
+@pytest.mark.skipif(not os.environ.get("MAXTEXT_SLOW_TESTS"),
+                    reason="minutes of CPU: set MAXTEXT_SLOW_TESTS=1 (benchmarks/RESULTS.md has "
+                    "the full run's figures)")
+def test_demo_warm_up_then_grpo_raises_the_held_out_reward(tmp_path):
+  """benchmarks/grpo_demo.py, shortened: supervised warm-up on addition answers that carry a
+  remark 60% of the time, then GRPO with the exact-answer reward on other prompts; the held-out
+  prompts' reward (sampled and greedy) rises."""
+  import json   # pylint: disable=import-outside-toplevel
+  import subprocess   # pylint: disable=import-outside-toplevel
+  import sys   # pylint: disable=import-outside-toplevel
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grpo_demo.py"),
+                        "--out", str(tmp_path), "--sft-steps", "200", "--grpo-steps", "30"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200, check=True)
+  result = json.loads(out.stdout[out.stdout.index("{"):])
+  assert result["eval_reward_after"] > result["eval_reward_before"] + 0.15, result
+  assert result["eval_reward_greedy_after"] > result["eval_reward_greedy_before"] + 0.3, result
+
+
+def test_lora_reference_is_the_base_without_a_copy():
+  """With LoRA the reference log-probabilities are the base model's: the same parameters with the
+  adapters zeroed (step.base_only) give the model without adapters exactly."""
+  import jax.numpy as jnp   # pylint: disable=import-outside-toplevel
+  from conftest import BASE_YML   # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import load_config   # pylint: disable=import-outside-toplevel
+  from MaxText.layers import lora   # pylint: disable=import-outside-toplevel
+  from MaxText.models.model_config import ModelConfig   # pylint: disable=import-outside-toplevel
+  from MaxText.models.registry import init_params, make_model_def   # pylint: disable=import-outside-toplevel
+  from MaxText.rl.step import base_only, token_logprobs   # pylint: disable=import-outside-toplevel
+  keys = [BASE_YML, *[k for k in TINY if k.split("=")[0] in ("emb_dim", "num_decoder_layers",
+                                                             "num_query_heads", "num_kv_heads",
+                                                             "head_dim", "mlp_dim", "vocab_size")]]
+  with_lora = ModelConfig.from_config(load_config([*keys, "lora_rank=4"]))
+  plain = ModelConfig.from_config(load_config(keys))
+  params = init_params(with_lora, 0)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, x: jnp.asarray(rng.normal(0, 0.5, x.shape), x.dtype)
+      if lora.is_adapter(tuple(k.key for k in p)) else x, params)
+  batch = {"inputs": jnp.asarray(rng.integers(0, 264, (2, 12)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(0, 264, (2, 12)), jnp.int32),
+           "positions": jnp.broadcast_to(jnp.arange(12), (2, 12)),
+           "segments": jnp.ones((2, 12), jnp.int32)}
+  adapted = token_logprobs(make_model_def(with_lora), params, batch, 0)
+  ref = token_logprobs(make_model_def(with_lora), base_only(params), batch, 0)
+  base = token_logprobs(make_model_def(plain), lora.split(params)[1], batch, 0)
+  np.testing.assert_allclose(np.asarray(ref), np.asarray(base), rtol=0, atol=1e-6)
+  assert np.abs(np.asarray(adapted) - np.asarray(base)).max() > 1e-3   # the adapters do change it
+
+
+def test_lora_run_trains_the_adapters_only_over_several_passes(tmp_path):
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  code, rows, trainer = grpo(tmp_path, "lora", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                             "steps=2", "lora_rank=4", "num_iterations=2",
+                             "enable_checkpointing=false")
+  assert code == 0
+  assert rows[-1]["kl"] > 0          # the reference (the base under the adapters) differs now
+  assert rows[-1]["optimizer_steps"] == 4
+  # the second pass over a rollout batch is off-policy: its ratios move away from 1
+  assert rows[-1]["ratio_max"] > 1.0 or rows[-1]["ratio_min"] < 1.0
+  from MaxText.layers import lora   # pylint: disable=import-outside-toplevel
+  from MaxText.train.state import init_state   # pylint: disable=import-outside-toplevel
+  base_now = lora.split(trainer.final_state["params"])[1]
+  start = init_state(trainer.mcfg, trainer.cfg.seed, trainer.tx, trainer.shardings)   # as the run
+  base_init = lora.split(start["params"])[1]
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+      jax.tree.leaves(lora.split(trainer.final_state["params"])[0]),
+      jax.tree.leaves(lora.split(start["params"])[0])))   # the adapters did train
+  for a, b in zip(jax.tree.leaves(base_now), jax.tree.leaves(base_init)):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_example_rewards():
+  from MaxText.rl import example_rewards as ex   # pylint: disable=import-outside-toplevel
+  row = {"answer": "46"}
+  assert ex.exact_answer("12+34=", "46", row) == 1.0
+  assert ex.exact_answer("12+34=", " 46\nmore text", row) == 1.0    # the first line, stripped
+  assert ex.exact_answer("12+34=", "46 ok", row) == 0.0
+  assert ex.exact_answer("12+34=", "4", row) == 0.0
+  with pytest.raises(KeyError, match="answer"):
+    ex.exact_answer("p", "46", {})
+  assert ex.format_check("p", "-12", {}) == 1.0
+  assert ex.format_check("p", "12\n\n", {}) == 1.0
+  assert ex.format_check("p", "12 ok", {}) == 0.0
+  assert ex.format_check("p", "12\nthen more", {}) == 0.0
+  assert ex.format_check("p", "<a>yes</a>", {"format": r"<a>\w+</a>"}) == 1.0
