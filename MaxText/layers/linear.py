@@ -16,7 +16,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
+
+from MaxText.layers.saved import saved
 
 
 def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
@@ -91,7 +92,7 @@ def matmul(x_MK: jax.Array, w: jax.Array, *, w_is_NK: bool = False,
   if jnp.dtype(x_MK.dtype).itemsize >= 4:
     w = w.astype(x_MK.dtype)
     return (x_MK @ (w.T if w_is_NK else w)).astype(out_dtype)
-  return checkpoint_name(_matmul_lowp(x_MK, w, w_is_NK, out_dtype), MATMUL_OUT)
+  return saved(_matmul_lowp(x_MK, w, w_is_NK, out_dtype), MATMUL_OUT)
 
 
 class DenseGeneral(nnx.Module):

@@ -37,8 +37,33 @@ def apply_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float,
   dtype = x_BSHE.dtype
   sin = jnp.sin(angle_BSE2)[:, :, None, :].astype(dtype)
   cos = jnp.cos(angle_BSE2)[:, :, None, :].astype(dtype)
-  x1, x2 = x_BSHE[..., : E // 2], x_BSHE[..., E // 2:]
+  return _rotate(x_BSHE, cos, sin)
+
+
+def _rotate_by(x, cos, sin):
+  """(x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin) over the two halves of the last axis."""
+  E = x.shape[-1]
+  x1, x2 = x[..., : E // 2], x[..., E // 2:]
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+@jax.custom_vjp
+def _rotate(x, cos, sin):
+  return _rotate_by(x, cos, sin)
+
+
+def _rotate_fwd(x, cos, sin):
+  return _rotate_by(x, cos, sin), (cos, sin)
+
+
+def _rotate_bwd(res, g):
+  """The transpose of the rotation is the rotation by the opposite angle: the same products and
+  sums autodiff forms (bit for bit, in any dtype), without its slices padded back and added."""
+  cos, sin = res
+  return _rotate_by(g, cos, -sin), jnp.zeros_like(cos), jnp.zeros_like(sin)
+
+
+_rotate.defvjp(_rotate_fwd, _rotate_bwd)
 
 
 def apply_partial_rope(x_BSHE: jax.Array, positions_BS: jax.Array, theta: float,

@@ -43,12 +43,12 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     # keep the outputs of the weight matmuls (projections, MLP; `matmul_out`: the bf16 ones) and the
-    # flash-attention kernels' residuals (output + log-sum-exp: ours, and splash's on TPU);
-    # recompute the rest
+    # attention's residuals (flash kernels: output + log-sum-exp, ours and splash's on TPU; the bf16
+    # dot-product core: also its q, k, v); recompute the rest
     "save_matmuls": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
         jax.checkpoint_policies.save_only_these_names("matmul_out", "flash_out", "flash_lse",
-                                                      "splash_residuals")),
+                                                      "splash_residuals", "attention_residuals")),
 }
 
 

@@ -3,10 +3,16 @@
 Chunked (`loss_chunk_length` = c > 0, shorter than the sequence): the model returns its final-norm
 hidden state [B, S, D] (`ModelDef.apply_hidden`) and the loss applies its LM head
 (`ModelDef.head`) to c positions at a time: the sequence is cut into ceil(S / c) chunks and a
-`lax.scan` runs head + cross-entropy on one [B, c, D] chunk at a time under `jax.checkpoint`, so
-only one chunk's fp32 logits [B, c, V] (and, in the backward pass, their gradient) exist at once
-instead of [B, S, V]. The price: the head's forward matmul runs twice (once more in the backward
-pass), ~1/3 more head FLOPs. Positions past S (padding of the last chunk) have mask 0.
+`lax.scan` runs head + cross-entropy on one [B, c, D] chunk at a time, so only one chunk's fp32
+logits [B, c, V] exist at once instead of [B, S, V]. The loss's gradient is computed in the same
+pass (a custom VJP): per chunk, the logits' gradient (softmax − one-hot, with the z-loss term)
+goes straight through the head's own VJP, the head's parameter gradient is summed over the chunks
+and the hidden state's gradient kept; the backward pass only scales both by the incoming
+cotangent. So the head's three matmuls run once each, on chunks small enough to stay in cache
+(measured on XLA:CPU: the [2048, 256] x [256, 8192] head's forward with the log-sum-exp 1.8x
+cheaper in 8 chunks than whole, its fp32 logits no longer written to and read from memory).
+Positions past S (padding of the last chunk) have mask 0. Only the loss sum carries a gradient:
+the z-loss sum and the token count are metrics (stop_gradient).
 
 Under a mesh the chunk loop runs inside a `shard_map` over the axes that split the batch, so each
 device loops over its own rows: the head weights are gathered once before the loop and their
@@ -96,21 +102,84 @@ def _per_batch_shard(fn: Callable, params, *batch_arrays: jax.Array):
                        out_specs=P())(params, *batch_arrays)
 
 
+def _used_leaves(head: HeadFn, params, hidden_BcD: jax.Array) -> list[bool]:
+  """Which leaves of `params` the head reads (its weights: the gradient is taken for those only,
+  not accumulated as zeros for the whole model)."""
+  leaves, treedef = jax.tree.flatten(params)
+  jaxpr = jax.make_jaxpr(lambda ls, h: head(jax.tree.unflatten(treedef, ls), h))(
+      leaves, hidden_BcD).jaxpr
+  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+  read |= {id(v) for v in jaxpr.outvars}
+  return [id(v) in read for v in jaxpr.invars[:len(leaves)]]
+
+
+def _logits_cotangent(logits, targets, mask, z_loss_weight):
+  """d(Σ mask · (lse − logit[target] + z·lse²)) / d logits, in fp32: mask · ((1 + 2z·lse) ·
+  softmax − one-hot)."""
+  logits = logits.astype(jnp.float32)
+  lse, _ = _lse_and_target_logit(logits, targets)
+  softmax = jnp.exp(logits - lse[..., None])
+  scale = (mask.astype(jnp.float32) * (1.0 + 2.0 * z_loss_weight * lse))[..., None]
+  onehot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
+  return scale * softmax - mask.astype(jnp.float32)[..., None] * onehot
+
+
 def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
                                targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                                chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`cross_entropy_sums(head(params, hidden), …)` without materialising all the logits."""
+  """`cross_entropy_sums(head(params, hidden), …)` without materialising all the logits, its
+  gradient computed chunk by chunk in the forward pass (module docstring)."""
   if chunk <= 0 or chunk >= hidden_BSD.shape[1]:
     return cross_entropy_sums(head(params, hidden_BSD), targets_BS, mask_BS, z_loss_weight)
 
   def local(p, h_BSD, t_BS, m_BS):
-    @jax.checkpoint
-    def one_chunk(h_BcD, t_Bc, m_Bc):
-      return cross_entropy_sums(head(p, h_BcD), t_Bc, m_Bc, z_loss_weight)
+    leaves, treedef = jax.tree.flatten(p)
+    used = _used_leaves(head, p, h_BSD[:, :chunk])
+    w = [x for x, u in zip(leaves, used) if u]              # the head's weights
+    rest = [x for x, u in zip(leaves, used) if not u]
 
-    xs = (_chunks(h_BSD, chunk), _chunks(t_BS, chunk), _chunks(m_BS, chunk))
-    _, sums_n = jax.lax.scan(lambda _, xs: (None, one_chunk(*xs)), None, xs)
-    return jax.tree.map(jnp.sum, sums_n)
+    def head_w(w_, h_):
+      it_w, it_rest = iter(w_), iter(rest)
+      return head(jax.tree.unflatten(treedef, [next(it_w) if u else next(it_rest) for u in used]), h_)
+
+    xs = (_chunks(t_BS, chunk), _chunks(m_BS, chunk))
+
+    def sums_and_grads(w_, h_):
+      def one_chunk(dw, inp):
+        h_BcD, t_Bc, m_Bc = inp
+        logits, pullback = jax.vjp(head_w, w_, h_BcD)
+        sums = cross_entropy_sums(logits, t_Bc, m_Bc, z_loss_weight)
+        dw_c, dh_BcD = pullback(_logits_cotangent(logits, t_Bc, m_Bc, z_loss_weight)
+                                .astype(logits.dtype))
+        return jax.tree.map(jnp.add, dw, dw_c), (sums, dh_BcD)
+
+      dw0 = jax.tree.map(jnp.zeros_like, w_)
+      dw, (sums_n, dh_nBcD) = jax.lax.scan(one_chunk, dw0, (_chunks(h_, chunk), *xs))
+      B, S = h_.shape[:2]
+      dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_.shape[-1])[:, :S]
+      return jax.tree.map(jnp.sum, sums_n), dw, dh_BSD
+
+    @jax.custom_vjp
+    def fused(w_, h_):
+      def one_chunk(_, inp):
+        h_BcD, t_Bc, m_Bc = inp
+        return None, cross_entropy_sums(head_w(w_, h_BcD), t_Bc, m_Bc, z_loss_weight)
+      _, sums_n = jax.lax.scan(one_chunk, None, (_chunks(h_, chunk), *xs))
+      return jax.tree.map(jnp.sum, sums_n)
+
+    def fused_fwd(w_, h_):
+      sums, dw, dh = sums_and_grads(w_, h_)
+      return sums, (dw, dh)
+
+    def fused_bwd(res, g):
+      dw, dh = res
+      g_nll = g[0]                         # the z-loss sum and the count are metrics
+      return (jax.tree.map(lambda d: (g_nll * d).astype(d.dtype), dw),
+              (g_nll * dh).astype(dh.dtype))
+
+    fused.defvjp(fused_fwd, fused_bwd)
+    nll, z, n = fused(w, h_BSD)
+    return nll, jax.lax.stop_gradient(z), jax.lax.stop_gradient(n)
 
   return _per_batch_shard(local, params, hidden_BSD, targets_BS, mask_BS)
 
