@@ -43,8 +43,7 @@ from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
-from MaxText.train import lora_base
+from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for
 
 LAYOUTS = ("checkpoint", "state_dict")
 TENSORS = ("numpy", "torch")
@@ -162,16 +161,16 @@ ARGS = {
 
 
 def main(argv: list[str]) -> int:
-  from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config  # pylint: disable=import-outside-toplevel
+  from MaxText.checkpoint_conversion.to_huggingface import (  # pylint: disable=import-outside-toplevel
+      checkpoint_config, float_config, host_params)
   try:
     parsed = cli.parse(argv, ARGS, __doc__)
     if parsed is None:
       return 0
     args = parsed[0]
-    cfg = checkpoint_config(args["load_parameters_path"])
-    mcfg = ModelConfig.from_config(cfg)
-    params = lora_base.load_host(args["load_parameters_path"], mcfg,
-                                 make_model_def(mcfg).abstract_params)
+    saved = checkpoint_config(args["load_parameters_path"])
+    params = host_params(args["load_parameters_path"], saved)   # LoRA base joined, dequantized
+    cfg = float_config(saved)
     count = nbytes = 0
     for name, tensor in stream(params, cfg, layout=args["layout"]):
       print(f"{name} {tuple(tensor.shape)} {tensor.dtype}")

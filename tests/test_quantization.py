@@ -189,6 +189,21 @@ def test_quantized_checkpoints_evaluate_decode_and_export(trained, capsys, tmp_p
   ours = np.asarray(md.apply(load_params_host(str(out / "r8"), md.abstract_params), tokens,
                              np.arange(6)[None], np.ones((1, 6), np.int32)))
   np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
+  # refit streams what to_huggingface wrote (dequantized), and its CLI lists floats
+  import glob
+  from safetensors.numpy import load_file
+  from MaxText import refit
+  exported = {k: v for f in glob.glob(str(hf / "*.safetensors")) for k, v in load_file(f).items()}
+  saved = to_huggingface.checkpoint_config(str(out / "r8"))
+  streamed = dict(refit.stream(to_huggingface.host_params(str(out / "r8"), saved),
+                               to_huggingface.float_config(saved)))
+  assert set(streamed) == set(exported)
+  for name, value in exported.items():
+    np.testing.assert_array_equal(streamed[name], value, err_msg=name)
+  capsys.readouterr()
+  assert refit.main([f"load_parameters_path={out / 'r8'}"]) == 0
+  listed = capsys.readouterr().out
+  assert "float32" in listed and "int8" not in listed and "uint8" not in listed
   # MaxText.inspect runs the integer model too (its logits and hidden states)
   from MaxText import inspect as mi
   trace = mi.load(load_parameters_path=str(out / "r8")).forward(

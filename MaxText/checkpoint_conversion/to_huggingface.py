@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import Any
 
 from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.errors import CheckpointError
@@ -64,6 +65,26 @@ def checkpoint_config(path: str) -> Config:
   return replace(load_config([BASE_YML]), **saved)
 
 
+def float_config(cfg: Config) -> Config:
+  """The config of the float model a (possibly quantized) checkpoint's config describes."""
+  if not cfg.weight_bits:
+    return cfg
+  return replace(cfg, weight_bits=0, weight_group_size=0, weight_quant_exclude="")
+
+
+def host_params(ckpt: str, cfg: Config) -> Any:
+  """The parameters of checkpoint `ckpt` (its config `cfg`) as host floats: a LoRA checkpoint's
+  adapters joined with its referenced base, a quantized checkpoint's integer weights dequantized
+  (what the quantized model computes), in the structure of `float_config(cfg)`'s model."""
+  stored = ModelConfig.from_config(cfg)
+  params = lora_base.load_host(ckpt, stored, make_model_def(stored).abstract_params)
+  if stored.weight_bits:
+    mcfg = ModelConfig.from_config(float_config(cfg))
+    params = convert.dequantized(params, convert.targets(mcfg, stored.weight_quant_exclude),
+                                 stored.weight_bits, mcfg.param_dtype)
+  return params
+
+
 def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str = "",
            adapter_format: str = "merged") -> str:
   """Writes the Hugging Face folder (a LoRA checkpoint: merged, or its PEFT adapter folder);
@@ -76,18 +97,13 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   if hf_model_type and cfg.hf_model_type and hf_model_type != cfg.hf_model_type:
     raise ConfigError(f"hf_model_type={hf_model_type!r}: the checkpoint is "
                       f"{cfg.hf_model_type!r}")
-  mcfg = stored = ModelConfig.from_config(cfg)
-  if stored.weight_bits:   # written dequantized: the architecture is the float model's
-    cfg = replace(cfg, weight_bits=0, weight_group_size=0, weight_quant_exclude="")
-    mcfg = ModelConfig.from_config(cfg)
+  saved, cfg = cfg, float_config(cfg)   # a quantized checkpoint is written as its float model
+  mcfg = ModelConfig.from_config(cfg)
   model_type = hf_model_type_for(mcfg, cfg.hf_model_type or hf_model_type)
   for key, problem in check_model(mcfg, model_type):
     raise ConfigError(f"{key}: {problem}")
   family = get_hf_map(model_type)
-  params = lora_base.load_host(ckpt, stored, make_model_def(stored).abstract_params)
-  if stored.weight_bits:   # integer weights → floats (what the quantized model computes)
-    params = convert.dequantized(params, convert.targets(mcfg, stored.weight_quant_exclude),
-                                 stored.weight_bits, mcfg.param_dtype)
+  params = host_params(ckpt, saved)
   if cfg.lora_rank:
     base = dataclasses.replace(mcfg, lora_rank=0)
     if adapter_format == "peft":
