@@ -157,6 +157,13 @@ def _at(xs, i):
   return None if xs is None else jax.tree.map(lambda a: a[i], xs)
 
 
+def _run_xs(xs, run):
+  """The per-layer inputs `xs` [L, ...] of a run's layers as [repeats, block, ...]."""
+  p = len(run.block)
+  return None if xs is None else jax.tree.map(
+      lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
+
+
 class PatternStack(nnx.Module):
   """`make_layer(kind, rngs)` builds one layer of `kind`; see the module docstring."""
 
@@ -184,9 +191,7 @@ class PatternStack(nnx.Module):
       return carry
     for run, members in zip(self.plan, self.runs):
       graphdefs, states = zip(*(nnx.split(m) for m in members))
-      p = len(run.block)
-      xs_run = None if xs is None else jax.tree.map(
-          lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
+      xs_run = _run_xs(xs, run)
       steps = [remat(lambda s, c, x, g=g: _call(g, s, c, args, x, method), self.remat_policy,
                      prevent_cse=False) for g in graphdefs]
 
@@ -224,8 +229,7 @@ class PatternStack(nnx.Module):
     for run, members in zip(self.plan, self.runs):
       graphdefs, states = zip(*(nnx.split(m) for m in members))
       p = len(run.block)
-      xs_run = None if xs is None else jax.tree.map(
-          lambda a: a[run.start:run.stop].reshape(run.repeats, p, *a.shape[1:]), xs)
+      xs_run = _run_xs(xs, run)
       layer_sets = [tuple(run.start + r * p + m for r in range(run.repeats)) for m in range(p)]
       # per member: {captured base: the repeats whose layer was asked for}
       keep = [{b: [r for r, i in enumerate(layer_sets[m]) if i in probe.captured_layers(b)]
