@@ -37,13 +37,13 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for
+from MaxText.train.exit_codes import reported
 
 LAYOUTS = ("checkpoint", "state_dict")
 TENSORS = ("numpy", "torch")
@@ -163,7 +163,7 @@ ARGS = {
 def main(argv: list[str]) -> int:
   from MaxText.checkpoint_conversion.to_huggingface import (  # pylint: disable=import-outside-toplevel
       checkpoint_config, float_config, host_params)
-  try:
+  def run() -> int:
     parsed = cli.parse(argv, ARGS, __doc__)
     if parsed is None:
       return 0
@@ -175,15 +175,9 @@ def main(argv: list[str]) -> int:
     for name, tensor in stream(params, cfg, layout=args["layout"]):
       print(f"{name} {tuple(tensor.shape)} {tensor.dtype}")
       count, nbytes = count + 1, nbytes + tensor.nbytes
-  except (ConfigError, ValueError, KeyError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except CheckpointError as e:
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return 4
-  print(f"{count} tensors, {nbytes / 2**20:.2f} MiB")
-  return 0
-
+    print(f"{count} tensors, {nbytes / 2**20:.2f} MiB")
+    return 0
+  return reported(run, (ConfigError, ValueError, KeyError, FileNotFoundError))
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

@@ -31,7 +31,6 @@ import sys
 from typing import Any
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
@@ -43,6 +42,7 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
 from MaxText.quantization import convert
 from MaxText.train import lora_base
+from MaxText.train.exit_codes import reported
 
 ARGS = {
     "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
@@ -121,7 +121,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
 
 
 def main(argv: list[str]) -> int:
-  try:
+  def run() -> int:
     parsed = cli.parse(argv, ARGS, __doc__)
     if parsed is None:
       return 0
@@ -129,15 +129,9 @@ def main(argv: list[str]) -> int:
     model_type = export(args["load_parameters_path"], args["output_path"],
                         int(args["max_shard_gb"] * 2**30), args["hf_model_type"],
                         args["adapter_format"])
-  except (ConfigError, ValueError, KeyError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except CheckpointError as e:   # damaged, or a LoRA checkpoint whose base changed
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return 4
-  print(f"wrote {args['output_path']} ({model_type})")
-  return 0
-
+    print(f"wrote {args['output_path']} ({model_type})")
+    return 0
+  return reported(run, (ConfigError, ValueError, KeyError, FileNotFoundError))
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

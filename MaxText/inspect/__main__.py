@@ -27,12 +27,11 @@ from typing import Sequence
 
 import numpy as np
 
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.config.cli import Arg, parse
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError
-from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK
+from MaxText.train.exit_codes import EXIT_OK, reported
 
 ARGS = {
     "capture": Arg(str, "hidden_states,attentions,logits",
@@ -112,14 +111,7 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-  try:
-    return run(argv)
-  except (ConfigError, DataError, InferenceError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return EXIT_CONFIG
-  except CheckpointError as e:
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
+  return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,28 @@
 
 Anything not listed here (a Python traceback gives 1, a signal gives 128 + n) is a bug.
 """
+import sys
+from typing import Callable
+
+from MaxText.checkpoint.errors import CheckpointError
+
 EXIT_OK = 0           # finished (or the run had already reached `steps`)
 EXIT_CONFIG = 2       # bad config, refused before anything compiled
 EXIT_DATA = 3         # bad data: missing/mismatched data iterator state, too many bad records
 EXIT_CHECKPOINT = 4   # bad or incompatible checkpoint, or a save that failed or hung
 EXIT_NONFINITE = 5    # non-finite loss or gradient: halted, nothing new saved
 EXIT_PREEMPTED = 42   # SIGTERM/SIGINT: the agreed step was saved and committed; restart to resume
+
+
+def reported(run: Callable[[], int], bad_input: tuple[type[Exception], ...]) -> int:
+  """The exit status of a command-line tool's `run()`: an exception of `bad_input` is printed as
+  "error: ..." and gives EXIT_CONFIG, a CheckpointError "checkpoint error: ..." and EXIT_CHECKPOINT
+  (never a traceback)."""
+  try:
+    return run()
+  except bad_input as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  except CheckpointError as e:   # damaged, or a LoRA checkpoint whose base changed
+    print(f"checkpoint error: {e}", file=sys.stderr)
+    return EXIT_CHECKPOINT
