@@ -94,8 +94,14 @@ def _cpu_seconds(pid: int) -> float | None:
 def run(cmd: list[str], env: dict, log_path: str, metrics_path: str | None = None
         ) -> tuple[int, float, float, list[float]]:
   """Runs cmd; returns (exit status, peak RSS in GiB of that process, wall seconds, the process's
-  CPU seconds at each new line of `metrics_path`). The CPU time a step costs barely depends on
-  what else runs on the machine, unlike its wall time."""
+  CPU seconds when each row of `metrics_path` appeared). The CPU time a step costs barely depends
+  on what else runs on the machine, unlike its wall time.
+
+  A metrics file left by an earlier run of the same name (a reused --out) is removed first: its
+  rows would count as this run's at once (and our trainer moves them aside when it starts), which
+  left no per-row samples at all."""
+  if metrics_path and os.path.exists(metrics_path):
+    os.remove(metrics_path)
   start = time.perf_counter()
   cpu_at_rows: list[float] = []
   with open(log_path, "w") as log:
@@ -104,21 +110,34 @@ def run(cmd: list[str], env: dict, log_path: str, metrics_path: str | None = Non
       pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
       if pid:
         break
-      if metrics_path and os.path.exists(metrics_path):
-        with open(metrics_path, "rb") as f:
-          rows = f.read().count(b"\n")
-        cpu = _cpu_seconds(proc.pid)
-        if cpu is not None:
-          cpu_at_rows += [cpu] * (rows - len(cpu_at_rows))
-      time.sleep(0.05)
+      cpu = _cpu_seconds(proc.pid)
+      rows = _rows(metrics_path)
+      if cpu is not None:
+        if rows < len(cpu_at_rows):   # the file was truncated or replaced: start again
+          del cpu_at_rows[:]
+        cpu_at_rows += [cpu] * (rows - len(cpu_at_rows))
+      time.sleep(0.02)
   return (os.waitstatus_to_exitcode(status), usage.ru_maxrss / 2**20, time.perf_counter() - start,
           cpu_at_rows)
 
 
+def _rows(metrics_path: str | None) -> int:
+  """Complete lines of the metrics file so far (0 while it does not exist)."""
+  try:
+    with open(metrics_path, "rb") as f:
+      return f.read().count(b"\n")
+  except (OSError, TypeError):
+    return 0
+
+
 def cpu_per_step(cpu_at_rows: list[float], first: int) -> float | None:
-  """Median CPU seconds between consecutive metrics rows from row `first` on."""
-  deltas = [b - a for a, b in zip(cpu_at_rows[first:], cpu_at_rows[first + 1:])]
-  return statistics.median(deltas) if deltas else None
+  """CPU seconds per step from row `first` to the last row seen while the process ran: the
+  process's CPU time between the two rows' appearance over the steps between them (rows that
+  appear together, e.g. flushed at once, share one sample, so single-row deltas could be 0)."""
+  if len(cpu_at_rows) < first + 2:
+    return None
+  spent = cpu_at_rows[-1] - cpu_at_rows[first]
+  return spent / (len(cpu_at_rows) - 1 - first) if spent > 0 else None
 
 
 def summarise(kind: str, run_dir: str, first: int, devices: int) -> dict:
@@ -152,45 +171,60 @@ def default_run(args, out: str) -> int:
   """The README run vs MaxText's best CPU setup on the same model (see the module docstring)."""
   base_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS",
                                                                "JAX_NUM_CPU_DEVICES")}
-  runs = [("ours default (one device per core)", "ours", None, None)]
-  runs += [("ours, 1 device", "ours", 1, None)]
+  runs = [("ours default (one device per core)", "ours", None, None),
+          ("ours, 1 device", "ours", 1, None),
+          ("ours, one device per core, float32", "ours", None, "float32")]
   if args.maxtext_python:
     runs += [(f"MaxText {n} device{'s' * (n > 1)} {d}", "maxtext", n, d)
              for n in (1, 2) for d in ("float32", "bfloat16")]
-  results: dict[str, list[float]] = {}
+  results: dict[str, list[dict]] = {}
   print(f"{len(runs)} runs x {args.repeats} repeats; {load()}", flush=True)
   for rep in range(args.repeats):
     for label, kind, n, dtype in runs:
-      name = f"default-{len(results.get(label, []))}-{label.split()[0]}-{n}-{dtype}-{rep}".replace(" ", "")
+      name = f"default-{label.split()[0]}-{n}-{dtype}-{rep}".replace(" ", "")
       keys = [f"steps={args.steps}", "enable_checkpointing=false", "enable_tensorboard=false",
               f"base_output_directory={out}", f"run_name={name}"]
       if kind == "ours":
         env = dict(base_env) if n is None else dict(base_env, JAX_NUM_CPU_DEVICES=str(n))
         cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs/base.yml"),
-               *keys]
+               *keys, *([f"dtype={dtype}"] if dtype else [])]
       else:
         env = dict(base_env, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE",
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
         cell = {"devices": n, "mesh": "fsdp", "dtype": dtype}
         cmd = maxtext_cmd(args.maxtext_python, out, name, cell, args.steps,
                           vocab=README_MODEL["vocab_size"], per_device_batch=GLOBAL_BATCH)
-      code, _, _, _ = run(cmd, env, os.path.join(out, f"{name}.log"))
+      code, _, _, cpu_rows = run(cmd, env, os.path.join(out, f"{name}.log"),
+                                 os.path.join(out, name, "metrics.jsonl"))
       if code != 0:
         print(f"{label}: exit {code}; see {out}/{name}.log", file=sys.stderr)
         return 1
       s = summarise(kind, os.path.join(out, name), args.first_step, n or 1)
-      results.setdefault(label, []).append(s["tokens_per_s"])
-      print(f"  {label:40s} {s['tokens_per_s']:8,.0f} tok/s  ({load()})", flush=True)
-  med = {label: statistics.median(v) for label, v in results.items()}
-  print(f"\n{load()}\n\n| run | tokens/s |\n|---|---|")
-  for label, v in med.items():
-    print(f"| {label} | {v:,.0f} |")
+      s["cpu_s"] = cpu_per_step(cpu_rows, args.first_step)
+      s["tokens_per_step"] = s["tokens_per_s"] * s["step_s"]
+      results.setdefault(label, []).append(s)
+      print(f"  {label:40s} {s['tokens_per_s']:8,.0f} tok/s  {_cpu_text(s)}  ({load()})",
+            flush=True)
+  print(f"\n{load()}\n\n| run | tokens/s | CPU-s per step | tokens per step | CPU-s per 1k tokens |"
+        "\n|---|---|---|---|---|")
+  med: dict[str, float] = {}
+  for label, rs in results.items():
+    med[label] = statistics.median(r["tokens_per_s"] for r in rs)
+    cpu = [r["cpu_s"] for r in rs if r["cpu_s"]]
+    tokens = statistics.median(r["tokens_per_step"] for r in rs)
+    per_k = f"{1000 * statistics.median(cpu) / tokens:.3f}" if cpu else "n/a"
+    print(f"| {label} | {med[label]:,.0f} | {statistics.median(cpu) if cpu else float('nan'):.2f} "
+          f"| {tokens:,.0f} | {per_k} |")
   mt = [v for label, v in med.items() if label.startswith("MaxText")]
   if mt:
     best = max(mt)
     print(f"\nours default / MaxText's best ({[l for l, v in med.items() if v == best][0]}): "
           f"**{med['ours default (one device per core)'] / best:.2f}x**")
   return 0
+
+
+def _cpu_text(s: dict) -> str:
+  return f"{s['cpu_s']:.2f} CPU-s/step" if s.get("cpu_s") else "n/a"
 
 
 def main() -> int:
@@ -236,8 +270,8 @@ def main() -> int:
         s = summarise(kind, os.path.join(out, name), args.first_step, cell["devices"])
         s.update(rss_gib=rss, wall_s=wall, cpu_s=cpu_per_step(cpu_rows, args.first_step))
         results.setdefault((kind, cell["devices"], cell["mesh"], cell["dtype"]), []).append(s)
-        cpu = f"{s['cpu_s']:.2f} CPU-s/step" if s["cpu_s"] else "n/a"
-        print(f"  {name:32s} {s['tokens_per_s']:8,.0f} tok/s  {cpu}  ({load()})", flush=True)
+        print(f"  {name:32s} {s['tokens_per_s']:8,.0f} tok/s  {_cpu_text(s)}  ({load()})",
+              flush=True)
 
   med = lambda rs, k: statistics.median(r[k] for r in rs)
   print(f"\n{load()}\n")
