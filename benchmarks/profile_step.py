@@ -75,11 +75,11 @@ def main() -> int:
   os.environ["JAX_PLATFORMS"] = "cpu"
 
   import jax
-  import numpy as np
 
   from MaxText.config.load import load_config
   from MaxText.train.loop import Trainer
   from MaxText.train.state import init_state
+  from ab_step import synthetic_batch
   from tiny_train import GLOBAL_BATCH, REF
 
   work = tempfile.mkdtemp(prefix="profile_step_")
@@ -90,14 +90,7 @@ def main() -> int:
   trainer = Trainer(load_config([os.path.join(ROOT, "configs/base.yml"), *keys]))
   compiled = trainer.compile_step()
   state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
-  B, S = trainer.global_batch, trainer.cfg.max_target_length
-  rng = np.random.default_rng(0)
-  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
-          for k in ("inputs", "targets")}
-  host.update(inputs_segmentation=np.ones((B, S), np.int32),
-              targets_segmentation=np.ones((B, S), np.int32),
-              inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
-  batch = trainer.device_batch(host)
+  batch = synthetic_batch(trainer)
   for _ in range(STEPS):   # warm-up
     state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)

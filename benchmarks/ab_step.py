@@ -1,0 +1,130 @@
+"""A/B of train-step variants in ONE process: each variant (a set of key=value overrides, and how
+many of the process's fake CPU devices it runs on) is compiled once, then their steps are
+interleaved round by round, so a shared machine's load hits every variant alike. Per variant:
+CPU seconds per step (the process's user + system time over the step, all its threads), wall
+seconds per step, CPU-ms per 1k tokens (variants with different global batches compare here),
+and tokens/s; medians over the rounds.
+
+  .venv/bin/python benchmarks/ab_step.py --model readme \\
+      --variant "fp32 x2: dtype=float32" --variant "bf16 x2: dtype=bfloat16" \\
+      --variant "bf16 x1: dtype=bfloat16 devices=1"
+  .venv/bin/python benchmarks/ab_step.py --model tiny --variant "whole: loss_chunk_length=0" \\
+      --variant "c128: loss_chunk_length=128"
+
+--model readme: configs/base.yml as it is (the README run's model and batch, 8 sequences per
+device); tiny: tiny_train.py's reference config (vocab 8192, global batch 8 over the devices).
+`devices=N` in a variant: its mesh takes the first N of the process's devices (default all,
+--devices). Every step runs on the same synthetic batch and waits for its result (this times the
+step, not the loop's overlap of host work; see the loop's own read-late figures in RESULTS.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_variant(text: str) -> tuple[str, int | None, list[str]]:
+  """"label: k=v k=v devices=N" → (label, N or None, ["k=v", ...])."""
+  label, _, keys = text.partition(":")
+  items = keys.split()
+  devices = [int(k.split("=", 1)[1]) for k in items if k.startswith("devices=")]
+  return label.strip(), (devices[-1] if devices else None), \
+      [k for k in items if not k.startswith("devices=")]
+
+
+def model_keys(model: str, devices: int) -> list[str]:
+  if model == "readme":
+    return []
+  from tiny_train import GLOBAL_BATCH, REF  # pylint: disable=import-outside-toplevel
+  return [f"{k}={v}" for k, v in REF.items()] + [f"per_device_batch_size={GLOBAL_BATCH / devices:g}"]
+
+
+def synthetic_batch(trainer, seed: int = 0) -> dict:
+  """One global batch of random tokens (full-length segments) on the trainer's batch sharding."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  B, S = trainer.global_batch, trainer.cfg.max_target_length
+  rng = np.random.default_rng(seed)
+  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
+          for k in ("inputs", "targets")}
+  host.update(inputs_segmentation=np.ones((B, S), np.int32),
+              targets_segmentation=np.ones((B, S), np.int32),
+              inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
+  return trainer.device_batch(host)
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--variant", action="append", required=True,
+                  help='"label: key=value ... [devices=N]" (repeat)')
+  ap.add_argument("--model", choices=("readme", "tiny"), default="readme")
+  ap.add_argument("--devices", type=int, default=2, help="fake CPU devices of the process")
+  ap.add_argument("--rounds", type=int, default=6)
+  ap.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
+  args = ap.parse_args()
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from MaxText.config.load import load_config  # pylint: disable=import-outside-toplevel
+  from MaxText.train.loop import Trainer  # pylint: disable=import-outside-toplevel
+  from MaxText.train.state import init_state  # pylint: disable=import-outside-toplevel
+
+  work = tempfile.mkdtemp(prefix="ab_step_")
+  runs = []
+  for text in args.variant:
+    label, n, keys = parse_variant(text)
+    devices = jax.devices()[:n or args.devices]
+    cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *model_keys(args.model, len(devices)),
+                       "jax_cache_dir=", f"base_output_directory={work}", "run_name=ab", *keys],
+                      keep_auto=True)   # auto values as a training run resolves them
+    trainer = Trainer(cfg, devices)
+    cfg = trainer.cfg
+    compiled = trainer.compile_step()
+    state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
+    batch = synthetic_batch(trainer)
+    for _ in range(2):   # warm-up
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    runs.append(dict(label=label, cfg=cfg, compiled=compiled, state=state, batch=batch,
+                     tokens=trainer.global_batch * cfg.max_target_length, n=len(devices),
+                     cpu=[], wall=[], loss=float(metrics["loss"])))
+    print(f"compiled {label}: {len(devices)} device(s), dtype {cfg.dtype}, "
+          f"loss_chunk_length {cfg.loss_chunk_length}, {runs[-1]['tokens']} tokens per step",
+          flush=True)
+
+  load0 = os.getloadavg()[0]
+  for _ in range(args.rounds):
+    for r in runs:
+      c0, w0 = time.process_time(), time.perf_counter()
+      for _ in range(args.steps):
+        r["state"], metrics = r["compiled"](r["state"], r["batch"])
+        jax.block_until_ready(metrics)
+      r["cpu"].append((time.process_time() - c0) / args.steps)
+      r["wall"].append((time.perf_counter() - w0) / args.steps)
+      r["last_loss"] = float(metrics["loss"])
+  print(f"\n{args.rounds} rounds x {args.steps} steps, model {args.model}, {args.devices} fake "
+        f"devices in the process; load average {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
+  base = statistics.median(runs[0]["cpu"]) * 1e6 / runs[0]["tokens"]
+  print("| variant | devices | CPU-s per step | wall s per step | tokens per step | CPU-ms per 1k "
+        "tokens | vs first | tokens/s (wall) | loss first -> last |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for r in runs:
+    cpu, wall = statistics.median(r["cpu"]), statistics.median(r["wall"])
+    per_k = cpu * 1e6 / r["tokens"]
+    print(f"| {r['label']} | {r['n']} | {cpu:.3f} | {wall:.3f} | {r['tokens']} | {per_k:.1f} | "
+          f"{per_k / base:.3f} | {r['tokens'] / wall:,.0f} | {r['loss']:.4f} -> "
+          f"{r['last_loss']:.4f} |")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
