@@ -24,7 +24,10 @@ BASE_YML = os.path.join(ROOT, "configs", "base.yml")
 TINY = ["emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2", "head_dim=16",
         "mlp_dim=128", "vocab_size=264", "max_target_length=64", "per_device_batch_size=8",
         "steps=10", "warmup_steps=2", "log_period=5", "enable_tensorboard=false",
-        "peak_tflops_per_device=1.0", "sample_at_end=false", f"jax_cache_dir={CACHE_DIR}"]
+        "peak_tflops_per_device=1.0", "sample_at_end=false", f"jax_cache_dir={CACHE_DIR}",
+        # fp32 compute: the tests' exact comparisons (1 vs 8 devices, resume, Hugging Face parity);
+        # dtype=auto (bf16 when training) has its own tests in tests/test_auto_settings.py
+        "dtype=float32"]
 MESH_1 = ["ici_fsdp_parallelism=1"]
 MESH_222 = ["per_device_batch_size=1", "ici_data_parallelism=2", "ici_fsdp_parallelism=2",
             "ici_tensor_parallelism=2"]

@@ -69,7 +69,7 @@ def test_base_yml_is_rendered_from_the_schema():
   assert render.main(["--check"]) == 0
   raw = yaml.safe_load(render.render())
   assert raw == {k: spec.default for k, spec in KEYS.items()}       # parses back to the defaults
-  assert load_config([BASE_YML]).as_dict() == raw
+  assert load_config([BASE_YML], keep_auto=True).as_dict() == raw
 
 
 def test_implementation_tables_match_the_schemas_choices():
@@ -406,9 +406,10 @@ def test_resolved_config_written_to_run_dir(tmp_path):
   assert written["learning_rate"] == 1e-3 and written["seed"] == 7
   assert written["emb_dim"] == 64 and written["run_name"] == "cfgrun"
   assert written["per_device_batch_size"] == 2.0 and written["ici_fsdp_parallelism"] == 1
-  # as loaded, with the tokenizer resolved (tokenizer_type=auto without a path: byte)
+  # as loaded, with the tokenizer resolved (tokenizer_type=auto without a path: byte) and the
+  # loss chunk (-1: auto; the whole sequence of 64 here)
   assert written == {**load_config(argv(tmp_path, "cfgrun", *overrides)).as_dict(),
-                     "tokenizer_type": "byte"}
+                     "tokenizer_type": "byte", "loss_chunk_length": 0}
 
 
 @pytest.mark.parametrize("arg", ["learning_rate=nan", "per_device_batch_size=inf",

@@ -21,7 +21,7 @@ TINY = ["emb_dim=32", "num_decoder_layers=1", "num_query_heads=2", "num_kv_heads
         "mlp_dim=64", "vocab_size=264", "max_target_length=16", "max_new_tokens=6",
         "num_generations=4", "prompts_per_step=4", "enable_tensorboard=false",
         "peak_tflops_per_device=1.0", f"jax_cache_dir={CACHE_DIR}", "log_period=1",
-        "learning_rate=3e-2", "kl_beta=0.01"]
+        "learning_rate=3e-2", "kl_beta=0.01", "dtype=float32"]   # exact comparisons: fp32
 
 
 def grpo(out, name, *overrides):

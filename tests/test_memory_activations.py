@@ -11,7 +11,7 @@ from MaxText.train.loop import Trainer, run
 
 MODEL = ("emb_dim=128", "num_decoder_layers=3", "num_query_heads=4", "num_kv_heads=2",
          "head_dim=32", "mlp_dim=384", "vocab_size=4096", "max_target_length=128",
-         "per_device_batch_size=4", *MESH_1)
+         "per_device_batch_size=4", "loss_chunk_length=0", *MESH_1)
 
 
 def trainer(tmp_path, *overrides):

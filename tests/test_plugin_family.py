@@ -25,6 +25,7 @@ from MaxText.models import registry
 from MaxText.models.family import COMMON_KEYS, Family
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
+from MaxText.train import auto_settings
 from MaxText.train.loop import run
 
 NAME = "parallel_test"
@@ -126,3 +127,11 @@ def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
   assert run(argv(tmp_path, "untied", *model, *MESH_1, "tie_word_embeddings=false"),
              devices=jax.devices()[:1])[0] == 2
   assert "set tie_word_embeddings=true" in capsys.readouterr().err
+  # no separate LM head (`logits`): loss_chunk_length=-1 (auto) is the whole sequence, a chunk
+  # the user sets is refused
+  long = load_config(argv(tmp_path, "one", *model, "max_target_length=1024"))
+  assert long.loss_chunk_length == -1 and auto_settings.loss_chunk(long) == 0
+  assert run(argv(tmp_path, "chunked", *model, *MESH_1, "loss_chunk_length=16"),
+             devices=jax.devices()[:1])[0] == 2
+  assert (f"loss_chunk_length=16: decoder_block={NAME} has no separate LM head"
+          in capsys.readouterr().err)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from MaxText.config.schema import KEYS, Config
+from MaxText.config.schema import AUTO, AUTO_TOOL_DTYPE, AUTO_TRAINING_DTYPE, KEYS, Config
 
 
 BASE_MODEL = "base_model"   # in a model file: the model file it starts from
@@ -187,8 +187,20 @@ def model_overlay(directory: str, name: str, chain: tuple[str, ...] = ()) -> dic
   return out
 
 
-def load_config(argv: Sequence[str]) -> Config:
-  """`argv` = [path/to/base.yml, key=value, ...] (without the program name)."""
+def resolve_dtype(cfg: Config, *, training: bool) -> Config:
+  """`dtype=auto` made concrete: bfloat16 compute for a training run (fp32 master weights unless
+  weight_dtype says otherwise; benchmarks/RESULTS.md: the default run's measured speed), float32
+  for the tools that compare against a reference (decoding, evaluation, conversions, inspection:
+  their Hugging Face parity is exact only in fp32). A set dtype is kept as it is."""
+  if cfg.dtype != AUTO:
+    return cfg
+  return dataclasses.replace(cfg, dtype=AUTO_TRAINING_DTYPE if training else AUTO_TOOL_DTYPE)
+
+
+def load_config(argv: Sequence[str], *, keep_auto: bool = False) -> Config:
+  """`argv` = [path/to/base.yml, key=value, ...] (without the program name). `dtype=auto` is
+  resolved for the tools (float32, `resolve_dtype`) unless `keep_auto` (the trainer resolves it
+  itself, for training)."""
   if not argv:
     raise ConfigError("usage: train.py configs/base.yml [key=value ...]")
   base_path, overrides = argv[0], parse_overrides(argv[1:])
@@ -209,7 +221,8 @@ def load_config(argv: Sequence[str]) -> Config:
 
   for key, text in overrides.items():
     values[key] = coerce(key, text, from_text=True)
-  return Config(**values)
+  cfg = Config(**values)
+  return cfg if keep_auto else resolve_dtype(cfg, training=False)
 
 
 def explicit_keys(argv: Sequence[str]) -> set[str]:

@@ -63,6 +63,10 @@ def key(default: Any, doc: str, *, choices: tuple | None = None, min: float | No
 
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
 DTYPES = ("float32", "bfloat16", "float16")
+AUTO = "auto"                    # dtype: resolved by MaxText.config.load.resolve_dtype
+AUTO_TRAINING_DTYPE = "bfloat16"   # what dtype=auto computes in when training
+AUTO_TOOL_DTYPE = "float32"        # ... and in the tools (Hugging Face parity is exact in fp32)
+AUTO_LOSS_CHUNK = -1             # loss_chunk_length: resolved by MaxText.train.loss.resolved_chunk
 _COMPUTE = dict(model=True, arch=False)   # read by the model, but the parameters mean the same
 
 _RULES = [
@@ -127,8 +131,10 @@ class Config:
       8192, "longest sequence the model is meant for (max_target_length <= it)", min=1, model=True)
   init_std: float = key(0.02, "std of the normal init of embeddings (matrices use 1/sqrt(fan_in))",
                         gt=0, model=True)
-  dtype: str = key("float32", "compute dtype of activations and matmuls", choices=DTYPES,
-                   **_COMPUTE)
+  dtype: str = key(AUTO, "compute dtype of activations and matmuls; auto: bfloat16 when training "
+                   "(train.py, SFT, GRPO; fp32 master weights), float32 in the tools that compare "
+                   "against a reference (decode, evaluate, conversions, inspect)",
+                   choices=(AUTO, *DTYPES), **_COMPUTE)
   weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
                           **_COMPUTE)
   scan_layers: bool = key(True, "run each repeating run of layers with one lax.scan (fast "
@@ -275,8 +281,10 @@ class Config:
   max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
   z_loss_weight: float = key(0.0, "weight of the z-loss (log Z)^2 term; 0 turns it off", min=0)
   loss_chunk_length: int = key(
-      0, "sequence positions per loss chunk: head + cross-entropy run chunk by chunk, so [batch, "
-      "seq, vocab] fp32 logits never exist at once (0 = whole sequence)", min=0)
+      AUTO_LOSS_CHUNK, "sequence positions per loss chunk: head + cross-entropy run chunk by "
+      "chunk, so [batch, seq, vocab] fp32 logits never exist at once (0 = whole sequence; -1 = "
+      "auto: chunks of 256 when the family has a separate LM head and the sequence is longer, "
+      "else whole)", min=-1)
   moe_aux_loss_weight: float = key(0.0, "weight of the Switch/Qwen load-balancing loss (HF "
                                    "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE)
   router_bias_update_rate: float = key(

@@ -16,6 +16,7 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_family
 from MaxText.sharding.mesh import mesh_shape
 from MaxText.sharding.rules import parse_rules
+from MaxText.train.auto_settings import has_logits_head
 
 BATCH_AXES_LOGICAL = "activation_batch"
 
@@ -48,10 +49,11 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
       head_dims=list(family.attention_head_dims(mcfg)), sequence_sharded=sequence_sharded):
     raise ConfigError(f"{key}: {problem}")
 
-  if cfg.loss_chunk_length and not hasattr(get_family(cfg.decoder_block).build, "logits"):
+  # a chunk the user set (> 0; -1 = auto resolves to the whole sequence for such a family)
+  if cfg.loss_chunk_length > 0 and not has_logits_head(cfg.decoder_block):
     raise ConfigError(f"loss_chunk_length={cfg.loss_chunk_length}: decoder_block="
                       f"{cfg.decoder_block} has no separate LM head (`logits`) to apply chunk by "
-                      f"chunk; use loss_chunk_length=0")
+                      f"chunk; use loss_chunk_length=0 (or -1, auto)")
 
   ep = sizes["expert"]
   if cfg.num_experts and ep > 1:

@@ -19,7 +19,7 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
-from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
+from MaxText.config.load import ConfigError, load_config, models_dir, resolve_dtype, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
@@ -33,7 +33,8 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import cpu_devices, distributed, evaluation, faults, lora_base, memory
+from MaxText.train import (auto_settings, cpu_devices, distributed, evaluation, faults, lora_base,
+                           memory)
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
@@ -92,11 +93,14 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
 
 class Trainer:
   """One training run on `devices` (default: all). After `run()`, `final_state` holds the state.
-  `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts)."""
+  `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts).
+  `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1): `self.cfg` has them resolved for
+  training (`auto_settings.for_training`), `self.given_cfg` as given."""
 
   def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None,
                tokenizer: Tokenizer | None = None):
-    self.cfg = cfg
+    self.given_cfg = cfg
+    self.cfg = cfg = auto_settings.for_training(cfg)
     self.data_config = DataConfig.from_config(cfg)
     self.tokenizer = tokenizer
     self.devices = list(jax.devices() if devices is None else devices)
@@ -130,6 +134,9 @@ class Trainer:
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
+    # read each step's metrics while the next step runs (False: before dispatching it, the former
+    # loop; benchmarks/metrics_lag.py compares the two)
+    self.read_metrics_late = True
 
   def trained_params(self) -> Any:
     """The abstract parameters that get gradients and optimizer state (LoRA: the adapters)."""
@@ -273,7 +280,8 @@ class Trainer:
     log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
     platform = self.devices[0].platform
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
-        f"{cpu_devices.describe(self.auto_cpu_devices, platform)}")
+        f"{cpu_devices.describe(self.auto_cpu_devices, platform)}; "
+        f"{auto_settings.describe(self.given_cfg, cfg)}")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
@@ -385,6 +393,11 @@ class Trainer:
           if code is not None:
             return code
         pending = (step, metrics, batch_sum)
+        if not self.read_metrics_late:
+          code, pending = self._finish_step(*pending, flops, peak, tokens_per_step, writer,
+                                            ckpts), None
+          if code is not None:
+            return code
         faults.after_dispatch(step, wait_for_saves)
         # decided before the next batch is read, so a saved iterator position matches the state
         stop = watch.should_stop(step) and step < cfg.steps
@@ -394,7 +407,8 @@ class Trainer:
         if not (save_now or stop or periodic_now or step == cfg.steps):
           batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
           continue
-        code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+        code = (self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+                if pending is not None else None)
         pending = None
         if code is not None:
           return code
@@ -469,7 +483,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   clock = StartupClock()
   try:
-    cfg = load_config(argv)
+    cfg = load_config(argv, keep_auto=True)   # the Trainer resolves dtype=auto for training
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
     cfg, tokenizer_line = choose_tokenizer(cfg)
@@ -477,7 +491,8 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     plan = distributed.initialize(cfg)  # before anything touches a device
     auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
     log(tokenizer_line)
-    tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
+    tokenizer = check_config(resolve_dtype(cfg, training=True),
+                             list(jax.devices() if devices is None else devices))
     clock.mark("config + devices")
     trainer = trainer_class(cfg, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock
@@ -512,7 +527,7 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
     if name == cfg.model_name:
       continue
     try:
-      other = load_config([argv[0], f"model_name={name}", *rest])
+      other = load_config([argv[0], f"model_name={name}", *rest], keep_auto=True)
       if other.decoder_block != cfg.decoder_block:
         continue
       est = Trainer(other, devices).memory_estimate()

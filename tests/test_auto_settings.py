@@ -1,0 +1,62 @@
+"""The config's auto values (`MaxText/train/auto_settings.py`): dtype=auto is bfloat16 compute when
+training and float32 in the tools; loss_chunk_length=-1 chunks the loss when the family has a
+separate LM head and the sequence is longer than one chunk; only a chunk the user set is refused
+for a family without that head."""
+import jax
+import pytest
+
+from conftest import BASE_YML, MESH_1, train
+from MaxText.config.load import ConfigError, load_config, resolve_dtype
+from MaxText.train import auto_settings
+from MaxText.train.config_checks import validate
+
+C = auto_settings.AUTO_CHUNK_LENGTH
+
+
+def test_dtype_auto_is_bf16_for_training_and_fp32_for_the_tools():
+  given = load_config([BASE_YML], keep_auto=True)
+  assert given.dtype == "auto" and given.weight_dtype == "float32"
+  assert load_config([BASE_YML]).dtype == "float32"                  # the tools (parity in fp32)
+  assert resolve_dtype(given, training=True).dtype == "bfloat16"
+  assert auto_settings.for_training(given).dtype == "bfloat16"
+  for dtype in ("float32", "bfloat16", "float16"):                    # a set dtype is kept
+    cfg = load_config([BASE_YML, f"dtype={dtype}"], keep_auto=True)
+    assert auto_settings.for_training(cfg).dtype == load_config([BASE_YML, f"dtype={dtype}"]).dtype \
+        == dtype
+
+
+@pytest.mark.parametrize("keys,expected", [
+    ((f"max_target_length={2 * C}",), C),                    # llama: has `logits`, longer than C
+    ((f"max_target_length={C}",), 0),                        # one chunk would be the whole
+    ((f"max_target_length={2 * C}", "loss_chunk_length=0"), 0),
+    ((f"max_target_length={2 * C}", "loss_chunk_length=32"), 32),
+])
+def test_loss_chunk_auto(keys, expected):
+  cfg = load_config([BASE_YML, *keys])
+  assert auto_settings.loss_chunk(cfg) == expected
+  assert auto_settings.for_training(cfg).loss_chunk_length == expected
+
+
+def test_loss_chunk_length_range():
+  """-1 is auto, 0 the whole sequence; a family without a separate head: tests/test_plugin_family.py
+  (auto → whole sequence, a set chunk refused)."""
+  assert auto_settings.has_logits_head("llama") and auto_settings.has_logits_head("gemma4")
+  validate(load_config([BASE_YML, f"max_target_length={2 * C}", *MESH_1]), jax.devices()[:1])
+  with pytest.raises(ConfigError, match=r"loss_chunk_length=-2: must be >= -1"):
+    load_config([BASE_YML, "loss_chunk_length=-2"])
+
+
+def test_training_with_auto_values(tmp_path, capsys):
+  """A run with dtype=auto and loss_chunk_length=-1 at a sequence of two chunks: it computes in
+  bf16 with chunks of C (printed with the mesh), writes them to config.yml, and its loss falls."""
+  code, rows, state = train(tmp_path, "auto", "dtype=auto", f"max_target_length={2 * C}",
+                            "per_device_batch_size=1", "steps=6", "learning_rate=3e-3",
+                            "enable_checkpointing=false")
+  out = capsys.readouterr().out
+  assert code == 0 and len(rows) == 6
+  assert (f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), weights float32; "
+          f"loss in chunks of {C} positions (loss_chunk_length=-1: auto)") in out
+  saved = (tmp_path / "auto" / "config.yml").read_text()
+  assert 'dtype: bfloat16' in saved and f"loss_chunk_length: {C}" in saved
+  assert jax.tree.leaves(state["params"])[0].dtype == "float32"      # fp32 master weights
+  assert rows[-1]["loss"] < rows[0]["loss"] - 0.1, [r["loss"] for r in rows]
