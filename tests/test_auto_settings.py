@@ -1,7 +1,7 @@
 """The config's auto values (`MaxText/train/auto_settings.py`): dtype=auto is bfloat16 compute when
 training and float32 in the tools; loss_chunk_length=-1 chunks the loss when the family has a
-separate LM head and the sequence is longer than one chunk; only a chunk the user set is refused
-for a family without that head."""
+separate LM head, the vocabulary is large against the width and the sequence is longer than one
+chunk; only a chunk the user set is refused for a family without that head."""
 import jax
 import pytest
 
@@ -11,6 +11,7 @@ from MaxText.train import auto_settings
 from MaxText.train.config_checks import validate
 
 C = auto_settings.AUTO_CHUNK_LENGTH
+BIG_VOCAB = f"vocab_size={auto_settings.AUTO_CHUNK_VOCAB_RATIO * 256}"   # base.yml: emb_dim 256
 
 
 def test_dtype_auto_is_bf16_for_training_and_fp32_for_the_tools():
@@ -26,9 +27,11 @@ def test_dtype_auto_is_bf16_for_training_and_fp32_for_the_tools():
 
 
 @pytest.mark.parametrize("keys,expected", [
-    ((f"max_target_length={2 * C}",), C),                    # llama: has `logits`, longer than C
-    ((f"max_target_length={C}",), 0),                        # one chunk would be the whole
-    ((f"max_target_length={2 * C}", "loss_chunk_length=0"), 0),
+    ((f"max_target_length={2 * C}", BIG_VOCAB), C),         # llama: has `logits`, longer than C
+    ((f"max_target_length={2 * C}",), 0),                    # base.yml: vocabulary 1.5 x the width
+    ((f"max_target_length={2 * C}", "vocab_size=2047"), 0),  # just under 8 x the width
+    ((f"max_target_length={C}", BIG_VOCAB), 0),              # one chunk would be the whole
+    ((f"max_target_length={2 * C}", BIG_VOCAB, "loss_chunk_length=0"), 0),
     ((f"max_target_length={2 * C}", "loss_chunk_length=32"), 32),
 ])
 def test_loss_chunk_auto(keys, expected):
@@ -50,6 +53,7 @@ def test_training_with_auto_values(tmp_path, capsys):
   """A run with dtype=auto and loss_chunk_length=-1 at a sequence of two chunks: it computes in
   bf16 with chunks of C (printed with the mesh), writes them to config.yml, and its loss falls."""
   code, rows, state = train(tmp_path, "auto", "dtype=auto", f"max_target_length={2 * C}",
+                            "vocab_size=512",          # 8 x the tiny width 64
                             "per_device_batch_size=1", "steps=6", "learning_rate=3e-3",
                             "enable_checkpointing=false")
   out = capsys.readouterr().out

@@ -129,7 +129,7 @@ def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
   assert "set tie_word_embeddings=true" in capsys.readouterr().err
   # no separate LM head (`logits`): loss_chunk_length=-1 (auto) is the whole sequence, a chunk
   # the user sets is refused
-  long = load_config(argv(tmp_path, "one", *model, "max_target_length=1024"))
+  long = load_config(argv(tmp_path, "one", *model, "max_target_length=1024", "vocab_size=1024"))
   assert long.loss_chunk_length == -1 and auto_settings.loss_chunk(long) == 0
   assert run(argv(tmp_path, "chunked", *model, *MESH_1, "loss_chunk_length=16"),
              devices=jax.devices()[:1])[0] == 2

@@ -283,8 +283,8 @@ class Config:
   loss_chunk_length: int = key(
       AUTO_LOSS_CHUNK, "sequence positions per loss chunk: head + cross-entropy run chunk by "
       "chunk, so [batch, seq, vocab] fp32 logits never exist at once (0 = whole sequence; -1 = "
-      "auto: chunks of 256 when the family has a separate LM head and the sequence is longer, "
-      "else whole)", min=-1)
+      "auto: chunks of 128 when the family has a separate LM head, vocab_size >= 8 x emb_dim and "
+      "the sequence is longer, else whole)", min=-1)
   moe_aux_loss_weight: float = key(0.0, "weight of the Switch/Qwen load-balancing loss (HF "
                                    "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE)
   router_bias_update_rate: float = key(

@@ -3,9 +3,10 @@
   dtype=auto              bfloat16 compute (MaxText's default; master weights stay weight_dtype,
                           fp32 by default); the tools resolve it to float32 instead
                           (`MaxText.config.load.resolve_dtype`).
-  loss_chunk_length=-1    chunks of AUTO_LOSS_CHUNK positions when the family has a separate LM
-                          head (`logits`) and the sequence is longer than one chunk; else the
-                          whole sequence (0).
+  loss_chunk_length=-1    chunks of AUTO_CHUNK_LENGTH positions when the family has a separate LM
+                          head (`logits`), the vocabulary is at least AUTO_CHUNK_VOCAB_RATIO x
+                          the model width (the fp32 logits then dwarf the hidden states) and the
+                          sequence is longer than one chunk; else the whole sequence (0).
 
 Why these values: benchmarks/RESULTS.md, "The default run: bf16 and the chunked loss by default"
 (the README run's and the tiny config's steps A/B in one process).
@@ -20,6 +21,9 @@ from MaxText.models.registry import get_family
 
 # Positions per loss chunk when loss_chunk_length=-1 (measured: RESULTS.md).
 AUTO_CHUNK_LENGTH = 128
+# ... applied when vocab_size >= this x emb_dim: measured, the chunks cost ~2 % more CPU at a
+# vocabulary of 1.5 x the width (the README model: 384 / 256) and save ~4 % at 32 x (8192 / 256)
+AUTO_CHUNK_VOCAB_RATIO = 8
 
 
 def has_logits_head(decoder_block: str) -> bool:
@@ -32,7 +36,8 @@ def loss_chunk(cfg: Config) -> int:
   """loss_chunk_length as the step runs it (0 = whole sequence)."""
   if cfg.loss_chunk_length != AUTO_LOSS_CHUNK:
     return cfg.loss_chunk_length
-  if has_logits_head(cfg.decoder_block) and cfg.max_target_length > AUTO_CHUNK_LENGTH:
+  if (has_logits_head(cfg.decoder_block) and cfg.max_target_length > AUTO_CHUNK_LENGTH
+      and cfg.vocab_size >= AUTO_CHUNK_VOCAB_RATIO * cfg.emb_dim):
     return AUTO_CHUNK_LENGTH
   return 0
 
