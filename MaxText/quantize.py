@@ -100,13 +100,16 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   cfg = load_config(argv)
   if not cfg.load_parameters_path:
     raise ConfigError("load_parameters_path: the checkpoint to quantize")
-  cfg = adopt_checkpoint_architecture(cfg, argv)
+  exclude = cfg.weight_quant_exclude   # this run's choice; a float checkpoint's means nothing
+  cfg = adopt_checkpoint_architecture(
+      cfg, [a for a in argv if not a.startswith("weight_quant_exclude=")])
   if cfg.weight_bits:
     raise ConfigError(f"load_parameters_path={cfg.load_parameters_path} is already quantized "
                       f"(weight_bits={cfg.weight_bits}); quantize the full-precision checkpoint")
   if cfg.lora_rank:
     raise ConfigError(f"lora_rank={cfg.lora_rank}: the checkpoint has LoRA adapters; export it "
                       "merged first (to_huggingface, then to_maxtext) and quantize that")
+  cfg = replace(cfg, weight_quant_exclude=exclude)
   if cfg.quantization:
     cfg = replace(cfg, quantization="")   # a QAT run's weights are float: quantize them as such
   mcfg = ModelConfig.from_config(cfg)
