@@ -115,10 +115,11 @@ def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: s
 @dataclass
 class LayerReport:
   name: str
-  index: int              # the lead (stacked repeat) index; 0 unstacked
+  index: int              # the flat lead index (stacked repeats, experts); 0 unstacked
   error: float            # ||XW - XŴ||^2 / ||XW||^2 (calibration tokens), or weight error
   rtn_error: float | None  # RTN's, for comparison (GPTQ with a Hessian)
   unseen: bool = False     # an expert no calibration token reached (RTN, weight error)
+  where: str = ""          # name[lead indices], as logged
 
 
 def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, group_size: int,
@@ -152,7 +153,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
       q, s = gptq.gptq(w_KN, h, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
                        block_size=block_size)
       err, rtn_cmp = _error(w_KN, gptq.dequantize(q, s), h), rtn_err
-    reports.append(LayerReport(t.name, i, err, rtn_cmp, fallback))
+    reports.append(LayerReport(t.name, i, err, rtn_cmp, fallback, where))
     what = "output" if h is not None else "weight"
     bar.write(f"  {where}: relative {what} error {err:.3e}" +
               (f" (rtn {rtn_cmp:.3e})" if rtn_cmp is not None else ""))
