@@ -143,7 +143,7 @@ def test_fused_projections_equal_the_layers_one_by_one(dtype):
                                atol=2**-7 * float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
   jaxpr = str(jax.make_jaxpr(lambda p, x: loss(p, x, True))(params, x))
   # bf16: one weight matmul for the three (a custom VJP); fp32: the three plain dots as before
-  assert jaxpr.count("custom_vjp_call") == (1 if dtype == jnp.bfloat16 else 0), jaxpr
+  assert jaxpr.count("name=_matmul_lowp") == (1 if dtype == jnp.bfloat16 else 0), jaxpr
 
 
 def test_fused_projections_stay_separate_when_the_mesh_splits_an_output_axis():
@@ -153,4 +153,4 @@ def test_fused_projections_stay_separate_when_the_mesh_splits_an_output_axis():
   rules = parse_rules([["heads", "tensor"], ["kv_heads", "tensor"], ["mlp", "tensor"]], ["tensor"])
   with use_rules(mesh, rules):
     jaxpr = str(jax.make_jaxpr(lambda x: fused_dense(layers, x))(x))
-  assert jaxpr.count("custom_vjp_call") == 3, jaxpr
+  assert jaxpr.count("name=_matmul_lowp") == 3, jaxpr

@@ -171,6 +171,32 @@ def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
   kernels = [l.kernel[...].reshape(in_size, -1) for l in layers]
   y = matmul(x.astype(first.dtype).reshape(-1, in_size), jnp.concatenate(kernels, axis=1),
              out_dtype=out_dtype)
-  ends = list(itertools.accumulate(k.shape[1] for k in kernels))[:-1]
+  ends = tuple(itertools.accumulate(k.shape[1] for k in kernels))[:-1]
   return [part.reshape(*batch_shape, *l.out_shape)
-          for l, part in zip(layers, jnp.split(y, ends, axis=1))]
+          for l, part in zip(layers, _split_columns(y, ends))]
+
+
+def _concat_columns(parts: Sequence[jax.Array]) -> jax.Array:
+  """Concatenated along axis 1; 16-bit floats as their raw bits (XLA:CPU has no bf16
+  concatenate: its float normalisation would convert every part to fp32 and back)."""
+  if jnp.dtype(parts[0].dtype).itemsize != 2:
+    return jnp.concatenate(parts, axis=1)
+  bits = [jax.lax.bitcast_convert_type(p, jnp.uint16) for p in parts]
+  return jax.lax.bitcast_convert_type(jnp.concatenate(bits, axis=1), parts[0].dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _split_columns(y: jax.Array, ends: tuple[int, ...]) -> tuple[jax.Array, ...]:
+  """`jnp.split(y, ends, axis=1)` whose gradient concatenates as `_concat_columns` does."""
+  return tuple(jnp.split(y, ends, axis=1))
+
+
+def _split_columns_fwd(y, ends):
+  return _split_columns(y, ends), None
+
+
+def _split_columns_bwd(ends, _, cotangents):
+  return (_concat_columns(cotangents),)
+
+
+_split_columns.defvjp(_split_columns_fwd, _split_columns_bwd)
