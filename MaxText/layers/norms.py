@@ -7,6 +7,10 @@
 `use_scale=False` is the scale-free variant (Gemma 4's v_norm and router norm). The scale is plain
 `w` (initialised to 1), or with `zero_centered=True` `1 + w` (w initialised to 0: Qwen3-Next).
 
+With a scale the norm has a hand-written VJP (`scaled_rms_norm`): the scale's gradient is one
+matvec over the tokens, and autodiff's gradients otherwise (bf16: the scale's gradient is no longer
+rounded to bf16 before its fp32 cast).
+
 `GatedRMSNorm` is the output norm of Gated DeltaNet layers: rms(x) · w · silu(z) over the last axis.
 """
 from __future__ import annotations
