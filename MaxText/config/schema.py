@@ -300,13 +300,14 @@ class Config:
 
   # ---- quantization ------------------------------------------------------------------------------
   quantization: str = key(
-      "", "quantized training through qwix on the decoder's dense projections: int8 (weights and "
-      "activations) | fp8 (e4m3) | int4 (weights only); \"\" = off. The embedding, the LM head "
-      "and routers stay in full precision", choices=("", "int8", "fp8", "int4"),
+      "", "quantized training through qwix on the decoder's dense projections and routed experts: "
+      "int8 (weights and activations) | fp8 (e4m3) | int4 (weights only); \"\" = off. The "
+      "embedding, the LM head and routers stay in full precision",
+      choices=("", "int8", "fp8", "int4"),
       section="quantization (qwix; MaxText.quantize for post-training)", **_COMPUTE)
   quantization_exclude: str = key(
       "", "regex over the projections' module paths left in full precision by quantization "
-      '(e.g. "attention/out$")', **_COMPUTE)
+      '(e.g. "attention/out$"; "experts": the routed experts)', **_COMPUTE)
   weight_bits: int = key(0, "integer weights of a quantized checkpoint (MaxText.quantize writes "
                          "it): 8 | 4; 0 = float weights", min=0, max=8, model=True)
   weight_group_size: int = key(0, "rows of the flattened input per weight scale of a quantized "
