@@ -4,16 +4,18 @@
   python -m MaxText.quantize configs/base.yml load_parameters_path=CKPT output_path=QCKPT \\
       method=rtn|gptq bits=8|4 group_size=128 calibration_steps=N [act_order=true] [dataset keys]
 
-What is quantized: the decoder's attention and MLP projections (layers/quant.py); the embedding,
-the LM head, norms and routers stay as they are, and so do the projections whose module path the
-regex `weight_quant_exclude` searches. Scales: symmetric, one per `group_size` consecutive input
+What is quantized: the decoder's attention and MLP projections and the routed experts of MoE layers
+(each expert's wi / wo on its own; layers/quant.py); the embedding, the LM head, norms and routers
+stay as they are, and so do the modules whose path the regex `weight_quant_exclude` searches
+(e.g. "experts"). Scales: symmetric, one per `group_size` consecutive input
 rows and output column (0: one per column). Methods:
   rtn   round to nearest.
   gptq  GPTQ (quantization/gptq.py): the Hessian X^T X of each projection's input from
         `calibration_steps` batches of the dataset keys' training documents (per_device_batch_size
         x devices rows of max_target_length tokens; the eval_split_fraction share is never read),
         dampening `damp` x mean diagonal, blocked lazy updates, act_order (columns by descending
-        Hessian diagonal; default true).
+        Hessian diagonal; default true). A routed expert's Hessian: the token copies routed to it;
+        an expert that none reached is quantized by RTN (logged).
 With calibration_steps > 0 each matrix's relative output error ||XW - XŴ||^2 / ||XW||^2 on the
 calibration tokens is logged (GPTQ: next to RTN's); else the relative weight error.
 
@@ -38,7 +40,6 @@ from typing import Sequence
 import jax
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import load_params_host, resolve_step_dir, save_params_only
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config, replace
@@ -52,7 +53,7 @@ from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
-from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK
+from MaxText.train.exit_codes import EXIT_OK, reported
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.loop import check_config
 
@@ -100,13 +101,16 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   cfg = load_config(argv)
   if not cfg.load_parameters_path:
     raise ConfigError("load_parameters_path: the checkpoint to quantize")
-  cfg = adopt_checkpoint_architecture(cfg, argv)
+  exclude = cfg.weight_quant_exclude   # this run's choice; a float checkpoint's means nothing
+  cfg = adopt_checkpoint_architecture(
+      cfg, [a for a in argv if not a.startswith("weight_quant_exclude=")])
   if cfg.weight_bits:
     raise ConfigError(f"load_parameters_path={cfg.load_parameters_path} is already quantized "
                       f"(weight_bits={cfg.weight_bits}); quantize the full-precision checkpoint")
   if cfg.lora_rank:
     raise ConfigError(f"lora_rank={cfg.lora_rank}: the checkpoint has LoRA adapters; export it "
                       "merged first (to_huggingface, then to_maxtext) and quantize that")
+  cfg = replace(cfg, weight_quant_exclude=exclude)
   if cfg.quantization:
     cfg = replace(cfg, quantization="")   # a QAT run's weights are float: quantize them as such
   mcfg = ModelConfig.from_config(cfg)
@@ -148,7 +152,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
 
 
 def main(argv: Sequence[str]) -> int:
-  try:
+  def run() -> int:
     if not argv or "=" in argv[0]:
       parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
       if parsed is None:
@@ -159,20 +163,12 @@ def main(argv: Sequence[str]) -> int:
       return EXIT_OK
     args, rest = parsed
     reports = quantize([argv[0], *rest], args)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return EXIT_CONFIG
-  except DataError as e:
-    print(f"data error: {e}", file=sys.stderr)
-    return EXIT_DATA
-  except (CheckpointError, FileNotFoundError) as e:
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
-  worst = max(reports, key=lambda r: r.error)
-  print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
-        f"{args['group_size']}, {len(reports)} matrices; largest relative error {worst.error:.3e} "
-        f"({worst.name}[{worst.index}])")
-  return EXIT_OK
+    worst = max(reports, key=lambda r: r.error)
+    print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
+          f"{args['group_size']}, {len(reports)} matrices; largest relative error "
+          f"{worst.error:.3e} ({worst.where})")
+    return EXIT_OK
+  return reported(run, (ConfigError,), data=(DataError,), checkpoint=(FileNotFoundError,))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 are the user's: train.py, MaxText.quantize, MaxText.evaluate, MaxText.decode).
 
   .venv/bin/python benchmarks/quantization.py [--out /tmp/qbench] [--steps 150] [--qat-steps 40]
+      [--model qwen3-moe-tiny] [--keep-float experts]
 
 1. Trains the default model (configs/base.yml: 4 layers, d 256, embedded data) for --steps with
    eval_split_fraction=0.05 (the held-out documents are never read by training or calibration).
@@ -12,6 +13,9 @@ are the user's: train.py, MaxText.quantize, MaxText.evaluate, MaxText.decode).
    the second call, the first compiles).
 4. Quantized training: int8 QAT vs the same config in bf16 (--qat-steps each): median step time
    (steps after the 5th) and the loss at a few steps.
+--model NAME: configs/models/NAME.yml instead of the default model (e.g. qwen3-moe-tiny).
+--keep-float REGEX: also int8 / int4 RTN with `weight_quant_exclude=REGEX` (e.g. "experts": the
+   checkpoints MaxText.quantize wrote before it quantized routed experts).
 """
 from __future__ import annotations
 
@@ -68,18 +72,24 @@ def main() -> None:
   ap.add_argument("--out", default="/tmp/qbench")
   ap.add_argument("--steps", type=int, default=150)
   ap.add_argument("--qat-steps", type=int, default=40)
+  ap.add_argument("--model", default="", help="configs/models/<name>.yml (default: the default)")
+  ap.add_argument("--keep-float", default="", help="extra RTN rows with weight_quant_exclude=this")
   ap.add_argument("--reuse", action="store_true", help="keep the checkpoints of an earlier run in "
                   "--out (train and quantize only what is missing); 0 --qat-steps: no QAT runs")
   a = ap.parse_args()
   if not a.reuse:
     shutil.rmtree(a.out, ignore_errors=True)
-  common = [f"base_output_directory={a.out}"]
+  common = [f"base_output_directory={a.out}"] + ([f"model_name={a.model}"] if a.model else [])
   if not os.path.isdir(f"{a.out}/fp/checkpoints"):
     run([PY, "train.py", "configs/base.yml", "run_name=fp", f"steps={a.steps}",
          f"checkpoint_period={a.steps}", "eval_period=100000", *DATA, *common])
   fp = f"{a.out}/fp/checkpoints"
   ckpts = {"fp32": fp}
-  for name, args in [("int8 RTN", ["method=rtn", "bits=8"]),
+  kept = [f"weight_quant_exclude={a.keep_float}"]
+  keep = [] if not a.keep_float else [
+      (f"int8 RTN ({a.keep_float} float)", ["method=rtn", "bits=8", *kept]),
+      (f"int4 RTN g64 ({a.keep_float} float)", ["method=rtn", "bits=4", "group_size=64", *kept])]
+  for name, args in [*keep, ("int8 RTN", ["method=rtn", "bits=8"]),
                      ("int4 RTN g64", ["method=rtn", "bits=4", "group_size=64"]),
                      ("int4 GPTQ g64", ["method=gptq", "bits=4", "group_size=64",
                                         "calibration_steps=8", "act_order=false"]),

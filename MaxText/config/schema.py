@@ -300,13 +300,14 @@ class Config:
 
   # ---- quantization ------------------------------------------------------------------------------
   quantization: str = key(
-      "", "quantized training through qwix on the decoder's dense projections: int8 (weights and "
-      "activations) | fp8 (e4m3) | int4 (weights only); \"\" = off. The embedding, the LM head "
-      "and routers stay in full precision", choices=("", "int8", "fp8", "int4"),
+      "", "quantized training through qwix on the decoder's dense projections and routed experts: "
+      "int8 (weights and activations) | fp8 (e4m3) | int4 (weights only); \"\" = off. The "
+      "embedding, the LM head and routers stay in full precision",
+      choices=("", "int8", "fp8", "int4"),
       section="quantization (qwix; MaxText.quantize for post-training)", **_COMPUTE)
   quantization_exclude: str = key(
       "", "regex over the projections' module paths left in full precision by quantization "
-      '(e.g. "attention/out$")', **_COMPUTE)
+      '(e.g. "attention/out$"; "experts": the routed experts)', **_COMPUTE)
   weight_bits: int = key(0, "integer weights of a quantized checkpoint (MaxText.quantize writes "
                          "it): 8 | 4; 0 = float weights", min=0, max=8, model=True)
   weight_group_size: int = key(0, "rows of the flattened input per weight scale of a quantized "
@@ -346,12 +347,19 @@ class Config:
   sample_period: int = key(0, "every N steps print a sample (prompt, max_new_tokens and the "
                            "sampling keys below); 0 = off", min=0)
   sample_at_end: bool = key(True, "print a sample after the last step")
+  sample_temperature: float = key(0.8, "the training samples' temperature (0 = greedy, which "
+                                  "on a small model soon repeats one token)", min=0)
+  sample_top_k: int = key(40, "the training samples' top-k (0 = off)", min=0)
+  sample_prompt_tokens: int = key(
+      32, "without prompt / prompt_ids, a training sample continues the first N tokens of a "
+      "held-out document (eval_dataset_path / eval_split_fraction), else of the first training "
+      "document", min=1)
 
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
       "", "decode / evaluate: a Hugging Face folder, converted in memory (instead of "
       "load_parameters_path)", section="decoding (python -m MaxText.decode; MaxText.inference)")
-  prompt: str = key("", 'the prompt text ("" in a training sample: the tokenizer\'s bos alone)')
+  prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)')
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)")
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")

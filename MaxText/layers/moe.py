@@ -192,11 +192,27 @@ def select_dispatch(name: str, platform: str) -> str:
 
 
 # ---- experts ----------------------------------------------------------------------------------
-def grouped_ffn(rows_MD, wi_XDF2, wo_XFD, sizes_X, act: Callable) -> jax.Array:
-  """Rows sorted by expert (sizes_X of them per expert; rows past the total give zeros)."""
-  h_MF2 = jax.lax.ragged_dot(rows_MD, wi_XDF2, sizes_X)
+@dataclass(frozen=True)
+class FloatExperts:
+  """How `RoutedExperts` multiplies by its experts: the weights it hands the grouped matmul
+  (`operands`: pytrees whose every leaf has the expert axis first, so they split over `expert`)
+  and the grouped matmul itself. This one: the float weights and `jax.lax.ragged_dot`; quantized
+  forms (layers/quant.py) replace both."""
+
+  def operands(self, experts: "RoutedExperts", dtype) -> tuple:
+    return experts.wi[...].astype(dtype), experts.wo[...].astype(dtype)
+
+  def ragged_dot(self, rows_MK: jax.Array, w, sizes_X: jax.Array) -> jax.Array:
+    return jax.lax.ragged_dot(rows_MK, w, sizes_X)
+
+
+def grouped_ffn(rows_MD, wi_XDF2, wo_XFD, sizes_X, act: Callable,
+                dot: Callable = jax.lax.ragged_dot) -> jax.Array:
+  """Rows sorted by expert (sizes_X of them per expert; rows past the total give zeros). `dot`:
+  the grouped matmul of the experts' weights (`FloatExperts.ragged_dot` or a quantized one)."""
+  h_MF2 = dot(rows_MD, wi_XDF2, sizes_X)
   gate_MF, up_MF = jnp.split(h_MF2, 2, axis=-1)
-  return jax.lax.ragged_dot(act(gate_MF) * up_MF, wo_XFD, sizes_X)
+  return dot(act(gate_MF) * up_MF, wo_XFD, sizes_X)
 
 
 def _sort_copies(experts_Tk, num_experts: int, capacity: int | None):
@@ -218,12 +234,13 @@ def _combine(out_MD, order_M, weights_Tk):
   return jnp.einsum("tkd,tk->td", copies_MD.reshape(T, k, -1), weights_Tk.astype(out_MD.dtype))
 
 
-def experts_local(x_TD, weights_Tk, experts_Tk, wi, wo, act, capacity: int | None):
+def experts_local(x_TD, weights_Tk, experts_Tk, wi, wo, act, capacity: int | None,
+                  dot: Callable = jax.lax.ragged_dot):
   """All experts on this device. Returns (y [T,D], dropped copies)."""
   T, k = experts_Tk.shape
-  order_M, sizes_E, keep_M = _sort_copies(experts_Tk, wi.shape[0], capacity)
+  order_M, sizes_E, keep_M = _sort_copies(experts_Tk, jax.tree.leaves(wi)[0].shape[0], capacity)
   rows_MD = x_TD[order_M // k]
-  out_MD = grouped_ffn(rows_MD, wi, wo, sizes_E, act)
+  out_MD = grouped_ffn(rows_MD, wi, wo, sizes_E, act, dot)
   dropped = jnp.zeros((), jnp.int32)
   if keep_M is not None:
     out_MD = jnp.where(keep_M[:, None], out_MD, 0)
@@ -232,7 +249,7 @@ def experts_local(x_TD, weights_Tk, experts_Tk, wi, wo, act, capacity: int | Non
 
 
 def experts_parallel(x_TD, weights_Tk, experts_Tk, wi_local, wo_local, act, *, num_experts: int,
-                     axis: str, a2a: Callable):
+                     axis: str, a2a: Callable, dot: Callable = jax.lax.ragged_dot):
   """Inside shard_map: this device's tokens, its X = E/P experts, a ragged all-to-all over `axis`."""
   T, k = experts_Tk.shape
   Pn = jax.lax.axis_size(axis)
@@ -258,7 +275,7 @@ def experts_parallel(x_TD, weights_Tk, experts_Tk, wi_local, wo_local, act, *, n
   run_R = jnp.searchsorted(bounds, jnp.arange(Pn * M), side="right")
   expert_R = jnp.where(run_R < Pn * X, run_R % X, X)               # X: padding rows, sorted last
   local_order_R = jnp.argsort(expert_R, stable=True)
-  out_RD = grouped_ffn(got_RD[local_order_R], wi_local, wo_local, jnp.sum(to_me_SX, 0), act)
+  out_RD = grouped_ffn(got_RD[local_order_R], wi_local, wo_local, jnp.sum(to_me_SX, 0), act, dot)
   back_RD = jnp.zeros_like(out_RD).at[local_order_R].set(out_RD)
   # return trip: each source's rows go back to where they were sent from
   their_off_S = jnp.sum(jnp.where(jnp.arange(Pn)[None, :] < me, jnp.sum(all_SPX, 2), 0), axis=1)
@@ -268,7 +285,8 @@ def experts_parallel(x_TD, weights_Tk, experts_Tk, wi_local, wo_local, act, *, n
 
 
 class RoutedExperts(nnx.Module):
-  """E gated-MLP experts: wi [E, D, 2F] (gate | up), wo [E, F, D]."""
+  """E gated-MLP experts: wi [E, D, 2F] (gate | up), wo [E, F, D]. `quant` (layers/quant.py sets
+  it; default `FloatExperts`) gives the grouped matmul's weights and the matmul."""
 
   def __init__(self, num_experts: int, emb_dim: int, mlp_dim: int, activation: Callable, *,
                rngs: nnx.Rngs, dtype, param_dtype, capacity_factor: float = 0.0,
@@ -280,21 +298,23 @@ class RoutedExperts(nnx.Module):
     self.dtype = dtype
     self.capacity_factor = capacity_factor
     self.dispatch = select_dispatch(dispatch, jax.default_backend())
+    self.quant = FloatExperts()
 
   def __call__(self, x_BSD, weights_BSk, experts_BSk) -> tuple[jax.Array, jax.Array]:
     """Returns (y [B,S,D], dropped token copies)."""
     B, S, D = x_BSD.shape
     k = experts_BSk.shape[-1]
-    wi, wo = self.wi[...].astype(self.dtype), self.wo[...].astype(self.dtype)
+    wi, wo = self.quant.operands(self, self.dtype)
+    dot = self.quant.ragged_dot
     x_BSD = x_BSD.astype(self.dtype)
-    E = wi.shape[0]
+    E = jax.tree.leaves(wi)[0].shape[0]
     capacity = None
     if self.capacity_factor > 0:
       capacity = max(1, math.ceil(self.capacity_factor * B * S * k / E))
     ctx = current_context()
     if ctx is None:
       y, dropped = experts_local(x_BSD.reshape(B * S, D), weights_BSk.reshape(B * S, k),
-                                 experts_BSk.reshape(B * S, k), wi, wo, self.act, capacity)
+                                 experts_BSk.reshape(B * S, k), wi, wo, self.act, capacity, dot)
       return y.reshape(B, S, D), dropped
     mesh = ctx.mesh
     spec = lambda names, shape: logical_to_spec(names, shape, ctx.rules, mesh)
@@ -313,12 +333,12 @@ class RoutedExperts(nnx.Module):
       b, s = x.shape[:2]
       args = (x.reshape(b * s, D), w.reshape(b * s, k), e.reshape(b * s, k), wi_l, wo_l, self.act)
       if ep > 1:
-        y = experts_parallel(*args, num_experts=E, axis="expert", a2a=a2a)
+        y = experts_parallel(*args, num_experts=E, axis="expert", a2a=a2a, dot=dot)
         dropped = jnp.zeros((), jnp.int32)
       else:
         local_cap = None if capacity is None else max(1, math.ceil(
             self.capacity_factor * b * s * k / E))
-        y, dropped = experts_local(*args, local_cap)
+        y, dropped = experts_local(*args, local_cap, dot)
       return y.reshape(b, s, D), jax.lax.psum(dropped, tuple(mesh.axis_names))
 
     return jax.shard_map(run, mesh=mesh, in_specs=(tok, tok_k, tok_k, w_spec, w_spec),

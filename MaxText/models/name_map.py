@@ -82,11 +82,14 @@ def check_representable(mcfg: Any, represents: set[str], model_type: str) -> Non
   Hugging Face architecture `model_type` has no field for (`represents`: the keys it has)."""
   for key in MODEL_KEYS:
     if key in ARCHITECTURE_KEYS and key not in represents and key not in _LAYOUT_ONLY \
-        and not is_default(mcfg, key):
+        and key not in _STORAGE_ONLY and not is_default(mcfg, key):
       raise ValueError(f"{key}={getattr(mcfg, key)!r}: {model_type} has no such setting")
 
 
 _LAYOUT_ONLY = {"decoder_block", "scan_layers", "init_std"}   # no effect on what the model computes
+# how a quantized checkpoint stores its weights (integer levels + scales); the architecture is the
+# float model's, and to_huggingface writes its weights dequantized
+_STORAGE_ONLY = {"weight_bits", "weight_group_size", "weight_quant_exclude"}
 
 
 def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:

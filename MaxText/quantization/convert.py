@@ -2,15 +2,17 @@
 GPTQ (`quantization/gptq.py`), and back (dequantized floats, for `to_huggingface`).
 
 Targets: the projections `layers/quant.targets` picks (the decoder's attention and MLP
-projections; not the embedding, the head or routers), minus `weight_quant_exclude`. A kernel
-[*lead, *in, *out] (lead: the scanned stack's repeat axis) is quantized per lead index as the 2-D
-matrix [prod(in), prod(out)] the model multiplies.
+projections; not the embedding, the head or routers) and the routed experts' wi / wo
+(`layers/quant.expert_targets`), minus `weight_quant_exclude`. A kernel [*lead, *in, *out] (lead:
+the scanned stack's repeat axis; for experts also the expert axis) is quantized per lead index as
+the 2-D matrix [prod(in), prod(out)] the model multiplies — so each expert on its own.
 
 Hessians (GPTQ, and the per-layer output error of either method): one forward + backward per
 calibration batch through the model (sharded over the mesh as in training) with `HessianProbe`s (the gradient of each zero probe is X^T X
 of that projection's input over the batch's tokens), summed over batches and divided by the
 token count — all from the full-precision model (not layer by layer through already-quantized
-layers, as the GPTQ paper does).
+layers, as the GPTQ paper does). An expert's Hessian sums the token copies routed to it; an
+expert that no calibration token reached (a zero Hessian) is quantized by RTN, and logged.
 """
 from __future__ import annotations
 
@@ -37,37 +39,50 @@ Flat = dict[tuple, Any]
 
 @dataclass(frozen=True)
 class Target:
-  name: str        # module path, "/" joined
-  kernel: tuple    # the kernel's key path in the parameter tree
+  name: str        # module path, "/" joined (routed experts: ".../experts/wi" and ".../wo")
+  kernel: tuple    # the weight's key path in the parameter tree
   in_rank: int
-  lead: int        # leading (stacked) axes of the kernel
+  lead: int        # leading (stacked) axes of the kernel: the scan's repeats, the experts
+  scale: tuple     # the key path of its scales in the integer form
+  probe: str       # the name of its Hessian in `hessians`' result
+
+  @staticmethod
+  def at(name: str, kernel: tuple, in_rank: int, lead: int, scale: str, probe: str) -> "Target":
+    return Target(name, kernel, in_rank, lead, (*kernel[:-1], scale),
+                  "/".join(map(str, (*kernel[:-1], probe))))
 
 
 def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
-  """The projections quantized, with where their kernels live."""
+  """The matrices quantized, with where their kernels live."""
   found = []
 
   def record(model):
     for name, dense in quant.targets(model, exclude):
-      path = tuple(name.split("/")) + ("kernel",)
       ndim = len(dense.kernel.get_value().shape)
-      found.append(Target(name, path, dense.in_rank, ndim - dense.in_rank - dense.out_rank))
+      found.append((name, (*name.split("/"), "kernel"), dense.in_rank,
+                    ndim - dense.in_rank - dense.out_rank, "kernel_scale", "hessian_probe"))
+    for name, experts in quant.expert_targets(model, exclude):
+      for w in quant.EXPERT_WEIGHTS:
+        ndim = len(getattr(experts, w).get_value().shape)
+        found.append((f"{name}/{w}", (*name.split("/"), w), 1, ndim - 2, f"{w}_scale",
+                      f"{w}_hessian_probe"))
 
   model_def = make_model_def(mcfg, modify=record)
   keys = {tuple(map(str, k)): k for k in traverse_util.flatten_dict(model_def.abstract_params)}
-  return [Target(t.name, keys[t.kernel], t.in_rank, t.lead) for t in found]
+  return [Target.at(name, keys[path], *rest) for name, path, *rest in found]
 
 
 def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: str,
              mesh: Mesh, rules: Rules) -> tuple[dict[str, np.ndarray], int]:
-  """({module path: H [*lead, K, K] float64, mean over tokens}, tokens seen) from the calibration
+  """({probe path (`Target.probe`): H [*lead, K, K] float64, sum over tokens / tokens seen},
+  tokens seen) from the calibration
   batches, the model sharded over `mesh` by the rules as in training (the probes replicated). A
   batch with a row of padding only (the documents ran out) is left out."""
   model_def = make_model_def(mcfg, modify=lambda m: quant.attach_probes(m, exclude))
   shardings = traverse_util.flatten_dict(
       tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules))
   flat_abstract = traverse_util.flatten_dict(model_def.abstract_params)
-  probe_keys = [k for k in flat_abstract if k[-1] == "hessian_probe"]
+  probe_keys = [k for k in flat_abstract if str(k[-1]).endswith("hessian_probe")]
   base = {k: jax.device_put(v, shardings[k])
           for k, v in traverse_util.flatten_dict(params).items()}
   zeros = [jax.device_put(np.zeros(flat_abstract[k].shape, np.float32), shardings[k])
@@ -93,16 +108,18 @@ def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: s
     for s, g in zip(sums, grads):
       s += np.asarray(jax.device_get(g), np.float64)
     seen += int((batch["inputs_segmentation"] > 0).sum())
-  names = ["/".join(map(str, k[:-1])) for k in probe_keys]
+  names = ["/".join(map(str, k)) for k in probe_keys]
   return {n: s / max(seen, 1) for n, s in zip(names, sums)}, seen
 
 
 @dataclass
 class LayerReport:
   name: str
-  index: int              # the lead (stacked repeat) index; 0 unstacked
+  index: int              # the flat lead index (stacked repeats, experts); 0 unstacked
   error: float            # ||XW - XŴ||^2 / ||XW||^2 (calibration tokens), or weight error
   rtn_error: float | None  # RTN's, for comparison (GPTQ with a Hessian)
+  unseen: bool = False     # an expert no calibration token reached (RTN, weight error)
+  where: str = ""          # name[lead indices], as logged
 
 
 def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, group_size: int,
@@ -123,17 +140,22 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     lead, ins = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank]
     k = math.prod(ins)
     w_KN = jnp.asarray(w.reshape(math.prod(lead), k, -1)[i], jnp.float32)
-    h = None if hess is None else jnp.asarray(hess[t.name].reshape(-1, k, k)[i], jnp.float32)
+    where = f"{t.name}[{','.join(map(str, np.unravel_index(i, lead))) if lead else i}]"
+    h = None if hess is None else jnp.asarray(hess[t.probe].reshape(-1, k, k)[i], jnp.float32)
+    fallback = h is not None and not bool(jnp.any(h))
+    if fallback:    # an expert no calibration token reached
+      bar.write(f"  {where}: no calibration token reached this expert: RTN")
+      h = None
     q, s = gptq.rtn(w_KN, bits, group_size)
     rtn_err = _error(w_KN, gptq.dequantize(q, s), h)
     err, rtn_cmp = rtn_err, None
-    if method == "gptq":
+    if method == "gptq" and h is not None:
       q, s = gptq.gptq(w_KN, h, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
                        block_size=block_size)
       err, rtn_cmp = _error(w_KN, gptq.dequantize(q, s), h), rtn_err
-    reports.append(LayerReport(t.name, i, err, rtn_cmp))
+    reports.append(LayerReport(t.name, i, err, rtn_cmp, fallback, where))
     what = "output" if h is not None else "weight"
-    bar.write(f"  {t.name}[{i}]: relative {what} error {err:.3e}" +
+    bar.write(f"  {where}: relative {what} error {err:.3e}" +
               (f" (rtn {rtn_cmp:.3e})" if rtn_cmp is not None else ""))
     out.setdefault(t.kernel, []).append((np.asarray(q), np.asarray(s)))
   for t in tgts:
@@ -143,7 +165,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     s = np.stack([b for _, b in out[t.kernel]])
     s = s.reshape(*lead, s.shape[1], *w.shape[t.lead + t.in_rank:]).astype(np.float32)
     flat[t.kernel] = quant.pack_int4(q, q.ndim - 1) if bits == 4 else q.astype(np.int8)
-    flat[t.kernel[:-1] + ("kernel_scale",)] = s
+    flat[t.scale] = s
   return traverse_util.unflatten_dict(flat), reports
 
 
@@ -161,7 +183,7 @@ def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
     q = np.asarray(flat[t.kernel])
     if bits == 4:
       q = np.asarray(quant.unpack_int4(jnp.asarray(q), q.ndim - 1))
-    s = np.asarray(flat.pop(t.kernel[:-1] + ("kernel_scale",)), np.float32)
+    s = np.asarray(flat.pop(t.scale), np.float32)
     lead = q.shape[:t.lead]
     k = math.prod(q.shape[t.lead:t.lead + t.in_rank])
     q3 = q.reshape(math.prod(lead), k, -1).astype(np.float32)
