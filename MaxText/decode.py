@@ -26,11 +26,10 @@ import sys
 import time
 from typing import Any, Sequence
 
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError, load
-from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK
+from MaxText.train.exit_codes import EXIT_OK, reported
 
 PROMPT_KEYS = ("prompt", "prompt_ids", "prompt_file")
 
@@ -78,21 +77,18 @@ def main(argv: Sequence[str]) -> int:
   if any(a in ("-h", "--help") for a in argv):
     print(__doc__)
     return EXIT_OK
-  try:
-    prompts = prompts_of(load_config(argv))   # before the model loads: a bad prompt fails fast
-    model = load(argv)
-    cfg = model.cfg
-    print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}); "
-          f"{model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
-    t0 = time.perf_counter()
-    outs = model.generate(prompts)
-    seconds = time.perf_counter() - t0
-  except (ConfigError, DataError, InferenceError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return EXIT_CONFIG
-  except CheckpointError as e:
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
+  return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
+
+
+def run(argv: Sequence[str]) -> int:
+  prompts = prompts_of(load_config(argv))   # before the model loads: a bad prompt fails fast
+  model = load(argv)
+  cfg = model.cfg
+  print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}); "
+        f"{model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
+  t0 = time.perf_counter()
+  outs = model.generate(prompts)
+  seconds = time.perf_counter() - t0
   new = sum(len(g.output_ids) for g in outs)
   print(f"{new} tokens in {seconds:.2f} s (compilation included)", file=sys.stderr)
   for i, g in enumerate(outs):
@@ -105,7 +101,6 @@ def main(argv: Sequence[str]) -> int:
         f.write(json.dumps(g.as_json(), ensure_ascii=False) + "\n")
     print(f"wrote {cfg.decode_output}", file=sys.stderr)
   return EXIT_OK
-
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

@@ -21,7 +21,6 @@ from typing import Sequence
 
 import jax
 
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.train import lora_base
 from MaxText.config.load import ConfigError
 from MaxText.data.config import DataConfig
@@ -33,7 +32,7 @@ from MaxText.models.registry import make_model_def
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, tree_shardings
 from MaxText.train.evaluation import Evaluator, format_eval
-from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK
+from MaxText.train.exit_codes import EXIT_OK, reported
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.loop import check_config
 from MaxText.train.step import batch_sharding
@@ -82,24 +81,18 @@ def main(argv: Sequence[str]) -> int:
   if any(a in ("-h", "--help") for a in argv):
     print(__doc__)
     return EXIT_OK
-  try:
-    evaluator, params = prepare(argv)
-  except (ConfigError, DataError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return EXIT_CONFIG
-  except CheckpointError as e:
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
-  try:
-    result = evaluator.run(params)
-  except DataError as e:
-    print(f"data error: {e}", file=sys.stderr)
-    return EXIT_DATA
+
+  def run() -> int:
+    evaluator, params = prepare(argv)    # bad data found here is a bad config: exit 2
+    return reported(lambda: report(evaluator.run(params)), (), data=(DataError,))   # exit 3
+  return reported(run, (ConfigError, DataError))
+
+
+def report(result: dict) -> int:
   print(format_eval(None, result))
   print(f"eval_loss={result['eval_loss']:.6f} eval_perplexity={result['eval_perplexity']:.6f} "
         f"tokens={int(result['eval_tokens'])}")
   return EXIT_OK
-
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

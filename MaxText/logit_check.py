@@ -11,7 +11,7 @@ a packed row holding two documents (segment ids + restarting positions), which m
 transformers run on each document alone. Token ids are drawn from the vocabulary with `seed`.
 Prints per-case max per-token KL(HF ‖ ours) and max |Δlogit|; the LAST line is
 `max_kl=<x> max_abs_diff=<y>`. Exit 0 only if max_kl ≤ max_kl and max |Δ| ≤ atol_fraction ×
-max|logit|; 1 otherwise; 2 on bad arguments.
+max|logit|; 1 otherwise; 2 on bad arguments (or a missing folder); 4 on a damaged checkpoint.
 
 Examples:
   python -m MaxText.logit_check hf_path=hf_out load_parameters_path=runs/ft/checkpoints
@@ -25,6 +25,7 @@ import numpy as np
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, replace
+from MaxText.train.exit_codes import reported
 
 ARGS = {
     "hf_path": cli.Arg(help="the Hugging Face folder (transformers loads it)"),
@@ -50,16 +51,16 @@ def kl_per_token(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str]) -> int:
-  try:
-    parsed = cli.parse(argv, ARGS, __doc__)
-    if parsed is None:
-      return 0
-    args = parsed[0]
-    if args["dtype"] not in DEFAULT_LIMITS:
-      raise ConfigError(f"dtype={args['dtype']!r}: must be one of {', '.join(DEFAULT_LIMITS)}")
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  return reported(lambda: run(argv), (ConfigError, ValueError, KeyError, FileNotFoundError))
+
+
+def run(argv: list[str]) -> int:
+  parsed = cli.parse(argv, ARGS, __doc__)
+  if parsed is None:
+    return 0
+  args = parsed[0]
+  if args["dtype"] not in DEFAULT_LIMITS:
+    raise ConfigError(f"dtype={args['dtype']!r}: must be one of {', '.join(DEFAULT_LIMITS)}")
   default_kl, default_atol = DEFAULT_LIMITS[args["dtype"]]
   max_kl_limit = default_kl if args["max_kl"] is None else args["max_kl"]
   atol_fraction = default_atol if args["atol_fraction"] is None else args["atol_fraction"]

@@ -40,7 +40,6 @@ from typing import Sequence
 import jax
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import load_params_host, resolve_step_dir, save_params_only
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config, replace
@@ -54,7 +53,7 @@ from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
-from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK
+from MaxText.train.exit_codes import EXIT_OK, reported
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.loop import check_config
 
@@ -153,7 +152,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
 
 
 def main(argv: Sequence[str]) -> int:
-  try:
+  def run() -> int:
     if not argv or "=" in argv[0]:
       parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
       if parsed is None:
@@ -164,20 +163,12 @@ def main(argv: Sequence[str]) -> int:
       return EXIT_OK
     args, rest = parsed
     reports = quantize([argv[0], *rest], args)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return EXIT_CONFIG
-  except DataError as e:
-    print(f"data error: {e}", file=sys.stderr)
-    return EXIT_DATA
-  except (CheckpointError, FileNotFoundError) as e:
-    print(f"checkpoint error: {e}", file=sys.stderr)
-    return EXIT_CHECKPOINT
-  worst = max(reports, key=lambda r: r.error)
-  print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
-        f"{args['group_size']}, {len(reports)} matrices; largest relative error {worst.error:.3e} "
-        f"({worst.where})")
-  return EXIT_OK
+    worst = max(reports, key=lambda r: r.error)
+    print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
+          f"{args['group_size']}, {len(reports)} matrices; largest relative error "
+          f"{worst.error:.3e} ({worst.where})")
+    return EXIT_OK
+  return reported(run, (ConfigError,), data=(DataError,), checkpoint=(FileNotFoundError,))
 
 
 if __name__ == "__main__":

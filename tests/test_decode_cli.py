@@ -168,7 +168,8 @@ def test_api_stop_strings_and_eos(checkpoint):
 
 def test_training_prints_samples(tmp_path, capsys):
   code, _, _ = train(tmp_path, "s", *MESH_1, "steps=4", "sample_period=2", "sample_at_end=true",
-                     "max_new_tokens=8", "prompt=def ", "enable_checkpointing=false",
+                     "max_new_tokens=8", "prompt=def ", "sample_temperature=0",
+                     "enable_checkpointing=false",
                      devices=jax.devices()[:1])
   out = capsys.readouterr().out
   assert code == 0 and "sample after step 2 (greedy, 8 tokens" in out

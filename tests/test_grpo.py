@@ -247,3 +247,51 @@ def test_example_rewards():
   assert ex.format_check("p", "12 ok", {}) == 0.0
   assert ex.format_check("p", "12\nthen more", {}) == 0.0
   assert ex.format_check("p", "<a>yes</a>", {"format": r"<a>\w+</a>"}) == 1.0
+
+
+def _trainer(tmp_path, *overrides):
+  from MaxText.config.load import load_config
+  from MaxText.train.loop import check_config
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
+                                            f"prompts={prompts}", "reward=grpo_helpers:digits",
+                                            *overrides])
+  argv = [GRPO_YML, *(f"{k}={v}" for k, v in merged.items())]
+  cfg = load_config(argv)
+  return argv, GRPOTrainer(cfg, tokenizer=check_config(cfg, jax.devices()))
+
+
+def test_memory_preflight_counts_the_decoding_cache_and_the_reference_copy(tmp_path):
+  """The engine's cache of a rollout batch (rows x cache length x layers x kv heads x head dim,
+  K and V, this device's share) and, with kl_beta > 0 and no LoRA, a second copy of the
+  parameters; without the KL term no copy."""
+  from MaxText.train import memory
+  _, t = _trainer(tmp_path, "num_decoder_layers=2", "num_kv_heads=2", "num_query_heads=2")
+  est = t.memory_estimate()
+  rows, S = 4 * 4, 16                                  # prompts_per_step x num_generations
+  itemsize = t.engine.cache_dtype.itemsize
+  assert est.decode_cache == 2 * 2 * rows * S * 2 * 16 * itemsize // 8   # K+V, L, rows/8 devices
+  assert est.reference == est.params == memory.per_device_bytes(t.abstract["params"]) > 0
+  assert est.needed == est.state + max(est.activations, est.decode_cache) + est.runtime
+  _, t0 = _trainer(tmp_path, "kl_beta=0")
+  assert t0.memory_estimate().reference == 0
+
+
+def test_a_decoding_cache_over_the_device_memory_is_refused(tmp_path, capsys, monkeypatch):
+  """A config whose rollout cache alone exceeds the device's memory: exit 2 before anything
+  compiles, naming the cache and the keys that shrink it."""
+  from MaxText.train import memory
+  big = ("num_decoder_layers=16", "remat_policy=full", "num_kv_heads=8", "num_query_heads=8", "head_dim=64",
+         "max_target_length=64", "prompts_per_step=8", "num_generations=8")
+  argv, t = _trainer(tmp_path, *big)
+  est = t.memory_estimate()
+  assert est.decode_cache > est.activations      # the cache, not the step, is what is large
+  monkeypatch.setattr(memory, "available_bytes_per_device",
+                      lambda devices: (est.decode_cache // 2, "a test device"))
+  code, _ = run(argv, trainer_class=GRPOTrainer)
+  err = capsys.readouterr().err
+  assert code == 2, err[-2000:]
+  assert "the decoding cache between steps" in err and "a smaller decoding cache" in err
+  for key in ("prompts_per_step=8", "num_generations=8", "max_target_length=64"):
+    assert key in err, err[-2000:]
+  assert "Traceback" not in err

@@ -1,6 +1,7 @@
 """The weight matmul (`layers/linear.py: matmul`): bf16 forward/backward against an fp32 reference
 computed from the same bf16-rounded operands, the dot forms XLA:CPU runs in bf16, and a
-batch-sharded weight gradient that stays local (no activation all-gather)."""
+batch-sharded weight gradient that stays local (no activation all-gather). `fused_dense`: the
+projections of one input as one matmul, equal to the layers called one by one."""
 import re
 
 import jax
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from MaxText.layers.linear import matmul, row_major_transpose
+from flax import nnx
+
+from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, row_major_transpose
+from MaxText.sharding.rules import parse_rules, use_rules
 
 M, K, N = 64, 32, 48
 
@@ -104,3 +108,49 @@ def test_batch_sharded_weight_gradient_gathers_no_activations():
   assert all(not s.endswith((f"[{M},{K}]", f"[{M},{N}]", f"[{K},{M}]")) for s in gathered), gathered
   ref = jnp.dot(x.astype(jnp.float32).T, dy.astype(jnp.float32), precision="highest")
   np.testing.assert_allclose(np.asarray(grad_w(x, w, dy)), np.asarray(ref), rtol=1e-5, atol=1e-5)
+
+
+def _projections(dtype):
+  """q [D → H, E], k [D → K, E] and a gate-like [D → F] kernel (fp32 master weights)."""
+  kw = dict(rngs=nnx.Rngs(3), dtype=dtype, param_dtype=jnp.float32)
+  return (DenseGeneral((K,), (4, 8), ("embed", "heads", "head_dim"), **kw),
+          DenseGeneral((K,), (2, 8), ("embed", "kv_heads", "head_dim"), **kw),
+          DenseGeneral((K,), (N,), ("embed", "mlp"), **kw))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_fused_projections_equal_the_layers_one_by_one(dtype):
+  layers = _projections(dtype)
+  x = jax.random.normal(jax.random.key(5), (2, M // 2, K), jnp.float32).astype(dtype)
+  graphdef, params = nnx.split(layers)
+
+  def loss(params, x, fuse):
+    ls = nnx.merge(graphdef, params)
+    ys = fused_dense(ls, x) if fuse else [l(x) for l in ls]
+    return sum(jnp.sum(y.astype(jnp.float32) * (i + 1)) for i, y in enumerate(ys)), ys
+
+  (_, got), g_got = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x, True)
+  (_, want), g_want = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x, False)
+  assert [y.shape for y in got] == [(2, M // 2, 4, 8), (2, M // 2, 2, 8), (2, M // 2, N)]
+  # each output column is the same K-term dot, fp32 accumulated, rounded once to the dtype
+  for a, b in zip(got, want):
+    assert a.dtype == dtype
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2**-8,
+                               atol=2**-8 * float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+  for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
+    assert a.dtype == b.dtype
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2**-7,
+                               atol=2**-7 * float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+  jaxpr = str(jax.make_jaxpr(lambda p, x: loss(p, x, True))(params, x))
+  # bf16: one weight matmul for the three (a custom VJP); fp32: the three plain dots as before
+  assert jaxpr.count("name=_matmul_lowp") == (1 if dtype == jnp.bfloat16 else 0), jaxpr
+
+
+def test_fused_projections_stay_separate_when_the_mesh_splits_an_output_axis():
+  layers = _projections(jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(5), (2, M // 2, K), jnp.float32).astype(jnp.bfloat16)
+  mesh = Mesh(np.asarray(jax.devices()[:2]), ("tensor",), axis_types=(AxisType.Auto,))
+  rules = parse_rules([["heads", "tensor"], ["kv_heads", "tensor"], ["mlp", "tensor"]], ["tensor"])
+  with use_rules(mesh, rules):
+    jaxpr = str(jax.make_jaxpr(lambda x: fused_dense(layers, x))(x))
+  assert jaxpr.count("name=_matmul_lowp") == 3, jaxpr

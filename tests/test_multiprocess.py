@@ -67,7 +67,7 @@ def two_process_run(tmp_path_factory):
 
 
 def _sample(log: str) -> str:
-  m = re.search(r"^sample after step 10 [^\n]*\n(?:  \| [^\n]*\n?)*", log, re.M)
+  m = re.search(r"^sample after step 10 [^\n]*\n(?:  [^\n]*\n?)*", log, re.M)
   assert m, log[-2000:]
   return m.group(0)
 

@@ -37,6 +37,7 @@ from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, make_model_def
+from MaxText.train.exit_codes import reported
 
 ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safetensors)"),
         "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
@@ -139,23 +140,20 @@ def with_peft_adapters(cfg: Config, params: dict, adapter_path: str) -> tuple[Co
 
 
 def main(argv: list[str]) -> int:
-  try:
+  def run() -> int:
     parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
     if parsed is None:
       return 0
     args, overrides = parsed
     cfg = convert(os.path.expanduser(args["hf_path"]), args["output_path"], overrides,
                   os.path.expanduser(args["adapter_path"]))
-  except (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  tokenizer = sorted(tokenizer_files.files_of(os.path.expanduser(args["hf_path"])))
-  print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
-        f"d={cfg.emb_dim}, vocab {cfg.vocab_size}); tokenizer files: "
-        + (", ".join(tokenizer) if tokenizer else "none in hf_path (fine-tuning will need "
-                                                  "tokenizer_path=...)"))
-  return 0
-
+    tokenizer = sorted(tokenizer_files.files_of(os.path.expanduser(args["hf_path"])))
+    print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
+          f"d={cfg.emb_dim}, vocab {cfg.vocab_size}); tokenizer files: "
+          + (", ".join(tokenizer) if tokenizer else "none in hf_path (fine-tuning will need "
+                                                    "tokenizer_path=...)"))
+    return 0
+  return reported(run, (ConfigError, HFFolderError, ValueError, KeyError, FileNotFoundError))
 
 if __name__ == "__main__":
   sys.exit(main(sys.argv[1:]))

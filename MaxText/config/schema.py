@@ -355,12 +355,19 @@ class Config:
   sample_period: int = key(0, "every N steps print a sample (prompt, max_new_tokens and the "
                            "sampling keys below); 0 = off", min=0)
   sample_at_end: bool = key(True, "print a sample after the last step")
+  sample_temperature: float = key(0.8, "the training samples' temperature (0 = greedy, which "
+                                  "on a small model soon repeats one token)", min=0)
+  sample_top_k: int = key(40, "the training samples' top-k (0 = off)", min=0)
+  sample_prompt_tokens: int = key(
+      32, "without prompt / prompt_ids, a training sample continues the first N tokens of a "
+      "held-out document (eval_dataset_path / eval_split_fraction), else of the first training "
+      "document", min=1)
 
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
       "", "decode / evaluate: a Hugging Face folder, converted in memory (instead of "
       "load_parameters_path)", section="decoding (python -m MaxText.decode; MaxText.inference)")
-  prompt: str = key("", 'the prompt text ("" in a training sample: the tokenizer\'s bos alone)')
+  prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)')
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)")
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")

@@ -56,13 +56,16 @@ def empty(cache_specs: Specs) -> dict:
           for name, arrays in cache_specs.items()}
 
 
-def nbytes(cache_specs: Specs) -> int:
+def nbytes(cache_specs: Specs, mesh: Mesh | None = None, rules: Rules | None = None) -> int:
+  """The cache's bytes in all, or with `mesh` and `rules` the bytes one device holds (its shard of
+  each array, by the shardings `constrain_cache` gives)."""
   total = 0
   for arrays in cache_specs.values():
     for a in arrays.values():
+      shape = a.shape if mesh is None else NamedSharding(
+          mesh, logical_to_spec(a.logical_axes, a.shape, rules, mesh)).shard_shape(a.shape)
       n = 1
-      for d in a.shape:
+      for d in shape:
         n *= d
       total += n * jnp.dtype(a.dtype).itemsize
   return total
-

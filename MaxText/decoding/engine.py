@@ -115,6 +115,13 @@ class Engine:
       raise DecodeError(f"{what} {i} holds token ids outside the vocabulary [0, "
                         f"{self.mcfg.vocab_size}): {bad[:5]}")
 
+  def cache_bytes_per_device(self, rows: int, max_len: int) -> int:
+    """The most cache one device holds for a batch of `rows` prompts with a cache of `max_len`
+    positions (rows in batches of `batch_size`, padded to their bucket, as `generate` runs)."""
+    specs = cache_lib.specs(self.mcfg, bucket(min(rows, self.batch_size)), max_len,
+                            self.cache_dtype)
+    return cache_lib.nbytes(specs, self.mesh, self.rules)
+
   def cache_length(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
     """The cache length of a request; DecodeError when a prompt cannot fit."""
     positions = self.mcfg.max_position_embeddings

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from MaxText.config.load import ConfigError
 from MaxText.launch import jobset, xpk
+from MaxText.train.exit_codes import reported
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,37 +53,37 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parser().parse_args(argv)
+  return reported(lambda: submit(args), (ConfigError,), label="config error")
+
+
+def submit(args: argparse.Namespace) -> int:
+  """Writes the JobSet manifest, or prints (and unless --dry-run runs) the xpk command."""
   config = args.config[1:] if args.config[:1] == ["--"] else args.config
   if not config:
-    print("config error: no config given (-- configs/base.yml key=value ...)", file=sys.stderr)
-    return 2
+    raise ConfigError("no config given (-- configs/base.yml key=value ...)")
   w = xpk.Workload(cluster=args.cluster, workload=args.workload, docker_image=args.docker_image,
                    config_argv=list(config), tpu_type=args.tpu_type, device_type=args.device_type,
                    num_slices=args.num_slices, max_restarts=args.max_restarts,
                    project=args.project, zone=args.zone, priority=args.priority,
                    storage=tuple(args.storage))
-  try:
-    _, acc = xpk.check(w)
-    print(f"# {xpk.describe(w, acc)}", file=sys.stderr)
-    if args.jobset:
-      if acc is None or acc.kind != "gpu":
-        raise ConfigError(f"--jobset is for GPU device types known to the installed xpk "
-                          f"(got {args.tpu_type or args.device_type})")
-      doc = jobset.manifest(name=w.workload, image=w.docker_image, train_argv=w.train_argv(),
-                            num_nodes=xpk.processes(w, acc), gpus_per_node=acc.devices_per_host,
-                            gke_accelerator=acc.gke_accelerator, max_restarts=w.max_restarts,
-                            volume_claim=args.volume_claim, mount_path=args.mount_path)
-      text = jobset.to_yaml(doc)
-      if args.jobset == "-" or args.dry_run:
-        print(text, end="")
-      else:
-        with open(args.jobset, "w", encoding="utf-8") as f:
-          f.write(text)
-        print(f"# wrote {args.jobset}: kubectl apply -f {args.jobset}", file=sys.stderr)
-      return 0
-  except ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
+  _, acc = xpk.check(w)
+  print(f"# {xpk.describe(w, acc)}", file=sys.stderr)
+  if args.jobset:
+    if acc is None or acc.kind != "gpu":
+      raise ConfigError(f"--jobset is for GPU device types known to the installed xpk "
+                        f"(got {args.tpu_type or args.device_type})")
+    doc = jobset.manifest(name=w.workload, image=w.docker_image, train_argv=w.train_argv(),
+                          num_nodes=xpk.processes(w, acc), gpus_per_node=acc.devices_per_host,
+                          gke_accelerator=acc.gke_accelerator, max_restarts=w.max_restarts,
+                          volume_claim=args.volume_claim, mount_path=args.mount_path)
+    text = jobset.to_yaml(doc)
+    if args.jobset == "-" or args.dry_run:
+      print(text, end="")
+    else:
+      with open(args.jobset, "w", encoding="utf-8") as f:
+        f.write(text)
+      print(f"# wrote {args.jobset}: kubectl apply -f {args.jobset}", file=sys.stderr)
+    return 0
   command = xpk.xpk_argv(w)
   print(xpk.shell(command))
   if args.dry_run:
@@ -92,7 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           file=sys.stderr)
     return 1
   return subprocess.run(command, check=False).returncode
-
 
 if __name__ == "__main__":
   sys.exit(main())

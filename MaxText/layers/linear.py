@@ -10,6 +10,7 @@ operands are not row-major [M, K] x [K, N] / [N, K]), so bf16 would be no faster
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Sequence
 
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.saved import saved
+from MaxText.sharding.rules import current_context, logical_to_spec
 
 
 def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
@@ -133,3 +135,68 @@ class DenseGeneral(nnx.Module):
       b = self.lora_b[...].reshape(a.shape[1], -1)
       y = y + (self.lora_scale * matmul(matmul(x2, a), b)).astype(y.dtype)
     return y.reshape(*batch_shape, *self.out_shape)
+
+
+def _out_axes_split(layer: DenseGeneral) -> bool:
+  """Whether the mesh splits any output axis of `layer`'s kernel (under `use_rules`)."""
+  ctx = current_context()
+  if ctx is None:
+    return False
+  shape = layer.kernel[...].shape
+  axes = tuple(layer.kernel.logical_axes)[-len(shape):]
+  spec = logical_to_spec(axes, shape, ctx.rules, ctx.mesh)
+  for entry in spec[layer.in_rank:]:
+    for a in () if entry is None else (entry,) if isinstance(entry, str) else entry:
+      if ctx.mesh.shape[a] > 1:
+        return True
+  return False
+
+
+def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
+                out_dtype: jnp.dtype | None = None) -> list[jax.Array]:
+  """`[layer(x) for layer in layers]` (projections of one input with the same input shape, e.g.
+  q/k/v or gate/up) as ONE matmul over their kernels concatenated along the output axis inside
+  the step (parameters stay separate). One [tokens, in] x [in, sum of outs] dot runs faster on
+  XLA:CPU than several narrow ones in a 16-bit compute dtype (bf16 step of the tiny config: −3 %
+  CPU; fp32: +2 %, so fp32 keeps separate matmuls and its numerics). Each layer alone also when
+  one has a LoRA adapter or a quantized kernel, or when the mesh splits an output axis
+  (concatenating split axes would need communication)."""
+  if (jnp.dtype(layers[0].dtype).itemsize >= 4
+      or any(l.quant is not None or l.lora_a is not None for l in layers)
+      or any(_out_axes_split(l) for l in layers)):
+    return [l(x, out_dtype) for l in layers]
+  first = layers[0]
+  batch_shape = x.shape[: x.ndim - first.in_rank]
+  in_size = math.prod(x.shape[x.ndim - first.in_rank:])
+  kernels = [l.kernel[...].reshape(in_size, -1) for l in layers]
+  y = matmul(x.astype(first.dtype).reshape(-1, in_size), jnp.concatenate(kernels, axis=1),
+             out_dtype=out_dtype)
+  ends = tuple(itertools.accumulate(k.shape[1] for k in kernels))[:-1]
+  return [part.reshape(*batch_shape, *l.out_shape)
+          for l, part in zip(layers, _split_columns(y, ends))]
+
+
+def _concat_columns(parts: Sequence[jax.Array]) -> jax.Array:
+  """Concatenated along axis 1; 16-bit floats as their raw bits (XLA:CPU has no bf16
+  concatenate: its float normalisation would convert every part to fp32 and back)."""
+  if jnp.dtype(parts[0].dtype).itemsize != 2:
+    return jnp.concatenate(parts, axis=1)
+  bits = [jax.lax.bitcast_convert_type(p, jnp.uint16) for p in parts]
+  return jax.lax.bitcast_convert_type(jnp.concatenate(bits, axis=1), parts[0].dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _split_columns(y: jax.Array, ends: tuple[int, ...]) -> tuple[jax.Array, ...]:
+  """`jnp.split(y, ends, axis=1)` whose gradient concatenates as `_concat_columns` does."""
+  return tuple(jnp.split(y, ends, axis=1))
+
+
+def _split_columns_fwd(y, ends):
+  return _split_columns(y, ends), None
+
+
+def _split_columns_bwd(ends, _, cotangents):
+  return (_concat_columns(cotangents),)
+
+
+_split_columns.defvjp(_split_columns_fwd, _split_columns_bwd)

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.linear import DenseGeneral, fused_dense
 from MaxText.sharding.rules import constrain
 
 ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
@@ -23,5 +23,6 @@ class GatedMLP(nnx.Module):
     self.act = ACTIVATIONS[activation]
 
   def __call__(self, x_BSD):
-    h_BSF = constrain(self.act(self.gate(x_BSD)) * self.up(x_BSD), ACT_BSF)
+    gate_BSF, up_BSF = fused_dense((self.gate, self.up), x_BSD)
+    h_BSF = constrain(self.act(gate_BSF) * up_BSF, ACT_BSF)
     return constrain(self.down(h_BSF), ACT_BSD)

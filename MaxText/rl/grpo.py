@@ -24,6 +24,7 @@ The family's auxiliary loss (MoE balancing) is not part of the GRPO loss.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, Sequence
@@ -43,7 +44,7 @@ from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.rewards import RewardScorer, load_rewards
 from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, make_logprob_fn)
-from MaxText.train import faults
+from MaxText.train import faults, memory
 from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK
 from MaxText.train.host_data import process_rows
 from MaxText.train.loop import Trainer, exit_process, log, log_error, main as train_main
@@ -101,6 +102,22 @@ class GRPOTrainer(Trainer):
                             dual_clip=cfg.dual_clip or None, beta=cfg.kl_beta,
                             kl_estimator=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
                             max_response_len=cfg.max_new_tokens)
+
+  def memory_estimate(self) -> memory.MemoryEstimate:
+    """train.py's estimate for the rollout rows, plus the engine's cache of a rollout batch (held
+    between the updates, in the activations' place) and, with `kl_beta` > 0 and no LoRA, the
+    reference's copy of the parameters."""
+    cfg = self.cfg
+    copy = cfg.kl_beta > 0 and not self.adapters_only
+    return dataclasses.replace(
+        super().memory_estimate(),
+        reference=memory.per_device_bytes(self.abstract["params"]) if copy else 0,
+        decode_cache=self.engine.cache_bytes_per_device(self.global_batch, cfg.max_target_length),
+        decode_cache_fix=f"lower prompts_per_step={cfg.prompts_per_step} or num_generations="
+                         f"{cfg.num_generations} (the rows decoded at once), max_target_length="
+                         f"{cfg.max_target_length} (the cache length), "
+                         + ("set cache_dtype=bfloat16, " if self.engine.cache_dtype.itemsize > 2
+                            else "") + "or shard the rows over more devices")
 
   def open_data(self, saved_shards: int | None) -> Any:
     del saved_shards

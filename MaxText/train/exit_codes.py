@@ -15,15 +15,22 @@ EXIT_NONFINITE = 5    # non-finite loss or gradient: halted, nothing new saved
 EXIT_PREEMPTED = 42   # SIGTERM/SIGINT: the agreed step was saved and committed; restart to resume
 
 
-def reported(run: Callable[[], int], bad_input: tuple[type[Exception], ...]) -> int:
-  """The exit status of a command-line tool's `run()`: an exception of `bad_input` is printed as
-  "error: ..." and gives EXIT_CONFIG, a CheckpointError "checkpoint error: ..." and EXIT_CHECKPOINT
-  (never a traceback)."""
+def reported(run: Callable[[], int], bad_input: tuple[type[Exception], ...], *,
+             data: tuple[type[Exception], ...] = (),
+             checkpoint: tuple[type[Exception], ...] = (), label: str = "error") -> int:
+  """The exit status of a command-line tool's `run()`, never a traceback for bad input: an
+  exception of `bad_input` is printed as "<label>: ..." and gives EXIT_CONFIG, one of `data` "data
+  error: ..." and EXIT_DATA, a CheckpointError (or one of `checkpoint`) "checkpoint error: ..." and
+  EXIT_CHECKPOINT. The classes are tried in that order, so a class in `bad_input` wins over a
+  subclass of it in `data` or `checkpoint`."""
   try:
     return run()
   except bad_input as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"{label}: {e}", file=sys.stderr)
     return EXIT_CONFIG
-  except CheckpointError as e:   # damaged, or a LoRA checkpoint whose base changed
+  except data as e:
+    print(f"data error: {e}", file=sys.stderr)
+    return EXIT_DATA
+  except (CheckpointError, *checkpoint) as e:   # damaged, or a LoRA checkpoint whose base changed
     print(f"checkpoint error: {e}", file=sys.stderr)
     return EXIT_CHECKPOINT

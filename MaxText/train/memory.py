@@ -5,7 +5,9 @@ the optimizer state, from the actual shardings (so fsdp/tensor sharding is credi
 an estimate of the step's activations (`activation_bytes`: what the remat policy keeps per layer
 for the backward pass, one layer's working set, and the fp32 logits of one loss chunk — all for
 this device's rows — plus what the family keeps beyond a generic decoder layer,
-`Family.activation_bytes`, e.g. the recurrent states of linear-attention layers). Over the
+`Family.activation_bytes`, e.g. the recurrent states of linear-attention layers), and what a loop
+keeps beside the step: a reference copy of the parameters, a decoding cache between steps (GRPO's
+rollouts: it takes the activations' place, so the larger of the two counts). Over the
 available memory the run is refused (exit 2); over `WARN_FRACTION` of it, a warning. After
 compiling, `compiled_step_bytes` gives XLA's own count of the step's buffers for the same check.
 """
@@ -38,18 +40,28 @@ class MemoryEstimate:
   source: str          # where `available` came from
   activations: int = 0  # estimated activation bytes per device (`activation_bytes`)
   runtime: int = RUNTIME_ALLOWANCE
+  reference: int = 0     # a second copy of the parameters kept all along (a KL reference)
+  decode_cache: int = 0  # a decoding cache allocated between steps (not during one)
+  decode_cache_fix: str = ""   # what lowers `decode_cache` (the keys), for the message
 
   @property
   def state(self) -> int:
-    """Parameters, gradients and optimizer state: what weight_dtype and sharding scale."""
-    return self.params + self.grads + self.optimizer
+    """Parameters (and a reference copy), gradients and optimizer state: what weight_dtype and
+    sharding scale."""
+    return self.params + self.reference + self.grads + self.optimizer
+
+  @property
+  def transient(self) -> int:
+    """The step's activations, or the decoding cache between steps where that is larger."""
+    return max(self.activations, self.decode_cache)
 
   @property
   def needed(self) -> int:
-    return self.state + self.activations + self.runtime
+    return self.state + self.transient + self.runtime
 
 
-def _per_device_bytes(abstract: Any) -> int:
+def per_device_bytes(abstract: Any) -> int:
+  """The bytes of `abstract`'s arrays one device holds (by their shardings)."""
   total = 0
   for leaf in jax.tree.leaves(abstract):
     shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
@@ -113,20 +125,26 @@ def runtime_share(devices: Sequence[jax.Device]) -> int:
 def estimate(abstract_state: dict, devices: Sequence[jax.Device], activations: int = 0,
              trained: Any = None) -> MemoryEstimate:
   """`trained`: the parameters that get gradients (LoRA: the adapters), when not all."""
-  params = _per_device_bytes(abstract_state["params"])
+  params = per_device_bytes(abstract_state["params"])
   available, source = available_bytes_per_device(devices)
-  grads = params if trained is None else _per_device_bytes(trained)
+  grads = params if trained is None else per_device_bytes(trained)
   return MemoryEstimate(params=params, grads=grads,
-                        optimizer=_per_device_bytes(abstract_state["opt_state"]),
+                        optimizer=per_device_bytes(abstract_state["opt_state"]),
                         available=available, source=source, activations=activations,
                         runtime=runtime_share(devices))
 
 
 def _breakdown(est: MemoryEstimate) -> str:
-  return (f"parameters {est.params / GiB:.2f} GiB + gradients {est.grads / GiB:.2f} GiB + "
-          f"optimizer state {est.optimizer / GiB:.2f} GiB + activations ~{est.activations / GiB:.2f}"
-          f" GiB + runtime ~{est.runtime / GiB:.2f} GiB = {est.needed / GiB:.2f} GiB needed per "
-          f"device, {est.available / GiB:.2f} GiB available ({est.source})")
+  reference = (f" + a reference copy of the parameters {est.reference / GiB:.2f} GiB"
+               if est.reference else "")
+  transient = f"activations ~{est.activations / GiB:.2f} GiB"
+  if est.decode_cache:
+    transient = (f"max(the step's {transient}, the decoding cache between steps "
+                 f"{_size(est.decode_cache)})")
+  return (f"parameters {est.params / GiB:.2f} GiB{reference} + gradients {est.grads / GiB:.2f} "
+          f"GiB + optimizer state {est.optimizer / GiB:.2f} GiB + {transient} + runtime "
+          f"~{est.runtime / GiB:.2f} GiB = {est.needed / GiB:.2f} GiB needed per device, "
+          f"{est.available / GiB:.2f} GiB available ({est.source})")
 
 
 def check_fits(est: MemoryEstimate, advice: str = "") -> str | None:
@@ -149,8 +167,9 @@ def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
   (`smaller`: [(model_name, bytes needed per device)]). `trained`: the parameters with gradients
   (LoRA: the adapters), when not all."""
   grads = abstract_state["params"] if trained is None else trained
-  total = _bytes(abstract_state["params"]) + _bytes(grads) + _bytes(abstract_state["opt_state"])
-  room = est.available - est.activations - est.runtime   # for the state, per device
+  total = _bytes(abstract_state["params"]) * (2 if est.reference else 1) + _bytes(grads) \
+      + _bytes(abstract_state["opt_state"])
+  room = est.available - est.transient - est.runtime   # for the state, per device
   halve = weight_dtype != "bfloat16"   # params, gradients and Adam moments all follow it
   ways = []
   if halve and est.state / 2 <= room:
@@ -163,6 +182,9 @@ def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
                 f"left after activations and runtime)" +
                 (f" ({devices(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
                 " (ici_fsdp_parallelism, or more hosts)")
+  elif est.decode_cache > est.activations:
+    ways.append(f"a smaller decoding cache: it alone ({_size(est.decode_cache)} per device) leaves "
+                f"no room for the state; {est.decode_cache_fix or 'decode fewer rows at once'}")
   else:
     bare = lambda nbytes: math.ceil(nbytes / max(est.available - est.runtime, 1))
     ways.append(f"fewer activations: they alone (~{est.activations / GiB:.2f} GiB) leave no room "

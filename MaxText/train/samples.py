@@ -1,9 +1,13 @@
 """A short sample from the model during training: after the last step (`sample_at_end`) and every
 `sample_period` steps, so a newcomer sees the text improve. The prompt is `prompt` (or
-`prompt_ids`; with neither, the tokenizer's bos alone: a document from its start), continued for
-`max_new_tokens` with the decoding keys (`temperature`, 0 = greedy, `top_k`, `top_p`, `min_p`,
-`seed`, `stop`, `eos_ids`), by the decoding engine (MaxText/decoding/) on the training mesh, with
-the parameters as they are sharded for training."""
+`prompt_ids`); with neither, the first `sample_prompt_tokens` tokens of a held-out document (the
+evaluation data: `eval_dataset_path` or the `eval_split_fraction` share), else of the first
+training document (synthetic data: the tokenizer's bos alone). It is continued for
+`max_new_tokens` with `sample_temperature` and `sample_top_k` (and `top_p`, `min_p`, `seed`,
+`stop`, `eos_ids`), by the decoding engine (MaxText/decoding/) on the training mesh, with the
+parameters as they are sharded for training. Greedy decoding (`sample_temperature=0`) of a small
+byte-level model soon repeats one token (after 300 steps of the README run, `"` 64 times: the
+likeliest byte after `""` is `"`), which is why the default samples."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,20 +15,46 @@ from typing import Any
 from jax.sharding import Mesh
 
 from MaxText.config.schema import Config
+from MaxText.data import sources
+from MaxText.data.config import DataConfig
+from MaxText.data.eval_data import eval_problems, eval_source
 from MaxText.data.tokenizers import Tokenizer
-from MaxText.decoding.engine import DecodeError, Engine
+from MaxText.decoding.engine import Completion, DecodeError, Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import Rules
 
 
-def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> list[int] | None:
-  """The sample's prompt ids (None: there is nothing to start from)."""
+def sample_prompt(cfg: Config, tokenizer: Tokenizer) -> tuple[list[int] | None, str]:
+  """(the sample's prompt ids — None: there is nothing to start from —, where it came from)."""
   if cfg.prompt_ids:
-    return list(cfg.prompt_ids)
+    return list(cfg.prompt_ids), "prompt_ids"
   bos = [tokenizer.bos_id] if cfg.add_bos and tokenizer.bos_id is not None else []
-  ids = bos + tokenizer.encode(cfg.prompt) if cfg.prompt else bos
-  return ids or None
+  if cfg.prompt:
+    return bos + tokenizer.encode(cfg.prompt), "prompt"
+  text, where = first_document(cfg)
+  if text is None:
+    return bos or None, "the tokenizer's bos"
+  return bos + tokenizer.encode(text)[:cfg.sample_prompt_tokens], \
+      f"the first {cfg.sample_prompt_tokens} tokens of {where}"
+
+
+def first_document(cfg: Config) -> tuple[str | None, str]:
+  """(the first held-out document, else the first training one — None for synthetic data —, what
+  it is)."""
+  dcfg = DataConfig.from_config(cfg)
+  if not eval_problems(dcfg, cfg.eval_dataset_path):
+    dcfg, split = eval_source(dcfg, cfg.eval_dataset_path)
+    where = "a held-out document"
+  elif cfg.dataset_type == "synthetic":
+    return None, ""
+  else:
+    split = "train" if dcfg.eval_split_fraction > 0 else "all"
+    where = "the first training document"
+  docs = sources.document_dataset(dcfg.dataset_type, dcfg.dataset_path, dcfg.dataset_format,
+                                  dcfg.dataset_text_field,
+                                  eval_split_fraction=dcfg.eval_split_fraction, split=split)
+  return docs[0], where
 
 
 class Sampler:
@@ -39,24 +69,39 @@ class Sampler:
     cfg = self.cfg
     return (last and cfg.sample_at_end) or bool(cfg.sample_period and step % cfg.sample_period == 0)
 
-  def text(self, step: int, params: Any) -> str:
-    """The lines to print: a header and the prompt + completion (or why there is none)."""
+  def sampling(self) -> Sampling:
     cfg = self.cfg
-    prompt = sample_prompt(cfg, self.tokenizer)
+    return Sampling(cfg.sample_temperature, cfg.sample_top_k, cfg.top_p, cfg.min_p, cfg.seed)
+
+  def generate(self, params: Any) -> tuple[list[int] | None, str, Completion | None]:
+    """(the prompt, where it came from, its continuation by the model with `params`); None for
+    the prompt when there is nothing to start from. DecodeError: it cannot be decoded."""
+    cfg = self.cfg
+    prompt, where = sample_prompt(cfg, self.tokenizer)
     if prompt is None:
-      return f"sample after step {step}: none (no prompt, and the tokenizer has no bos)"
+      return None, where, None
     if self.engine is None:
       self.engine = Engine(self.mcfg, self.mesh, self.rules, cache_dtype=cfg.cache_dtype,
                            batch_size=1)
-    sampling = Sampling(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p, cfg.seed)
     eos = cfg.eos_ids or ([self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else [])
+    [done] = self.engine.generate(params, [prompt], max_new_tokens=cfg.max_new_tokens,
+                                  sampling=self.sampling(), eos_ids=eos, stop=cfg.stop,
+                                  detokenize=self.tokenizer.decode)
+    return prompt, where, done
+
+  def text(self, step: int, params: Any) -> str:
+    """The lines to print: a header, the prompt and its continuation (or why there is none)."""
     try:
-      [done] = self.engine.generate(params, [prompt], max_new_tokens=cfg.max_new_tokens,
-                                    sampling=sampling, eos_ids=eos, stop=cfg.stop,
-                                    detokenize=self.tokenizer.decode)
+      prompt, where, done = self.generate(params)
     except DecodeError as e:
       return f"sample after step {step}: none ({e})"
-    how = "greedy" if sampling.temperature == 0 else f"temperature {sampling.temperature}"
-    body = self.tokenizer.decode(prompt) + self.tokenizer.decode(done.output_ids)
+    if prompt is None:
+      return f"sample after step {step}: none (no prompt, and the tokenizer has no bos)"
+    sampling = self.sampling()
+    how = "greedy" if sampling.temperature == 0 else (
+        f"temperature {sampling.temperature}"
+        + (f", top-k {sampling.top_k}" if sampling.top_k else "") + f", seed {sampling.seed}")
+    block = lambda text: "\n".join("  | " + line for line in text.split("\n"))
     return (f"sample after step {step} ({how}, {len(done.output_ids)} tokens, "
-            f"{done.finish_reason}):\n" + "\n".join("  | " + line for line in body.split("\n")))
+            f"{done.finish_reason}):\n  prompt ({where}):\n{block(self.tokenizer.decode(prompt))}"
+            f"\n  continued by the model:\n{block(self.tokenizer.decode(done.output_ids))}")

@@ -27,7 +27,7 @@ from flax import nnx
 from MaxText.layers import embed, sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, matmul, param
+from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
@@ -62,9 +62,9 @@ class Attention(nnx.Module):
     self.cache = KVCache(K, E)
 
   def _qkv(self, x_BSD, positions_BS):
-    q_BSHE = constrain(self.query(x_BSD), ACT_BSHE)
-    k_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
-    v_BSKE = constrain(self.value(x_BSD), ACT_BSKE)
+    q_BSHE, k_BSKE, v_BSKE = fused_dense((self.query, self.key, self.value), x_BSD)
+    q_BSHE = constrain(q_BSHE, ACT_BSHE)
+    k_BSKE, v_BSKE = constrain(k_BSKE, ACT_BSKE), constrain(v_BSKE, ACT_BSKE)
     if self.query_norm is not None:
       q_BSHE, k_BSKE = self.query_norm(q_BSHE), self.key_norm(k_BSKE)
     q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta)
