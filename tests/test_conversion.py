@@ -158,3 +158,14 @@ def test_logit_check_passes_and_fails_honestly(tmp_path, capsys):
   assert logit_check.main(base + ["dtype=bfloat16"]) == 0
   out = capsys.readouterr().out
   assert "PASS" in out and float(out.strip().splitlines()[-1].split()[0].split("=")[1]) > 0
+
+
+def test_checkpoint_config_computes_in_the_tools_dtype(monkeypatch):
+  # a default training run stores its bf16 compute dtype; a tool reading the checkpoint's config
+  # (to_huggingface, refit, the parity scripts' forward) must compute in float32, where the
+  # Hugging Face parity is exact, and keep every other stored key
+  monkeypatch.setattr(to_huggingface, "read_meta",
+                      lambda path: {"config": {"dtype": "bfloat16", "emb_dim": 96}})
+  cfg = checkpoint_config("/some/ckpt")
+  assert cfg.dtype == "float32"
+  assert cfg.emb_dim == 96

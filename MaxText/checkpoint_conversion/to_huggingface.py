@@ -36,7 +36,7 @@ from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder
 from MaxText.config import cli
 from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
-from MaxText.config.schema import KEYS, Config
+from MaxText.config.schema import AUTO_TOOL_DTYPE, KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
@@ -57,12 +57,15 @@ ARGS = {
 
 
 def checkpoint_config(path: str) -> Config:
-  """The config stored in a checkpoint (keys unknown to this version are an error)."""
+  """The config stored in a checkpoint, as a tool computes with it (keys unknown to this version
+  are an error). The compute dtype the training run used (bfloat16 by default, `dtype=auto`) is
+  not kept: a tool computes in the tools' dtype (float32, where the Hugging Face parity is exact)
+  unless its caller sets another."""
   saved = read_meta(path)["config"]
   unknown = sorted(set(saved) - set(KEYS))
   if unknown:
     raise ConfigError(f"checkpoint '{path}' config has keys this version does not know: {unknown}")
-  return replace(load_config([BASE_YML]), **saved)
+  return replace(load_config([BASE_YML]), **{**saved, "dtype": AUTO_TOOL_DTYPE})
 
 
 def float_config(cfg: Config) -> Config:
