@@ -117,15 +117,19 @@ class DenseGeneral(nnx.Module):
                         dtype=param_dtype)
     self.dtype = dtype
 
+  def rows(self, x: jax.Array) -> tuple[tuple, jax.Array]:
+    """(x's batch shape, x in the compute dtype as one 2-D [tokens, in] matrix)."""
+    batch_shape = x.shape[: x.ndim - self.in_rank]
+    return batch_shape, x.astype(self.dtype).reshape(-1, math.prod(x.shape[x.ndim - self.in_rank:]))
+
   def __call__(self, x: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
     """`out_dtype` (default: the compute dtype) is the dtype of the result, e.g. fp32 logits
     straight from the fp32 accumulator."""
     # One 2-D matmul [tokens, in] @ [in, out]: XLA:CPU lays out and differentiates a plain 2-D dot
     # far better than a multi-dimensional dot_general (about 2x on a SwiGLU block, fwd+bwd).
     w = self.kernel[...]
-    batch_shape = x.shape[: x.ndim - self.in_rank]
-    in_size = math.prod(x.shape[x.ndim - self.in_rank:])
-    x2 = x.astype(self.dtype).reshape(-1, in_size)
+    batch_shape, x2 = self.rows(x)
+    in_size = x2.shape[1]
     if self.quant is not None:
       y = self.quant(self, x2, out_dtype)
     else:
@@ -165,12 +169,9 @@ def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
       or any(l.quant is not None or l.lora_a is not None for l in layers)
       or any(_out_axes_split(l) for l in layers)):
     return [l(x, out_dtype) for l in layers]
-  first = layers[0]
-  batch_shape = x.shape[: x.ndim - first.in_rank]
-  in_size = math.prod(x.shape[x.ndim - first.in_rank:])
-  kernels = [l.kernel[...].reshape(in_size, -1) for l in layers]
-  y = matmul(x.astype(first.dtype).reshape(-1, in_size), jnp.concatenate(kernels, axis=1),
-             out_dtype=out_dtype)
+  batch_shape, x2 = layers[0].rows(x)
+  kernels = [l.kernel[...].reshape(x2.shape[1], -1) for l in layers]
+  y = matmul(x2, jnp.concatenate(kernels, axis=1), out_dtype=out_dtype)
   ends = tuple(itertools.accumulate(k.shape[1] for k in kernels))[:-1]
   return [part.reshape(*batch_shape, *l.out_shape)
           for l, part in zip(layers, _split_columns(y, ends))]

@@ -24,16 +24,21 @@ from flax import nnx
 from MaxText.layers.linear import param
 
 
+def _inv_rms(x32: jax.Array, eps: float) -> jax.Array:
+  """1 / sqrt(mean(x^2) + eps) over the last axis of fp32 x (kept as [..., 1])."""
+  return jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
   """x / sqrt(mean(x^2) + eps) over the last axis, in fp32."""
   x32 = x.astype(jnp.float32)
-  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return x32 * _inv_rms(x32, eps)
 
 
 def _scaled(x, scale, eps, dtype, cast_before_scale):
   """(the normalised x in `dtype` times the fp32 `scale`, in the cast order), fp32 x̂, 1/rms."""
   x32 = x.astype(jnp.float32)
-  inv_rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  inv_rms = _inv_rms(x32, eps)
   x_hat = x32 * inv_rms
   if cast_before_scale:
     return x_hat.astype(dtype) * scale.astype(dtype), x_hat, inv_rms
