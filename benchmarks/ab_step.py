@@ -14,12 +14,17 @@ and tokens/s; medians over the rounds.
 --model readme: configs/base.yml as it is (the README run's model and batch, 8 sequences per
 device); tiny: tiny_train.py's reference config (vocab 8192, global batch 8 over the devices).
 `devices=N` in a variant: its mesh takes the first N of the process's devices (default all,
---devices). Every step runs on the same synthetic batch and waits for its result (this times the
+--devices). `py:module.NAME=value` in a variant: that module attribute (a Python literal) is set
+while the variant is traced and compiled, then restored — to A/B a code path that no config key
+selects, e.g. `py:MaxText.train.loss.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`. Every step runs on the same synthetic batch and waits for its result (this times the
 step, not the loop's overlap of host work; see the loop's own read-late figures in RESULTS.md).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import importlib
 import os
 import statistics
 import sys
@@ -31,13 +36,34 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def parse_variant(text: str) -> tuple[str, int | None, list[str]]:
-  """"label: k=v k=v devices=N" → (label, N or None, ["k=v", ...])."""
+def parse_variant(text: str) -> tuple[str, int | None, list[str], dict[str, object]]:
+  """"label: k=v k=v devices=N py:mod.NAME=1" → (label, N or None, ["k=v", ...],
+  {"mod.NAME": 1})."""
   label, _, keys = text.partition(":")
   items = keys.split()
   devices = [int(k.split("=", 1)[1]) for k in items if k.startswith("devices=")]
+  patches = dict(k[3:].split("=", 1) for k in items if k.startswith("py:"))
   return label.strip(), (devices[-1] if devices else None), \
-      [k for k in items if not k.startswith("devices=")]
+      [k for k in items if not k.startswith(("devices=", "py:"))], \
+      {k: ast.literal_eval(v) for k, v in patches.items()}
+
+
+@contextlib.contextmanager
+def patched(patches: dict[str, object]):
+  """Module attributes set to the given values inside, restored after."""
+  saved = []
+  try:
+    for dotted, value in patches.items():
+      module_name, _, name = dotted.rpartition(".")
+      module = importlib.import_module(module_name)
+      if not hasattr(module, name):
+        raise SystemExit(f"py:{dotted}: {module_name} has no attribute {name}")
+      saved.append((module, name, getattr(module, name)))
+      setattr(module, name, value)
+    yield
+  finally:
+    for module, name, value in reversed(saved):
+      setattr(module, name, value)
 
 
 def model_keys(model: str, devices: int) -> list[str]:
@@ -63,7 +89,7 @@ def synthetic_batch(trainer, seed: int = 0) -> dict:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--variant", action="append", required=True,
-                  help='"label: key=value ... [devices=N]" (repeat)')
+                  help='"label: key=value ... [devices=N] [py:module.NAME=literal]" (repeat)')
   ap.add_argument("--model", choices=("readme", "tiny"), default="readme")
   ap.add_argument("--devices", type=int, default=2, help="fake CPU devices of the process")
   ap.add_argument("--rounds", type=int, default=6)
@@ -81,14 +107,15 @@ def main() -> int:
   work = tempfile.mkdtemp(prefix="ab_step_")
   runs = []
   for text in args.variant:
-    label, n, keys = parse_variant(text)
+    label, n, keys, patches = parse_variant(text)
     devices = jax.devices()[:n or args.devices]
     cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *model_keys(args.model, len(devices)),
                        "jax_cache_dir=", f"base_output_directory={work}", "run_name=ab", *keys],
                       keep_auto=True)   # auto values as a training run resolves them
     trainer = Trainer(cfg, devices)
     cfg = trainer.cfg
-    compiled = trainer.compile_step()
+    with patched(patches):
+      compiled = trainer.compile_step()
     state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
     batch = synthetic_batch(trainer)
     for _ in range(2):   # warm-up

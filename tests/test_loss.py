@@ -94,11 +94,13 @@ def test_chunking_cuts_the_logits_memory():
   assert whole - chunked > 0.75 * logits_bytes, (whole, chunked, logits_bytes)
 
 
-def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys):
+def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=None):
+  """((mean loss, gradients), the compiled HLO text) under a mesh over `devices` (default all)."""
   from MaxText.sharding.mesh import create_mesh
   from MaxText.sharding.rules import parse_rules, tree_shardings, use_rules
   cfg = load_config([BASE_YML, *MODEL, *mesh_keys])
-  mesh, rules = create_mesh(cfg, jax.devices()), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+  mesh = create_mesh(cfg, jax.devices() if devices is None else devices)
+  rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
   shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
 
   def sharded(p):

@@ -14,14 +14,25 @@ cheaper in 8 chunks than whole, its fp32 logits no longer written to and read fr
 Positions past S (padding of the last chunk) have mask 0. Only the loss sum carries a gradient:
 the z-loss sum and the token count are metrics (stop_gradient).
 
-Under a mesh the chunk loop runs inside a `shard_map` over the axes that split the batch, so each
-device loops over its own rows: the head weights are gathered once before the loop and their
-gradient reduced once after it (a scan over globally sharded chunks would gather the head and
-reduce its gradient once per chunk). Axes that do not split the batch (tensor: the vocabulary)
-stay automatic.
+Under a mesh the chunk loop runs inside a `shard_map` over the axes that split the batch, in one
+of two ways:
+- split over the vocabulary (when the batch's tokens are at most the vocabulary, the mesh's
+  only axes of size > 1 split the batch and those divide the vocabulary): each device holds a
+  vocabulary slice of the head weights (found by their "vocab" logical axis: tied [V, D], untied
+  [D, V]) and gathers the hidden rows of the whole batch, fewer bytes than the weights then; per
+  chunk the slices' log-sum-exps and target logits are combined (one all-gather of [2, rows, c]
+  values); the weight gradient of a slice is complete on its device (no reduction), the hidden
+  state's gradient is summed over the slices and scattered back to its rows' devices
+  (`psum_scatter`). Element-wise heads (Gemma's soft-cap) work per slice.
+- else per batch shard: each device loops over its own rows; the head weights are gathered once
+  before the loop and their gradient reduced once after it (a scan over globally sharded chunks
+  would gather the head and reduce its gradient once per chunk). Axes that do not split the batch
+  (tensor: the vocabulary) stay automatic.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
@@ -124,13 +135,47 @@ def _logits_cotangent(logits, targets, mask, z_loss_weight):
   return scale * softmax - mask.astype(jnp.float32)[..., None] * onehot
 
 
+def _with_gradient_in_forward(sums_only: Callable, sums_and_grads: Callable) -> Callable:
+  """(w, h) -> (loss sum, z-loss sum, count) with a custom VJP: `sums_only(w, h)` is the value,
+  `sums_and_grads(w, h)` -> (sums, dw, dh) computes the loss sum's gradients in the forward pass
+  and the backward pass only scales them by the incoming cotangent. The z-loss sum and the count
+  are metrics (no gradient)."""
+  @jax.custom_vjp
+  def fused(w, h):
+    return sums_only(w, h)
+
+  def fused_fwd(w, h):
+    sums, dw, dh = sums_and_grads(w, h)
+    return sums, (dw, dh)
+
+  def fused_bwd(res, g):
+    dw, dh = res
+    g_nll = g[0]
+    return (jax.tree.map(lambda d: (g_nll * d).astype(d.dtype), dw),
+            (g_nll * dh).astype(dh.dtype))
+
+  fused.defvjp(fused_fwd, fused_bwd)
+
+  def sums(w, h):
+    nll, z, n = fused(w, h)
+    return nll, jax.lax.stop_gradient(z), jax.lax.stop_gradient(n)
+  return sums
+
+
 def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
                                targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
-                               chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+                               chunk: int, logical_axes=None
+                               ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`cross_entropy_sums(head(params, hidden), …)` without materialising all the logits, its
-  gradient computed chunk by chunk in the forward pass (module docstring)."""
+  gradient computed chunk by chunk in the forward pass (module docstring). `logical_axes` (the
+  parameters' logical axis names): when given, the head may run split over the vocabulary under
+  the batch axes (module docstring)."""
   if chunk <= 0 or chunk >= hidden_BSD.shape[1]:
     return cross_entropy_sums(head(params, hidden_BSD), targets_BS, mask_BS, z_loss_weight)
+  plan = _vocab_split_plan(head, params, logical_axes, hidden_BSD, chunk)
+  if plan is not None:
+    return _vocab_split_sums(plan, head, params, hidden_BSD, targets_BS, mask_BS, z_loss_weight,
+                             chunk)
 
   def local(p, h_BSD, t_BS, m_BS):
     leaves, treedef = jax.tree.flatten(p)
@@ -159,29 +204,161 @@ def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
       dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_.shape[-1])[:, :S]
       return jax.tree.map(jnp.sum, sums_n), dw, dh_BSD
 
-    @jax.custom_vjp
-    def fused(w_, h_):
+    def sums_only(w_, h_):
       def one_chunk(_, inp):
         h_BcD, t_Bc, m_Bc = inp
         return None, cross_entropy_sums(head_w(w_, h_BcD), t_Bc, m_Bc, z_loss_weight)
       _, sums_n = jax.lax.scan(one_chunk, None, (_chunks(h_, chunk), *xs))
       return jax.tree.map(jnp.sum, sums_n)
 
-    def fused_fwd(w_, h_):
-      sums, dw, dh = sums_and_grads(w_, h_)
-      return sums, (dw, dh)
-
-    def fused_bwd(res, g):
-      dw, dh = res
-      g_nll = g[0]                         # the z-loss sum and the count are metrics
-      return (jax.tree.map(lambda d: (g_nll * d).astype(d.dtype), dw),
-              (g_nll * dh).astype(dh.dtype))
-
-    fused.defvjp(fused_fwd, fused_bwd)
-    nll, z, n = fused(w, h_BSD)
-    return nll, jax.lax.stop_gradient(z), jax.lax.stop_gradient(n)
+    return _with_gradient_in_forward(sums_only, sums_and_grads)(w, h_BSD)
 
   return _per_batch_shard(local, params, hidden_BSD, targets_BS, mask_BS)
+
+
+# The head split over the vocabulary under the batch axes (module docstring): used when the
+# global batch's tokens are at most this many times the vocabulary, i.e. when gathering the hidden
+# rows [tokens, D] moves no more than gathering the head weight [V, D] would (measured:
+# benchmarks/RESULTS.md, issue 19's LM head section; 0 turns the split off).
+VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _VocabSplit:
+  axes: tuple[str, ...]           # the mesh axes that split the batch, and now the vocabulary
+  used: tuple[bool, ...]          # per parameter leaf: read by the head
+  vocab_dims: tuple[int, ...]     # per used leaf: its vocabulary dimension
+
+
+def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
+                      chunk: int) -> _VocabSplit | None:
+  """How to split the head over the vocabulary, or None for the per-batch-shard loop: needs a
+  mesh whose only axes of size > 1 split the batch, a head whose every weight has a "vocab"
+  dimension (its `logical_axes`; tied [V, D] or untied [D, V]) of one size V divisible by those
+  axes, and a batch of at most VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB x V tokens."""
+  ctx = current_context()
+  if ctx is None or logical_axes is None:
+    return None
+  B, S = hidden_BSD.shape[:2]
+  axes = logical_to_spec(("activation_batch",), (B,), ctx.rules, ctx.mesh)[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  n = math.prod(ctx.mesh.shape[a] for a in axes)
+  if n == 1 or any(size > 1 and a not in axes for a, size in ctx.mesh.shape.items()):
+    return None
+  leaves = jax.tree.leaves(params)
+  names = jax.tree.leaves(logical_axes, is_leaf=lambda x: isinstance(x, tuple))
+  if len(names) != len(leaves):
+    return None
+  used = _used_leaves(head, params, hidden_BSD[:, :chunk])
+  dims, sizes = [], set()
+  for leaf, axes_names, u in zip(leaves, names, used):
+    if u:
+      if "vocab" not in axes_names or len(axes_names) != leaf.ndim:
+        return None
+      dims.append(axes_names.index("vocab"))
+      sizes.add(leaf.shape[dims[-1]])
+  if len(sizes) != 1:
+    return None
+  V = sizes.pop()
+  if V % n or B * S > VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB * V:
+    return None
+  # the head must take a slice of its weights (e.g. a quantized head's packed kernel may not)
+  it = iter(dims)
+  sliced = [jax.ShapeDtypeStruct(x.shape[:d] + (V // n,) + x.shape[d + 1:], x.dtype)
+            if u and (d := next(it)) is not None else x for x, u in zip(leaves, used)]
+  try:
+    out = jax.eval_shape(head, jax.tree.unflatten(jax.tree.structure(params), sliced),
+                         hidden_BSD[:, :chunk])
+  except (TypeError, ValueError):
+    return None
+  if out.shape[-1] != V // n:
+    return None
+  return _VocabSplit(axes, tuple(used), tuple(dims))
+
+
+def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
+                      targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
+                      chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The chunked cross-entropy with each device holding a vocabulary slice of the head weights
+  and the hidden rows of the whole batch (gathered over the batch axes): per chunk, each device's
+  log-sum-exp and target logit over its slice are combined across the slices (one all-gather of
+  [2, B, c] values); the slice's weight gradient is complete on its device (no reduction), the
+  hidden state's gradient is summed over the slices and scattered back to the rows' devices."""
+  ctx, axes = current_context(), plan.axes
+  leaves, treedef = jax.tree.flatten(params)
+  w = [x for x, u in zip(leaves, plan.used) if u]
+  rest = [x for x, u in zip(leaves, plan.used) if not u]
+  w_specs = [P(*(axes if i == d else None for i in range(x.ndim))) for x, d in
+             zip(w, plan.vocab_dims)]
+  row_spec = P(axes)
+
+  def head_w(w_, rest_, h_):
+    it_w, it_rest = iter(w_), iter(rest_)
+    return head(jax.tree.unflatten(treedef, [next(it_w) if u else next(it_rest)
+                                             for u in plan.used]), h_)
+
+  def local(w_, rest_, h_loc, t_loc, m_loc):
+    me = jax.lax.axis_index(axes)
+    B_loc, S = h_loc.shape[:2]
+    t_all = jax.lax.all_gather(t_loc, axes, axis=0, tiled=True)        # [B, S]
+    m_all = jax.lax.all_gather(m_loc, axes, axis=0, tiled=True).astype(jnp.float32)
+    B = t_all.shape[0]
+    own_B = (jnp.arange(B) // B_loc == me).astype(jnp.float32)         # the rows it reports
+    V_loc = w_[0].shape[plan.vocab_dims[0]]
+    xs = (_chunks(t_all - me * V_loc, chunk), _chunks(m_all, chunk))   # targets in the slice
+
+    def chunk_stats(logits, t_rel):
+      """(log-sum-exp, target logit) [B, c] over the whole vocabulary, from this slice's logits."""
+      lse_loc = jax.nn.logsumexp(logits, axis=-1)
+      inside = (t_rel >= 0) & (t_rel < V_loc)
+      t_logit = jnp.take_along_axis(logits, jnp.clip(t_rel, 0, V_loc - 1)[..., None], axis=-1)
+      parts = jax.lax.all_gather(jnp.stack([lse_loc, jnp.where(inside, t_logit[..., 0], 0.0)]),
+                                 axes)                                  # [slices, 2, B, c]
+      return jax.nn.logsumexp(parts[:, 0], axis=0), jnp.sum(parts[:, 1], axis=0)
+
+    def sums_of(lse, t_logit, m):
+      m = m * own_B[:, None]
+      z = z_loss_weight * jnp.square(lse)
+      return jnp.sum((lse - t_logit + z) * m), jnp.sum(z * m), jnp.sum(m)
+
+    def sums_and_grads(wv, h_):
+      h_all = jax.lax.all_gather(h_, axes, axis=0, tiled=True)         # [B, S, D]
+
+      def one_chunk(dw, inp):
+        h_BcD, t_rel, m = inp
+        logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_, hh), wv, h_BcD)
+        logits = logits.astype(jnp.float32)
+        lse, t_logit = chunk_stats(logits, t_rel)
+        scale = m * (1.0 + 2.0 * z_loss_weight * lse)
+        dlogits = (scale[..., None] * jnp.exp(logits - lse[..., None])
+                   - m[..., None] * jax.nn.one_hot(t_rel, V_loc, dtype=jnp.float32))
+        dw_c, dh_BcD = pullback(dlogits)
+        return jax.tree.map(jnp.add, dw, dw_c), (sums_of(lse, t_logit, m), dh_BcD)
+
+      dw0 = jax.tree.map(jnp.zeros_like, wv)
+      dw, (sums_n, dh_nBcD) = jax.lax.scan(one_chunk, dw0, (_chunks(h_all, chunk), *xs))
+      dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_.shape[-1])[:, :S]
+      # the slices' partial gradients of every row, summed and scattered to the rows' devices
+      dh_loc = jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
+                                    tiled=True).astype(h_.dtype)
+      return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n), dw, dh_loc
+
+    def sums_only(wv, h_):
+      h_all = jax.lax.all_gather(h_, axes, axis=0, tiled=True)
+
+      def one_chunk(_, inp):
+        h_BcD, t_rel, m = inp
+        lse, t_logit = chunk_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel)
+        return None, sums_of(lse, t_logit, m)
+      _, sums_n = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk), *xs))
+      return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n)
+
+    with without_rules():
+      return _with_gradient_in_forward(sums_only, sums_and_grads)(w_, h_loc)
+
+  return jax.shard_map(local, mesh=ctx.mesh, axis_names=frozenset(axes),
+                       in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec, row_spec),
+                       out_specs=P())(w, rest, hidden_BSD, targets_BS, mask_BS)
 
 
 def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, targets_BS: jax.Array,
@@ -211,4 +388,4 @@ def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: 
     return (*cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight), aux)
   hidden_BSD, aux = model_def.apply_hidden(params, *args)
   return (*chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
-                                      mask_BS, z_loss_weight, chunk), aux)
+                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes), aux)

@@ -1,0 +1,116 @@
+"""The LM head split over the vocabulary under the batch axes (`train/loss.py`: each device holds a
+vocabulary slice of the head weights and gathers the hidden rows of the batch): loss and every
+gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4 and 8
+fake devices; the whole head weight is never gathered and its gradient never reduced; and the
+split falls back where it does not apply."""
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import BASE_YML
+from test_loss import MODEL, S, batch, build, rel, _mean_loss, _sharded_loss_and_grads
+from MaxText.config.load import load_config
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import init_params, make_model_def
+from MaxText.sharding.mesh import create_mesh
+from MaxText.sharding.rules import parse_rules, use_rules
+from MaxText.train import loss as loss_mod
+
+V = 512          # divides 2, 4 and 8 slices; 8 rows x 48 positions = 384 tokens <= V: split
+ROWS = 4         # copies of the test batch: 8 rows
+
+
+def _mesh_rules(devices, *mesh_keys):
+  cfg = load_config([BASE_YML, *MODEL, *mesh_keys])
+  return create_mesh(cfg, devices), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+
+
+def _sharded(model_def, params, micro, chunk, devices, *mesh_keys):
+  return _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=devices)
+
+
+def _plan(model_def, params, micro, devices, *mesh_keys):
+  mesh, rules = _mesh_rules(devices, *mesh_keys)
+  D = model_def.abstract_params["final_norm"]["scale"].shape[0]
+  with use_rules(mesh, rules):
+    return loss_mod._vocab_split_plan(model_def.head, params, model_def.logical_axes,
+                                      jax.numpy.zeros((micro["inputs"].shape[0], S, D)), 16)
+
+
+@pytest.mark.parametrize("n,mesh", [(2, ("ici_fsdp_parallelism=2",)),
+                                    (4, ("ici_data_parallelism=2", "ici_fsdp_parallelism=2")),
+                                    (8, ("ici_fsdp_parallelism=8",))])
+@pytest.mark.parametrize("tied", [False, True])
+def test_vocab_split_equals_one_device(n, mesh, tied):
+  model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
+  micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
+  devices = jax.devices()[:n]
+  assert _plan(model_def, params, micro, devices, *mesh) is not None
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(lambda p: _mean_loss(p, model_def, micro, 0)))(
+      params)
+  (loss, grads), hlo = _sharded(model_def, params, micro, 16, devices, *mesh)
+  # one device vs the mesh: the loss's sums and the hidden gradient are reduced over the slices
+  # and devices in another fp32 order, and the rest of the model's sharded reductions add theirs
+  # (1e-5, as the per-batch-shard test in test_loss.py)
+  assert rel(loss, ref_loss) < 1e-5, (float(loss), float(ref_loss))
+  for (path, a), b in zip(jax.tree.leaves_with_path(ref_grads), jax.tree.leaves(grads)):
+    assert rel(b, a) < 1e-5, (jax.tree_util.keystr(path), rel(b, a))
+  # the head weight [V, 32] / [32, V] is never gathered whole: only its [V / n] slices exist
+  head_shapes = {f"f32[{V},32]", f"f32[32,{V}]"}
+  gathers = re.findall(r"= (\S+) all-gather\(", hlo)
+  assert not head_shapes & set(gathers), gathers
+  assert re.search(r"reduce-scatter\(", hlo)           # the hidden rows' gradient
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_vocab_split_chunked_equals_whole_under_the_mesh(tied):
+  """The split chunked loss vs the whole-sequence loss (no split: [B, S, V] logits) under the same
+  4-device mesh: the same terms summed in another fp32 order."""
+  model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
+  micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
+  mesh = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2")
+  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, jax.devices()[:4], *mesh)
+  (split, split_g), _ = _sharded(model_def, params, micro, 16, jax.devices()[:4], *mesh)
+  assert rel(split, whole) < 1e-6
+  for (path, a), b in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g)):
+    assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
+
+
+def test_vocab_split_falls_back():
+  """No split (the per-batch-shard loop) where it does not apply."""
+  devices = jax.devices()
+  model_def, params = build(f"vocab_size={V}")
+  micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
+  fsdp8 = ("ici_fsdp_parallelism=8",)
+  assert _plan(model_def, params, micro, devices, *fsdp8) is not None
+  # the vocabulary does not divide into 8 slices
+  odd_def, odd_params = build("vocab_size=516")
+  assert _plan(odd_def, odd_params, micro, devices, *fsdp8) is None
+  # more tokens than the vocabulary: gathering the rows would move more than the weights
+  long = {k: np.concatenate([v] * 2 * ROWS) for k, v in batch(V).items()}
+  assert _plan(model_def, params, long, devices, *fsdp8) is None
+  # a mesh axis that does not split the batch (tensor: the vocabulary already)
+  assert _plan(model_def, params, micro, devices, "ici_fsdp_parallelism=4",
+               "ici_tensor_parallelism=2") is None
+
+
+def test_vocab_split_soft_capped_tied_head():
+  """Gemma 4's tied, soft-capped head (tanh per logit: per slice) split over 4 devices: the loss
+  equals one device's, loss and gradients the whole-sequence loss's under the same mesh (Gemma's
+  attention scale 1.0 amplifies the mesh's own fp32 reordering to ~2e-5 in the attention
+  gradients with or without the split, so those compare like with like)."""
+  keys = ["model_name=gemma4-tiny", "num_decoder_layers=4", "attention_pattern=sf",
+          "num_kv_shared_layers=2", "sliding_window=16", f"max_target_length={S}"]
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, *keys]))
+  model_def, params = make_model_def(mcfg), init_params(mcfg, 0)
+  micro = {k: np.concatenate([v] * 2) for k, v in batch(mcfg.vocab_size).items()}   # 4 rows
+  mesh, devices = ("ici_fsdp_parallelism=4",), jax.devices()[:4]
+  assert _plan(model_def, params, micro, devices, *mesh) is not None
+  ref_loss = jax.jit(lambda p: _mean_loss(p, model_def, micro, 0))(params)
+  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, devices, *mesh)
+  (split, split_g), _ = _sharded(model_def, params, micro, 16, devices, *mesh)
+  assert rel(split, ref_loss) < 1e-5 and rel(split, whole) < 1e-6, (float(split), float(whole))
+  for (path, a), b in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g)):
+    assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
