@@ -32,12 +32,13 @@ of two ways:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText.sharding.rules import current_context, logical_to_spec, without_rules
 from MaxText.models.model_def import ModelDef
@@ -228,6 +229,7 @@ class _VocabSplit:
   axes: tuple[str, ...]           # the mesh axes that split the batch, and now the vocabulary
   used: tuple[bool, ...]          # per parameter leaf: read by the head
   vocab_dims: tuple[int, ...]     # per used leaf: its vocabulary dimension
+  stored: tuple[P, ...]           # per used leaf: its own sharding (by its logical axes)
 
 
 def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
@@ -250,13 +252,14 @@ def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
   if len(names) != len(leaves):
     return None
   used = _used_leaves(head, params, hidden_BSD[:, :chunk])
-  dims, sizes = [], set()
+  dims, sizes, stored = [], set(), []
   for leaf, axes_names, u in zip(leaves, names, used):
     if u:
       if "vocab" not in axes_names or len(axes_names) != leaf.ndim:
         return None
       dims.append(axes_names.index("vocab"))
       sizes.add(leaf.shape[dims[-1]])
+      stored.append(logical_to_spec(axes_names, leaf.shape, ctx.rules, ctx.mesh))
   if len(sizes) != 1:
     return None
   V = sizes.pop()
@@ -273,7 +276,17 @@ def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
     return None
   if out.shape[-1] != V // n:
     return None
-  return _VocabSplit(axes, tuple(used), tuple(dims))
+  return _VocabSplit(axes, tuple(used), tuple(dims), tuple(stored))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _grad_sharded(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+  """x; its gradient constrained to `sharding`."""
+  return x
+
+
+_grad_sharded.defvjp(lambda x, sharding: (x, None),
+                     lambda sharding, _, g: (jax.lax.with_sharding_constraint(g, sharding),))
 
 
 def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
@@ -286,7 +299,10 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
   hidden state's gradient is summed over the slices and scattered back to the rows' devices."""
   ctx, axes = current_context(), plan.axes
   leaves, treedef = jax.tree.flatten(params)
-  w = [x for x, u in zip(leaves, plan.used) if u]
+  # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
+  # of the head, its moments included, to the vocabulary slices and back)
+  w = [_grad_sharded(x, NamedSharding(ctx.mesh, spec))
+       for x, spec in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored)]
   rest = [x for x, u in zip(leaves, plan.used) if not u]
   w_specs = [P(*(axes if i == d else None for i in range(x.ndim))) for x, d in
              zip(w, plan.vocab_dims)]
