@@ -266,9 +266,12 @@ def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
   if V % n or B * S > VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB * V:
     return None
   # the head must take a slice of its weights (e.g. a quantized head's packed kernel may not)
-  it = iter(dims)
-  sliced = [jax.ShapeDtypeStruct(x.shape[:d] + (V // n,) + x.shape[d + 1:], x.dtype)
-            if u and (d := next(it)) is not None else x for x, u in zip(leaves, used)]
+  it, sliced = iter(dims), []
+  for x, u in zip(leaves, used):
+    if u:
+      d = next(it)
+      x = jax.ShapeDtypeStruct(x.shape[:d] + (V // n,) + x.shape[d + 1:], x.dtype)
+    sliced.append(x)
   try:
     out = jax.eval_shape(head, jax.tree.unflatten(jax.tree.structure(params), sliced),
                          hidden_BSD[:, :chunk])
