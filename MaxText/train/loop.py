@@ -135,9 +135,6 @@ class Trainer:
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
-    # read each step's metrics while the next step runs (False: before dispatching it, the former
-    # loop; benchmarks/metrics_lag.py compares the two)
-    self.read_metrics_late = True
 
   def trained_params(self) -> Any:
     """The abstract parameters that get gradients and optimizer state (LoRA: the adapters)."""
@@ -394,11 +391,6 @@ class Trainer:
           if code is not None:
             return code
         pending = (step, metrics, batch_sum)
-        if not self.read_metrics_late:
-          code, pending = self._finish_step(*pending, flops, peak, tokens_per_step, writer,
-                                            ckpts), None
-          if code is not None:
-            return code
         faults.after_dispatch(step, wait_for_saves)
         # decided before the next batch is read, so a saved iterator position matches the state
         stop = watch.should_stop(step) and step < cfg.steps
