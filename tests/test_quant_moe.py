@@ -20,7 +20,7 @@ from MaxText import decode, evaluate, quantize
 from MaxText.checkpoint.manager import load_params, load_params_host
 from MaxText.config.load import load_config, replace
 from MaxText.data.tokenizers import ByteTokenizer
-from MaxText.layers import quant
+from MaxText.layers import quant, quant_experts
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 from MaxText.sharding.mesh import create_mesh
@@ -57,7 +57,7 @@ def test_expert_fake_quant_equals_numpy_and_gradients_pass_straight_through():
   for e in range(X):
     want[starts[e]:starts[e] + sizes[e]] = xq[starts[e]:starts[e] + sizes[e]] @ wq[e]
   rule = quant.qat_rules("int8", "")[-1]
-  dot = quant.ExpertQat(rule).ragged_dot
+  dot = quant_experts.ExpertQat(rule).ragged_dot
   got = dot(jnp.asarray(rows), jnp.asarray(w), jnp.asarray(sizes))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
   assert not np.allclose(np.asarray(got), np.asarray(jax.lax.ragged_dot(rows, w, sizes)),
@@ -72,7 +72,7 @@ def test_expert_fake_quant_equals_numpy_and_gradients_pass_straight_through():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   # the calibration probe: its gradient is each expert's X^T X over the rows routed to it
   probe = jnp.zeros((X, K, K))
-  h = jax.grad(lambda p: jnp.sum(quant.ExpertProbe().ragged_dot(
+  h = jax.grad(lambda p: jnp.sum(quant_experts.ExpertProbe().ragged_dot(
       jnp.asarray(rows), (jnp.asarray(w), p), jnp.asarray(sizes))))(probe)
   for e in range(X):
     r = rows[starts[e]:starts[e] + sizes[e]]
