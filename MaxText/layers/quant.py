@@ -42,7 +42,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import qwix
-from flax import nnx
+from flax import nnx, traverse_util
 from qwix._src.core import dot_general_qt
 
 from MaxText.layers import lora, quant_experts
@@ -201,6 +201,20 @@ def attach_probes(model: nnx.Module, exclude: str) -> list[str]:
     quant_experts.attach_probes(experts)
     done.append(name)
   return done
+
+
+# ---- checkpoints quantized by an earlier version ----------------------------------------------------
+SCALE = "_scale"   # the scales of an integer weight `w` are `w + SCALE` (kernel_scale, wi_scale, ...)
+
+
+def kept_float(abstract_params: Any, stored: set[str]) -> list[str]:
+  """The modules this integer model holds as levels + scales that a checkpoint (`stored`: its
+  arrays' "/"-joined key paths) holds as the weight alone, without its scales — a checkpoint
+  quantized by a version that kept them in float (e.g. routed experts before they were quantized).
+  Their module paths, sorted."""
+  names = {"/".join(map(str, k)) for k in traverse_util.flatten_dict(abstract_params)}
+  return sorted({name.rsplit("/", 1)[0] for name in names
+                 if name.endswith(SCALE) and name not in stored and name[:-len(SCALE)] in stored})
 
 
 # ---- the model's keys ------------------------------------------------------------------------------

@@ -503,6 +503,9 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
+  except CheckpointError as e:   # e.g. a quantized checkpoint of an older layout
+    log_error(f"checkpoint error: {e}")
+    return EXIT_CHECKPOINT, None
   return trainer.run(), trainer
 
 
