@@ -58,3 +58,29 @@ def test_metrics_read_one_step_late_and_before_each_save(tmp_path):
   for a, b in zip(rows["late"], rows["synced"]):
     assert (a["loss"], a["grad_norm"], a["batch_checksum"]) == \
         (b["loss"], b["grad_norm"], b["batch_checksum"])
+
+
+class RecordsBatches(Trainer):
+  def __init__(self, *a, **kw):
+    super().__init__(*a, **kw)
+    self.fed = []
+
+  def device_batch(self, host_batch):
+    batch = super().device_batch(host_batch)
+    self.fed.append(batch)
+    return batch
+
+
+def test_batch_checksum_row_is_the_checksum_of_that_steps_batch(tmp_path):
+  """The step computes its batch's checksum itself (no program of its own per step): each row's
+  `batch_checksum` is the checksum of the batch that step was fed, over 2 devices."""
+  from MaxText.checkpoint.checksum import batch_checksum
+  keys = ("ici_fsdp_parallelism=2", "steps=3", "per_device_batch_size=1")
+  code, trainer = run(argv(tmp_path, "rec", *keys), devices=jax.devices()[:2],
+                      trainer_class=RecordsBatches)
+  assert code == 0
+  rows = read_metrics(tmp_path / "rec")
+  assert len(trainer.fed) == len(rows) == 3
+  expected = [int(batch_checksum(b)) for b in trainer.fed]
+  assert len(set(expected)) == 3   # the batches differ, so a row of another step would not match
+  assert [r["batch_checksum"] for r in rows] == expected

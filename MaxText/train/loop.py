@@ -16,7 +16,6 @@ import numpy as np
 import psutil
 
 from MaxText.checkpoint import data_state
-from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
@@ -378,10 +377,9 @@ class Trainer:
     self._skipped = 0
     self._smoother = LossSmoother()
     self._last_done = time.perf_counter()
-    pending = None   # (step, metrics, batch checksum) of the dispatched step not yet read back
+    pending = None   # (step, metrics) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):
-        batch_sum = batch_checksum(batch)
         state, metrics = compiled(state, batch)
         # The previous step's metrics are read while this one runs (no host sync per step). A
         # step that saves, stops or ends the run reads its own metrics before going on: a
@@ -390,7 +388,7 @@ class Trainer:
           code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
           if code is not None:
             return code
-        pending = (step, metrics, batch_sum)
+        pending = (step, metrics)
         faults.after_dispatch(step, wait_for_saves)
         # decided before the next batch is read, so a saved iterator position matches the state
         stop = watch.should_stop(step) and step < cfg.steps
@@ -418,14 +416,14 @@ class Trainer:
       self.final_state = state
     return EXIT_OK
 
-  def _finish_step(self, step: int, metrics: dict, batch_sum: jax.Array, flops: dict, peak: float,
+  def _finish_step(self, step: int, metrics: dict, flops: dict, peak: float,
                    tokens_per_step: int, writer: MetricsWriter,
                    ckpts: RunCheckpoints | None) -> int | None:
     """Reads back one step's metrics (waiting for the step), writes its row and progress line and
     applies the non-finite policy; returns an exit status to stop with, or None to go on."""
     cfg, family_watch = self.cfg, self._family_watch
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    metrics["batch_checksum"] = int(batch_sum)
+    metrics = {k: int(v) if k == "batch_checksum" else float(v)
+               for k, v in jax.device_get(metrics).items()}
     metrics["loss_smoothed"] = self._smoother.update(metrics["loss"])
     now = time.perf_counter()
     step_time, self._last_done = now - self._last_done, now

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.layers import lora
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
@@ -111,7 +112,10 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
                    "opt_state": opt_state}
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
                  "lr": applied_learning_rate(state["opt_state"], lr_schedule),
-                 "finite": finite.astype(jnp.float32)}
+                 "finite": finite.astype(jnp.float32),
+                 # computed here rather than by a program of its own per step: no second launch,
+                 # rendezvous and read-back per step (benchmarks/RESULTS.md, issue 19)
+                 "batch_checksum": batch_checksum(batch)}
       if aux_terms is not None:
         metrics.update(aux_terms.metrics(sums, denom))
     return new_state, metrics
