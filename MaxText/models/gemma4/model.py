@@ -47,7 +47,7 @@ from flax import nnx
 from MaxText.layers import embed, sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, param
+from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
                                 record, route)
@@ -163,27 +163,20 @@ class Attention(nnx.Module):
     self.op = attention_op(cfg)
     self.cache = cache_kind(cfg, kind.attention)
 
-  def _qkv(self, x_BSD, positions_BS):
-    """(q, k, v) normed, RoPE on q and k; a kv-shared layer: (q, None, None). The projections run
-    as one matmul in a 16-bit compute dtype (`fused_dense`; a full layer with K = V has no value
-    projection: V is the raw key projection)."""
-    layers = (self.query,) if self.kv_shared else tuple(
-        l for l in (self.query, self.key, self.value) if l is not None)
-    q_BSHE, *kv = fused_dense(layers, x_BSD)
-    q_BSHE = constrain(self.query_norm(q_BSHE), ACT_BSHE)
-    q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta, self.rope_fraction)
-    if self.kv_shared:
-      return q_BSHE, None, None
-    raw_BSKE = constrain(kv[0], ACT_BSKE)
-    v_BSKE = raw_BSKE if self.value is None else constrain(kv[1], ACT_BSKE)
+  def _q(self, x_BSD, positions_BS):
+    q_BSHE = constrain(self.query_norm(self.query(x_BSD)), ACT_BSHE)
+    return apply_rope(q_BSHE, positions_BS, self.rope_theta, self.rope_fraction)
+
+  def _kv(self, x_BSD, positions_BS):
+    raw_BSKE = constrain(self.key(x_BSD), ACT_BSKE)
+    v_BSKE = raw_BSKE if self.value is None else constrain(self.value(x_BSD), ACT_BSKE)
     k_BSKE = apply_rope(self.key_norm(raw_BSKE), positions_BS, self.rope_theta, self.rope_fraction)
-    return q_BSHE, k_BSKE, self.value_norm(v_BSKE)
+    return k_BSKE, self.value_norm(v_BSKE)
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None):
     """Returns (output, (k, v)); a kv-shared layer takes its (k, v) from `shared_kv`."""
-    q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
-    if self.kv_shared:
-      k_BSKE, v_BSKE = shared_kv
+    q_BSHE = self._q(x_BSD, positions_BS)
+    k_BSKE, v_BSKE = shared_kv if self.kv_shared else self._kv(x_BSD, positions_BS)
     o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
                      sliding_window=self.window)
     return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), (k_BSKE, v_BSKE)
@@ -196,9 +189,12 @@ class Attention(nnx.Module):
     step it reads the producer's row `index`, written earlier in the same step. A prefill attends
     within the new tokens with the training op, a step over the cache. Returns (output, (k, v),
     group)."""
-    q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
-    if not self.kv_shared and group is not None:
-      group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
+    q_BSHE = self._q(x_BSD, positions_BS)
+    k_BSKE = v_BSKE = None
+    if not self.kv_shared:
+      k_BSKE, v_BSKE = self._kv(x_BSD, positions_BS)
+      if group is not None:
+        group = self.cache.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
     if prefill:
       if self.kv_shared:
         k_BSKE, v_BSKE = shared_kv

@@ -38,7 +38,7 @@ from MaxText.layers.causal_conv import causal_conv, causal_conv_step
 from MaxText.layers.gated_delta import (chunked_gated_delta_rule, document_starts,
                                         gated_delta_rule, gated_delta_step, l2_normalize)
 from MaxText.layers.kv_cache import ArraySpec
-from MaxText.layers.linear import DenseGeneral, fused_dense
+from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.norms import GatedRMSNorm
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
@@ -103,10 +103,10 @@ class GatedDeltaNet(nnx.Module):
 
   # ---- the pieces both forms share (any leading dims `...`) --------------------------------------
   def _project(self, x_D):
-    """x → (q|k|v [..., Hk, X], z [..., Hv, Dv], b and a [..., Hv]); both input projections as one
-    matmul in a 16-bit compute dtype (`fused_dense`)."""
+    """x → (q|k|v [..., Hk, X], z [..., Hv, Dv], b and a [..., Hv])."""
     Hk, Hv, Dk, Dv, G = self.dims
-    qkvz, ba = fused_dense((self.in_proj_qkvz, self.in_proj_ba), x_D)
+    qkvz = self.in_proj_qkvz(x_D)
+    ba = self.in_proj_ba(x_D)
     lead = x_D.shape[:-1]
     qkv, z = qkvz[..., :2 * Dk + G * Dv], qkvz[..., 2 * Dk + G * Dv:].reshape(*lead, Hv, Dv)
     return qkv, z, ba[..., :G].reshape(*lead, Hv), ba[..., G:].reshape(*lead, Hv)

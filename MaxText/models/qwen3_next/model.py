@@ -42,7 +42,7 @@ from flax import nnx
 from MaxText.layers import sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, fused_dense, param
+from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, record
 from MaxText.layers.norms import RMSNorm
@@ -125,14 +125,12 @@ class GatedAttention(nnx.Module):
     self.cache = KVCache(K, E)
 
   def _qkv(self, x_BSD, positions_BS):
-    """(q, its output gate [B, S, H, E], k, v [B, S, K, E]): q/k normed, partial RoPE. The three
-    projections run as one matmul in a 16-bit compute dtype (`fused_dense`)."""
+    """(q, its output gate [B, S, H, E], k, v [B, S, K, E]): q/k normed, partial RoPE."""
     E = self.out.kernel.get_value().shape[1]
-    qg_BSH2E, k_BSKE, v_BSKE = fused_dense((self.query, self.key, self.value), x_BSD)
-    qg_BSH2E = constrain(qg_BSH2E, ACT_BSHE)
+    qg_BSH2E = constrain(self.query(x_BSD), ACT_BSHE)
     q_BSHE, gate_BSHE = qg_BSH2E[..., :E], qg_BSH2E[..., E:]
-    k_BSKE = constrain(self.key_norm(k_BSKE), ACT_BSKE)
-    v_BSKE = constrain(v_BSKE, ACT_BSKE)
+    k_BSKE = constrain(self.key_norm(self.key(x_BSD)), ACT_BSKE)
+    v_BSKE = constrain(self.value(x_BSD), ACT_BSKE)
     q_BSHE = apply_partial_rope(self.query_norm(q_BSHE), positions_BS, self.rope_theta,
                                 self.rotary_dim)
     k_BSKE = apply_partial_rope(k_BSKE, positions_BS, self.rope_theta, self.rotary_dim)
