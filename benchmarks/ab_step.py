@@ -113,7 +113,9 @@ def main() -> int:
   for text in args.variant:
     label, n, keys, patches = parse_variant(text)
     devices = jax.devices()[:n or args.devices]
-    cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *model_keys(args.model, len(devices)),
+    given = {k.split("=", 1)[0] for k in keys}   # a variant's keys replace the model's
+    base = [k for k in model_keys(args.model, len(devices)) if k.split("=", 1)[0] not in given]
+    cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *base,
                        "jax_cache_dir=", f"base_output_directory={work}", "run_name=ab", *keys],
                       keep_auto=True)   # auto values as a training run resolves them
     undo = [apply_patch(p) for p in patches]   # the code this variant traces

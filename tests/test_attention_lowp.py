@@ -55,7 +55,7 @@ def test_bf16_attention_dots_are_not_upcast_on_cpu():
 def test_causal_query_blocks_skip_only_masked_keys():
   # 4 blocks of 16 queries (G = 2 folded rows each): keys up to each block's end; with a window
   # of 8 from the block's first query minus 7
-  assert attention_ops.causal_query_blocks(64, 64, 2, None) is None          # QUERY_BLOCK 128
+  assert attention_ops.causal_query_blocks(64, 64, 2, None) is None          # QUERY_BLOCK 64
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(attention_ops, "QUERY_BLOCK", 16)
     assert attention_ops.causal_query_blocks(64, 64, 2, None) == (
