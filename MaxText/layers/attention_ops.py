@@ -37,15 +37,16 @@ def causal_query_blocks(S: int, T: int, G: int, sliding_window: int | None):
 
 
 def _heads_major(x_BKQT, K: int, G: int):
-  """[B, K, S·G, T] (rows s·G + g) → [B, H, S, T] (head h = k·G + g), for the inspection sites."""
+  """[B, K, S·G, T] (rows s·G + g) → [B, H, S, T] (head h = k·G + g), for the inspection sites
+  (through rank-4 intermediates: no other value looks like a layer stack of patterns)."""
   B, _, Q, T = x_BKQT.shape
-  return x_BKQT.reshape(B, K, Q // G, G, T).transpose(0, 1, 3, 2, 4).reshape(B, K * G, Q // G, T)
+  return x_BKQT.reshape(B * K, Q // G, G, T).transpose(0, 2, 1, 3).reshape(B, K * G, Q // G, T)
 
 
 def _rows_major(x_BHST, K: int, G: int):
   """The inverse of `_heads_major`."""
   B, _, S, T = x_BHST.shape
-  return x_BHST.reshape(B, K, G, S, T).transpose(0, 1, 3, 2, 4).reshape(B, K, S * G, T)
+  return x_BHST.reshape(B * K, G, S, T).transpose(0, 2, 1, 3).reshape(B, K, S * G, T)
 
 
 def _plain_attention(q_BKQE, k_BKTE, v_BKTE, mask_BQT, scale, blocks, probe):
