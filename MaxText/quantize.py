@@ -5,7 +5,7 @@
       method=rtn|gptq bits=8|4 group_size=128 calibration_steps=N [act_order=true] [dataset keys]
 
 What is quantized: the decoder's attention and MLP projections and the routed experts of MoE layers
-(each expert's wi / wo on its own; layers/quant.py); the embedding, the LM head, norms and routers
+(each expert's wi / wo on its own; layers/quant_experts.py); the embedding, the LM head, norms and routers
 stay as they are, and so do the modules whose path the regex `weight_quant_exclude` searches
 (e.g. "experts"). Scales: symmetric, one per `group_size` consecutive input
 rows and output column (0: one per column). Methods:

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = ["emb_dim=128", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2",
          "head_dim=32", "mlp_dim=256", "vocab_size=264"]
@@ -86,7 +88,11 @@ def main() -> None:
   evals = [r for r in rows if "eval_reward" in r]
   steps = [r for r in rows if "reward_mean" in r]
   first, last = evals[0], evals[-1]
-  result = {"sft_s": round(sft_s, 1), "grpo_s": round(grpo_s, 1),
+  compute = {}
+  for name in ("sft", "grpo"):
+    with open(os.path.join(args.out, name, "config.yml"), encoding="utf-8") as f:
+      compute[name] = yaml.safe_load(f)["dtype"]
+  result = {"sft_s": round(sft_s, 1), "grpo_s": round(grpo_s, 1), "compute_dtype": compute,
             "eval_reward_before": first["eval_reward"], "eval_reward_after": last["eval_reward"],
             "eval_reward_greedy_before": first["eval_reward_greedy"],
             "eval_reward_greedy_after": last["eval_reward_greedy"],

@@ -15,9 +15,12 @@ the published model's DeltaNet head widths of 128, where the rule is most of the
 One sequence length at a time (so that only its programs are held): every configuration is
 compiled once (cold: no persistent cache), then `--rounds` rounds each run every configuration's
 step once, alternating, so that load on a shared machine hits all alike (each row is printed when
-its length is done). The table gives the median step time, tokens/s = batch x S / step, and the
-compiled step's memory (`memory_analysis()`: "temp" is XLA's scratch, where the S x S attention
-scores live; "peak" = arguments + outputs + temp - donated aliases). A step whose compiled peak
+its length is done). Compute float32 (the configs' dtype=auto as `load_config` gives it: the
+tools' dtype, not train.py's bfloat16), weights float32, the loss over the whole sequence (the
+vocabulary is 6x the width: no auto chunks); the output says so. The table gives the median
+step time, tokens/s = batch x S / step, and the compiled step's memory (`memory_analysis()`:
+"temp" is XLA's scratch, where the S x S attention scores live; "peak" = arguments + outputs +
+temp - donated aliases). A step whose compiled peak
 exceeds `--mem-fraction` (0.5) of the free host memory is not run (the machine may be shared).
 All models use attention=dot_product (XLA; the Pallas kernels run only in the interpreter on CPU)
 and remat_policy=save_matmuls (the default): one attention layer's S x S scores then set the peak
@@ -112,7 +115,11 @@ def main() -> int:
     batch = {k: jax.device_put(host[k], t.batch_sharding) for k in BATCH_KEYS}
     print(f"compiled {name} at S={S} in {compile_s:.1f} s: peak {peak / 2**20:,.0f} MiB",
           file=sys.stderr, flush=True)
+    setting = (f"compute {t.cfg.dtype}, weights {t.cfg.weight_dtype}, loss "
+               + (f"in chunks of {t.cfg.loss_chunk_length}" if t.cfg.loss_chunk_length
+                  else "over the whole sequence"))
     return {"name": name, "S": S, "trainer": t, "compiled": compiled, "batch": batch,
+            "setting": setting,
             "temp": mem.temp_size_in_bytes, "peak": peak, "compile_s": compile_s, "times": [],
             "state": None}
 
@@ -170,8 +177,8 @@ def main() -> int:
   head = ("| model | S | step ms | tokens/s | temp MiB | peak MiB | compile s |\n"
           "|---|---|---|---|---|---|---|")
   lines = [f"{devices[0].platform} ({devices[0].device_kind}), jax {jax.__version__}; batch "
-           f"{args.batch}, fp32, one training step (fwd + bwd + AdamW), median of {args.rounds} "
-           f"alternating rounds",
+           f"{args.batch}, {'; '.join(sorted({r['setting'] for g in done_groups for r in g}))}"
+           f"; one training step (fwd + bwd + AdamW), median of {args.rounds} alternating rounds",
            f"load before: {load_before}", f"load after:  {load_after}", "", head,
            *(row(r) for runs in done_groups[:len(seqs)] for r in runs)]
   if args.scan_seq:

@@ -6,8 +6,9 @@ do not); and the trainer's pre-flight memory estimate (parameters + gradients + 
 weights (computed from the abstract state: nothing is allocated).
 
 Model: d_model 512, 4 layers, 8 heads of 64 (kv 8), SwiGLU mlp 2048, vocab 8192, seq 128, batch
-4, synthetic data, 1 device, fp32 (about 25M parameters). LoRA: rank 16, alpha 32, the default
-targets (every attention and MLP projection).
+4, synthetic data, 1 device (about 25M parameters), computing as train.py does by default
+(dtype=auto: bfloat16, fp32 weights; the runs' config.yml says, and the output prints it). LoRA:
+rank 16, alpha 32, the default targets (every attention and MLP projection).
 
   .venv/bin/python benchmarks/lora.py [--repeats 2] [--steps 12]
 """
@@ -21,6 +22,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_train import run, summarise  # noqa: E402  (same measuring as the reference benchmark)
+import yaml  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = {"emb_dim": 512, "num_decoder_layers": 4, "num_query_heads": 8, "num_kv_heads": 8,
@@ -58,13 +60,16 @@ def preflight() -> None:
     for name, extra in (("full fine-tuning", []), ("LoRA rank 16", ["lora_rank=16"])):
       cfg = load_config([os.path.join(ROOT, "configs/base.yml"), "model_name=qwen3-8b",
                          "ici_fsdp_parallelism=1", f"weight_dtype={weights}",
-                         f"base_output_directory={tempfile.gettempdir()}", *extra])
+                         f"base_output_directory={tempfile.gettempdir()}", *extra],
+                        keep_auto=True)   # as train.py resolves it
       t = Trainer(cfg, jax.devices()[:1])
       est = memory.estimate(t.abstract, [_GPU80()], t.activation_bytes(), trained=
                             lora.split(t.abstract["params"])[0] if extra else None)
       verdict = "accepted" if memory.check_fits(est) is None else "refused (exit 2)"
       print(f"| {name} | {weights} | {est.params / gib:.2f} | {est.grads / gib:.3f} | "
             f"{est.optimizer / gib:.3f} | {est.needed / gib:.2f} | {verdict} |")
+  print(f"(compute {t.cfg.dtype}, loss in chunks of {t.cfg.loss_chunk_length or 'the whole'} "
+        f"positions, {t.cfg.max_target_length} tokens x {t.global_batch} rows)")
 
 
 def step_times(repeats: int) -> dict[str, list[float]]:
@@ -77,9 +82,10 @@ def step_times(repeats: int) -> dict[str, list[float]]:
   from MaxText.data.pipeline import make_shard_iterator  # pylint: disable=import-outside-toplevel
   from MaxText.train.loop import Trainer  # pylint: disable=import-outside-toplevel
   steps = {}
+  trainer = None
   for kind, extra in KINDS:
     argv = cmd(tempfile.gettempdir(), "timing", 1, extra)[2:]
-    trainer = Trainer(load_config(argv), jax.devices()[:1])
+    trainer = Trainer(load_config(argv, keep_auto=True), jax.devices()[:1])   # as train.py
     it = make_shard_iterator(DataConfig.from_config(trainer.cfg), [0], 1, trainer.global_batch)
     batch = trainer.device_batch(next(it))
     it.close()
@@ -92,7 +98,15 @@ def step_times(repeats: int) -> dict[str, list[float]]:
       float(metrics["loss"])
       if i:   # the first call of each warms up
         times[kind].append(time.perf_counter() - t0)
+  print(f"alternating steps: compute {trainer.cfg.dtype}, weights {trainer.cfg.weight_dtype}")
   return times
+
+
+def compile_seconds(log_path: str) -> float:
+  """train.py's "compiled the train step in X s" line."""
+  with open(log_path, encoding="utf-8") as f:
+    return next(float(line.split(" in ")[1].split()[0]) for line in f
+                if line.startswith("compiled the train step in "))
 
 
 KINDS = (("full fine-tuning", []), ("LoRA rank 16", ["lora_rank=16", "lora_alpha=32"]))
@@ -115,14 +129,17 @@ def main() -> int:
       name = f"{'lora' if extra else 'full'}-{rep}"
       log_path = os.path.join(out, f"{name}.log")
       os.makedirs(out, exist_ok=True)
-      code, rss, _ = run(cmd(out, name, args.steps, extra), env, log_path)
+      code, rss, _, _ = run(cmd(out, name, args.steps, extra), env, log_path)
       if code != 0:
         print(f"{kind}: exit {code}; see {log_path}", file=sys.stderr)
         return 1
-      s = summarise("ours", os.path.join(out, name), log_path, args.first_step)
-      s["rss_gib"] = rss
+      s = summarise("ours", os.path.join(out, name), args.first_step, 1)
+      s["rss_gib"], s["compile_s"] = rss, compile_seconds(log_path)
+      with open(os.path.join(out, name, "config.yml"), encoding="utf-8") as f:
+        saved = yaml.safe_load(f)
       results.setdefault(kind, []).append(s)
-      print(f"  {kind:17s} {s['step_s']:.3f} s/step, peak RSS {rss:.2f} GiB", flush=True)
+      print(f"  {kind:17s} {s['step_s']:.3f} s/step, peak RSS {rss:.2f} GiB (compute "
+            f"{saved['dtype']}, weights {saved['weight_dtype']})", flush=True)
   times = step_times(args.timed_steps)
   print("\n| run | step s (alternating, median) | step s (own run, median) | compile s | "
         "peak RSS GiB |")

@@ -1,7 +1,9 @@
-"""Reading each step's metrics one step late (the loop's default: step N+1 is dispatched before
-step N's metrics are read back) vs at once (before the next dispatch, the former loop): the whole
-training loop (`Trainer.run`, synthetic data, no checkpoints), both kinds alternated in ONE
-process, `--pairs` times, so a shared machine's load hits both alike.
+"""Reading each step's metrics one step late (the loop: step N+1 is dispatched before step N's
+metrics are read back) vs at once (each step waited for as soon as it is dispatched: a host sync
+per step, as the former loop's read before the next dispatch): the whole training loop
+(`Trainer.run`, synthetic data, no checkpoints), both kinds alternated in ONE process, `--pairs`
+times, so a shared machine's load hits both alike. The compute dtype is printed (the default:
+dtype=auto, bf16; `dtype=float32` as an override for fp32).
 
   .venv/bin/python benchmarks/metrics_lag.py [--devices 8] [--pairs 4] [--steps 12] [key=value ...]
 
@@ -37,16 +39,15 @@ def main() -> int:
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ["JAX_PLATFORMS"] = "cpu"
 
+  import jax  # pylint: disable=import-outside-toplevel
   from MaxText.train.loop import Trainer, run  # pylint: disable=import-outside-toplevel
   from tiny_train import GLOBAL_BATCH, REF, mesh_keys  # pylint: disable=import-outside-toplevel
 
   class Timed(Trainer):
     """The loop as it is, with the process's CPU time taken at each metrics row."""
-    late = True
 
     def __init__(self, *a, **kw):
       super().__init__(*a, **kw)
-      self.read_metrics_late = self.late
       self.cpu_at_rows: list[float] = []
 
     def _finish_step(self, step, *a):
@@ -55,7 +56,12 @@ def main() -> int:
       return code
 
   class AtOnce(Timed):
-    late = False
+    """Each step waited for as soon as it is dispatched: the host's per-step work (the metrics
+    row, the next batch's transfer) no longer overlaps the device's step."""
+
+    def compile_step(self):
+      compiled = super().compile_step()
+      return lambda state, batch: jax.block_until_ready(compiled(state, batch))
 
   work = tempfile.mkdtemp(prefix="metrics_lag_")
   n = args.devices
@@ -80,6 +86,8 @@ def main() -> int:
       if pair:
         results[name].append((wall, cpu_step))
   print(f"\n{n} fake devices (data 2 x fsdp {n // 2}), tiny config ({' '.join(args.overrides)}); "
+        f"compute {trainer.cfg.dtype}, weights {trainer.cfg.weight_dtype}, loss chunk "
+        f"{trainer.cfg.loss_chunk_length or 'none'}; "
         f"{args.pairs} pairs x {args.steps} steps; load average {load0:.2f} -> "
         f"{os.getloadavg()[0]:.2f}\n")
   print("| metrics read | wall s per step (median of runs) | each run | CPU-s per step |")

@@ -6,7 +6,9 @@ equal active parameters (mlp_dim = k x expert width), on whatever devices JAX se
 
 On CPU it fakes `--devices` host devices (XLA_FLAGS) and the exchange is the padded all-to-all; on
 GPU/TPU the real `jax.lax.ragged_all_to_all` (moe_dispatch=auto). The mesh is (data = devices/EP,
-expert = EP); tokens are split over both axes, the experts over `expert`. Prints one Markdown table.
+expert = EP); tokens are split over both axes, the experts over `expert`. Prints one Markdown table
+and the compute dtype: float32 (the config's dtype=auto as `load_config` gives it to a tool, not a
+training run's bfloat16; `--dtype bfloat16` for bf16, both layers).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def main() -> int:
   ap.add_argument("--top-k", type=int, default=2)
   ap.add_argument("--expert-dim", type=int, default=256)
   ap.add_argument("--repeats", type=int, default=10)
+  ap.add_argument("--dtype", default="", help="compute dtype (default: the config's, float32)")
   args = ap.parse_args()
   os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
 
@@ -55,7 +58,8 @@ def main() -> int:
     cfg = load_config([base, f"emb_dim={D}", f"num_experts={args.experts}",
                        f"num_experts_per_tok={args.top_k}", f"moe_mlp_dim={args.expert_dim}",
                        f"ici_data_parallelism={n // ep}", "ici_fsdp_parallelism=1",
-                       f"ici_expert_parallelism={ep}"])
+                       f"ici_expert_parallelism={ep}", *([f"dtype={args.dtype}"] if args.dtype
+                                                         else [])])
     return cfg, create_mesh(cfg, devices), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
 
   def timed(make_layer, ep, moe):
@@ -85,12 +89,12 @@ def main() -> int:
     moe = lambda cfg: RoutedMLP(ModelConfig.from_config(cfg), rngs=nnx.Rngs(params=0))
     rows.append((f"MoE, EP {ep}", timed(moe, ep, True)))
   width = args.top_k * args.expert_dim
-  dense = lambda cfg: GatedMLP(D, width, "silu", rngs=nnx.Rngs(params=0), dtype=jnp.float32,
-                               param_dtype=jnp.float32)
+  dense = lambda cfg: GatedMLP(D, width, "silu", rngs=nnx.Rngs(params=0),
+                               dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.float32)
   rows.append((f"dense MLP, width {width} (equal active params)", timed(dense, 1, False)))
   print(f"\n{len(devices)} {devices[0].platform} devices; {args.tokens} tokens, D={D}, "
-        f"{args.experts} experts of width {args.expert_dim}, top-{args.top_k}; fwd+bwd, "
-        f"mean of {args.repeats}")
+        f"{args.experts} experts of width {args.expert_dim}, top-{args.top_k}; compute "
+        f"{setup(1)[0].dtype}, weights float32; fwd+bwd, mean of {args.repeats}")
   print("| layer | step ms | tokens/s |")
   print("|---|---|---|")
   for name, t in rows:

@@ -5,7 +5,8 @@ are the user's: train.py, MaxText.quantize, MaxText.evaluate, MaxText.decode).
       [--model qwen3-moe-tiny] [--keep-float experts]
 
 1. Trains the default model (configs/base.yml: 4 layers, d 256, embedded data) for --steps with
-   eval_split_fraction=0.05 (the held-out documents are never read by training or calibration).
+   eval_split_fraction=0.05 (the held-out documents are never read by training or calibration),
+   computing as train.py does by default (dtype=auto: bf16, fp32 weights; printed with the table).
 2. Quantizes it: int8 RTN, int4 RTN, int4 GPTQ with and without act-order (group 64, 8
    calibration batches of training documents).
 3. Per checkpoint: held-out perplexity (MaxText.evaluate, eval_steps=10), the params item's size on
@@ -28,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -113,6 +116,10 @@ def main() -> None:
     tps = float(run([PY, __file__, "--decode-speed", path]).strip().splitlines()[-1])
     rows.append((name, ppl, size, tps))
   base = rows[0][1]
+  with open(f"{a.out}/fp/config.yml", encoding="utf-8") as f:
+    trained = yaml.safe_load(f)
+  print(f"\nthe float checkpoint trained {a.steps} steps computing in {trained['dtype']} (weights "
+        f"{trained['weight_dtype']}); evaluation and decoding compute in float32 (the tools' dtype)")
   print("\n| checkpoint | held-out perplexity | vs fp32 | params on disk | generated tok/s (8 prompts x 64 "
         "new, greedy, after a compiling call) |")
   print("|---|---|---|---|---|")

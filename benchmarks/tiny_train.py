@@ -140,17 +140,28 @@ def cpu_per_step(cpu_at_rows: list[float], first: int) -> float | None:
   return spent / (len(cpu_at_rows) - 1 - first) if spent > 0 else None
 
 
+def tokens_per_step(tokens_per_s: list[float], step_s: list[float]) -> int:
+  """The tokens of one step, exactly: each row's tokens/s x its own step time (the same whole
+  number in every row; the product of the two medians is not, e.g. 4,097)."""
+  per_row = {round(t * s) for t, s in zip(tokens_per_s, step_s)}
+  if len(per_row) != 1:
+    raise ValueError(f"the rows disagree on the tokens per step: {sorted(per_row)}")
+  return per_row.pop()
+
+
 def summarise(kind: str, run_dir: str, first: int, devices: int) -> dict:
   rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
   if kind == "maxtext":  # its steps count from 0; per-device tokens/s
     sel = [r for r in rows if r["step"] >= first]
-    return {"tokens_per_s": devices * statistics.median(r["perf/per_device_tokens_per_sec"] for r in sel),
-            "step_s": statistics.median(r["perf/step_time_seconds"] for r in sel),
-            "losses": [r["learning/loss"] for r in rows if "learning/loss" in r]}
-  sel = [r for r in rows if r["step"] > first]  # our steps count from 1
-  return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in sel),
-          "step_s": statistics.median(r["step_time_s"] for r in sel),
-          "losses": [r["loss"] for r in rows]}
+    tok = [devices * r["perf/per_device_tokens_per_sec"] for r in sel]
+    step = [r["perf/step_time_seconds"] for r in sel]
+    losses = [r["learning/loss"] for r in rows if "learning/loss" in r]
+  else:
+    sel = [r for r in rows if r["step"] > first]  # our steps count from 1
+    tok, step = [r["tokens_per_s"] for r in sel], [r["step_time_s"] for r in sel]
+    losses = [r["loss"] for r in rows]
+  return {"tokens_per_s": statistics.median(tok), "step_s": statistics.median(step),
+          "tokens_per_step": tokens_per_step(tok, step), "losses": losses}
 
 
 def cells(devices: list[int], meshes: list[str], dtypes: list[str]) -> list[dict]:
@@ -201,7 +212,6 @@ def default_run(args, out: str) -> int:
         return 1
       s = summarise(kind, os.path.join(out, name), args.first_step, n or 1)
       s["cpu_s"] = cpu_per_step(cpu_rows, args.first_step)
-      s["tokens_per_step"] = s["tokens_per_s"] * s["step_s"]
       results.setdefault(label, []).append(s)
       print(f"  {label:40s} {s['tokens_per_s']:8,.0f} tok/s  {_cpu_text(s)}  ({load()})",
             flush=True)
@@ -211,10 +221,10 @@ def default_run(args, out: str) -> int:
   for label, rs in results.items():
     med[label] = statistics.median(r["tokens_per_s"] for r in rs)
     cpu = [r["cpu_s"] for r in rs if r["cpu_s"]]
-    tokens = statistics.median(r["tokens_per_step"] for r in rs)
+    tokens, = {r["tokens_per_step"] for r in rs}   # exactly one value: each repeat's config
     per_k = f"{1000 * statistics.median(cpu) / tokens:.3f}" if cpu else "n/a"
     print(f"| {label} | {med[label]:,.0f} | {statistics.median(cpu) if cpu else float('nan'):.2f} "
-          f"| {tokens:,.0f} | {per_k} |")
+          f"| {tokens:,} | {per_k} |")
   mt = [v for label, v in med.items() if label.startswith("MaxText")]
   if mt:
     best = max(mt)

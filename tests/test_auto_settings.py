@@ -5,9 +5,9 @@ chunk; only a chunk the user set is refused for a family without that head."""
 import jax
 import pytest
 
-from conftest import BASE_YML, MESH_1, train
+from conftest import BASE_YML, MESH_1, argv, read_metrics
 from MaxText.config.load import ConfigError, load_config, resolve_dtype
-from MaxText.train import auto_settings
+from MaxText.train import auto_settings, loop
 from MaxText.train.config_checks import validate
 
 C = auto_settings.AUTO_CHUNK_LENGTH
@@ -19,11 +19,11 @@ def test_dtype_auto_is_bf16_for_training_and_fp32_for_the_tools():
   assert given.dtype == "auto" and given.weight_dtype == "float32"
   assert load_config([BASE_YML]).dtype == "float32"                  # the tools (parity in fp32)
   assert resolve_dtype(given, training=True).dtype == "bfloat16"
-  assert auto_settings.for_training(given).dtype == "bfloat16"
+  assert auto_settings.for_training(given).cfg.dtype == "bfloat16"
   for dtype in ("float32", "bfloat16", "float16"):                    # a set dtype is kept
     cfg = load_config([BASE_YML, f"dtype={dtype}"], keep_auto=True)
-    assert auto_settings.for_training(cfg).dtype == load_config([BASE_YML, f"dtype={dtype}"]).dtype \
-        == dtype
+    assert auto_settings.for_training(cfg).cfg.dtype == \
+        load_config([BASE_YML, f"dtype={dtype}"]).dtype == dtype
 
 
 @pytest.mark.parametrize("keys,expected", [
@@ -37,7 +37,26 @@ def test_dtype_auto_is_bf16_for_training_and_fp32_for_the_tools():
 def test_loss_chunk_auto(keys, expected):
   cfg = load_config([BASE_YML, *keys])
   assert auto_settings.loss_chunk(cfg) == expected
-  assert auto_settings.for_training(cfg).loss_chunk_length == expected
+  assert auto_settings.for_training(cfg).cfg.loss_chunk_length == expected
+
+
+def test_resolved_once_with_the_keys_left_at_auto():
+  """`for_training` records which keys were auto (the mesh line says so only for those) and hands
+  a resolution back unchanged (train.py's run() resolves once; the Trainer takes that)."""
+  given = load_config([BASE_YML, f"max_target_length={2 * C}", BIG_VOCAB], keep_auto=True)
+  training = auto_settings.for_training(given)
+  assert training.auto == {"dtype", "loss_chunk_length"}
+  assert (training.cfg.dtype, training.cfg.loss_chunk_length) == ("bfloat16", C)
+  assert auto_settings.for_training(training) is training
+  assert auto_settings.describe(training) == (
+      f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), weights float32; loss in "
+      f"chunks of {C} positions (loss_chunk_length=-1: auto)")
+  explicit = auto_settings.for_training(load_config(
+      [BASE_YML, f"max_target_length={2 * C}", BIG_VOCAB, "dtype=bfloat16",
+       f"loss_chunk_length={C}"], keep_auto=True))
+  assert explicit.auto == set() and explicit.cfg == training.cfg
+  assert auto_settings.describe(explicit) == (
+      f"compute bfloat16, weights float32; loss in chunks of {C} positions")
 
 
 def test_loss_chunk_length_range():
@@ -49,15 +68,21 @@ def test_loss_chunk_length_range():
     load_config([BASE_YML, "loss_chunk_length=-2"])
 
 
-def test_training_with_auto_values(tmp_path, capsys):
+def test_training_with_auto_values(tmp_path, capsys, monkeypatch):
   """A run with dtype=auto and loss_chunk_length=-1 at a sequence of two chunks: it computes in
-  bf16 with chunks of C (printed with the mesh), writes them to config.yml, and its loss falls."""
-  code, rows, state = train(tmp_path, "auto", "dtype=auto", f"max_target_length={2 * C}",
-                            "vocab_size=512",          # 8 x the tiny width 64
-                            "per_device_batch_size=1", "steps=6", "learning_rate=3e-3",
-                            "enable_checkpointing=false")
+  bf16 with chunks of C (printed with the mesh), writes them to config.yml, and its loss falls.
+  The config checks see the config the run trains with (one resolution, not one per reader)."""
+  checked, check = [], loop.check_config
+  monkeypatch.setattr(loop, "check_config", lambda cfg, devices: checked.append(cfg) or
+                      check(cfg, devices))
+  code, trainer = loop.run(argv(tmp_path, "auto", "dtype=auto", f"max_target_length={2 * C}",
+                                "vocab_size=512",          # 8 x the tiny width 64
+                                "per_device_batch_size=1", "steps=6", "learning_rate=3e-3",
+                                "enable_checkpointing=false"))
+  rows, state = read_metrics(tmp_path / "auto"), trainer.final_state
   out = capsys.readouterr().out
   assert code == 0 and len(rows) == 6
+  assert checked == [trainer.cfg] and trainer.training.auto == {"dtype", "loss_chunk_length"}
   assert (f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), weights float32; "
           f"loss in chunks of {C} positions (loss_chunk_length=-1: auto)") in out
   saved = (tmp_path / "auto" / "config.yml").read_text()

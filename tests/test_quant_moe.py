@@ -20,7 +20,7 @@ from MaxText import decode, evaluate, quantize
 from MaxText.checkpoint.manager import load_params, load_params_host
 from MaxText.config.load import load_config, replace
 from MaxText.data.tokenizers import ByteTokenizer
-from MaxText.layers import quant
+from MaxText.layers import quant, quant_experts
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 from MaxText.sharding.mesh import create_mesh
@@ -57,7 +57,7 @@ def test_expert_fake_quant_equals_numpy_and_gradients_pass_straight_through():
   for e in range(X):
     want[starts[e]:starts[e] + sizes[e]] = xq[starts[e]:starts[e] + sizes[e]] @ wq[e]
   rule = quant.qat_rules("int8", "")[-1]
-  dot = quant.ExpertQat(rule).ragged_dot
+  dot = quant_experts.ExpertQat(rule).ragged_dot
   got = dot(jnp.asarray(rows), jnp.asarray(w), jnp.asarray(sizes))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
   assert not np.allclose(np.asarray(got), np.asarray(jax.lax.ragged_dot(rows, w, sizes)),
@@ -72,7 +72,7 @@ def test_expert_fake_quant_equals_numpy_and_gradients_pass_straight_through():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   # the calibration probe: its gradient is each expert's X^T X over the rows routed to it
   probe = jnp.zeros((X, K, K))
-  h = jax.grad(lambda p: jnp.sum(quant.ExpertProbe().ragged_dot(
+  h = jax.grad(lambda p: jnp.sum(quant_experts.ExpertProbe().ragged_dot(
       jnp.asarray(rows), (jnp.asarray(w), p), jnp.asarray(sizes))))(probe)
   for e in range(X):
     r = rows[starts[e]:starts[e] + sizes[e]]
@@ -253,3 +253,34 @@ def test_int4_experts_decode_and_inspect(trained, tmp_path):
   trace = mi.load(load_parameters_path=str(out / "g4")).forward(tokens[0].tolist(),
                                                                 capture={"logits"})
   np.testing.assert_allclose(trace.logits, ours[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_quantized_before_the_experts_were_is_refused_with_what_to_do(
+    trained, capsys, tmp_path):
+  """The layout MaxText.quantize wrote before routed experts were quantized: experts float, no
+  scales, weight_quant_exclude unset. Every reader exits 4 naming what to do (re-quantize, or
+  with weight_quant_exclude=experts) — and that advice works: the same arrays with
+  weight_quant_exclude=experts in the config evaluate."""
+  from MaxText.checkpoint_conversion import to_huggingface
+  from MaxText.train.loop import run
+  out, ckpt = trained("qwen3-moe-tiny")
+  assert _quantize(out, ckpt, "old", "method=rtn", "bits=8", "weight_quant_exclude=experts") == 0
+  old = out / "old"
+  assert evaluate.main([BASE_YML, f"load_parameters_path={old}", *DATA, "eval_steps=1"]) == 0
+  meta_file = old / "0" / "meta" / "metadata"     # the config as the former version wrote it
+  meta = json.loads(meta_file.read_text())
+  assert meta["config"]["weight_quant_exclude"] == "experts"
+  meta["config"]["weight_quant_exclude"] = ""
+  meta_file.write_text(json.dumps(meta))
+  capsys.readouterr()
+  codes = [evaluate.main([BASE_YML, f"load_parameters_path={old}", *DATA, "eval_steps=1"]),
+           to_huggingface.main([f"load_parameters_path={old}", f"output_path={tmp_path / 'hf'}"]),
+           run([BASE_YML, f"load_parameters_path={old}", f"base_output_directory={tmp_path}",
+                "run_name=ft", "steps=1", *MESH_1], devices=jax.devices()[:1])[0]]
+  err = capsys.readouterr().err
+  assert codes == [4, 4, 4], (codes, err)
+  assert err.count("checkpoint error: ") == 3 and "Traceback" not in err
+  assert err.count("kept experts in float") == 3, err
+  assert err.count("Re-quantize the float checkpoint") == 3
+  assert err.count("weight_quant_exclude=experts added to keep them in float") == 3
+  assert "decoder/runs/0/0/mlp/experts" in err

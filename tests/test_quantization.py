@@ -17,7 +17,7 @@ from conftest import BASE_YML, MESH_1, train
 from MaxText import decode, evaluate, quantize
 from MaxText.checkpoint.manager import load_params, load_params_host, read_meta
 from MaxText.config.load import load_config, replace
-from MaxText.layers import quant
+from MaxText.layers import int_levels
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 from MaxText.quantization import convert, gptq
@@ -81,9 +81,9 @@ def test_gptq_core_equals_numpy_reference(act_order, gs, bits):
 
 def test_int4_packing_round_trips():
   q = np.random.default_rng(1).integers(-8, 8, size=(3, 6, 5)).astype(np.int8)
-  packed = quant.pack_int4(q, 1)
+  packed = int_levels.pack_int4(q, 1)
   assert packed.shape == (3, 3, 5) and packed.dtype == np.uint8
-  np.testing.assert_array_equal(np.asarray(quant.unpack_int4(jnp.asarray(packed), 1)), q)
+  np.testing.assert_array_equal(np.asarray(int_levels.unpack_int4(jnp.asarray(packed), 1)), q)
 
 
 # ---- a tiny trained model: GPTQ vs RTN, the quantized checkpoint ---------------------------------

@@ -350,6 +350,18 @@ def read_meta(path: str) -> dict:
     return json.load(f)
 
 
+def stored_param_names(path: str) -> set[str]:
+  """The arrays a checkpoint's `params` item holds, as "/"-joined key paths (e.g.
+  "decoder/runs/0/0/mlp/experts/wi"), from its metadata: no array is read."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    tree = handler.metadata(etils.epath.Path(os.path.join(resolve_step_dir(path), "params"))).tree
+  finally:
+    handler.close()
+  return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath)
+          for keypath, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) -> Any:
   """Parameters only (fine-tuning), placed per `abstract_params`' shardings, which every leaf must
   carry; None gives host numpy arrays (converters: no devices, any mesh it was saved from).

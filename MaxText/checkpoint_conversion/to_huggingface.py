@@ -43,6 +43,7 @@ from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, 
 from MaxText.quantization import convert
 from MaxText.train import lora_base
 from MaxText.train.exit_codes import reported
+from MaxText.train.from_checkpoint import check_quantized_layout
 
 ARGS = {
     "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
@@ -65,7 +66,9 @@ def checkpoint_config(path: str) -> Config:
   unknown = sorted(set(saved) - set(KEYS))
   if unknown:
     raise ConfigError(f"checkpoint '{path}' config has keys this version does not know: {unknown}")
-  return replace(load_config([BASE_YML]), **{**saved, "dtype": AUTO_TOOL_DTYPE})
+  cfg = replace(load_config([BASE_YML]), **{**saved, "dtype": AUTO_TOOL_DTYPE})
+  check_quantized_layout(cfg, path)
+  return cfg
 
 
 def float_config(cfg: Config) -> Config:

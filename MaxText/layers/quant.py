@@ -5,12 +5,8 @@ Which projections: those `lora.default_target` takes (a named axis on each side,
 the attention, Gated DeltaNet and MLP projections of the decoder layers; not the embedding, the LM
 head, a router or a gate to one value), minus those whose module path ("/" joined, e.g.
 "decoder/runs/0/0/mlp/up") the regex `exclude` searches. Also the routed experts of MoE layers
-(layers/moe.py: `RoutedExperts`, stacked wi [*lead, E, D, 2F] and wo [*lead, E, F, D] multiplied
-by `jax.lax.ragged_dot`), unless `exclude` searches their module path (".../experts"): each
-expert's wi and wo are quantized as the projections are (per expert, per output column, scales
-over the contraction axis), through the experts' own `quant` object (`moe.FloatExperts`' two
-methods: the operands handed to the grouped matmul, and the grouped matmul) — see "routed experts"
-below.
+(layers/moe.py: `RoutedExperts`), unless `exclude` searches their module path (".../experts"):
+their forms are in layers/quant_experts.py; the functions here attach both.
 
 Three roles, each a static, hashable `quant` object on the projection that computes its matmul:
   * `Qat` — quantized training through qwix: the rules are qwix `QtRule`s (`qat_rules`: the
@@ -21,7 +17,7 @@ Three roles, each a static, hashable `quant` object on the projection that compu
     frozen base is the quantized operand and the adapters stay in full precision (QLoRA).
   * `IntWeights` — a post-training-quantized checkpoint (MaxText.quantize): `kernel` holds the
     integer levels (int8, or int4 packed two per uint8 along the kernel's last axis, so every other
-    dimension — the ones model code may read — keeps its size) and
+    dimension — the ones model code may read — keeps its size: layers/int_levels.py) and
     `kernel_scale` [*lead, G, *out] the per-group scales (G groups of consecutive rows of the
     flattened input); the matmul is qwix's `dot_general` on a `qwix.QArray` of them.
   * `HessianProbe` — calibration: the projection's forward is unchanged, and the gradient of the
@@ -38,7 +34,6 @@ architecture key); `python -m MaxText.quantize` turns it into integer weights.
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 from dataclasses import dataclass
@@ -46,14 +41,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import qwix
-from flax import nnx
+from flax import nnx, traverse_util
 from qwix._src.core import dot_general_qt
 
+from MaxText.layers import lora, quant_experts
+from MaxText.layers.int_levels import int_layout, unpack_int4
 from MaxText.layers.linear import DenseGeneral, matmul
-from MaxText.layers import lora
-from MaxText.layers.moe import FloatExperts, RoutedExperts
 
 DIMS = (((1,), (0,)), ((), ()))   # x_MK @ w_KN
 # quantization key → (weight qtype, activation qtype); int4 quantizes the weights only
@@ -115,40 +109,15 @@ def attach_qat(model: nnx.Module, mode: str, exclude: str) -> list[str]:
     if rule is not None and rule.weight_qtype is not None:
       dense.quant = Qat(rule)
       done.append(name)
-  for name, experts in expert_targets(model, ""):
+  for name, experts in quant_experts.targets(model, ""):
     rule = rule_for(rules, name)
     if rule is not None and rule.weight_qtype is not None:
-      experts.quant = ExpertQat(rule)
+      experts.quant = quant_experts.ExpertQat(rule)
       done.append(name)
   return done
 
 
 # ---- integer weights (post-training quantization) ------------------------------------------------
-def pack_int4(q: np.ndarray, axis: int) -> np.ndarray:
-  """Two int4 levels per uint8 along `axis` (even index: low nibble), halving that axis."""
-  q = np.moveaxis(np.asarray(q, np.int8), axis, -1)
-  if q.shape[-1] % 2:
-    raise ValueError(f"int4 packing needs an even size along the packed axis, got {q.shape[-1]}")
-  u = (q.astype(np.int16) & 0xF).astype(np.uint8)
-  return np.moveaxis(u[..., 0::2] | (u[..., 1::2] << 4), -1, axis)
-
-
-def unpack_int4(p: jax.Array, axis: int) -> jax.Array:
-  """The int8 levels of `pack_int4` (doubling `axis`)."""
-  p = jnp.moveaxis(p, axis, -1)
-  both = jnp.stack([(p & 0xF), (p >> 4)], axis=-1).astype(jnp.int8)
-  both = jnp.where(both >= 8, both - 16, both).astype(jnp.int8)
-  return jnp.moveaxis(both.reshape(*p.shape[:-1], p.shape[-1] * 2), -1, axis)
-
-
-def group_size_for(k: int, group_size: int) -> int:
-  """Rows per group for an input of K (0 or >= K: one group); ValueError when it does not divide."""
-  gs = k if group_size <= 0 or group_size >= k else group_size
-  if k % gs:
-    raise ValueError(f"group_size={group_size} does not divide the input size {k}")
-  return gs
-
-
 @dataclass(frozen=True)
 class IntWeights:
   bits: int
@@ -172,23 +141,6 @@ def int_weight_layout(dense: DenseGeneral, bits: int, group_size: int
   return int_layout(shape, axes, len(lead), dense.in_rank, bits, group_size)
 
 
-def int_layout(shape: tuple, axes: tuple, lead: int, in_rank: int, bits: int, group_size: int
-               ) -> tuple[tuple, Any, tuple, tuple]:
-  """(levels' shape, their dtype, scale shape, scale logical axes) of a weight [*lead, *in, *out]
-  (lead: stacked axes, e.g. the scan's layers and the experts) quantized as the matrices
-  [prod(in), prod(out)]."""
-  k = math.prod(shape[lead:lead + in_rank])
-  gs = group_size_for(k, group_size)
-  out = shape[lead + in_rank:]
-  if bits == 4:
-    if shape[-1] % 2:
-      raise ValueError(f"bits=4 packs two levels per byte along the kernel's last axis, which "
-                       f"needs an even size; it is {shape[-1]}")
-    shape = (*shape[:-1], shape[-1] // 2)
-  return (shape, jnp.uint8 if bits == 4 else jnp.int8, (*shape[:lead], k // gs, *out),
-          (*axes[:lead], None, *axes[lead + in_rank:]))
-
-
 def attach_int_weights(model: nnx.Module, bits: int, group_size: int, exclude: str) -> list[str]:
   """Turns the targets' kernels into integer levels + `kernel_scale` (zeros until loaded)."""
   done = []
@@ -202,16 +154,8 @@ def attach_int_weights(model: nnx.Module, bits: int, group_size: int, exclude: s
     dense.kernel_scale = nnx.Param(jnp.zeros(sshape, jnp.float32), logical_axes=saxes)
     dense.quant = IntWeights(bits)
     done.append(name)
-  for name, experts in expert_targets(model, exclude):
-    for w in EXPERT_WEIGHTS:
-      shape, axes = _expert_weight(experts, w)
-      try:
-        kshape, kdtype, sshape, saxes = int_layout(shape, axes, len(shape) - 2, 1, bits, group_size)
-      except ValueError as e:
-        raise ValueError(f"{name}/{w}: {e}") from None
-      setattr(experts, w, nnx.Param(jnp.zeros(kshape, kdtype), logical_axes=axes))
-      setattr(experts, f"{w}_scale", nnx.Param(jnp.zeros(sshape, jnp.float32), logical_axes=saxes))
-    experts.quant = ExpertIntWeights(bits)
+  for name, experts in quant_experts.targets(model, exclude):
+    quant_experts.attach_int_weights(name, experts, bits, group_size)
     done.append(name)
   return done
 
@@ -253,149 +197,24 @@ def attach_probes(model: nnx.Module, exclude: str) -> list[str]:
                                     logical_axes=(*axes[:len(lead)], None, None))
     dense.quant = HessianProbe()
     done.append(name)
-  for name, experts in expert_targets(model, exclude):
-    for w in EXPERT_WEIGHTS:
-      shape, axes = _expert_weight(experts, w)
-      setattr(experts, f"{w}_hessian_probe",
-              nnx.Param(jnp.zeros((*shape[:-2], shape[-2], shape[-2]), jnp.float32),
-                        logical_axes=(*axes[:-2], None, None)))
-    experts.quant = ExpertProbe()
+  for name, experts in quant_experts.targets(model, exclude):
+    quant_experts.attach_probes(experts)
     done.append(name)
   return done
 
 
-# ---- routed experts ----------------------------------------------------------------------------
-# The same three roles for `RoutedExperts` (layers/moe.py), whose `quant` object hands its grouped
-# matmul the operands (every leaf with the expert axis first: they split over the `expert` mesh
-# axis inside the shard_map of expert parallelism) and is that grouped matmul (rows_MK sorted by
-# expert, sizes_X rows per local expert, w [X, K, N] per expert). The lead axes of a stored weight
-# [*lead, E, K, N] (the scan's layers) are gone by the time the matmul runs.
-#
-# QAT: qwix 0.1.8 intercepts `jax.lax.ragged_dot` (its `QtProvider.ragged_dot`), but only through
-# `quantize_model` (not usable here, module docstring), and its `ragged_dot_qt` scales the weights
-# per output column shared by all experts, cannot leave activations unquantized (int4) and
-# differentiates the quantized operands; so the experts' matmul fake-quantizes with qwix's own
-# `quantize` / `dequantize` (per expert and output column, per-token activations) and
-# differentiates straight through to the original operands, as `Qat` does.
-EXPERT_WEIGHTS = ("wi", "wo")
-# X^T X per group of rows: contract the rows of x with themselves, one result per group
-_GROUP_GRAM = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0],
-    rhs_group_dimensions=[])
+# ---- checkpoints quantized by an earlier version ----------------------------------------------------
+SCALE = "_scale"   # the scales of an integer weight `w` are `w + SCALE` (kernel_scale, wi_scale, ...)
 
 
-def expert_targets(model: nnx.Module, exclude: str) -> list[tuple[str, RoutedExperts]]:
-  """[(module path, routed experts)] quantized: every `RoutedExperts` whose path `exclude` does
-  not search."""
-  regex = re.compile(exclude) if exclude else None
-  out = []
-  for path, node in nnx.iter_graph(model):
-    name = "/".join(map(str, path))
-    if isinstance(node, RoutedExperts) and not (regex and regex.search(name)):
-      out.append((name, node))
-  return out
-
-
-def _expert_weight(experts: RoutedExperts, w: str) -> tuple[tuple, tuple]:
-  var = getattr(experts, w)
-  return var.get_value().shape, tuple(var.get_metadata()["logical_axes"])
-
-
-def _fake_quant(a: jax.Array, qtype, channels: tuple, tile_size, method: str) -> jax.Array:
-  """qwix's quantize then dequantize: one scale per index of `channels` (and per tile of
-  `tile_size` along axis 1, the contraction axis of both [M, K] rows and [X, K, N] weights)."""
-  q = qwix.quantize(a, qtype, channelwise_axes=channels,
-                    tiled_axes={1: tile_size} if tile_size else None, calibration_method=method)
-  return qwix.dequantize(q)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _ragged_dot_qt(rows_MK, w_XKN, sizes_X, rule: qwix.QtRule) -> jax.Array:
-  x = rows_MK if rule.act_qtype is None else _fake_quant(
-      rows_MK, rule.act_qtype, (0,), rule.tile_size, rule.act_calibration_method or "absmax")
-  w = _fake_quant(w_XKN, rule.weight_qtype, (0, 2), rule.tile_size,
-                  rule.weight_calibration_method)
-  return jax.lax.ragged_dot(x, w, sizes_X)
-
-
-def _ragged_dot_qt_fwd(rows_MK, w_XKN, sizes_X, rule):
-  return _ragged_dot_qt(rows_MK, w_XKN, sizes_X, rule), (rows_MK, w_XKN, sizes_X)
-
-
-def _ragged_dot_qt_bwd(rule, res, g_MN):
-  del rule
-  rows_MK, w_XKN, sizes_X = res
-  _, vjp = jax.vjp(lambda x, w: jax.lax.ragged_dot(x, w, sizes_X), rows_MK, w_XKN)
-  return (*vjp(g_MN), None)   # straight through: the float matmul's gradient, original operands
-
-
-_ragged_dot_qt.defvjp(_ragged_dot_qt_fwd, _ragged_dot_qt_bwd)
-
-
-@dataclass(frozen=True)
-class ExpertQat(FloatExperts):
-  """Quantized training of the experts: fake-quantized forward, straight-through backward."""
-  rule: qwix.QtRule
-
-  def ragged_dot(self, rows_MK, w, sizes_X):
-    return _ragged_dot_qt(rows_MK, w, sizes_X, self.rule)
-
-
-@dataclass(frozen=True)
-class ExpertIntWeights(FloatExperts):
-  """A post-training-quantized checkpoint's experts: `wi` / `wo` hold the integer levels (int4:
-  packed along the last axis, as `IntWeights`), `wi_scale` / `wo_scale` [*lead, E, G, N] the
-  scales; the matmul is qwix's `ragged_dot` on a `QArray` of the local experts' levels."""
-  bits: int
-
-  def operands(self, experts, dtype):
-    return tuple((getattr(experts, w)[...], getattr(experts, f"{w}_scale")[...])
-                 for w in EXPERT_WEIGHTS)
-
-  def ragged_dot(self, rows_MK, w, sizes_X):
-    q_XKN, scale_XGN = w
-    if self.bits == 4:
-      q_XKN = unpack_int4(q_XKN, q_XKN.ndim - 1)
-    qtype = jnp.int4 if self.bits == 4 else jnp.int8
-    qw = qwix.QArray(qvalue=q_XKN.astype(qtype), scale=scale_XGN.astype(rows_MK.dtype),
-                     qtype=qtype)
-    y = qwix.ragged_dot(rows_MK, qw, sizes_X, preferred_element_type=jnp.float32)
-    return y.astype(rows_MK.dtype)
-
-
-@jax.custom_vjp
-def _group_probe(rows_MK, sizes_X, probe_XKK):
-  del sizes_X, probe_XKK
-  return rows_MK
-
-
-def _group_probe_fwd(rows_MK, sizes_X, probe_XKK):
-  del probe_XKK
-  return rows_MK, (rows_MK, sizes_X)
-
-
-def _group_probe_bwd(res, g_MK):
-  rows_MK, sizes_X = res
-  x = rows_MK.astype(jnp.float32)
-  return g_MK, None, jax.lax.ragged_dot_general(x, x, sizes_X, _GROUP_GRAM)
-
-
-_group_probe.defvjp(_group_probe_fwd, _group_probe_bwd)
-
-
-@dataclass(frozen=True)
-class ExpertProbe(FloatExperts):
-  """Calibration: the gradient of each zero `wi_hessian_probe` / `wo_hessian_probe`
-  [*lead, E, K, K] is, per expert, X^T X over the token copies routed to it (an expert no token
-  reached: zeros)."""
-
-  def operands(self, experts, dtype):
-    return tuple((w, getattr(experts, f"{name}_hessian_probe")[...])
-                 for w, name in zip(super().operands(experts, dtype), EXPERT_WEIGHTS))
-
-  def ragged_dot(self, rows_MK, w, sizes_X):
-    w_XKN, probe_XKK = w
-    return jax.lax.ragged_dot(_group_probe(rows_MK, sizes_X, probe_XKK), w_XKN, sizes_X)
+def kept_float(abstract_params: Any, stored: set[str]) -> list[str]:
+  """The modules this integer model holds as levels + scales that a checkpoint (`stored`: its
+  arrays' "/"-joined key paths) holds as the weight alone, without its scales — a checkpoint
+  quantized by a version that kept them in float (e.g. routed experts before they were quantized).
+  Their module paths, sorted."""
+  names = {"/".join(map(str, k)) for k in traverse_util.flatten_dict(abstract_params)}
+  return sorted({name.rsplit("/", 1)[0] for name in names
+                 if name.endswith(SCALE) and name not in stored and name[:-len(SCALE)] in stored})
 
 
 # ---- the model's keys ------------------------------------------------------------------------------

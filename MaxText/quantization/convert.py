@@ -3,7 +3,7 @@ GPTQ (`quantization/gptq.py`), and back (dequantized floats, for `to_huggingface
 
 Targets: the projections `layers/quant.targets` picks (the decoder's attention and MLP
 projections; not the embedding, the head or routers) and the routed experts' wi / wo
-(`layers/quant.expert_targets`), minus `weight_quant_exclude`. A kernel [*lead, *in, *out] (lead:
+(`layers/quant_experts.targets`), minus `weight_quant_exclude`. A kernel [*lead, *in, *out] (lead:
 the scanned stack's repeat axis; for experts also the expert axis) is quantized per lead index as
 the 2-D matrix [prod(in), prod(out)] the model multiplies — so each expert on its own.
 
@@ -27,7 +27,7 @@ from flax import traverse_util
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from MaxText.layers import quant
+from MaxText.layers import int_levels, quant, quant_experts
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.sharding.rules import Rules, tree_shardings, use_rules
@@ -61,8 +61,8 @@ def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
       ndim = len(dense.kernel.get_value().shape)
       found.append((name, (*name.split("/"), "kernel"), dense.in_rank,
                     ndim - dense.in_rank - dense.out_rank, "kernel_scale", "hessian_probe"))
-    for name, experts in quant.expert_targets(model, exclude):
-      for w in quant.EXPERT_WEIGHTS:
+    for name, experts in quant_experts.targets(model, exclude):
+      for w in quant_experts.WEIGHTS:
         ndim = len(getattr(experts, w).get_value().shape)
         found.append((f"{name}/{w}", (*name.split("/"), w), 1, ndim - 2, f"{w}_scale",
                       f"{w}_hessian_probe"))
@@ -128,7 +128,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
                     progress: bool = True
                     ) -> tuple[dict, list[LayerReport]]:
   """(the parameter tree with each target's kernel as integer levels + `kernel_scale`, a report
-  per quantized matrix). int4 levels are packed (layers/quant.py: pack_int4)."""
+  per quantized matrix). int4 levels are packed (layers/int_levels.py: pack_int4)."""
   flat = dict(traverse_util.flatten_dict(params))
   jobs = [(t, i) for t in tgts
           for i in range(math.prod(np.shape(flat[t.kernel])[:t.lead]))]
@@ -164,7 +164,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     q = np.stack([a for a, _ in out[t.kernel]]).reshape(w.shape)
     s = np.stack([b for _, b in out[t.kernel]])
     s = s.reshape(*lead, s.shape[1], *w.shape[t.lead + t.in_rank:]).astype(np.float32)
-    flat[t.kernel] = quant.pack_int4(q, q.ndim - 1) if bits == 4 else q.astype(np.int8)
+    flat[t.kernel] = int_levels.pack_int4(q, q.ndim - 1) if bits == 4 else q.astype(np.int8)
     flat[t.scale] = s
   return traverse_util.unflatten_dict(flat), reports
 
@@ -182,7 +182,7 @@ def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
   for t in tgts:
     q = np.asarray(flat[t.kernel])
     if bits == 4:
-      q = np.asarray(quant.unpack_int4(jnp.asarray(q), q.ndim - 1))
+      q = np.asarray(int_levels.unpack_int4(jnp.asarray(q), q.ndim - 1))
     s = np.asarray(flat.pop(t.scale), np.float32)
     lead = q.shape[:t.lead]
     k = math.prod(q.shape[t.lead:t.lead + t.in_rank])

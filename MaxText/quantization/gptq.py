@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from MaxText.layers.quant import group_size_for
+from MaxText.layers.int_levels import group_size_for
 
 BITS = (4, 8)
 

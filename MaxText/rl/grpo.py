@@ -44,7 +44,7 @@ from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.rewards import RewardScorer, load_rewards
 from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, make_logprob_fn)
-from MaxText.train import faults, memory
+from MaxText.train import auto_settings, faults, memory
 from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK
 from MaxText.train.host_data import process_rows
 from MaxText.train.loop import Trainer, exit_process, log, log_error, main as train_main
@@ -76,10 +76,13 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
 class GRPOTrainer(Trainer):
   """A Trainer whose batches are rollouts (module docstring)."""
 
-  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None, tokenizer=None):
+  def __init__(self, cfg: Config | auto_settings.Training,
+               devices: Sequence[jax.Device] | None = None, tokenizer=None):
+    training = auto_settings.for_training(cfg)   # train.py's run() hands its resolution over
+    cfg = training.cfg
     for key, problem in grpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
-    super().__init__(cfg, devices, tokenizer)
+    super().__init__(training, devices, tokenizer)
     self.group = cfg.num_generations
     self.global_batch = cfg.prompts_per_step * cfg.num_generations
     S = cfg.max_target_length

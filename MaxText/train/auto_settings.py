@@ -10,6 +10,11 @@
 
 Why these values: benchmarks/RESULTS.md, "The default run: bf16 and the chunked loss by default"
 (the README run's and the tiny config's steps A/B in one process).
+
+A run resolves them once (`for_training` → `Training`: the concrete config and which keys were
+auto); the config checks, the Trainer, the mesh line and config.yml all read that one result. The
+checks need no "set by the user" flag: an auto chunk is never > 0 for a family without a head, so
+a chunk > 0 there is always the user's.
 """
 from __future__ import annotations
 
@@ -42,19 +47,33 @@ def loss_chunk(cfg: Config) -> int:
   return 0
 
 
-def for_training(cfg: Config) -> Config:
-  """`cfg` with dtype and loss_chunk_length concrete, as a training run uses them."""
-  cfg = resolve_dtype(cfg, training=True)
-  return dataclasses.replace(cfg, loss_chunk_length=loss_chunk(cfg))
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """A config as a training run uses it: `cfg` with every auto value concrete, `auto` the keys
+  the user left at auto (for the mesh line)."""
+  cfg: Config
+  auto: frozenset[str]
 
 
-def describe(given: Config, used: Config) -> str:
+def for_training(cfg: Config | Training) -> Training:
+  """`cfg` with dtype and loss_chunk_length concrete, as a training run uses them (a `Training`
+  is returned as it is: resolved once, by train.py's `run`)."""
+  if isinstance(cfg, Training):
+    return cfg
+  auto = frozenset(key for key, value in (("dtype", AUTO), ("loss_chunk_length", AUTO_LOSS_CHUNK))
+                   if getattr(cfg, key) == value)
+  used = resolve_dtype(cfg, training=True)
+  return Training(dataclasses.replace(used, loss_chunk_length=loss_chunk(used)), auto)
+
+
+def describe(training: Training) -> str:
   """"; compute bfloat16 (dtype=auto), weights float32; loss in chunks of 128 positions
   (loss_chunk_length=-1: auto)" — what the run computes in and where an auto value came from."""
+  used = training.cfg
   dtype = f"compute {used.dtype}" + (f" ({'dtype=' + AUTO}; dtype=float32 for full precision)"
-                                     if given.dtype == AUTO else "")
+                                     if "dtype" in training.auto else "")
   chunk = (f"loss in chunks of {used.loss_chunk_length} positions" if used.loss_chunk_length
            else "loss over the whole sequence")
-  if given.loss_chunk_length == AUTO_LOSS_CHUNK:
+  if "loss_chunk_length" in training.auto:
     chunk += " (loss_chunk_length=-1: auto)"
   return f"{dtype}, weights {used.weight_dtype}; {chunk}"

@@ -19,7 +19,7 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
-from MaxText.config.load import ConfigError, load_config, models_dir, resolve_dtype, to_yaml
+from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
@@ -94,13 +94,14 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
 class Trainer:
   """One training run on `devices` (default: all). After `run()`, `final_state` holds the state.
   `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts).
-  `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1): `self.cfg` has them resolved for
-  training (`auto_settings.for_training`), `self.given_cfg` as given."""
+  `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1), or be `run()`'s one resolution
+  of them (`auto_settings.for_training`): `self.training` is that resolution, `self.cfg` its
+  concrete config."""
 
-  def __init__(self, cfg: Config, devices: Sequence[jax.Device] | None = None,
-               tokenizer: Tokenizer | None = None):
-    self.given_cfg = cfg
-    self.cfg = cfg = auto_settings.for_training(cfg)
+  def __init__(self, cfg: Config | auto_settings.Training,
+               devices: Sequence[jax.Device] | None = None, tokenizer: Tokenizer | None = None):
+    self.training = auto_settings.for_training(cfg)
+    self.cfg = cfg = self.training.cfg
     self.data_config = DataConfig.from_config(cfg)
     self.tokenizer = tokenizer
     self.devices = list(jax.devices() if devices is None else devices)
@@ -134,9 +135,6 @@ class Trainer:
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
-    # read each step's metrics while the next step runs (False: before dispatching it, the former
-    # loop; benchmarks/metrics_lag.py compares the two)
-    self.read_metrics_late = True
 
   def trained_params(self) -> Any:
     """The abstract parameters that get gradients and optimizer state (LoRA: the adapters)."""
@@ -281,7 +279,7 @@ class Trainer:
     platform = self.devices[0].platform
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
         f"{cpu_devices.describe(self.auto_cpu_devices, platform)}; "
-        f"{auto_settings.describe(self.given_cfg, cfg)}")
+        f"{auto_settings.describe(self.training)}")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
@@ -393,11 +391,6 @@ class Trainer:
           if code is not None:
             return code
         pending = (step, metrics, batch_sum)
-        if not self.read_metrics_late:
-          code, pending = self._finish_step(*pending, flops, peak, tokens_per_step, writer,
-                                            ckpts), None
-          if code is not None:
-            return code
         faults.after_dispatch(step, wait_for_saves)
         # decided before the next batch is read, so a saved iterator position matches the state
         stop = watch.should_stop(step) and step < cfg.steps
@@ -483,7 +476,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   clock = StartupClock()
   try:
-    cfg = load_config(argv, keep_auto=True)   # the Trainer resolves dtype=auto for training
+    cfg = load_config(argv, keep_auto=True)   # dtype=auto resolved for training below
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
     cfg, tokenizer_line = choose_tokenizer(cfg)
@@ -491,10 +484,11 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     plan = distributed.initialize(cfg)  # before anything touches a device
     auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
     log(tokenizer_line)
-    tokenizer = check_config(resolve_dtype(cfg, training=True),
-                             list(jax.devices() if devices is None else devices))
+    training = auto_settings.for_training(cfg)   # the one resolution of the auto values
+    cfg = training.cfg
+    tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
     clock.mark("config + devices")
-    trainer = trainer_class(cfg, devices, tokenizer)  # abstract shapes and shardings only
+    trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock
     trainer.distributed = plan
     trainer.auto_cpu_devices = auto_cpu
@@ -509,6 +503,9 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
+  except CheckpointError as e:   # e.g. a quantized checkpoint of an older layout
+    log_error(f"checkpoint error: {e}")
+    return EXIT_CHECKPOINT, None
   return trainer.run(), trainer
 
 

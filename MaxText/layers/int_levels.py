@@ -1,0 +1,54 @@
+"""The integer form of a weight [*lead, *in, *out] (lead: stacked axes, e.g. the scan's layers and
+the experts), shared by the quantized projections and routed experts (layers/quant.py,
+layers/quant_experts.py) and by MaxText/quantization/ (RTN, GPTQ, the conversion): int8 levels, or
+int4 levels packed two per uint8 along the last axis (so every other dimension keeps its size), and
+float32 scales per group of consecutive rows of the flattened input and output column."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def pack_int4(q: np.ndarray, axis: int) -> np.ndarray:
+  """Two int4 levels per uint8 along `axis` (even index: low nibble), halving that axis."""
+  q = np.moveaxis(np.asarray(q, np.int8), axis, -1)
+  if q.shape[-1] % 2:
+    raise ValueError(f"int4 packing needs an even size along the packed axis, got {q.shape[-1]}")
+  u = (q.astype(np.int16) & 0xF).astype(np.uint8)
+  return np.moveaxis(u[..., 0::2] | (u[..., 1::2] << 4), -1, axis)
+
+
+def unpack_int4(p: jax.Array, axis: int) -> jax.Array:
+  """The int8 levels of `pack_int4` (doubling `axis`)."""
+  p = jnp.moveaxis(p, axis, -1)
+  both = jnp.stack([(p & 0xF), (p >> 4)], axis=-1).astype(jnp.int8)
+  both = jnp.where(both >= 8, both - 16, both).astype(jnp.int8)
+  return jnp.moveaxis(both.reshape(*p.shape[:-1], p.shape[-1] * 2), -1, axis)
+
+
+def group_size_for(k: int, group_size: int) -> int:
+  """Rows per group for an input of K (0 or >= K: one group); ValueError when it does not divide."""
+  gs = k if group_size <= 0 or group_size >= k else group_size
+  if k % gs:
+    raise ValueError(f"group_size={group_size} does not divide the input size {k}")
+  return gs
+
+
+def int_layout(shape: tuple, axes: tuple, lead: int, in_rank: int, bits: int, group_size: int
+               ) -> tuple[tuple, Any, tuple, tuple]:
+  """(levels' shape, their dtype, scale shape, scale logical axes) of a weight [*lead, *in, *out]
+  quantized as the matrices [prod(in), prod(out)]."""
+  k = math.prod(shape[lead:lead + in_rank])
+  gs = group_size_for(k, group_size)
+  out = shape[lead + in_rank:]
+  if bits == 4:
+    if shape[-1] % 2:
+      raise ValueError(f"bits=4 packs two levels per byte along the kernel's last axis, which "
+                       f"needs an even size; it is {shape[-1]}")
+    shape = (*shape[:-1], shape[-1] // 2)
+  return (shape, jnp.uint8 if bits == 4 else jnp.int8, (*shape[:lead], k // gs, *out),
+          (*axes[:lead], None, *axes[lead + in_rank:]))
