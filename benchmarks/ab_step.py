@@ -12,12 +12,18 @@ and tokens/s; medians over the rounds.
       --variant "c128: loss_chunk_length=128"
 
 --model readme: configs/base.yml as it is (the README run's model and batch, 8 sequences per
-device); tiny: tiny_train.py's reference config (vocab 8192, global batch 8 over the devices).
+device); tiny: tiny_train.py's reference config (vocab 8192, global batch 8 over the devices);
+gemma4, qwen3-next: those families' tiny configs at tiny_train's widths (`FAMILY_MODELS`; Qwen3-Next
+dense, without experts).
 `devices=N` in a variant: its mesh takes the first N of the process's devices (default all,
 --devices). `py:module.NAME=value` in a variant: that module attribute (a Python literal) is set
 while the variant is traced and compiled, then restored — to A/B a code path that no config key
-selects, e.g. `py:MaxText.train.loss.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`. Every step runs on the same synthetic batch and waits for its result (this times the
-step, not the loop's overlap of host work; see the loop's own read-late figures in RESULTS.md).
+selects, e.g. `py:MaxText.train.loss.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`. `patch=FILE`: FILE's
+`apply()` changes the code before the variant is traced and compiled and returns the function that
+undoes it after (an A/B of two versions of a function in one process; e.g. a file that puts back
+the version before a change). Every step runs on the same synthetic batch and waits for its result
+(this times the step, not the loop's overlap of host work; see the loop's own read-late figures in
+RESULTS.md).
 """
 from __future__ import annotations
 
@@ -36,16 +42,17 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def parse_variant(text: str) -> tuple[str, int | None, list[str], dict[str, object]]:
-  """"label: k=v k=v devices=N py:mod.NAME=1" → (label, N or None, ["k=v", ...],
-  {"mod.NAME": 1})."""
+def parse_variant(text: str) -> tuple[str, int | None, list[str], dict[str, object], list[str]]:
+  """"label: k=v k=v devices=N py:mod.NAME=1 patch=FILE" → (label, N or None, ["k=v", ...],
+  {"mod.NAME": 1}, [FILE, ...])."""
   label, _, keys = text.partition(":")
   items = keys.split()
   devices = [int(k.split("=", 1)[1]) for k in items if k.startswith("devices=")]
-  patches = dict(k[3:].split("=", 1) for k in items if k.startswith("py:"))
+  attrs = dict(k[3:].split("=", 1) for k in items if k.startswith("py:"))
+  files = [k.split("=", 1)[1] for k in items if k.startswith("patch=")]
   return label.strip(), (devices[-1] if devices else None), \
-      [k for k in items if not k.startswith(("devices=", "py:"))], \
-      {k: ast.literal_eval(v) for k, v in patches.items()}
+      [k for k in items if not k.startswith(("devices=", "py:", "patch="))], \
+      {k: ast.literal_eval(v) for k, v in attrs.items()}, files
 
 
 @contextlib.contextmanager
@@ -66,11 +73,35 @@ def patched(patches: dict[str, object]):
       setattr(module, name, value)
 
 
+def apply_patch(path: str):
+  """Runs the Python file `path`, whose `apply()` changes code (e.g. puts back a function as it
+  was before a change) and returns a function that undoes it; returns that undo function."""
+  scope = {"__file__": path, "__name__": "ab_patch"}
+  with open(path, encoding="utf-8") as f:
+    exec(compile(f.read(), path, "exec"), scope)  # pylint: disable=exec-used
+  return scope["apply"]()
+
+
+# The other families at about tiny_train's widths (d 256, heads of 64, MLP 1024, vocab 8192,
+# seq 256, global batch 8), each with its own layer pattern and features from its tiny config.
+FAMILY_MODELS = {
+    "gemma4": ["model_name=gemma4-tiny", "global_head_dim=128", "per_layer_input_dim=32",
+               "per_layer_input_vocab_size=8192", "sliding_window=128"],
+    "qwen3-next": ["model_name=qwen3-next-tiny", "num_experts=0", "moe_mlp_dim=0",
+                   "shared_expert_mlp_dim=0", "linear_key_head_dim=64",
+                   "linear_value_head_dim=64"],
+}
+
+
 def model_keys(model: str, devices: int) -> list[str]:
   if model == "readme":
     return []
   from tiny_train import GLOBAL_BATCH, REF  # pylint: disable=import-outside-toplevel
-  return [f"{k}={v}" for k, v in REF.items()] + [f"per_device_batch_size={GLOBAL_BATCH / devices:g}"]
+  ref = dict(REF)
+  if model in FAMILY_MODELS:   # layer counts and kv heads stay the family's tiny config's
+    del ref["num_decoder_layers"], ref["num_kv_heads"]
+  return [*FAMILY_MODELS.get(model, []), *(f"{k}={v}" for k, v in ref.items()),
+          f"per_device_batch_size={GLOBAL_BATCH / devices:g}"]
 
 
 def synthetic_batch(trainer, seed: int = 0) -> dict:
@@ -89,8 +120,8 @@ def synthetic_batch(trainer, seed: int = 0) -> dict:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--variant", action="append", required=True,
-                  help='"label: key=value ... [devices=N] [py:module.NAME=literal]" (repeat)')
-  ap.add_argument("--model", choices=("readme", "tiny"), default="readme")
+                  help='"label: key=value ... [devices=N] [py:module.NAME=literal] [patch=FILE]" (repeat)')
+  ap.add_argument("--model", choices=("readme", "tiny", *FAMILY_MODELS), default="readme")
   ap.add_argument("--devices", type=int, default=2, help="fake CPU devices of the process")
   ap.add_argument("--rounds", type=int, default=6)
   ap.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
@@ -107,15 +138,20 @@ def main() -> int:
   work = tempfile.mkdtemp(prefix="ab_step_")
   runs = []
   for text in args.variant:
-    label, n, keys, patches = parse_variant(text)
+    label, n, keys, attrs, files = parse_variant(text)
     devices = jax.devices()[:n or args.devices]
-    cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *model_keys(args.model, len(devices)),
+    given = {k.split("=", 1)[0] for k in keys}   # a variant's keys replace the model's
+    base = [k for k in model_keys(args.model, len(devices)) if k.split("=", 1)[0] not in given]
+    cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *base,
                        "jax_cache_dir=", f"base_output_directory={work}", "run_name=ab", *keys],
                       keep_auto=True)   # auto values as a training run resolves them
+    undo = [apply_patch(p) for p in files]   # the code this variant traces
     trainer = Trainer(cfg, devices)
     cfg = trainer.cfg
-    with patched(patches):
+    with patched(attrs):
       compiled = trainer.compile_step()
+    for u in reversed(undo):
+      u()
     state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
     batch = synthetic_batch(trainer)
     for _ in range(2):   # warm-up

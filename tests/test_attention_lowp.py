@@ -1,10 +1,13 @@
 """The bf16 dot-product attention core (`layers/attention_lowp.py`): output and q/k/v gradients
 against an fp32 reference on the same bf16 inputs (packed documents, causal, GQA), and every dot
-of forward + backward keeps bf16 operands on XLA:CPU."""
+of forward + backward keeps bf16 operands on XLA:CPU. Causal query blocks (`attention_ops`) equal
+the whole S x S attention, with packing and sliding windows, in fp32 and bf16."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from MaxText.layers import attention_ops
 from MaxText.layers.attention_ops import dot_product_attention
 from test_linear import _dot_operand_types
 
@@ -47,3 +50,38 @@ def test_bf16_attention_dots_are_not_upcast_on_cpu():
   hlo = jax.jit(step).lower(q, k, v, do).compile().as_text()
   types = _dot_operand_types(hlo)
   assert len(types) >= 5 and all(t == ("bf16", "bf16") for t in types), types
+
+
+def test_causal_query_blocks_skip_only_masked_keys():
+  # 4 blocks of 16 queries (G = 2 folded rows each): keys up to each block's end; with a window
+  # of 8 from the block's first query minus 7
+  assert attention_ops.causal_query_blocks(64, 64, 2, None) is None          # QUERY_BLOCK 64
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(attention_ops, "QUERY_BLOCK", 16)
+    assert attention_ops.causal_query_blocks(64, 64, 2, None) == (
+        (0, 32, 0, 16), (32, 64, 0, 32), (64, 96, 0, 48), (96, 128, 0, 64))
+    assert attention_ops.causal_query_blocks(64, 64, 2, 8) == (
+        (0, 32, 0, 16), (32, 64, 9, 32), (64, 96, 25, 48), (96, 128, 41, 64))
+    assert attention_ops.causal_query_blocks(64, 80, 2, None) is None        # T != S
+    mp.setattr(attention_ops, "QUERY_BLOCK", 8)                             # at most 4 blocks
+    assert len(attention_ops.causal_query_blocks(64, 64, 1, None)) == 4
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [None, 12])
+def test_query_blocks_equal_one_block(dtype, window):
+  """Causal query blocks (4 of 16 queries, packed documents and padding) give the output and
+  q/k/v gradients of the whole S x S attention: only fully masked keys are skipped, so only the
+  summation order differs (fp32: ~1e-6; bf16: the roundings of results of a few ulps apart)."""
+  q, k, v, do, seg = (x.astype(dtype) if x.dtype == jnp.bfloat16 else x for x in inputs())
+  f = lambda q, k, v: dot_product_attention(q, k, v, seg, scale=E ** -0.5, sliding_window=window)
+  run = jax.jit(lambda q, k, v, do: (lambda o, vjp: (o, *vjp(do)))(*jax.vjp(f, q, k, v)))
+  whole = run(q, k, v, do)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(attention_ops, "QUERY_BLOCK", 16)
+    blocked = jax.jit(lambda q, k, v, do: (lambda o, vjp: (o, *vjp(do)))(*jax.vjp(f, q, k, v)))(
+        q, k, v, do)
+  tol = 1e-5 if dtype == jnp.float32 else 2 ** -6
+  for got, ref in zip(blocked, whole):
+    got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+    assert np.max(np.abs(got - ref)) <= tol * np.max(np.abs(ref)), np.max(np.abs(got - ref))

@@ -16,42 +16,85 @@ from MaxText.layers.linear import row_major
 from MaxText.sharding.rules import current_context, logical_to_spec
 
 
+# Causal attention in query blocks of this many positions, each over the keys up to its end
+# (none after it), at most MAX_QUERY_BLOCKS: at S = 2·QUERY_BLOCK the scores are 3/4 of S x S, from
+# 4·QUERY_BLOCK on 5/8 (A/B in RESULTS.md: 4 blocks beat 2 at S = 256 and 1024).
+QUERY_BLOCK = 64
+MAX_QUERY_BLOCKS = 4
+
+
+def causal_query_blocks(S: int, T: int, G: int, sliding_window: int | None):
+  """Row blocks of the folded queries (row s·G + g ↔ query s, head g of its kv head) and the keys
+  each needs under a causal mask (and a window W: keys s − W < t ≤ s), as `attention_core` takes
+  them; None: one block over every key (short sequences, or T ≠ S)."""
+  n = min(S // QUERY_BLOCK, MAX_QUERY_BLOCKS)
+  if n < 2 or S != T:
+    return None
+  ends = [S * (i + 1) // n for i in range(n)]
+  starts = [0, *ends[:-1]]
+  return tuple((s0 * G, s1 * G, 0 if sliding_window is None else max(0, s0 - sliding_window + 1),
+                s1) for s0, s1 in zip(starts, ends))
+
+
+def _heads_major(x_BKQT, K: int, G: int):
+  """[B, K, S·G, T] (rows s·G + g) → [B, H, S, T] (head h = k·G + g), for the inspection sites
+  (through rank-4 intermediates: no other value looks like a layer stack of patterns)."""
+  B, _, Q, T = x_BKQT.shape
+  return x_BKQT.reshape(B * K, Q // G, G, T).transpose(0, 2, 1, 3).reshape(B, K * G, Q // G, T)
+
+
+def _rows_major(x_BHST, K: int, G: int):
+  """The inverse of `_heads_major`."""
+  B, _, S, T = x_BHST.shape
+  return x_BHST.reshape(B * K, G, S, T).transpose(0, 2, 1, 3).reshape(B, K, S * G, T)
+
+
+def _plain_attention(q_BKQE, k_BKTE, v_BKTE, mask_BQT, scale, blocks, probe):
+  """The autodiff path (fp32, or under a probe), block by block as `attention_core`."""
+  Q, T = q_BKQE.shape[2], k_BKTE.shape[2]
+  outs = []
+  for r0, r1, t0, t1 in blocks or ((0, Q, 0, T),):
+    scores = jnp.einsum("bkqe,bkte->bkqt", q_BKQE[:, :, r0:r1], k_BKTE[:, :, t0:t1],
+                        preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask_BQT[:, None, r0:r1, t0:t1], scores, jnp.finfo(jnp.float32).min)
+    scores = probe("attn_scores", scores)
+    probs = probe("attn_pattern", jax.nn.softmax(scores, axis=-1)).astype(v_BKTE.dtype)
+    outs.append(jnp.einsum("bkqt,bkte->bkqe", probs, v_BKTE[:, :, t0:t1]))
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
+
+
 def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float,
                           causal: bool = True, sliding_window: int | None = None) -> jax.Array:
   """Materialises the scores: softmax in fp32, masks for causality and packed documents.
 
   Heads-major layout: the G = H/K query heads that share one kv head are folded into the query
-  length (Q = G·S rows per kv head), so both matmuls are plain batched [Q,E]x[E,T] products over
-  (B, K) — the layout XLA handles best, and K/V are never repeated.
+  length (Q = S·G rows per kv head, row s·G + g), so both matmuls are plain batched [Q,E]x[E,T]
+  products over (B, K) — the layout XLA handles best, and K/V are never repeated. Causal, the
+  queries run in blocks (`causal_query_blocks`) that skip the keys after their end.
   """
   B, S, H, E = q_BSHE.shape
   T, K = k_BTKE.shape[1], k_BTKE.shape[2]
   G = H // K
-  q_BKQE = q_BSHE.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, E)
+  q_BKQE = q_BSHE.reshape(B, S, K, G, E).transpose(0, 2, 1, 3, 4).reshape(B, K, S * G, E)
   k_BKTE, v_BKTE = k_BTKE.transpose(0, 2, 1, 3), v_BTKE.transpose(0, 2, 1, 3)
   mask_BST = segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :]
   if causal:
     mask_BST &= jnp.tril(jnp.ones((S, T), jnp.bool_))[None]
   if sliding_window is not None:                                # keys q - W < k (<= q if causal)
     mask_BST &= (jnp.arange(T)[None, :] > jnp.arange(S)[:, None] - sliding_window)[None]
-  mask_BQT = jnp.tile(mask_BST, (1, G, 1))                      # row g*S + s ↔ (head g, query s)
+  mask_BQT = jnp.repeat(mask_BST, G, axis=1)                    # row s*G + g ↔ (query s, head g)
   probed = sites.active() is not None
+  blocks = causal_query_blocks(S, T, G, sliding_window) if causal and not probed else None
   # bf16: every dot in bf16 (attention_lowp.py); under a probe the plain path below (its sites)
   if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed:
     out_BKQE = attention_core(row_major(q_BKQE), row_major(k_BKTE), row_major(v_BKTE),
-                              mask_BQT[:, None], scale)
-    return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
-  scores_BKQT = jnp.einsum("bkqe,bkte->bkqt", q_BKQE, k_BKTE,
-                           preferred_element_type=jnp.float32) * scale
-  scores_BKQT = jnp.where(mask_BQT[:, None], scores_BKQT, jnp.finfo(jnp.float32).min)
-  if probed:   # inspection sites (layers/sites.py) see [B, H, S, T], head h = k·G + g
-    scores_BKQT = sites.site("attn_scores", scores_BKQT.reshape(B, H, S, T)).reshape(B, K, G * S, T)
-  probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1)
-  if probed:
-    probs_BKQT = sites.site("attn_pattern", probs_BKQT.reshape(B, H, S, T)).reshape(B, K, G * S, T)
-  probs_BKQT = probs_BKQT.astype(v_BTKE.dtype)
-  out_BKQE = jnp.einsum("bkqt,bkte->bkqe", probs_BKQT, v_BKTE)
-  return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
+                              mask_BQT[:, None], scale, blocks)
+  else:
+    # inspection sites (layers/sites.py) see [B, H, S, T], head h = k·G + g
+    probe = ((lambda name, x: _rows_major(sites.site(name, _heads_major(x, K, G)), K, G))
+             if probed else (lambda name, x: x))
+    out_BKQE = _plain_attention(q_BKQE, k_BKTE, v_BKTE, mask_BQT, scale, blocks, probe)
+  return out_BKQE.reshape(B, K, S, G, E).transpose(0, 2, 1, 3, 4).reshape(B, S, H, E)
 
 
 def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS) -> jax.Array:

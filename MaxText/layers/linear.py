@@ -177,18 +177,18 @@ def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
           for l, part in zip(layers, _split_columns(y, ends))]
 
 
-def _concat_columns(parts: Sequence[jax.Array]) -> jax.Array:
-  """Concatenated along axis 1; 16-bit floats as their raw bits (XLA:CPU has no bf16
+def concat_bits(parts: Sequence[jax.Array], axis: int) -> jax.Array:
+  """`jnp.concatenate(parts, axis)`; 16-bit floats as their raw bits (XLA:CPU has no bf16
   concatenate: its float normalisation would convert every part to fp32 and back)."""
   if jnp.dtype(parts[0].dtype).itemsize != 2:
-    return jnp.concatenate(parts, axis=1)
+    return jnp.concatenate(parts, axis=axis)
   bits = [jax.lax.bitcast_convert_type(p, jnp.uint16) for p in parts]
-  return jax.lax.bitcast_convert_type(jnp.concatenate(bits, axis=1), parts[0].dtype)
+  return jax.lax.bitcast_convert_type(jnp.concatenate(bits, axis=axis), parts[0].dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _split_columns(y: jax.Array, ends: tuple[int, ...]) -> tuple[jax.Array, ...]:
-  """`jnp.split(y, ends, axis=1)` whose gradient concatenates as `_concat_columns` does."""
+  """`jnp.split(y, ends, axis=1)` whose gradient concatenates as `concat_bits` does."""
   return tuple(jnp.split(y, ends, axis=1))
 
 
@@ -197,7 +197,7 @@ def _split_columns_fwd(y, ends):
 
 
 def _split_columns_bwd(ends, _, cotangents):
-  return (_concat_columns(cotangents),)
+  return (concat_bits(cotangents, 1),)
 
 
 _split_columns.defvjp(_split_columns_fwd, _split_columns_bwd)
