@@ -4,15 +4,19 @@ of device counts, meshes and dtypes, and prints one table.
 Reference config: d_model 256, 4 layers, 4 heads of 64, SwiGLU mlp 1024, vocab 8192, seq 256,
 global batch 8 (per-device batch 8 / devices), synthetic data, fp32 master weights.
 
-Matrix (every cell runs both trainers back to back, the cells interleaved, `--repeats` times, so
-machine noise hits both alike):
+Matrix (every cell runs both trainers back to back, the cells interleaved, `--repeats` times (3 by
+default), the order of the cells and of the trainers in a cell reversed on every other repetition,
+so machine noise and load drift hit both alike; one process per run, and the same cell of the same
+trainer spreads by up to ±6 % from one process to the next even on a quiet machine):
   devices   1, 2, 4 fake XLA:CPU devices (--xla_force_host_platform_device_count)
   mesh      fsdp: ici_fsdp_parallelism = devices;  data: ici_data_parallelism = 2 x fsdp = rest
             (one device: a single "-" row)
   dtype     float32, bfloat16 compute
 Each trainer runs with its own defaults (ours: scan + save_matmuls remat; MaxText: scan + full
-remat); `--as-mt` adds ours with MaxText's remat/scan settings. Per cell: tokens/s (median of steps
->= --first-step; global, all devices), ours / MaxText, and how far our losses are from our
+remat); `--as-mt` adds ours with MaxText's remat/scan settings. Per cell and trainer: tokens/s (each
+run's median of steps >= --first-step; global, all devices) as the median over the repetitions and
+their [min–max]; ours / MaxText as the ratio of those medians; CPU seconds per step; and how far our
+losses are from our
 one-device run of the same dtype (max relative difference over the steps: the data and model are
 the same; only the reduction order changes with the mesh).
 
@@ -178,6 +182,55 @@ def load() -> str:
   return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def run_order(items: list, rep: int) -> list:
+  """Repetition `rep`'s order of the cells (or of the trainers in a cell): as given on even
+  repetitions, reversed on odd ones, so every cell runs early and late in the matrix and every
+  trainer first and second in its cell equally often over two repetitions (a drift of the
+  machine's load, or whatever the previous process leaves warm, then hits both alike)."""
+  return list(items) if rep % 2 == 0 else list(reversed(items))
+
+
+def spread(values: list[float]) -> str:
+  """"median [min–max]" of one trainer's repetitions of one cell (tokens/s)."""
+  if len(values) == 1:
+    return f"{values[0]:,.0f}"
+  return f"{statistics.median(values):,.0f} [{min(values):,.0f}–{max(values):,.0f}]"
+
+
+def matrix_table(matrix: list[dict], kinds: list[str], results: dict[tuple, list[dict]]
+                 ) -> list[str]:
+  """The matrix's markdown table: per cell and trainer the median tokens/s over the repetitions
+  with their spread [min–max], the ratio of the medians (ours / MaxText), the CPU seconds per step
+  (medians), and how far our losses are from our one-device run."""
+  med = lambda rs, k: statistics.median(r[k] for r in rs)
+  head = "| devices | mesh | dtype | repeats | " + " | ".join(
+      f"{k} tok/s median [min–max]" for k in kinds)
+  if "maxtext" in kinds:
+    head += " | ours / MaxText (medians) | CPU-s per step ours / MaxText | MaxText / ours CPU time"
+  lines = [head + " | our loss vs 1 device |", "|" + "---|" * (head.count("|") + 1)]
+  for cell in matrix:
+    key = (cell["devices"], cell["mesh"], cell["dtype"])
+    line = (f"| {cell['devices']} | {cell['mesh']} | {cell['dtype']} | "
+            f"{len(results[('ours', *key)])} | ")
+    line += " | ".join(spread([r["tokens_per_s"] for r in results[(k, *key)]]) for k in kinds)
+    if "maxtext" in kinds:
+      ratio = med(results[("ours", *key)], "tokens_per_s") / med(results[("maxtext", *key)], "tokens_per_s")
+      line += f" | **{ratio:.2f}x**"
+      cpu = [[r["cpu_s"] for r in results[(k, *key)] if r["cpu_s"]] for k in ("ours", "maxtext")]
+      if all(cpu):
+        ours_cpu, mt_cpu = statistics.median(cpu[0]), statistics.median(cpu[1])
+        line += f" | {ours_cpu:.2f} / {mt_cpu:.2f} | **{mt_cpu / ours_cpu:.2f}x**"
+      else:
+        line += " | n/a | n/a"
+    one = results.get(("ours", 1, "-", cell["dtype"]))
+    dev = "n/a"
+    if one:
+      a, b = one[0]["losses"], results[("ours", *key)][0]["losses"]
+      dev = f"{max(abs(x - y) / abs(y) for x, y in zip(b, a)):.1e}"
+    lines.append(line + f" | {dev} |")
+  return lines
+
+
 def default_run(args, out: str) -> int:
   """The README run vs MaxText's best CPU setup on the same model (see the module docstring)."""
   base_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS",
@@ -191,7 +244,7 @@ def default_run(args, out: str) -> int:
   results: dict[str, list[dict]] = {}
   print(f"{len(runs)} runs x {args.repeats} repeats; {load()}", flush=True)
   for rep in range(args.repeats):
-    for label, kind, n, dtype in runs:
+    for label, kind, n, dtype in run_order(runs, rep):
       name = f"default-{label.split()[0]}-{n}-{dtype}-{rep}".replace(" ", "")
       keys = [f"steps={args.steps}", "enable_checkpointing=false", "enable_tensorboard=false",
               f"base_output_directory={out}", f"run_name={name}"]
@@ -215,7 +268,7 @@ def default_run(args, out: str) -> int:
       results.setdefault(label, []).append(s)
       print(f"  {label:40s} {s['tokens_per_s']:8,.0f} tok/s  {_cpu_text(s)}  ({load()})",
             flush=True)
-  print(f"\n{load()}\n\n| run | tokens/s | CPU-s per step | tokens per step | CPU-s per 1k tokens |"
+  print(f"\n{load()}\n\n| run | tokens/s median [min–max] | CPU-s per step | tokens per step | CPU-s per 1k tokens |"
         "\n|---|---|---|---|---|")
   med: dict[str, float] = {}
   for label, rs in results.items():
@@ -223,7 +276,7 @@ def default_run(args, out: str) -> int:
     cpu = [r["cpu_s"] for r in rs if r["cpu_s"]]
     tokens, = {r["tokens_per_step"] for r in rs}   # exactly one value: each repeat's config
     per_k = f"{1000 * statistics.median(cpu) / tokens:.3f}" if cpu else "n/a"
-    print(f"| {label} | {med[label]:,.0f} | {statistics.median(cpu) if cpu else float('nan'):.2f} "
+    print(f"| {label} | {spread([r['tokens_per_s'] for r in rs])} | {statistics.median(cpu) if cpu else float('nan'):.2f} "
           f"| {tokens:,} | {per_k} |")
   mt = [v for label, v in med.items() if label.startswith("MaxText")]
   if mt:
@@ -246,7 +299,9 @@ def main() -> int:
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--steps", type=int, default=21)
   ap.add_argument("--first-step", type=int, default=5, help="median over steps >= this")
-  ap.add_argument("--repeats", type=int, default=2, help="interleaved repetitions of every run")
+  ap.add_argument("--repeats", type=int, default=3,
+                  help="repetitions of every run, the order of the cells and of the trainers "
+                       "reversed on every other one; the table gives medians and [min–max]")
   ap.add_argument("--as-mt", action="store_true", help="also ours with remat_policy=full")
   ap.add_argument("--out", default="", help="work directory (default: a temporary one)")
   ap.add_argument("--default-run", action="store_true", help="the README run vs MaxText's best")
@@ -261,11 +316,11 @@ def main() -> int:
   print(f"{len(matrix)} cells x {len(kinds)} trainers x {args.repeats} repeats; {load()}", flush=True)
   results: dict[tuple, list[dict]] = {}
   for rep in range(args.repeats):
-    for cell in matrix:
+    for cell in run_order(matrix, rep):
       env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE",
                  XLA_FLAGS=f"--xla_force_host_platform_device_count={cell['devices']}")
       tag = f"{cell['devices']}{cell['mesh']}-{cell['dtype']}-{rep}"
-      for kind in kinds:
+      for kind in run_order(kinds, rep):
         name = f"{kind}-{tag}"
         if kind == "maxtext":
           cmd = maxtext_cmd(args.maxtext_python, out, name, cell, args.steps)
@@ -283,32 +338,8 @@ def main() -> int:
         print(f"  {name:32s} {s['tokens_per_s']:8,.0f} tok/s  {_cpu_text(s)}  ({load()})",
               flush=True)
 
-  med = lambda rs, k: statistics.median(r[k] for r in rs)
   print(f"\n{load()}\n")
-  head = "| devices | mesh | dtype | " + " | ".join(f"{k} tok/s" for k in kinds)
-  if "maxtext" in kinds:
-    head += " | ours / MaxText | CPU-s per step ours / MaxText | MaxText / ours CPU time"
-  print(head + " | our loss vs 1 device |")
-  print("|" + "---|" * (head.count("|") + 1))
-  for cell in matrix:
-    key = (cell["devices"], cell["mesh"], cell["dtype"])
-    line = f"| {cell['devices']} | {cell['mesh']} | {cell['dtype']} | "
-    line += " | ".join(f"{med(results[(k, *key)], 'tokens_per_s'):,.0f}" for k in kinds)
-    if "maxtext" in kinds:
-      ratio = med(results[("ours", *key)], "tokens_per_s") / med(results[("maxtext", *key)], "tokens_per_s")
-      line += f" | **{ratio:.2f}x**"
-      cpu = [[r["cpu_s"] for r in results[(k, *key)] if r["cpu_s"]] for k in ("ours", "maxtext")]
-      if all(cpu):
-        ours_cpu, mt_cpu = statistics.median(cpu[0]), statistics.median(cpu[1])
-        line += f" | {ours_cpu:.2f} / {mt_cpu:.2f} | **{mt_cpu / ours_cpu:.2f}x**"
-      else:
-        line += " | n/a | n/a"
-    one = results.get(("ours", 1, "-", cell["dtype"]))
-    dev = "n/a"
-    if one:
-      a, b = one[0]["losses"], results[("ours", *key)][0]["losses"]
-      dev = f"{max(abs(x - y) / abs(y) for x, y in zip(b, a)):.1e}"
-    print(line + f" | {dev} |")
+  print("\n".join(matrix_table(matrix, kinds, results)))
   return 0
 
 

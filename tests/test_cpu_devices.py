@@ -50,3 +50,47 @@ def test_user_count_wins():
 def test_user_choice_through_jax_config():
   assert cpu_devices.user_choice({}, num_cpu_devices=2, platforms=None) == "jax_num_cpu_devices"
   assert cpu_devices.user_choice({}, num_cpu_devices=-1, platforms="cpu") == "jax_platforms"
+
+
+def test_xla_defaults_only_where_the_user_chose_no_schedule(monkeypatch):
+  monkeypatch.setattr(cpu_devices, "_backends_started", lambda: False)
+  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  assert cpu_devices.apply_xla_defaults(env) == [
+      f"{cpu_devices.SCHEDULER_FLAG}={cpu_devices.SCHEDULER_DEFAULT}"]
+  assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=4",
+                                      f"{cpu_devices.SCHEDULER_FLAG}={cpu_devices.SCHEDULER_DEFAULT}"]
+  mine = {"XLA_FLAGS": f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"}
+  assert cpu_devices.apply_xla_defaults(mine) == []
+  assert cpu_devices.scheduler_note(mine) == "XLA:CPU concurrency-optimized schedule (XLA_FLAGS)"
+  assert cpu_devices.scheduler_note({}) == "XLA:CPU default schedule"
+
+
+def test_no_xla_flags_once_the_backend_runs():
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.devices()   # starts this process's backends (conftest's 8 CPU devices)
+  env = {}
+  assert cpu_devices.apply_xla_defaults(env) == [] and env == {}
+
+
+def test_the_default_schedule_reaches_the_compiler():
+  """The flag set by apply_default after jax is imported still changes the compiled program: a
+  collective's program compiled depth-first needs fewer temporary bytes than breadth-first."""
+  code = ("import os, jax, jax.numpy as jnp; from MaxText.train import cpu_devices; "
+          "n = cpu_devices.apply_default(); from jax.sharding import PartitionSpec as P; "
+          "mesh = jax.make_mesh((2,), ('d',), axis_types=(jax.sharding.AxisType.Auto,)); "
+          "body = lambda x, w: ([jnp.tanh(x @ w[i]) + jnp.tanh(jnp.tanh(x @ w[i]) @ w[i]) "
+          "for i in range(4)], jax.lax.psum(x.sum(), 'd')); "
+          "f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P('d'), P()), out_specs=(P('d'), P()))); "
+          "c = f.lower(jnp.ones((512, 256)), jnp.ones((4, 256, 256))).compile(); "
+          "print(n, c.memory_analysis().temp_size_in_bytes, cpu_devices.scheduler_note())")
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  runs = {}
+  for flags in ("", f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"):
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(env, JAX_NUM_CPU_DEVICES="2", **({"XLA_FLAGS": flags} if flags else {})),
+                         timeout=120, check=True).stdout.split(maxsplit=2)
+    runs[flags] = out
+  ours, theirs = runs[""], runs[f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"]
+  assert ours[2].strip() == "XLA:CPU memory-optimized schedule (by default)"
+  assert theirs[2].strip() == "XLA:CPU concurrency-optimized schedule (XLA_FLAGS)"
+  assert int(ours[1]) < int(theirs[1])

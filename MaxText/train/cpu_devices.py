@@ -9,11 +9,21 @@ single-process run whose user set none of: `--xla_force_host_platform_device_cou
 JAX_NUM_CPU_DEVICES, JAX_PLATFORMS (or the same through jax.config); and only before JAX starts its
 backends. It changes nothing on a GPU/TPU host (only the CPU backend's device count). Note that
 `per_device_batch_size` is per device: the global batch grows with the device count.
+
+XLA:CPU's threads, for the record (benchmarks/RESULTS.md, branch `threads`): the intra-op pool
+(`tf_XLAEigen`) and the client's pool each have max(PJRT_NPROC or NPROC or the cores, devices)
+threads — the floor of one thread per device is fixed in the CPU client ("at least CpuDeviceCount
+threads to launch one collective"), so no setting runs 4 devices with fewer threads than devices.
+What does reduce the contention is the order XLA:CPU runs each device's program in:
+`apply_xla_defaults` sets XLA's memory-optimized (depth-first) schedule for CPU compiles unless the
+user chose a schedule in XLA_FLAGS; XLA's default for a program with collectives is the
+concurrency-optimized (breadth-first) one, which lets more independent ops of every device run at
+once than the cores can take.
 """
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 import jax
 
@@ -21,6 +31,9 @@ import jax
 # threads already use the cores; more can always be asked for with the flags above.
 MAX_DEFAULT = 8
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+SCHEDULER_FLAG = "--xla_cpu_scheduler_type"
+SCHEDULER_DEFAULT = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+_defaulted: list[str] = []   # the XLA flags apply_xla_defaults added in this process
 
 
 def usable_cores() -> int:
@@ -53,10 +66,12 @@ def _backends_started() -> bool:
   return xla_bridge.backends_are_initialized()
 
 
-def apply_default(env: Mapping[str, str] | None = None) -> int | None:
-  """Sets one CPU device per usable core (at most MAX_DEFAULT) if the user chose nothing and the
-  backends have not started; returns the count set, or None."""
+def apply_default(env: MutableMapping[str, str] | None = None) -> int | None:
+  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count),
+  and one CPU device per usable core (at most MAX_DEFAULT) if the user chose nothing; both only
+  before the backends start. Returns the device count set, or None."""
   env = os.environ if env is None else env
+  apply_xla_defaults(env)
   if user_choice(env) or _backends_started():
     return None
   count = max(1, min(usable_cores(), MAX_DEFAULT))
@@ -64,9 +79,38 @@ def apply_default(env: Mapping[str, str] | None = None) -> int | None:
   return count
 
 
+def apply_xla_defaults(env: MutableMapping[str, str] | None = None) -> list[str]:
+  """Adds this project's default XLA:CPU flags that the user did not set to XLA_FLAGS (read when
+  the backends start, so only before that); returns the flags added. Only `xla_cpu_*` flags: they
+  change CPU compilations alone, whatever the platform."""
+  env = os.environ if env is None else env
+  current = env.get("XLA_FLAGS", "")
+  if SCHEDULER_FLAG in current or _backends_started():
+    return []
+  added = [f"{SCHEDULER_FLAG}={SCHEDULER_DEFAULT}"]
+  env["XLA_FLAGS"] = " ".join([*current.split(), *added])
+  if env is os.environ:
+    _defaulted[:] = added
+  return added
+
+
+def scheduler_note(env: Mapping[str, str] | None = None) -> str:
+  """Which XLA:CPU schedule this process compiles with, and who chose it."""
+  env = os.environ if env is None else env
+  for flag in env.get("XLA_FLAGS", "").split():
+    if flag.startswith(SCHEDULER_FLAG + "="):
+      value = flag.split("=", 1)[1].removeprefix("CPU_SCHEDULER_TYPE_").lower().replace("_", "-")
+      who = "by default" if flag in _defaulted and env is os.environ else "XLA_FLAGS"
+      return f"XLA:CPU {value} schedule ({who})"
+  return "XLA:CPU default schedule"
+
+
 def describe(count: int | None, platform: str) -> str:
-  """The note printed with the mesh about where the CPU device count came from."""
-  if count is None or platform != "cpu":
+  """The note printed with the mesh: where the CPU device count came from, and the XLA:CPU
+  schedule."""
+  if platform != "cpu":
     return ""
-  return (f" (one per core of {usable_cores()}, chosen by default; set "
-          f"XLA_FLAGS={DEVICE_COUNT_FLAG}=N or JAX_NUM_CPU_DEVICES=N to choose)")
+  chosen = "" if count is None else (
+      f"one per core of {usable_cores()}, chosen by default; set "
+      f"XLA_FLAGS={DEVICE_COUNT_FLAG}=N or JAX_NUM_CPU_DEVICES=N to choose; ")
+  return f" ({chosen}{scheduler_note()})"
