@@ -61,8 +61,10 @@ def test_xla_defaults_only_where_the_user_chose_no_schedule(monkeypatch):
                                       f"{cpu_devices.SCHEDULER_FLAG}={cpu_devices.SCHEDULER_DEFAULT}"]
   mine = {"XLA_FLAGS": f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"}
   assert cpu_devices.apply_xla_defaults(mine) == []
-  assert cpu_devices.scheduler_note(mine) == "XLA:CPU concurrency-optimized schedule (XLA_FLAGS)"
-  assert cpu_devices.scheduler_note({}) == "XLA:CPU default schedule"
+  assert cpu_devices.scheduler_note(mine) == "XLA:CPU schedule concurrency-optimized, from XLA_FLAGS"
+  assert cpu_devices.scheduler_note({}) == "XLA:CPU schedule: XLA's default"
+  assert cpu_devices.describe(None, "gpu") == ""
+  assert cpu_devices.describe(None, "cpu").startswith(" (XLA:CPU schedule")   # with the mesh line
 
 
 def test_no_xla_flags_once_the_backend_runs():
@@ -91,6 +93,6 @@ def test_the_default_schedule_reaches_the_compiler():
                          timeout=120, check=True).stdout.split(maxsplit=2)
     runs[flags] = out
   ours, theirs = runs[""], runs[f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"]
-  assert ours[2].strip() == "XLA:CPU memory-optimized schedule (by default)"
-  assert theirs[2].strip() == "XLA:CPU concurrency-optimized schedule (XLA_FLAGS)"
+  assert ours[2].strip().startswith("XLA:CPU schedule memory-optimized, by default")
+  assert theirs[2].strip() == "XLA:CPU schedule concurrency-optimized, from XLA_FLAGS"
   assert int(ours[1]) < int(theirs[1])

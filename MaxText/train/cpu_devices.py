@@ -100,9 +100,10 @@ def scheduler_note(env: Mapping[str, str] | None = None) -> str:
   for flag in env.get("XLA_FLAGS", "").split():
     if flag.startswith(SCHEDULER_FLAG + "="):
       value = flag.split("=", 1)[1].removeprefix("CPU_SCHEDULER_TYPE_").lower().replace("_", "-")
-      who = "by default" if flag in _defaulted and env is os.environ else "XLA_FLAGS"
-      return f"XLA:CPU {value} schedule ({who})"
-  return "XLA:CPU default schedule"
+      if flag in _defaulted and env is os.environ:
+        return f"XLA:CPU schedule {value}, by default (set XLA_FLAGS={SCHEDULER_FLAG}=... to choose)"
+      return f"XLA:CPU schedule {value}, from XLA_FLAGS"
+  return "XLA:CPU schedule: XLA's default"
 
 
 def describe(count: int | None, platform: str) -> str:
