@@ -24,8 +24,9 @@ the same; only the reduction order changes with the mesh).
   .venv/bin/python benchmarks/tiny_train.py --devices 2 --meshes fsdp --dtypes bfloat16   # one cell
 
 --default-run instead compares the README run (`train.py configs/base.yml`, nothing set: our
-default model, data, dtype (bf16 compute), and one CPU device per core) with MaxText's best CPU setup on the same
-model (vocabulary 384, seq 256, 8 sequences per device; 1 and 2 devices, fp32 and bf16), and
+default model, data, dtype (bf16 compute) and one CPU device per core) with MaxText's best CPU
+setup on the same model (vocabulary 384, seq 256, 8 sequences per device; 1 and 2 devices, fp32
+and bf16), and
 ours on one device for reference.
 """
 from __future__ import annotations
