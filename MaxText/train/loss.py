@@ -72,7 +72,13 @@ def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: ja
                        z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
   Padding and targets across a packed-document boundary have mask 0."""
-  lse_BS, target_logit_BS = _lse_and_target_logit(logits_BSV, targets_BS)
+  return _sums_of_stats(*_lse_and_target_logit(logits_BSV, targets_BS), mask_BS, z_loss_weight)
+
+
+def _sums_of_stats(lse_BS: jax.Array, target_logit_BS: jax.Array, mask_BS: jax.Array,
+                   z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`cross_entropy_sums` from each position's log-sum-exp and target logit (however they were
+  computed: whole, or combined across vocabulary slices)."""
   mask = mask_BS.astype(jnp.float32)
   z_BS = z_loss_weight * jnp.square(lse_BS)
   nll = jnp.sum((lse_BS - target_logit_BS + z_BS) * mask)
@@ -88,15 +94,19 @@ def _chunks(x_BS_: jax.Array, chunk: int) -> jax.Array:
   return x.reshape(B, n, chunk, *x_BS_.shape[2:]).swapaxes(0, 1)
 
 
+def _batch_axes(ctx, rows: int) -> tuple[str, ...]:
+  """The mesh axes that split a batch of `rows` rows ("activation_batch"), as a tuple."""
+  axes = logical_to_spec(("activation_batch",), (rows,), ctx.rules, ctx.mesh)[0]
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 def _per_batch_shard(fn: Callable, params, *batch_arrays: jax.Array):
   """fn(params, *batch_arrays) run per shard of the batch axes under a mesh (`use_rules`); its
   outputs are sums, added over the shards. Without a mesh: fn itself."""
   ctx = current_context()
   if ctx is None:
     return fn(params, *batch_arrays)
-  B = batch_arrays[0].shape[0]
-  axes = logical_to_spec(("activation_batch",), (B,), ctx.rules, ctx.mesh)[0]
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  axes = _batch_axes(ctx, batch_arrays[0].shape[0])
   if not axes:
     return fn(params, *batch_arrays)
 
@@ -125,11 +135,11 @@ def _used_leaves(head: HeadFn, params, hidden_BcD: jax.Array) -> list[bool]:
   return [id(v) in read for v in jaxpr.invars[:len(leaves)]]
 
 
-def _logits_cotangent(logits, targets, mask, z_loss_weight):
+def _logits_cotangent(logits, lse, targets, mask, z_loss_weight):
   """d(Σ mask · (lse − logit[target] + z·lse²)) / d logits, in fp32: mask · ((1 + 2z·lse) ·
-  softmax − one-hot)."""
+  softmax − one-hot), from the logits and their log-sum-exp `lse` over the whole vocabulary (the
+  logits may be a vocabulary slice, `targets` relative to it: out of range has no one-hot)."""
   logits = logits.astype(jnp.float32)
-  lse, _ = _lse_and_target_logit(logits, targets)
   softmax = jnp.exp(logits - lse[..., None])
   scale = (mask.astype(jnp.float32) * (1.0 + 2.0 * z_loss_weight * lse))[..., None]
   onehot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
@@ -194,8 +204,9 @@ def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
       def one_chunk(dw, inp):
         h_BcD, t_Bc, m_Bc = inp
         logits, pullback = jax.vjp(head_w, w_, h_BcD)
-        sums = cross_entropy_sums(logits, t_Bc, m_Bc, z_loss_weight)
-        dw_c, dh_BcD = pullback(_logits_cotangent(logits, t_Bc, m_Bc, z_loss_weight)
+        lse, t_logit = _lse_and_target_logit(logits, t_Bc)
+        sums = _sums_of_stats(lse, t_logit, m_Bc, z_loss_weight)
+        dw_c, dh_BcD = pullback(_logits_cotangent(logits, lse, t_Bc, m_Bc, z_loss_weight)
                                 .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums, dh_BcD)
 
@@ -242,8 +253,7 @@ def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
   if ctx is None or logical_axes is None:
     return None
   B, S = hidden_BSD.shape[:2]
-  axes = logical_to_spec(("activation_batch",), (B,), ctx.rules, ctx.mesh)[0]
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  axes = _batch_axes(ctx, B)
   n = math.prod(ctx.mesh.shape[a] for a in axes)
   if n == 1 or any(size > 1 and a not in axes for a, size in ctx.mesh.shape.items()):
     return None
@@ -335,10 +345,8 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
                                  axes)                                  # [slices, 2, B, c]
       return jax.nn.logsumexp(parts[:, 0], axis=0), jnp.sum(parts[:, 1], axis=0)
 
-    def sums_of(lse, t_logit, m):
-      m = m * own_B[:, None]
-      z = z_loss_weight * jnp.square(lse)
-      return jnp.sum((lse - t_logit + z) * m), jnp.sum(z * m), jnp.sum(m)
+    def sums_of(lse, t_logit, m):       # of the rows it reports
+      return _sums_of_stats(lse, t_logit, m * own_B[:, None], z_loss_weight)
 
     def sums_and_grads(wv, h_):
       h_all = jax.lax.all_gather(h_, axes, axis=0, tiled=True)         # [B, S, D]
@@ -346,12 +354,9 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
       def one_chunk(dw, inp):
         h_BcD, t_rel, m = inp
         logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_, hh), wv, h_BcD)
-        logits = logits.astype(jnp.float32)
-        lse, t_logit = chunk_stats(logits, t_rel)
-        scale = m * (1.0 + 2.0 * z_loss_weight * lse)
-        dlogits = (scale[..., None] * jnp.exp(logits - lse[..., None])
-                   - m[..., None] * jax.nn.one_hot(t_rel, V_loc, dtype=jnp.float32))
-        dw_c, dh_BcD = pullback(dlogits)
+        lse, t_logit = chunk_stats(logits.astype(jnp.float32), t_rel)
+        dw_c, dh_BcD = pullback(_logits_cotangent(logits, lse, t_rel, m, z_loss_weight)
+                                .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums_of(lse, t_logit, m), dh_BcD)
 
       dw0 = jax.tree.map(jnp.zeros_like, wv)
