@@ -117,12 +117,41 @@ def synthetic_batch(trainer, seed: int = 0) -> dict:
   return trainer.device_batch(host)
 
 
+def grpo_step(trainer):
+  """GRPO's optimizer step (`MaxText/rl/step.py`, with a reference KL term) on the trainer's
+  model, optimizer and mesh, compiled for a rollout batch of the global batch's rows; and that
+  batch (random tokens, every target a completion token, random advantages)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from MaxText.rl.step import (  # pylint: disable=import-outside-toplevel
+      batch_shardings, jit_grpo_step, make_grpo_step)
+  cfg, (B, S) = trainer.cfg, (trainer.global_batch, trainer.cfg.max_target_length)
+  shardings = batch_shardings(trainer.mesh, trainer.rules, B, S)
+  step = make_grpo_step(trainer.model_def, trainer.tx, mesh=trainer.mesh, rules=trainer.rules,
+                        lr_schedule=trainer.lr_schedule, chunk=cfg.loss_chunk_length,
+                        adapters_only=trainer.adapters_only, use_reference=True,
+                        loss_kwargs=dict(beta=0.04))
+  rng = np.random.default_rng(0)
+  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
+          for k in ("inputs", "targets")}
+  host.update(positions=np.tile(np.arange(S, dtype=np.int32), (B, 1)),
+              segments=np.ones((B, S), np.int32), mask=np.ones((B, S), np.float32),
+              old_logprobs=np.full((B, S), -9.0, np.float32),
+              ref_logprobs=np.full((B, S), -9.0, np.float32),
+              advantages=rng.normal(size=B).astype(np.float32))
+  batch = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
+  return jit_grpo_step(step, trainer.shardings, shardings, trainer.mesh).lower(
+      trainer.abstract, batch).compile(), batch
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--variant", action="append", required=True,
                   help='"label: key=value ... [devices=N] [py:module.NAME=literal] [patch=FILE]" (repeat)')
   ap.add_argument("--model", choices=("readme", "tiny", *FAMILY_MODELS), default="readme")
   ap.add_argument("--devices", type=int, default=2, help="fake CPU devices of the process")
+  ap.add_argument("--step", choices=("train", "grpo"), default="train",
+                  help="the training step, or GRPO's step on a rollout batch of the same rows")
   ap.add_argument("--rounds", type=int, default=6)
   ap.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
   args = ap.parse_args()
@@ -149,11 +178,13 @@ def main() -> int:
     trainer = Trainer(cfg, devices)
     cfg = trainer.cfg
     with patched(attrs):
-      compiled = trainer.compile_step()
+      if args.step == "grpo":
+        compiled, batch = grpo_step(trainer)
+      else:
+        compiled, batch = trainer.compile_step(), synthetic_batch(trainer)
     for u in reversed(undo):
       u()
     state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
-    batch = synthetic_batch(trainer)
     for _ in range(2):   # warm-up
       state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
@@ -174,8 +205,9 @@ def main() -> int:
       r["cpu"].append((time.process_time() - c0) / args.steps)
       r["wall"].append((time.perf_counter() - w0) / args.steps)
       r["last_loss"] = float(metrics["loss"])
-  print(f"\n{args.rounds} rounds x {args.steps} steps, model {args.model}, {args.devices} fake "
-        f"devices in the process; load average {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
+  print(f"\n{args.rounds} rounds x {args.steps} {args.step} steps, model {args.model}, "
+        f"{args.devices} fake devices in the process; load average {load0:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}\n")
   base = statistics.median(runs[0]["cpu"]) * 1e6 / runs[0]["tokens"]
   print("| variant | devices | CPU-s per step | wall s per step | tokens per step | CPU-ms per 1k "
         "tokens | vs first | tokens/s (wall) | loss first -> last |")

@@ -302,6 +302,45 @@ _grad_sharded.defvjp(lambda x, sharding: (x, None),
                      lambda sharding, _, g: (jax.lax.with_sharding_constraint(g, sharding),))
 
 
+def _split_weights(plan: _VocabSplit, head: HeadFn, params):
+  """(the head's weights, each with its gradient in its own sharding; the other leaves; the
+  weights' in-specs as vocabulary slices; head_w(w, rest, hidden) -> the slice's logits)."""
+  ctx = current_context()
+  leaves, treedef = jax.tree.flatten(params)
+  # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
+  # of the head, its moments included, to the vocabulary slices and back)
+  w = [_grad_sharded(x, NamedSharding(ctx.mesh, spec))
+       for x, spec in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored)]
+  rest = [x for x, u in zip(leaves, plan.used) if not u]
+  w_specs = [P(*(plan.axes if i == d else None for i in range(x.ndim))) for x, d in
+             zip(w, plan.vocab_dims)]
+
+  def head_w(w_, rest_, h_):
+    it_w, it_rest = iter(w_), iter(rest_)
+    return head(jax.tree.unflatten(treedef, [next(it_w) if u else next(it_rest)
+                                             for u in plan.used]), h_)
+  return w, rest, w_specs, head_w
+
+
+def _slice_stats(logits, t_rel, axes, with_mean_logit: bool = False):
+  """(log-sum-exp, target logit[, the softmax-weighted mean logit]) [B, c] over the whole
+  vocabulary from this device's fp32 slice logits [B, c, V / n] (`t_rel`: the targets relative to
+  the slice), its slice's values combined with the others' in one all-gather."""
+  V_loc = logits.shape[-1]
+  lse_loc = jax.nn.logsumexp(logits, axis=-1)
+  inside = (t_rel >= 0) & (t_rel < V_loc)
+  t_logit = jnp.take_along_axis(logits, jnp.clip(t_rel, 0, V_loc - 1)[..., None], axis=-1)
+  local = [lse_loc, jnp.where(inside, t_logit[..., 0], 0.0)]
+  if with_mean_logit:      # Σ softmax·logit over the slice, its softmax normalised by the slice
+    local.append(jnp.sum(jnp.exp(logits - lse_loc[..., None]) * logits, axis=-1))
+  parts = jax.lax.all_gather(jnp.stack(local), axes)          # [slices, 2 or 3, B, c]
+  lse = jax.nn.logsumexp(parts[:, 0], axis=0)
+  stats = (lse, jnp.sum(parts[:, 1], axis=0))
+  if with_mean_logit:      # the slices' means weighted by their share of the probability
+    stats += (jnp.sum(jnp.exp(parts[:, 0] - lse) * parts[:, 2], axis=0),)
+  return stats
+
+
 def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
                       targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                       chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -310,21 +349,9 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
   log-sum-exp and target logit over its slice are combined across the slices (one all-gather of
   [2, B, c] values); the slice's weight gradient is complete on its device (no reduction), the
   hidden state's gradient is summed over the slices and scattered back to the rows' devices."""
-  ctx, axes = current_context(), plan.axes
-  leaves, treedef = jax.tree.flatten(params)
-  # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
-  # of the head, its moments included, to the vocabulary slices and back)
-  w = [_grad_sharded(x, NamedSharding(ctx.mesh, spec))
-       for x, spec in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored)]
-  rest = [x for x, u in zip(leaves, plan.used) if not u]
-  w_specs = [P(*(axes if i == d else None for i in range(x.ndim))) for x, d in
-             zip(w, plan.vocab_dims)]
+  axes = plan.axes
+  w, rest, w_specs, head_w = _split_weights(plan, head, params)
   row_spec = P(axes)
-
-  def head_w(w_, rest_, h_):
-    it_w, it_rest = iter(w_), iter(rest_)
-    return head(jax.tree.unflatten(treedef, [next(it_w) if u else next(it_rest)
-                                             for u in plan.used]), h_)
 
   def local(w_, rest_, h_loc, t_loc, m_loc):
     me = jax.lax.axis_index(axes)
@@ -336,15 +363,6 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
     V_loc = w_[0].shape[plan.vocab_dims[0]]
     xs = (_chunks(t_all - me * V_loc, chunk), _chunks(m_all, chunk))   # targets in the slice
 
-    def chunk_stats(logits, t_rel):
-      """(log-sum-exp, target logit) [B, c] over the whole vocabulary, from this slice's logits."""
-      lse_loc = jax.nn.logsumexp(logits, axis=-1)
-      inside = (t_rel >= 0) & (t_rel < V_loc)
-      t_logit = jnp.take_along_axis(logits, jnp.clip(t_rel, 0, V_loc - 1)[..., None], axis=-1)
-      parts = jax.lax.all_gather(jnp.stack([lse_loc, jnp.where(inside, t_logit[..., 0], 0.0)]),
-                                 axes)                                  # [slices, 2, B, c]
-      return jax.nn.logsumexp(parts[:, 0], axis=0), jnp.sum(parts[:, 1], axis=0)
-
     def sums_of(lse, t_logit, m):       # of the rows it reports
       return _sums_of_stats(lse, t_logit, m * own_B[:, None], z_loss_weight)
 
@@ -354,7 +372,7 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
       def one_chunk(dw, inp):
         h_BcD, t_rel, m = inp
         logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_, hh), wv, h_BcD)
-        lse, t_logit = chunk_stats(logits.astype(jnp.float32), t_rel)
+        lse, t_logit = _slice_stats(logits.astype(jnp.float32), t_rel, axes)
         dw_c, dh_BcD = pullback(_logits_cotangent(logits, lse, t_rel, m, z_loss_weight)
                                 .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums_of(lse, t_logit, m), dh_BcD)
@@ -372,7 +390,7 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
 
       def one_chunk(_, inp):
         h_BcD, t_rel, m = inp
-        lse, t_logit = chunk_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel)
+        lse, t_logit = _slice_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel, axes)
         return None, sums_of(lse, t_logit, m)
       _, sums_n = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk), *xs))
       return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n)
@@ -380,19 +398,24 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
     with without_rules():
       return _with_gradient_in_forward(sums_only, sums_and_grads)(w_, h_loc)
 
-  return jax.shard_map(local, mesh=ctx.mesh, axis_names=frozenset(axes),
+  return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
                        in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec, row_spec),
                        out_specs=P())(w, rest, hidden_BSD, targets_BS, mask_BS)
 
 
 def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, targets_BS: jax.Array,
-                             chunk: int, entropy: bool = False):
+                             chunk: int, entropy: bool = False, logical_axes=None):
   """log p(target) [B, S] (e.g. a policy's token log-probabilities) chunk by chunk, as above, with
-  the same value and gradient as the whole; `entropy`: (log p, the entropy per position [B, S])."""
+  the same value and gradient as the whole; `entropy`: (log p, the entropy per position [B, S]).
+  `logical_axes` (the parameters' logical axis names): when given, the head may run split over
+  the vocabulary under the batch axes, under the same conditions as the loss (module docstring)."""
   B, S = targets_BS.shape
   per_chunk = target_log_probs_and_entropy if entropy else target_log_probs
   if chunk <= 0 or chunk >= S:
     return per_chunk(head(params, hidden_BSD), targets_BS)
+  plan = _vocab_split_plan(head, params, logical_axes, hidden_BSD, chunk)
+  if plan is not None:
+    return _vocab_split_log_probs(plan, head, params, hidden_BSD, targets_BS, chunk, entropy)
 
   @jax.checkpoint
   def one_chunk(_, xs):
@@ -400,6 +423,60 @@ def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, target
 
   _, out_nBc = jax.lax.scan(one_chunk, None, (_chunks(hidden_BSD, chunk), _chunks(targets_BS, chunk)))
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, -1)[:, :S], out_nBc)
+
+
+def _gather_rows(h_loc: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """The rows of the whole batch (all-gather over `axes`); the gradient summed over the devices
+  and scattered back in fp32 (XLA:CPU fails to compile a bf16 reduce-scatter here)."""
+  @jax.custom_vjp
+  def gather(h):
+    return jax.lax.all_gather(h, axes, axis=0, tiled=True)
+
+  def bwd(_, g):
+    return (jax.lax.psum_scatter(g.astype(jnp.float32), axes, scatter_dimension=0,
+                                 tiled=True).astype(h_loc.dtype),)
+
+  gather.defvjp(lambda h: (gather(h), None), bwd)
+  return gather(h_loc)
+
+
+def _vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
+                           targets_BS: jax.Array, chunk: int, entropy: bool):
+  """`chunked_target_log_probs` with the head split over the vocabulary as in `_vocab_split_sums`
+  (each device: a vocabulary slice of the weights, the hidden rows of the whole batch; per chunk
+  one all-gather of [2 or 3, B, c] slice statistics), differentiated by JAX: the all-gather of the
+  rows transposes to a reduce-scatter of their gradient, the weights' slices need no reduction."""
+  axes = plan.axes
+  w, rest, w_specs, head_w = _split_weights(plan, head, params)
+  row_spec = P(axes)
+
+  def local(w_, rest_, h_loc, t_loc):
+    me = jax.lax.axis_index(axes)
+    B_loc, S = t_loc.shape
+    h_all = _gather_rows(h_loc, axes)                                   # [B, S, D]
+    t_all = jax.lax.all_gather(t_loc, axes, axis=0, tiled=True)
+    B = t_all.shape[0]
+    V_loc = w_[0].shape[plan.vocab_dims[0]]
+
+    @jax.checkpoint
+    def one_chunk(_, xs):
+      h_BcD, t_rel = xs
+      logits = head_w(w_, rest_, h_BcD).astype(jnp.float32)
+      stats = _slice_stats(logits, t_rel, axes, with_mean_logit=entropy)
+      logp = stats[1] - stats[0]
+      return None, (logp, stats[0] - stats[2]) if entropy else logp
+
+    with without_rules():
+      _, out_nBc = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk),
+                                                  _chunks(t_all - me * V_loc, chunk)))
+    # every device has every row's values: it returns its own rows
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(
+        x.swapaxes(0, 1).reshape(B, -1)[:, :S], me * B_loc, B_loc, axis=0), out_nBc)
+
+  out_specs = (row_spec, row_spec) if entropy else row_spec
+  return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
+                       in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec),
+                       out_specs=out_specs)(w, rest, hidden_BSD, targets_BS)
 
 
 def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,
