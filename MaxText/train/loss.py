@@ -425,27 +425,15 @@ def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, target
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, -1)[:, :S], out_nBc)
 
 
-def _gather_rows(h_loc: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-  """The rows of the whole batch (all-gather over `axes`); the gradient summed over the devices
-  and scattered back in fp32 (XLA:CPU fails to compile a bf16 reduce-scatter here)."""
-  @jax.custom_vjp
-  def gather(h):
-    return jax.lax.all_gather(h, axes, axis=0, tiled=True)
-
-  def bwd(_, g):
-    return (jax.lax.psum_scatter(g.astype(jnp.float32), axes, scatter_dimension=0,
-                                 tiled=True).astype(h_loc.dtype),)
-
-  gather.defvjp(lambda h: (gather(h), None), bwd)
-  return gather(h_loc)
-
-
 def _vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
                            targets_BS: jax.Array, chunk: int, entropy: bool):
   """`chunked_target_log_probs` with the head split over the vocabulary as in `_vocab_split_sums`
   (each device: a vocabulary slice of the weights, the hidden rows of the whole batch; per chunk
-  one all-gather of [2 or 3, B, c] slice statistics), differentiated by JAX: the all-gather of the
-  rows transposes to a reduce-scatter of their gradient, the weights' slices need no reduction."""
+  one all-gather of [2 or 3, B, c] slice statistics). Its VJP keeps each position's log-sum-exp
+  (and softmax-weighted mean logit) from the forward pass, so the backward pass recomputes a
+  chunk's slice logits without a collective: d logits = g_logp·(one-hot − p) − g_entropy·p·(logit
+  − mean logit); the slices' gradients of the rows are summed and scattered back to the rows'
+  devices (in fp32), the weights' slices need no reduction."""
   axes = plan.axes
   w, rest, w_specs, head_w = _split_weights(plan, head, params)
   row_spec = P(axes)
@@ -453,25 +441,72 @@ def _vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: 
   def local(w_, rest_, h_loc, t_loc):
     me = jax.lax.axis_index(axes)
     B_loc, S = t_loc.shape
-    h_all = _gather_rows(h_loc, axes)                                   # [B, S, D]
-    t_all = jax.lax.all_gather(t_loc, axes, axis=0, tiled=True)
-    B = t_all.shape[0]
-    V_loc = w_[0].shape[plan.vocab_dims[0]]
+    t_all = jax.lax.all_gather(t_loc, axes, axis=0, tiled=True)        # [B, S]
+    B, V_loc = t_all.shape[0], w_[0].shape[plan.vocab_dims[0]]
+    t_rel_n = _chunks(t_all - me * V_loc, chunk)                       # targets in the slice
 
-    @jax.checkpoint
-    def one_chunk(_, xs):
-      h_BcD, t_rel = xs
-      logits = head_w(w_, rest_, h_BcD).astype(jnp.float32)
-      stats = _slice_stats(logits, t_rel, axes, with_mean_logit=entropy)
-      logp = stats[1] - stats[0]
-      return None, (logp, stats[0] - stats[2]) if entropy else logp
+    def own_rows(x_nBc):                  # [n, B, c] -> this device's rows [B_loc, S]
+      x_BS = x_nBc.swapaxes(0, 1).reshape(B, -1)[:, :S]
+      return jax.lax.dynamic_slice_in_dim(x_BS, me * B_loc, B_loc, axis=0)
 
+    def forward(wv, h_):
+      h_all = jax.lax.all_gather(h_, axes, axis=0, tiled=True)         # [B, S, D]
+
+      def one_chunk(_, inp):
+        h_BcD, t_rel = inp
+        logits = head_w(wv, rest_, h_BcD).astype(jnp.float32)
+        return None, _slice_stats(logits, t_rel, axes, with_mean_logit=entropy)
+      _, stats_n = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk), t_rel_n))
+      return h_all, stats_n
+
+    def outputs(stats_n):
+      logp = own_rows(stats_n[1] - stats_n[0])
+      return (logp, own_rows(stats_n[0] - stats_n[2])) if entropy else (logp,)
+
+    @jax.custom_vjp
+    def log_probs(wv, h_):
+      return outputs(forward(wv, h_)[1])
+
+    def log_probs_fwd(wv, h_):
+      h_all, stats_n = forward(wv, h_)
+      return outputs(stats_n), (wv, h_all, t_rel_n, stats_n)
+
+    # the leaves the head does not read (`_used_leaves`), as zeros of their shapes: the backward
+    # pass may hold no tracer of the forward one
+    rest_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in rest_]
+
+    def log_probs_bwd(res, g):
+      wv, h_all, t_rel_b, stats_n = res
+      rest_b = [jnp.zeros(x.shape, x.dtype) for x in rest_shapes]
+      # every row's cotangents: this slice's part of every row's logits gradient
+      g_n = [_chunks(jax.lax.all_gather(x, axes, axis=0, tiled=True), chunk) for x in g]
+
+      def one_chunk(dw, inp):
+        h_BcD, t_rel, lse, mean, g_lp, g_ent = inp
+        logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_b, hh), wv, h_BcD)
+        l32 = logits.astype(jnp.float32)
+        p = jnp.exp(l32 - lse[..., None])
+        dlogits = g_lp[..., None] * (jax.nn.one_hot(t_rel, V_loc, dtype=jnp.float32) - p)
+        if entropy:
+          dlogits = dlogits - g_ent[..., None] * p * (l32 - mean[..., None])
+        dw_c, dh_BcD = pullback(dlogits.astype(logits.dtype))
+        return jax.tree.map(jnp.add, dw, dw_c), dh_BcD
+
+      zeros = jnp.zeros_like(stats_n[0])
+      mean_n, g_ent_n = (stats_n[2], g_n[1]) if entropy else (zeros, zeros)
+      with without_rules():      # traced when differentiated, after the forward's `with`
+        dw, dh_nBcD = jax.lax.scan(
+            one_chunk, jax.tree.map(jnp.zeros_like, wv),
+            (_chunks(h_all, chunk), t_rel_b, stats_n[0], mean_n, g_n[0], g_ent_n))
+      dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_all.shape[-1])[:, :S]
+      dh_loc = jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
+                                    tiled=True).astype(h_all.dtype)
+      return dw, dh_loc
+
+    log_probs.defvjp(log_probs_fwd, log_probs_bwd)
     with without_rules():
-      _, out_nBc = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk),
-                                                  _chunks(t_all - me * V_loc, chunk)))
-    # every device has every row's values: it returns its own rows
-    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(
-        x.swapaxes(0, 1).reshape(B, -1)[:, :S], me * B_loc, B_loc, axis=0), out_nBc)
+      out = log_probs(w_, h_loc)
+    return out if entropy else out[0]
 
   out_specs = (row_spec, row_spec) if entropy else row_spec
   return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
