@@ -341,6 +341,15 @@ def _slice_stats(logits, t_rel, axes, with_mean_logit: bool = False):
   return stats
 
 
+def _rows_grad_to_owners(dh_nBcD: jax.Array, S: int, axes, dtype) -> jax.Array:
+  """The slices' partial gradients of every row's hidden state [n chunks, B, c, D]: summed over
+  the slices and scattered back to the rows' devices [B / slices, S, D] (the sum in fp32)."""
+  B, D = dh_nBcD.shape[1], dh_nBcD.shape[-1]
+  dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, D)[:, :S]
+  return jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
+                              tiled=True).astype(dtype)
+
+
 def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
                       targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                       chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -379,10 +388,7 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
 
       dw0 = jax.tree.map(jnp.zeros_like, wv)
       dw, (sums_n, dh_nBcD) = jax.lax.scan(one_chunk, dw0, (_chunks(h_all, chunk), *xs))
-      dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_.shape[-1])[:, :S]
-      # the slices' partial gradients of every row, summed and scattered to the rows' devices
-      dh_loc = jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
-                                    tiled=True).astype(h_.dtype)
+      dh_loc = _rows_grad_to_owners(dh_nBcD, S, axes, h_.dtype)
       return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n), dw, dh_loc
 
     def sums_only(wv, h_):
@@ -498,10 +504,7 @@ def _vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: 
         dw, dh_nBcD = jax.lax.scan(
             one_chunk, jax.tree.map(jnp.zeros_like, wv),
             (_chunks(h_all, chunk), t_rel_b, stats_n[0], mean_n, g_n[0], g_ent_n))
-      dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_all.shape[-1])[:, :S]
-      dh_loc = jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
-                                    tiled=True).astype(h_all.dtype)
-      return dw, dh_loc
+      return dw, _rows_grad_to_owners(dh_nBcD, S, axes, h_all.dtype)
 
     log_probs.defvjp(log_probs_fwd, log_probs_bwd)
     with without_rules():
