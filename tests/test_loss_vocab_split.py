@@ -1,8 +1,8 @@
 """The LM head split over the vocabulary under the batch axes (`train/loss.py`: each device holds a
 vocabulary slice of the head weights and gathers the hidden rows of the batch): loss and every
 gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4 and 8
-fake devices; the whole head weight is never gathered (only its slices exist); and the split falls
-back where it does not apply."""
+fake devices; the whole head weight is never gathered (only its slices exist); the split falls
+back where it does not apply; and the RL log-prob path's split equals its one-device values."""
 import re
 
 import jax

@@ -23,7 +23,8 @@ of two ways:
   chunk the slices' log-sum-exps and target logits are combined (one all-gather of [2, rows, c]
   values); the weight gradient of a slice is complete on its device (no reduction), the hidden
   state's gradient is summed over the slices and scattered back to its rows' devices
-  (`psum_scatter`). Element-wise heads (Gemma's soft-cap) work per slice.
+  (`psum_scatter`). Element-wise heads (Gemma's soft-cap) work per slice. The token
+  log-probabilities (`chunked_target_log_probs`, RL) split the same way, with their own VJP.
 - else per batch shard: each device loops over its own rows; the head weights are gathered once
   before the loop and their gradient reduced once after it (a scan over globally sharded chunks
   would gather the head and reduce its gradient once per chunk). Axes that do not split the batch
