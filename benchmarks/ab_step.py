@@ -16,13 +16,16 @@ device); tiny: tiny_train.py's reference config (vocab 8192, global batch 8 over
 gemma4, qwen3-next: those families' tiny configs at tiny_train's widths (`FAMILY_MODELS`; Qwen3-Next
 dense, without experts).
 `devices=N` in a variant: its mesh takes the first N of the process's devices (default all,
---devices). `py:module.NAME=value` in a variant: that module attribute (a Python literal) is set
-while the variant is traced and compiled, then restored — to A/B a code path that no config key
-selects, e.g. `py:MaxText.train.loss.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`. `patch=FILE`: FILE's
-`apply()` changes the code before the variant is traced and compiled and returns the function that
-undoes it after (an A/B of two versions of a function in one process; e.g. a file that puts back
-the version before a change). Every step runs on the same synthetic batch and waits for its result
-(this times the step, not the loop's overlap of host work; see the loop's own read-late figures in
+--devices). Code per variant (to A/B what no config key selects), changed while the variant is
+built, traced and compiled, and put back after, in one of two forms:
+  py:module.NAME=value   that module attribute set to a Python literal, e.g. a constant:
+                         `py:MaxText.train.loss.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`
+  patch=FILE             FILE's `apply()` changes any code (e.g. puts back a function as it was
+                         before a change) and returns the function that undoes it
+(a constant needs no file; a function's other version needs code). --step grpo: GRPO's optimizer
+step (`MaxText/rl/step.py`, policy loss with a KL term) on a rollout batch of the same rows instead
+of the training step. Every step runs on the same synthetic batch and waits for its result (this
+times the step, not the loop's overlap of host work; see the loop's own read-late figures in
 RESULTS.md).
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import importlib
 import os
 import statistics
@@ -56,30 +60,28 @@ def parse_variant(text: str) -> tuple[str, int | None, list[str], dict[str, obje
 
 
 @contextlib.contextmanager
-def patched(patches: dict[str, object]):
-  """Module attributes set to the given values inside, restored after."""
-  saved = []
+def variant_code(attrs: dict[str, object], files: list[str]):
+  """A variant's code changes inside (module docstring), undone after in reverse order: `attrs`
+  {"module.NAME": value} set as module attributes, then each of `files` run and its `apply()`
+  called (it returns the function that undoes it)."""
+  undo = []
   try:
-    for dotted, value in patches.items():
+    for dotted, value in attrs.items():
       module_name, _, name = dotted.rpartition(".")
       module = importlib.import_module(module_name)
       if not hasattr(module, name):
         raise SystemExit(f"py:{dotted}: {module_name} has no attribute {name}")
-      saved.append((module, name, getattr(module, name)))
+      undo.append(functools.partial(setattr, module, name, getattr(module, name)))
       setattr(module, name, value)
+    for path in files:
+      scope = {"__file__": path, "__name__": "ab_patch"}
+      with open(path, encoding="utf-8") as f:
+        exec(compile(f.read(), path, "exec"), scope)  # pylint: disable=exec-used
+      undo.append(scope["apply"]())
     yield
   finally:
-    for module, name, value in reversed(saved):
-      setattr(module, name, value)
-
-
-def apply_patch(path: str):
-  """Runs the Python file `path`, whose `apply()` changes code (e.g. puts back a function as it
-  was before a change) and returns a function that undoes it; returns that undo function."""
-  scope = {"__file__": path, "__name__": "ab_patch"}
-  with open(path, encoding="utf-8") as f:
-    exec(compile(f.read(), path, "exec"), scope)  # pylint: disable=exec-used
-  return scope["apply"]()
+    for u in reversed(undo):
+      u()
 
 
 # The other families at about tiny_train's widths (d 256, heads of 64, MLP 1024, vocab 8192,
@@ -117,12 +119,41 @@ def synthetic_batch(trainer, seed: int = 0) -> dict:
   return trainer.device_batch(host)
 
 
+def grpo_step(trainer):
+  """GRPO's optimizer step (`MaxText/rl/step.py`, with a reference KL term) on the trainer's
+  model, optimizer and mesh, compiled for a rollout batch of the global batch's rows; and that
+  batch (random tokens, every target a completion token, random advantages)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from MaxText.rl.step import (  # pylint: disable=import-outside-toplevel
+      batch_shardings, jit_grpo_step, make_grpo_step)
+  cfg, (B, S) = trainer.cfg, (trainer.global_batch, trainer.cfg.max_target_length)
+  shardings = batch_shardings(trainer.mesh, trainer.rules, B, S)
+  step = make_grpo_step(trainer.model_def, trainer.tx, mesh=trainer.mesh, rules=trainer.rules,
+                        lr_schedule=trainer.lr_schedule, chunk=cfg.loss_chunk_length,
+                        adapters_only=trainer.adapters_only, use_reference=True,
+                        loss_kwargs=dict(beta=0.04))
+  rng = np.random.default_rng(0)
+  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
+          for k in ("inputs", "targets")}
+  host.update(positions=np.tile(np.arange(S, dtype=np.int32), (B, 1)),
+              segments=np.ones((B, S), np.int32), mask=np.ones((B, S), np.float32),
+              old_logprobs=np.full((B, S), -9.0, np.float32),
+              ref_logprobs=np.full((B, S), -9.0, np.float32),
+              advantages=rng.normal(size=B).astype(np.float32))
+  batch = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
+  return jit_grpo_step(step, trainer.shardings, shardings, trainer.mesh).lower(
+      trainer.abstract, batch).compile(), batch
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--variant", action="append", required=True,
                   help='"label: key=value ... [devices=N] [py:module.NAME=literal] [patch=FILE]" (repeat)')
   ap.add_argument("--model", choices=("readme", "tiny", *FAMILY_MODELS), default="readme")
   ap.add_argument("--devices", type=int, default=2, help="fake CPU devices of the process")
+  ap.add_argument("--step", choices=("train", "grpo"), default="train",
+                  help="the training step, or GRPO's step on a rollout batch of the same rows")
   ap.add_argument("--rounds", type=int, default=6)
   ap.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
   args = ap.parse_args()
@@ -145,15 +176,14 @@ def main() -> int:
     cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *base,
                        "jax_cache_dir=", f"base_output_directory={work}", "run_name=ab", *keys],
                       keep_auto=True)   # auto values as a training run resolves them
-    undo = [apply_patch(p) for p in files]   # the code this variant traces
-    trainer = Trainer(cfg, devices)
+    with variant_code(attrs, files):   # the code this variant traces
+      trainer = Trainer(cfg, devices)
+      if args.step == "grpo":
+        compiled, batch = grpo_step(trainer)
+      else:
+        compiled, batch = trainer.compile_step(), synthetic_batch(trainer)
     cfg = trainer.cfg
-    with patched(attrs):
-      compiled = trainer.compile_step()
-    for u in reversed(undo):
-      u()
     state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
-    batch = synthetic_batch(trainer)
     for _ in range(2):   # warm-up
       state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
@@ -174,8 +204,9 @@ def main() -> int:
       r["cpu"].append((time.process_time() - c0) / args.steps)
       r["wall"].append((time.perf_counter() - w0) / args.steps)
       r["last_loss"] = float(metrics["loss"])
-  print(f"\n{args.rounds} rounds x {args.steps} steps, model {args.model}, {args.devices} fake "
-        f"devices in the process; load average {load0:.2f} -> {os.getloadavg()[0]:.2f}\n")
+  print(f"\n{args.rounds} rounds x {args.steps} {args.step} steps, model {args.model}, "
+        f"{args.devices} fake devices in the process; load average {load0:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}\n")
   base = statistics.median(runs[0]["cpu"]) * 1e6 / runs[0]["tokens"]
   print("| variant | devices | CPU-s per step | wall s per step | tokens per step | CPU-ms per 1k "
         "tokens | vs first | tokens/s (wall) | loss first -> last |")

@@ -1,8 +1,8 @@
 """The LM head split over the vocabulary under the batch axes (`train/loss.py`: each device holds a
 vocabulary slice of the head weights and gathers the hidden rows of the batch): loss and every
 gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4 and 8
-fake devices; the whole head weight is never gathered (only its slices exist); and the split falls
-back where it does not apply."""
+fake devices; the whole head weight is never gathered (only its slices exist); the split falls
+back where it does not apply; and the RL log-prob path's split equals its one-device values."""
 import re
 
 import jax
@@ -114,3 +114,68 @@ def test_vocab_split_soft_capped_tied_head():
   assert rel(split, ref_loss) < 1e-5 and rel(split, whole) < 1e-6, (float(split), float(whole))
   for (path, a), b in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g)):
     assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
+
+
+@pytest.mark.parametrize("n,mesh,tied", [(2, ("ici_fsdp_parallelism=2",), False),
+                                         (4, ("ici_data_parallelism=2", "ici_fsdp_parallelism=2"),
+                                          True)])
+def test_vocab_split_log_probs_equal_one_device(n, mesh, tied):
+  """The RL log-prob path (`chunked_target_log_probs`, GRPO's) split over the vocabulary: log p,
+  the entropy and the gradients of a weighted sum of both (head weights and hidden state) equal
+  the one-device chunked path's (fp32: only the log-sum-exp's combination across slices differs),
+  and the whole head weight is never gathered."""
+  from jax.sharding import NamedSharding, PartitionSpec as Spec
+  from MaxText.sharding.rules import tree_shardings
+  model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
+  micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
+  hidden, _ = jax.jit(model_def.apply_hidden)(params, micro["inputs"], micro["inputs_position"],
+                                              micro["inputs_segmentation"])
+  rng = np.random.default_rng(2)
+  w_lp, w_ent = (rng.normal(size=hidden.shape[:2]).astype(np.float32) for _ in range(2))
+
+  def weighted(p, h):
+    logp, ent = loss_mod.chunked_target_log_probs(model_def.head, p, h, micro["targets"], 16,
+                                                  entropy=True,
+                                                  logical_axes=model_def.logical_axes)
+    return jax.numpy.sum(w_lp * logp + w_ent * ent), (logp, ent)
+
+  grad = jax.value_and_grad(weighted, argnums=(0, 1), has_aux=True)
+  (ref_v, (ref_lp, ref_ent)), ref_g = jax.jit(grad)(params, hidden)
+  devices = jax.devices()[:n]
+  plan = _plan(model_def, params, micro, devices, *mesh)
+  assert plan is not None
+  mesh_, rules = _mesh_rules(devices, *mesh)
+  shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh_, rules)
+  rows = NamedSharding(mesh_, Spec(plan.axes))
+
+  def sharded(p, h):
+    with use_rules(mesh_, rules):
+      return grad(p, h)
+
+  step = jax.jit(sharded, in_shardings=(shardings, rows))
+  args = (jax.device_put(params, shardings), jax.device_put(hidden, rows))
+  (v, (lp, ent)), g = step(*args)
+  assert rel(lp, ref_lp) < 1e-6, rel(lp, ref_lp)
+  # the entropy is lse − Σ p·logit, a difference of terms of the log-sum-exp's size (~3x the
+  # entropy here, tied): both paths round those to fp32 (each ~8e-7 of the entropy from a float64
+  # oracle), so 1e-6 of the log-sum-exp
+  lse = jax.nn.logsumexp(model_def.head(params, hidden), axis=-1)
+  assert np.linalg.norm(ent - ref_ent) < 1e-6 * np.linalg.norm(lse), rel(ent, ref_ent)
+  # the weighted sum cancels (weights of both signs): 1e-6 of the sum of its terms' sizes
+  assert abs(v - ref_v) < 1e-6 * np.sum(np.abs(w_lp * ref_lp) + np.abs(w_ent * ref_ent))
+  # the gradients carry the entropy's cancellation too (its part p·(logit − mean logit)): 1e-6
+  # times the log-sum-exp's size over the entropy's
+  tol = 1e-6 * max(1.0, float(np.linalg.norm(lse) / np.linalg.norm(ref_ent)))
+  for (path, a), b in zip(jax.tree.leaves_with_path(ref_g), jax.tree.leaves(g)):
+    assert rel(b, a) < tol or (not np.any(a) and not np.any(b)), (jax.tree_util.keystr(path),
+                                                                   rel(b, a), tol)
+  hlo = step.lower(*args).compile().as_text()
+  gathers = re.findall(r"= (\S+) all-gather\(", hlo)
+  assert not {f"f32[{V},32]", f"f32[32,{V}]"} & set(gathers), gathers
+  assert re.search(r"reduce-scatter\(", hlo)           # the hidden rows' gradient
+  if n == 2:   # bf16 hidden rows (a bf16 run's): their gradient's reduce-scatter compiles (in fp32)
+    h16 = hidden.astype(jax.numpy.bfloat16)
+    (_, (lp16, _)), g16 = step(args[0], jax.device_put(h16, rows))
+    (_, (ref_lp16, _)), ref_g16 = jax.jit(grad)(params, h16.astype(np.float32))
+    assert g16[1].dtype == jax.numpy.bfloat16 and rel(lp16, ref_lp16) < 1e-6
+    assert rel(g16[1], ref_g16[1]) < 2 ** -8, rel(g16[1], ref_g16[1])    # rounded to bf16

@@ -84,3 +84,16 @@ def test_batch_checksum_row_is_the_checksum_of_that_steps_batch(tmp_path):
   expected = [int(batch_checksum(b)) for b in trainer.fed]
   assert len(set(expected)) == 3   # the batches differ, so a row of another step would not match
   assert [r["batch_checksum"] for r in rows] == expected
+
+
+def test_metrics_are_read_as_their_dtype():
+  """The loop reads each step metric as the Python number of its dtype, naming none: an integer
+  metric (the uint32 batch checksum, above 2^31 here) stays an exact int, a floating one is the
+  float of its value (bf16 and fp32 alike)."""
+  import jax.numpy as jnp
+  from MaxText.train.step_rows import host_values
+  got = host_values({"checksum": jnp.uint32(4_000_000_001), "tokens": jnp.int32(-7),
+                     "loss": jnp.float32(0.1), "aux": jnp.bfloat16(0.1)})
+  assert got == {"checksum": 4_000_000_001, "tokens": -7, "loss": float(jnp.float32(0.1)),
+                 "aux": float(jnp.bfloat16(0.1))}
+  assert [type(got[k]) for k in ("checksum", "tokens", "loss", "aux")] == [int, int, float, float]

@@ -2,7 +2,9 @@
 (the policy's, or the reference's), and the optimizer step on the clipped policy loss
 (MaxText/rl/losses.py). The log-probabilities come from the model's final hidden state and its head
 applied chunk by chunk (`train/loss.py: chunked_target_log_probs`, `loss_chunk_length`), so the
-fp32 [B, S, V] logits never exist whole when the chunk is set.
+fp32 [B, S, V] logits never exist whole when the chunk is set; under a mesh split only over the
+batch, with at most V tokens in the batch, the head runs split over the vocabulary as in the
+training loss (each device a vocabulary slice of the head, the whole head never gathered).
 
 A rollout batch is [N, S] arrays (N = prompts x completions per prompt, S = max_target_length):
   inputs, targets, positions, segments   the prompt + completion, shifted by one (segments 1 on
@@ -52,7 +54,7 @@ def token_logprobs(model_def: ModelDef, params, batch: dict, chunk: int, entropy
   hidden, _ = model_def.apply_hidden(params, batch["inputs"], batch["positions"],
                                      batch["segments"])
   return chunked_target_log_probs(model_def.head, params, hidden, batch["targets"], chunk,
-                                  entropy)
+                                  entropy, model_def.logical_axes)
 
 
 def make_logprob_fn(model_def: ModelDef, mesh: Mesh, rules: Rules, chunk: int,

@@ -13,7 +13,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-import psutil
 
 from MaxText.checkpoint import data_state
 from MaxText.checkpoint.errors import CheckpointError
@@ -27,7 +26,7 @@ from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
 from MaxText.layers import lora, stack
 from MaxText.metrics.peaks import device_peak_tflops
-from MaxText.metrics.writers import LossSmoother, MetricsWriter, format_line
+from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.sharding.mesh import create_mesh
@@ -46,6 +45,7 @@ from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.startup import StartupClock
 from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, init_state, state_shardings, trained
+from MaxText.train.step_rows import StepRows
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
@@ -359,7 +359,6 @@ class Trainer:
                                            cfg.dtype)
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
         f"({peak_source})")
-    tokens_per_step = self.global_batch * cfg.max_target_length
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
                            is_primary=jax.process_index() == 0, start_step=start)
     if writer.superseded:
@@ -375,8 +374,8 @@ class Trainer:
     batch = self.device_batch(next(data_iter))
     self.clock.mark("first batch")
     self._skipped = 0
-    self._smoother = LossSmoother()
-    self._last_done = time.perf_counter()
+    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
+                    len(self.devices))
     pending = None   # (step, metrics) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):
@@ -385,7 +384,7 @@ class Trainer:
         # step that saves, stops or ends the run reads its own metrics before going on: a
         # checkpoint is only written once its step (and every step before it) was seen finite.
         if pending is not None:
-          code = self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+          code = self._finish_step(*pending, rows, writer, ckpts)
           if code is not None:
             return code
         pending = (step, metrics)
@@ -398,13 +397,13 @@ class Trainer:
         if not (save_now or stop or periodic_now or step == cfg.steps):
           batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
           continue
-        code = (self._finish_step(*pending, flops, peak, tokens_per_step, writer, ckpts)
+        code = (self._finish_step(*pending, rows, writer, ckpts)
                 if pending is not None else None)
         pending = None
         if code is not None:
           return code
         if periodic_now:
-          self._last_done += periodic.after_step(step, state["params"])   # its time is no step's
+          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
         if save_now:
           self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
         if stop:
@@ -416,21 +415,12 @@ class Trainer:
       self.final_state = state
     return EXIT_OK
 
-  def _finish_step(self, step: int, metrics: dict, flops: dict, peak: float,
-                   tokens_per_step: int, writer: MetricsWriter,
+  def _finish_step(self, step: int, metrics: dict, rows: StepRows, writer: MetricsWriter,
                    ckpts: RunCheckpoints | None) -> int | None:
     """Reads back one step's metrics (waiting for the step), writes its row and progress line and
     applies the non-finite policy; returns an exit status to stop with, or None to go on."""
     cfg, family_watch = self.cfg, self._family_watch
-    metrics = {k: int(v) if k == "batch_checksum" else float(v)
-               for k, v in jax.device_get(metrics).items()}
-    metrics["loss_smoothed"] = self._smoother.update(metrics["loss"])
-    now = time.perf_counter()
-    step_time, self._last_done = now - self._last_done, now
-    tflops = flops["total"] / step_time / 1e12 / len(self.devices)
-    metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
-                   tflops_per_device=tflops, mfu=tflops / peak if peak > 0 else 0.0,
-                   rss_gib=psutil.Process().memory_info().rss / 2**30)
+    metrics = rows.row(metrics)
     writer.write(step, metrics)
     finite = bool(metrics["finite"])
     if step % cfg.log_period == 0 or step in (self._first_step, cfg.steps) or not finite:

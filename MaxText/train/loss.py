@@ -23,7 +23,8 @@ of two ways:
   chunk the slices' log-sum-exps and target logits are combined (one all-gather of [2, rows, c]
   values); the weight gradient of a slice is complete on its device (no reduction), the hidden
   state's gradient is summed over the slices and scattered back to its rows' devices
-  (`psum_scatter`). Element-wise heads (Gemma's soft-cap) work per slice.
+  (`psum_scatter`). Element-wise heads (Gemma's soft-cap) work per slice. The token
+  log-probabilities (`chunked_target_log_probs`, RL) split the same way, with their own VJP.
 - else per batch shard: each device loops over its own rows; the head weights are gathered once
   before the loop and their gradient reduced once after it (a scan over globally sharded chunks
   would gather the head and reduce its gradient once per chunk). Axes that do not split the batch
@@ -72,7 +73,13 @@ def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: ja
                        z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
   Padding and targets across a packed-document boundary have mask 0."""
-  lse_BS, target_logit_BS = _lse_and_target_logit(logits_BSV, targets_BS)
+  return _sums_of_stats(*_lse_and_target_logit(logits_BSV, targets_BS), mask_BS, z_loss_weight)
+
+
+def _sums_of_stats(lse_BS: jax.Array, target_logit_BS: jax.Array, mask_BS: jax.Array,
+                   z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`cross_entropy_sums` from each position's log-sum-exp and target logit (however they were
+  computed: whole, or combined across vocabulary slices)."""
   mask = mask_BS.astype(jnp.float32)
   z_BS = z_loss_weight * jnp.square(lse_BS)
   nll = jnp.sum((lse_BS - target_logit_BS + z_BS) * mask)
@@ -88,15 +95,19 @@ def _chunks(x_BS_: jax.Array, chunk: int) -> jax.Array:
   return x.reshape(B, n, chunk, *x_BS_.shape[2:]).swapaxes(0, 1)
 
 
+def _batch_axes(ctx, rows: int) -> tuple[str, ...]:
+  """The mesh axes that split a batch of `rows` rows ("activation_batch"), as a tuple."""
+  axes = logical_to_spec(("activation_batch",), (rows,), ctx.rules, ctx.mesh)[0]
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 def _per_batch_shard(fn: Callable, params, *batch_arrays: jax.Array):
   """fn(params, *batch_arrays) run per shard of the batch axes under a mesh (`use_rules`); its
   outputs are sums, added over the shards. Without a mesh: fn itself."""
   ctx = current_context()
   if ctx is None:
     return fn(params, *batch_arrays)
-  B = batch_arrays[0].shape[0]
-  axes = logical_to_spec(("activation_batch",), (B,), ctx.rules, ctx.mesh)[0]
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  axes = _batch_axes(ctx, batch_arrays[0].shape[0])
   if not axes:
     return fn(params, *batch_arrays)
 
@@ -125,11 +136,11 @@ def _used_leaves(head: HeadFn, params, hidden_BcD: jax.Array) -> list[bool]:
   return [id(v) in read for v in jaxpr.invars[:len(leaves)]]
 
 
-def _logits_cotangent(logits, targets, mask, z_loss_weight):
+def _logits_cotangent(logits, lse, targets, mask, z_loss_weight):
   """d(Σ mask · (lse − logit[target] + z·lse²)) / d logits, in fp32: mask · ((1 + 2z·lse) ·
-  softmax − one-hot)."""
+  softmax − one-hot), from the logits and their log-sum-exp `lse` over the whole vocabulary (the
+  logits may be a vocabulary slice, `targets` relative to it: out of range has no one-hot)."""
   logits = logits.astype(jnp.float32)
-  lse, _ = _lse_and_target_logit(logits, targets)
   softmax = jnp.exp(logits - lse[..., None])
   scale = (mask.astype(jnp.float32) * (1.0 + 2.0 * z_loss_weight * lse))[..., None]
   onehot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
@@ -194,8 +205,9 @@ def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
       def one_chunk(dw, inp):
         h_BcD, t_Bc, m_Bc = inp
         logits, pullback = jax.vjp(head_w, w_, h_BcD)
-        sums = cross_entropy_sums(logits, t_Bc, m_Bc, z_loss_weight)
-        dw_c, dh_BcD = pullback(_logits_cotangent(logits, t_Bc, m_Bc, z_loss_weight)
+        lse, t_logit = _lse_and_target_logit(logits, t_Bc)
+        sums = _sums_of_stats(lse, t_logit, m_Bc, z_loss_weight)
+        dw_c, dh_BcD = pullback(_logits_cotangent(logits, lse, t_Bc, m_Bc, z_loss_weight)
                                 .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums, dh_BcD)
 
@@ -242,8 +254,7 @@ def _vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
   if ctx is None or logical_axes is None:
     return None
   B, S = hidden_BSD.shape[:2]
-  axes = logical_to_spec(("activation_batch",), (B,), ctx.rules, ctx.mesh)[0]
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  axes = _batch_axes(ctx, B)
   n = math.prod(ctx.mesh.shape[a] for a in axes)
   if n == 1 or any(size > 1 and a not in axes for a, size in ctx.mesh.shape.items()):
     return None
@@ -292,6 +303,54 @@ _grad_sharded.defvjp(lambda x, sharding: (x, None),
                      lambda sharding, _, g: (jax.lax.with_sharding_constraint(g, sharding),))
 
 
+def _split_weights(plan: _VocabSplit, head: HeadFn, params):
+  """(the head's weights, each with its gradient in its own sharding; the other leaves; the
+  weights' in-specs as vocabulary slices; head_w(w, rest, hidden) -> the slice's logits)."""
+  ctx = current_context()
+  leaves, treedef = jax.tree.flatten(params)
+  # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
+  # of the head, its moments included, to the vocabulary slices and back)
+  w = [_grad_sharded(x, NamedSharding(ctx.mesh, spec))
+       for x, spec in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored)]
+  rest = [x for x, u in zip(leaves, plan.used) if not u]
+  w_specs = [P(*(plan.axes if i == d else None for i in range(x.ndim))) for x, d in
+             zip(w, plan.vocab_dims)]
+
+  def head_w(w_, rest_, h_):
+    it_w, it_rest = iter(w_), iter(rest_)
+    return head(jax.tree.unflatten(treedef, [next(it_w) if u else next(it_rest)
+                                             for u in plan.used]), h_)
+  return w, rest, w_specs, head_w
+
+
+def _slice_stats(logits, t_rel, axes, with_mean_logit: bool = False):
+  """(log-sum-exp, target logit[, the softmax-weighted mean logit]) [B, c] over the whole
+  vocabulary from this device's fp32 slice logits [B, c, V / n] (`t_rel`: the targets relative to
+  the slice), its slice's values combined with the others' in one all-gather."""
+  V_loc = logits.shape[-1]
+  lse_loc = jax.nn.logsumexp(logits, axis=-1)
+  inside = (t_rel >= 0) & (t_rel < V_loc)
+  t_logit = jnp.take_along_axis(logits, jnp.clip(t_rel, 0, V_loc - 1)[..., None], axis=-1)
+  local = [lse_loc, jnp.where(inside, t_logit[..., 0], 0.0)]
+  if with_mean_logit:      # Σ softmax·logit over the slice, its softmax normalised by the slice
+    local.append(jnp.sum(jnp.exp(logits - lse_loc[..., None]) * logits, axis=-1))
+  parts = jax.lax.all_gather(jnp.stack(local), axes)          # [slices, 2 or 3, B, c]
+  lse = jax.nn.logsumexp(parts[:, 0], axis=0)
+  stats = (lse, jnp.sum(parts[:, 1], axis=0))
+  if with_mean_logit:      # the slices' means weighted by their share of the probability
+    stats += (jnp.sum(jnp.exp(parts[:, 0] - lse) * parts[:, 2], axis=0),)
+  return stats
+
+
+def _rows_grad_to_owners(dh_nBcD: jax.Array, S: int, axes, dtype) -> jax.Array:
+  """The slices' partial gradients of every row's hidden state [n chunks, B, c, D]: summed over
+  the slices and scattered back to the rows' devices [B / slices, S, D] (the sum in fp32)."""
+  B, D = dh_nBcD.shape[1], dh_nBcD.shape[-1]
+  dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, D)[:, :S]
+  return jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
+                              tiled=True).astype(dtype)
+
+
 def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
                       targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                       chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -300,21 +359,9 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
   log-sum-exp and target logit over its slice are combined across the slices (one all-gather of
   [2, B, c] values); the slice's weight gradient is complete on its device (no reduction), the
   hidden state's gradient is summed over the slices and scattered back to the rows' devices."""
-  ctx, axes = current_context(), plan.axes
-  leaves, treedef = jax.tree.flatten(params)
-  # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
-  # of the head, its moments included, to the vocabulary slices and back)
-  w = [_grad_sharded(x, NamedSharding(ctx.mesh, spec))
-       for x, spec in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored)]
-  rest = [x for x, u in zip(leaves, plan.used) if not u]
-  w_specs = [P(*(axes if i == d else None for i in range(x.ndim))) for x, d in
-             zip(w, plan.vocab_dims)]
+  axes = plan.axes
+  w, rest, w_specs, head_w = _split_weights(plan, head, params)
   row_spec = P(axes)
-
-  def head_w(w_, rest_, h_):
-    it_w, it_rest = iter(w_), iter(rest_)
-    return head(jax.tree.unflatten(treedef, [next(it_w) if u else next(it_rest)
-                                             for u in plan.used]), h_)
 
   def local(w_, rest_, h_loc, t_loc, m_loc):
     me = jax.lax.axis_index(axes)
@@ -326,19 +373,8 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
     V_loc = w_[0].shape[plan.vocab_dims[0]]
     xs = (_chunks(t_all - me * V_loc, chunk), _chunks(m_all, chunk))   # targets in the slice
 
-    def chunk_stats(logits, t_rel):
-      """(log-sum-exp, target logit) [B, c] over the whole vocabulary, from this slice's logits."""
-      lse_loc = jax.nn.logsumexp(logits, axis=-1)
-      inside = (t_rel >= 0) & (t_rel < V_loc)
-      t_logit = jnp.take_along_axis(logits, jnp.clip(t_rel, 0, V_loc - 1)[..., None], axis=-1)
-      parts = jax.lax.all_gather(jnp.stack([lse_loc, jnp.where(inside, t_logit[..., 0], 0.0)]),
-                                 axes)                                  # [slices, 2, B, c]
-      return jax.nn.logsumexp(parts[:, 0], axis=0), jnp.sum(parts[:, 1], axis=0)
-
-    def sums_of(lse, t_logit, m):
-      m = m * own_B[:, None]
-      z = z_loss_weight * jnp.square(lse)
-      return jnp.sum((lse - t_logit + z) * m), jnp.sum(z * m), jnp.sum(m)
+    def sums_of(lse, t_logit, m):       # of the rows it reports
+      return _sums_of_stats(lse, t_logit, m * own_B[:, None], z_loss_weight)
 
     def sums_and_grads(wv, h_):
       h_all = jax.lax.all_gather(h_, axes, axis=0, tiled=True)         # [B, S, D]
@@ -346,20 +382,14 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
       def one_chunk(dw, inp):
         h_BcD, t_rel, m = inp
         logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_, hh), wv, h_BcD)
-        logits = logits.astype(jnp.float32)
-        lse, t_logit = chunk_stats(logits, t_rel)
-        scale = m * (1.0 + 2.0 * z_loss_weight * lse)
-        dlogits = (scale[..., None] * jnp.exp(logits - lse[..., None])
-                   - m[..., None] * jax.nn.one_hot(t_rel, V_loc, dtype=jnp.float32))
-        dw_c, dh_BcD = pullback(dlogits)
+        lse, t_logit = _slice_stats(logits.astype(jnp.float32), t_rel, axes)
+        dw_c, dh_BcD = pullback(_logits_cotangent(logits, lse, t_rel, m, z_loss_weight)
+                                .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums_of(lse, t_logit, m), dh_BcD)
 
       dw0 = jax.tree.map(jnp.zeros_like, wv)
       dw, (sums_n, dh_nBcD) = jax.lax.scan(one_chunk, dw0, (_chunks(h_all, chunk), *xs))
-      dh_BSD = dh_nBcD.swapaxes(0, 1).reshape(B, -1, h_.shape[-1])[:, :S]
-      # the slices' partial gradients of every row, summed and scattered to the rows' devices
-      dh_loc = jax.lax.psum_scatter(dh_BSD.astype(jnp.float32), axes, scatter_dimension=0,
-                                    tiled=True).astype(h_.dtype)
+      dh_loc = _rows_grad_to_owners(dh_nBcD, S, axes, h_.dtype)
       return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n), dw, dh_loc
 
     def sums_only(wv, h_):
@@ -367,7 +397,7 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
 
       def one_chunk(_, inp):
         h_BcD, t_rel, m = inp
-        lse, t_logit = chunk_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel)
+        lse, t_logit = _slice_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel, axes)
         return None, sums_of(lse, t_logit, m)
       _, sums_n = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk), *xs))
       return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n)
@@ -375,19 +405,24 @@ def _vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.A
     with without_rules():
       return _with_gradient_in_forward(sums_only, sums_and_grads)(w_, h_loc)
 
-  return jax.shard_map(local, mesh=ctx.mesh, axis_names=frozenset(axes),
+  return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
                        in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec, row_spec),
                        out_specs=P())(w, rest, hidden_BSD, targets_BS, mask_BS)
 
 
 def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, targets_BS: jax.Array,
-                             chunk: int, entropy: bool = False):
+                             chunk: int, entropy: bool = False, logical_axes=None):
   """log p(target) [B, S] (e.g. a policy's token log-probabilities) chunk by chunk, as above, with
-  the same value and gradient as the whole; `entropy`: (log p, the entropy per position [B, S])."""
+  the same value and gradient as the whole; `entropy`: (log p, the entropy per position [B, S]).
+  `logical_axes` (the parameters' logical axis names): when given, the head may run split over
+  the vocabulary under the batch axes, under the same conditions as the loss (module docstring)."""
   B, S = targets_BS.shape
   per_chunk = target_log_probs_and_entropy if entropy else target_log_probs
   if chunk <= 0 or chunk >= S:
     return per_chunk(head(params, hidden_BSD), targets_BS)
+  plan = _vocab_split_plan(head, params, logical_axes, hidden_BSD, chunk)
+  if plan is not None:
+    return _vocab_split_log_probs(plan, head, params, hidden_BSD, targets_BS, chunk, entropy)
 
   @jax.checkpoint
   def one_chunk(_, xs):
@@ -395,6 +430,92 @@ def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, target
 
   _, out_nBc = jax.lax.scan(one_chunk, None, (_chunks(hidden_BSD, chunk), _chunks(targets_BS, chunk)))
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, -1)[:, :S], out_nBc)
+
+
+def _vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
+                           targets_BS: jax.Array, chunk: int, entropy: bool):
+  """`chunked_target_log_probs` with the head split over the vocabulary as in `_vocab_split_sums`
+  (each device: a vocabulary slice of the weights, the hidden rows of the whole batch; per chunk
+  one all-gather of [2 or 3, B, c] slice statistics). Its VJP keeps each position's log-sum-exp
+  (and softmax-weighted mean logit) from the forward pass, so the backward pass recomputes a
+  chunk's slice logits without a collective: d logits = g_logp·(one-hot − p) − g_entropy·p·(logit
+  − mean logit); the slices' gradients of the rows are summed and scattered back to the rows'
+  devices (in fp32), the weights' slices need no reduction."""
+  axes = plan.axes
+  w, rest, w_specs, head_w = _split_weights(plan, head, params)
+  row_spec = P(axes)
+
+  def local(w_, rest_, h_loc, t_loc):
+    me = jax.lax.axis_index(axes)
+    B_loc, S = t_loc.shape
+    t_all = jax.lax.all_gather(t_loc, axes, axis=0, tiled=True)        # [B, S]
+    B, V_loc = t_all.shape[0], w_[0].shape[plan.vocab_dims[0]]
+    t_rel_n = _chunks(t_all - me * V_loc, chunk)                       # targets in the slice
+
+    def own_rows(x_nBc):                  # [n, B, c] -> this device's rows [B_loc, S]
+      x_BS = x_nBc.swapaxes(0, 1).reshape(B, -1)[:, :S]
+      return jax.lax.dynamic_slice_in_dim(x_BS, me * B_loc, B_loc, axis=0)
+
+    def forward(wv, h_):
+      h_all = jax.lax.all_gather(h_, axes, axis=0, tiled=True)         # [B, S, D]
+
+      def one_chunk(_, inp):
+        h_BcD, t_rel = inp
+        logits = head_w(wv, rest_, h_BcD).astype(jnp.float32)
+        return None, _slice_stats(logits, t_rel, axes, with_mean_logit=entropy)
+      _, stats_n = jax.lax.scan(one_chunk, None, (_chunks(h_all, chunk), t_rel_n))
+      return h_all, stats_n
+
+    def outputs(stats_n):
+      logp = own_rows(stats_n[1] - stats_n[0])
+      return (logp, own_rows(stats_n[0] - stats_n[2])) if entropy else (logp,)
+
+    @jax.custom_vjp
+    def log_probs(wv, h_):
+      return outputs(forward(wv, h_)[1])
+
+    def log_probs_fwd(wv, h_):
+      h_all, stats_n = forward(wv, h_)
+      return outputs(stats_n), (wv, h_all, t_rel_n, stats_n)
+
+    # the leaves the head does not read (`_used_leaves`), as zeros of their shapes: the backward
+    # pass may hold no tracer of the forward one
+    rest_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in rest_]
+
+    def log_probs_bwd(res, g):
+      wv, h_all, t_rel_b, stats_n = res
+      rest_b = [jnp.zeros(x.shape, x.dtype) for x in rest_shapes]
+      # every row's cotangents: this slice's part of every row's logits gradient
+      g_n = [_chunks(jax.lax.all_gather(x, axes, axis=0, tiled=True), chunk) for x in g]
+
+      def one_chunk(dw, inp):
+        h_BcD, t_rel, lse, mean, g_lp, g_ent = inp
+        logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_b, hh), wv, h_BcD)
+        l32 = logits.astype(jnp.float32)
+        p = jnp.exp(l32 - lse[..., None])
+        dlogits = g_lp[..., None] * (jax.nn.one_hot(t_rel, V_loc, dtype=jnp.float32) - p)
+        if entropy:
+          dlogits = dlogits - g_ent[..., None] * p * (l32 - mean[..., None])
+        dw_c, dh_BcD = pullback(dlogits.astype(logits.dtype))
+        return jax.tree.map(jnp.add, dw, dw_c), dh_BcD
+
+      zeros = jnp.zeros_like(stats_n[0])
+      mean_n, g_ent_n = (stats_n[2], g_n[1]) if entropy else (zeros, zeros)
+      with without_rules():      # traced when differentiated, after the forward's `with`
+        dw, dh_nBcD = jax.lax.scan(
+            one_chunk, jax.tree.map(jnp.zeros_like, wv),
+            (_chunks(h_all, chunk), t_rel_b, stats_n[0], mean_n, g_n[0], g_ent_n))
+      return dw, _rows_grad_to_owners(dh_nBcD, S, axes, h_all.dtype)
+
+    log_probs.defvjp(log_probs_fwd, log_probs_bwd)
+    with without_rules():
+      out = log_probs(w_, h_loc)
+    return out if entropy else out[0]
+
+  out_specs = (row_spec, row_spec) if entropy else row_spec
+  return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
+                       in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec),
+                       out_specs=out_specs)(w, rest, hidden_BSD, targets_BS)
 
 
 def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,
