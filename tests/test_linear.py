@@ -154,3 +154,19 @@ def test_fused_projections_stay_separate_when_the_mesh_splits_an_output_axis():
   with use_rules(mesh, rules):
     jaxpr = str(jax.make_jaxpr(lambda x: fused_dense(layers, x))(x))
   assert jaxpr.count("name=_matmul_lowp") == 3, jaxpr
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_dense_takes_a_slice_of_its_output_axis(dtype):
+  """An LM head given a vocabulary slice of its kernel (the chunked loss's head split) returns
+  those columns of the whole head's output."""
+  head = DenseGeneral((K,), (N,), ("embed", "vocab"), rngs=nnx.Rngs(2), dtype=dtype,
+                      param_dtype=jnp.float32)
+  x = jax.random.normal(jax.random.key(4), (2, 8, K), jnp.float32)
+  whole = head(x, out_dtype=jnp.float32)
+  head.kernel.set_value(head.kernel[...][:, N // 4: N // 2])
+  part = head(x, out_dtype=jnp.float32)
+  assert part.shape == (2, 8, N // 4)
+  # the same K-term fp32 dot per column; a narrower matmul may block the sum differently
+  want = np.asarray(whole[..., N // 4: N // 2])
+  np.testing.assert_allclose(np.asarray(part), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

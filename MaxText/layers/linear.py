@@ -132,13 +132,19 @@ class DenseGeneral(nnx.Module):
     in_size = x2.shape[1]
     if self.quant is not None:
       y = self.quant(self, x2, out_dtype)
-    else:
+      out_shape = self.out_shape
+    elif self.lora_a is None:
+      # the kernel as it is: a slice of its output axes works too (the chunked loss may split the
+      # LM head over the vocabulary, MaxText/train/loss.py)
       y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
-    if self.lora_a is not None:   # A [*in, r], B [r, *out]; zero B: y exactly as without
+      out_shape = w.shape[self.in_rank:]
+    else:   # A [*in, r], B [r, *out]; zero B: y exactly as without
+      y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
       a = self.lora_a[...].reshape(in_size, -1)
       b = self.lora_b[...].reshape(a.shape[1], -1)
       y = y + (self.lora_scale * matmul(matmul(x2, a), b)).astype(y.dtype)
-    return y.reshape(*batch_shape, *self.out_shape)
+      out_shape = self.out_shape
+    return y.reshape(*batch_shape, *out_shape)
 
 
 def _out_axes_split(layer: DenseGeneral) -> bool:

@@ -390,12 +390,7 @@ class Transformer(nnx.Module):
       logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
                          out_dtype=jnp.float32)
       logits_BSV = logits_MV.reshape(B, S, -1)
-    elif self.lm_head.quant is None and self.lm_head.lora_a is None:
-      # the kernel [D, V] as a plain matmul: a vocabulary slice of it works as well (the chunked
-      # loss may split the head over the vocabulary, MaxText/train/loss.py)
-      logits_BSV = matmul(self.lm_head.rows(x_BSD)[1], self.lm_head.kernel[...],
-                          out_dtype=jnp.float32).reshape(B, S, -1)
-    else:
+    else:   # (a vocabulary slice of the kernel works too: the chunked loss may pass one)
       logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     if cfg.final_logit_softcap:
       c = cfg.final_logit_softcap
