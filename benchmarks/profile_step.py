@@ -255,7 +255,9 @@ def main() -> int:
       f"per_device_batch_size={GLOBAL_BATCH / n:g}", "dataset_type=synthetic", f"dtype={args.dtype}",
       "jax_cache_dir=", f"ici_fsdp_parallelism={n}", f"base_output_directory={work}",
       "run_name=profile", f"steps={max(args.loop, 1)}", "enable_checkpointing=false",
-      "enable_tensorboard=false", "sample_at_end=false", *args.overrides]
+      "enable_tensorboard=false", "sample_at_end=false"]
+  given = {k.split("=", 1)[0] for k in args.overrides}   # an override replaces the default above
+  keys = [k for k in keys if k.split("=", 1)[0] not in given] + args.overrides
   cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *keys], keep_auto=True)
   if args.loop:
     profile_loop(Trainer, cfg, args.loop, os.path.join(work, "trace") if args.trace else None)

@@ -1,6 +1,15 @@
 """The optax optimizer: global-norm clipping → AdamW (decoupled weight decay on matrices only)
 with a warmup + cosine, warmup-stable-decay (WSD) or constant learning-rate schedule.
 
+`make_optimizer` returns an `Optimizer`: the optax chain's `init` and `update` (its state — optax's
+ScaleByAdamState, ScaleByScheduleState, ... — is what checkpoints hold), plus `apply`, the same
+update fused: one elementwise pass per parameter that writes the new parameter and both moments,
+with the non-finite guard folded in (`where(finite, new, old)` inside the pass, so XLA updates
+the donated buffers in place instead of copying the old moments first). `apply` is bit for bit the
+chain followed by `optax.apply_updates` and the guard (tests/test_fused_adamw.py, optax as the
+oracle). `shard_over_data` (config `shard_optimizer_over_data`): the moments are sharded over the
+mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
+
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
 scales is [layers, D] but is still a vector per layer and is not decayed.
 
@@ -10,11 +19,12 @@ included. (Their gradients are zero, so their AdamW moments stay zero; they stil
 state, which keeps the state's structure that of the parameters.)"""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
+from optax._src import numerics
 
 from MaxText.config.schema import Config
 
@@ -49,17 +59,96 @@ def freeze(frozen_mask) -> optax.GradientTransformation:
       lambda u, frozen: jnp.full_like(u, -0.0) if frozen else u, updates, frozen_mask))
 
 
+class Optimizer(NamedTuple):
+  """An optax transformation (`init`, `update`: the oracle, and the state's structure) and its
+  fused, guarded form `apply(grads, state, params, grad_norm, finite) -> (params, state)`."""
+  init: Callable
+  update: Callable
+  apply: Callable
+  shard_over_data: bool = False
+
+
 def make_optimizer(cfg: Config, logical_axes,
-                   frozen: Sequence[str] = ()) -> optax.GradientTransformation:
+                   frozen: Sequence[str] = ()) -> Optimizer:
   """`logical_axes`: the parameters' logical axis names (ModelDef.logical_axes); `frozen`: the
   top-level parameters left out of training."""
-  tx = optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                   weight_decay=cfg.weight_decay, mask=decay_mask(logical_axes))
+  schedule = learning_rate_schedule(cfg)
+  decay = decay_mask(logical_axes)
+  tx = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                   weight_decay=cfg.weight_decay, mask=decay)
   if cfg.max_grad_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), tx)
-  if not frozen:
-    return tx
   mask = {name: jax.tree.map(lambda _, n=name: n in frozen, axes,
                              is_leaf=lambda x: isinstance(x, tuple))
           for name, axes in logical_axes.items()}
-  return optax.chain(tx, freeze(mask))
+  if frozen:
+    tx = optax.chain(tx, freeze(mask))
+  apply = fused_adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                      weight_decay=cfg.weight_decay, decay_mask=decay,
+                      max_grad_norm=cfg.max_grad_norm, frozen_mask=mask)
+  return Optimizer(tx.init, tx.update, apply,
+                   shard_over_data=getattr(cfg, "shard_optimizer_over_data", False))
+
+
+def _is_state(x) -> bool:
+  return isinstance(x, (optax.ScaleByAdamState, optax.ScaleByScheduleState))
+
+
+def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
+                weight_decay: float, decay_mask, max_grad_norm: float, frozen_mask) -> Callable:
+  """`apply` of `Optimizer`: clip → AdamW (masked decay, `schedule`) → freeze → apply_updates →
+  keep the old parameters and state unless `finite`, written as one elementwise expression per
+  moment and one per parameter (the parameter's reads the moments as written, so nothing reads an
+  old moment after its new value is written: no copies). Each operation is the one optax's chain
+  performs, in the same order and dtypes, so the results are the same bits; skipped steps advance
+  neither count (as the guard over the whole state)."""
+  eps_root = 0.0
+
+  def apply(grads: Any, state: Any, params: Any, grad_norm: jax.Array,
+            finite: jax.Array) -> tuple[Any, Any]:
+    nodes = [s for s in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(s)]
+    adam = [s for s in nodes if isinstance(s, optax.ScaleByAdamState)]
+    sched = [s for s in nodes if isinstance(s, optax.ScaleByScheduleState)]
+    if len(adam) != 1 or len(sched) != 1:
+      raise ValueError(f"expected one Adam and one schedule state, found {len(adam)} and "
+                       f"{len(sched)}")
+    adam, sched = adam[0], sched[0]
+    count_inc = numerics.safe_increment(adam.count)
+    bc1 = 1 - b1 ** count_inc   # optax.tree.bias_correction's factors
+    bc2 = 1 - b2 ** count_inc
+    step_size = -1 * schedule(sched.count)
+    trigger = jnp.squeeze(grad_norm < max_grad_norm)
+
+    def moments(g, mu, nu):
+      if max_grad_norm > 0:
+        g = jax.lax.select(trigger, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm)
+      mu_new = (1 - b1) * (g ** 1) + b1 * mu
+      nu_new = ((1 - b2) * (g ** 2) + b2 * nu).astype(nu.dtype)
+      return jnp.where(finite, mu_new, mu), jnp.where(finite, nu_new, nu)
+
+    def parameter(mu, nu, p, decayed, frozen):
+      # from the moments as stored: when finite they are the new ones bit for bit, otherwise p is
+      # kept anyway; reading them (not recomputing from the old ones) lets XLA overwrite the old
+      # moments in place instead of copying them for this pass
+      u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype) + eps_root) + eps)
+      if decayed and not (isinstance(weight_decay, (int, float)) and weight_decay == 0.0):
+        u = u + weight_decay * p
+      u = jnp.array(step_size, dtype=u.dtype) * u
+      if frozen:
+        u = jnp.full_like(u, -0.0)
+      return jnp.where(finite, jnp.asarray(p + u).astype(jnp.asarray(p).dtype), p)
+
+    out = jax.tree.map(moments, grads, adam.mu, adam.nu)
+    mu = jax.tree.map(lambda _, o: o[0], grads, out)
+    nu = jax.tree.map(lambda _, o: o[1], grads, out)
+    new_params = jax.tree.map(parameter, mu, nu, params, decay_mask, frozen_mask)
+    new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
+    new_sched = optax.ScaleByScheduleState(
+        count=jnp.where(finite, numerics.safe_increment(sched.count), sched.count))
+    new_state = jax.tree.map(
+        lambda s: new_adam if isinstance(s, optax.ScaleByAdamState)
+        else new_sched if isinstance(s, optax.ScaleByScheduleState) else s,
+        state, is_leaf=_is_state)
+    return new_params, new_state
+
+  return apply

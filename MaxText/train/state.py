@@ -14,6 +14,7 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef
 from MaxText.models.registry import init_params
 from MaxText.sharding.rules import Rules, tree_shardings
+from MaxText.sharding.zero import data_axes, optimizer_shardings
 
 TrainState = dict[str, Any]
 
@@ -28,7 +29,12 @@ def state_shardings(model_def: ModelDef, tx: optax.GradientTransformation, mesh:
   replicated = NamedSharding(mesh, PartitionSpec())
   params = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
   abstract_opt = jax.eval_shape(tx.init, trained(model_def.abstract_params, adapters_only))
-  opt = optax.tree_map_params(tx, lambda _, sh: sh, abstract_opt, trained(params, adapters_only),
+  moments = trained(params, adapters_only)
+  if getattr(tx, "shard_over_data", False):   # ZeRO-1: the moments split over the data axes too
+    moments = optimizer_shardings(moments, trained(model_def.abstract_params, adapters_only),
+                                  trained(model_def.logical_axes, adapters_only),
+                                  data_axes(mesh, rules, params))
+  opt = optax.tree_map_params(tx, lambda _, sh: sh, abstract_opt, moments,
                               transform_non_params=lambda _: replicated)
   return {"step": replicated, "params": params, "opt_state": opt}
 

@@ -5,6 +5,7 @@ family adds (its `AuxTerms`, MaxText/models/family.py) comes in as `aux_terms`: 
 family and no parameter."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -39,14 +40,37 @@ def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
 
 
+# The fused AdamW (train/optimizer.py: `Optimizer.apply`) where the optimizer has one; False: the
+# optax chain + `keep_if` (the same bits; for A/Bs: `py:MaxText.train.step.FUSED_ADAMW=False`).
+FUSED_ADAMW = True
+
+
+def moment_shardings(opt_shardings: Any) -> Any:
+  """The shardings of the AdamW first moment (a tree like the trained parameters) in the
+  optimizer state's shardings."""
+  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
+  found = [s.mu for s in jax.tree.leaves(opt_shardings, is_leaf=is_adam) if is_adam(s)]
+  if len(found) != 1:
+    raise ValueError(f"expected one Adam state in the optimizer, found {len(found)}")
+  return found[0]
+
+
 def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
-                   loss: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
+                   loss: jax.Array, update_shardings: Any = None
+                   ) -> tuple[Any, Any, jax.Array, jax.Array]:
   """(new params, new optimizer state, gradient norm, finite): the optimizer's update, except
   that a non-finite loss or gradient never reaches the parameters or the optimizer moments (both
-  stay as they were)."""
+  stay as they were). `update_shardings` (ZeRO-1, sharding/zero.py): the gradients are
+  reduce-scattered onto it and the update runs there, on each device's part of the moments."""
+  if update_shardings is not None:
+    grads = jax.lax.with_sharding_constraint(grads, update_shardings)
+    params = jax.lax.with_sharding_constraint(params, update_shardings)
   grad_norm = optax.tree.norm(grads)
-  updates, new_opt_state = tx.update(grads, opt_state, params)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  if FUSED_ADAMW and hasattr(tx, "apply"):
+    new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite)
+    return new_params, new_opt_state, grad_norm, finite
+  updates, new_opt_state = tx.update(grads, opt_state, params)
   return (keep_if(finite, optax.apply_updates(params, updates), params),
           keep_if(finite, new_opt_state, opt_state), grad_norm, finite)
 
@@ -75,7 +99,16 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-  def step(state: TrainState, batch: dict[str, jax.Array]):
+  def step(state: TrainState, batch: dict[str, jax.Array], shardings: TrainState | None = None):
+    """`shardings` (the state's, given by `jit_train_step`): with the optimizer moments sharded
+    over the data axes (ZeRO-1), the update runs on their sharding and the new parameters go back
+    to theirs."""
+    update_shardings = param_shardings = None
+    if shardings is not None:
+      param_shardings = split(shardings["params"])[0]
+      update_shardings = moment_shardings(shardings["opt_state"])
+      if jax.tree.leaves(update_shardings) == jax.tree.leaves(param_shardings):
+        update_shardings = None
     with use_rules(mesh, rules):
       params, frozen = split(state["params"])   # params: what is trained
       if grad_accum == 1:
@@ -103,7 +136,9 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
       denom = jnp.maximum(n, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
       new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
-                                                                params, nll)
+                                                                params, nll, update_shardings)
+      if update_shardings is not None:   # all-gathered back to the parameters' own sharding
+        new_params = jax.lax.with_sharding_constraint(new_params, param_shardings)
       new_params = join(new_params, frozen)
       if aux_terms is not None and not adapters_only:
         new_params = keep_if(finite, aux_terms.update(new_params, sums), new_params)
@@ -131,5 +166,6 @@ def jit_train_step(step_fn: Callable, state_shardings: TrainState, batch_shard: 
                    mesh: Mesh):
   replicated = NamedSharding(mesh, PartitionSpec())   # every metric (a prefix of the dict)
   batch_shardings = {k: batch_shard for k in BATCH_KEYS}
+  step_fn = functools.partial(step_fn, shardings=state_shardings)
   return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))

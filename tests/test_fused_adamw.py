@@ -1,0 +1,75 @@
+"""The fused AdamW (`Optimizer.apply`, train/optimizer.py) against optax's chain as the oracle:
+clip → AdamW (masked weight decay, schedule) → freeze → apply_updates → the non-finite guard, bit
+for bit over several steps (fp32 and bf16 parameters, a skipped non-finite step, frozen leaves,
+clipping on and off), with the same state structure."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import BASE_YML
+from MaxText.config.load import load_config
+from MaxText.train.optimizer import make_optimizer
+from MaxText.train.step import keep_if
+
+AXES = {"w": ("layers", "embed", "mlp"), "scale": ("layers", "norm"), "emb": ("vocab", "embed"),
+        "mtp": {"w": ("embed", "mlp"), "scale": ("norm",)}}
+
+
+def _cfg(*over):
+  return load_config([BASE_YML, "steps=20", "warmup_steps=3", "learning_rate=0.05",
+                      "weight_decay=0.1", *over])
+
+
+def _params(dtype):
+  k = iter(jax.random.split(jax.random.key(0), 8))
+  r = lambda shape: jax.random.normal(next(k), shape, jnp.float32).astype(dtype)
+  return {"w": r((2, 8, 16)), "scale": r((2, 8)), "emb": r((32, 8)),
+          "mtp": {"w": r((8, 16)), "scale": jnp.array([-0.0] * 4 + [1.0] * 4, dtype)}}
+
+
+def _grads(params, step):
+  scale = 3.0 if step % 2 else 0.01   # alternately clipped and not
+  g = jax.tree.map(lambda p: (scale * jax.random.normal(jax.random.key(100 + step), p.shape)
+                              ).astype(p.dtype), params)
+  if step == 2:   # a non-finite step: nothing may change, neither count advances
+    g["emb"] = g["emb"].at[0, 0].set(jnp.nan)
+  return g
+
+
+def _bits(tree):
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("dtype,clip", [(jnp.float32, "1.0"), (jnp.bfloat16, "1.0"),
+                                        (jnp.float32, "0")])
+def test_fused_adamw_is_optax_bit_for_bit(dtype, clip):
+  opt = make_optimizer(_cfg(f"max_grad_norm={clip}"), AXES, frozen=("mtp",))
+
+  @jax.jit
+  def oracle(grads, state, params):
+    norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(norm)
+    updates, new_state = opt.update(grads, state, params)
+    return (keep_if(finite, optax.apply_updates(params, updates), params),
+            keep_if(finite, new_state, state))
+
+  @jax.jit
+  def fused(grads, state, params):
+    norm = optax.tree.norm(grads)
+    return opt.apply(grads, state, params, norm, jnp.isfinite(norm))
+
+  p_ref = p_new = _params(dtype)
+  s_ref = s_new = opt.init(p_ref)
+  for step in range(5):
+    g = _grads(p_ref, step)
+    p_ref, s_ref = oracle(g, s_ref, p_ref)
+    p_new, s_new = fused(g, s_new, p_new)
+    assert jax.tree.structure(s_new) == jax.tree.structure(s_ref)
+    assert _bits(p_new) == _bits(p_ref), step
+    assert _bits(s_new) == _bits(s_ref), step
+  counts = [int(c) for c in jax.tree.leaves(s_new) if np.ndim(c) == 0]
+  assert counts and all(c == 4 for c in counts)   # 5 steps, one skipped
+  assert _bits(p_new["mtp"]) == _bits(_params(dtype)["mtp"])   # frozen: every bit kept
+  assert _bits(p_new["w"]) != _bits(_params(dtype)["w"])
