@@ -24,7 +24,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import optax
-from optax._src import numerics
 
 from MaxText.config.schema import Config
 
@@ -113,7 +112,7 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
       raise ValueError(f"expected one Adam and one schedule state, found {len(adam)} and "
                        f"{len(sched)}")
     adam, sched = adam[0], sched[0]
-    count_inc = numerics.safe_increment(adam.count)
+    count_inc = optax.safe_increment(adam.count)
     bc1 = 1 - b1 ** count_inc   # optax.tree.bias_correction's factors
     bc2 = 1 - b2 ** count_inc
     step_size = -1 * schedule(sched.count)
@@ -144,7 +143,7 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     new_params = jax.tree.map(parameter, mu, nu, params, decay_mask, frozen_mask)
     new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
     new_sched = optax.ScaleByScheduleState(
-        count=jnp.where(finite, numerics.safe_increment(sched.count), sched.count))
+        count=jnp.where(finite, optax.safe_increment(sched.count), sched.count))
     new_state = jax.tree.map(
         lambda s: new_adam if isinstance(s, optax.ScaleByAdamState)
         else new_sched if isinstance(s, optax.ScaleByScheduleState) else s,
