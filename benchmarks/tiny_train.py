@@ -15,9 +15,8 @@ trainer spreads by up to ±6 % from one process to the next even on a quiet mach
 Each trainer runs with its own defaults (ours: scan + save_matmuls remat; MaxText: scan + full
 remat); `--as-mt` adds ours with MaxText's remat/scan settings. Per cell and trainer: tokens/s (each
 run's median of steps >= --first-step; global, all devices) as the median over the repetitions and
-their [min–max]; ours / MaxText as the ratio of those medians; CPU seconds per step; and how far our
-losses are from our
-one-device run of the same dtype (max relative difference over the steps: the data and model are
+their [min–max]; ours / MaxText as the ratio of those medians; CPU seconds per step; and how far
+our losses are from our one-device run of the same dtype (max relative difference over the steps: the data and model are
 the same; only the reduction order changes with the mesh).
 
   .venv/bin/python benchmarks/tiny_train.py --maxtext-python /path/to/maxtext-venv/bin/python
@@ -26,8 +25,7 @@ the same; only the reduction order changes with the mesh).
 --default-run instead compares the README run (`train.py configs/base.yml`, nothing set: our
 default model, data, dtype (bf16 compute) and one CPU device per core) with MaxText's best CPU
 setup on the same model (vocabulary 384, seq 256, 8 sequences per device; 1 and 2 devices, fp32
-and bf16), and
-ours on one device for reference.
+and bf16), and ours on one device for reference.
 """
 from __future__ import annotations
 
