@@ -1,7 +1,7 @@
-"""The LM head split over the vocabulary under the batch axes (`train/loss.py`: each device holds a
-vocabulary slice of the head weights and gathers the hidden rows of the batch): loss and every
-gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4 and 8
-fake devices; the whole head weight is never gathered (only its slices exist); the split falls
+"""The LM head split over the vocabulary under the batch axes (`train/loss_vocab_split.py`: each
+device holds a vocabulary slice of the head weights and gathers the hidden rows of the batch): loss
+and every gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4
+and 8 fake devices; the whole head weight is never gathered (only its slices exist); the split falls
 back where it does not apply; and the RL log-prob path's split equals its one-device values."""
 import re
 
@@ -17,6 +17,7 @@ from MaxText.models.registry import init_params, make_model_def
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, use_rules
 from MaxText.train import loss as loss_mod
+from MaxText.train.loss_vocab_split import vocab_split_plan
 
 V = 512          # divides 2, 4 and 8 slices; 8 rows x 48 positions = 384 tokens <= V: split
 ROWS = 4         # copies of the test batch: 8 rows
@@ -35,8 +36,8 @@ def _plan(model_def, params, micro, devices, *mesh_keys):
   mesh, rules = _mesh_rules(devices, *mesh_keys)
   D = model_def.abstract_params["final_norm"]["scale"].shape[0]
   with use_rules(mesh, rules):
-    return loss_mod._vocab_split_plan(model_def.head, params, model_def.logical_axes,
-                                      jax.numpy.zeros((micro["inputs"].shape[0], S, D)), 16)
+    return vocab_split_plan(model_def.head, params, model_def.logical_axes,
+                            jax.numpy.zeros((micro["inputs"].shape[0], S, D)), 16)
 
 
 @pytest.mark.parametrize("n,mesh", [(2, ("ici_fsdp_parallelism=2",)),
