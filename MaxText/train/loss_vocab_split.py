@@ -90,13 +90,40 @@ def vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _grad_sharded(x: jax.Array, sharding: NamedSharding) -> jax.Array:
-  """x; its gradient constrained to `sharding`."""
+def _grad_sharded(x: jax.Array, shardings: tuple[NamedSharding, ...]) -> jax.Array:
+  """x; its gradient constrained to each of `shardings` in turn (the last one stays)."""
   return x
 
 
-_grad_sharded.defvjp(lambda x, sharding: (x, None),
-                     lambda sharding, _, g: (jax.lax.with_sharding_constraint(g, sharding),))
+def _constrain_in_turn(shardings, _, g):
+  for sharding in shardings:
+    g = jax.lax.with_sharding_constraint(g, sharding)
+  return (g,)
+
+
+_grad_sharded.defvjp(lambda x, shardings: (x, None), _constrain_in_turn)
+
+
+def _axes_of(entry) -> tuple[str, ...]:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _gradient_path(plan: _VocabSplit, stored: P, vocab_dim: int, ndim: int) -> tuple[P, ...]:
+  """The shardings a weight's gradient goes through from its vocabulary slices (the vocabulary
+  split over all of `plan.axes`) to its own sharding `stored`. Where the batch axes include axes
+  that `stored` does not use (data under data x fsdp: the weight is replicated there), first the
+  stored split of the other dimensions with the vocabulary still split over those axes (an
+  all-to-all over the shared axes only), then `stored` (an all-gather over the others): XLA's
+  partitioner cannot go from "V over data x fsdp" to "D over fsdp" in one step; it gathers the
+  whole gradient on every device and slices it ("Involuntary full rematerialization")."""
+  mesh = current_context().mesh
+  used = {a for entry in stored for a in _axes_of(entry)}
+  others = tuple(a for a in plan.axes if a not in used and mesh.shape[a] > 1)
+  if not others:
+    return (stored,)
+  via = list(stored) + [None] * (ndim - len(stored))
+  via[vocab_dim] = _axes_of(via[vocab_dim]) + others
+  return P(*via), stored
 
 
 def _split_weights(plan: _VocabSplit, head: HeadFn, params):
@@ -106,8 +133,10 @@ def _split_weights(plan: _VocabSplit, head: HeadFn, params):
   leaves, treedef = jax.tree.flatten(params)
   # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
   # of the head, its moments included, to the vocabulary slices and back)
-  w = [_grad_sharded(x, NamedSharding(ctx.mesh, spec))
-       for x, spec in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored)]
+  w = [_grad_sharded(x, tuple(NamedSharding(ctx.mesh, spec)
+                              for spec in _gradient_path(plan, stored, d, x.ndim)))
+       for x, stored, d in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored,
+                               plan.vocab_dims)]
   rest = [x for x, u in zip(leaves, plan.used) if not u]
   w_specs = [P(*(plan.axes if i == d else None for i in range(x.ndim))) for x, d in
              zip(w, plan.vocab_dims)]
