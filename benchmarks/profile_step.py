@@ -4,6 +4,7 @@ N fake CPU devices (fsdp over all of them unless overrides say otherwise). Three
   .venv/bin/python benchmarks/profile_step.py [--devices 1] [--dtype bfloat16] [--top 40] [key=value ...]
   .venv/bin/python benchmarks/profile_step.py --devices 2 --collectives
   .venv/bin/python benchmarks/profile_step.py --devices 2 --loop 20 [--trace]
+  .venv/bin/python benchmarks/profile_step.py --devices 4 --categories ici_data_parallelism=2 ici_fsdp_parallelism=2
 
 Default: the compiled step run under `jax.profiler` with XLA:CPU's per-op trace events
 (`--xla_cpu_enable_xprof_traceme=true`); prints the ops' time per step, largest first, each with its
@@ -11,6 +12,13 @@ output shape and the jax operations fused into it (from the compiled HLO's metad
 summed over every device's ops (an op inside the layer scan counts all its layers), so their total
 exceeds the wall time when the devices or XLA's threads run in parallel. On a busy machine they
 stretch, but their shares stay meaningful.
+
+--categories: the same trace, its ops summed by what they do (the layer scan's weight matmuls
+forward / backward, attention core, element-wise work, copies and stacked buffers, collectives; the
+loss and LM head's chunk loop; embedding; optimizer; zero-filled buffers; ...), read from each op's
+jax operation names in the compiled HLO, with the process's CPU seconds per traced step beside
+them. With more devices than cores the devices' threads are descheduled inside ops, so op times
+then exceed CPU time: compare shares between runs with the same device count, not seconds.
 
 --collectives: the compiled step's collectives (nothing is run): each all-gather / reduce-scatter /
 all-reduce / all-to-all with its operand shapes, bytes, and whether it sits inside the layer scan
@@ -79,6 +87,80 @@ def describe(hlo: str) -> dict[str, tuple[str, str]]:
     ops = collections.Counter(x.split("/")[-1] for x in re.findall(r'op_name="([^"]+)"', body))
     out[m.group(1)] = (m.group(2), ",".join(k for k, _ in ops.most_common(6)))
   return out
+
+
+# ---- --categories ------------------------------------------------------------------------------
+def op_info(hlo: str) -> dict[str, tuple[bool, str, str, list[str]]]:
+  """instruction name → (inside a while loop, opcode, output shape, jax operation names of it and
+  of the computation it calls)."""
+  bodies = {m.group(1): m.group(2)
+            for m in re.finditer(r"^(?:ENTRY )?%?([\w.\-]+) \(.*?\{\n(.*?)\n\}", hlo, re.M | re.S)}
+  calls = {c: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", b))
+           for c, b in bodies.items()}
+  in_loop, todo = set(), list(set(re.findall(r"body=%?([\w.\-]+)", hlo)))
+  while todo:   # loop bodies and everything they call
+    c = todo.pop()
+    if c not in in_loop:
+      in_loop.add(c)
+      todo += calls.get(c, ())
+  out = {}
+  for c, body in bodies.items():
+    for line in body.splitlines():
+      m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(", line)
+      if m:
+        called = re.search(r"calls=%?([\w.\-]+)", line)
+        text = bodies.get(called.group(1), "") + line if called else line
+        out[m.group(1)] = (c in in_loop, m.group(3), m.group(2), re.findall(r'op_name="([^"]+)"', text))
+  return out
+
+
+def category(name: str, info: tuple[bool, str, str, list[str]] | None) -> str:
+  """What an op of the tiny llama step does (`--categories`), from its jax operation names."""
+  if name.startswith(COLLECTIVES + ("all_gather", "all_reduce", "reduce_scatter", "psum",
+                                    "InvokeRendezvous")):
+    if info and info[0] and not any("shard_map/while" in n for n in info[3]):
+      return "layer scan: collectives (kernel gathers, gradient all-reduce)"
+    return "collectives outside the layer scan (loss, head, embedding, metrics)"
+  if info is None:
+    return "runtime (launch, arguments)"
+  loop, opcode, shape, names = info
+  text, last = " ".join(names), {n.split("/")[-1] for n in names}
+  dims = re.match(r"\w+\[([\d,]*)\]", shape)
+  rank = len(dims.group(1).split(",")) if dims and dims.group(1) else 0
+  if "_take" in text or "scatter-add" in last:
+    return "embedding lookup and its gradient"
+  if "shard_map/while" in text:
+    return "loss + LM head: the chunk loop"
+  if loop:
+    if name.startswith("ynn_fusion") and rank == 2:
+      backward = "transpose(jvp" in text and "rematted_computation" not in text
+      return f"layer scan: weight matmuls, {'backward' if backward else 'forward (and remat)'}"
+    if name.startswith("ynn_fusion") or rank >= 4:
+      return "layer scan: attention core"
+    if opcode in ("copy", "concatenate", "dynamic-update-slice", "dynamic-slice") or re.search(
+        r"copy|concatenate|dynamic-update-slice|dynamic-slice", name):
+      return "layer scan: copies, concatenates, stacked buffers"
+    return "layer scan: element-wise (norms, RoPE, SiLU, converts)"
+  if "is_finite" in last or name.startswith("broadcast_divide"):
+    return "optimizer (clip, AdamW, non-finite guard)"
+  if "shard_map" in text:
+    return "loss + LM head outside the chunk loop"
+  if name.startswith("wrapped_broadcast"):
+    return "zero-filled buffers (scan outputs, gradients)"
+  if opcode == "copy" or "copy" in name:
+    return "copies outside the loops"
+  return "other"
+
+
+def print_categories(times: collections.Counter, hlo: str, cpu: float, wall: float) -> None:
+  info, by = op_info(hlo), collections.Counter()
+  for name, s in times.items():
+    by[category(name, info.get(name))] += s
+  total = sum(by.values())
+  print(f"process CPU per step (traced) {cpu:.3f} s, wall {wall:.3f} s, op time {total:.3f} s")
+  print("| category | op s per step | share |\n|---|---|---|")
+  for name, s in by.most_common():
+    print(f"| {name} | {s:.4f} | {100 * s / total:.1f} % |")
 
 
 # ---- --collectives ------------------------------------------------------------------------------
@@ -229,6 +311,7 @@ def main() -> int:
   ap.add_argument("--dtype", default="bfloat16")
   ap.add_argument("--top", type=int, default=40)
   ap.add_argument("--collectives", action="store_true", help="list the compiled step's collectives")
+  ap.add_argument("--categories", action="store_true", help="the traced ops' time by category")
   ap.add_argument("--loop", type=int, default=0, metavar="N",
                   help="run the training loop for N steps (>= 8); CPU per step by thread")
   ap.add_argument("--trace", action="store_true", help="with --loop: also the pool's concurrency")
@@ -273,14 +356,20 @@ def main() -> int:
     state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
   jax.profiler.start_trace(work, create_perfetto_trace=True)
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), os.times()
   for _ in range(STEPS):
     state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
-  wall = (time.perf_counter() - t0) / STEPS
+  wall, cpu1 = (time.perf_counter() - t0) / STEPS, os.times()
   jax.profiler.stop_trace()
+  cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / STEPS
 
   (times, waited), shapes = op_times(work), describe(compiled.as_text())
+  if args.categories:
+    print(f"{n} device(s), {args.dtype} (load average {os.getloadavg()[0]:.2f}); "
+          f"{waited:.3f} s per step waiting at collectives' rendezvous")
+    print_categories(times, compiled.as_text(), cpu, wall)
+    return 0
   total = sum(times.values())
   collective = sum(s for name, s in times.items() if name.startswith(COLLECTIVES))
   print(f"{n} device(s), {args.dtype}: {wall:.3f} s wall per step, {total:.3f} s of op time per "

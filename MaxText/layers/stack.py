@@ -52,6 +52,10 @@ REMAT_POLICIES: dict[str, Callable | None] = {
 }
 
 
+# `unroll` of the layer scans (jax.lax.scan): layers per loop iteration (for A/Bs)
+SCAN_UNROLL = 1
+
+
 def remat(fn: Callable, policy: str, *, prevent_cse: bool = True) -> Callable:
   if policy == "none":
     return fn
@@ -201,7 +205,7 @@ class PatternStack(nnx.Module):
           c = step(states_i[m], c, _at(xs_i, m))
         return c, None
 
-      carry, _ = jax.lax.scan(body, carry, (list(states), xs_run))
+      carry, _ = jax.lax.scan(body, carry, (list(states), xs_run), unroll=SCAN_UNROLL)
     return carry
 
   # ---- under an inspection probe (module docstring) ----------------------------------------------
