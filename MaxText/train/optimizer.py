@@ -89,8 +89,14 @@ def make_optimizer(cfg: Config, logical_axes,
                    shard_over_data=getattr(cfg, "shard_optimizer_over_data", False))
 
 
-def _is_state(x) -> bool:
-  return isinstance(x, (optax.ScaleByAdamState, optax.ScaleByScheduleState))
+def find_state(tree: Any, cls: type) -> Any:
+  """The one node of type `cls` (an optax state, e.g. ScaleByAdamState) in `tree` — an optimizer
+  state or a tree of the same structure (its shardings); a ValueError unless exactly one."""
+  is_cls = lambda x: isinstance(x, cls)
+  found = [s for s in jax.tree.leaves(tree, is_leaf=is_cls) if is_cls(s)]
+  if len(found) != 1:
+    raise ValueError(f"expected one {cls.__name__} in the optimizer state, found {len(found)}")
+  return found[0]
 
 
 def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
@@ -105,13 +111,8 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
 
   def apply(grads: Any, state: Any, params: Any, grad_norm: jax.Array,
             finite: jax.Array) -> tuple[Any, Any]:
-    nodes = [s for s in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(s)]
-    adam = [s for s in nodes if isinstance(s, optax.ScaleByAdamState)]
-    sched = [s for s in nodes if isinstance(s, optax.ScaleByScheduleState)]
-    if len(adam) != 1 or len(sched) != 1:
-      raise ValueError(f"expected one Adam and one schedule state, found {len(adam)} and "
-                       f"{len(sched)}")
-    adam, sched = adam[0], sched[0]
+    adam = find_state(state, optax.ScaleByAdamState)
+    sched = find_state(state, optax.ScaleByScheduleState)
     count_inc = optax.safe_increment(adam.count)
     bc1 = 1 - b1 ** count_inc   # optax.tree.bias_correction's factors
     bc2 = 1 - b2 ** count_inc
@@ -144,10 +145,9 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
     new_sched = optax.ScaleByScheduleState(
         count=jnp.where(finite, optax.safe_increment(sched.count), sched.count))
-    new_state = jax.tree.map(
-        lambda s: new_adam if isinstance(s, optax.ScaleByAdamState)
-        else new_sched if isinstance(s, optax.ScaleByScheduleState) else s,
-        state, is_leaf=_is_state)
+    replaced = {optax.ScaleByAdamState: new_adam, optax.ScaleByScheduleState: new_sched}
+    new_state = jax.tree.map(lambda s: replaced.get(type(s), s), state,
+                             is_leaf=lambda s: type(s) in replaced)
     return new_params, new_state
 
   return apply

@@ -19,6 +19,7 @@ from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
 from MaxText.train.loss import token_loss_sums
+from MaxText.train.optimizer import find_state
 from MaxText.train.state import TrainState
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
@@ -28,12 +29,7 @@ BATCH_AXES = ("activation_batch", "activation_length")
 def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
   """The rate this step's update uses: the schedule at optax's own count of applied updates (the
   train state's step also counts the non-finite steps that were skipped; optax's count does not)."""
-  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
-  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
-  if len(counts) != 1:
-    raise ValueError(f"expected one learning-rate schedule state in the optimizer, found "
-                     f"{len(counts)}")
-  return lr_schedule(counts[0])
+  return lr_schedule(find_state(opt_state, optax.ScaleByScheduleState).count)
 
 
 def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
@@ -48,11 +44,7 @@ FUSED_ADAMW = True
 def moment_shardings(opt_shardings: Any) -> Any:
   """The shardings of the AdamW first moment (a tree like the trained parameters) in the
   optimizer state's shardings."""
-  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
-  found = [s.mu for s in jax.tree.leaves(opt_shardings, is_leaf=is_adam) if is_adam(s)]
-  if len(found) != 1:
-    raise ValueError(f"expected one Adam state in the optimizer, found {len(found)}")
-  return found[0]
+  return find_state(opt_shardings, optax.ScaleByAdamState).mu
 
 
 def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
