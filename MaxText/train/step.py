@@ -19,7 +19,7 @@ from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
 from MaxText.train.loss import token_loss_sums
-from MaxText.train.optimizer import find_state
+from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
@@ -67,7 +67,7 @@ def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any,
           keep_if(finite, new_opt_state, opt_state), grad_norm, finite)
 
 
-def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
+def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
                     lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None,
                     loss_chunk_length: int = 0, adapters_only: bool = False) -> Callable:
@@ -93,14 +93,12 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
 
   def step(state: TrainState, batch: dict[str, jax.Array], shardings: TrainState | None = None):
     """`shardings` (the state's, given by `jit_train_step`): with the optimizer moments sharded
-    over the data axes (ZeRO-1), the update runs on their sharding and the new parameters go back
-    to theirs."""
+    over the data axes (ZeRO-1, `tx.shard_over_data`), the update runs on their sharding and the
+    new parameters go back to theirs."""
     update_shardings = param_shardings = None
-    if shardings is not None:
+    if shardings is not None and tx.shard_over_data:
       param_shardings = split(shardings["params"])[0]
       update_shardings = moment_shardings(shardings["opt_state"])
-      if jax.tree.leaves(update_shardings) == jax.tree.leaves(param_shardings):
-        update_shardings = None
     with use_rules(mesh, rules):
       params, frozen = split(state["params"])   # params: what is trained
       if grad_accum == 1:
