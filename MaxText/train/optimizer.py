@@ -86,7 +86,7 @@ def make_optimizer(cfg: Config, logical_axes,
                       weight_decay=cfg.weight_decay, decay_mask=decay,
                       max_grad_norm=cfg.max_grad_norm, frozen_mask=mask)
   return Optimizer(tx.init, tx.update, apply,
-                   shard_over_data=getattr(cfg, "shard_optimizer_over_data", False))
+                   shard_over_data=cfg.shard_optimizer_over_data)
 
 
 def find_state(tree: Any, cls: type) -> Any:

@@ -47,7 +47,7 @@ def moment_shardings(opt_shardings: Any) -> Any:
   return find_state(opt_shardings, optax.ScaleByAdamState).mu
 
 
-def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+def guarded_update(tx: Optimizer, grads: Any, opt_state: Any, params: Any,
                    loss: jax.Array, update_shardings: Any = None
                    ) -> tuple[Any, Any, jax.Array, jax.Array]:
   """(new params, new optimizer state, gradient norm, finite): the optimizer's update, except
@@ -59,7 +59,7 @@ def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any,
     params = jax.lax.with_sharding_constraint(params, update_shardings)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  if FUSED_ADAMW and hasattr(tx, "apply"):
+  if FUSED_ADAMW:
     new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite)
     return new_params, new_opt_state, grad_norm, finite
   updates, new_opt_state = tx.update(grads, opt_state, params)
