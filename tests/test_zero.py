@@ -96,3 +96,30 @@ def test_fused_adamw_resumes_the_optax_chains_checkpoint_bitwise(tmp_path, monke
   assert [r["grad_norm"] for r in rows[2:]] == [r["grad_norm"] for r in straight[2:]]
   for a, b in zip(jax.tree.leaves(_host(s_straight)), jax.tree.leaves(_host(s_mixed))):
     np.testing.assert_array_equal(a, b)
+
+
+def test_the_updates_come_back_in_one_all_gather_of_their_concatenation():
+  """`gather_parts` moves each part to its parameter's sharding exactly as a sharding constraint
+  would (fp32 and bf16, a data axis added to a dimension split over fsdp already and to an
+  unsplit one, a leaf it left alone), with one all-gather per dtype in the compiled program."""
+  from jax.sharding import AxisType
+  from MaxText.sharding.zero import add_data_axes, gather_parts
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+  whole = {"a": NamedSharding(mesh, P("fsdp", "tensor")), "b": NamedSharding(mesh, P(None, "fsdp")),
+           "c": NamedSharding(mesh, P("tensor")), "d": NamedSharding(mesh, P())}
+  shapes = {"a": (8, 6), "b": (4, 12), "c": (6,), "d": (4, 5)}
+  names = {"a": ("embed", "mlp"), "b": ("embed", "mlp"), "c": ("layers",), "d": ("embed", "mlp")}
+  parts = {k: add_data_axes(whole[k], shapes[k], names[k], ("data",)) for k in whole}
+  assert parts["a"].spec[0] == ("fsdp", "data") and parts["b"].spec[0] == "data"
+  assert parts["c"] == whole["c"] and parts["d"].spec[0] == "data"
+  rng = np.random.default_rng(0)
+  host = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+  host["b"] = host["b"].astype(jax.numpy.bfloat16)
+  x = {k: jax.device_put(v, parts[k]) for k, v in host.items()}
+  f = jax.jit(lambda t: gather_parts(t, parts, whole), out_shardings=whole)
+  out = f(x)
+  for k in host:
+    assert out[k].sharding == whole[k]
+    np.testing.assert_array_equal(np.asarray(out[k]), host[k])
+  hlo = f.lower(x).compile().as_text()
+  assert hlo.count(" all-gather(") == 2   # f32 (a, d) and bf16 (b)

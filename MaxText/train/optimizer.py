@@ -109,8 +109,13 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
   neither count (as the guard over the whole state)."""
   eps_root = 0.0
 
-  def apply(grads: Any, state: Any, params: Any, grad_norm: jax.Array,
-            finite: jax.Array) -> tuple[Any, Any]:
+  def apply(grads: Any, state: Any, params: Any, grad_norm: jax.Array, finite: jax.Array,
+            whole: Any = None, gather: Callable | None = None) -> tuple[Any, Any]:
+    """`gather` (ZeRO-1: `grads`, `state` and `params` are each device's part on the moments'
+    sharding): a function that all-gathers a tree of such parts onto the parameters' sharding,
+    and `whole`, the parameters on it. The new parameter is then `whole + gather(where(finite,
+    u, -0.0))` — the same bits as where(finite, p + u, p), as p + -0.0 is p — so each parameter
+    gathers one array (XLA gathers both operands of the guard's where otherwise)."""
     adam = find_state(state, optax.ScaleByAdamState)
     sched = find_state(state, optax.ScaleByScheduleState)
     count_inc = optax.safe_increment(adam.count)
@@ -136,12 +141,18 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
       u = jnp.array(step_size, dtype=u.dtype) * u
       if frozen:
         u = jnp.full_like(u, -0.0)
+      if gather is not None:   # ZeRO-1: the guarded update, to be gathered and added
+        if u.dtype != p.dtype:   # the moments take the parameters' dtype: never so
+          raise ValueError(f"update dtype {u.dtype} differs from the parameter's {p.dtype}")
+        return jnp.where(finite, u, jnp.array(-0.0, u.dtype))
       return jnp.where(finite, jnp.asarray(p + u).astype(jnp.asarray(p).dtype), p)
 
     out = jax.tree.map(moments, grads, adam.mu, adam.nu)
     mu = jax.tree.map(lambda _, o: o[0], grads, out)
     nu = jax.tree.map(lambda _, o: o[1], grads, out)
     new_params = jax.tree.map(parameter, mu, nu, params, decay_mask, frozen_mask)
+    if gather is not None:
+      new_params = jax.tree.map(jnp.add, whole, gather(new_params))
     new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
     new_sched = optax.ScaleByScheduleState(
         count=jnp.where(finite, optax.safe_increment(sched.count), sched.count))
