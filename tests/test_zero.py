@@ -13,7 +13,8 @@ from MaxText.train import memory
 from MaxText.train import step as step_module
 from MaxText.train.loop import Trainer
 
-ZERO = "shard_optimizer_over_data=true"
+ZERO = "shard_optimizer_over_data=true"   # the default; spelled out where it is compared with
+OFF = "shard_optimizer_over_data=false"
 
 
 def _host(tree):
@@ -31,7 +32,7 @@ def _axes(spec):
 
 def test_moments_take_the_data_axis_and_memory_counts_it(tmp_path):
   on = Trainer(load_config(argv(tmp_path, "on", *MESH_222, ZERO)))
-  off = Trainer(load_config(argv(tmp_path, "off", *MESH_222)))
+  off = Trainer(load_config(argv(tmp_path, "off", *MESH_222, OFF)))
   assert on.shardings["params"] == off.shardings["params"]
   assert _mu(off.shardings["opt_state"]) == off.shardings["params"]
   q_param = on.shardings["params"]["decoder"]["runs"][0][0]["attn"]["query"]["kernel"]
@@ -53,6 +54,8 @@ def test_moments_take_the_data_axis_and_memory_counts_it(tmp_path):
   # without a data axis > 1 the key changes nothing
   fsdp = Trainer(load_config(argv(tmp_path, "f", "ici_fsdp_parallelism=8", ZERO)))
   assert _mu(fsdp.shardings["opt_state"]) == fsdp.shardings["params"]
+  assert on.tx.data_axes == ("data",) and not fsdp.tx.shard_over_data   # the step's plain path
+  assert not off.tx.shard_over_data
 
 
 def test_zero_trains_like_the_replicated_optimizer_and_restores_across(tmp_path):
@@ -60,14 +63,14 @@ def test_zero_trains_like_the_replicated_optimizer_and_restores_across(tmp_path)
   order: rounding only), and a ZeRO checkpoint restores without it on another mesh, exactly."""
   common = ("steps=4", "checkpoint_period=4", *MESH_222)
   code_on, m_on, s_on = train(tmp_path, "on", *common, ZERO)
-  code_off, m_off, s_off = train(tmp_path, "off", *common)
+  code_off, m_off, s_off = train(tmp_path, "off", *common, OFF)
   assert code_on == code_off == 0
   np.testing.assert_allclose([m["loss"] for m in m_on], [m["loss"] for m in m_off],
                              rtol=1e-6, atol=0)
   for a, b in zip(jax.tree.leaves(_host(s_on["params"])), jax.tree.leaves(_host(s_off["params"]))):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
   from MaxText.checkpoint.manager import RunCheckpoints
-  for src, saved, target in (("on", s_on, ["ici_fsdp_parallelism=8"]),
+  for src, saved, target in (("on", s_on, ["ici_fsdp_parallelism=8", OFF]),
                              ("off", s_off, [*MESH_222, ZERO])):
     trainer = Trainer(load_config(argv(tmp_path, src, "steps=4", *target)))
     ckpts = RunCheckpoints(str(tmp_path / src / "checkpoints"), max_to_keep=3, async_save=False)
@@ -97,29 +100,3 @@ def test_fused_adamw_resumes_the_optax_chains_checkpoint_bitwise(tmp_path, monke
   for a, b in zip(jax.tree.leaves(_host(s_straight)), jax.tree.leaves(_host(s_mixed))):
     np.testing.assert_array_equal(a, b)
 
-
-def test_the_updates_come_back_in_one_all_gather_of_their_concatenation():
-  """`gather_parts` moves each part to its parameter's sharding exactly as a sharding constraint
-  would (fp32 and bf16, a data axis added to a dimension split over fsdp already and to an
-  unsplit one, a leaf it left alone), with one all-gather per dtype in the compiled program."""
-  from jax.sharding import AxisType
-  from MaxText.sharding.zero import add_data_axes, gather_parts
-  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
-  whole = {"a": NamedSharding(mesh, P("fsdp", "tensor")), "b": NamedSharding(mesh, P(None, "fsdp")),
-           "c": NamedSharding(mesh, P("tensor")), "d": NamedSharding(mesh, P())}
-  shapes = {"a": (8, 6), "b": (4, 12), "c": (6,), "d": (4, 5)}
-  names = {"a": ("embed", "mlp"), "b": ("embed", "mlp"), "c": ("layers",), "d": ("embed", "mlp")}
-  parts = {k: add_data_axes(whole[k], shapes[k], names[k], ("data",)) for k in whole}
-  assert parts["a"].spec[0] == ("fsdp", "data") and parts["b"].spec[0] == "data"
-  assert parts["c"] == whole["c"] and parts["d"].spec[0] == "data"
-  rng = np.random.default_rng(0)
-  host = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
-  host["b"] = host["b"].astype(jax.numpy.bfloat16)
-  x = {k: jax.device_put(v, parts[k]) for k, v in host.items()}
-  f = jax.jit(lambda t: gather_parts(t, parts, whole), out_shardings=whole)
-  out = f(x)
-  for k in host:
-    assert out[k].sharding == whole[k]
-    np.testing.assert_array_equal(np.asarray(out[k]), host[k])
-  hlo = f.lower(x).compile().as_text()
-  assert hlo.count(" all-gather(") == 2   # f32 (a, d) and bf16 (b)

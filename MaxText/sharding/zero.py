@@ -16,7 +16,6 @@ import math
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.sharding.rules import Rules
@@ -64,54 +63,3 @@ def optimizer_shardings(param_shardings: Any, shapes: Any, logical_axes: Any,
   return jax.tree.map(lambda names, sh, s: add_data_axes(sh, s.shape, names, axes),
                       logical_axes, param_shardings, shapes, is_leaf=is_axes)
 
-
-def _added_axes(part: NamedSharding, whole: NamedSharding, ndim: int
-                ) -> tuple[int, tuple[str, ...]] | None:
-  """(the dimension, the mesh axes) `add_data_axes` added to `whole` to get `part`; None if it
-  added none."""
-  pad = lambda spec: list(spec) + [None] * (ndim - len(spec))
-  for i, (p, w) in enumerate(zip(pad(part.spec), pad(whole.spec))):
-    p, w = _axes_of(p), _axes_of(w)
-    if p != w:
-      return i, p[len(w):]
-  return None
-
-
-def gather_parts(parts: Any, part_shardings: Any, whole_shardings: Any) -> Any:
-  """`parts` (arrays on `optimizer_shardings`) all-gathered onto `whole_shardings` (the
-  parameters'), with ONE all-gather per dtype of all of them concatenated (XLA:CPU gathers each
-  array on its own: one rendezvous of every device per parameter). Only data moves: the same
-  bits as `jax.lax.with_sharding_constraint(parts, whole_shardings)`."""
-  leaves, treedef = jax.tree.flatten(parts)
-  part_sh = treedef.flatten_up_to(part_shardings)
-  whole_sh = treedef.flatten_up_to(whole_shardings)
-  added = [_added_axes(p, w, x.ndim) for x, p, w in zip(leaves, part_sh, whole_sh)]
-  moved = [i for i, a in enumerate(added) if a is not None]
-  if not moved:
-    return parts
-  axes = added[moved[0]][1]
-  if any(added[i][1] != axes for i in moved):
-    raise ValueError(f"parts split over different data axes: {[added[i] for i in moved]}")
-  mesh = part_sh[moved[0]].mesh
-  n = math.prod(mesh.shape[a] for a in axes)
-
-  def body(*local):
-    out = list(local)
-    for dtype in dict.fromkeys(local[i].dtype for i in moved):
-      group = [i for i in moved if local[i].dtype == dtype]
-      flat = jnp.concatenate([local[i].reshape(-1) for i in group])
-      gathered = jax.lax.all_gather(flat, axes, tiled=False)   # [n, total], data index major
-      offset = 0
-      for i in group:
-        x, dim = local[i], added[i][0]
-        piece = gathered[:, offset:offset + x.size].reshape(n, *x.shape)
-        offset += x.size
-        # the data index is the minor part of the dimension's split (add_data_axes appends it)
-        out[i] = jnp.moveaxis(piece, 0, dim).reshape(
-            *x.shape[:dim], n * x.shape[dim], *x.shape[dim + 1:])
-    return tuple(out)
-
-  gathered = jax.shard_map(body, mesh=mesh, in_specs=tuple(p.spec for p in part_sh),
-                           out_specs=tuple(w.spec for w in whole_sh),
-                           check_vma=False)(*leaves)   # all_gather's result: the same on all
-  return jax.tree.unflatten(treedef, gathered)

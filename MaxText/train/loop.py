@@ -44,7 +44,8 @@ from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.startup import StartupClock
 from MaxText.train.tokenizer_setup import choose_tokenizer
-from MaxText.train.state import abstract_state, init_state, state_shardings, trained
+from MaxText.train.state import (abstract_state, init_state, mesh_data_axes, state_shardings,
+                                 trained)
 from MaxText.train.step_rows import StepRows
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -120,7 +121,8 @@ class Trainer:
       raise ConfigError(f"lora_targets={cfg.lora_targets!r}: {e}") from e
     self.adapters_only = bool(cfg.lora_rank)   # LoRA: only the adapters are trained
     self.tx = make_optimizer(cfg, trained(self.model_def.logical_axes, self.adapters_only),
-                             self.family.frozen(self.mcfg))
+                             self.family.frozen(self.mcfg),
+                             mesh_data_axes(self.model_def, self.mesh, self.rules))
     self.lr_schedule = learning_rate_schedule(cfg)
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules,
                                      self.adapters_only)

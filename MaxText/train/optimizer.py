@@ -7,8 +7,8 @@ update fused: one elementwise pass per parameter that writes the new parameter a
 with the non-finite guard folded in (`where(finite, new, old)` inside the pass, so XLA updates
 the donated buffers in place instead of copying the old moments first). `apply` is bit for bit the
 chain followed by `optax.apply_updates` and the guard (tests/test_fused_adamw.py, optax as the
-oracle). `shard_over_data` (config `shard_optimizer_over_data`): the moments are sharded over the
-mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
+oracle). `data_axes` (config `shard_optimizer_over_data`, on by default): the moments are sharded
+over the mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
 
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
 scales is [layers, D] but is still a vector per layer and is not decayed.
@@ -60,17 +60,25 @@ def freeze(frozen_mask) -> optax.GradientTransformation:
 
 class Optimizer(NamedTuple):
   """An optax transformation (`init`, `update`: the oracle, and the state's structure) and its
-  fused, guarded form `apply(grads, state, params, grad_norm, finite) -> (params, state)`."""
+  fused, guarded form `apply(grads, state, params, grad_norm, finite) -> (params, state)`.
+  `data_axes`: the mesh axes the moments are sharded over besides their parameter's (ZeRO-1;
+  empty: none)."""
   init: Callable
   update: Callable
   apply: Callable
-  shard_over_data: bool = False
+  data_axes: tuple[str, ...] = ()
+
+  @property
+  def shard_over_data(self) -> bool:
+    return bool(self.data_axes)
 
 
-def make_optimizer(cfg: Config, logical_axes,
-                   frozen: Sequence[str] = ()) -> Optimizer:
+def make_optimizer(cfg: Config, logical_axes, frozen: Sequence[str] = (),
+                   data_axes: Sequence[str] = ()) -> Optimizer:
   """`logical_axes`: the parameters' logical axis names (ModelDef.logical_axes); `frozen`: the
-  top-level parameters left out of training."""
+  top-level parameters left out of training; `data_axes`: the mesh's data axes
+  (sharding/zero.py: `data_axes`), which the moments are sharded over with
+  `shard_optimizer_over_data` (ZeRO-1)."""
   schedule = learning_rate_schedule(cfg)
   decay = decay_mask(logical_axes)
   tx = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
@@ -86,7 +94,7 @@ def make_optimizer(cfg: Config, logical_axes,
                       weight_decay=cfg.weight_decay, decay_mask=decay,
                       max_grad_norm=cfg.max_grad_norm, frozen_mask=mask)
   return Optimizer(tx.init, tx.update, apply,
-                   shard_over_data=cfg.shard_optimizer_over_data)
+                   data_axes=tuple(data_axes) if cfg.shard_optimizer_over_data else ())
 
 
 def find_state(tree: Any, cls: type) -> Any:

@@ -18,7 +18,6 @@ from MaxText.layers import lora
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
-from MaxText.sharding.zero import gather_parts
 from MaxText.train.loss import token_loss_sums
 from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
@@ -63,7 +62,8 @@ def guarded_update(tx: Optimizer, grads: Any, opt_state: Any, params: Any,
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   if FUSED_ADAMW:
-    gather = None if zero is None else (lambda tree: gather_parts(tree, *zero))
+    gather = None if zero is None else (
+        lambda tree: jax.lax.with_sharding_constraint(tree, zero[1]))
     new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite,
                                          whole=whole, gather=gather)
     return new_params, new_opt_state, grad_norm, finite
@@ -102,9 +102,9 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
     """`shardings` (the state's, given by `jit_train_step`): with the optimizer moments sharded
     over the data axes (ZeRO-1, `tx.shard_over_data`), the update runs on their sharding and the
     new parameters go back to theirs."""
-    zero = None   # ZeRO-1: (the moments' shardings, the trained parameters')
+    zero_shardings = None   # ZeRO-1: (the moments' shardings, the trained parameters')
     if shardings is not None and tx.shard_over_data:
-      zero = (moment_shardings(shardings["opt_state"]), split(shardings["params"])[0])
+      zero_shardings = (moment_shardings(shardings["opt_state"]), split(shardings["params"])[0])
     with use_rules(mesh, rules):
       params, frozen = split(state["params"])   # params: what is trained
       if grad_accum == 1:
@@ -132,7 +132,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
       denom = jnp.maximum(n, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
       new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
-                                                                params, nll, zero)
+                                                                params, nll, zero_shardings)
       new_params = join(new_params, frozen)
       if aux_terms is not None and not adapters_only:
         new_params = keep_if(finite, aux_terms.update(new_params, sums), new_params)
