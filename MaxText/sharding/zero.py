@@ -62,4 +62,3 @@ def optimizer_shardings(param_shardings: Any, shapes: Any, logical_axes: Any,
   is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
   return jax.tree.map(lambda names, sh, s: add_data_axes(sh, s.shape, names, axes),
                       logical_axes, param_shardings, shapes, is_leaf=is_axes)
-
