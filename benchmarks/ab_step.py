@@ -159,6 +159,9 @@ def main() -> int:
   args = ap.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ["JAX_PLATFORMS"] = "cpu"
+  from MaxText.train import cpu_devices  # pylint: disable=import-outside-toplevel
+  cpu_devices.apply_xla_defaults()   # the XLA:CPU schedule a training run compiles with
+  print(cpu_devices.scheduler_note(True), flush=True)
 
   import jax  # pylint: disable=import-outside-toplevel
 

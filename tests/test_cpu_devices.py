@@ -9,8 +9,8 @@ import pytest
 from conftest import ROOT
 from MaxText.train import cpu_devices
 
-PROBE = ("from MaxText.train import cpu_devices; n = cpu_devices.apply_default(); import jax; "
-         "print(n, len(jax.devices()), jax.devices()[0].platform)")
+PROBE = ("from MaxText.train import cpu_devices; n = cpu_devices.apply_default().devices; "
+         "import jax; print(n, len(jax.devices()), jax.devices()[0].platform)")
 
 
 @pytest.mark.parametrize("env,chosen", [
@@ -27,7 +27,7 @@ def test_user_choice_from_the_environment(env, chosen):
 
 
 def test_no_change_once_the_backend_runs():
-  assert cpu_devices.apply_default({}) is None   # this process already has its 8 test devices
+  assert cpu_devices.apply_default({}).devices is None   # this process has its 8 test devices
 
 
 def _probe(**env_extra):
@@ -55,14 +55,16 @@ def test_user_choice_through_jax_config():
 def test_xla_defaults_only_where_the_user_chose_no_schedule(monkeypatch):
   monkeypatch.setattr(cpu_devices, "_backends_started", lambda: False)
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-  assert cpu_devices.apply_xla_defaults(env) == [
-      f"{cpu_devices.SCHEDULER_FLAG}={cpu_devices.SCHEDULER_DEFAULT}"]
+  assert cpu_devices.apply_xla_defaults(env) is True
   assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=4",
                                       f"{cpu_devices.SCHEDULER_FLAG}={cpu_devices.SCHEDULER_DEFAULT}"]
   mine = {"XLA_FLAGS": f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"}
-  assert cpu_devices.apply_xla_defaults(mine) == []
-  assert cpu_devices.scheduler_note(mine) == "XLA:CPU schedule concurrency-optimized, from XLA_FLAGS"
-  assert cpu_devices.scheduler_note({}) == "XLA:CPU schedule: XLA's default"
+  assert cpu_devices.apply_xla_defaults(mine) is False
+  assert cpu_devices.scheduler_note(False, mine) == (
+      "XLA:CPU schedule concurrency-optimized, from XLA_FLAGS")
+  assert cpu_devices.scheduler_note(True, env).startswith(
+      "XLA:CPU schedule memory-optimized, by default")
+  assert cpu_devices.scheduler_note(False, {}) == "XLA:CPU schedule: XLA's default"
   assert cpu_devices.describe(None, "gpu") == ""
   assert cpu_devices.describe(None, "cpu").startswith(" (XLA:CPU schedule")   # with the mesh line
 
@@ -71,7 +73,7 @@ def test_no_xla_flags_once_the_backend_runs():
   import jax  # pylint: disable=import-outside-toplevel
   jax.devices()   # starts this process's backends (conftest's 8 CPU devices)
   env = {}
-  assert cpu_devices.apply_xla_defaults(env) == [] and env == {}
+  assert cpu_devices.apply_xla_defaults(env) is False and env == {}
 
 
 def test_the_default_schedule_reaches_the_compiler():
@@ -84,7 +86,7 @@ def test_the_default_schedule_reaches_the_compiler():
           "for i in range(4)], jax.lax.psum(x.sum(), 'd')); "
           "f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P('d'), P()), out_specs=(P('d'), P()))); "
           "c = f.lower(jnp.ones((512, 256)), jnp.ones((4, 256, 256))).compile(); "
-          "print(n, c.memory_analysis().temp_size_in_bytes, cpu_devices.scheduler_note())")
+          "print(n.devices, c.memory_analysis().temp_size_in_bytes, cpu_devices.describe(n, 'cpu'))")
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   runs = {}
   for flags in ("", f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"):
@@ -93,6 +95,7 @@ def test_the_default_schedule_reaches_the_compiler():
                          timeout=120, check=True).stdout.split(maxsplit=2)
     runs[flags] = out
   ours, theirs = runs[""], runs[f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"]
-  assert ours[2].strip().startswith("XLA:CPU schedule memory-optimized, by default")
-  assert theirs[2].strip() == "XLA:CPU schedule concurrency-optimized, from XLA_FLAGS"
+  assert ours[2].strip() == ("(XLA:CPU schedule memory-optimized, by default (set "
+                             f"XLA_FLAGS={cpu_devices.SCHEDULER_FLAG}=... to choose))")
+  assert theirs[2].strip() == "(XLA:CPU schedule concurrency-optimized, from XLA_FLAGS)"
   assert int(ours[1]) < int(theirs[1])

@@ -60,15 +60,22 @@ def test_fused_adamw_is_optax_bit_for_bit(dtype, clip):
     norm = optax.tree.norm(grads)
     return opt.apply(grads, state, params, norm, jnp.isfinite(norm))
 
-  p_ref = p_new = _params(dtype)
-  s_ref = s_new = opt.init(p_ref)
+  @jax.jit
+  def fused_zero(grads, state, params):   # ZeRO-1's form: whole + gather(guarded update)
+    norm = optax.tree.norm(grads)
+    return opt.apply(grads, state, params, norm, jnp.isfinite(norm), whole=params,
+                     gather=lambda tree: tree)
+
+  p_ref = p_new = p_zero = _params(dtype)
+  s_ref = s_new = s_zero = opt.init(p_ref)
   for step in range(5):
     g = _grads(p_ref, step)
     p_ref, s_ref = oracle(g, s_ref, p_ref)
     p_new, s_new = fused(g, s_new, p_new)
+    p_zero, s_zero = fused_zero(g, s_zero, p_zero)
     assert jax.tree.structure(s_new) == jax.tree.structure(s_ref)
-    assert _bits(p_new) == _bits(p_ref), step
-    assert _bits(s_new) == _bits(s_ref), step
+    assert _bits(p_new) == _bits(p_ref) == _bits(p_zero), step
+    assert _bits(s_new) == _bits(s_ref) == _bits(s_zero), step
   counts = [int(c) for c in jax.tree.leaves(s_new) if np.ndim(c) == 0]
   assert counts and all(c == 4 for c in counts)   # 5 steps, one skipped
   assert _bits(p_new["mtp"]) == _bits(_params(dtype)["mtp"])   # frozen: every bit kept

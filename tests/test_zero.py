@@ -13,7 +13,8 @@ from MaxText.train import memory
 from MaxText.train import step as step_module
 from MaxText.train.loop import Trainer
 
-ZERO = "shard_optimizer_over_data=true"
+ZERO = "shard_optimizer_over_data=true"   # the default; spelled out where it is compared with
+OFF = "shard_optimizer_over_data=false"
 
 
 def _host(tree):
@@ -31,7 +32,7 @@ def _axes(spec):
 
 def test_moments_take_the_data_axis_and_memory_counts_it(tmp_path):
   on = Trainer(load_config(argv(tmp_path, "on", *MESH_222, ZERO)))
-  off = Trainer(load_config(argv(tmp_path, "off", *MESH_222)))
+  off = Trainer(load_config(argv(tmp_path, "off", *MESH_222, OFF)))
   assert on.shardings["params"] == off.shardings["params"]
   assert _mu(off.shardings["opt_state"]) == off.shardings["params"]
   q_param = on.shardings["params"]["decoder"]["runs"][0][0]["attn"]["query"]["kernel"]
@@ -53,6 +54,8 @@ def test_moments_take_the_data_axis_and_memory_counts_it(tmp_path):
   # without a data axis > 1 the key changes nothing
   fsdp = Trainer(load_config(argv(tmp_path, "f", "ici_fsdp_parallelism=8", ZERO)))
   assert _mu(fsdp.shardings["opt_state"]) == fsdp.shardings["params"]
+  assert on.tx.data_axes == ("data",) and not fsdp.tx.shard_over_data   # the step's plain path
+  assert not off.tx.shard_over_data
 
 
 def test_zero_trains_like_the_replicated_optimizer_and_restores_across(tmp_path):
@@ -60,14 +63,14 @@ def test_zero_trains_like_the_replicated_optimizer_and_restores_across(tmp_path)
   order: rounding only), and a ZeRO checkpoint restores without it on another mesh, exactly."""
   common = ("steps=4", "checkpoint_period=4", *MESH_222)
   code_on, m_on, s_on = train(tmp_path, "on", *common, ZERO)
-  code_off, m_off, s_off = train(tmp_path, "off", *common)
+  code_off, m_off, s_off = train(tmp_path, "off", *common, OFF)
   assert code_on == code_off == 0
   np.testing.assert_allclose([m["loss"] for m in m_on], [m["loss"] for m in m_off],
                              rtol=1e-6, atol=0)
   for a, b in zip(jax.tree.leaves(_host(s_on["params"])), jax.tree.leaves(_host(s_off["params"]))):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
   from MaxText.checkpoint.manager import RunCheckpoints
-  for src, saved, target in (("on", s_on, ["ici_fsdp_parallelism=8"]),
+  for src, saved, target in (("on", s_on, ["ici_fsdp_parallelism=8", OFF]),
                              ("off", s_off, [*MESH_222, ZERO])):
     trainer = Trainer(load_config(argv(tmp_path, src, "steps=4", *target)))
     ckpts = RunCheckpoints(str(tmp_path / src / "checkpoints"), max_to_keep=3, async_save=False)
@@ -96,3 +99,4 @@ def test_fused_adamw_resumes_the_optax_chains_checkpoint_bitwise(tmp_path, monke
   assert [r["grad_norm"] for r in rows[2:]] == [r["grad_norm"] for r in straight[2:]]
   for a, b in zip(jax.tree.leaves(_host(s_straight)), jax.tree.leaves(_host(s_mixed))):
     np.testing.assert_array_equal(a, b)
+

@@ -280,7 +280,7 @@ class Config:
   weight_decay: float = key(0.1, "AdamW decoupled weight decay (matrices only, not norms)", min=0)
   max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
   shard_optimizer_over_data: bool = key(
-      False, "AdamW moments and the update sharded over the mesh's data axes too (ZeRO-1): "
+      True, "AdamW moments and the update sharded over the mesh's data axes too (ZeRO-1): "
       "gradients reduce-scattered, parameters all-gathered; acts only when a data axis > 1")
   z_loss_weight: float = key(0.0, "weight of the z-loss (log Z)^2 term; 0 turns it off", min=0)
   loss_chunk_length: int = key(

@@ -23,7 +23,7 @@ once than the cores can take.
 from __future__ import annotations
 
 import os
-from typing import Mapping, MutableMapping
+from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
 
@@ -33,7 +33,6 @@ MAX_DEFAULT = 8
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 SCHEDULER_FLAG = "--xla_cpu_scheduler_type"
 SCHEDULER_DEFAULT = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-_defaulted: list[str] = []   # the XLA flags apply_xla_defaults added in this process
 
 
 def usable_cores() -> int:
@@ -66,52 +65,58 @@ def _backends_started() -> bool:
   return xla_bridge.backends_are_initialized()
 
 
-def apply_default(env: MutableMapping[str, str] | None = None) -> int | None:
+class Defaults(NamedTuple):
+  """What `apply_default` set: the CPU device count (None: the user's or the backend's) and
+  whether this project's XLA:CPU schedule was added to XLA_FLAGS."""
+  devices: int | None
+  schedule: bool
+
+
+def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
   """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count),
   and one CPU device per usable core (at most MAX_DEFAULT) if the user chose nothing; both only
-  before the backends start. Returns the device count set, or None."""
+  before the backends start."""
   env = os.environ if env is None else env
-  apply_xla_defaults(env)
+  schedule = apply_xla_defaults(env)
   if user_choice(env) or _backends_started():
-    return None
+    return Defaults(None, schedule)
   count = max(1, min(usable_cores(), MAX_DEFAULT))
   jax.config.update("jax_num_cpu_devices", count)
-  return count
+  return Defaults(count, schedule)
 
 
-def apply_xla_defaults(env: MutableMapping[str, str] | None = None) -> list[str]:
-  """Adds this project's default XLA:CPU flags that the user did not set to XLA_FLAGS (read when
-  the backends start, so only before that); returns the flags added. Only `xla_cpu_*` flags: they
-  change CPU compilations alone, whatever the platform."""
+def apply_xla_defaults(env: MutableMapping[str, str] | None = None) -> bool:
+  """Adds this project's default XLA:CPU schedule to XLA_FLAGS (read when the backends start, so
+  only before that) unless the user chose one; returns whether it did. Only `xla_cpu_*` flags:
+  they change CPU compilations alone, whatever the platform."""
   env = os.environ if env is None else env
   current = env.get("XLA_FLAGS", "")
   if SCHEDULER_FLAG in current or _backends_started():
-    return []
-  added = [f"{SCHEDULER_FLAG}={SCHEDULER_DEFAULT}"]
-  env["XLA_FLAGS"] = " ".join([*current.split(), *added])
-  if env is os.environ:
-    _defaulted[:] = added
-  return added
+    return False
+  env["XLA_FLAGS"] = " ".join([*current.split(), f"{SCHEDULER_FLAG}={SCHEDULER_DEFAULT}"])
+  return True
 
 
-def scheduler_note(env: Mapping[str, str] | None = None) -> str:
-  """Which XLA:CPU schedule this process compiles with, and who chose it."""
+def scheduler_note(defaulted: bool, env: Mapping[str, str] | None = None) -> str:
+  """Which XLA:CPU schedule this process compiles with, and who chose it (`defaulted`: this
+  project, `Defaults.schedule`)."""
   env = os.environ if env is None else env
   for flag in env.get("XLA_FLAGS", "").split():
     if flag.startswith(SCHEDULER_FLAG + "="):
       value = flag.split("=", 1)[1].removeprefix("CPU_SCHEDULER_TYPE_").lower().replace("_", "-")
-      if flag in _defaulted and env is os.environ:
+      if defaulted:
         return f"XLA:CPU schedule {value}, by default (set XLA_FLAGS={SCHEDULER_FLAG}=... to choose)"
       return f"XLA:CPU schedule {value}, from XLA_FLAGS"
   return "XLA:CPU schedule: XLA's default"
 
 
-def describe(count: int | None, platform: str) -> str:
+def describe(defaults: Defaults | None, platform: str) -> str:
   """The note printed with the mesh: where the CPU device count came from, and the XLA:CPU
-  schedule."""
+  schedule (`defaults`: what `apply_default` set; None: it did not run)."""
   if platform != "cpu":
     return ""
+  count = defaults.devices if defaults else None
   chosen = "" if count is None else (
       f"one per core of {usable_cores()}, chosen by default; set "
       f"XLA_FLAGS={DEVICE_COUNT_FLAG}=N or JAX_NUM_CPU_DEVICES=N to choose; ")
-  return f" ({chosen}{scheduler_note()})"
+  return f" ({chosen}{scheduler_note(bool(defaults and defaults.schedule))})"

@@ -44,7 +44,8 @@ from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.startup import StartupClock
 from MaxText.train.tokenizer_setup import choose_tokenizer
-from MaxText.train.state import abstract_state, init_state, state_shardings, trained
+from MaxText.train.state import (abstract_state, init_state, mesh_data_axes, state_shardings,
+                                 trained)
 from MaxText.train.step_rows import StepRows
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
 
@@ -120,7 +121,8 @@ class Trainer:
       raise ConfigError(f"lora_targets={cfg.lora_targets!r}: {e}") from e
     self.adapters_only = bool(cfg.lora_rank)   # LoRA: only the adapters are trained
     self.tx = make_optimizer(cfg, trained(self.model_def.logical_axes, self.adapters_only),
-                             self.family.frozen(self.mcfg))
+                             self.family.frozen(self.mcfg),
+                             mesh_data_axes(self.model_def, self.mesh, self.rules))
     self.lr_schedule = learning_rate_schedule(cfg)
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules,
                                      self.adapters_only)
@@ -132,7 +134,7 @@ class Trainer:
     # the rows of each global batch this process feeds (its devices' part of the batch sharding)
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
-    self.auto_cpu_devices: int | None = None  # set by run(): CPU devices chosen by default
+    self.cpu_defaults: cpu_devices.Defaults | None = None  # set by run(): CPU devices, schedule
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   def trained_params(self) -> Any:
@@ -277,7 +279,7 @@ class Trainer:
     log(f"model {cfg.decoder_block}: {stack.describe(self.family.layer_kinds(self.mcfg))}")
     platform = self.devices[0].platform
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
-        f"{cpu_devices.describe(self.auto_cpu_devices, platform)}; "
+        f"{cpu_devices.describe(self.cpu_defaults, platform)}; "
         f"{auto_settings.describe(self.training)}")
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
@@ -470,7 +472,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
-    auto_cpu = cpu_devices.apply_default() if plan is None and devices is None else None
+    cpu_defaults = cpu_devices.apply_default() if plan is None and devices is None else None
     log(tokenizer_line)
     training = auto_settings.for_training(cfg)   # the one resolution of the auto values
     cfg = training.cfg
@@ -479,7 +481,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock
     trainer.distributed = plan
-    trainer.auto_cpu_devices = auto_cpu
+    trainer.cpu_defaults = cpu_defaults
     est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
     if est.needed > est.available:
       raise ConfigError(memory.check_fits(est, memory.advice(

@@ -7,8 +7,8 @@ update fused: one elementwise pass per parameter that writes the new parameter a
 with the non-finite guard folded in (`where(finite, new, old)` inside the pass, so XLA updates
 the donated buffers in place instead of copying the old moments first). `apply` is bit for bit the
 chain followed by `optax.apply_updates` and the guard (tests/test_fused_adamw.py, optax as the
-oracle). `shard_over_data` (config `shard_optimizer_over_data`): the moments are sharded over the
-mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
+oracle). `data_axes` (config `shard_optimizer_over_data`, on by default): the moments are sharded
+over the mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
 
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
 scales is [layers, D] but is still a vector per layer and is not decayed.
@@ -60,17 +60,25 @@ def freeze(frozen_mask) -> optax.GradientTransformation:
 
 class Optimizer(NamedTuple):
   """An optax transformation (`init`, `update`: the oracle, and the state's structure) and its
-  fused, guarded form `apply(grads, state, params, grad_norm, finite) -> (params, state)`."""
+  fused, guarded form `apply(grads, state, params, grad_norm, finite) -> (params, state)`.
+  `data_axes`: the mesh axes the moments are sharded over besides their parameter's (ZeRO-1;
+  empty: none)."""
   init: Callable
   update: Callable
   apply: Callable
-  shard_over_data: bool = False
+  data_axes: tuple[str, ...] = ()
+
+  @property
+  def shard_over_data(self) -> bool:
+    return bool(self.data_axes)
 
 
-def make_optimizer(cfg: Config, logical_axes,
-                   frozen: Sequence[str] = ()) -> Optimizer:
+def make_optimizer(cfg: Config, logical_axes, frozen: Sequence[str] = (),
+                   data_axes: Sequence[str] = ()) -> Optimizer:
   """`logical_axes`: the parameters' logical axis names (ModelDef.logical_axes); `frozen`: the
-  top-level parameters left out of training."""
+  top-level parameters left out of training; `data_axes`: the mesh's data axes
+  (sharding/zero.py: `data_axes`), which the moments are sharded over with
+  `shard_optimizer_over_data` (ZeRO-1)."""
   schedule = learning_rate_schedule(cfg)
   decay = decay_mask(logical_axes)
   tx = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
@@ -86,11 +94,17 @@ def make_optimizer(cfg: Config, logical_axes,
                       weight_decay=cfg.weight_decay, decay_mask=decay,
                       max_grad_norm=cfg.max_grad_norm, frozen_mask=mask)
   return Optimizer(tx.init, tx.update, apply,
-                   shard_over_data=getattr(cfg, "shard_optimizer_over_data", False))
+                   data_axes=tuple(data_axes) if cfg.shard_optimizer_over_data else ())
 
 
-def _is_state(x) -> bool:
-  return isinstance(x, (optax.ScaleByAdamState, optax.ScaleByScheduleState))
+def find_state(tree: Any, cls: type) -> Any:
+  """The one node of type `cls` (an optax state, e.g. ScaleByAdamState) in `tree` — an optimizer
+  state or a tree of the same structure (its shardings); a ValueError unless exactly one."""
+  is_cls = lambda x: isinstance(x, cls)
+  found = [s for s in jax.tree.leaves(tree, is_leaf=is_cls) if is_cls(s)]
+  if len(found) != 1:
+    raise ValueError(f"expected one {cls.__name__} in the optimizer state, found {len(found)}")
+  return found[0]
 
 
 def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
@@ -103,15 +117,15 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
   neither count (as the guard over the whole state)."""
   eps_root = 0.0
 
-  def apply(grads: Any, state: Any, params: Any, grad_norm: jax.Array,
-            finite: jax.Array) -> tuple[Any, Any]:
-    nodes = [s for s in jax.tree.leaves(state, is_leaf=_is_state) if _is_state(s)]
-    adam = [s for s in nodes if isinstance(s, optax.ScaleByAdamState)]
-    sched = [s for s in nodes if isinstance(s, optax.ScaleByScheduleState)]
-    if len(adam) != 1 or len(sched) != 1:
-      raise ValueError(f"expected one Adam and one schedule state, found {len(adam)} and "
-                       f"{len(sched)}")
-    adam, sched = adam[0], sched[0]
+  def apply(grads: Any, state: Any, params: Any, grad_norm: jax.Array, finite: jax.Array,
+            whole: Any = None, gather: Callable | None = None) -> tuple[Any, Any]:
+    """`gather` (ZeRO-1: `grads`, `state` and `params` are each device's part on the moments'
+    sharding): a function that all-gathers a tree of such parts onto the parameters' sharding,
+    and `whole`, the parameters on it. The new parameter is then `whole + gather(where(finite,
+    u, -0.0))` — the same bits as where(finite, p + u, p), as p + -0.0 is p — so each parameter
+    gathers one array (XLA gathers both operands of the guard's where otherwise)."""
+    adam = find_state(state, optax.ScaleByAdamState)
+    sched = find_state(state, optax.ScaleByScheduleState)
     count_inc = optax.safe_increment(adam.count)
     bc1 = 1 - b1 ** count_inc   # optax.tree.bias_correction's factors
     bc2 = 1 - b2 ** count_inc
@@ -135,19 +149,24 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
       u = jnp.array(step_size, dtype=u.dtype) * u
       if frozen:
         u = jnp.full_like(u, -0.0)
+      if gather is not None:   # ZeRO-1: the guarded update, to be gathered and added
+        if u.dtype != p.dtype:   # the moments take the parameters' dtype: never so
+          raise ValueError(f"update dtype {u.dtype} differs from the parameter's {p.dtype}")
+        return jnp.where(finite, u, jnp.array(-0.0, u.dtype))
       return jnp.where(finite, jnp.asarray(p + u).astype(jnp.asarray(p).dtype), p)
 
     out = jax.tree.map(moments, grads, adam.mu, adam.nu)
     mu = jax.tree.map(lambda _, o: o[0], grads, out)
     nu = jax.tree.map(lambda _, o: o[1], grads, out)
     new_params = jax.tree.map(parameter, mu, nu, params, decay_mask, frozen_mask)
+    if gather is not None:
+      new_params = jax.tree.map(jnp.add, whole, gather(new_params))
     new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
     new_sched = optax.ScaleByScheduleState(
         count=jnp.where(finite, optax.safe_increment(sched.count), sched.count))
-    new_state = jax.tree.map(
-        lambda s: new_adam if isinstance(s, optax.ScaleByAdamState)
-        else new_sched if isinstance(s, optax.ScaleByScheduleState) else s,
-        state, is_leaf=_is_state)
+    replaced = {optax.ScaleByAdamState: new_adam, optax.ScaleByScheduleState: new_sched}
+    new_state = jax.tree.map(lambda s: replaced.get(type(s), s), state,
+                             is_leaf=lambda s: type(s) in replaced)
     return new_params, new_state
 
   return apply

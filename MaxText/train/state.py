@@ -15,6 +15,7 @@ from MaxText.models.model_def import ModelDef
 from MaxText.models.registry import init_params
 from MaxText.sharding.rules import Rules, tree_shardings
 from MaxText.sharding.zero import data_axes, optimizer_shardings
+from MaxText.train.optimizer import Optimizer
 
 TrainState = dict[str, Any]
 
@@ -24,16 +25,21 @@ def trained(params: Any, adapters_only: bool) -> Any:
   return lora.split(params)[0] if adapters_only else params
 
 
-def state_shardings(model_def: ModelDef, tx: optax.GradientTransformation, mesh: Mesh,
+def mesh_data_axes(model_def: ModelDef, mesh: Mesh, rules: Rules) -> tuple[str, ...]:
+  """The mesh axes of size > 1 the batch is split over and no parameter is (sharding/zero.py)."""
+  return data_axes(mesh, rules, tree_shardings(model_def.logical_axes, model_def.abstract_params,
+                                               mesh, rules))
+
+
+def state_shardings(model_def: ModelDef, tx: Optimizer, mesh: Mesh,
                     rules: Rules, adapters_only: bool = False) -> TrainState:
   replicated = NamedSharding(mesh, PartitionSpec())
   params = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
   abstract_opt = jax.eval_shape(tx.init, trained(model_def.abstract_params, adapters_only))
   moments = trained(params, adapters_only)
-  if getattr(tx, "shard_over_data", False):   # ZeRO-1: the moments split over the data axes too
+  if tx.shard_over_data:   # ZeRO-1: the moments split over the data axes too
     moments = optimizer_shardings(moments, trained(model_def.abstract_params, adapters_only),
-                                  trained(model_def.logical_axes, adapters_only),
-                                  data_axes(mesh, rules, params))
+                                  trained(model_def.logical_axes, adapters_only), tx.data_axes)
   opt = optax.tree_map_params(tx, lambda _, sh: sh, abstract_opt, moments,
                               transform_non_params=lambda _: replicated)
   return {"step": replicated, "params": params, "opt_state": opt}

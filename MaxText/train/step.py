@@ -19,6 +19,7 @@ from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
 from MaxText.train.loss import token_loss_sums
+from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
@@ -28,12 +29,7 @@ BATCH_AXES = ("activation_batch", "activation_length")
 def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
   """The rate this step's update uses: the schedule at optax's own count of applied updates (the
   train state's step also counts the non-finite steps that were skipped; optax's count does not)."""
-  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
-  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
-  if len(counts) != 1:
-    raise ValueError(f"expected one learning-rate schedule state in the optimizer, found "
-                     f"{len(counts)}")
-  return lr_schedule(counts[0])
+  return lr_schedule(find_state(opt_state, optax.ScaleByScheduleState).count)
 
 
 def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
@@ -48,34 +44,37 @@ FUSED_ADAMW = True
 def moment_shardings(opt_shardings: Any) -> Any:
   """The shardings of the AdamW first moment (a tree like the trained parameters) in the
   optimizer state's shardings."""
-  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
-  found = [s.mu for s in jax.tree.leaves(opt_shardings, is_leaf=is_adam) if is_adam(s)]
-  if len(found) != 1:
-    raise ValueError(f"expected one Adam state in the optimizer, found {len(found)}")
-  return found[0]
+  return find_state(opt_shardings, optax.ScaleByAdamState).mu
 
 
-def guarded_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
-                   loss: jax.Array, update_shardings: Any = None
+def guarded_update(tx: Optimizer, grads: Any, opt_state: Any, params: Any,
+                   loss: jax.Array, zero: tuple[Any, Any] | None = None
                    ) -> tuple[Any, Any, jax.Array, jax.Array]:
   """(new params, new optimizer state, gradient norm, finite): the optimizer's update, except
   that a non-finite loss or gradient never reaches the parameters or the optimizer moments (both
-  stay as they were). `update_shardings` (ZeRO-1, sharding/zero.py): the gradients are
-  reduce-scattered onto it and the update runs there, on each device's part of the moments."""
-  if update_shardings is not None:
-    grads = jax.lax.with_sharding_constraint(grads, update_shardings)
-    params = jax.lax.with_sharding_constraint(params, update_shardings)
+  stay as they were). `zero` (ZeRO-1, sharding/zero.py): (the moments' shardings, the
+  parameters'): the gradients are reduce-scattered onto the first, the update runs there, on each
+  device's part of the moments, and the new parameters come back on the second."""
+  whole = params
+  if zero is not None:
+    grads = jax.lax.with_sharding_constraint(grads, zero[0])
+    params = jax.lax.with_sharding_constraint(params, zero[0])
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  if FUSED_ADAMW and hasattr(tx, "apply"):
-    new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite)
+  if FUSED_ADAMW:
+    gather = None if zero is None else (
+        lambda tree: jax.lax.with_sharding_constraint(tree, zero[1]))
+    new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite,
+                                         whole=whole, gather=gather)
     return new_params, new_opt_state, grad_norm, finite
   updates, new_opt_state = tx.update(grads, opt_state, params)
-  return (keep_if(finite, optax.apply_updates(params, updates), params),
-          keep_if(finite, new_opt_state, opt_state), grad_norm, finite)
+  new_params = keep_if(finite, optax.apply_updates(params, updates), params)
+  if zero is not None:
+    new_params = jax.lax.with_sharding_constraint(new_params, zero[1])
+  return new_params, keep_if(finite, new_opt_state, opt_state), grad_norm, finite
 
 
-def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, mesh: Mesh,
+def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
                     lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None,
                     loss_chunk_length: int = 0, adapters_only: bool = False) -> Callable:
@@ -101,14 +100,11 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
 
   def step(state: TrainState, batch: dict[str, jax.Array], shardings: TrainState | None = None):
     """`shardings` (the state's, given by `jit_train_step`): with the optimizer moments sharded
-    over the data axes (ZeRO-1), the update runs on their sharding and the new parameters go back
-    to theirs."""
-    update_shardings = param_shardings = None
-    if shardings is not None:
-      param_shardings = split(shardings["params"])[0]
-      update_shardings = moment_shardings(shardings["opt_state"])
-      if jax.tree.leaves(update_shardings) == jax.tree.leaves(param_shardings):
-        update_shardings = None
+    over the data axes (ZeRO-1, `tx.shard_over_data`), the update runs on their sharding and the
+    new parameters go back to theirs."""
+    zero_shardings = None   # ZeRO-1: (the moments' shardings, the trained parameters')
+    if shardings is not None and tx.shard_over_data:
+      zero_shardings = (moment_shardings(shardings["opt_state"]), split(shardings["params"])[0])
     with use_rules(mesh, rules):
       params, frozen = split(state["params"])   # params: what is trained
       if grad_accum == 1:
@@ -136,9 +132,7 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation, *, me
       denom = jnp.maximum(n, 1.0)
       grads = jax.tree.map(lambda g: g / denom, grads)
       new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
-                                                                params, nll, update_shardings)
-      if update_shardings is not None:   # all-gathered back to the parameters' own sharding
-        new_params = jax.lax.with_sharding_constraint(new_params, param_shardings)
+                                                                params, nll, zero_shardings)
       new_params = join(new_params, frozen)
       if aux_terms is not None and not adapters_only:
         new_params = keep_if(finite, aux_terms.update(new_params, sums), new_params)
