@@ -5,6 +5,10 @@ N fake CPU devices (fsdp over all of them unless overrides say otherwise). Three
   .venv/bin/python benchmarks/profile_step.py --devices 2 --collectives
   .venv/bin/python benchmarks/profile_step.py --devices 2 --loop 20 [--trace]
   .venv/bin/python benchmarks/profile_step.py --devices 4 --categories ici_data_parallelism=2 ici_fsdp_parallelism=2
+  .venv/bin/python benchmarks/profile_step.py --devices 4 --categories --top 40 --hlo /tmp/ours4.hlo
+
+MaxText's step, traced and put in the same categories: `profile_maxtext.py` (its `--ours-hlo` takes
+the `--hlo` file written here and sets the two steps' dot FLOP side by side).
 
 Default: the compiled step run under `jax.profiler` with XLA:CPU's per-op trace events
 (`--xla_cpu_enable_xprof_traceme=true`); prints the ops' time per step, largest first, each with its
@@ -17,8 +21,9 @@ stretch, but their shares stay meaningful.
 forward / backward, attention core, element-wise work, copies and stacked buffers, collectives; the
 loss and LM head's chunk loop; embedding; optimizer; zero-filled buffers; ...), read from each op's
 jax operation names in the compiled HLO, with the process's CPU seconds per traced step beside
-them. With more devices than cores the devices' threads are descheduled inside ops, so op times
-then exceed CPU time: compare shares between runs with the same device count, not seconds.
+them (with --top N, also the N largest ops, each with its category). With more devices than cores
+the devices' threads are descheduled inside ops, so op times then exceed CPU time: compare shares
+between runs with the same device count, not seconds.
 
 --collectives: the compiled step's collectives (nothing is run): each all-gather / reduce-scatter /
 all-reduce / all-to-all with its operand shapes, bytes, and whether it sits inside the layer scan
@@ -114,6 +119,15 @@ def op_info(hlo: str) -> dict[str, tuple[bool, str, str, list[str]]]:
   return out
 
 
+def op_parts(info: tuple[bool, str, str, list[str]]) -> tuple[bool, str, str, str, set[str], int]:
+  """An `op_info` entry as (inside a loop, opcode, output shape, its jax operation names joined,
+  their last components, the output's rank)."""
+  loop, opcode, shape, names = info
+  dims = re.match(r"\w+\[([\d,]*)\]", shape)
+  rank = len(dims.group(1).split(",")) if dims and dims.group(1) else 0
+  return loop, opcode, shape, " ".join(names), {n.split("/")[-1] for n in names}, rank
+
+
 def category(name: str, info: tuple[bool, str, str, list[str]] | None) -> str:
   """What an op of the tiny llama step does (`--categories`), from its jax operation names."""
   if name.startswith(COLLECTIVES + ("all_gather", "all_reduce", "reduce_scatter", "psum",
@@ -123,10 +137,7 @@ def category(name: str, info: tuple[bool, str, str, list[str]] | None) -> str:
     return "collectives outside the layer scan (loss, head, embedding, metrics)"
   if info is None:
     return "runtime (launch, arguments)"
-  loop, opcode, shape, names = info
-  text, last = " ".join(names), {n.split("/")[-1] for n in names}
-  dims = re.match(r"\w+\[([\d,]*)\]", shape)
-  rank = len(dims.group(1).split(",")) if dims and dims.group(1) else 0
+  loop, opcode, shape, text, last, rank = op_parts(info)
   if "_take" in text or "scatter-add" in last:
     return "embedding lookup and its gradient"
   if "shard_map/while" in text:
@@ -309,12 +320,15 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--devices", type=int, default=1)
   ap.add_argument("--dtype", default="bfloat16")
-  ap.add_argument("--top", type=int, default=40)
+  ap.add_argument("--top", type=int, default=None,
+                  help="the N largest ops (default 40; with --categories none unless given)")
   ap.add_argument("--collectives", action="store_true", help="list the compiled step's collectives")
   ap.add_argument("--categories", action="store_true", help="the traced ops' time by category")
   ap.add_argument("--loop", type=int, default=0, metavar="N",
                   help="run the training loop for N steps (>= 8); CPU per step by thread")
   ap.add_argument("--trace", action="store_true", help="with --loop: also the pool's concurrency")
+  ap.add_argument("--hlo", default="", metavar="FILE", help="also write the compiled step's HLO text "
+                  "there (for `profile_maxtext.py --ours-hlo`)")
   ap.add_argument("overrides", nargs="*", help="extra key=value config overrides")
   args = ap.parse_args()
   n = args.devices
@@ -347,6 +361,9 @@ def main() -> int:
     return 0
   trainer = Trainer(cfg)
   compiled = trainer.compile_step()
+  if args.hlo:
+    with open(args.hlo, "w") as f:
+      f.write(compiled.as_text())
   if args.collectives:
     print_collectives(collectives(compiled.as_text()), n, trainer.cfg.dtype)
     return 0
@@ -369,16 +386,19 @@ def main() -> int:
     print(f"{n} device(s), {args.dtype} (load average {os.getloadavg()[0]:.2f}); "
           f"{waited:.3f} s per step waiting at collectives' rendezvous")
     print_categories(times, compiled.as_text(), cpu, wall)
-    return 0
+    if not args.top:
+      return 0
+  info = op_info(compiled.as_text())
   total = sum(times.values())
   collective = sum(s for name, s in times.items() if name.startswith(COLLECTIVES))
   print(f"{n} device(s), {args.dtype}: {wall:.3f} s wall per step, {total:.3f} s of op time per "
         f"step, of which collectives {collective:.3f} s; {waited:.3f} s waiting at collectives' "
         f"rendezvous (load average {os.getloadavg()[0]:.2f})")
-  print("| s per step | share | op | output | fused jax operations |\n|---|---|---|---|---|")
-  for name, s in times.most_common(args.top):
+  print("| s per step | share | op | category | output | fused jax operations |\n|---|---|---|---|---|---|")
+  for name, s in times.most_common(args.top or 40):
     shape, ops = shapes.get(name, ("?", ""))
-    print(f"| {s:.4f} | {100 * s / total:.1f} % | {name} | `{shape}` | {ops[:90]} |")
+    print(f"| {s:.4f} | {100 * s / total:.1f} % | {name} | {category(name, info.get(name))} | `{shape}` "
+          f"| {ops[:90]} |")
   return 0
 
 
