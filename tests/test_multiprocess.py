@@ -136,6 +136,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_resumes(two_proc
   result, text = _launch(tmp_path, "run", fault="sigterm_at_step:6@1")
   assert _statuses(result) == {0: 42, 1: 42}, text[0][-3000:] + text[1][-3000:]
   assert "[fault] SIGTERM at step 6" in text[1] and "[fault]" not in text[0]
+  assert "[fault] every process has told the preemption service its step" in text[1], text[1][-2000:]
   stopped = set()
   for i in (0, 1):
     m = re.search(rf"\[process {i}/2\] preempted \(.*\): step (\d+) saved and committed", text[i])

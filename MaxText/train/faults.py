@@ -7,8 +7,11 @@ multi-process run; tests/test_faults.py, tests/test_multiprocess.py and RELIABIL
   kill_at_step    SIGKILL this process right after step N is dispatched (mid-step), once the
                   saves already started have committed (so the test knows the last good step)
   sigterm_at_step send SIGTERM to this process right after step N is dispatched (preemption), then
-                  pause 3 s: JAX passes the notice to the other processes asynchronously, and on a
-                  loaded machine a tiny model's steps could otherwise run to the end first
+                  pause until every process has told JAX's preemption service its step (the
+                  service's sync point is then fixed), at most 120 s; one process alone: 3 s.
+                  The notice reaches the other processes asynchronously, and on a loaded machine a
+                  tiny model's steps could otherwise run past the last step first (a fixed 3 s
+                  pause was not enough at load 15)
   kill_in_save    SIGKILL inside the background write of step N's checkpoint (arrays in flight)
   before_commit   SIGKILL after every file of step N's checkpoint is written, just before commit
   save_error      the background write of step N's checkpoint fails with ENOSPC (disk full)
@@ -71,7 +74,29 @@ def after_dispatch(step: int, wait_for_saves: Callable[[], None]) -> None:
   if _armed("sigterm_at_step", step):
     _say(f"SIGTERM at step {step}")
     os.kill(os.getpid(), signal.SIGTERM)
+    _wait_for_preemption_sync()
+
+
+# JAX's preemption sync protocol (xla/tsl preemption_sync_manager.cc): on the notice, each process
+# writes its last step under this key prefix (holding the lock that ReachedSyncPoint needs, so the
+# steps cannot move), waits at a barrier and takes the largest + 1 as the sync point.
+_PREEMPTION_COUNTERS = "PREEMPTION_CURRENT_COUNTER/"
+
+
+def _wait_for_preemption_sync(timeout_s: float = 120.0) -> None:
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  client = distributed.global_state.client
+  if jax.process_count() == 1 or client is None:
     time.sleep(3.0)
+    return
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    if len(client.key_value_dir_get(_PREEMPTION_COUNTERS)) >= jax.process_count():
+      _say("every process has told the preemption service its step")
+      return
+    time.sleep(0.05)
+  _say(f"the preemption service did not hear from every process within {timeout_s:.0f} s")
 
 
 def during_save_write(step: int) -> None:
