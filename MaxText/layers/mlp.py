@@ -8,7 +8,21 @@ from flax import nnx
 from MaxText.layers.linear import DenseGeneral, fused_dense
 from MaxText.sharding.rules import constrain
 
-ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def _rounded_once(fn):
+  """fn computed in fp32 and rounded once to x's dtype, as torch's bf16 kernels compute an
+  activation (the same function in fp32). Written on bf16 operands, XLA:CPU rounds after each of
+  the activation's ops (silu: negate, exp, add, divide, multiply) and repeats them in the
+  backward pass: the gated MLP's activation fusions cost ~1.6x more CPU, forward and backward
+  (benchmarks/RESULTS.md, branch mm5)."""
+  def act(x):
+    return fn(x.astype(jnp.float32)).astype(x.dtype)
+  return act
+
+
+ACTIVATIONS = {"silu": _rounded_once(jax.nn.silu),
+               "gelu_tanh": _rounded_once(lambda x: jax.nn.gelu(x, approximate=True))}
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BSF = ("activation_batch", "activation_length", "activation_mlp")
 
