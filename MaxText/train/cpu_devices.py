@@ -25,9 +25,11 @@ and one block of temporaries per device, tens of MiB at the tiny config), and gl
 serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap each time and unmaps them
 on free, so every step page-faults its temporaries in again and the kernel zero-fills them
 (benchmarks/RESULTS.md, branch `scan5`: 32k minor faults and ~0.08 CPU-s per 2-device tiny step,
-8-9 % of it). `apply_default` tells glibc to serve them from its heap and keep up to
+~8 % of it). `apply_default` tells glibc to serve them from its heap and keep up to
 `KEEP_FREED_BYTES` of freed memory for the next step, unless the user set glibc's malloc tunables
-(`GLIBC_TUNABLES=glibc.malloc.*`, `MALLOC_*_` variables) or the C library is not glibc.
+(`GLIBC_TUNABLES=glibc.malloc.*`, `MALLOC_*` variables) or the C library is not glibc. It acts on
+host memory only, whatever the platform; the cost is a higher peak RSS (+9-20 % at the tiny
+config: the heap holds its high-water mark).
 """
 from __future__ import annotations
 
