@@ -22,7 +22,9 @@ built, traced and compiled, and put back after, in one of two forms:
                          `py:MaxText.train.loss_vocab_split.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`
   patch=FILE             FILE's `apply()` changes any code (e.g. puts back a function as it was
                          before a change) and returns the function that undoes it
-(a constant needs no file; a function's other version needs code). --step grpo: GRPO's optimizer
+(a constant needs no file; a function's other version needs code). The host allocator a training
+run sets (`cpu_devices.keep_freed_memory`) is on for every variant; `malloc=glibc` in a variant puts
+back glibc's own thresholds while that variant runs (set before each of its rounds). --step grpo: GRPO's optimizer
 step (`MaxText/rl/step.py`, policy loss with a KL term) on a rollout batch of the same rows instead
 of the training step. Every step runs on the same synthetic batch and waits for its result (this
 times the step, not the loop's overlap of host work; see the loop's own read-late figures in
@@ -36,6 +38,7 @@ import contextlib
 import functools
 import importlib
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -55,7 +58,7 @@ def parse_variant(text: str) -> tuple[str, int | None, list[str], dict[str, obje
   attrs = dict(k[3:].split("=", 1) for k in items if k.startswith("py:"))
   files = [k.split("=", 1)[1] for k in items if k.startswith("patch=")]
   return label.strip(), (devices[-1] if devices else None), \
-      [k for k in items if not k.startswith(("devices=", "py:", "patch="))], \
+      [k for k in items if not k.startswith(("devices=", "py:", "patch=", "malloc="))], \
       {k: ast.literal_eval(v) for k, v in attrs.items()}, files
 
 
@@ -161,6 +164,7 @@ def main() -> int:
   os.environ["JAX_PLATFORMS"] = "cpu"
   from MaxText.train import cpu_devices  # pylint: disable=import-outside-toplevel
   cpu_devices.apply_xla_defaults()   # the XLA:CPU schedule a training run compiles with
+  cpu_devices.keep_freed_memory()    # and its host allocator
   print(cpu_devices.scheduler_note(True), flush=True)
 
   import jax  # pylint: disable=import-outside-toplevel
@@ -173,6 +177,7 @@ def main() -> int:
   runs = []
   for text in args.variant:
     label, n, keys, attrs, files = parse_variant(text)
+    keep = "malloc=glibc" not in text.split()
     devices = jax.devices()[:n or args.devices]
     given = {k.split("=", 1)[0] for k in keys}   # a variant's keys replace the model's
     base = [k for k in model_keys(args.model, len(devices)) if k.split("=", 1)[0] not in given]
@@ -187,12 +192,13 @@ def main() -> int:
         compiled, batch = trainer.compile_step(), synthetic_batch(trainer)
     cfg = trainer.cfg
     state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
+    cpu_devices.keep_freed_memory(keep=keep)
     for _ in range(2):   # warm-up
       state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
     runs.append(dict(label=label, cfg=cfg, compiled=compiled, state=state, batch=batch,
-                     tokens=trainer.global_batch * cfg.max_target_length, n=len(devices),
-                     cpu=[], wall=[], loss=float(metrics["loss"])))
+                     tokens=trainer.global_batch * cfg.max_target_length, n=len(devices), keep=keep,
+                     cpu=[], wall=[], faults=[], loss=float(metrics["loss"])))
     print(f"compiled {label}: {len(devices)} device(s), dtype {cfg.dtype}, "
           f"loss_chunk_length {cfg.loss_chunk_length}, {runs[-1]['tokens']} tokens per step",
           flush=True)
@@ -200,25 +206,29 @@ def main() -> int:
   load0 = os.getloadavg()[0]
   for _ in range(args.rounds):
     for r in runs:
+      cpu_devices.keep_freed_memory(keep=r["keep"])
       c0, w0 = time.process_time(), time.perf_counter()
+      f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
       for _ in range(args.steps):
         r["state"], metrics = r["compiled"](r["state"], r["batch"])
         jax.block_until_ready(metrics)
       r["cpu"].append((time.process_time() - c0) / args.steps)
       r["wall"].append((time.perf_counter() - w0) / args.steps)
+      r["faults"].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / args.steps)
       r["last_loss"] = float(metrics["loss"])
   print(f"\n{args.rounds} rounds x {args.steps} {args.step} steps, model {args.model}, "
         f"{args.devices} fake devices in the process; load average {load0:.2f} -> "
         f"{os.getloadavg()[0]:.2f}\n")
   base = statistics.median(runs[0]["cpu"]) * 1e6 / runs[0]["tokens"]
   print("| variant | devices | CPU-s per step | wall s per step | tokens per step | CPU-ms per 1k "
-        "tokens | vs first | tokens/s (wall) | loss first -> last |")
-  print("|---|---|---|---|---|---|---|---|---|")
+        "tokens | vs first | tokens/s (wall) | minor page faults per step | loss first -> last |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   for r in runs:
     cpu, wall = statistics.median(r["cpu"]), statistics.median(r["wall"])
     per_k = cpu * 1e6 / r["tokens"]
     print(f"| {r['label']} | {r['n']} | {cpu:.3f} | {wall:.3f} | {r['tokens']} | {per_k:.1f} | "
-          f"{per_k / base:.3f} | {r['tokens'] / wall:,.0f} | {r['loss']:.4f} -> "
+          f"{per_k / base:.3f} | {r['tokens'] / wall:,.0f} | {statistics.median(r['faults']):,.0f} | "
+          f"{r['loss']:.4f} -> "
           f"{r['last_loss']:.4f} |")
   return 0
 

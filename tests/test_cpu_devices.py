@@ -95,7 +95,44 @@ def test_the_default_schedule_reaches_the_compiler():
                          timeout=120, check=True).stdout.split(maxsplit=2)
     runs[flags] = out
   ours, theirs = runs[""], runs[f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"]
+  allocator = "; host allocator keeps freed memory" if cpu_devices._glibc() else ""
   assert ours[2].strip() == ("(XLA:CPU schedule memory-optimized, by default (set "
-                             f"XLA_FLAGS={cpu_devices.SCHEDULER_FLAG}=... to choose))")
-  assert theirs[2].strip() == "(XLA:CPU schedule concurrency-optimized, from XLA_FLAGS)"
+                             f"XLA_FLAGS={cpu_devices.SCHEDULER_FLAG}=... to choose){allocator})")
+  assert theirs[2].strip() == f"(XLA:CPU schedule concurrency-optimized, from XLA_FLAGS{allocator})"
   assert int(ours[1]) < int(theirs[1])
+
+
+FAULTS_PROBE = """
+import ctypes, resource, sys
+from MaxText.train import cpu_devices
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+on = cpu_devices.keep_freed_memory() if sys.argv[1] == "keep" else False
+def cycle(size=64 << 20):   # a buffer above glibc's largest mmap threshold, written and freed
+  f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  p = libc.malloc(size)
+  ctypes.memset(p, 1, size)
+  libc.free(p)
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+cycle()
+print(on, min(cycle() for _ in range(3)))
+"""
+
+
+@pytest.mark.skipif(cpu_devices._glibc() is None, reason="glibc's malloc only")
+def test_the_host_allocator_keeps_freed_memory():
+  """With `keep_freed_memory` a large buffer allocated again reuses mapped pages (no page faults);
+  glibc's default maps it afresh each time. The user's own malloc settings are left alone."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+  runs = {}
+  for mode in ("keep", "glibc"):
+    out = subprocess.run([sys.executable, "-c", FAULTS_PROBE, mode], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    runs[mode] = (out[0], int(out[1]))
+  assert runs["keep"][0] == "True" and runs["glibc"][0] == "False"
+  assert runs["keep"][1] * 8 < runs["glibc"][1], runs   # 16k faults of 4 KiB pages, or 32 of 2 MiB
+  assert cpu_devices.keep_freed_memory({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=4"}) is False
+  assert cpu_devices.keep_freed_memory({"MALLOC_TRIM_THRESHOLD_": "0"}) is False
+  assert cpu_devices.describe(cpu_devices.Defaults(None, True, True), "cpu").endswith(
+      "; host allocator keeps freed memory)")

@@ -19,10 +19,23 @@ What does reduce the contention is the order XLA:CPU runs each device's program 
 user chose a schedule in XLA_FLAGS; XLA's default for a program with collectives is the
 concurrency-optimized (breadth-first) one, which lets more independent ops of every device run at
 once than the cores can take.
+
+The host allocator (`keep_freed_memory`): XLA:CPU allocates every step's buffers anew (outputs,
+and one block of temporaries per device, tens of MiB at the tiny config), and glibc's malloc
+serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap each time and unmaps them
+on free, so every step page-faults its temporaries in again and the kernel zero-fills them
+(benchmarks/RESULTS.md, branch `scan5`: 32k minor faults and ~0.08 CPU-s per 2-device tiny step,
+~8 % of it). `apply_default` tells glibc to serve them from its heap and keep up to
+`KEEP_FREED_BYTES` of freed memory for the next step, unless the user set glibc's malloc tunables
+(`GLIBC_TUNABLES=glibc.malloc.*`, `MALLOC_*` variables) or the C library is not glibc. It acts on
+host memory only, whatever the platform; the cost is a higher peak RSS (+9-20 % at the tiny
+config: the heap holds its high-water mark).
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform as host_platform
 from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
@@ -33,6 +46,9 @@ MAX_DEFAULT = 8
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 SCHEDULER_FLAG = "--xla_cpu_scheduler_type"
 SCHEDULER_DEFAULT = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+# glibc's mallopt parameters (malloc.h) and how much freed memory the heap keeps (mallopt takes an int)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+KEEP_FREED_BYTES = 1 << 30
 
 
 def usable_cores() -> int:
@@ -66,10 +82,12 @@ def _backends_started() -> bool:
 
 
 class Defaults(NamedTuple):
-  """What `apply_default` set: the CPU device count (None: the user's or the backend's) and
-  whether this project's XLA:CPU schedule was added to XLA_FLAGS."""
+  """What `apply_default` set: the CPU device count (None: the user's or the backend's),
+  whether this project's XLA:CPU schedule was added to XLA_FLAGS, and whether the host allocator
+  keeps freed memory (`keep_freed_memory`)."""
   devices: int | None
   schedule: bool
+  allocator: bool = False
 
 
 def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
@@ -78,11 +96,44 @@ def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
   before the backends start."""
   env = os.environ if env is None else env
   schedule = apply_xla_defaults(env)
+  allocator = keep_freed_memory(env)
   if user_choice(env) or _backends_started():
-    return Defaults(None, schedule)
+    return Defaults(None, schedule, allocator)
   count = max(1, min(usable_cores(), MAX_DEFAULT))
   jax.config.update("jax_num_cpu_devices", count)
-  return Defaults(count, schedule)
+  return Defaults(count, schedule, allocator)
+
+
+def _glibc() -> ctypes.CDLL | None:
+  if host_platform.system() != "Linux" or host_platform.libc_ver()[0] != "glibc":
+    return None
+  try:
+    return ctypes.CDLL("libc.so.6")
+  except OSError:
+    return None
+
+
+def user_malloc_settings(env: Mapping[str, str]) -> bool:
+  """Whether the user tuned glibc's malloc through the environment (then it is left alone)."""
+  return "glibc.malloc." in env.get("GLIBC_TUNABLES", "") or any(k.startswith("MALLOC_") for k in env)
+
+
+def keep_freed_memory(env: Mapping[str, str] | None = None, keep: bool = True) -> bool:
+  """glibc's malloc serves large blocks from its heap (no mmap per block) and keeps up to
+  KEEP_FREED_BYTES of freed memory instead of returning it to the kernel, so the buffers XLA:CPU
+  allocates every step reuse pages already mapped (module docstring). Any time in the process
+  (mallopt); returns whether it set anything (not glibc, or the user's own malloc settings: no).
+  `keep=False` puts back glibc's thresholds as a long-running process adapts them (mmap above
+  32 MiB, trim above 64 MiB: A/Bs, `benchmarks/ab_step.py`)."""
+  env = os.environ if env is None else env
+  libc = _glibc()
+  if libc is None or user_malloc_settings(env):
+    return False
+  if keep:
+    settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+  else:
+    settings = ((M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 64 << 20))
+  return all([libc.mallopt(key, value) == 1 for key, value in settings])
 
 
 def apply_xla_defaults(env: MutableMapping[str, str] | None = None) -> bool:
@@ -119,4 +170,5 @@ def describe(defaults: Defaults | None, platform: str) -> str:
   chosen = "" if count is None else (
       f"one per core of {usable_cores()}, chosen by default; set "
       f"XLA_FLAGS={DEVICE_COUNT_FLAG}=N or JAX_NUM_CPU_DEVICES=N to choose; ")
-  return f" ({chosen}{scheduler_note(bool(defaults and defaults.schedule))})"
+  allocator = "; host allocator keeps freed memory" if defaults and defaults.allocator else ""
+  return f" ({chosen}{scheduler_note(bool(defaults and defaults.schedule))}{allocator})"
