@@ -185,35 +185,3 @@ def test_vocab_split_log_probs_equal_one_device(n, mesh, tied):
     (_, (ref_lp16, _)), ref_g16 = jax.jit(grad)(params, h16.astype(np.float32))
     assert g16[1].dtype == jax.numpy.bfloat16 and rel(lp16, ref_lp16) < 1e-6
     assert rel(g16[1], ref_g16[1]) < 2 ** -8, rel(g16[1], ref_g16[1])    # rounded to bf16
-
-
-def test_vocab_split_weight_mask_equals_boolean_mask():
-  """The split's targets carry a boolean mask (masked targets -1: one all-gather for both); a
-  mask of weights is gathered beside them: a 0 / 1 weight mask gives the boolean mask's loss and
-  gradients exactly, and a weight of 0.5 halves its tokens' terms (a bare [D, V] head, fsdp 2)."""
-  mesh, rules = _mesh_rules(jax.devices()[:2], "ici_fsdp_parallelism=2")
-  B, D = 4, 32
-  rng = np.random.default_rng(1)
-  w = rng.normal(size=(D, V)).astype(np.float32) / 8
-  h = rng.normal(size=(B, S, D)).astype(np.float32)
-  t = rng.integers(0, V, (B, S)).astype(np.int32)
-  m = rng.random((B, S)) > 0.2
-
-  def head(p, h_):
-    return h_ @ p["w"]
-
-  def sums(p, h_, mask):
-    with use_rules(mesh, rules):
-      assert vocab_split_plan(head, p, {"w": ("embed", "vocab")}, h_, 16) is not None
-      return loss_mod.chunked_cross_entropy_sums(head, p, h_, t, mask, 1e-2, 16,
-                                                 {"w": ("embed", "vocab")})
-
-  grads = jax.jit(jax.value_and_grad(lambda p, h_, mask: sums(p, h_, mask)[0], argnums=(0, 1)))
-  (l_bool, g_bool), (l_01, g_01) = grads({"w": w}, h, m), grads({"w": w}, h, m.astype(np.float32))
-  assert float(l_bool) == float(l_01)
-  for a, b in zip(jax.tree.leaves(g_bool), jax.tree.leaves(g_01)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  # a weight of 0.5 on the masked-in tokens: half of every sum's terms (z-loss included)
-  half = jax.jit(lambda: sums({"w": w}, h, m.astype(np.float32) * 0.5))()
-  full = jax.jit(lambda: sums({"w": w}, h, m))()
-  np.testing.assert_allclose([float(x) for x in half], [float(x) / 2 for x in full], rtol=1e-6)

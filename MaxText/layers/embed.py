@@ -6,8 +6,7 @@ straight from "D over fsdp" to "B over data x fsdp" is a resharding XLA's SPMD p
 do efficiently: it warns "Involuntary full rematerialization" and replicates the whole activation
 on every device first. So the lookup goes in two steps: rows over the batch axes the table's D
 does not use (D keeps the table's split: no communication), then the activation sharding (an
-all-to-all over the shared axes only). The ids are gathered over the table's D axes once, for the
-lookup and its gradient's scatter-add alike (one all-gather of int32 ids per step).
+all-to-all over the shared axes only).
 """
 from __future__ import annotations
 
@@ -28,23 +27,14 @@ def lookup(table_VD: jax.Array, tokens_BS: jax.Array, table_axes: Sequence[str |
            out_axes: Sequence[str | None]) -> jax.Array:
   """table[tokens] ([B, S, D]) constrained to `out_axes`; `table_axes` are the table's logical
   axes (its parameter metadata)."""
+  x_BSD = jnp.take(table_VD, tokens_BS, axis=0)
   ctx = current_context()
   if ctx is None:
-    return jnp.take(table_VD, tokens_BS, axis=0)
+    return x_BSD
   table_spec = logical_to_spec(table_axes, table_VD.shape, ctx.rules, ctx.mesh)
   d_axes = _axes(table_spec[1])
-  out_spec = logical_to_spec(out_axes, (*tokens_BS.shape, table_VD.shape[1]), ctx.rules,
-                             ctx.mesh)
+  out_spec = logical_to_spec(out_axes, x_BSD.shape, ctx.rules, ctx.mesh)
   rows = tuple(a for a in _axes(out_spec[0]) if a not in d_axes)
-  # the ids gathered once over the table's D axes (the lookup and its gradient's scatter-add
-  # both use them), clamped to the table rather than masked (jnp.take's fill mode would gather
-  # its in-bounds mask too): out-of-range ids are set to NaN rows below, as that fill does
-  V = table_VD.shape[0]
-  ids_BS = jnp.where(tokens_BS < 0, tokens_BS + V, tokens_BS)        # numpy's negative ids
-  ids_BS = jax.lax.with_sharding_constraint(ids_BS, NamedSharding(ctx.mesh, P(rows or None)))
-  x_BSD = jnp.take(table_VD, ids_BS, axis=0, mode="clip")
   step = P(rows or None, None, d_axes or None)
   x_BSD = jax.lax.with_sharding_constraint(x_BSD, NamedSharding(ctx.mesh, step))
-  x_BSD = constrain(x_BSD, out_axes)
-  valid_BS = (tokens_BS >= -V) & (tokens_BS < V)
-  return jnp.where(valid_BS[..., None], x_BSD, jnp.asarray(jnp.nan, x_BSD.dtype))
+  return constrain(x_BSD, out_axes)

@@ -176,17 +176,6 @@ def _rows_grad_to_owners(dh_nBcD: jax.Array, S: int, axes, dtype) -> jax.Array:
                               tiled=True).astype(dtype)
 
 
-def _gather_targets_and_mask(t_loc, m_loc, axes):
-  """Every row's targets and fp32 mask from the rows' devices; a boolean mask (the training
-  loss's) travels inside the targets (-1 where masked: no one-hot in any slice), one all-gather
-  instead of two."""
-  if m_loc.dtype == jnp.bool_:
-    t_all = jax.lax.all_gather(jnp.where(m_loc, t_loc, -1), axes, axis=0, tiled=True)
-    return t_all, (t_all >= 0).astype(jnp.float32)
-  return (jax.lax.all_gather(t_loc, axes, axis=0, tiled=True),
-          jax.lax.all_gather(m_loc, axes, axis=0, tiled=True).astype(jnp.float32))
-
-
 def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
                      targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                      chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -202,7 +191,8 @@ def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Ar
   def local(w_, rest_, h_loc, t_loc, m_loc):
     me = jax.lax.axis_index(axes)
     B_loc, S = h_loc.shape[:2]
-    t_all, m_all = _gather_targets_and_mask(t_loc, m_loc, axes)       # [B, S] each
+    t_all = jax.lax.all_gather(t_loc, axes, axis=0, tiled=True)        # [B, S]
+    m_all = jax.lax.all_gather(m_loc, axes, axis=0, tiled=True).astype(jnp.float32)
     B = t_all.shape[0]
     own_B = (jnp.arange(B) // B_loc == me).astype(jnp.float32)         # the rows it reports
     V_loc = w_[0].shape[plan.vocab_dims[0]]
