@@ -95,19 +95,37 @@ def describe(hlo: str) -> dict[str, tuple[str, str]]:
 
 
 # ---- --categories ------------------------------------------------------------------------------
-def op_info(hlo: str) -> dict[str, tuple[bool, str, str, list[str]]]:
-  """instruction name → (inside a while loop, opcode, output shape, jax operation names of it and
-  of the computation it calls)."""
+# the loss's chunk loop is the while loop whose body picks each position's target logit out of the
+# logits (`jnp.take_along_axis`, train/loss_parts.py); no layer does (the embedding lookup is a take
+# outside the loops). Found by what it computes, not by a shard_map around it (absent at 1 device).
+LOSS_MARK = "take_along_axis"
+SCAN, LOSS_LOOP = "layer scan", "loss chunk loop"   # `op_info`'s loop kinds ("" outside loops)
+
+
+def op_info(hlo: str) -> dict[str, tuple[str, str, str, list[str]]]:
+  """instruction name → (the kind of while loop it sits in: `LOSS_LOOP`, `SCAN` or "" outside
+  every loop; opcode, output shape, jax operation names of it and of the computation it calls)."""
   bodies = {m.group(1): m.group(2)
             for m in re.finditer(r"^(?:ENTRY )?%?([\w.\-]+) \(.*?\{\n(.*?)\n\}", hlo, re.M | re.S)}
   calls = {c: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", b))
            for c, b in bodies.items()}
-  in_loop, todo = set(), list(set(re.findall(r"body=%?([\w.\-]+)", hlo)))
-  while todo:   # loop bodies and everything they call
-    c = todo.pop()
-    if c not in in_loop:
-      in_loop.add(c)
-      todo += calls.get(c, ())
+
+  def reached(c: str) -> set[str]:   # a loop body and everything it calls
+    seen, todo = set(), [c]
+    while todo:
+      c = todo.pop()
+      if c not in seen:
+        seen.add(c)
+        todo += calls.get(c, ())
+    return seen
+
+  loop_of: dict[str, str] = {}
+  for body in set(re.findall(r"body=%?([\w.\-]+)", hlo)):
+    inside = reached(body)
+    kind = LOSS_LOOP if any(LOSS_MARK in bodies.get(c, "") for c in inside) else SCAN
+    for c in inside:
+      if loop_of.get(c) != LOSS_LOOP:   # a loop nested in the loss loop is the loss loop's
+        loop_of[c] = kind
   out = {}
   for c, body in bodies.items():
     for line in body.splitlines():
@@ -115,12 +133,13 @@ def op_info(hlo: str) -> dict[str, tuple[bool, str, str, list[str]]]:
       if m:
         called = re.search(r"calls=%?([\w.\-]+)", line)
         text = bodies.get(called.group(1), "") + line if called else line
-        out[m.group(1)] = (c in in_loop, m.group(3), m.group(2), re.findall(r'op_name="([^"]+)"', text))
+        out[m.group(1)] = (loop_of.get(c, ""), m.group(3), m.group(2),
+                           re.findall(r'op_name="([^"]+)"', text))
   return out
 
 
-def op_parts(info: tuple[bool, str, str, list[str]]) -> tuple[bool, str, str, str, set[str], int]:
-  """An `op_info` entry as (inside a loop, opcode, output shape, its jax operation names joined,
+def op_parts(info: tuple[str, str, str, list[str]]) -> tuple[str, str, str, str, set[str], int]:
+  """An `op_info` entry as (its loop kind, opcode, output shape, its jax operation names joined,
   their last components, the output's rank)."""
   loop, opcode, shape, names = info
   dims = re.match(r"\w+\[([\d,]*)\]", shape)
@@ -128,11 +147,11 @@ def op_parts(info: tuple[bool, str, str, list[str]]) -> tuple[bool, str, str, st
   return loop, opcode, shape, " ".join(names), {n.split("/")[-1] for n in names}, rank
 
 
-def category(name: str, info: tuple[bool, str, str, list[str]] | None) -> str:
+def category(name: str, info: tuple[str, str, str, list[str]] | None) -> str:
   """What an op of the tiny llama step does (`--categories`), from its jax operation names."""
   if name.startswith(COLLECTIVES + ("all_gather", "all_reduce", "reduce_scatter", "psum",
                                     "InvokeRendezvous")):
-    if info and info[0] and not any("shard_map/while" in n for n in info[3]):
+    if info and info[0] == SCAN:
       return "layer scan: collectives (kernel gathers, gradient all-reduce)"
     return "collectives outside the layer scan (loss, head, embedding, metrics)"
   if info is None:
@@ -140,7 +159,7 @@ def category(name: str, info: tuple[bool, str, str, list[str]] | None) -> str:
   loop, opcode, shape, text, last, rank = op_parts(info)
   if "_take" in text or "scatter-add" in last:
     return "embedding lookup and its gradient"
-  if "shard_map/while" in text:
+  if loop == LOSS_LOOP:
     return "loss + LM head: the chunk loop"
   if loop:
     if name.startswith("ynn_fusion") and rank == 2:

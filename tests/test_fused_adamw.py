@@ -11,7 +11,7 @@ import pytest
 from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.train.optimizer import make_optimizer
-from MaxText.train.step import keep_if
+from optax_oracle import chain_apply
 
 AXES = {"w": ("layers", "embed", "mlp"), "scale": ("layers", "norm"), "emb": ("vocab", "embed"),
         "mtp": {"w": ("embed", "mlp"), "scale": ("norm",)}}
@@ -50,10 +50,7 @@ def test_fused_adamw_is_optax_bit_for_bit(dtype, clip):
   @jax.jit
   def oracle(grads, state, params):
     norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(norm)
-    updates, new_state = opt.update(grads, state, params)
-    return (keep_if(finite, optax.apply_updates(params, updates), params),
-            keep_if(finite, new_state, state))
+    return chain_apply(opt.update)(grads, state, params, norm, jnp.isfinite(norm))
 
   @jax.jit
   def fused(grads, state, params):

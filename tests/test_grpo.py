@@ -295,3 +295,78 @@ def test_a_decoding_cache_over_the_device_memory_is_refused(tmp_path, capsys, mo
   for key in ("prompts_per_step=8", "num_generations=8", "max_target_length=64"):
     assert key in err, err[-2000:]
   assert "Traceback" not in err
+
+
+def test_lora_head_log_probs_split_over_the_vocabulary():
+  """Adapters on the LM head: the vocabulary-split log-probs (MaxText/rl/lora_head.py: the
+  low-rank term folded into one projection, [h, s hA] @ [W; B]) equal the unsplit head's, values
+  and the adapters' gradients, where the split would not apply to the LoRA'd head as it is."""
+  import jax.numpy as jnp   # pylint: disable=import-outside-toplevel
+  from conftest import BASE_YML   # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import load_config   # pylint: disable=import-outside-toplevel
+  from MaxText.layers import lora   # pylint: disable=import-outside-toplevel
+  from MaxText.models.model_config import ModelConfig   # pylint: disable=import-outside-toplevel
+  from MaxText.models.registry import init_params, make_model_def   # pylint: disable=import-outside-toplevel
+  from MaxText.rl.lora_head import head_for_log_probs   # pylint: disable=import-outside-toplevel
+  from MaxText.rl.step import token_logprobs   # pylint: disable=import-outside-toplevel
+  from MaxText.sharding.mesh import create_mesh   # pylint: disable=import-outside-toplevel
+  from MaxText.sharding.rules import parse_rules, tree_shardings, use_rules   # pylint: disable=import-outside-toplevel
+  from MaxText.train.loss_vocab_split import vocab_split_plan   # pylint: disable=import-outside-toplevel
+  keys = [BASE_YML, *[k for k in TINY if k.split("=")[0] in ("emb_dim", "num_decoder_layers",
+                                                             "num_query_heads", "num_kv_heads",
+                                                             "head_dim", "mlp_dim", "vocab_size")],
+          "lora_rank=4", "lora_targets=lm_head|query", "ici_fsdp_parallelism=8"]
+  cfg = load_config(keys)
+  mcfg = ModelConfig.from_config(cfg)
+  model_def, params = make_model_def(mcfg), init_params(mcfg, 0)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(   # adapters away from their zero init
+      lambda p, x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype)
+      if lora.is_adapter(tuple(k.key for k in p)) else x, params)
+  assert "lora_b" in params["lm_head"]
+  N, S, chunk = 8, 12, 4   # 96 tokens <= V = 264 = 8 x 33: the vocabulary split's conditions
+  batch = {"inputs": jnp.asarray(rng.integers(0, 264, (N, S)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(0, 264, (N, S)), jnp.int32),
+           "positions": jnp.broadcast_to(jnp.arange(S), (N, S)),
+           "segments": jnp.ones((N, S), jnp.int32)}
+  w = jnp.asarray(rng.normal(size=(N, S)), jnp.float32)
+
+  def weighted(adapters, base, chunk_):
+    return jnp.sum(w * token_logprobs(model_def, lora.join(adapters, base), batch, chunk_))
+
+  grad = jax.value_and_grad(weighted)
+  adapters, base = lora.split(params)
+  ref_lp = jax.jit(lambda p: token_logprobs(model_def, p, batch, 0))(params)   # whole, unsplit
+  ref_v, ref_g = jax.jit(grad, static_argnums=2)(adapters, base, 0)
+  mesh = create_mesh(cfg, jax.devices()[:8])
+  rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+  with use_rules(mesh, rules):
+    hidden = jnp.zeros((N, S, cfg.emb_dim))
+    assert vocab_split_plan(model_def.head, params, model_def.logical_axes, hidden, chunk) is None
+    folded = head_for_log_probs(model_def, params, hidden, chunk)
+    assert folded[0] is not model_def.head and folded[3].shape == (N, S, cfg.emb_dim + 4)
+  shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
+  params = jax.device_put(params, shardings)
+
+  def split(p):
+    with use_rules(mesh, rules):
+      return token_logprobs(model_def, p, batch, chunk)
+
+  def split_grad(a, b):
+    with use_rules(mesh, rules):
+      return grad(a, b, chunk)
+
+  from test_loss import rel   # pylint: disable=import-outside-toplevel
+  lp = jax.jit(split)(params)
+  assert rel(lp, ref_lp) < 1e-6, rel(lp, ref_lp)
+  hlo = jax.jit(split).lower(params).compile().as_text()   # the head's slices only, never gathered
+  gathered = set(re.findall(r"= (\w+\[[\d,]*\])\S* all-gather\(", hlo))
+  assert gathered and not {"f32[32,264]", "f32[36,264]", "f32[4,264]"} & gathered, gathered
+  v, g = jax.jit(split_grad)(*lora.split(params))
+  # the weighted sum (weights of both signs) cancels: 1e-6 of the sum of its terms' sizes, and
+  # the gradients, sums of the same terms' derivatives, 1e-6 times that cancellation factor
+  size = float(jnp.sum(jnp.abs(w * ref_lp)))
+  assert abs(v - ref_v) < 1e-6 * size
+  tol = 1e-6 * max(1.0, size / abs(float(ref_v)))
+  for (path, a), b in zip(jax.tree.leaves_with_path(ref_g), jax.tree.leaves(g)):
+    assert rel(b, a) < tol, (jax.tree_util.keystr(path), rel(b, a), tol)

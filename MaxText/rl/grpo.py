@@ -47,8 +47,9 @@ from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, mak
 from MaxText.train import auto_settings, faults, memory
 from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK
 from MaxText.train.host_data import process_rows
-from MaxText.train.loop import Trainer, exit_process, log, log_error, main as train_main
+from MaxText.train.loop import Trainer, exit_process, main as train_main
 from MaxText.train.preemption import PreemptionWatch
+from MaxText.train.run_log import log, log_error
 from MaxText.train.state import init_state
 
 

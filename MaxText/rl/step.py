@@ -4,7 +4,8 @@
 applied chunk by chunk (`train/loss.py: chunked_target_log_probs`, `loss_chunk_length`), so the
 fp32 [B, S, V] logits never exist whole when the chunk is set; under a mesh split only over the
 batch, with at most V tokens in the batch, the head runs split over the vocabulary as in the
-training loss (each device a vocabulary slice of the head, the whole head never gathered).
+training loss (each device a vocabulary slice of the head, the whole head never gathered; a
+LoRA'd head too, its adapters folded into one projection first: MaxText/rl/lora_head.py).
 
 A rollout batch is [N, S] arrays (N = prompts x completions per prompt, S = max_target_length):
   inputs, targets, positions, segments   the prompt + completion, shifted by one (segments 1 on
@@ -26,6 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.layers import lora
 from MaxText.models.model_def import ModelDef
+from MaxText.rl.lora_head import head_for_log_probs
 from MaxText.rl.losses import aggregate, policy_loss
 from MaxText.sharding.rules import Rules, logical_to_spec, use_rules
 from MaxText.train.loss import chunked_target_log_probs
@@ -53,8 +55,9 @@ def token_logprobs(model_def: ModelDef, params, batch: dict, chunk: int, entropy
   """log p(target) [N, S] (and, with `entropy`, the entropy per position)."""
   hidden, _ = model_def.apply_hidden(params, batch["inputs"], batch["positions"],
                                      batch["segments"])
-  return chunked_target_log_probs(model_def.head, params, hidden, batch["targets"], chunk,
-                                  entropy, model_def.logical_axes)
+  head, head_params, axes, hidden = head_for_log_probs(model_def, params, hidden, chunk)
+  return chunked_target_log_probs(head, head_params, hidden, batch["targets"], chunk, entropy,
+                                  axes)
 
 
 def make_logprob_fn(model_def: ModelDef, mesh: Mesh, rules: Rules, chunk: int,

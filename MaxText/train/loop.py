@@ -8,15 +8,14 @@ import re
 import socket
 import sys
 import threading
-import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 
 from MaxText.checkpoint import data_state
 from MaxText.checkpoint.errors import CheckpointError
-from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
+from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.config import DataConfig
@@ -24,55 +23,30 @@ from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
-from MaxText.layers import lora, stack
-from MaxText.metrics.peaks import device_peak_tflops
-from MaxText.metrics.writers import MetricsWriter, format_line
+from MaxText.layers import stack
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family, make_model_def, training_flops
+from MaxText.models.registry import get_family, make_model_def
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import (auto_settings, cpu_devices, distributed, evaluation, faults, lora_base,
-                           memory)
+from MaxText.train import auto_settings, cpu_devices, distributed, evaluation, faults, memory
 from MaxText.train.config_checks import validate
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.host_data import data_layout, process_rows
 from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                       EXIT_OK, EXIT_PREEMPTED)
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
-from MaxText.train.periodic import Periodic
 from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
+from MaxText.train.run_log import log, log_error, log_host
 from MaxText.train.startup import StartupClock
+from MaxText.train.step_loop import StepLoop
 from MaxText.train.tokenizer_setup import choose_tokenizer
-from MaxText.train.state import (abstract_state, init_state, mesh_data_axes, state_shardings,
-                                 trained)
-from MaxText.train.step_rows import StepRows
+from MaxText.train.state import abstract_state, mesh_data_axes, state_shardings, trained
 from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
+from MaxText.train.trainer_state import CheckpointedState
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
            "EXIT_PREEMPTED", "Trainer", "main", "run"]
-
-
-def _tag() -> str:
-  """"[process i/n] " in a multi-process run (never starts the runtime itself)."""
-  if not jax.distributed.is_initialized() or jax.process_count() == 1:
-    return ""
-  return f"[process {jax.process_index()}/{jax.process_count()}] "
-
-
-def log(msg: str) -> None:
-  """The run's own lines (progress, summary): printed by process 0 only."""
-  if jax.process_index() == 0:
-    print(msg, flush=True)
-
-
-def log_host(msg: str) -> None:
-  """A line about this process (its devices, its data): printed by every process, tagged."""
-  print(_tag() + msg, flush=True)
-
-
-def log_error(msg: str) -> None:
-  print(_tag() + msg, file=sys.stderr, flush=True)
 
 
 def setup_jax(cfg: Config) -> None:
@@ -91,7 +65,7 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
   return validate_data_config(DataConfig.from_config(cfg))
 
 
-class Trainer:
+class Trainer(CheckpointedState, StepLoop):
   """One training run on `devices` (default: all). After `run()`, `final_state` holds the state.
   `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts).
   `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1), or be `run()`'s one resolution
@@ -141,65 +115,6 @@ class Trainer:
     """The abstract parameters that get gradients and optimizer state (LoRA: the adapters)."""
     return trained(self.abstract["params"], self.adapters_only)
 
-  # ---- state -------------------------------------------------------------------------------------
-  def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
-                    meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
-    """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
-    are verified), the parameters of `load_parameters_path`, or a fresh init."""
-    cfg = self.cfg
-    if ckpts is not None and ckpts.latest_step() is not None:
-      # a LoRA run's checkpoints hold the adapters and a reference to the base (train/lora_base.py)
-      ref = lora_base.checkpoint_reference(ckpts.step_dir(ckpts.latest_step())) \
-          if self.adapters_only else None
-      state, start = ckpts.restore_latest(self.saved_part(self.abstract, ref), data_iter,
-                                          verify=cfg.checkpoint_verify,
-                                          fallback=cfg.checkpoint_fallback, log=log,
-                                          meanwhile=meanwhile)
-      if state is not None:
-        if ref is not None:
-          state["params"] = lora.join(state["params"], lora_base.base_of(
-              ref, self.mcfg, lora.split(self.abstract["params"])[1], verify=cfg.checkpoint_verify,
-              source=ckpts.step_dir(start)))
-        self.lora_base = ref
-        log(f"resumed from {ckpts.directory}/{start}")
-        return state, start
-    params = None
-    if cfg.load_parameters_path:
-      path = cfg.load_parameters_path
-      has_adapters = read_meta(path)["config"].get("lora_rank", 0) > 0
-      ref = lora_base.checkpoint_reference(path)
-      if self.adapters_only and not has_adapters:
-        # LoRA from a checkpoint without adapters: its parameters are the base (adapters start
-        # fresh), and it is the base the run's checkpoints refer to
-        params = load_params(path, lora.split(self.abstract["params"])[1],
-                             verify=cfg.checkpoint_verify)
-        self.lora_base = lora_base.reference(path, cfg.seed, params)
-      elif self.adapters_only and ref is not None:
-        # a LoRA checkpoint (adapters + base reference): the run keeps adapting that base
-        params = lora_base.load(path, self.mcfg, self.abstract["params"],
-                                verify=cfg.checkpoint_verify)
-        self.lora_base = ref
-      else:   # a whole model (or a LoRA checkpoint of the former format, which holds its base)
-        params = load_params(path, self.abstract["params"], verify=cfg.checkpoint_verify)
-      log(f"loaded parameters from {path}")
-    state = init_state(self.mcfg, cfg.seed, self.tx, self.shardings, params)
-    if self.adapters_only and not cfg.load_parameters_path:
-      self.lora_base = lora_base.reference("", cfg.seed, lora.split(state["params"])[1])
-    return state, 0
-
-  def saved_part(self, state: dict, ref: dict | None) -> dict:
-    """What a checkpoint holds of `state` (or its abstract): with a LoRA base reference, the
-    params are the adapters only."""
-    if ref is None:
-      return state
-    return {**state, "params": lora.split(state["params"])[0]}
-
-  def save_checkpoint(self, ckpts: RunCheckpoints, step: int, state: dict, data_iter: Any,
-                      config_dict: dict) -> None:
-    """Saves `state` at `step` (a LoRA run: its adapters and the reference to its base)."""
-    ckpts.save(step, self.saved_part(state, self.lora_base), data_iter, config_dict,
-               meta=None if self.lora_base is None else {lora_base.META_KEY: self.lora_base})
-
   def compile_step(self):
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
@@ -234,7 +149,7 @@ class Trainer:
     return {k: jax.make_array_from_process_local_data(self.batch_sharding, host_batch[k], shape)
             for k in BATCH_KEYS}
 
-  # ---- loop --------------------------------------------------------------------------------------
+  # ---- the run (its loop over steps: train/step_loop.py) -----------------------------------------
   def _log_processes(self) -> None:
     local = [d for d in self.devices if d.process_index == jax.process_index()]
     log_host(f"host {socket.gethostname()}: {len(local)} local {local[0].platform} devices "
@@ -332,132 +247,6 @@ class Trainer:
     log_host(layout.describe(self.global_batch))
     return make_shard_iterator(self.data_config, layout.shard_ids, layout.num_shards,
                                layout.shard_batch, self.tokenizer)
-
-  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
-    cfg = self.cfg
-    compiled = []
-
-    def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
-      if not compiled:
-        t0 = time.perf_counter()
-        compiled.append(self.compile_step())
-        log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
-
-    state, start = self.initial_state(ckpts, data_iter, meanwhile=compile_once)
-    self._first_step = start + 1
-    self.clock.mark("init" if not compiled else "init + compile")
-    if not compiled:
-      compile_once()
-      self.clock.mark("compile")
-    compiled = compiled[0]
-    line, problem = memory.check_compiled(compiled, self.devices)
-    if problem:
-      raise ConfigError(problem)
-    if line:
-      log(line)
-    flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
-                           global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
-                                           cfg.dtype)
-    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
-        f"({peak_source})")
-    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0, start_step=start)
-    if writer.superseded:
-      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
-          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
-    config_dict = cfg.as_dict()
-    # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
-    self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
-    wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
-    periodic = Periodic(self, data_iter, writer, log)   # evaluation and samples
-
-    self.clock.mark("metrics")
-    batch = self.device_batch(next(data_iter))
-    self.clock.mark("first batch")
-    self._skipped = 0
-    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
-                    len(self.devices))
-    pending = None   # (step, metrics) of the dispatched step not yet read back
-    try:
-      for step in range(start + 1, cfg.steps + 1):
-        state, metrics = compiled(state, batch)
-        # The previous step's metrics are read while this one runs (no host sync per step). A
-        # step that saves, stops or ends the run reads its own metrics before going on: a
-        # checkpoint is only written once its step (and every step before it) was seen finite.
-        if pending is not None:
-          code = self._finish_step(*pending, rows, writer, ckpts)
-          if code is not None:
-            return code
-        pending = (step, metrics)
-        faults.after_dispatch(step, wait_for_saves)
-        # decided before the next batch is read, so a saved iterator position matches the state
-        stop = watch.should_stop(step) and step < cfg.steps
-        save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
-                                          or stop)
-        periodic_now = not stop and periodic.due(step)   # evaluation or samples after this step
-        if not (save_now or stop or periodic_now or step == cfg.steps):
-          batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
-          continue
-        code = (self._finish_step(*pending, rows, writer, ckpts)
-                if pending is not None else None)
-        pending = None
-        if code is not None:
-          return code
-        if periodic_now:
-          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
-        if save_now:
-          self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
-        if stop:
-          return self._preempted(step, ckpts, watch)
-        if step < cfg.steps:   # after a save, so the saved iterator position matches its state
-          batch = self.device_batch(next(data_iter))
-    finally:
-      writer.close()
-      self.final_state = state
-    return EXIT_OK
-
-  def _finish_step(self, step: int, metrics: dict, rows: StepRows, writer: MetricsWriter,
-                   ckpts: RunCheckpoints | None) -> int | None:
-    """Reads back one step's metrics (waiting for the step), writes its row and progress line and
-    applies the non-finite policy; returns an exit status to stop with, or None to go on."""
-    cfg, family_watch = self.cfg, self._family_watch
-    metrics = rows.row(metrics)
-    writer.write(step, metrics)
-    finite = bool(metrics["finite"])
-    if step % cfg.log_period == 0 or step in (self._first_step, cfg.steps) or not finite:
-      log(format_line(step, metrics, cfg.steps,
-                      [family_watch.progress(metrics)] if family_watch else []))
-    if step == self._first_step:
-      self.clock.mark("first step")
-      log(self.clock.line())
-    if family_watch and (warning := family_watch.update(step, metrics)):
-      log(warning)
-    if ckpts is not None:
-      ckpts.check()  # an earlier async save that failed or hung stops the run here
-    if finite:
-      return None
-    self._skipped += 1
-    if cfg.nonfinite_policy == "halt" or self._skipped > cfg.max_nonfinite_skips:
-      log(f"halting: non-finite loss or gradient at step {step} (not applied; "
-          f"nonfinite_policy={cfg.nonfinite_policy}, {self._skipped} such steps); "
-          f"no new checkpoint is written")
-      return EXIT_NONFINITE
-    log(f"skipped step {step}: non-finite loss or gradient ({self._skipped}/"
-        f"{cfg.max_nonfinite_skips})")
-    return None
-
-  def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
-    what = watch.signal_name or "the preemption service"
-    if ckpts is None:
-      log_host(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")
-      return EXIT_PREEMPTED
-    ckpts.wait()  # the commit of this step: a failure or hang raises CheckpointError (exit 4)
-    since = (f" {time.monotonic() - watch.received_at:.1f} s after the signal"
-             if watch.received_at is not None else "")
-    log_host(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
-             "(rerun to resume)")
-    return EXIT_PREEMPTED
 
 
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,

@@ -7,7 +7,12 @@ update fused: one elementwise pass per parameter that writes the new parameter a
 with the non-finite guard folded in (`where(finite, new, old)` inside the pass, so XLA updates
 the donated buffers in place instead of copying the old moments first). `apply` is bit for bit the
 chain followed by `optax.apply_updates` and the guard (tests/test_fused_adamw.py, optax as the
-oracle). `data_axes` (config `shard_optimizer_over_data`, on by default): the moments are sharded
+oracle: tests/optax_oracle.py). `apply` is the train step's one update path (train/step.py:
+`guarded_update`, ZeRO-1 included, and GRPO's step); the chain's `update` is only the oracle. What
+the config can select — the schedules, clipping, weight decay and its mask, a family's frozen
+parameters, LoRA (the step hands `apply` the adapters only) — is all in `apply`; an optimizer
+without a fused form would supply its own `apply` with the same contract (the guard, `whole` and
+`gather`), not a second path through the step. `data_axes` (config `shard_optimizer_over_data`, on by default): the moments are sharded
 over the mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
 
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
@@ -59,8 +64,9 @@ def freeze(frozen_mask) -> optax.GradientTransformation:
 
 
 class Optimizer(NamedTuple):
-  """An optax transformation (`init`, `update`: the oracle, and the state's structure) and its
-  fused, guarded form `apply(grads, state, params, grad_norm, finite) -> (params, state)`.
+  """An optax transformation (`init`: the state's structure; `update`: the oracle) and its
+  fused, guarded form `apply(grads, state, params, grad_norm, finite, whole=None, gather=None)
+  -> (params, state)`, the one the train step runs.
   `data_axes`: the mesh axes the moments are sharded over besides their parameter's (ZeRO-1;
   empty: none)."""
   init: Callable

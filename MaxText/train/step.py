@@ -36,11 +36,6 @@ def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
 
 
-# The fused AdamW (train/optimizer.py: `Optimizer.apply`) where the optimizer has one; False: the
-# optax chain + `keep_if` (the same bits; for A/Bs: `py:MaxText.train.step.FUSED_ADAMW=False`).
-FUSED_ADAMW = True
-
-
 def moment_shardings(opt_shardings: Any) -> Any:
   """The shardings of the AdamW first moment (a tree like the trained parameters) in the
   optimizer state's shardings."""
@@ -50,28 +45,23 @@ def moment_shardings(opt_shardings: Any) -> Any:
 def guarded_update(tx: Optimizer, grads: Any, opt_state: Any, params: Any,
                    loss: jax.Array, zero: tuple[Any, Any] | None = None
                    ) -> tuple[Any, Any, jax.Array, jax.Array]:
-  """(new params, new optimizer state, gradient norm, finite): the optimizer's update, except
-  that a non-finite loss or gradient never reaches the parameters or the optimizer moments (both
-  stay as they were). `zero` (ZeRO-1, sharding/zero.py): (the moments' shardings, the
-  parameters'): the gradients are reduce-scattered onto the first, the update runs there, on each
-  device's part of the moments, and the new parameters come back on the second."""
-  whole = params
+  """(new params, new optimizer state, gradient norm, finite): the optimizer's update
+  (`Optimizer.apply`: the fused AdamW, train/optimizer.py — the one update path; optax's chain is
+  its oracle in tests/optax_oracle.py), except that a non-finite loss or gradient never reaches the
+  parameters or the optimizer moments (both stay as they were). `zero` (ZeRO-1,
+  sharding/zero.py): (the moments' shardings, the parameters'): the gradients are reduce-scattered
+  onto the first, the update runs there, on each device's part of the moments, and the new
+  parameters come back on the second."""
+  whole, gather = params, None
   if zero is not None:
     grads = jax.lax.with_sharding_constraint(grads, zero[0])
     params = jax.lax.with_sharding_constraint(params, zero[0])
+    gather = lambda tree: jax.lax.with_sharding_constraint(tree, zero[1])
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  if FUSED_ADAMW:
-    gather = None if zero is None else (
-        lambda tree: jax.lax.with_sharding_constraint(tree, zero[1]))
-    new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite,
-                                         whole=whole, gather=gather)
-    return new_params, new_opt_state, grad_norm, finite
-  updates, new_opt_state = tx.update(grads, opt_state, params)
-  new_params = keep_if(finite, optax.apply_updates(params, updates), params)
-  if zero is not None:
-    new_params = jax.lax.with_sharding_constraint(new_params, zero[1])
-  return new_params, keep_if(finite, new_opt_state, opt_state), grad_norm, finite
+  new_params, new_opt_state = tx.apply(grads, opt_state, params, grad_norm, finite,
+                                       whole=whole, gather=gather)
+  return new_params, new_opt_state, grad_norm, finite
 
 
 def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
