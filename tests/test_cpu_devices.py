@@ -80,7 +80,7 @@ def test_the_default_schedule_reaches_the_compiler():
   """The flag set by apply_default after jax is imported still changes the compiled program: a
   collective's program compiled depth-first needs fewer temporary bytes than breadth-first."""
   code = ("import os, jax, jax.numpy as jnp; from MaxText.train import cpu_devices; "
-          "n = cpu_devices.apply_default(); from jax.sharding import PartitionSpec as P; "
+          "n = cpu_devices.apply_host_allocator(cpu_devices.apply_default(), 'cpu'); from jax.sharding import PartitionSpec as P; "
           "mesh = jax.make_mesh((2,), ('d',), axis_types=(jax.sharding.AxisType.Auto,)); "
           "body = lambda x, w: ([jnp.tanh(x @ w[i]) + jnp.tanh(jnp.tanh(x @ w[i]) @ w[i]) "
           "for i in range(4)], jax.lax.psum(x.sum(), 'd')); "
@@ -134,5 +134,7 @@ def test_the_host_allocator_keeps_freed_memory():
   assert runs["keep"][1] * 8 < runs["glibc"][1], runs   # 16k faults of 4 KiB pages, or 32 of 2 MiB
   assert cpu_devices.keep_freed_memory({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=4"}) is False
   assert cpu_devices.keep_freed_memory({"MALLOC_TRIM_THRESHOLD_": "0"}) is False
+  assert cpu_devices.apply_host_allocator(cpu_devices.Defaults(None, True), "gpu").allocator is False
+  assert cpu_devices.apply_host_allocator(None, "cpu") is None
   assert cpu_devices.describe(cpu_devices.Defaults(None, True, True), "cpu").endswith(
       "; host allocator keeps freed memory)")

@@ -25,10 +25,10 @@ and one block of temporaries per device, tens of MiB at the tiny config), and gl
 serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap each time and unmaps them
 on free, so every step page-faults its temporaries in again and the kernel zero-fills them
 (benchmarks/RESULTS.md, branch `scan5`: 32k minor faults and ~0.08 CPU-s per 2-device tiny step,
-~8 % of it). `apply_default` tells glibc to serve them from its heap and keep up to
+~8 % of it). `apply_host_allocator` (on the CPU platform) tells glibc to serve them from its heap and keep up to
 `KEEP_FREED_BYTES` of freed memory for the next step, unless the user set glibc's malloc tunables
 (`GLIBC_TUNABLES=glibc.malloc.*`, `MALLOC_*` variables) or the C library is not glibc. It acts on
-host memory only, whatever the platform; the cost is a higher peak RSS (+9-20 % at the tiny
+host memory only; the cost is a higher peak RSS (+9-20 % at the tiny
 config: the heap holds its high-water mark).
 """
 from __future__ import annotations
@@ -96,12 +96,21 @@ def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
   before the backends start."""
   env = os.environ if env is None else env
   schedule = apply_xla_defaults(env)
-  allocator = keep_freed_memory(env)
   if user_choice(env) or _backends_started():
-    return Defaults(None, schedule, allocator)
+    return Defaults(None, schedule)
   count = max(1, min(usable_cores(), MAX_DEFAULT))
   jax.config.update("jax_num_cpu_devices", count)
-  return Defaults(count, schedule, allocator)
+  return Defaults(count, schedule)
+
+
+def apply_host_allocator(defaults: Defaults | None, platform: str,
+                         env: Mapping[str, str] | None = None) -> Defaults | None:
+  """`keep_freed_memory` where the run's devices are CPUs (their buffers are host memory; on an
+  accelerator only host-side work uses malloc, and keeping its freed memory would only raise the
+  peak); `defaults` None (apply_default did not run): nothing."""
+  if defaults is None or platform != "cpu":
+    return defaults
+  return defaults._replace(allocator=keep_freed_memory(env))
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -266,6 +266,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     training = auto_settings.for_training(cfg)   # the one resolution of the auto values
     cfg = training.cfg
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
+    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform)
     clock.mark("config + devices")
     trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock
