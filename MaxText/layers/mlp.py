@@ -9,7 +9,6 @@ from MaxText.layers.linear import DenseGeneral, fused_dense
 from MaxText.sharding.rules import constrain
 
 
-
 def _rounded_once(fn):
   """fn computed in fp32 and rounded once to x's dtype, as torch's bf16 kernels compute an
   activation (the same function in fp32). Written on bf16 operands, XLA:CPU rounds after each of
