@@ -89,7 +89,7 @@ def step_times(repeats: int) -> dict[str, list[float]]:
     it = make_shard_iterator(DataConfig.from_config(trainer.cfg), [0], 1, trainer.global_batch)
     batch = trainer.device_batch(next(it))
     it.close()
-    steps[kind] = [trainer.compile_step(), trainer.initial_state(None, None)[0], batch]
+    steps[kind] = [trainer.compile_step(), trainer.checkpointed.initial_state(None, None)[0], batch]
   times: dict[str, list[float]] = {kind: [] for kind in steps}
   for i in range(repeats + 1):
     for kind, s in steps.items():

@@ -50,10 +50,16 @@ def main() -> int:
       super().__init__(*a, **kw)
       self.cpu_at_rows: list[float] = []
 
-    def _finish_step(self, step, *a):
-      code = super()._finish_step(step, *a)
-      self.cpu_at_rows.append(time.process_time())
-      return code
+    def loop_parts(self, *a):
+      parts = super().loop_parts(*a)
+      read = parts.rows.row
+
+      def row(metrics):
+        out = read(metrics)
+        self.cpu_at_rows.append(time.process_time())
+        return out
+      parts.rows.row = row
+      return parts
 
   class AtOnce(Timed):
     """Each step waited for as soon as it is dispatched: the host's per-step work (the metrics

@@ -292,17 +292,26 @@ def profile_loop(trainer_cls, cfg, steps: int, trace_dir: str | None) -> None:
   first, marks = 5, {}
 
   class Probe(trainer_cls):
-    def _finish_step(self, step, *a, **k):
-      code = super()._finish_step(step, *a, **k)
-      if step in (first, steps - 1):
-        marks[step] = (time.perf_counter(), thread_cpu(), os.getloadavg()[0])
-        if trace_dir and step == first:
-          options = jax.profiler.ProfileOptions()
-          options.python_tracer_level = 0
-          jax.profiler.start_trace(trace_dir, create_perfetto_trace=True, profiler_options=options)
-        if trace_dir and step == steps - 1:
-          jax.profiler.stop_trace()
-      return code
+    def loop_parts(self, state, start, *a):
+      parts = super().loop_parts(state, start, *a)
+      read, steps_read = parts.rows.row, iter(range(start + 1, 10**9))
+
+      def row(metrics):
+        out = read(metrics)
+        probe(next(steps_read))
+        return out
+      parts.rows.row = row
+      return parts
+
+  def probe(step: int) -> None:
+    if step in (first, steps - 1):
+      marks[step] = (time.perf_counter(), thread_cpu(), os.getloadavg()[0])
+      if trace_dir and step == first:
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True, profiler_options=options)
+      if trace_dir and step == steps - 1:
+        jax.profiler.stop_trace()
 
   trainer = Probe(cfg)
   device_tids = set()

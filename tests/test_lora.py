@@ -148,7 +148,7 @@ def test_prompt_targets_are_not_in_the_objective(setup):
   step = trainer.compile_step()
   out = []
   for b in (batch, changed):
-    state, _ = trainer.initial_state(None, None)
+    state, _ = trainer.checkpointed.initial_state(None, None)
     new, metrics = step(state, trainer.device_batch(b))
     out.append((_host(new["params"]), float(metrics["loss"])))
   assert out[0][1] == out[1][1]
@@ -158,7 +158,7 @@ def test_prompt_targets_are_not_in_the_objective(setup):
   answer = np.argwhere(batch["targets_segmentation"] != 0)[0]
   other = dict(batch, targets=batch["targets"].copy())
   other["targets"][tuple(answer)] = (other["targets"][tuple(answer)] + 7) % 300
-  state, _ = trainer.initial_state(None, None)
+  state, _ = trainer.checkpointed.initial_state(None, None)
   assert float(step(state, trainer.device_batch(other))[1]["loss"]) != out[0][1]
 
 

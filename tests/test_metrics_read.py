@@ -10,30 +10,36 @@ from MaxText.train.loop import Trainer, run
 
 
 class Timeline(Trainer):
-  """Records the order of the step's dispatches, metrics reads and checkpoint saves."""
+  """Records the order of the step's dispatches, metrics reads and checkpoint saves (wrapping the
+  loop's parts: train/step_loop.py)."""
 
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)
     self.events: list[str] = []
+    save = self.checkpointed.save_checkpoint
 
-  def compile_step(self):
-    compiled = super().compile_step()
+    def save_checkpoint(ckpts, step, *a):
+      self.events.append(f"save {step}")
+      return save(ckpts, step, *a)
+    self.checkpointed.save_checkpoint = save_checkpoint
+
+  def loop_parts(self, *a):
+    parts = super().loop_parts(*a)
+    compiled, read = parts.step, parts.rows.row
+    reads = iter(range(1, 10**6))
 
     def step(state, batch):
       self.events.append(f"dispatch {sum(e.startswith('dispatch') for e in self.events) + 1}")
       return self.dispatched(compiled, state, batch)
-    return step
+
+    def row(metrics):
+      self.events.append(f"read {next(reads)}")
+      return read(metrics)
+    parts.step, parts.rows.row = step, row
+    return parts
 
   def dispatched(self, compiled, state, batch):
     return compiled(state, batch)
-
-  def _finish_step(self, step, *a):
-    self.events.append(f"read {step}")
-    return super()._finish_step(step, *a)
-
-  def save_checkpoint(self, ckpts, step, *a):
-    self.events.append(f"save {step}")
-    return super().save_checkpoint(ckpts, step, *a)
 
 
 class Synced(Timeline):

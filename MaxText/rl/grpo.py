@@ -45,14 +45,13 @@ from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.rewards import RewardScorer, load_rewards
 from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, make_logprob_fn)
-from MaxText.runtime import faults
-from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, exit_process
+from MaxText.runtime.exit_codes import exit_process
 from MaxText.runtime.host_data import process_rows
-from MaxText.runtime.preemption import PreemptionWatch
 from MaxText.train import memory
 from MaxText.train.loop import Trainer, main as train_main
 from MaxText.train.run_log import log, log_error
 from MaxText.train.state import init_state
+from MaxText.train.step_loop import LoopParts
 
 
 def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
@@ -174,59 +173,38 @@ class GRPOTrainer(Trainer):
         out[f"{name}/{r.name}"] = float(per_fn[:, f].mean())
     return out
 
-  # ---- the loop ----------------------------------------------------------------------------------
-  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
+  # ---- the step plugged into the loop (train/step_loop.py) ----------------------------------------
+  def prepare(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+    """(the state to start from, its step); the reference's parameters and the jitted programs."""
     del data_iter
     cfg = self.cfg
-    state, start = self.initial_state(ckpts, None)
-    reference = self.reference_params(state, fresh=start == 0)
-    step_fn = jit_grpo_step(
+    state, start = self.checkpointed.initial_state(ckpts, None)
+    self.reference = self.reference_params(state, fresh=start == 0)
+    self.update_fn = jit_grpo_step(
         make_grpo_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                        lr_schedule=self.lr_schedule, chunk=cfg.loss_chunk_length,
                        adapters_only=self.adapters_only, use_reference=self.use_reference,
                        loss_kwargs=self.loss_kwargs),
         self.shardings, self.shardings_rl, self.mesh)
-    policy_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
-                                self.shardings_rl, reference_base=False)
-    ref_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
-                             self.shardings_rl, reference_base=self.adapters_only)
-    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0, start_step=start)
+    self.policy_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
+                                     self.shardings_rl, reference_base=False)
+    self.ref_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
+                                  self.shardings_rl, reference_base=self.adapters_only)
     self.clock.mark("init")
-    config_dict = cfg.as_dict()
-    self._skipped = 0
-    try:
-      if self.eval_set is not None and start == 0:
-        self._log_eval(0, self.evaluate(state["params"]), writer)
-      for step in range(start + 1, cfg.steps + 1):
-        state, metrics = self._one_step(step, state, step_fn, policy_lp, ref_lp, reference)
-        writer.write(step, metrics)
-        if step % cfg.log_period == 0 or step in (start + 1, cfg.steps) or not metrics["finite"]:
-          log(progress_line(step, cfg.steps, metrics, self.scorer))
-        if step == start + 1:
-          self.clock.mark("first step")
-          log(self.clock.line())
-        if ckpts is not None:
-          ckpts.check()
-        if not metrics["finite"]:
-          self._skipped += 1
-          if cfg.nonfinite_policy == "halt" or self._skipped > cfg.max_nonfinite_skips:
-            log(f"halting: non-finite loss or gradient at step {step} (not applied; "
-                f"nonfinite_policy={cfg.nonfinite_policy}); no new checkpoint is written")
-            return EXIT_NONFINITE
-        faults.after_dispatch(step, ckpts.wait if ckpts is not None else (lambda: None))
-        stop = watch.should_stop(step) and step < cfg.steps
-        if self.eval_set is not None and not stop and (
-            step == cfg.steps or (cfg.eval_reward_period and step % cfg.eval_reward_period == 0)):
-          self._log_eval(step, self.evaluate(state["params"]), writer)
-        if ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps or stop):
-          self.save_checkpoint(ckpts, step, state, None, config_dict)
-        if stop:
-          return self._preempted(step, ckpts, watch)
-    finally:
-      writer.close()
-      self.final_state = state
-    return EXIT_OK
+    return state, start
+
+  def loop_parts(self, state: dict, start: int, writer: MetricsWriter, data_iter: Any
+                 ) -> LoopParts:
+    """GRPO's step in the loop: the batch of a step is its rollout (sampled from the state the
+    step starts from), the step is `num_iterations` updates on it, the row is read one step late
+    as in pre-training; the held-out prompts' reward is the evaluation (also before step 1)."""
+    del data_iter
+    periodic = RewardEvaluation(self, writer) if self.eval_set is not None else None
+    if periodic is not None and start == 0:
+      periodic.after_step(0, state["params"])
+    return LoopParts(step=self.dispatch, next_batch=self.rollout_batch,
+                     rows=RolloutRows(self.cfg.num_iterations, self.scorer),
+                     progress=RolloutProgress(self.scorer), periodic=periodic)
 
   def _log_eval(self, step: int, metrics: dict, writer: MetricsWriter) -> None:
     writer.write(step, metrics)
@@ -234,8 +212,10 @@ class GRPOTrainer(Trainer):
         f"{self.group}) | greedy {metrics['eval_reward_greedy']:.4f} | {metrics['eval_prompts']} "
         "held-out prompts")
 
-  def _one_step(self, step: int, state: dict, step_fn, policy_lp, ref_lp, reference
-                ) -> tuple[dict, dict]:
+  def rollout_batch(self, step: int, state: dict) -> tuple[dict, dict]:
+    """The batch of `step`: its prompts' completions sampled from `state`'s parameters, their
+    rewards and advantages, the old (and reference) log-probabilities → (device arrays, what the
+    step's row reports of the rollout)."""
     cfg, N = self.cfg, self.global_batch
     t0 = time.perf_counter()
     idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed)
@@ -243,41 +223,98 @@ class GRPOTrainer(Trainer):
                              copies=self.group, sampling=self.sampling(), first_row=(step - 1) * N,
                              max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
                              stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
-    t1 = time.perf_counter()
+    rollout_time = time.perf_counter() - t0
     advantages = np.asarray(losses.group_advantages(ro.rewards, self.group,
                                                     cfg.advantage_estimator))
     batch = self.device_arrays({**ro.arrays, "advantages": advantages})
-    batch["old_logprobs"] = policy_lp(state["params"], batch)
+    batch["old_logprobs"] = self.policy_lp(state["params"], batch)
     if self.use_reference:
-      batch["ref_logprobs"] = ref_lp(reference if reference is not None else state["params"],
-                                     batch)
+      batch["ref_logprobs"] = self.ref_lp(
+          self.reference if self.reference is not None else state["params"], batch)
     else:
       batch["ref_logprobs"] = jnp.zeros_like(batch["old_logprobs"])
+    return batch, {"step": step, "rollout": ro, "advantages": advantages,
+                   "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad)}
+
+  def dispatch(self, state: dict, batch: tuple[dict, dict]) -> tuple[dict, tuple]:
+    """`num_iterations` updates on one rollout batch (dispatched; no host wait) → (state, the
+    passes' metrics, the old log-probabilities and the rollout's report, read by `RolloutRows`)."""
+    arrays, report = batch
     passes = []
-    for _ in range(cfg.num_iterations):
-      state, m = step_fn(state, batch)
+    for _ in range(self.cfg.num_iterations):
+      state, m = self.update_fn(state, arrays)
       passes.append(m)
     state = {**state, "step": state["step"] + 1}
-    mask = ro.arrays["mask"] > 0
-    old = _gather(batch["old_logprobs"])
-    diff = np.abs(old - ro.rollout_logprobs)[mask]
+    return state, (passes, arrays["old_logprobs"], report)
+
+
+class RewardEvaluation:
+  """The loop's evaluation for GRPO (`step_loop.Periodic`): the held-out prompts' reward every
+  `eval_reward_period` steps and after the last."""
+
+  def __init__(self, trainer: GRPOTrainer, writer: MetricsWriter):
+    self.trainer, self.writer, self.cfg = trainer, writer, trainer.cfg
+
+  def due(self, step: int) -> bool:
+    cfg = self.cfg
+    return step == cfg.steps or bool(cfg.eval_reward_period and step % cfg.eval_reward_period == 0)
+
+  def after_step(self, step: int, params) -> float:
+    t0 = time.perf_counter()
+    self.trainer._log_eval(step, self.trainer.evaluate(params), self.writer)
+    return time.perf_counter() - t0
+
+
+class RolloutRows:
+  """A GRPO step's row (`step_loop.Rows`), read back one step late: the passes' metrics (their
+  mean; the extremes of the ratio; finite only if every pass was), the rollout's rewards, lengths,
+  and how far the engine's log-probabilities were from the trainer's. `step_time_s`: from the
+  previous row to this one (less evaluation), as in pre-training; `rollout_time_s`: the host time
+  of the step's sampling; `train_time_s`: the rest of the step's time."""
+
+  def __init__(self, num_iterations: int, scorer: RewardScorer):
+    self.num_iterations, self.scorer = num_iterations, scorer
+    self._last_done = time.perf_counter()
+
+  def exclude(self, seconds: float) -> None:
+    self._last_done += seconds
+
+  def row(self, metrics: tuple) -> dict:
+    passes, old_logprobs, report = metrics
+    ro, advantages = report["rollout"], report["advantages"]
     passes = [{k: float(v) for k, v in jax.device_get(m).items()} for m in passes]
-    t2 = time.perf_counter()
-    # over the passes: the mean, the extremes of the ratio, finite only if every pass was
-    metrics = {k: float(np.mean([p[k] for p in passes])) for k in passes[0]}
-    metrics.update(ratio_max=max(p["ratio_max"] for p in passes),
-                   ratio_min=min(p["ratio_min"] for p in passes),
-                   finite=min(p["finite"] for p in passes))
-    metrics.update(
+    diff = np.abs(_gather(old_logprobs) - ro.rollout_logprobs)[ro.arrays["mask"] > 0]
+    now = time.perf_counter()
+    step_time, self._last_done = now - self._last_done, now
+    row = {k: float(np.mean([p[k] for p in passes])) for k in passes[0]}
+    row.update(ratio_max=max(p["ratio_max"] for p in passes),
+               ratio_min=min(p["ratio_min"] for p in passes),
+               finite=min(p["finite"] for p in passes))
+    row.update(
         reward_mean=float(ro.rewards.mean()), reward_std=float(ro.rewards.std()),
         advantage_abs_mean=float(np.abs(advantages).mean()),
         response_length=float(ro.lengths.mean()), finished_frac=float(ro.finished.mean()),
         rollout_logprob_diff_mean=float(diff.mean()), rollout_logprob_diff_max=float(diff.max()),
-        bad_rewards=float(self.scorer.bad), rollout_time_s=t1 - t0, train_time_s=t2 - t1,
-        step_time_s=t2 - t0, optimizer_steps=float(step * cfg.num_iterations))
+        bad_rewards=report["bad_rewards"], rollout_time_s=report["rollout_time_s"],
+        train_time_s=max(step_time - report["rollout_time_s"], 0.0), step_time_s=step_time,
+        optimizer_steps=float(report["step"] * self.num_iterations))
     for f, r in enumerate(self.scorer.rewards):
-      metrics[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
-    return state, metrics
+      row[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
+    return row
+
+
+class RolloutProgress:
+  """GRPO's progress line (`step_loop.Progress`)."""
+
+  def __init__(self, scorer: RewardScorer):
+    self.scorer = scorer
+
+  def line(self, step: int, row: dict, steps: int) -> str:
+    return progress_line(step, steps, row, self.scorer)
+
+  def warning(self, step: int, row: dict) -> str | None:
+    del step, row
+    return None
 
 
 def _gather(x: jax.Array) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from typing import Any, Sequence
 
 import jax
@@ -21,8 +22,10 @@ from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import stack
+from MaxText.metrics.peaks import device_peak_tflops
+from MaxText.metrics.writers import MetricsWriter
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family, make_model_def
+from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.resolve import auto_settings
 from MaxText.resolve.config_checks import check_config
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
@@ -38,11 +41,13 @@ from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import batch_sharding, parse_rules, sharding_report
 from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
+from MaxText.train.periodic import Periodic
 from MaxText.train.run_log import log, log_error, log_host
 from MaxText.train.state import abstract_state, mesh_data_axes, state_shardings, trained
 from MaxText.train.step import BATCH_KEYS, jit_train_step, make_train_step
-from MaxText.train.step_loop import StepLoop
-from MaxText.train.trainer_state import CheckpointedState
+from MaxText.train.step_loop import LoopParts, Schedule, StepLoop
+from MaxText.train.step_rows import StepProgress, StepRows
+from MaxText.train.trainer_state import Checkpointing, CheckpointedState
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
            "EXIT_PREEMPTED", "Trainer", "main", "run"]
@@ -54,8 +59,12 @@ def setup_jax(cfg: Config) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
-class Trainer(CheckpointedState, StepLoop):
+class Trainer:
   """One training run on `devices` (default: all). After `run()`, `final_state` holds the state.
+  Its parts: the state it starts from and what a checkpoint saves of it (`checkpointed`,
+  train/trainer_state.py), and the one loop over steps (train/step_loop.py) that its step function
+  and data (`prepare`, `loop_parts`; a trainer of other batches replaces those two, e.g.
+  MaxText/rl/grpo.py) plug into.
   `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts).
   `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1), or be `run()`'s one resolution
   of them (`auto_settings.for_training`): `self.training` is that resolution, `self.cfg` its
@@ -71,7 +80,6 @@ class Trainer(CheckpointedState, StepLoop):
     self.run_dir = run_dir_of(cfg)
     self.mesh = create_mesh(cfg, self.devices)
     self.final_state = None
-    self.lora_base: dict | None = None   # LoRA: the base the run's checkpoints refer to
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
@@ -90,6 +98,8 @@ class Trainer(CheckpointedState, StepLoop):
     self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules,
                                      self.adapters_only)
     self.abstract = abstract_state(self.model_def, self.tx, self.shardings, self.adapters_only)
+    self.checkpointed = CheckpointedState(cfg, self.mcfg, self.abstract, self.shardings, self.tx,
+                                          self.adapters_only)
     n = len(self.devices)
     self.global_batch = cfg.global_batch_size(n)
     self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
@@ -227,6 +237,72 @@ class Trainer(CheckpointedState, StepLoop):
     if ckpts is not None:
       ckpts.abandon()  # a save still writing is let finish (bounded); a hung one is left behind
     return code
+
+  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
+    """The run's steps: its state and step (`prepare`), the metrics writer, its parts
+    (`loop_parts`), then the one loop (train/step_loop.py)."""
+    cfg = self.cfg
+    state, start = self.prepare(ckpts, data_iter)
+    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
+                           is_primary=jax.process_index() == 0, start_step=start)
+    if writer.superseded:
+      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
+          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
+    checkpoints = (Checkpointing(ckpts, cfg.as_dict(), data_iter, self.checkpointed)
+                   if ckpts is not None else None)
+    loop = None
+    try:
+      loop = StepLoop(Schedule.from_config(cfg), self.loop_parts(state, start, writer, data_iter),
+                      writer, checkpoints, watch, self.clock)
+      self.clock.mark("metrics")
+      return loop.run(state, start)
+    finally:
+      writer.close()
+      self.final_state = loop.state if loop is not None and loop.state is not None else state
+
+  def prepare(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+    """(the state to start from, its step), with the train step compiled (`self.compiled`; while
+    a restored checkpoint's arrays are checked) and its memory checked."""
+    compiled = []
+
+    def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
+      if not compiled:
+        t0 = time.perf_counter()
+        compiled.append(self.compile_step())
+        log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
+
+    state, start = self.checkpointed.initial_state(ckpts, data_iter, meanwhile=compile_once)
+    self.clock.mark("init" if not compiled else "init + compile")
+    if not compiled:
+      compile_once()
+      self.clock.mark("compile")
+    self.compiled = compiled[0]
+    line, problem = memory.check_compiled(self.compiled, self.devices)
+    if problem:
+      raise ConfigError(problem)
+    if line:
+      log(line)
+    return state, start
+
+  def loop_parts(self, state: dict, start: int, writer: MetricsWriter, data_iter: Any
+                 ) -> LoopParts:
+    """The pre-training / SFT step plugged into the loop: the compiled step, the next host batch
+    made global, the step's row (tokens/s, TFLOP/s, MFU), the progress line (with the family's
+    watch), evaluation and samples."""
+    del state, start
+    cfg = self.cfg
+    flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
+                           global_batch=self.global_batch)
+    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
+                                           cfg.dtype)
+    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
+        f"({peak_source})")
+    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
+                    len(self.devices))
+    return LoopParts(step=self.compiled,
+                     next_batch=lambda step, state: self.device_batch(next(data_iter)),
+                     rows=rows, progress=StepProgress(self.aux_terms),
+                     periodic=Periodic(self, data_iter, writer, log))
 
   def open_data(self, saved_shards: int | None) -> Any:
     """The training data iterator (positioned at the start; a restore moves it): this process's

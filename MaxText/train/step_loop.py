@@ -1,149 +1,174 @@
-"""The Trainer's loop over steps (`train/loop.py: Trainer` is a `StepLoop`): the compiled step
-dispatched step after step, each step's metrics read back one step late (while the next runs) and
-written as a row and progress line, the non-finite policy, evaluation / samples between steps
-(train/periodic.py), checkpoints every `checkpoint_period` steps and at the end, and a preemption
-signal answered with a saved, committed step and exit 42. Uses the Trainer's setup (`cfg`, `mcfg`,
-`devices`, `global_batch`, `run_dir`, `aux_terms`, `clock`, `compile_step`, `device_batch`) and
-its state part (train/trainer_state.py)."""
+"""The one loop over steps, shared by every trainer (pre-training, SFT / LoRA, GRPO, and any new
+one): a trainer is a step function plus its data, and a few small collaborators (`LoopParts`);
+the loop owns the order of things between steps.
+
+Per step: the step is dispatched (`step(state, batch)`: no host wait), the previous step's metrics
+are read back while this one runs (`rows.row(metrics)`: the one wait per step) and written as a row
+(metrics.jsonl, TensorBoard) and, every `log_period` steps, a progress line (`progress`); then the
+non-finite policy (`finite` in the row: skip up to `max_nonfinite_skips`, or halt → exit 5, no new
+checkpoint), evaluation / samples when due (`periodic`), the checkpoint every `checkpoint_period`
+steps, at the end and on preemption (`checkpoints`), and a preemption signal answered with the step
+saved and committed → exit 42. A step that saves, stops, evaluates or ends the run is read back
+before that, so a checkpoint is only ever written of a step (and every step before it) seen finite.
+The next batch is asked for (`next_batch(step, state)`) after the step before it was dispatched and
+after any save, so a saved data position matches its state.
+
+See docs/architecture.md, "One loop": what a new trainer provides.
+"""
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
-import jax
-
-from MaxText.checkpoint.manager import RunCheckpoints
-from MaxText.config.load import ConfigError
-from MaxText.metrics.peaks import device_peak_tflops
-from MaxText.metrics.writers import MetricsWriter, format_line
-from MaxText.models.registry import training_flops
+from MaxText.config.schema import Config
+from MaxText.metrics.writers import MetricsWriter
 from MaxText.runtime import faults
 from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
 from MaxText.runtime.preemption import PreemptionWatch
-from MaxText.train import memory
-from MaxText.train.periodic import Periodic
-from MaxText.train.run_log import log, log_host
-from MaxText.train.step_rows import StepRows
+from MaxText.runtime.startup import StartupClock
+from MaxText.train.run_log import log as run_log, log_host
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """The loop's keys: how many steps, how often a progress line and a checkpoint, the non-finite
+  policy."""
+  steps: int
+  log_period: int = 1
+  checkpoint_period: int = 1
+  nonfinite_policy: str = "skip"        # "skip" (up to max_nonfinite_skips) or "halt"
+  max_nonfinite_skips: int = 0
+
+  @classmethod
+  def from_config(cls, cfg: Config) -> "Schedule":
+    return cls(cfg.steps, cfg.log_period, cfg.checkpoint_period, cfg.nonfinite_policy,
+               cfg.max_nonfinite_skips)
+
+
+class Rows(Protocol):
+  """A step's metrics → its row (metrics.jsonl); holds `finite`. `row` may wait for the step."""
+  def row(self, metrics: Any) -> dict: ...
+  def exclude(self, seconds: float) -> None: ...   # time between steps that is no step's
+
+
+class Progress(Protocol):
+  def line(self, step: int, row: dict, steps: int) -> str: ...
+  def warning(self, step: int, row: dict) -> str | None: ...   # e.g. a family's watch
+
+
+class Periodic(Protocol):
+  """Work between steps (evaluation, samples): `due(step)`, then `after_step(step, params)` →
+  the seconds it took."""
+  def due(self, step: int) -> bool: ...
+  def after_step(self, step: int, params: Any) -> float: ...
+
+
+class Checkpoints(Protocol):
+  """The state holder's sink: `save` hands a step's state (and its data position) to the
+  checkpointer (async), `check` raises CheckpointError for an earlier save that failed or hung
+  (non-blocking), `wait` blocks until the last save committed."""
+  def save(self, step: int, state: Any) -> None: ...
+  def check(self) -> None: ...
+  def wait(self) -> None: ...
+
+
+@dataclasses.dataclass
+class LoopParts:
+  """What a trainer plugs into the loop. `step(state, batch) -> (state, metrics)` dispatches one
+  step (device values; no host wait). `next_batch(step, state)`: the batch of `step`, from the
+  state it starts from (dispatched, maybe not computed yet; pre-training ignores it, GRPO samples
+  its rollout from it). The state is the train-state dict; `periodic` reads its "params"."""
+  step: Callable[[Any, Any], tuple[Any, Any]]
+  next_batch: Callable[[int, Any], Any]
+  rows: Rows
+  progress: Progress
+  periodic: Periodic | None = None
 
 
 class StepLoop:
-  """The loop part of `Trainer` (module docstring)."""
+  """One run of the loop (module docstring). After `run`, `state` holds the last state (also when
+  it raised)."""
 
-  def _train(self, ckpts: RunCheckpoints | None, data_iter: Any, watch: PreemptionWatch) -> int:
-    cfg = self.cfg
-    compiled = []
+  def __init__(self, schedule: Schedule, parts: LoopParts, writer: MetricsWriter,
+               checkpoints: Checkpoints | None, watch: PreemptionWatch,
+               clock: StartupClock | None = None, log: Callable[[str], None] = run_log):
+    self.schedule, self.parts, self.writer = schedule, parts, writer
+    self.checkpoints, self.watch, self.clock, self.log = checkpoints, watch, clock, log
+    self.state: Any = None
+    self.skipped = 0
 
-    def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
-      if not compiled:
-        t0 = time.perf_counter()
-        compiled.append(self.compile_step())
-        log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
-
-    state, start = self.initial_state(ckpts, data_iter, meanwhile=compile_once)
-    self._first_step = start + 1
-    self.clock.mark("init" if not compiled else "init + compile")
-    if not compiled:
-      compile_once()
-      self.clock.mark("compile")
-    compiled = compiled[0]
-    line, problem = memory.check_compiled(compiled, self.devices)
-    if problem:
-      raise ConfigError(problem)
-    if line:
-      log(line)
-    flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
-                           global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
-                                           cfg.dtype)
-    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
-        f"({peak_source})")
-    writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
-                           is_primary=jax.process_index() == 0, start_step=start)
-    if writer.superseded:
-      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
-          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
-    config_dict = cfg.as_dict()
-    # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
-    self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
+  def run(self, state: Any, start: int) -> int:
+    """Steps start + 1 … schedule.steps from `state`; the exit status (0, 5 or 42)."""
+    sched, parts, ckpts = self.schedule, self.parts, self.checkpoints
+    self.state, self._first = state, start + 1
     wait_for_saves = ckpts.wait if ckpts is not None else (lambda: None)
-    periodic = Periodic(self, data_iter, writer, log)   # evaluation and samples
-
-    self.clock.mark("metrics")
-    batch = self.device_batch(next(data_iter))
-    self.clock.mark("first batch")
-    self._skipped = 0
-    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
-                    len(self.devices))
+    batch = parts.next_batch(start + 1, state)
+    if self.clock is not None:
+      self.clock.mark("first batch")
     pending = None   # (step, metrics) of the dispatched step not yet read back
-    try:
-      for step in range(start + 1, cfg.steps + 1):
-        state, metrics = compiled(state, batch)
-        # The previous step's metrics are read while this one runs (no host sync per step). A
-        # step that saves, stops or ends the run reads its own metrics before going on: a
-        # checkpoint is only written once its step (and every step before it) was seen finite.
-        if pending is not None:
-          code = self._finish_step(*pending, rows, writer, ckpts)
-          if code is not None:
-            return code
-        pending = (step, metrics)
-        faults.after_dispatch(step, wait_for_saves)
-        # decided before the next batch is read, so a saved iterator position matches the state
-        stop = watch.should_stop(step) and step < cfg.steps
-        save_now = ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps
-                                          or stop)
-        periodic_now = not stop and periodic.due(step)   # evaluation or samples after this step
-        if not (save_now or stop or periodic_now or step == cfg.steps):
-          batch = self.device_batch(next(data_iter))  # the next host batch, while this step runs
-          continue
-        code = (self._finish_step(*pending, rows, writer, ckpts)
-                if pending is not None else None)
-        pending = None
+    for step in range(start + 1, sched.steps + 1):
+      state, metrics = parts.step(state, batch)
+      self.state = state
+      # The previous step's metrics are read while this one runs (no host sync per step).
+      if pending is not None:
+        code = self._finish_step(*pending)
         if code is not None:
           return code
-        if periodic_now:
-          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
-        if save_now:
-          self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
-        if stop:
-          return self._preempted(step, ckpts, watch)
-        if step < cfg.steps:   # after a save, so the saved iterator position matches its state
-          batch = self.device_batch(next(data_iter))
-    finally:
-      writer.close()
-      self.final_state = state
+      pending = (step, metrics)
+      faults.after_dispatch(step, wait_for_saves)
+      # decided before the next batch is read, so a saved data position matches the state
+      stop = self.watch.should_stop(step) and step < sched.steps
+      save_now = ckpts is not None and (step % sched.checkpoint_period == 0
+                                        or step == sched.steps or stop)
+      periodic_now = not stop and parts.periodic is not None and parts.periodic.due(step)
+      if not (save_now or stop or periodic_now or step == sched.steps):
+        batch = parts.next_batch(step + 1, state)   # the next batch, while this step runs
+        continue
+      code = self._finish_step(*pending)
+      pending = None
+      if code is not None:
+        return code
+      if periodic_now:
+        parts.rows.exclude(parts.periodic.after_step(step, state["params"]))  # no step's time
+      if save_now:
+        ckpts.save(step, state)
+      if stop:
+        return self._preempted(step)
+      if step < sched.steps:   # after a save, so the saved data position matches its state
+        batch = parts.next_batch(step + 1, state)
     return EXIT_OK
 
-  def _finish_step(self, step: int, metrics: dict, rows: StepRows, writer: MetricsWriter,
-                   ckpts: RunCheckpoints | None) -> int | None:
+  def _finish_step(self, step: int, metrics: Any) -> int | None:
     """Reads back one step's metrics (waiting for the step), writes its row and progress line and
     applies the non-finite policy; returns an exit status to stop with, or None to go on."""
-    cfg, family_watch = self.cfg, self._family_watch
-    metrics = rows.row(metrics)
-    writer.write(step, metrics)
-    finite = bool(metrics["finite"])
-    if step % cfg.log_period == 0 or step in (self._first_step, cfg.steps) or not finite:
-      log(format_line(step, metrics, cfg.steps,
-                      [family_watch.progress(metrics)] if family_watch else []))
-    if step == self._first_step:
+    sched, parts = self.schedule, self.parts
+    row = parts.rows.row(metrics)
+    self.writer.write(step, row)
+    finite = bool(row["finite"])
+    if step % sched.log_period == 0 or step in (self._first, sched.steps) or not finite:
+      self.log(parts.progress.line(step, row, sched.steps))
+    if step == self._first and self.clock is not None:
       self.clock.mark("first step")
-      log(self.clock.line())
-    if family_watch and (warning := family_watch.update(step, metrics)):
-      log(warning)
-    if ckpts is not None:
-      ckpts.check()  # an earlier async save that failed or hung stops the run here
+      self.log(self.clock.line())
+    if warning := parts.progress.warning(step, row):
+      self.log(warning)
+    if self.checkpoints is not None:
+      self.checkpoints.check()  # an earlier async save that failed or hung stops the run here
     if finite:
       return None
-    self._skipped += 1
-    if cfg.nonfinite_policy == "halt" or self._skipped > cfg.max_nonfinite_skips:
-      log(f"halting: non-finite loss or gradient at step {step} (not applied; "
-          f"nonfinite_policy={cfg.nonfinite_policy}, {self._skipped} such steps); "
-          f"no new checkpoint is written")
+    self.skipped += 1
+    if sched.nonfinite_policy == "halt" or self.skipped > sched.max_nonfinite_skips:
+      self.log(f"halting: non-finite loss or gradient at step {step} (not applied; "
+               f"nonfinite_policy={sched.nonfinite_policy}, {self.skipped} such steps); "
+               f"no new checkpoint is written")
       return EXIT_NONFINITE
-    log(f"skipped step {step}: non-finite loss or gradient ({self._skipped}/"
-        f"{cfg.max_nonfinite_skips})")
+    self.log(f"skipped step {step}: non-finite loss or gradient ({self.skipped}/"
+             f"{sched.max_nonfinite_skips})")
     return None
 
-  def _preempted(self, step: int, ckpts: RunCheckpoints | None, watch: PreemptionWatch) -> int:
+  def _preempted(self, step: int) -> int:
+    watch, ckpts = self.watch, self.checkpoints
     what = watch.signal_name or "the preemption service"
     if ckpts is None:
       log_host(f"preempted ({what}) after step {step}; nothing saved (enable_checkpointing=false)")

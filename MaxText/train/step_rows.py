@@ -1,7 +1,8 @@
 """One training step's metrics row, built on the host once the step is read back: the step's own
 metrics, each as the Python number of its dtype (an integer metric such as the batch checksum
 stays an int, a floating one is a float), then the smoothed loss, the step's wall time, tokens/s,
-TFLOP/s and MFU per device, and the process's resident memory."""
+TFLOP/s and MFU per device, and the process's resident memory; and the step's progress line (with
+the family's part and warnings: its `aux_terms.watch()`, e.g. MoE's expert load)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,8 @@ import time
 import jax
 import psutil
 
-from MaxText.metrics.writers import LossSmoother
+from MaxText.metrics.writers import LossSmoother, format_line
+from MaxText.models.family import AuxTerms
 
 
 def host_values(metrics: dict) -> dict:
@@ -44,3 +46,17 @@ class StepRows:
                mfu=tflops / self.peak_tflops if self.peak_tflops > 0 else 0.0,
                rss_gib=psutil.Process().memory_info().rss / 2**30)
     return row
+
+
+class StepProgress:
+  """A training step's progress line (metrics/writers.py: `format_line`) and the family's view of
+  its metrics (`aux_terms.watch()`: a part of the line, warnings such as an expert-load collapse)."""
+
+  def __init__(self, aux_terms: AuxTerms | None):
+    self.watch = aux_terms.watch() if aux_terms is not None else None
+
+  def line(self, step: int, row: dict, steps: int) -> str:
+    return format_line(step, row, steps, [self.watch.progress(row)] if self.watch else [])
+
+  def warning(self, step: int, row: dict) -> str | None:
+    return self.watch.update(step, row) if self.watch else None

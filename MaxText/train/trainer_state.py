@@ -1,22 +1,33 @@
-"""The Trainer's state source and sink (`train/loop.py: Trainer` is a `CheckpointedState`): the state
-a run starts from — its latest checkpoint, the parameters of `load_parameters_path` (a whole model,
+"""The Trainer's state source and sink (`train/loop.py: Trainer` holds one `CheckpointedState`): the
+state a run starts from — its latest checkpoint, the parameters of `load_parameters_path` (a whole model,
 a base for fresh LoRA adapters, or a LoRA checkpoint and its base), or a fresh init — and what a
 checkpoint saves of it (a LoRA run: the adapters and the reference to its base,
-resolve/lora_base.py). Uses the Trainer's `cfg`, `mcfg`, `abstract`, `adapters_only`, `tx`,
-`shardings` and sets its `lora_base`."""
+resolve/lora_base.py). `Checkpointing` is what the step loop (train/step_loop.py) saves through:
+the run's checkpoints, the state's saved part and the data iterator's position."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
+from MaxText.config.schema import Config
 from MaxText.layers import lora
+from MaxText.models.model_config import ModelConfig
 from MaxText.resolve import lora_base
+from MaxText.train.optimizer import Optimizer
 from MaxText.train.run_log import log
 from MaxText.train.state import init_state
 
 
 class CheckpointedState:
-  """The state part of `Trainer` (module docstring)."""
+  """The state a run starts from and what its checkpoints hold of it (module docstring), for the
+  model of `abstract` (the abstract train state) and its optimizer `tx`. `lora_base`: the base a
+  LoRA run's checkpoints refer to (set by `initial_state`)."""
+
+  def __init__(self, cfg: Config, mcfg: ModelConfig, abstract: dict, shardings: dict,
+               tx: Optimizer, adapters_only: bool):
+    self.cfg, self.mcfg, self.abstract, self.shardings = cfg, mcfg, abstract, shardings
+    self.tx, self.adapters_only = tx, adapters_only
+    self.lora_base: dict | None = None
 
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
                     meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
@@ -75,3 +86,25 @@ class CheckpointedState:
     """Saves `state` at `step` (a LoRA run: its adapters and the reference to its base)."""
     ckpts.save(step, self.saved_part(state, self.lora_base), data_iter, config_dict,
                meta=None if self.lora_base is None else {lora_base.META_KEY: self.lora_base})
+
+
+class Checkpointing:
+  """The step loop's checkpoints (`step_loop.Checkpoints`): `save(step, state)` writes what
+  `holder` keeps of the state (None: the whole state) with `data_iter`'s position (None: no data
+  item, e.g. GRPO's prompts chosen per step) and `config_dict`."""
+
+  def __init__(self, ckpts: RunCheckpoints, config_dict: dict, data_iter: Any = None,
+               holder: CheckpointedState | None = None):
+    self.ckpts, self.config_dict, self.data_iter, self.holder = ckpts, config_dict, data_iter, holder
+
+  def save(self, step: int, state: dict) -> None:
+    if self.holder is None:
+      self.ckpts.save(step, state, self.data_iter, self.config_dict)
+    else:
+      self.holder.save_checkpoint(self.ckpts, step, state, self.data_iter, self.config_dict)
+
+  def check(self) -> None:
+    self.ckpts.check()
+
+  def wait(self) -> None:
+    self.ckpts.wait()
