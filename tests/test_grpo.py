@@ -370,3 +370,55 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   tol = 1e-6 * max(1.0, size / abs(float(ref_v)))
   for (path, a), b in zip(jax.tree.leaves_with_path(ref_g), jax.tree.leaves(g)):
     assert rel(b, a) < tol, (jax.tree_util.keystr(path), rel(b, a), tol)
+
+
+class GRPOTimeline(GRPOTrainer):
+  """Records the order of the updates' dispatches, the rows' reads and the checkpoint saves."""
+
+  def __init__(self, *a, **kw):
+    super().__init__(*a, **kw)
+    self.events: list[str] = []
+    save = self.checkpointed.save_checkpoint
+
+    def save_checkpoint(ckpts, step, *a):
+      self.events.append(f"save {step}")
+      return save(ckpts, step, *a)
+    self.checkpointed.save_checkpoint = save_checkpoint
+
+  def dispatch(self, state, batch):
+    self.events.append(f"dispatch {batch[1]['step']}")
+    return super().dispatch(state, batch)
+
+  def loop_parts(self, *a):
+    parts = super().loop_parts(*a)
+    read = parts.rows.row
+
+    def row(metrics):
+      self.events.append(f"read {metrics[2]['step']}")
+      return read(metrics)
+    parts.rows.row = row
+    return parts
+
+
+def test_metrics_are_read_one_step_late_as_in_pretraining(learning_run, tmp_path, capsys):
+  """GRPO runs in the one loop (train/step_loop.py): step N's row is read after step N+1's
+  rollout and updates were dispatched, and before a save; the rows are those of the run that
+  read each step at once (the learning run's first steps, bit for bit)."""
+  _, prompts, rows, _ = learning_run
+  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
+                                            "run_name=late", f"prompts={prompts}",
+                                            "reward=grpo_helpers:digits", "steps=5",
+                                            "checkpoint_period=2"])
+  code, trainer = run([GRPO_YML, *(f"{k}={v}" for k, v in merged.items())],
+                      trainer_class=GRPOTimeline)
+  assert code == 0
+  assert trainer.events == [
+      "dispatch 1", "dispatch 2", "read 1", "read 2", "save 2",
+      "dispatch 3", "dispatch 4", "read 3", "read 4", "save 4",
+      "dispatch 5", "read 5", "save 5"]
+  late = [r for r in read_metrics(tmp_path / "late") if "reward_mean" in r]
+  assert [r["step"] for r in late] == [1, 2, 3, 4, 5]
+  for got, want in zip(late, rows[:5]):
+    assert (got["loss"], got["reward_mean"], got["kl"]) == \
+        (want["loss"], want["reward_mean"], want["kl"])
+  assert "step 1/5 | reward" in capsys.readouterr().out
