@@ -162,3 +162,27 @@ def test_training_with_chunked_loss_matches_whole(tmp_path):
   for a, b in zip(rows0, rows1):
     assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (a["loss"], b["loss"])
     assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * abs(a["grad_norm"])
+
+
+def _read_by_the_head(model_def, D):
+  """The oracle: which parameter leaves the head's computation reads (traced to a jaxpr)."""
+  leaves, treedef = jax.tree.flatten(model_def.abstract_params)
+  jaxpr = jax.make_jaxpr(lambda ls, h: model_def.head(jax.tree.unflatten(treedef, ls), h))(
+      leaves, jax.ShapeDtypeStruct((2, 4, D), jnp.float32)).jaxpr
+  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+  return [id(v) in read for v in jaxpr.invars[:len(leaves)]]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model_name=qwen3-tiny"], ["model_name=qwen3-tiny", "tie_word_embeddings=true"],
+    ["model_name=gemma4-tiny"], ["model_name=qwen3-next-tiny"],
+    ["model_name=qwen3-tiny", "lora_rank=4", "lora_targets=.*"]],
+    ids=["untied", "tied", "gemma4", "qwen3-next", "lora-head"])
+def test_the_heads_weights_are_named_by_the_family(overrides):
+  """The losses take the head's weights by name (the model's `head_params()`, `Head.reads`), not
+  by tracing the head: the named leaves are exactly the ones its computation reads."""
+  cfg = load_config([BASE_YML, *overrides])
+  model_def = make_model_def(ModelConfig.from_config(cfg))
+  named = model_def.head.reads(model_def.abstract_params)
+  assert any(named)
+  assert named == _read_by_the_head(model_def, cfg.emb_dim)

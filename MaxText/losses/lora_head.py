@@ -23,17 +23,14 @@ from flax import nnx, traverse_util
 
 from MaxText.layers import lora
 from MaxText.layers.linear import DenseGeneral
-from MaxText.losses.loss_parts import used_leaves
 from MaxText.losses.loss_vocab_split import vocab_split_plan
-from MaxText.models.model_def import ModelDef
+from MaxText.models.model_def import Head, ModelDef, leaf_paths
 
 
-def _head_adapter_parent(model_def: ModelDef, params, hidden_BSD: jax.Array) -> tuple | None:
-  """The module path of the one LoRA'd projection the head reads, or None."""
-  paths = [tuple(getattr(k, "key", getattr(k, "idx", k)) for k in p)
-           for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-  used = used_leaves(model_def.head, params, hidden_BSD[:, :1])
-  parents = {p[:-1] for p, u in zip(paths, used) if u and lora.is_adapter(p)}
+def _head_adapter_parent(model_def: ModelDef, params) -> tuple | None:
+  """The module path of the one LoRA'd projection among the head's weights, or None."""
+  parents = {p[:-1] for p, u in zip(leaf_paths(params), model_def.head.reads(params))
+             if u and lora.is_adapter(p)}
   return parents.pop() if len(parents) == 1 else None
 
 
@@ -42,7 +39,7 @@ def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
   """(head, its parameters, their logical axes, hidden [B, S, D + r]) whose logits equal
   `model_def.head(params, hidden_BSD)` (module docstring), or None when the head reads no adapter
   (or its adapted projection is not one [D, V] kernel)."""
-  parent = _head_adapter_parent(model_def, params, hidden_BSD)
+  parent = _head_adapter_parent(model_def, params)
   if parent is None:
     return None
   module = nnx.merge(model_def.graphdef, params)
@@ -63,9 +60,7 @@ def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
   axes = {k: v for k, v in traverse_util.flatten_dict(model_def.logical_axes).items()
           if not (k[:-1] == parent and lora.is_adapter(k))}
 
-  def head(p, h):
-    return nnx.merge(graphdef, p).logits(h)
-
+  head = Head(lambda p, h: nnx.merge(graphdef, p).logits(h), (parent,))
   return (head, traverse_util.unflatten_dict(flat), traverse_util.unflatten_dict(axes),
           hidden_aug)
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from MaxText.losses.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent,
-                                       lse_and_target_logit, sums_of_stats, used_leaves,
+                                       lse_and_target_logit, sums_of_stats,
                                        with_gradient_in_forward)
 from MaxText.losses.loss_vocab_split import (vocab_split_log_probs, vocab_split_plan,
                                              vocab_split_sums)
@@ -105,8 +105,8 @@ def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
 
   def local(p, h_BSD, t_BS, m_BS):
     leaves, treedef = jax.tree.flatten(p)
-    used = used_leaves(head, p, h_BSD[:, :chunk])
-    w = [x for x, u in zip(leaves, used) if u]              # the head's weights
+    used = head.reads(p)
+    w = [x for x, u in zip(leaves, used) if u]              # the head's weights (by name)
     rest = [x for x, u in zip(leaves, used) if not u]
 
     def head_w(w_, h_):

@@ -1,18 +1,19 @@
 """What both chunked loss paths share (`loss.py`: per batch shard; `loss_vocab_split.py`: the head
 split over the vocabulary): each position's log-sum-exp and target logit and the sums made of them,
-the cut into chunks, the head's weights among the parameters, the logits' cotangent, and the custom
-VJP that computes the loss's gradient in the forward pass."""
+the cut into chunks, the logits' cotangent, and the custom VJP that computes the loss's gradient in
+the forward pass. The head is a `models.model_def.Head`: its weights are named (`Head.reads`)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from MaxText.models.model_def import Head
 from MaxText.sharding.rules import logical_to_spec
 
 
-HeadFn = Callable[[Any, jax.Array], jax.Array]   # (params, hidden [..., D]) -> fp32 logits [..., V]
+HeadFn = Head   # (params, hidden [..., D]) -> fp32 logits [..., V], with the parameters it reads
 
 
 def lse_and_target_logit(logits_BSV: jax.Array, targets_BS: jax.Array):
@@ -45,17 +46,6 @@ def batch_axes(ctx, rows: int) -> tuple[str, ...]:
   """The mesh axes that split a batch of `rows` rows ("activation_batch"), as a tuple."""
   axes = logical_to_spec(("activation_batch",), (rows,), ctx.rules, ctx.mesh)[0]
   return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-
-
-def used_leaves(head: HeadFn, params, hidden_BcD: jax.Array) -> list[bool]:
-  """Which leaves of `params` the head reads (its weights: the gradient is taken for those only,
-  not accumulated as zeros for the whole model)."""
-  leaves, treedef = jax.tree.flatten(params)
-  jaxpr = jax.make_jaxpr(lambda ls, h: head(jax.tree.unflatten(treedef, ls), h))(
-      leaves, hidden_BcD).jaxpr
-  read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
-  read |= {id(v) for v in jaxpr.outvars}
-  return [id(v) in read for v in jaxpr.invars[:len(leaves)]]
 
 
 def logits_cotangent(logits, lse, targets, mask, z_loss_weight):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from MaxText.losses.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent, sums_of_stats,
-                                       used_leaves, with_gradient_in_forward)
+                                       with_gradient_in_forward)
 from MaxText.sharding.rules import current_context, logical_to_spec, without_rules
 
 
@@ -58,7 +58,7 @@ def vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
   names = jax.tree.leaves(logical_axes, is_leaf=lambda x: isinstance(x, tuple))
   if len(names) != len(leaves):
     return None
-  used = used_leaves(head, params, hidden_BSD[:, :chunk])
+  used = head.reads(params)   # the head's weights, by name (`Head.paths`)
   dims, sizes, stored = [], set(), []
   for leaf, axes_names, u in zip(leaves, names, used):
     if u:
@@ -282,7 +282,7 @@ def vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: j
       h_all, stats_n = forward(wv, h_)
       return outputs(stats_n), (wv, h_all, t_rel_n, stats_n)
 
-    # the leaves the head does not read (`used_leaves`), as zeros of their shapes: the backward
+    # the leaves the head does not read (not in `head.paths`), as zeros of their shapes: the backward
     # pass may hold no tracer of the forward one
     rest_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in rest_]
 

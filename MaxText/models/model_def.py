@@ -4,6 +4,7 @@ Parameters are plain nested dicts (`nnx.to_pure_dict`). `registry.make_model_def
 `registry.init_params(mcfg, seed)` pick the constructor from `mcfg.decoder_block`."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,12 +17,39 @@ from MaxText.models.model_config import ModelConfig
 Build = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
 
 
+Path = tuple[str, ...]
+
+
+def leaf_paths(tree) -> list[Path]:
+  """Each leaf's path of dict keys (or sequence indices, as strings), in `jax.tree.leaves` order."""
+  return [tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+          for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+@dataclass(frozen=True)
+class Head:
+  """An LM head as the losses take it: `head(params, hidden [..., D]) -> fp32 logits [..., V]`,
+  and `paths`, the parameters it reads named by path (prefixes in the parameter dict: the
+  model's `head_params()`), so a loss takes the gradient of the head's weights alone (and splits
+  them over the vocabulary) without looking into the head's computation."""
+  fn: Callable[[Any, jax.Array], jax.Array]
+  paths: tuple[Path, ...]
+
+  def __call__(self, params, hidden):
+    return self.fn(params, hidden)
+
+  def reads(self, params) -> list[bool]:
+    """Per leaf of `params` (in `jax.tree.leaves` order): whether it is one of the head's."""
+    return [any(path[:len(p)] == p for p in self.paths) for path in leaf_paths(params)]
+
+
 @dataclass(frozen=True)
 class ModelDef:
   """The static half of a model (NNX graphdef) plus the abstract parameters and their logical axes."""
   graphdef: Any
   abstract_params: Any   # pure dict of ShapeDtypeStruct
   logical_axes: Any      # pure dict of tuples of logical names
+  head_paths: tuple[Path, ...] = ()   # the model's `head_params()`: what its `logits` reads
 
   def apply(self, params, *args):
     return self.apply_with_aux(params, *args)[0]
@@ -35,9 +63,12 @@ class ModelDef:
     (`head`) chunk by chunk (`losses/loss.py`); the family's `forward_with_aux(return_hidden=True)`."""
     return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
 
-  def head(self, params, hidden):
-    """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V]."""
-    return nnx.merge(self.graphdef, params).logits(hidden)
+  @functools.cached_property
+  def head(self) -> Head:
+    """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V], with the
+    parameters it reads by name (`Head`)."""
+    return Head(lambda params, hidden: nnx.merge(self.graphdef, params).logits(hidden),
+                self.head_paths)
 
 
 def _build(build: Build, mcfg: ModelConfig, seed: int,
@@ -66,7 +97,9 @@ def model_def_of(build: Build, mcfg: ModelConfig,
     value = var.get_value()
     shapes[path] = jax.ShapeDtypeStruct(value.shape, value.dtype)
     axes[path] = tuple(var.get_metadata().get("logical_axes") or (None,) * len(value.shape))
-  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes))
+  head = getattr(abstract_model, "head_params", None)   # a family without `logits` has none
+  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes),
+                  tuple(tuple(p) for p in head()) if head is not None else ())
 
 
 def init_params_of(build: Build, mcfg: ModelConfig, seed: int):

@@ -397,6 +397,11 @@ class Transformer(nnx.Module):
       logits_BSV = c * jnp.tanh(logits_BSV / c)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
 
+  def head_params(self):
+    """The parameters `logits` reads, by path in the parameter dict (the head's module, with its
+    adapters or quantized form): the family interface's name for the head's weights."""
+    return (("embedding",),) if self.lm_head is None else (("lm_head",),)
+
   def unembedding(self):
     """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by (before the soft-cap)."""
     return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T

@@ -204,6 +204,11 @@ class Transformer(nnx.Module):
       logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
 
+  def head_params(self):
+    """The parameters `logits` reads, by path in the parameter dict (the head's module, with its
+    adapters or quantized form): the family interface's name for the head's weights."""
+    return (("embedding",),) if self.lm_head is None else (("lm_head",),)
+
   def unembedding(self):
     """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by."""
     return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
