@@ -14,7 +14,8 @@ TensorBoard writer purges its events after k the same way (``purge_step``).
 
 Expected keys (the trainer passes at least these): ``loss``, ``lr``,
 ``grad_norm``, ``step_time_s``, ``tokens_per_s``, ``tflops_per_device``,
-``mfu`` (a fraction in 0..1, or None when the device peak is unknown).
+``mfu`` (a fraction in 0..1, or None when the device peak is unknown; with
+``mfu_peak_under_load`` true the line says that the peak was measured under load).
 Steps count completed optimizer steps (1-based, as in ``metrics.jsonl``): step ``s`` of
 ``total_steps`` leaves ``total_steps - s`` steps to run.
 """
@@ -109,7 +110,8 @@ def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str]
   if (tf := get("tflops_per_device")) is not None:
     parts.append(f"{_short(tf)} TFLOP/s/dev")
   if (mfu := get("mfu")) is not None:
-    parts.append(f"MFU {100.0 * mfu:.1f}%")
+    parts.append(f"MFU {100.0 * mfu:.1f}%" + (" (peak measured under load)"
+                                               if metrics.get("mfu_peak_under_load") else ""))
   if step_time is not None and total_steps > 0:
     remaining = max(total_steps - step, 0)
     parts.append(f"ETA {_format_duration(remaining * step_time)}")
