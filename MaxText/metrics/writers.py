@@ -10,7 +10,9 @@ Resuming: a writer opened with ``start_step=k`` (the step the run restored; 0 fo
 start) first moves the rows of ``metrics.jsonl`` for steps after k — written by the interrupted
 run after its last checkpoint, and about to be recomputed — to ``metrics.superseded.jsonl``
 (appended; unparseable lines too), so ``metrics.jsonl`` holds exactly one row per step; the
-TensorBoard writer purges its events after k the same way (``purge_step``).
+TensorBoard writer purges its events after k the same way (``purge_step``). The losses of the
+rows it keeps (``earlier_losses``) let the resumed run's smoothed loss continue where the
+interrupted one's was (`LossSmoother.replay`).
 
 Expected keys (the trainer passes at least these): ``loss``, ``lr``,
 ``grad_norm``, ``step_time_s``, ``tokens_per_s``, ``tflops_per_device``,
@@ -127,6 +129,13 @@ class LossSmoother:
     self.ema = 0.0
     self.weight = 0.0
 
+  def replay(self, losses) -> None:
+    """Feeds the losses of earlier steps (a resumed run's rows; None for a non-finite one), so
+    the average continues as if the run had not stopped."""
+    for loss in losses:
+      if isinstance(loss, (int, float)):
+        self.update(float(loss))
+
   def update(self, loss: float) -> float | None:
     if math.isfinite(loss):
       self.ema = self.beta * self.ema + (1.0 - self.beta) * loss
@@ -154,6 +163,7 @@ class MetricsWriter:
     self.is_primary = is_primary
     self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
     self.superseded = 0   # rows moved to metrics.superseded.jsonl when opening
+    self.earlier_losses: list[float | None] = []   # the kept rows' losses, in step order
     self._jsonl = None
     self._tb = None
     if not is_primary:
@@ -179,11 +189,14 @@ class MetricsWriter:
         if not line.strip():
           continue
         try:
-          step = json.loads(line).get("step")
+          row = json.loads(line)
+          step = row.get("step")
         except (ValueError, AttributeError):
-          step = None
-        (keep if isinstance(step, int) and step <= start_step else drop).append(
-            line if line.endswith("\n") else line + "\n")
+          row, step = {}, None
+        kept = isinstance(step, int) and step <= start_step
+        (keep if kept else drop).append(line if line.endswith("\n") else line + "\n")
+        if kept:
+          self.earlier_losses.append(row.get("loss"))
     if drop:
       with open(os.path.join(self.run_dir, self.SUPERSEDED_NAME), "a", encoding="utf-8") as f:
         f.writelines(drop)

@@ -71,7 +71,7 @@ class StepLoop:
     self.clock.mark("first batch")
     self._skipped = 0
     rows = StepRows(flops["total"], peak.tflops, self.global_batch * cfg.max_target_length,
-                    len(self.devices), peak.under_load)
+                    len(self.devices), peak.under_load, writer.earlier_losses)
     pending = None   # (step, metrics) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):

@@ -5,6 +5,7 @@ TFLOP/s and MFU per device, and the process's resident memory."""
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import jax
 import psutil
@@ -23,11 +24,13 @@ class StepRows:
   start) to its own, less the time `exclude`d (evaluation, samples: no step's)."""
 
   def __init__(self, flops_per_step: float, peak_tflops: float, tokens_per_step: int,
-               num_devices: int, peak_under_load: bool = False):
+               num_devices: int, peak_under_load: bool = False,
+               earlier_losses: Sequence[float | None] = ()):
     self.flops_per_step, self.peak_tflops = flops_per_step, peak_tflops
     self.peak_under_load = peak_under_load
     self.tokens_per_step, self.num_devices = tokens_per_step, num_devices
     self._smoother = LossSmoother()
+    self._smoother.replay(earlier_losses)   # a resumed run's average continues
     self._last_done = time.perf_counter()
 
   def exclude(self, seconds: float) -> None:
