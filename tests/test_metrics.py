@@ -364,3 +364,19 @@ def test_smoothed_loss_on_the_progress_line():
   assert got[1] == got[0]                                 # inf is left out
   line = writers.format_line(3, {"loss": 4.0, "loss_smoothed": got[-1]}, 10)
   assert f"loss 4.0000 (avg {got[-1]:.4f})" in line
+
+
+def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
+  """tensorboardX would import torch (seconds of every run's start-up); the writer hides it, and
+  torch is still importable afterwards. In a fresh interpreter: this one may have torch loaded."""
+  import subprocess   # pylint: disable=import-outside-toplevel
+  import sys   # pylint: disable=import-outside-toplevel
+  from conftest import ROOT   # pylint: disable=import-outside-toplevel
+  code = (f"import sys; from MaxText.metrics.writers import MetricsWriter\n"
+          f"w = MetricsWriter({str(tmp_path)!r}, enable_tensorboard=True, is_primary=True)\n"
+          f"w.write(1, {{'loss': 2.5}}); w.flush(); w.close()\n"
+          f"assert 'torch' not in sys.modules, 'torch was imported'\n"
+          f"import importlib.util; assert importlib.util.find_spec('torch') is None or "
+          f"__import__('torch') is not None\n")
+  subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+  assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))

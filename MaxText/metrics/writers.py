@@ -28,6 +28,7 @@ import json
 import math
 import numbers
 import os
+import sys
 from typing import Sequence
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
@@ -143,6 +144,23 @@ class LossSmoother:
     return self.ema / self.weight if self.weight > 0 else None
 
 
+def summary_writer_class():
+  """tensorboardX's SummaryWriter. tensorboardX imports torch whenever it is installed (seconds
+  of a run's start-up) only to accept torch tensors, which we never pass: unless torch is loaded
+  already, it is imported with torch hidden (`sys.modules["torch"] = None` reads as "not
+  installed"), and torch stays importable afterwards."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    if sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricsWriter:
   """Writes per-step metrics to ``metrics.jsonl`` and (optionally) TensorBoard.
 
@@ -172,7 +190,7 @@ class MetricsWriter:
     self.superseded = self._supersede_after(start_step)
     self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
     if enable_tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      SummaryWriter = summary_writer_class()  # pylint: disable=invalid-name
 
       # a resumed writer's file must not replace the one of a run interrupted the same second
       self._tb = SummaryWriter(logdir=os.path.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30,
