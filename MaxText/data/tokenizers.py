@@ -197,6 +197,12 @@ class SentencePieceTokenizer(_LazyFileTokenizer):
     return self.impl.DecodeIds([int(i) for i in ids])
 
 
+def is_absent(tokenizer_type: str, tokenizer_path: str) -> bool:
+  """A real tokenizer's type without its file: the resolved keys of a run that tokenizes nothing
+  from a checkpoint that carries no tokenizer files (`train/tokenizer_setup.py`)."""
+  return tokenizer_type in ("huggingface", "sentencepiece") and not tokenizer_path
+
+
 def resolve(tokenizer_type: str, tokenizer_path: str) -> tuple[str, str, str]:
   """(type, file, how it was chosen) for the `tokenizer_type` / `tokenizer_path` keys (module
   docstring). Raises DataError naming the key when they are missing, unknown or contradict."""
