@@ -40,7 +40,8 @@ from typing import Sequence
 import jax
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import load_params_host, resolve_step_dir, save_params_only
+from MaxText.checkpoint.manager import (HF_SOURCE, hf_source, load_params_host, resolve_step_dir,
+                                        save_params_only)
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.data.config import DataConfig
@@ -146,8 +147,10 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
       block_size=args["block_size"], hess=hess, progress=progress)
   step_dir = resolve_step_dir(cfg.load_parameters_path)
   folder = tokenizer_files.in_checkpoint(step_dir)
+  source = hf_source(cfg.load_parameters_path)   # a quantized conversion stays one
   save_params_only(out, qparams, qcfg.as_dict(),
-                   tokenizer=tokenizer_files.files_of(folder) if folder else None)
+                   tokenizer=tokenizer_files.files_of(folder) if folder else None,
+                   meta={HF_SOURCE: source} if source else None)
   return reports
 
 
