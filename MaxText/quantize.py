@@ -12,7 +12,8 @@ rows and output column (0: one per column). Methods:
   rtn   round to nearest.
   gptq  GPTQ (quantization/gptq.py): the Hessian X^T X of each projection's input from
         `calibration_steps` batches of the dataset keys' training documents (per_device_batch_size
-        x devices rows of max_target_length tokens; the eval_split_fraction share is never read),
+        x devices rows of max_target_length tokens; the eval_split_fraction share is never read,
+        and a share other than the one the checkpoint's run held out is refused, exit 2),
         dampening `damp` x mean diagonal, blocked lazy updates, act_order (columns by descending
         Hessian diagonal; default true). A routed expert's Hessian: the token copies routed to it;
         an expert that none reached is quantized by RTN (logged).
@@ -54,6 +55,7 @@ from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
+from MaxText.train import held_out
 from MaxText.train.exit_codes import EXIT_OK, reported
 from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.loop import check_config
@@ -128,6 +130,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   params = load_params_host(cfg.load_parameters_path, make_model_def(mcfg).abstract_params)
   hess = None
   if steps > 0:
+    held_out.check_calibration(cfg)   # never the documents the run held out
     cfg, _ = model_tokenizer(cfg)
     devices = jax.devices()
     tokenizer = check_config(cfg, devices)
