@@ -4,6 +4,8 @@ checkpoint held out (MaxText/train/held_out.py): evaluating a run that trained w
 another share than the run's; `eval_split_fraction=0` evaluates on every document and says the run
 trained on them; calibration with another share than the run's is refused; another dataset or a
 conversion's config is not compared."""
+import os
+
 import jax
 import pytest
 
@@ -30,8 +32,10 @@ def runs(tmp_path_factory):
 
 
 def evaluate_exit(ckpt, *args):
+  out = os.path.dirname(os.path.dirname(ckpt))
   return evaluate.main([BASE_YML, f"load_parameters_path={ckpt}", "eval_steps=1",
-                        "per_device_batch_size=1", *args])
+                        "per_device_batch_size=1", f"base_output_directory={out}",
+                        "run_name=evaluate", *args])
 
 
 def test_evaluate_refuses_a_share_the_run_trained_on(runs, capsys):
@@ -60,7 +64,8 @@ def test_calibration_refuses_another_share(runs, capsys):
   out, ckpts = runs
   code = quantize.main([BASE_YML, f"load_parameters_path={ckpts[0.1]}",
                         f"output_path={out / 'q'}", "method=gptq", "bits=4", "group_size=32",
-                        "calibration_steps=1", "per_device_batch_size=1"])
+                        "calibration_steps=1", "per_device_batch_size=1",
+                        f"base_output_directory={out}", "run_name=q"])
   assert code == 2
   err = capsys.readouterr().err
   assert "held out eval_split_fraction=0.1" in err and "set eval_split_fraction=0.1" in err
