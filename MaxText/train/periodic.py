@@ -47,7 +47,7 @@ class Periodic:
       try:
         result = self.evaluator.run(params)
       except Exception as e:  # pylint: disable=broad-except
-        _failed("evaluation", step, e)
+        log_failure("evaluation", step, e)
       else:
         self.writer.write(step, result)
         self.log(format_eval(step, result))
@@ -55,14 +55,15 @@ class Periodic:
       try:
         text = self.sampler.text(step, params)   # every process decodes; process 0 prints
       except Exception as e:  # pylint: disable=broad-except
-        _failed("sample", step, e)
+        log_failure("sample", step, e)
       else:
         if jax.process_index() == 0:
           self.log(text)
     return time.perf_counter() - t0
 
 
-def _failed(what: str, step: int, error: Exception) -> None:
-  """The line of an evaluation or sample that failed: what, why, and that the run goes on."""
+def log_failure(what: str, step: int, error: Exception) -> None:
+  """The line of an evaluation or sample that failed after `step` (its checkpoint already handed
+  off): what, why, and that the run goes on (also GRPO's evaluation, MaxText/rl/grpo.py)."""
   log_error(f"warning: the {what} after step {step} failed and was skipped ({type(error).__name__}: "
             f"{error}); training goes on and step {step}'s checkpoint (if due) is unaffected")
