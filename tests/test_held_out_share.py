@@ -81,3 +81,16 @@ def test_another_dataset_is_not_compared(runs, tmp_path):
   same = load_config([BASE_YML, f"load_parameters_path={ckpts[0.0]}", "eval_split_fraction=0.05"])
   with pytest.raises(ConfigError, match="eval_split_fraction=0.05"):
     held_out.check_evaluation(same)
+
+
+def test_a_conversion_is_not_compared(tmp_path):
+  pytest.importorskip("transformers")
+  import sft_helpers as h
+  from MaxText.checkpoint.manager import hf_source
+  from MaxText.checkpoint_conversion import to_maxtext
+  h.save_qwen3_chat(tmp_path / "hf")
+  assert to_maxtext.main([f"hf_path={tmp_path / 'hf'}", f"output_path={tmp_path / 'ckpt'}"]) == 0
+  assert hf_source(str(tmp_path / "ckpt")) == str(tmp_path / "hf")
+  cfg = load_config([BASE_YML, f"load_parameters_path={tmp_path / 'ckpt'}",
+                     "eval_split_fraction=0.05"])   # its config's data keys are the defaults
+  assert held_out.run_share(cfg) is None and held_out.check_evaluation(cfg) is None

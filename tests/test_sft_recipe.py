@@ -107,6 +107,7 @@ def test_synthetic_fine_tune_of_a_checkpoint_without_tokenizer_files(tmp_path, c
   out, err = capsys.readouterr()
   assert code == 0, err[-3000:]
   assert "dataset_type=synthetic never tokenizes" in out
+  assert "sample after step 2: none (the run has no tokenizer" in out
   assert os.path.isdir(tmp_path / "runs" / "syn" / "checkpoints" / "2")
   # where text is tokenized the refusal stands, naming the key
   code, _ = run([*common, ckpt, "run_name=text"], devices=jax.devices()[:1])
