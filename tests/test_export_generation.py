@@ -16,7 +16,7 @@ from MaxText.checkpoint_conversion import to_huggingface, to_maxtext
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
-from MaxText.train import lora_base
+from MaxText.resolve import lora_base
 from MaxText.train.loop import run
 
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,5 @@
 """The held-out share of `MaxText.evaluate` and of GPTQ calibration is the one the run behind the
-checkpoint held out (MaxText/train/held_out.py): evaluating a run that trained with
+checkpoint held out (MaxText/resolve/held_out.py): evaluating a run that trained with
 `eval_split_fraction=0` on a 0.05 share (documents it trained on) is refused with the fix, as is
 another share than the run's; `eval_split_fraction=0` evaluates on every document and says the run
 trained on them; calibration with another share than the run's is refused; another dataset or a
@@ -12,7 +12,7 @@ import pytest
 from conftest import BASE_YML, MESH_1, train
 from MaxText import evaluate, quantize
 from MaxText.config.load import ConfigError, load_config
-from MaxText.train import held_out
+from MaxText.resolve import held_out
 
 ONE = jax.devices()[:1]
 

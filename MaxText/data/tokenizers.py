@@ -203,7 +203,7 @@ class SentencePieceTokenizer(_LazyFileTokenizer):
 
 def is_absent(tokenizer_type: str, tokenizer_path: str) -> bool:
   """A real tokenizer's type without its file: the resolved keys of a run that tokenizes nothing
-  from a checkpoint that carries no tokenizer files (`train/tokenizer_setup.py`)."""
+  from a checkpoint that carries no tokenizer files (`resolve/tokenizer_setup.py`)."""
   return tokenizer_type in ("huggingface", "sentencepiece") and not tokenizer_path
 
 

@@ -12,10 +12,9 @@ from typing import Any, Callable
 
 import jax
 
-from MaxText.train.run_log import log_error
-
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.train.evaluation import Evaluator, format_eval
+from MaxText.train.run_log import log_error
 from MaxText.train.samples import Sampler
 
 
