@@ -49,6 +49,7 @@ from MaxText.runtime.exit_codes import exit_process
 from MaxText.runtime.host_data import process_rows
 from MaxText.train import memory
 from MaxText.train.loop import Trainer, main as train_main
+from MaxText.train.periodic import log_failure
 from MaxText.train.run_log import log, log_error
 from MaxText.train.state import init_state
 from MaxText.train.step_loop import LoopParts
@@ -201,7 +202,7 @@ class GRPOTrainer(Trainer):
     del data_iter
     periodic = RewardEvaluation(self, writer) if self.eval_set is not None else None
     if periodic is not None and start == 0:
-      periodic.after_step(0, state["params"])
+      periodic.evaluate(0, state["params"])   # before any step: a failure here stops the run
     return LoopParts(step=self.dispatch, next_batch=self.rollout_batch,
                      rows=RolloutRows(self.cfg.num_iterations, self.scorer),
                      progress=RolloutProgress(self.scorer), periodic=periodic)
@@ -250,7 +251,8 @@ class GRPOTrainer(Trainer):
 
 class RewardEvaluation:
   """The loop's evaluation for GRPO (`step_loop.Periodic`): the held-out prompts' reward every
-  `eval_reward_period` steps and after the last."""
+  `eval_reward_period` steps and after the last (after that step's save; a failure is logged and
+  the run goes on, train/periodic.py: `log_failure`)."""
 
   def __init__(self, trainer: GRPOTrainer, writer: MetricsWriter):
     self.trainer, self.writer, self.cfg = trainer, writer, trainer.cfg
@@ -259,9 +261,16 @@ class RewardEvaluation:
     cfg = self.cfg
     return step == cfg.steps or bool(cfg.eval_reward_period and step % cfg.eval_reward_period == 0)
 
-  def after_step(self, step: int, params) -> float:
-    t0 = time.perf_counter()
+  def evaluate(self, step: int, params) -> None:
     self.trainer._log_eval(step, self.trainer.evaluate(params), self.writer)
+
+  def after_step(self, step: int, params) -> float:
+    """After the step's checkpoint was handed off: a failure is logged, never fatal."""
+    t0 = time.perf_counter()
+    try:
+      self.evaluate(step, params)
+    except Exception as e:  # pylint: disable=broad-except
+      log_failure("evaluation", step, e)
     return time.perf_counter() - t0
 
 

@@ -293,12 +293,11 @@ class Trainer:
     cfg = self.cfg
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
-                                           cfg.dtype)
-    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
-        f"({peak_source})")
-    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
-                    len(self.devices))
+    peak = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device, cfg.dtype)
+    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak.tflops:.3g} TFLOP/s per "
+        f"device ({peak.source})")
+    rows = StepRows(flops["total"], peak.tflops, self.global_batch * cfg.max_target_length,
+                    len(self.devices), peak.under_load, writer.earlier_losses)
     return LoopParts(step=self.compiled,
                      next_batch=lambda step, state: self.device_batch(next(data_iter)),
                      rows=rows, progress=StepProgress(self.aux_terms),

@@ -6,9 +6,10 @@ Per step: the step is dispatched (`step(state, batch)`: no host wait), the previ
 are read back while this one runs (`rows.row(metrics)`: the one wait per step) and written as a row
 (metrics.jsonl, TensorBoard) and, every `log_period` steps, a progress line (`progress`); then the
 non-finite policy (`finite` in the row: skip up to `max_nonfinite_skips`, or halt → exit 5, no new
-checkpoint), evaluation / samples when due (`periodic`), the checkpoint every `checkpoint_period`
-steps, at the end and on preemption (`checkpoints`), and a preemption signal answered with the step
-saved and committed → exit 42. A step that saves, stops, evaluates or ends the run is read back
+checkpoint), the checkpoint every `checkpoint_period` steps, at the end and on preemption
+(`checkpoints`), then evaluation / samples when due (`periodic`; after the save, so a failure there
+— logged, never fatal — cannot cost the step's checkpoint), and a preemption signal answered with
+the step saved and committed → exit 42. A step that saves, stops, evaluates or ends the run is read back
 before that, so a checkpoint is only ever written of a step (and every step before it) seen finite.
 The next batch is asked for (`next_batch(step, state)`) after the step before it was dispatched and
 after any save, so a saved data position matches its state.
@@ -59,7 +60,7 @@ class Progress(Protocol):
 
 class Periodic(Protocol):
   """Work between steps (evaluation, samples): `due(step)`, then `after_step(step, params)` →
-  the seconds it took."""
+  the seconds it took; it logs its own failures (a finished step is never lost to one)."""
   def due(self, step: int) -> bool: ...
   def after_step(self, step: int, params: Any) -> float: ...
 
@@ -129,10 +130,10 @@ class StepLoop:
       pending = None
       if code is not None:
         return code
-      if periodic_now:
-        parts.rows.exclude(parts.periodic.after_step(step, state["params"]))  # no step's time
-      if save_now:
+      if save_now:   # first: nothing after a finished step can cost its checkpoint
         ckpts.save(step, state)
+      if periodic_now:   # a failure there is logged, never fatal (train/periodic.py)
+        parts.rows.exclude(parts.periodic.after_step(step, state["params"]))  # no step's time
       if stop:
         return self._preempted(step)
       if step < sched.steps:   # after a save, so the saved data position matches its state
