@@ -19,7 +19,7 @@ dense, without experts).
 --devices). Code per variant (to A/B what no config key selects), changed while the variant is
 built, traced and compiled, and put back after, in one of two forms:
   py:module.NAME=value   that module attribute set to a Python literal, e.g. a constant:
-                         `py:MaxText.losses.loss_vocab_split.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`
+                         `py:MaxText.losses.vocab_split.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`
   patch=FILE             FILE's `apply()` changes any code (e.g. puts back a function as it was
                          before a change) and returns the function that undoes it
 (a constant needs no file; a function's other version needs code). The host allocator a training

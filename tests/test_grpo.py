@@ -320,7 +320,7 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   from MaxText.rl.step import token_logprobs   # pylint: disable=import-outside-toplevel
   from MaxText.sharding.mesh import create_mesh   # pylint: disable=import-outside-toplevel
   from MaxText.sharding.rules import parse_rules, tree_shardings, use_rules   # pylint: disable=import-outside-toplevel
-  from MaxText.losses.loss_vocab_split import vocab_split_plan   # pylint: disable=import-outside-toplevel
+  from MaxText.losses.vocab_split import vocab_split_plan   # pylint: disable=import-outside-toplevel
   keys = [BASE_YML, *[k for k in TINY if k.split("=")[0] in ("emb_dim", "num_decoder_layers",
                                                              "num_query_heads", "num_kv_heads",
                                                              "head_dim", "mlp_dim", "vocab_size")],

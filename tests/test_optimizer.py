@@ -6,7 +6,7 @@ import pytest
 
 from conftest import BASE_YML
 from MaxText.config.load import load_config
-from MaxText.losses.loss import cross_entropy_sums
+from MaxText.losses.token_stats import cross_entropy_sums
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 
 

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import BASE_YML  # noqa: E402
 from hf_parity import build_hf_model, compare_grads, hf_state  # noqa: E402
 from MaxText.config.load import load_config, replace  # noqa: E402
-from MaxText.losses.loss import chunked_target_log_probs  # noqa: E402
+from MaxText.losses.chunked import chunked_target_log_probs  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
 from MaxText.models.registry import init_params, make_model_def  # noqa: E402

@@ -16,6 +16,8 @@ nothing) and its module has
       the cache with them; `prefill`: prompts at positions 0..S-1 over an empty cache (or None:
       no cache, for scoring), else one token per row at its own position
   `logits(hidden_BSD) -> logits_BSV`   the head (fp32)
+  `head_params() -> ((path...), ...)`  the parameters `logits` reads, by path in the parameter
+                                       dict (the chunked losses take their gradient by this name)
 The cache is the dict of groups of arrays the decoding code allocated from `decode_cache`, each
 stacked on a leading axis of the group's layers; the model reads and writes its layers' rows.
 """

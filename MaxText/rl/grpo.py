@@ -207,12 +207,6 @@ class GRPOTrainer(Trainer):
                      rows=RolloutRows(self.cfg.num_iterations, self.scorer),
                      progress=RolloutProgress(self.scorer), periodic=periodic)
 
-  def _log_eval(self, step: int, metrics: dict, writer: MetricsWriter) -> None:
-    writer.write(step, metrics)
-    log(f"eval after step {step} | eval_reward {metrics['eval_reward']:.4f} (sampled x"
-        f"{self.group}) | greedy {metrics['eval_reward_greedy']:.4f} | {metrics['eval_prompts']} "
-        "held-out prompts")
-
   def rollout_batch(self, step: int, state: dict) -> tuple[dict, dict]:
     """The batch of `step`: its prompts' completions sampled from `state`'s parameters, their
     rewards and advantages, the old (and reference) log-probabilities → (device arrays, what the
@@ -262,7 +256,12 @@ class RewardEvaluation:
     return step == cfg.steps or bool(cfg.eval_reward_period and step % cfg.eval_reward_period == 0)
 
   def evaluate(self, step: int, params) -> None:
-    self.trainer._log_eval(step, self.trainer.evaluate(params), self.writer)
+    """Evaluates `params`: the row under `step` and its line."""
+    metrics = self.trainer.evaluate(params)
+    self.writer.write(step, metrics)
+    log(f"eval after step {step} | eval_reward {metrics['eval_reward']:.4f} (sampled x"
+        f"{self.trainer.group}) | greedy {metrics['eval_reward_greedy']:.4f} | "
+        f"{metrics['eval_prompts']} held-out prompts")
 
   def after_step(self, step: int, params) -> float:
     """After the step's checkpoint was handed off: a failure is logged, never fatal."""

@@ -16,7 +16,7 @@ from MaxText.config.schema import Config
 from MaxText.data.config import DataConfig
 from MaxText.data.eval_data import EvalBatches, eval_source
 from MaxText.data.tokenizers import Tokenizer
-from MaxText.losses.loss import token_loss_sums
+from MaxText.losses.token_loss import token_loss_sums
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, use_rules
 from MaxText.train.step import BATCH_KEYS

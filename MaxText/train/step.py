@@ -1,4 +1,4 @@
-"""The jitted train step: masked cross-entropy (+ optional z-loss; whole or chunked, `losses/loss.py`;
+"""The jitted train step: masked cross-entropy (+ optional z-loss; whole or chunked, `losses/token_loss.py`;
 + the family's auxiliary loss), gradient accumulation over micro-batches, clipping + AdamW, then the
 family's changes outside the gradient, with the state donated and every sharding pinned. What a
 family adds (its `AuxTerms`, MaxText/models/family.py) comes in as `aux_terms`: this module names no
@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.layers import lora
-from MaxText.losses.loss import token_loss_sums
+from MaxText.losses.token_loss import token_loss_sums
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import BATCH_AXES, Rules, constrain, use_rules

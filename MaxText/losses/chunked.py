@@ -1,4 +1,4 @@
-"""The token loss of a micro-batch: masked cross-entropy (+ z-loss), whole or chunked.
+"""The token loss and the token log-probabilities chunk by chunk over the sequence.
 
 Chunked (`loss_chunk_length` = c > 0, shorter than the sequence): the model returns its final-norm
 hidden state [B, S, D] (`ModelDef.apply_hidden`) and the loss applies its LM head
@@ -8,9 +8,8 @@ logits [B, c, V] exist at once instead of [B, S, V]. The loss's gradient is comp
 pass (a custom VJP): per chunk, the logits' gradient (softmax − one-hot, with the z-loss term)
 goes straight through the head's own VJP, the head's parameter gradient is summed over the chunks
 and the hidden state's gradient kept; the backward pass only scales both by the incoming
-cotangent. So the head's three matmuls run once each, on chunks small enough to stay in cache
-(measured on XLA:CPU: the [2048, 256] x [256, 8192] head's forward with the log-sum-exp 1.8x
-cheaper in 8 chunks than whole, its fp32 logits no longer written to and read from memory).
+cotangent. So the head's three matmuls run once each, on chunks small enough to stay in cache,
+and the fp32 logits are never written to and read from memory whole (benchmarks/RESULTS.md).
 Positions past S (padding of the last chunk) have mask 0. Only the loss sum carries a gradient:
 the z-loss sum and the token count are metrics (stop_gradient).
 
@@ -19,7 +18,7 @@ of two ways:
 - split over the vocabulary (when the batch's tokens are at most the vocabulary, the mesh's
   only axes of size > 1 split the batch and those divide the vocabulary): each device holds a
   vocabulary slice of the head weights and the hidden rows of the whole batch
-  (`loss_vocab_split.py`, with the token log-probabilities' split for RL).
+  (`vocab_split.py`, with the token log-probabilities' split for RL).
 - else per batch shard: each device loops over its own rows; the head weights are gathered once
   before the loop and their gradient reduced once after it (a scan over globally sharded chunks
   would gather the head and reduce its gradient once per chunk). Axes that do not split the batch
@@ -27,68 +26,18 @@ of two ways:
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
-from MaxText.losses.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent,
-                                       lse_and_target_logit, sums_of_stats,
-                                       with_gradient_in_forward)
-from MaxText.losses.loss_vocab_split import (vocab_split_log_probs, vocab_split_plan,
-                                             vocab_split_sums)
-from MaxText.models.model_def import ModelDef
-from MaxText.sharding.rules import current_context, without_rules
+from MaxText.losses.chunking import chunks, per_batch_shard, with_gradient_in_forward
+from MaxText.losses.token_stats import (cross_entropy_sums, logits_cotangent, lse_and_target_logit,
+                                        sums_of_stats, target_log_probs,
+                                        target_log_probs_and_entropy)
+from MaxText.losses.vocab_split import vocab_split_log_probs, vocab_split_plan, vocab_split_sums
+from MaxText.models.model_def import Head
 
 
-def target_log_probs(logits_BSV: jax.Array, targets_BS: jax.Array) -> jax.Array:
-  """log p(target) [B, S] in fp32."""
-  lse_BS, target_logit_BS = lse_and_target_logit(logits_BSV, targets_BS)
-  return target_logit_BS - lse_BS
-
-
-def target_log_probs_and_entropy(logits_BSV: jax.Array, targets_BS: jax.Array
-                                 ) -> tuple[jax.Array, jax.Array]:
-  """(log p(target) [B, S], the entropy of the distribution at each position [B, S]), fp32."""
-  logits_BSV = logits_BSV.astype(jnp.float32)
-  lse_BS, target_logit_BS = lse_and_target_logit(logits_BSV, targets_BS)
-  probs_BSV = jnp.exp(logits_BSV - lse_BS[..., None])
-  return target_logit_BS - lse_BS, lse_BS - jnp.sum(probs_BSV * logits_BSV, axis=-1)
-
-
-def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: jax.Array,
-                       z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
-  Padding and targets across a packed-document boundary have mask 0."""
-  return sums_of_stats(*lse_and_target_logit(logits_BSV, targets_BS), mask_BS, z_loss_weight)
-
-
-def _per_batch_shard(fn: Callable, params, *batch_arrays: jax.Array):
-  """fn(params, *batch_arrays) run per shard of the batch axes under a mesh (`use_rules`); its
-  outputs are sums, added over the shards. Without a mesh: fn itself."""
-  ctx = current_context()
-  if ctx is None:
-    return fn(params, *batch_arrays)
-  axes = batch_axes(ctx, batch_arrays[0].shape[0])
-  if not axes:
-    return fn(params, *batch_arrays)
-
-  def local(p, *arrays):
-    # the weights as per-device values: their gradient is then summed over the shards once, here,
-    # instead of at each use inside fn's loop
-    p = jax.tree.map(lambda x: jax.lax.pcast(x, axes, to="varying"), p)
-    with without_rules():
-      sums = fn(p, *arrays)
-    return jax.tree.map(lambda x: jax.lax.psum(x, axes), sums)
-
-  row_spec = P(axes)
-  return jax.shard_map(local, mesh=ctx.mesh, axis_names=frozenset(axes),
-                       in_specs=(P(), *(row_spec,) * len(batch_arrays)),
-                       out_specs=P())(params, *batch_arrays)
-
-
-def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
+def chunked_cross_entropy_sums(head: Head, params, hidden_BSD: jax.Array,
                                targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                                chunk: int, logical_axes=None
                                ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -140,10 +89,10 @@ def chunked_cross_entropy_sums(head: HeadFn, params, hidden_BSD: jax.Array,
 
     return with_gradient_in_forward(sums_only, sums_and_grads)(w, h_BSD)
 
-  return _per_batch_shard(local, params, hidden_BSD, targets_BS, mask_BS)
+  return per_batch_shard(local, params, hidden_BSD, targets_BS, mask_BS)
 
 
-def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, targets_BS: jax.Array,
+def chunked_target_log_probs(head: Head, params, hidden_BSD: jax.Array, targets_BS: jax.Array,
                              chunk: int, entropy: bool = False, logical_axes=None):
   """log p(target) [B, S] (e.g. a policy's token log-probabilities) chunk by chunk, as above, with
   the same value and gradient as the whole; `entropy`: (log p, the entropy per position [B, S]).
@@ -163,16 +112,3 @@ def chunked_target_log_probs(head: HeadFn, params, hidden_BSD: jax.Array, target
 
   _, out_nBc = jax.lax.scan(one_chunk, None, (chunks(hidden_BSD, chunk), chunks(targets_BS, chunk)))
   return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(B, -1)[:, :S], out_nBc)
-
-
-def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,
-                    chunk: int) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
-  """(loss sum, z-loss sum, token count, the model's auxiliary outputs) of one micro-batch."""
-  args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
-  mask_BS = micro["targets_segmentation"] != 0
-  if chunk <= 0:
-    logits_BSV, aux = model_def.apply_with_aux(params, *args)
-    return (*cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight), aux)
-  hidden_BSD, aux = model_def.apply_hidden(params, *args)
-  return (*chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
-                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes), aux)

@@ -1,9 +1,9 @@
-"""The LM head split over the vocabulary under the batch axes (`loss.py`'s chunked loss and token
+"""The LM head split over the vocabulary under the batch axes (`chunked.py`'s loss and token
 log-probabilities take it when the batch's tokens are at most the vocabulary, the mesh's only axes
 of size > 1 split the batch and those divide the vocabulary).
 
-Each device holds a vocabulary slice of the head weights (found by their "vocab" logical axis: tied
-[V, D], untied [D, V]) and gathers the hidden rows of the whole batch, fewer bytes than the weights
+Each device holds a vocabulary slice of the head weights (the parameters the model names as its
+head, `Head.reads`, sliced along their "vocab" logical axis: tied [V, D], untied [D, V]) and gathers the hidden rows of the whole batch, fewer bytes than the weights
 then; per chunk the slices' log-sum-exps and target logits are combined (one all-gather of
 [2, rows, c] values); the weight gradient of a slice is complete on its device (no reduction), the
 hidden state's gradient is summed over the slices and scattered back to its rows' devices
@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from MaxText.losses.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent, sums_of_stats,
-                                       with_gradient_in_forward)
+from MaxText.losses.chunking import batch_axes, chunks, with_gradient_in_forward
+from MaxText.losses.token_stats import logits_cotangent, sums_of_stats
+from MaxText.models.model_def import Head
 from MaxText.sharding.rules import current_context, logical_to_spec, without_rules
 
 
@@ -40,7 +41,7 @@ class _VocabSplit:
   stored: tuple[P, ...]           # per used leaf: its own sharding (by its logical axes)
 
 
-def vocab_split_plan(head: HeadFn, params, logical_axes, hidden_BSD: jax.Array,
+def vocab_split_plan(head: Head, params, logical_axes, hidden_BSD: jax.Array,
                      chunk: int) -> _VocabSplit | None:
   """How to split the head over the vocabulary, or None for the per-batch-shard loop: needs a
   mesh whose only axes of size > 1 split the batch, a head whose every weight has a "vocab"
@@ -126,7 +127,7 @@ def _gradient_path(plan: _VocabSplit, stored: P, vocab_dim: int, ndim: int) -> t
   return P(*via), stored
 
 
-def _split_weights(plan: _VocabSplit, head: HeadFn, params):
+def _split_weights(plan: _VocabSplit, head: Head, params):
   """(the head's weights, each with its gradient in its own sharding; the other leaves; the
   weights' in-specs as vocabulary slices; head_w(w, rest, hidden) -> the slice's logits)."""
   ctx = current_context()
@@ -176,7 +177,7 @@ def _rows_grad_to_owners(dh_nBcD: jax.Array, S: int, axes, dtype) -> jax.Array:
                               tiled=True).astype(dtype)
 
 
-def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
+def vocab_split_sums(plan: _VocabSplit, head: Head, params, hidden_BSD: jax.Array,
                      targets_BS: jax.Array, mask_BS: jax.Array, z_loss_weight: float,
                      chunk: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The chunked cross-entropy with each device holding a vocabulary slice of the head weights
@@ -236,7 +237,7 @@ def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Ar
 
 
 
-def vocab_split_log_probs(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Array,
+def vocab_split_log_probs(plan: _VocabSplit, head: Head, params, hidden_BSD: jax.Array,
                           targets_BS: jax.Array, chunk: int, entropy: bool):
   """`chunked_target_log_probs` with the head split over the vocabulary as in `vocab_split_sums`
   (each device: a vocabulary slice of the weights, the hidden rows of the whole batch; per chunk

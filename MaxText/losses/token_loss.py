@@ -1,0 +1,23 @@
+"""The train step's token loss of a micro-batch (train/step.py, evaluation): masked cross-entropy
+(+ z-loss) over the whole sequence's logits, or with `loss_chunk_length` the model's final hidden
+state and its head chunk by chunk (`chunked.py`)."""
+from __future__ import annotations
+
+import jax
+
+from MaxText.losses.chunked import chunked_cross_entropy_sums
+from MaxText.losses.token_stats import cross_entropy_sums
+from MaxText.models.model_def import ModelDef
+
+
+def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,
+                    chunk: int) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
+  """(loss sum, z-loss sum, token count, the model's auxiliary outputs) of one micro-batch."""
+  args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
+  mask_BS = micro["targets_segmentation"] != 0
+  if chunk <= 0:
+    logits_BSV, aux = model_def.apply_with_aux(params, *args)
+    return (*cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight), aux)
+  hidden_BSD, aux = model_def.apply_hidden(params, *args)
+  return (*chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
+                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes), aux)
