@@ -18,6 +18,7 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
@@ -42,7 +43,7 @@ from MaxText.train.startup import StartupClock
 from MaxText.train.step_loop import StepLoop
 from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, mesh_data_axes, state_shardings, trained
-from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
+from MaxText.train.step import batch_sharding, jit_train_step, make_train_step
 from MaxText.train.trainer_state import CheckpointedState
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",

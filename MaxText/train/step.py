@@ -14,6 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.checkpoint.checksum import batch_checksum
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.layers import lora
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
@@ -22,7 +23,6 @@ from MaxText.train.loss import token_loss_sums
 from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
 
-BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
 BATCH_AXES = ("activation_batch", "activation_length")
 
 
