@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError, load
@@ -74,14 +75,15 @@ def prompts_of(cfg) -> list[Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-  if any(a in ("-h", "--help") for a in argv):
-    print(__doc__)
+  if cli.wants_help(argv):
+    print(cli.usage(__doc__, {}, "decode"))
     return EXIT_OK
   return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
 
 
 def run(argv: Sequence[str]) -> int:
-  prompts = prompts_of(load_config(argv))   # before the model loads: a bad prompt fails fast
+  # before the model loads: a bad prompt, or a key decoding does not read, fails fast
+  prompts = prompts_of(load_config(argv, tool="decode"))
   model = load(argv)
   cfg = model.cfg
   print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}); "

@@ -98,7 +98,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   out = args["output_path"]
   if os.path.exists(out) and os.listdir(out):
     raise ConfigError(f"output_path '{out}' exists and is not empty")
-  cfg = load_config(argv)
+  cfg = load_config(argv, tool="quantize")
   if not cfg.load_parameters_path:
     raise ConfigError("load_parameters_path: the checkpoint to quantize")
   exclude = cfg.weight_quant_exclude   # this run's choice; a float checkpoint's means nothing
@@ -153,16 +153,13 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
 
 def main(argv: Sequence[str]) -> int:
   def run() -> int:
-    if not argv or "=" in argv[0]:
-      parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
-      if parsed is None:
-        return EXIT_OK
+    if not cli.wants_help(argv) and (not argv or "=" in argv[0]):
       raise ConfigError("the first argument is the config file (configs/base.yml)")
-    parsed = cli.parse(argv[1:], ARGS, __doc__, overrides=True)
+    parsed = cli.parse(argv, ARGS, __doc__, tool="quantize", config_file=True)
     if parsed is None:
       return EXIT_OK
-    args, rest = parsed
-    reports = quantize([argv[0], *rest], args)
+    args, _, config_argv = parsed
+    reports = quantize(config_argv, args)
     worst = max(reports, key=lambda r: r.error)
     print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
           f"{args['group_size']}, {len(reports)} matrices; largest relative error "

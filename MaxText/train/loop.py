@@ -71,7 +71,10 @@ class Trainer(CheckpointedState, StepLoop):
   `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts).
   `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1), or be `run()`'s one resolution
   of them (`auto_settings.for_training`): `self.training` is that resolution, `self.cfg` its
-  concrete config."""
+  concrete config. `tool`: the name under which the schema says which keys it reads
+  (MaxText/config/tools.py); `run()` refuses any other key set away from its default."""
+
+  tool = "train"
 
   def __init__(self, cfg: Config | auto_settings.Training,
                devices: Sequence[jax.Device] | None = None, tokenizer: Tokenizer | None = None):
@@ -256,7 +259,8 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   clock = StartupClock()
   try:
-    cfg = load_config(argv, keep_auto=True)   # dtype=auto resolved for training below
+    # dtype=auto resolved for training below; keys the trainer does not read refused
+    cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
     cfg, tokenizer_line = choose_tokenizer(cfg)
