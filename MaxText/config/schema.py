@@ -107,10 +107,13 @@ _RULES = [
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
+  # evaluate and quantize check the run directory is writable, as training does (check_config)
   run_name: str = key("default", "run directory name under base_output_directory; rerun = resume",
-                      section="run", section_tools=TRAINERS)
+                      section="run", section_tools=TRAINERS,
+                      tools=(*TRAINERS, "evaluate", "quantize"))
   base_output_directory: str = key(
-      "runs", "parent of run directories (metrics.jsonl, checkpoints/, config.yml)")
+      "runs", "parent of run directories (metrics.jsonl, checkpoints/, config.yml)",
+      tools=(*TRAINERS, "evaluate", "quantize"))
   steps: int = key(300, "optimizer steps to train in total", min=1)
   log_period: int = key(10, "print a progress line every N steps (metrics.jsonl gets every step)",
                         min=1)
