@@ -58,14 +58,6 @@ from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.train.loop import check_config
 
 
-def _flag(text: str) -> bool:
-  if text.lower() not in ("true", "false", "1", "0"):
-    raise ValueError(text)
-  return text.lower() in ("true", "1")
-
-
-_flag.__name__ = "bool"
-
 ARGS = {
     "output_path": cli.Arg(help="the quantized checkpoint to write (must not exist or be empty)"),
     "method": cli.Arg(str, "rtn", "rtn | gptq"),
@@ -73,7 +65,7 @@ ARGS = {
     "group_size": cli.Arg(int, 128, "input rows per scale; 0 = one scale per output column"),
     "calibration_steps": cli.Arg(int, 0, "batches of the dataset's training documents for the "
                                  "Hessians (gptq needs them; rtn: only for the error report)"),
-    "act_order": cli.Arg(_flag, True, "gptq: columns in descending Hessian-diagonal order"),
+    "act_order": cli.Arg(cli.boolean, True, "gptq: columns in descending Hessian-diagonal order"),
     "damp": cli.Arg(float, 0.01, "gptq: dampening, a fraction of the mean Hessian diagonal"),
     "block_size": cli.Arg(int, 128, "gptq: columns per lazy-update block"),
 }

@@ -124,7 +124,8 @@ def test_every_program_answers_a_bare_help_with_exit_0():
 
 TOOL_MODULES = ["MaxText.logit_check", "MaxText.quantize", "MaxText.refit", "MaxText.inspect.__main__",
                 "MaxText.checkpoint_conversion.to_maxtext",
-                "MaxText.checkpoint_conversion.to_huggingface"]
+                "MaxText.checkpoint_conversion.to_huggingface", "MaxText.launch.__main__",
+                "MaxText.launch.local"]
 
 
 @pytest.mark.parametrize("module", TOOL_MODULES)
@@ -146,3 +147,17 @@ def test_the_batch_contract_is_declared_once():
                    if isinstance(node, ast.Assign)
                    and any(getattr(t, "id", None) == "BATCH_KEYS" for t in node.targets)]
   assert declared == [os.path.join("MaxText", "data", "batch.py")], declared
+
+
+def test_one_command_line_style_no_argparse():
+  """Every program, the launchers included, takes key=value (MaxText/config/cli.py)."""
+  users = []
+  for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
+    for f in (f for f in files if f.endswith(".py")):
+      path = os.path.join(dirpath, f)
+      with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+      if any(isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names)
+             or isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree)):
+        users.append(os.path.relpath(path, ROOT))
+  assert users == [], users

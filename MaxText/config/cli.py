@@ -38,6 +38,33 @@ def wants_help(argv: Sequence[str]) -> bool:
   return any(a in HELP_FLAGS for a in argv)
 
 
+def boolean(text: str) -> bool:
+  """An Arg type: true / false (1 / 0)."""
+  if text.lower() not in ("true", "false", "1", "0"):
+    raise ValueError(text)
+  return text.lower() in ("true", "1")
+
+
+boolean.__name__ = "bool"
+
+
+def names(text: str) -> tuple[str, ...]:
+  """An Arg type: comma-separated names ("" = none)."""
+  return tuple(t for t in text.split(",") if t)
+
+
+names.__name__ = "names"
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """A launcher's own `key=value` arguments, and the command after `--` it runs (unparsed)."""
+  argv = list(argv)
+  if "--" not in argv:
+    return argv, []
+  i = argv.index("--")
+  return argv[:i], argv[i + 1:]
+
+
 def key_lines(tool: str, defaults: Mapping[str, Any] | None = None) -> list[str]:
   """Section headers and "  key = default    # description" lines of the config keys `tool` reads,
   in the schema's order; `defaults`: values that replace the schema's (a config file's); a table is
@@ -56,28 +83,36 @@ def key_lines(tool: str, defaults: Mapping[str, Any] | None = None) -> list[str]
   return out
 
 
-def usage(doc: str, spec: Mapping[str, Arg], tool: str) -> str:
+def usage(doc: str, spec: Mapping[str, Arg], tool: str | None) -> str:
   rows = []
   for name, arg in spec.items():
     what = "required" if arg.default is REQUIRED else f"default {arg.default!r}"
     rows.append(f"  {name}=<{arg.type.__name__}>".ljust(30) + f" {arg.help} ({what})")
   args = "\n\narguments:\n" + "\n".join(rows) if rows else ""
+  if tool is None:
+    return doc.strip() + args
   return (doc.strip() + args + f"\n\nconfig keys {TOOLS[tool]} reads (key=value; the default as "
           "configs/base.yml has it; any other key is refused):" + "\n".join(key_lines(tool)))
 
 
-def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
-          config_file: bool = False) -> tuple[dict[str, Any], Config, list[str]] | None:
-  """({name: typed value} of `spec`, the config, its argv [config file, key=value ...]). With
-  `config_file`, a first argument without "=" is the config file (configs/base.yml otherwise).
-  The config is `load_config`'s (dtype=auto resolved for the tools), every key set away from its
-  default checked against what `tool` reads. None after printing the usage for `-h` / `--help`."""
+def parse_own(argv: Sequence[str], spec: Mapping[str, Arg], doc: str) -> dict[str, Any] | None:
+  """A launcher's own arguments (no config keys: its command after `--` has them); None after
+  printing the usage for `-h` / `--help`."""
   if wants_help(argv):
-    print(usage(doc, spec, tool))
+    print(usage(doc, spec, None))
     return None
-  base = BASE_YML
-  if config_file and argv and "=" not in argv[0]:
-    base, argv = argv[0], argv[1:]
+  values, rest = _typed(argv, spec)
+  if rest:
+    key = rest[0].partition("=")[0]
+    close = difflib.get_close_matches(key, list(spec), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise ConfigError(f"unknown argument '{key}'{hint} (the command and its config keys go "
+                      "after --; --help for usage)")
+  return _with_defaults(values, spec)
+
+
+def _typed(argv: Sequence[str], spec: Mapping[str, Arg]) -> tuple[dict[str, Any], list[str]]:
+  """({name: typed value} of the arguments `spec` declares, the other key=value arguments)."""
   values: dict[str, Any] = {}
   rest = []
   for a in argv:
@@ -93,6 +128,30 @@ def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
       values[key] = spec[key].type(text)
     except ValueError:
       raise ConfigError(f"{key}={text!r}: expected {spec[key].type.__name__}") from None
+  return values, rest
+
+
+def _with_defaults(values: dict[str, Any], spec: Mapping[str, Arg]) -> dict[str, Any]:
+  missing = [k for k, arg in spec.items() if arg.default is REQUIRED and k not in values]
+  if missing:
+    raise ConfigError(f"missing argument(s): {', '.join(f'{k}=...' for k in missing)} "
+                      f"(--help for usage)")
+  return {k: values.get(k, arg.default) for k, arg in spec.items()}
+
+
+def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
+          config_file: bool = False) -> tuple[dict[str, Any], Config, list[str]] | None:
+  """({name: typed value} of `spec`, the config, its argv [config file, key=value ...]). With
+  `config_file`, a first argument without "=" is the config file (configs/base.yml otherwise).
+  The config is `load_config`'s (dtype=auto resolved for the tools), every key set away from its
+  default checked against what `tool` reads. None after printing the usage for `-h` / `--help`."""
+  if wants_help(argv):
+    print(usage(doc, spec, tool))
+    return None
+  base = BASE_YML
+  if config_file and argv and "=" not in argv[0]:
+    base, argv = argv[0], argv[1:]
+  values, rest = _typed(argv, spec)
   for a in rest:
     key = a.partition("=")[0]
     if key not in KEYS:
@@ -105,13 +164,9 @@ def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
       readers = ", ".join(TOOLS[t] for t in TOOLS if t in KEYS[key].tools)
       raise ConfigError(f"{key}: {TOOLS[tool]} does not read {key} (it is read by {readers}; "
                         "--help for what this program takes)")
-  missing = [k for k, arg in spec.items() if arg.default is REQUIRED and k not in values]
-  if missing:
-    raise ConfigError(f"missing argument(s): {', '.join(f'{k}=...' for k in missing)} "
-                      f"(--help for usage)")
+  args = _with_defaults(values, spec)
   config_argv = [base, *rest]
-  cfg = load_config(config_argv, tool=tool)
-  return {k: values.get(k, arg.default) for k, arg in spec.items()}, cfg, config_argv
+  return args, load_config(config_argv, tool=tool), config_argv
 
 
 def require(cfg: Config, key: str, what: str) -> Any:
