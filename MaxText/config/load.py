@@ -223,7 +223,8 @@ def check_read_by(cfg: Config, tool: str, model_keys: frozenset[str] = frozenset
 
 
 def _shown(value: Any) -> str:
-  return "[...]" if isinstance(value, list) and value and isinstance(value[0], list) else repr(value)
+  table = isinstance(value, list) and value and isinstance(value[0], list)
+  return "[...]" if table else repr(value)
 
 
 def load_config(argv: Sequence[str], *, keep_auto: bool = False, tool: str | None = None

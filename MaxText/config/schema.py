@@ -407,7 +407,8 @@ class Config:
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
       "", "a Hugging Face folder: decode / evaluate / inspect convert it in memory (instead of "
-      "load_parameters_path); to_maxtext converts it; logit_check compares with it", section="decoding (python -m MaxText.decode; MaxText.inference)",
+      "load_parameters_path); to_maxtext converts it; logit_check compares with it",
+      section="decoding (python -m MaxText.decode; MaxText.inference)",
       section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
                     tools=(*DECODERS, "train"))
