@@ -197,3 +197,16 @@ def test_local_launcher_stops_the_others_and_returns_the_first_failure(tmp_path)
     assert flags.strip() == "--xla_force_host_platform_device_count=4"
   ok = local.launch(["python3", "-c", "pass"], 2, grace_s=1)
   assert ok.status == 0 and not ok.killed
+
+
+def test_local_launcher_command_line_is_key_value(tmp_path, capsys):
+  """processes=N devices_per_process=D log_dir=DIR -- the command; its status is the children's."""
+  script = "import os; print(os.environ['JAX_NUM_PROCESSES'], os.environ['JAX_PROCESS_ID'])"
+  assert local.main(["processes=2", "devices_per_process=2", f"log_dir={tmp_path}", "--",
+                     "python3", "-c", script]) == 0
+  assert (tmp_path / "process_1.out").read_text().split() == ["2", "1"]
+  assert local.main(["processes=2", "--", "python3", "-c", "import sys; sys.exit(3)"]) == 3
+  assert local.main(["num_processes=2", "--", "python3", "-c", "pass"]) == 2
+  assert "unknown argument 'num_processes'" in capsys.readouterr().err
+  assert local.main(["processes=2"]) == 2
+  assert "no command given" in capsys.readouterr().err
