@@ -30,7 +30,7 @@ from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError, load
-from MaxText.train.exit_codes import EXIT_OK, reported
+from MaxText.runtime.exit_codes import EXIT_OK, reported
 
 PROMPT_KEYS = ("prompt", "prompt_ids", "prompt_file")
 

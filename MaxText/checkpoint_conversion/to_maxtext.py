@@ -37,7 +37,7 @@ from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, make_model_def
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 ARGS = {"output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
         "adapter_path": cli.Arg(str, "", "a PEFT LoRA adapter folder for the model of hf_path: "

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.launch import jobset, xpk
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 ARGS = {
     "cluster": cli.Arg(help="the GKE cluster"),

@@ -4,7 +4,7 @@
         [grace_s=30] [port=N] -- train.py configs/base.yml per_device_batch_size=1 ...
 
 Each child gets `JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>`, `JAX_NUM_PROCESSES`,
-`JAX_PROCESS_ID` (what `MaxText/train/distributed.py` reads), and with `devices_per_process` that
+`JAX_PROCESS_ID` (what `MaxText/runtime/distributed.py` reads), and with `devices_per_process` that
 many fake CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count`, `JAX_PLATFORMS=cpu`;
 collectives over gloo). A command starting with a `.py` file runs with this Python.
 
@@ -31,7 +31,7 @@ import portpicker
 
 from MaxText.config.cli import Arg, parse_own, split_command
 from MaxText.config.load import ConfigError
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 
 @dataclasses.dataclass
