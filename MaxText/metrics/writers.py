@@ -152,6 +152,7 @@ class MetricsWriter:
     self.is_primary = is_primary
     self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
     self.superseded = 0   # rows moved to metrics.superseded.jsonl when opening
+    self.superseded_steps: list[int] = []   # the steps of those rows (unparseable lines aside)
     self._jsonl = None
     self._tb = None
     if not is_primary:
@@ -180,8 +181,10 @@ class MetricsWriter:
           step = json.loads(line).get("step")
         except (ValueError, AttributeError):
           step = None
-        (keep if isinstance(step, int) and step <= start_step else drop).append(
-            line if line.endswith("\n") else line + "\n")
+        kept = isinstance(step, int) and step <= start_step
+        (keep if kept else drop).append(line if line.endswith("\n") else line + "\n")
+        if not kept and isinstance(step, int):
+          self.superseded_steps.append(step)
     if drop:
       with open(os.path.join(self.run_dir, self.SUPERSEDED_NAME), "a", encoding="utf-8") as f:
         f.writelines(drop)
