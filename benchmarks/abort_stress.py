@@ -2,7 +2,8 @@
 at once, optionally next to a memory-heavy neighbour, and counts how they ended.
 
   .venv/bin/python benchmarks/abort_stress.py [--runs 12] [--concurrent 3] [--hog-gib 4]
-      [--steps 6] [--out /tmp/abort_stress] [--gdb] [--env NAME=VALUE ...] [-- key=value ...]
+      [--steps 6] [--out /tmp/abort_stress] [--gdb] [--fresh-compile] [--env NAME=VALUE ...]
+      [-- key=value ...]
 
 Each run is `train.py configs/base.yml dataset_type=synthetic steps=6 dtype=float32
 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2`
@@ -80,8 +81,11 @@ def _gdb_dump(pid: int, path: str) -> None:
   if shutil.which("gdb") is None:
     return
   with open(path, "w", encoding="utf-8") as f:
-    subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-                   stdout=f, stderr=subprocess.STDOUT, timeout=120, check=False)
+    try:   # a loaded machine can take minutes to read the symbols; the run aborts meanwhile
+      subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                     stdout=f, stderr=subprocess.STDOUT, timeout=300, check=False)
+    except subprocess.TimeoutExpired:
+      f.write("\n(gdb timed out)\n")
 
 
 def main() -> int:
@@ -93,10 +97,13 @@ def main() -> int:
   parser.add_argument("--steps", type=int, default=6)
   parser.add_argument("--out", default="/tmp/abort_stress")
   parser.add_argument("--gdb", action="store_true")
+  parser.add_argument("--fresh-compile", action="store_true",
+                      help="jax_cache_dir= (off): every run compiles its step, as the first run "
+                           "of a configuration does; otherwise all but the first load it")
   parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                       help="set in the runs' environment (e.g. NPROC=2)")
   args, rest = parser.parse_known_args()
-  extra = [a for a in rest if a != "--"]
+  extra = [a for a in rest if a != "--"] + (["jax_cache_dir="] if args.fresh_compile else [])
   os.makedirs(args.out, exist_ok=True)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              PYTHONFAULTHANDLER="1")
