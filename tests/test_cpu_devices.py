@@ -198,3 +198,23 @@ def test_the_thread_pools_reach_xla():
   cores = cpu_devices.usable_cores()
   assert runs[""] == ([str(16), "16"] if cores < 16 else ["None", str(cores)])
   assert runs["9"] == ["None", "9"]
+
+
+@pytest.mark.skipif(not os.environ.get("MAXTEXT_SLOW_TESTS"),
+                    reason="minutes of CPU (a cold compile of the 8-device step): set "
+                           "MAXTEXT_SLOW_TESTS=1")
+def test_an_8_device_step_compiled_afresh_does_not_abort(tmp_path):
+  """Issue 38's run: the default model on 8 CPU devices (data x fsdp x tensor = 2 x 2 x 2), its
+  step compiled in the run (compilation cache off). With XLA:CPU's pools of one thread per device
+  it aborted in every such run on a 2-core host (SIGABRT after a stuck collective rendezvous,
+  benchmarks/RESULTS.md); with apply_thread_pools' two per device it finishes."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "PJRT_NPROC", "NPROC")}
+  env["XLA_FLAGS"] = f"{cpu_devices.DEVICE_COUNT_FLAG}=8"
+  p = subprocess.run(
+      [sys.executable, "train.py", "configs/base.yml", "dataset_type=synthetic", "steps=3",
+       "dtype=float32", "per_device_batch_size=1", "ici_data_parallelism=2",
+       "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "jax_cache_dir=",
+       "sample_at_end=false", f"base_output_directory={tmp_path}", "run_name=x8"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "may be stuck" not in p.stderr
