@@ -206,7 +206,7 @@ def test_the_thread_pools_reach_xla():
 def test_an_8_device_step_compiled_afresh_does_not_abort(tmp_path):
   """Issue 38's run: the default model on 8 CPU devices (data x fsdp x tensor = 2 x 2 x 2), its
   step compiled in the run (compilation cache off). With XLA:CPU's pools of one thread per device
-  it aborted in every such run on a 2-core host (SIGABRT after a stuck collective rendezvous,
+  it aborted on a 2-core host (SIGABRT after a stuck collective rendezvous,
   benchmarks/RESULTS.md); with apply_thread_pools' two per device it finishes."""
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "PJRT_NPROC", "NPROC")}
   env["XLA_FLAGS"] = f"{cpu_devices.DEVICE_COUNT_FLAG}=8"
