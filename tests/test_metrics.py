@@ -353,7 +353,7 @@ def test_superseded_note_says_what_wrote_the_rows(tmp_path):
   assert superseded_note(writer, 4, dead, True) == (
       "metrics.jsonl: 2 rows (steps 5-6) written by a run that died without finishing (pid 123 "
       "on host h (since 2026-12-02T14:00:00: train.py x): it left its run lock behind, so it "
-      "crashed, aborted or was killed) after its last checkpoint, step 4; moved to "
+      "crashed, aborted or was killed) after its last checkpoint (step 4); moved to "
       "metrics.superseded.jsonl, recomputed from step 5")
   ended = superseded_note(writer, 4, None, True)
   assert "ended (it released its run lock) with no checkpoint after step 4" in ended

@@ -75,7 +75,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over_and_logged(tmp_path, capsys)
   assert not (tmp_path / "run" / LOCK_NAME).exists()
   assert (f"metrics.jsonl: 3 rows (steps 1-3) written by a run that died without finishing (pid "
           f"{pid} on host {socket.gethostname()} (since 2026-01-01T00:00:00: train.py (killed)): "
-          f"it left its run lock behind, so it crashed, aborted or was killed) after any "
+          f"it left its run lock behind, so it crashed, aborted or was killed) before any "
           f"checkpoint; moved to metrics.superseded.jsonl, recomputed from step 1") in out
   assert "interrupted" not in out
 

@@ -165,16 +165,16 @@ def superseded_note(writer: MetricsWriter, start: int, dead_run: dict | None,
   rows never go past its checkpoint."""
   steps = writer.superseded_steps
   rows = (f"{writer.superseded} rows" + (f" (steps {min(steps)}-{max(steps)})" if steps else ""))
-  since = f"its last checkpoint, step {start}" if start else "any checkpoint"
   if dead_run is not None:
+    when = f"after its last checkpoint (step {start})" if start else "before any checkpoint"
     why = (f"written by a run that died without finishing ({describe_holder(dead_run)}: it left "
-           f"its run lock behind, so it crashed, aborted or was killed) after {since}")
+           f"its run lock behind, so it crashed, aborted or was killed) {when}")
   elif not checkpointing:
     why = "written by an earlier run in this directory (enable_checkpointing=false: no step to " \
           "resume from)"
   else:
     why = (f"written by an earlier run in this directory that ended (it released its run lock) "
-           f"with no checkpoint after {'step ' + str(start) if start else 'step 0'}: its saves "
-           f"were off, failed or were deleted, or an older step was restored")
+           f"with no checkpoint {f'after step {start}' if start else 'at all'}: its saves were "
+           f"off, failed or were deleted, or an older step was restored")
   return (f"metrics.jsonl: {rows} {why}; moved to {MetricsWriter.SUPERSEDED_NAME}, "
           f"recomputed from step {start + 1}")
