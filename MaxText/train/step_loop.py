@@ -27,6 +27,7 @@ from MaxText.metrics.writers import MetricsWriter
 from MaxText.runtime import faults
 from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
 from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.runtime.run_dir import describe as describe_holder
 from MaxText.runtime.startup import StartupClock
 from MaxText.train.run_log import log as run_log, log_host
 
@@ -180,3 +181,27 @@ class StepLoop:
     log_host(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
              "(rerun to resume)")
     return EXIT_PREEMPTED
+
+
+def superseded_note(writer: MetricsWriter, start: int, dead_run: dict | None,
+                    checkpointing: bool) -> str:
+  """What the rows `writer` moved aside on opening were, from what this run can know: the holder
+  of a stale run lock it took over (`dead_run`: that run died — a crash, an abort, a kill —
+  without releasing it) or none (the run before ended and released its lock, yet its rows go past
+  the step this run starts from). A preempted run saves its last step before it exits, so its
+  rows never go past its checkpoint."""
+  steps = writer.superseded_steps
+  rows = (f"{writer.superseded} rows" + (f" (steps {min(steps)}-{max(steps)})" if steps else ""))
+  if dead_run is not None:
+    when = f"after its last checkpoint (step {start})" if start else "before any checkpoint"
+    why = (f"written by a run that died without finishing ({describe_holder(dead_run)}: it left "
+           f"its run lock behind, so it crashed, aborted or was killed) {when}")
+  elif not checkpointing:
+    why = "written by an earlier run in this directory (enable_checkpointing=false: no step to " \
+          "resume from)"
+  else:
+    why = (f"written by an earlier run in this directory that ended (it released its run lock) "
+           f"with no checkpoint {f'after step {start}' if start else 'at all'}: its saves were "
+           f"off, failed or were deleted, or an older step was restored")
+  return (f"metrics.jsonl: {rows} {why}; moved to {MetricsWriter.SUPERSEDED_NAME}, "
+          f"recomputed from step {start + 1}")
