@@ -197,19 +197,12 @@ def attention_op(mcfg):
 
 def _cudnn_problem(device, dtype: str, head_dims: list[int]) -> str | None:
   """Why cuDNN's fused attention cannot run this config on `device` (None: it can), following the
-  checks `jax._src.cudnn.fused_attention_stablehlo` makes when it lowers."""
+  checks JAX's cuDNN lowering makes. A CUDA device is the CUDA plug-in, which ships cuDNN."""
   platform = device.platform
   version = getattr(getattr(device, "client", None), "platform_version", "") or ""
   if platform not in GPU_PLATFORMS or "rocm" in version.lower():
     return (f"attention=cudnn needs an NVIDIA GPU with cuDNN; this run's devices are "
             f"{platform!r} ({device.device_kind}). Use attention=flash or attention=dot_product")
-  try:   # private module: if it moved, do not guess (cuDNN itself refuses at compile time)
-    from jax._src.lib import cuda_versions
-    detected = cuda_versions is not None
-  except ImportError:
-    detected = True
-  if not detected:
-    return "attention=cudnn: this jaxlib has no CUDA/cuDNN plug-in (cuDNN is not detected)"
   if dtype not in ("bfloat16", "float16"):
     return (f"attention=cudnn needs dtype bfloat16 or float16 (cuDNN flash attention has no "
             f"float32 path), got dtype={dtype}")

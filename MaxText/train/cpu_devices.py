@@ -40,6 +40,8 @@ from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
 
+from MaxText.backend import compat
+
 # Beyond this many devices each one's batch and the collectives grow while one device's intra-op
 # threads already use the cores; more can always be asked for with the flags above.
 MAX_DEFAULT = 8
@@ -77,8 +79,7 @@ def user_choice(env: Mapping[str, str], num_cpu_devices: int | None = None,
 
 
 def _backends_started() -> bool:
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-  return xla_bridge.backends_are_initialized()
+  return compat.backends_started()
 
 
 class Defaults(NamedTuple):
