@@ -47,8 +47,13 @@ def select_hot_path(name: str, platform: str) -> str:
 
 @contextlib.contextmanager
 def use(name: str) -> Iterator[None]:
-  """Traces inside run the path `name` (auto: the platform's default)."""
-  token = _FORCED.set(None if name == "auto" else select_hot_path(name, ""))
+  """Traces inside run the path `name` (tuned / plain); auto changes nothing (an enclosing `use`,
+  else the platform's default)."""
+  select_hot_path(name, "")   # refuses an unknown name
+  if name == "auto":
+    yield
+    return
+  token = _FORCED.set(name)
   try:
     yield
   finally:
@@ -67,3 +72,12 @@ def current() -> str:
 def tuned() -> bool:
   """Whether the layers being traced run the XLA:CPU-tuned mechanisms."""
   return current() == TUNED
+
+
+def describe(requested: str, resolved: str, platform: str) -> str:
+  """The run's log line: which path its layers take and why."""
+  why = (f"hot_path=auto on {platform}" if requested == "auto" else f"hot_path={requested}")
+  other = PLAIN if resolved == TUNED else TUNED
+  what = ("XLA:CPU-tuned bf16 matmul/attention cores, RMSNorm VJP, raw-bit remat saves"
+          if resolved == TUNED else "XLA's plain dot, autodiff attention and norm, named remat saves")
+  return f"hot path {resolved} ({why}): {what}; hot_path={other} for the other"

@@ -40,7 +40,7 @@ from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
 
-from MaxText.backend import compat
+from MaxText.backend import compat, hot_path as hot
 
 # Beyond this many devices each one's batch and the collectives grow while one device's intra-op
 # threads already use the cores; more can always be asked for with the flags above.
@@ -91,12 +91,12 @@ class Defaults(NamedTuple):
   allocator: bool = False
 
 
-def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
-  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count),
-  and one CPU device per usable core (at most MAX_DEFAULT) if the user chose nothing; both only
-  before the backends start."""
+def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "auto") -> Defaults:
+  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count;
+  part of the tuned hot path, so not with `hot_path=plain`), and one CPU device per usable core
+  (at most MAX_DEFAULT) if the user chose nothing; both only before the backends start."""
   env = os.environ if env is None else env
-  schedule = apply_xla_defaults(env)
+  schedule = hot.select_hot_path(hot_path, "cpu") == hot.TUNED and apply_xla_defaults(env)
   if user_choice(env) or _backends_started():
     return Defaults(None, schedule)
   count = max(1, min(usable_cores(), MAX_DEFAULT))
@@ -105,11 +105,13 @@ def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
 
 
 def apply_host_allocator(defaults: Defaults | None, platform: str,
-                         env: Mapping[str, str] | None = None) -> Defaults | None:
-  """`keep_freed_memory` where the run's devices are CPUs (their buffers are host memory; on an
-  accelerator only host-side work uses malloc, and keeping its freed memory would only raise the
-  peak); `defaults` None (apply_default did not run): nothing."""
-  if defaults is None or platform != "cpu":
+                         env: Mapping[str, str] | None = None,
+                         hot_path: str = "auto") -> Defaults | None:
+  """`keep_freed_memory` where the run takes the tuned hot path (`hot_path` on `platform`, the
+  run's devices: CPUs by default, whose buffers are host memory; on an accelerator only host-side
+  work uses malloc, and keeping its freed memory would only raise the peak); `defaults` None
+  (apply_default did not run): nothing."""
+  if defaults is None or hot.select_hot_path(hot_path, platform) != hot.TUNED:
     return defaults
   return defaults._replace(allocator=keep_freed_memory(env))
 
