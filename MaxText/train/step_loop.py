@@ -17,10 +17,11 @@ from MaxText.config.load import ConfigError
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.registry import training_flops
-from MaxText.train import faults, memory
-from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
+from MaxText.runtime import faults
+from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
+from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.train import memory
 from MaxText.train.periodic import Periodic
-from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_log import log, log_host
 from MaxText.train.step_rows import StepRows
 
@@ -99,10 +100,10 @@ class StepLoop:
         pending = None
         if code is not None:
           return code
-        if periodic_now:
-          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
-        if save_now:
+        if save_now:   # first: nothing after a finished step can cost its checkpoint
           self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
+        if periodic_now:   # a failure here is logged, never fatal (train/periodic.py)
+          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
         if stop:
           return self._preempted(step, ckpts, watch)
         if step < cfg.steps:   # after a save, so the saved iterator position matches its state
