@@ -39,7 +39,10 @@ def main() -> None:
   import jax  # pylint: disable=import-outside-toplevel
   from ab_step import model_keys  # pylint: disable=import-outside-toplevel
   from MaxText.config.load import load_config  # pylint: disable=import-outside-toplevel
-  from MaxText.train import auto_settings  # pylint: disable=import-outside-toplevel
+  try:   # (a checkout from before issue 29's package move has it in MaxText.train)
+    from MaxText.resolve import auto_settings  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    from MaxText.train import auto_settings  # pylint: disable=import-outside-toplevel
   from MaxText.train.loop import Trainer  # pylint: disable=import-outside-toplevel
   keys = {k.split("=", 1)[0]: k for k in [*model_keys(args.model, args.devices),
                                           "enable_checkpointing=false",

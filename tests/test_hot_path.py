@@ -18,7 +18,7 @@ from MaxText.layers.linear import matmul
 from MaxText.layers.stack import REMAT_POLICIES
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
-from MaxText.train import cpu_devices
+from MaxText.runtime import cpu_devices
 
 
 @pytest.mark.parametrize("name,platform,path", [
@@ -82,7 +82,7 @@ def test_plain_on_cpu_leaves_the_host_allocator_and_the_schedule_alone():
   defaults = cpu_devices.Defaults(None, True)
   assert cpu_devices.apply_host_allocator(defaults, "cpu", hot_path="plain").allocator is False
   assert cpu_devices.apply_host_allocator(defaults, "gpu", hot_path="auto").allocator is False
-  probe = ("import os; from MaxText.train import cpu_devices; "
+  probe = ("import os; from MaxText.runtime import cpu_devices; "
            "d = cpu_devices.apply_default(hot_path='{}'); print(d.schedule, "
            "cpu_devices.SCHEDULER_FLAG in os.environ.get('XLA_FLAGS', ''))")
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}

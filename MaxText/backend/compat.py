@@ -14,7 +14,7 @@ from typing import Any
 # JAX's preemption sync protocol (xla/tsl preemption_sync_manager.cc): on the notice, each process
 # writes its last step under this key prefix of the distributed key-value store (holding the lock
 # that ReachedSyncPoint needs, so the steps cannot move), waits at a barrier and takes the largest
-# + 1 as the sync point. Not an API: the test-only fault injection waits on it (train/faults.py).
+# + 1 as the sync point. Not an API: the test-only fault injection waits on it (runtime/faults.py).
 PREEMPTION_COUNTERS_KEY = "PREEMPTION_CURRENT_COUNTER/"
 
 # (module, attribute) of each private name used, for tests/test_compat.py
