@@ -132,3 +132,19 @@ def test_plain_path_trains_to_the_tuned_losses_in_bfloat16(tmp_path, tuned32):
   u = 2.0 ** -9
   assert np.all(err_tuned <= 2 * u * ref) and np.all(err_plain <= 2 * u * ref)
   assert np.all(np.abs(plain - tuned) <= 2 * u * ref)
+
+
+@pytest.mark.parametrize("given,want", [("plain", "plain"), ("auto", "tuned")])
+def test_the_decoding_engine_traces_the_models_path(given, want, monkeypatch):
+  """The engine merges the model itself (not through `ModelDef`'s calls): it traces its programs
+  on `ModelConfig.hot_path` too."""
+  from decoding_helpers import engine   # pylint: disable=import-outside-toplevel
+  from MaxText.layers import linear     # pylint: disable=import-outside-toplevel
+  from MaxText.models.registry import init_params   # pylint: disable=import-outside-toplevel
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, "model_name=qwen3-tiny", "dtype=bfloat16",
+                                              f"hot_path={given}"]))
+  seen, real = set(), linear.matmul
+  monkeypatch.setattr(linear, "matmul", lambda *a, **k: seen.add(hot_path.current()) or real(*a, **k))
+  eng = engine(mcfg, batch_size=1)
+  eng.generate(eng.place(jax.device_get(init_params(mcfg, 0))), [[5, 6, 7]], max_new_tokens=2)
+  assert seen == {want}

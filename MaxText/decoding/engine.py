@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from MaxText.backend import hot_path
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.sampling import Sampling, choose
 from MaxText.models.model_config import ModelConfig
@@ -91,11 +92,13 @@ class Engine:
     self._score = jax.jit(self._counted(self._score_fn))
 
   def _counted(self, fn: Callable) -> Callable:
-    """`fn`, counting its traces: jit traces a function once per program it compiles for it."""
+    """`fn`, counting its traces (jit traces a function once per program it compiles for it),
+    traced on the model's hot path (`ModelConfig.hot_path`)."""
     @functools.wraps(fn)
     def traced(*args, **kwargs):
       self._traces += 1
-      return fn(*args, **kwargs)
+      with hot_path.use(self.model_def.hot_path):
+        return fn(*args, **kwargs)
     return traced
 
   # ---- parameters --------------------------------------------------------------------------------
