@@ -76,7 +76,7 @@ def hf_folder(tmp_path_factory):
   """A tiny random Qwen3 (vocab 384) with the tiny tokenizer and its chat template."""
   from hf_parity import build_hf_model
   from test_qwen3_parity import our_config
-  from MaxText.models.qwen3 import hf_map
+  from MaxText.models.llama import qwen3_hf_map as hf_map
   folder = tmp_path_factory.mktemp("hf")
   model = build_hf_model(transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
                          hf_map.config_to_hf(our_config(False, True)))
@@ -113,7 +113,9 @@ def test_hf_folder_chat_decoding_equals_transformers(hf_folder, tmp_path, capsys
     assert line["finish_reason"] == ("eos" if want[-1] in (3, 17) else "length")
     assert len(line["output_logprobs"]) == len(want)
     assert line["text"] == hf_tok.decode(want, skip_special_tokens=True)
-    assert line["text"] in printed
+    # printed: the prompt and its continuation (escaped, no trailing whitespace)
+    assert decode.shown(line["text"], want, "continued by the model") in printed
+    assert decode.shown(hf_tok.decode(ids, skip_special_tokens=True), ids, "prompt") in printed
 
 
 def test_converted_checkpoint_decodes_with_its_own_tokenizer(hf_folder, tmp_path):

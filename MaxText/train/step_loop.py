@@ -20,6 +20,7 @@ from MaxText.models.registry import training_flops
 from MaxText.runtime import faults
 from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
 from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.runtime.run_dir import describe as describe_holder
 from MaxText.train import memory
 from MaxText.train.periodic import Periodic
 from MaxText.train.run_log import log, log_host
@@ -53,15 +54,13 @@ class StepLoop:
       log(line)
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
-                                           cfg.dtype)
-    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
-        f"({peak_source})")
+    peak = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device, cfg.dtype)
+    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak.tflops:.3g} TFLOP/s per "
+        f"device ({peak.source})")
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
                            is_primary=jax.process_index() == 0, start_step=start)
     if writer.superseded:
-      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
-          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
+      log(superseded_note(writer, start, self.dead_previous_run, ckpts is not None))
     config_dict = cfg.as_dict()
     # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
     self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
@@ -72,8 +71,8 @@ class StepLoop:
     batch = self.device_batch(next(data_iter))
     self.clock.mark("first batch")
     self._skipped = 0
-    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
-                    len(self.devices))
+    rows = StepRows(flops["total"], peak.tflops, self.global_batch * cfg.max_target_length,
+                    len(self.devices), peak.under_load, writer.earlier_losses)
     pending = None   # (step, metrics) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):
@@ -154,3 +153,27 @@ class StepLoop:
     log_host(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
              "(rerun to resume)")
     return EXIT_PREEMPTED
+
+
+def superseded_note(writer: MetricsWriter, start: int, dead_run: dict | None,
+                    checkpointing: bool) -> str:
+  """What the rows `writer` moved aside on opening were, from what this run can know: the holder
+  of a stale run lock it took over (`dead_run`: that run died — a crash, an abort, a kill —
+  without releasing it) or none (the run before ended and released its lock, yet its rows go past
+  the step this run starts from). A preempted run saves its last step before it exits, so its
+  rows never go past its checkpoint."""
+  steps = writer.superseded_steps
+  rows = (f"{writer.superseded} rows" + (f" (steps {min(steps)}-{max(steps)})" if steps else ""))
+  if dead_run is not None:
+    when = f"after its last checkpoint (step {start})" if start else "before any checkpoint"
+    why = (f"written by a run that died without finishing ({describe_holder(dead_run)}: it left "
+           f"its run lock behind, so it crashed, aborted or was killed) {when}")
+  elif not checkpointing:
+    why = "written by an earlier run in this directory (enable_checkpointing=false: no step to " \
+          "resume from)"
+  else:
+    why = (f"written by an earlier run in this directory that ended (it released its run lock) "
+           f"with no checkpoint {f'after step {start}' if start else 'at all'}: its saves were "
+           f"off, failed or were deleted, or an older step was restored")
+  return (f"metrics.jsonl: {rows} {why}; moved to {MetricsWriter.SUPERSEDED_NAME}, "
+          f"recomputed from step {start + 1}")
