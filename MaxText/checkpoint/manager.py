@@ -111,6 +111,7 @@ class RunCheckpoints:
                             f"{self._settle(step, time.monotonic())}") from e
 
   def _confirm(self) -> None:
+    assert self._pending is not None  # check() / wait() return first when nothing is pending
     step, start = self._pending
     self._pending = None
     try:
@@ -133,6 +134,7 @@ class RunCheckpoints:
             f"{self.save_timeout_s:g} and may still be writing into its temporary directory")
 
   def _hung(self) -> CheckpointError:
+    assert self._pending is not None
     step, start = self._pending
     return CheckpointError(
         f"checkpoint step {step} has not committed after {time.monotonic() - start:.0f} s "
