@@ -1,5 +1,5 @@
 """Single-byte flips in a committed checkpoint: what Orbax alone does with them, what the manifest
-does; and what verification costs. Prints the tables of RELIABILITY.md.
+does; and what verification costs. Prints the tables of benchmarks/RESULTS.md.
 
   .venv/bin/python benchmarks/checkpoint_faults.py [--flips 400] [--out /tmp/ckpt_faults] [--cost]
 

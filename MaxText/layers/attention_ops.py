@@ -18,7 +18,8 @@ from MaxText.sharding.rules import current_context, logical_to_spec
 
 # Causal attention in query blocks of this many positions, each over the keys up to its end
 # (none after it), at most MAX_QUERY_BLOCKS: at S = 2·QUERY_BLOCK the scores are 3/4 of S x S, from
-# 4·QUERY_BLOCK on 5/8 (A/B in RESULTS.md: 4 blocks beat 2 at S = 256 and 1024).
+# 4·QUERY_BLOCK on 5/8; each block is a dot of its own, so more blocks stop paying (an A/B with
+# benchmarks/ab_step.py chose 4 over 2).
 QUERY_BLOCK = 64
 MAX_QUERY_BLOCKS = 4
 

@@ -27,8 +27,8 @@ from MaxText.train.loss_parts import (HeadFn, batch_axes, chunks, logits_cotange
 
 # The head split over the vocabulary under the batch axes (module docstring): used when the
 # global batch's tokens are at most this many times the vocabulary, i.e. when gathering the hidden
-# rows [tokens, D] moves no more than gathering the head weight [V, D] would (measured:
-# benchmarks/RESULTS.md, issue 19's LM head section; 0 turns the split off).
+# rows [tokens, D] moves no more than gathering the head weight [V, D] would (A/B:
+# benchmarks/RESULTS.md, the CPU settings; 0 turns the split off).
 VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB = 1.0
 
 

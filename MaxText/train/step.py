@@ -133,7 +133,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
                  "lr": applied_learning_rate(state["opt_state"], lr_schedule),
                  "finite": finite.astype(jnp.float32),
                  # computed here rather than by a program of its own per step: no second launch,
-                 # rendezvous and read-back per step (benchmarks/RESULTS.md, issue 19)
+                 # rendezvous and read-back per step
                  "batch_checksum": batch_checksum(batch)}
       if aux_terms is not None:
         metrics.update(aux_terms.metrics(sums, denom))
