@@ -1,6 +1,6 @@
-"""The prose stays navigable: every relative link of README.md and docs/*.md points at a file that
-exists (and, for a `#fragment` into Markdown, at one of its headings), and README.md stays a front
-page, with the detail on the docs/ pages."""
+"""The prose stays navigable: every relative link of README.md, docs/*.md and benchmarks/RESULTS.md
+points at a file that exists (and, for a `#fragment` into Markdown, at one of its headings), and
+README.md stays a front page, with the detail on the docs/ pages."""
 
 import pathlib
 import re
@@ -59,7 +59,7 @@ def broken_links(md_path):
   return problems
 
 
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md"] + sorted((ROOT / "docs").glob("*.md"))
 
 
 @pytest.mark.parametrize("md_path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
