@@ -153,7 +153,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
 
 def main(argv: Sequence[str]) -> int:
   def run() -> int:
-    if not argv or "=" in argv[0]:
+    if not argv or "=" in argv[0] or argv[0] in ("-h", "--help"):
       parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
       if parsed is None:
         return EXIT_OK

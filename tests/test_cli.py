@@ -2,13 +2,15 @@
 examples and exits 0; an unknown, missing, repeated or mistyped argument exits 2 naming it."""
 import pytest
 
-from MaxText import logit_check
+from MaxText import logit_check, quantize
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext
+from MaxText.config import render
 
 
 @pytest.mark.parametrize("tool,args", [(to_maxtext, ("hf_path=", "output_path=")),
                                        (to_huggingface, ("load_parameters_path=", "max_shard_gb=")),
-                                       (logit_check, ("hf_path=", "dtype=", "seed="))])
+                                       (logit_check, ("hf_path=", "dtype=", "seed=")),
+                                       (quantize, ("output_path=", "method="))])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_prints_usage_and_examples(tool, args, flag, capsys):
   assert tool.main([flag]) == 0
@@ -16,6 +18,12 @@ def test_help_prints_usage_and_examples(tool, args, flag, capsys):
   assert "Examples:" in out and "python -m MaxText." in out
   for arg in args:
     assert arg.replace("=", "=<") in out, (arg, out)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_render_help_prints_its_usage_and_changes_nothing(flag, capsys):
+  assert render.main([flag]) == 0
+  assert "python -m MaxText.config.render --check" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("tool,argv,says", [

@@ -78,6 +78,9 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"{BASE_YML} is stale: run python -m MaxText.config.render", file=sys.stderr)
     return 1
+  if argv in (["-h"], ["--help"]):
+    print(__doc__)
+    return 0
   if argv:
     print(__doc__, file=sys.stderr)
     return 2
