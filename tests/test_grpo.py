@@ -370,3 +370,23 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   tol = 1e-6 * max(1.0, size / abs(float(ref_v)))
   for (path, a), b in zip(jax.tree.leaves_with_path(ref_g), jax.tree.leaves(g)):
     assert rel(b, a) < tol, (jax.tree_util.keystr(path), rel(b, a), tol)
+
+
+def test_a_failed_evaluation_after_the_last_step_keeps_its_checkpoint(tmp_path, capsys,
+                                                                      monkeypatch):
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  real, calls = GRPOTrainer.evaluate, []
+
+  def evaluate(self, params):   # the one before the first step works, the one after the last not
+    calls.append(1)
+    if len(calls) > 1:
+      raise RuntimeError("forced evaluation failure")
+    return real(self, params)
+  monkeypatch.setattr(GRPOTrainer, "evaluate", evaluate)
+  code, _, _ = grpo(tmp_path, "evalfail", f"prompts={prompts}", f"eval_prompts={prompts}",
+                    "reward=grpo_helpers:digits", "steps=2")
+  err = capsys.readouterr().err
+  assert code == 0, err[-2000:]
+  assert len(calls) == 2 and os.path.isdir(tmp_path / "evalfail" / "checkpoints" / "2")
+  assert ("warning: the evaluation after step 2 failed and was skipped (RuntimeError: forced "
+          "evaluation failure)") in err

@@ -100,10 +100,10 @@ class StepLoop:
         pending = None
         if code is not None:
           return code
-        if periodic_now:
-          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
-        if save_now:
+        if save_now:   # first: nothing after a finished step can cost its checkpoint
           self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
+        if periodic_now:   # a failure here is logged, never fatal (train/periodic.py)
+          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
         if stop:
           return self._preempted(step, ckpts, watch)
         if step < cfg.steps:   # after a save, so the saved iterator position matches its state
