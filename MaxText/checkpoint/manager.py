@@ -246,8 +246,15 @@ class RunCheckpoints:
                                 meanwhile=meanwhile)
         return state, step
       except CheckpointError as e:
-        if not fallback or i + 1 == len(steps):
-          raise
+        if i + 1 == len(steps):   # exit 4 says what is left to do
+          why = ("no older step to fall back to" if i == 0
+                 else "no older good step exists: every step was unusable")
+          raise CheckpointError(f"{e} ({why}; move the checkpoints directory aside to start "
+                                "afresh)") from e
+        if not fallback:
+          raise CheckpointError(f"{e} (checkpoint_fallback=true sets this step aside and "
+                                f"restores the newest good one of the older steps "
+                                f"{', '.join(map(str, steps[i + 1:]))})") from e
         aside = self._set_aside(step)
         log(f"checkpoint step {step} is unusable ({e}); falling back to step {steps[i + 1]} "
             f"(checkpoint_fallback=true; the bad step was moved to {aside})")

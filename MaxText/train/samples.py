@@ -9,7 +9,8 @@ template with the generation prompt, so the model answers as it was trained to. 
 `stop`, `eos_ids`), by the decoding engine (MaxText/decoding/) on the training mesh, with the
 parameters as they are sharded for training. Greedy decoding (`sample_temperature=0`) of a small
 byte-level model soon repeats one token (after 300 steps of the README run, `"` 64 times: the
-likeliest byte after `""` is `"`), which is why the default samples."""
+likeliest byte after `""` is `"`), which is why the default samples. Control characters of the
+text are printed escaped (`\x00`, `data/printable.py`), so the log stays text for grep."""
 from __future__ import annotations
 
 from typing import Any
@@ -22,6 +23,7 @@ from MaxText.data.bad_records import BadRecord
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.eval_data import eval_problems, eval_source
+from MaxText.data.printable import printable
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.decoding.engine import Completion, DecodeError, Engine
 from MaxText.decoding.sampling import Sampling
@@ -140,7 +142,7 @@ class Sampler:
     how = "greedy" if sampling.temperature == 0 else (
         f"temperature {sampling.temperature}"
         + (f", top-k {sampling.top_k}" if sampling.top_k else "") + f", seed {sampling.seed}")
-    block = lambda text: "\n".join("  | " + line for line in text.split("\n"))
+    block = lambda text: "\n".join("  | " + line for line in printable(text).split("\n"))
     return (f"sample after step {step} ({how}, {len(done.output_ids)} tokens, "
             f"{done.finish_reason}):\n  prompt ({where}):\n{block(self.tokenizer.decode(prompt))}"
             f"\n  continued by the model:\n{block(self.tokenizer.decode(done.output_ids))}")
