@@ -1,5 +1,5 @@
 """Our llama family against Hugging Face transformers' Qwen3 (the oracle), through the name map of
-MaxText/models/qwen3/hf_map.py: tiny random-init `Qwen3ForCausalLM` (fp32, eager attention, GQA 4/2,
+MaxText/models/llama/qwen3_hf_map.py: tiny random-init `Qwen3ForCausalLM` (fp32, eager attention, GQA 4/2,
 head_dim 32, perturbed norm weights), untied and tied, scanned and unrolled layers. Checks logits
 (incl. a packed row against HF run per document), the exact state-dict round trip, loss and
 gradients against torch autograd, the config maps, and the published configs' parameter counts."""
@@ -20,7 +20,7 @@ from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.llama import hf_map as llama_map  # noqa: E402
-from MaxText.models.qwen3 import hf_map  # noqa: E402
+from MaxText.models.llama import qwen3_hf_map as hf_map  # noqa: E402
 from MaxText.models.registry import make_model_def  # noqa: E402
 
 THETA = 1000.0           # small θ so that every channel pair rotates visibly at positions < S

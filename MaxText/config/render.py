@@ -71,6 +71,9 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+  if argv in (["-h"], ["--help"]):
+    print(__doc__)
+    return 0
   text = render()
   if argv == ["--check"]:
     with open(BASE_YML, encoding="utf-8") as f:
@@ -78,9 +81,6 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"{BASE_YML} is stale: run python -m MaxText.config.render", file=sys.stderr)
     return 1
-  if argv in (["-h"], ["--help"]):
-    print(__doc__)
-    return 0
   if argv:
     print(__doc__, file=sys.stderr)
     return 2
