@@ -102,6 +102,8 @@ class Trainer(CheckpointedState, StepLoop):
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.cpu_defaults: cpu_devices.Defaults | None = None  # set by run(): CPU devices, schedule
+    # set by run(): the holder of a stale run lock this run took over (a run that died)
+    self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   def trained_params(self) -> Any:
@@ -175,6 +177,7 @@ class Trainer(CheckpointedState, StepLoop):
     except ConfigError as e:
       log_error(f"config error: {e}")
       return EXIT_CONFIG
+    self.dead_previous_run = lock.taken_over if lock is not None else None
     try:
       return self._run_locked()
     finally:
