@@ -10,8 +10,7 @@ from MaxText.config import render
 @pytest.mark.parametrize("tool,args,keys", [
     (to_maxtext, ("output_path=",), ("hf_path", "scan_layers", "weight_dtype")),
     (to_huggingface, ("output_path=", "max_shard_gb="), ("load_parameters_path", "hf_model_type")),
-    (logit_check, ("max_kl=",), ("hf_path", "load_parameters_path", "dtype", "seed")),
-    (quantize, ("output_path=", "method="), ("load_parameters_path",))])
+    (logit_check, ("max_kl=",), ("hf_path", "load_parameters_path", "dtype", "seed"))])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_prints_usage_and_examples(tool, args, keys, flag, capsys):
   """The tool's own arguments, then the config keys it reads with the schema's default."""
@@ -23,6 +22,13 @@ def test_help_prints_usage_and_examples(tool, args, keys, flag, capsys):
   for key in keys:
     assert f"\n  {key} = " in out, (key, out)
   assert "\n  learning_rate = " not in out     # a key it does not read is not offered
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_quantize_help_alone_prints_its_usage(flag, capsys):
+  assert quantize.main([flag]) == 0
+  out = capsys.readouterr().out
+  assert "python -m MaxText.quantize configs/base.yml" in out and "output_path=<" in out, out
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
