@@ -11,5 +11,6 @@ if __name__ == "__main__":
     sys.stdout.write(usage(base) if base else usage())
     sys.exit(0)
   # pylint: disable-next=g-import-not-at-top  (jax: after --help)
-  from MaxText.train.loop import exit_process, main
+  from MaxText.runtime.exit_codes import exit_process
+  from MaxText.train.loop import main
   exit_process(main(sys.argv[1:]))

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError, load
-from MaxText.train.exit_codes import EXIT_OK, reported
+from MaxText.runtime.exit_codes import EXIT_OK, reported
 
 PROMPT_KEYS = ("prompt", "prompt_ids", "prompt_file")
 

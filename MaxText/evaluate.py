@@ -21,7 +21,6 @@ from typing import Sequence
 
 import jax
 
-from MaxText.train import lora_base
 from MaxText.config.load import ConfigError
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
@@ -29,13 +28,13 @@ from MaxText.data.eval_data import eval_problems
 from MaxText.inference import load_config_for_decoding, model_tokenizer
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
+from MaxText.resolve import lora_base
+from MaxText.resolve.config_checks import check_config
+from MaxText.runtime.exit_codes import EXIT_OK, reported
+from MaxText.runtime.host_data import data_layout, process_rows
 from MaxText.sharding.mesh import create_mesh
-from MaxText.sharding.rules import parse_rules, tree_shardings
+from MaxText.sharding.rules import batch_sharding, parse_rules, tree_shardings
 from MaxText.train.evaluation import Evaluator, format_eval
-from MaxText.train.exit_codes import EXIT_OK, reported
-from MaxText.train.host_data import data_layout, process_rows
-from MaxText.train.loop import check_config
-from MaxText.train.step import batch_sharding
 
 
 def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None

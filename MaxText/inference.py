@@ -28,7 +28,6 @@ import jax
 import numpy as np
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.train import lora_base
 from MaxText.checkpoint_conversion.to_maxtext import load_hf
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
@@ -38,11 +37,12 @@ from MaxText.data.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
 from MaxText.decoding.engine import DecodeError, Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.models.model_config import ModelConfig
+from MaxText.resolve import lora_base
+from MaxText.resolve.config_checks import validate
+from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.resolve.tokenizer_setup import MissingTokenizer, choose_tokenizer
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
-from MaxText.train.config_checks import validate
-from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
-from MaxText.train.tokenizer_setup import MissingTokenizer, choose_tokenizer
 
 Prompt = str | Sequence[int] | dict
 
@@ -67,7 +67,7 @@ class Generation:
 
 def model_tokenizer(cfg: Config) -> tuple[Config, str]:
   """(`cfg` with the model's tokenizer keys resolved, a line saying which and why): training's
-  choice (`train/tokenizer_setup.choose_tokenizer`: `tokenizer_path` when set, else the
+  choice (`resolve/tokenizer_setup.choose_tokenizer`: `tokenizer_path` when set, else the
   checkpoint's own tokenizer files, else its byte tokenizer), with a Hugging Face folder
   (`hf_path`) giving its own tokenizer files the same way. MissingTokenizer (a ConfigError) when
   the model's tokenizer is not at hand."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, replace
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 ARGS = {
     "hf_path": cli.Arg(help="the Hugging Face folder (transformers loads it)"),
@@ -72,7 +72,7 @@ def run(argv: list[str]) -> int:
   from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
   from MaxText.models.model_config import ModelConfig
   from MaxText.models.registry import make_model_def
-  from MaxText.train import lora_base
+  from MaxText.resolve import lora_base
 
   read_config(args["hf_path"])  # refuses auto_map / missing config before transformers reads it
   hf = transformers.AutoModelForCausalLM.from_pretrained(

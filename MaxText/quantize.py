@@ -51,11 +51,11 @@ from MaxText.layers import quant
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
+from MaxText.resolve.config_checks import check_config
+from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.runtime.exit_codes import EXIT_OK, reported
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
-from MaxText.train.exit_codes import EXIT_OK, reported
-from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
-from MaxText.train.loop import check_config
 
 
 def _flag(text: str) -> bool:

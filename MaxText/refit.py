@@ -43,7 +43,7 @@ from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 LAYOUTS = ("checkpoint", "state_dict")
 TENSORS = ("numpy", "torch")

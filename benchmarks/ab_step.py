@@ -19,7 +19,7 @@ dense, without experts).
 --devices). Code per variant (to A/B what no config key selects), changed while the variant is
 built, traced and compiled, and put back after, in one of two forms:
   py:module.NAME=value   that module attribute set to a Python literal, e.g. a constant:
-                         `py:MaxText.train.loss_vocab_split.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`
+                         `py:MaxText.losses.loss_vocab_split.VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB=0`
   patch=FILE             FILE's `apply()` changes any code (e.g. puts back a function as it was
                          before a change) and returns the function that undoes it
 (a constant needs no file; a function's other version needs code). The host allocator a training
@@ -162,7 +162,7 @@ def main() -> int:
   args = ap.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ["JAX_PLATFORMS"] = "cpu"
-  from MaxText.train import cpu_devices  # pylint: disable=import-outside-toplevel
+  from MaxText.runtime import cpu_devices  # pylint: disable=import-outside-toplevel
   cpu_devices.apply_xla_defaults()   # the XLA:CPU schedule a training run compiles with
   cpu_devices.keep_freed_memory()    # and its host allocator
   print(cpu_devices.scheduler_note(True), flush=True)

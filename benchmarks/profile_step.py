@@ -96,7 +96,7 @@ def describe(hlo: str) -> dict[str, tuple[str, str]]:
 
 # ---- --categories ------------------------------------------------------------------------------
 # the loss's chunk loop is the while loop whose body picks each position's target logit out of the
-# logits (`jnp.take_along_axis`, train/loss_parts.py); no layer does (the embedding lookup is a take
+# logits (`jnp.take_along_axis`, losses/loss_parts.py); no layer does (the embedding lookup is a take
 # outside the loops). Found by what it computes, not by a shard_map around it (absent at 1 device).
 LOSS_MARK = "take_along_axis"
 SCAN, LOSS_LOOP = "layer scan", "loss chunk loop"   # `op_info`'s loop kinds ("" outside loops)

@@ -42,7 +42,7 @@ import numpy as np, peft, torch, transformers
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
-from MaxText.train import lora_base
+from MaxText.resolve import lora_base
 
 W = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{W}/runs/lora/metrics.jsonl")]

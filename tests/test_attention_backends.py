@@ -13,12 +13,12 @@ from jax.ad_checkpoint import print_saved_residuals
 from conftest import BASE_YML, MESH_222, train
 from test_flash_attention import _compare, _inputs, _ref_attention
 from MaxText.config.load import ConfigError, load_config
-from MaxText.train.config_checks import validate
 from MaxText.kernels.splash import fit_block, splash_attention
 from MaxText.layers import attention_ops
 from MaxText.layers.attention_ops import (attention_problems, cudnn, dot_product_attention,
                                           select_attention)
 from MaxText.layers.stack import REMAT_POLICIES
+from MaxText.resolve.config_checks import validate
 
 # JAX's kernel (fp32) vs the materialised references, within the tolerance test_flash_attention
 # derives from each result's magnitude and reduction length.

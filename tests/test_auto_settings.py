@@ -1,4 +1,4 @@
-"""The config's auto values (`MaxText/train/auto_settings.py`): dtype=auto is bfloat16 compute when
+"""The config's auto values (`MaxText/resolve/auto_settings.py`): dtype=auto is bfloat16 compute when
 training and float32 in the tools; loss_chunk_length=-1 chunks the loss when the family has a
 separate LM head, the vocabulary is large against the width and the sequence is longer than one
 chunk; only a chunk the user set is refused for a family without that head."""
@@ -7,8 +7,9 @@ import pytest
 
 from conftest import BASE_YML, MESH_1, argv, read_metrics
 from MaxText.config.load import ConfigError, load_config, resolve_dtype
-from MaxText.train import auto_settings, loop
-from MaxText.train.config_checks import validate
+from MaxText.resolve import auto_settings
+from MaxText.resolve.config_checks import validate
+from MaxText.train import loop
 
 C = auto_settings.AUTO_CHUNK_LENGTH
 BIG_VOCAB = f"vocab_size={auto_settings.AUTO_CHUNK_VOCAB_RATIO * 256}"   # base.yml: emb_dim 256

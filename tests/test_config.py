@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train
-from MaxText.config.load import ConfigError, load_config
 from MaxText.config import render
+from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import KEYS
-from MaxText.train.config_checks import validate
+from MaxText.resolve.config_checks import validate
 
 KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:")
 

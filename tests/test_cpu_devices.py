@@ -1,4 +1,4 @@
-"""The default CPU device count (`train/cpu_devices.py`): one device per usable core when the user
+"""The default CPU device count (`runtime/cpu_devices.py`): one device per usable core when the user
 set nothing, and never when a device count or platform was chosen."""
 import os
 import subprocess
@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from conftest import ROOT
-from MaxText.train import cpu_devices
+from MaxText.runtime import cpu_devices
 
-PROBE = ("from MaxText.train import cpu_devices; n = cpu_devices.apply_default().devices; "
+PROBE = ("from MaxText.runtime import cpu_devices; n = cpu_devices.apply_default().devices; "
          "import jax; print(n, len(jax.devices()), jax.devices()[0].platform)")
 
 
@@ -79,7 +79,7 @@ def test_no_xla_flags_once_the_backend_runs():
 def test_the_default_schedule_reaches_the_compiler():
   """The flag set by apply_default after jax is imported still changes the compiled program: a
   collective's program compiled depth-first needs fewer temporary bytes than breadth-first."""
-  code = ("import os, jax, jax.numpy as jnp; from MaxText.train import cpu_devices; "
+  code = ("import os, jax, jax.numpy as jnp; from MaxText.runtime import cpu_devices; "
           "n = cpu_devices.apply_host_allocator(cpu_devices.apply_default(), 'cpu'); from jax.sharding import PartitionSpec as P; "
           "mesh = jax.make_mesh((2,), ('d',), axis_types=(jax.sharding.AxisType.Auto,)); "
           "body = lambda x, w: ([jnp.tanh(x @ w[i]) + jnp.tanh(jnp.tanh(x @ w[i]) @ w[i]) "
@@ -104,7 +104,7 @@ def test_the_default_schedule_reaches_the_compiler():
 
 FAULTS_PROBE = """
 import ctypes, resource, sys
-from MaxText.train import cpu_devices
+from MaxText.runtime import cpu_devices
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

@@ -117,7 +117,7 @@ def test_hf_folder_chat_decoding_equals_transformers(hf_folder, tmp_path, capsys
 
 
 def test_converted_checkpoint_decodes_with_its_own_tokenizer(hf_folder, tmp_path):
-  """The tokenizer is chosen as training chooses it (train/tokenizer_setup.py): the checkpoint's
+  """The tokenizer is chosen as training chooses it (resolve/tokenizer_setup.py): the checkpoint's
   own files by default, `tokenizer_path` over them, `tokenizer_type=byte` refused."""
   from MaxText.checkpoint_conversion import to_maxtext
   from MaxText.config.load import ConfigError

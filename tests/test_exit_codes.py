@@ -1,4 +1,4 @@
-"""The command-line tools' one exit-status mapping (MaxText/train/exit_codes.py: reported): bad
+"""The command-line tools' one exit-status mapping (MaxText/runtime/exit_codes.py: reported): bad
 input → exit 2, bad data → 3, a damaged checkpoint → 4, each with one line naming it, never a
 traceback; and no `python -m MaxText.*` tool keeps its own copy of that try/except."""
 import ast
@@ -11,7 +11,7 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 from MaxText.launch import __main__ as launch_cli
-from MaxText.train.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK, reported
+from MaxText.runtime.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_OK, reported
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "MaxText"
 

@@ -1,4 +1,4 @@
-"""Crash safety, preemption and failing saves, with the fault hooks of MaxText/train/faults.py.
+"""Crash safety, preemption and failing saves, with the fault hooks of MaxText/runtime/faults.py.
 
 kill -9 runs are subprocesses (`train.py`, same 8 fake CPU devices as this process, so the compiled
 steps and the numbers are identical); everything else runs in this process."""
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import MESH_1, MESH_222, ROOT, argv, read_metrics, train
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
-from MaxText.train import faults
+from MaxText.runtime import faults
 
 COMMON = ("steps=40", "checkpoint_period=10", "max_checkpoints_to_keep=5",
           "dataset_type=synthetic", *MESH_222)
@@ -122,7 +122,7 @@ def _custom_sigint_handler(signum, frame):
 def test_second_sigint_interrupts_at_once(before):
   """First SIGINT: a stop request; second: KeyboardInterrupt; afterwards the handler found before
   is back — whatever it was (a shell starting a background job sets SIGINT to SIG_IGN)."""
-  from MaxText.train.preemption import PreemptionWatch
+  from MaxText.runtime.preemption import PreemptionWatch
   found = signal.signal(signal.SIGINT, before)
   try:
     with PreemptionWatch() as watch:
@@ -137,7 +137,7 @@ def test_second_sigint_interrupts_at_once(before):
 
 _STUCK_RUN = """
 import signal, sys, time
-from MaxText.train.preemption import PreemptionWatch
+from MaxText.runtime.preemption import PreemptionWatch
 with PreemptionWatch() as watch:
   print("ready", flush=True)
   while watch.signal_name is None:  # the first signal's handler has run in this (main) thread

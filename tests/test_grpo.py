@@ -210,9 +210,9 @@ def test_lora_run_trains_the_adapters_only_over_several_passes(tmp_path):
   keys = (f"prompts={prompts}", "reward=grpo_helpers:digits", "lora_rank=4", "num_iterations=2",
           "checkpoint_period=1")
   assert grpo(tmp_path, "lora", *keys, "steps=1")[0] == 0
-  # its checkpoint holds the adapters and a reference to the base (train/lora_base.py)
+  # its checkpoint holds the adapters and a reference to the base (resolve/lora_base.py)
   from MaxText.checkpoint.manager import read_meta   # pylint: disable=import-outside-toplevel
-  from MaxText.train import lora_base   # pylint: disable=import-outside-toplevel
+  from MaxText.resolve import lora_base   # pylint: disable=import-outside-toplevel
   step1 = tmp_path / "lora" / "checkpoints" / "1"
   assert read_meta(str(step1))[lora_base.META_KEY]["init_seed"] is not None
   code, rows, trainer = grpo(tmp_path, "lora", *keys, "steps=2")   # resumes from step 1
@@ -252,7 +252,7 @@ def test_example_rewards():
 
 def _trainer(tmp_path, *overrides):
   from MaxText.config.load import load_config
-  from MaxText.train.loop import check_config
+  from MaxText.resolve.config_checks import check_config
   prompts = write_prompts(tmp_path / "p.jsonl")
   merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
                                             f"prompts={prompts}", "reward=grpo_helpers:digits",
@@ -299,7 +299,7 @@ def test_a_decoding_cache_over_the_device_memory_is_refused(tmp_path, capsys, mo
 
 
 def test_lora_head_log_probs_split_over_the_vocabulary():
-  """Adapters on the LM head: the vocabulary-split log-probs (MaxText/rl/lora_head.py: the
+  """Adapters on the LM head: the vocabulary-split log-probs (MaxText/losses/lora_head.py: the
   low-rank term folded into one projection, [h, s hA] @ [W; B]) equal the unsplit head's, values
   and the adapters' gradients, where the split would not apply to the LoRA'd head as it is."""
   import jax.numpy as jnp   # pylint: disable=import-outside-toplevel
@@ -308,11 +308,11 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   from MaxText.layers import lora   # pylint: disable=import-outside-toplevel
   from MaxText.models.model_config import ModelConfig   # pylint: disable=import-outside-toplevel
   from MaxText.models.registry import init_params, make_model_def   # pylint: disable=import-outside-toplevel
-  from MaxText.rl.lora_head import head_for_log_probs   # pylint: disable=import-outside-toplevel
+  from MaxText.losses.lora_head import head_for_log_probs   # pylint: disable=import-outside-toplevel
   from MaxText.rl.step import token_logprobs   # pylint: disable=import-outside-toplevel
   from MaxText.sharding.mesh import create_mesh   # pylint: disable=import-outside-toplevel
   from MaxText.sharding.rules import parse_rules, tree_shardings, use_rules   # pylint: disable=import-outside-toplevel
-  from MaxText.train.loss_vocab_split import vocab_split_plan   # pylint: disable=import-outside-toplevel
+  from MaxText.losses.loss_vocab_split import vocab_split_plan   # pylint: disable=import-outside-toplevel
   keys = [BASE_YML, *[k for k in TINY if k.split("=")[0] in ("emb_dim", "num_decoder_layers",
                                                              "num_query_heads", "num_kv_heads",
                                                              "head_dim", "mlp_dim", "vocab_size")],

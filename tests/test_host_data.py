@@ -1,5 +1,5 @@
 """Which rows of the global batch a process feeds and which data shards that is
-(`MaxText/train/host_data.py`); errors name the key."""
+(`MaxText/runtime/host_data.py`); errors name the key."""
 import jax
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
-from MaxText.train.host_data import data_layout, process_rows
+from MaxText.runtime.host_data import data_layout, process_rows
 
 
 def test_process_rows_follow_the_batch_sharding():

@@ -15,7 +15,7 @@ from conftest import BASE_YML, ROOT
 from MaxText.config.load import ConfigError, load_config
 from MaxText.launch import __main__ as launch_cli
 from MaxText.launch import jobset, local, xpk
-from MaxText.train import distributed
+from MaxText.runtime import distributed
 
 SHARED = "base_output_directory=/mnt/shared/runs"
 

@@ -2,7 +2,8 @@
 `ast` — every `import MaxText...` wherever it stands (a function-level import counts, so none can
 hide a cycle), plus the family plug-ins named in MaxText/models/registry.py — and refused when a
 module imports a package of a higher layer, when packages or modules import each other in a
-cycle, or when a module takes another module's private (`_name`) names."""
+cycle, when a module takes another module's private (`_name`) names, or when a tool (TOOLS) reaches
+the trainer's package `MaxText.train`, directly or through what it imports."""
 import ast
 import os
 from collections import defaultdict
@@ -14,17 +15,21 @@ LAYERS = [
     ("config",),                              # the one schema, loading, the CLI parser
     ("data", "metrics", "kernels"),
     ("checkpoint",),
+    ("runtime",),                             # the process: exit codes, run dir, preemption, ...
     ("sharding",),
     ("layers",),
     ("models",),
-    ("decoding",),
-    ("train",),
+    ("decoding", "losses", "resolve"),        # decoding API; losses/log-probs; the model a run uses
+    ("train",),                               # the trainer
     ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
      "refit", "inspect", "quantize"),                                                    # entry
     ("rl",),                                  # GRPO: drives the decoding API and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+# the tools: none of them imports the trainer's package, not even through another module
+TOOLS = ("checkpoint_conversion", "decode", "inference", "inspect", "launch", "logit_check",
+         "quantization", "quantize", "refit")
 
 
 def package(module: str) -> str:
@@ -82,6 +87,27 @@ def problems(edges: list[tuple[str, str, list[str]]]) -> list[str]:
   return out
 
 
+def tools_reaching_train(edges: list[tuple[str, str, list[str]]]) -> list[str]:
+  """"tool module -> ... -> MaxText.train.x" for each module of TOOLS that imports the trainer's
+  package, directly or through the modules it imports."""
+  graph = defaultdict(set)
+  for src, dst, _ in edges:
+    graph[src].add(dst)
+  out = []
+  for start in sorted(m for m in graph if package(m) in TOOLS):
+    paths, seen = [[start]], {start}
+    while paths:                                   # breadth first: the shortest chain
+      path = paths.pop(0)
+      if package(path[-1]) == "train":
+        out.append(" -> ".join(path))
+        break
+      for nxt in sorted(graph.get(path[-1], ())):
+        if nxt not in seen:
+          seen.add(nxt)
+          paths.append(path + [nxt])
+  return out
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
   state: dict[str, int] = {}   # 1 on the current path, 2 done
 
@@ -115,8 +141,27 @@ def test_imports_only_go_down_and_have_no_cycle():
   assert problems(edges) == []
 
 
+def test_the_tools_import_nothing_from_the_trainer():
+  edges = imports(modules())
+  assert {package(src) for src, _, _ in edges} >= set(TOOLS)   # every tool is looked at
+  assert tools_reaching_train(edges) == []
+
+
+def test_the_tool_check_catches_a_tool_reaching_the_trainer():
+  edges = [("MaxText.decode", "MaxText.inference", []),
+           ("MaxText.inference", "MaxText.resolve.lora_base", []),
+           ("MaxText.resolve.lora_base", "MaxText.train.state", []),          # through resolve
+           ("MaxText.launch.xpk", "MaxText.train.step", []),                 # directly
+           ("MaxText.evaluate", "MaxText.train.evaluation", [])]             # not a tool here
+  assert tools_reaching_train(edges) == [
+      "MaxText.decode -> MaxText.inference -> MaxText.resolve.lora_base -> MaxText.train.state",
+      "MaxText.inference -> MaxText.resolve.lora_base -> MaxText.train.state",
+      "MaxText.launch.xpk -> MaxText.train.step"]
+  assert tools_reaching_train(edges[:2]) == []
+
+
 def test_the_checker_catches_what_it_refuses():
-  bad = [("MaxText.checkpoint.manifest", "MaxText.train.faults", []),             # upward
+  bad = [("MaxText.checkpoint.manifest", "MaxText.runtime.faults", []),             # upward
          ("MaxText.kernels.a", "MaxText.kernels.b", ["_Cfg"]),                     # private name
          ("MaxText.kernels.b", "MaxText.kernels.a", []),                           # module cycle
          ("MaxText.data.x", "MaxText.metrics.y", []), ("MaxText.metrics.y", "MaxText.data.z", [])]

@@ -20,7 +20,8 @@ from MaxText.data.pipeline import make_shard_iterator
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
-from MaxText.train import lora_base, memory
+from MaxText.resolve import lora_base
+from MaxText.train import memory
 from MaxText.train.loop import Trainer, run
 
 MODEL = ["model_name=qwen3-tiny", "max_target_length=128", "learning_rate=1e-2",

@@ -1,4 +1,4 @@
-"""Chunked cross-entropy (`train/loss.py`): loss, z-loss and every gradient equal the whole-sequence
+"""Chunked cross-entropy (`losses/loss.py`): loss, z-loss and every gradient equal the whole-sequence
 version (fp32, only the summation order differs), token log-probabilities too, and the compiled
 step's temporary memory shrinks with the chunk."""
 import re
@@ -10,8 +10,8 @@ import pytest
 
 from conftest import BASE_YML
 from MaxText.config.load import load_config
+from MaxText.losses.loss import (chunked_target_log_probs, target_log_probs, token_loss_sums)
 from MaxText.models.model_config import ModelConfig
-from MaxText.train.loss import (chunked_target_log_probs, target_log_probs, token_loss_sums)
 from MaxText.models.registry import init_params, make_model_def
 
 B, S = 2, 48

@@ -1,4 +1,4 @@
-"""The LM head split over the vocabulary under the batch axes (`train/loss_vocab_split.py`: each
+"""The LM head split over the vocabulary under the batch axes (`losses/loss_vocab_split.py`: each
 device holds a vocabulary slice of the head weights and gathers the hidden rows of the batch): loss
 and every gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4
 and 8 fake devices; the whole head weight is never gathered (only its slices exist); the split falls
@@ -12,12 +12,12 @@ import pytest
 from conftest import BASE_YML
 from test_loss import MODEL, S, batch, build, rel, _mean_loss, _sharded_loss_and_grads
 from MaxText.config.load import load_config
+from MaxText.losses import loss as loss_mod
+from MaxText.losses.loss_vocab_split import vocab_split_plan
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, use_rules
-from MaxText.train import loss as loss_mod
-from MaxText.train.loss_vocab_split import vocab_split_plan
 
 V = 512          # divides 2, 4 and 8 slices; 8 rows x 48 positions = 384 tokens <= V: split
 ROWS = 4         # copies of the test batch: 8 rows

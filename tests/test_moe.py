@@ -223,7 +223,7 @@ def test_expert_shards_that_do_not_divide_the_experts_exit_2_before_compiling(tm
   import json
   import os
   from MaxText.config.load import ConfigError
-  from MaxText.train.config_checks import validate
+  from MaxText.resolve.config_checks import validate
   ep = ("ici_expert_parallelism=4", "ici_fsdp_parallelism=2", "per_device_batch_size=1")
   with pytest.raises(ConfigError, match=r"ici_expert_parallelism=4 x dcn_expert_parallelism=1: "
                                         r"4 expert shards do not divide num_experts=6$"):

@@ -6,8 +6,8 @@ import pytest
 
 from conftest import BASE_YML
 from MaxText.config.load import load_config
+from MaxText.losses.loss import cross_entropy_sums
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
-from MaxText.train.loss import cross_entropy_sums
 
 
 def _cfg(*over):

@@ -24,8 +24,8 @@ from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
 from MaxText.models import registry
 from MaxText.models.family import COMMON_KEYS, Family
 from MaxText.models.model_config import ModelConfig
+from MaxText.resolve import auto_settings
 from MaxText.sharding.rules import constrain
-from MaxText.train import auto_settings
 from MaxText.train.loop import run
 
 NAME = "parallel_test"

@@ -23,9 +23,9 @@ from MaxText.data.tokenizers import ByteTokenizer
 from MaxText.layers import quant, quant_experts
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
+from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, tree_shardings
-from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 
 
 # held-in text (the embedded data is the standard library's source) as byte tokens

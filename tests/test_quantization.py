@@ -21,9 +21,9 @@ from MaxText.layers import int_levels
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 from MaxText.quantization import convert, gptq
+from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, tree_shardings
-from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
 
 
 # ---- the GPTQ core vs a NumPy reference ---------------------------------------------------------

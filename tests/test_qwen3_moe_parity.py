@@ -165,7 +165,7 @@ def test_balancing_weight_travels_both_ways_and_into_a_fine_tune(tmp_path):
   written back on export; a fine-tune from a converted checkpoint takes it unless it is set."""
   import json
   import os
-  from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
+  from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
   hub = hf_map.config_to_hf(our_config())
   assert hub["router_aux_loss_coef"] == 0.01 == our_config().moe_aux_loss_weight   # the tiny's
   assert transformers.Qwen3MoeConfig(**hub).router_aux_loss_coef == 0.01

@@ -17,12 +17,12 @@ transformers = pytest.importorskip("transformers")
 from conftest import BASE_YML  # noqa: E402
 from hf_parity import build_hf_model, compare_grads, hf_state  # noqa: E402
 from MaxText.config.load import load_config, replace  # noqa: E402
+from MaxText.losses.loss import chunked_target_log_probs  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3 import hf_map  # noqa: E402
 from MaxText.models.registry import init_params, make_model_def  # noqa: E402
 from MaxText.rl import losses  # noqa: E402
 from MaxText.rl.step import token_logprobs  # noqa: E402
-from MaxText.train.loss import chunked_target_log_probs  # noqa: E402
 
 B, T = 6, 10
 CLIPS = {"symmetric": dict(epsilon_low=0.2, epsilon_high=0.2),

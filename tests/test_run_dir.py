@@ -11,7 +11,7 @@ import jax
 import psutil
 
 from conftest import MESH_1, train
-from MaxText.train.run_dir import LOCK_NAME, RunLock, holder_alive
+from MaxText.runtime.run_dir import LOCK_NAME, RunLock, holder_alive
 
 # the shapes of test_config's one-step run: the compiled step comes from the persistent cache
 ONE_STEP = (*MESH_1, "steps=1", "enable_checkpointing=false", "per_device_batch_size=2",

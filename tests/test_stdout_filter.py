@@ -1,4 +1,4 @@
-"""`train/stdout_filter.py`: lines a C++ library writes to fd 1 with a known prefix are dropped,
+"""`runtime/stdout_filter.py`: lines a C++ library writes to fd 1 with a known prefix are dropped,
 everything else (Python prints, other fd-1 writes) comes through in order."""
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from conftest import ROOT
 
 CHILD = """
 import os
-from MaxText.train.stdout_filter import GLOO
+from MaxText.runtime.stdout_filter import GLOO
 print("before", flush=True)
 GLOO.start()
 print("python line 1", flush=True)

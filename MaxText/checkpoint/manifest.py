@@ -269,7 +269,7 @@ def start_compare(manifest: dict, restored: dict[str, Any], *, background: bool 
 
 class SaveHooks(Protocol):
   """Called at two points of a save (the trainer passes its test-only fault injection,
-  MaxText/train/faults.py; by default nothing happens)."""
+  MaxText/runtime/faults.py; by default nothing happens)."""
 
   def during_save_write(self, step: int) -> None:
     """In the background write of step's manifest, process 0."""

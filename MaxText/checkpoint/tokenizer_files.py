@@ -7,7 +7,7 @@
 - A training run whose tokenizer is a file saves that file (as `tokenizer.json` for a HuggingFace
   one) and its companions from the same folder into every checkpoint step.
 - `train.py load_parameters_path=CKPT` uses the checkpoint's tokenizer unless `tokenizer_path`
-  says otherwise (`MaxText/train/tokenizer_setup.py`).
+  says otherwise (`MaxText/resolve/tokenizer_setup.py`).
 
 Files are copied as they are (never parsed here) and are part of the step's manifest.
 """

@@ -41,9 +41,9 @@ from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
 from MaxText.quantization import convert
-from MaxText.train import lora_base
-from MaxText.train.exit_codes import reported
-from MaxText.train.from_checkpoint import check_quantized_layout
+from MaxText.resolve import lora_base
+from MaxText.resolve.from_checkpoint import check_quantized_layout
+from MaxText.runtime.exit_codes import reported
 
 ARGS = {
     "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "

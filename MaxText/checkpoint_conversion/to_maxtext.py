@@ -37,7 +37,7 @@ from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, make_model_def
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safetensors)"),
         "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),

@@ -3,7 +3,7 @@
 Precedence, lowest first: `configs/base.yml` → `configs/models/<model_name>.yml` (after the model
 file it names as `base_model`, if any) → command line. Every value is checked against the schema's
 type and range here; cross-key checks that need the devices or the model family live in
-`MaxText.train.config_checks`. Errors are `ConfigError`, which names the key; the
+`MaxText.resolve.config_checks`. Errors are `ConfigError`, which names the key; the
 trainer turns them into exit status 2 before anything is compiled.
 """
 from __future__ import annotations

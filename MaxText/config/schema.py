@@ -66,7 +66,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 AUTO = "auto"                    # dtype: resolved by MaxText.config.load.resolve_dtype
 AUTO_TRAINING_DTYPE = "bfloat16"   # what dtype=auto computes in when training
 AUTO_TOOL_DTYPE = "float32"        # ... and in the tools (Hugging Face parity is exact in fp32)
-AUTO_LOSS_CHUNK = -1             # loss_chunk_length: resolved by train/auto_settings.py
+AUTO_LOSS_CHUNK = -1             # loss_chunk_length: resolved by resolve/auto_settings.py
 _COMPUTE = dict(model=True, arch=False)   # read by the model, but the parameters mean the same
 
 _RULES = [

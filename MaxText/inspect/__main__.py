@@ -31,7 +31,7 @@ from MaxText.config.cli import Arg, parse
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError
-from MaxText.train.exit_codes import EXIT_OK, reported
+from MaxText.runtime.exit_codes import EXIT_OK, reported
 
 ARGS = {
     "capture": Arg(str, "hidden_states,attentions,logits",

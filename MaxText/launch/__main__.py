@@ -20,7 +20,7 @@ from typing import Sequence
 
 from MaxText.config.load import ConfigError
 from MaxText.launch import jobset, xpk
-from MaxText.train.exit_codes import reported
+from MaxText.runtime.exit_codes import reported
 
 
 def _parser() -> argparse.ArgumentParser:

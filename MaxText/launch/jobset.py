@@ -4,7 +4,7 @@ One indexed Job of N pods, one pod per node holding all its GPUs, one `train.py`
 - the processes find each other through `JAX_COORDINATOR_ADDRESS` (pod 0's stable DNS name, which
   JobSet's headless service gives: `<jobset>-<job>-0-0.<jobset>`, plus the port),
   `JAX_NUM_PROCESSES` and `JAX_PROCESS_ID` (the pod's completion index), which
-  `MaxText/train/distributed.py` reads;
+  `MaxText/runtime/distributed.py` reads;
 - restarts: exit 42 (preempted, saved) and deaths by signal (128-255: killed, or aborted by the
   JAX runtime after a peer died) fail the Job, and JobSet restarts the whole set (up to
   `maxRestarts`), which resumes from the last checkpoint; any other non-zero status (1-5: a bug,
@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from MaxText.config.load import ConfigError
-from MaxText.train.exit_codes import EXIT_PREEMPTED
+from MaxText.runtime.exit_codes import EXIT_PREEMPTED
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOB_NAME = "workers"

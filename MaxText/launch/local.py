@@ -4,7 +4,7 @@
         -- train.py configs/base.yml per_device_batch_size=1 ...
 
 Each child gets `JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>`, `JAX_NUM_PROCESSES`,
-`JAX_PROCESS_ID` (what `MaxText/train/distributed.py` reads), and with `--devices_per_process` that
+`JAX_PROCESS_ID` (what `MaxText/runtime/distributed.py` reads), and with `--devices_per_process` that
 many fake CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count`, `JAX_PLATFORMS=cpu`;
 collectives over gloo). A command starting with a `.py` file runs with this Python.
 

@@ -14,7 +14,7 @@ What the command carries:
 The processes find each other without flags: on TPU JAX reads the slice's environment; on GPU XPK
 sets `JAX_COORDINATOR_ADDRESS`/`JAX_COORDINATOR_PORT`/`NNODES`/`NODE_RANK`, on CPU node pools
 `JAX_COORDINATOR_ADDRESS`/`JAX_PROCESS_COUNT`/`JOB_COMPLETION_INDEX` (plus the port we add), which
-`MaxText/train/distributed.py` reads. Checkpoints need a path every host shares
+`MaxText/runtime/distributed.py` reads. Checkpoints need a path every host shares
 (`base_output_directory` on a mounted bucket or Filestore volume): a relative path is refused.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Sequence
 
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import Config
-from MaxText.train.config_checks import validate
-from MaxText.train.exit_codes import EXIT_PREEMPTED
+from MaxText.resolve.config_checks import validate
+from MaxText.runtime.exit_codes import EXIT_PREEMPTED
 
 CPU_COORDINATOR_PORT = 8476  # CPU node pools: XPK gives the coordinator's host, not a port
 

@@ -135,7 +135,7 @@ class DenseGeneral(nnx.Module):
       out_shape = self.out_shape
     elif self.lora_a is None:
       # the kernel as it is: a slice of its output axes works too (the chunked loss may split the
-      # LM head over the vocabulary, MaxText/train/loss.py)
+      # LM head over the vocabulary, MaxText/losses/loss.py)
       y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
       out_shape = w.shape[self.in_rank:]
     else:   # A [*in, r], B [r, *out]; zero B: y exactly as without

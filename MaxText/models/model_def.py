@@ -32,7 +32,7 @@ class ModelDef:
 
   def apply_hidden(self, params, *args):
     """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
-    (`head`) chunk by chunk (`train/loss.py`); the family's `forward_with_aux(return_hidden=True)`."""
+    (`head`) chunk by chunk (`losses/loss.py`); the family's `forward_with_aux(return_hidden=True)`."""
     return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
 
   def head(self, params, hidden):

@@ -30,8 +30,7 @@ from tqdm import tqdm
 from MaxText.layers import int_levels, quant, quant_experts
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
-from MaxText.sharding.rules import Rules, tree_shardings, use_rules
-from MaxText.train.step import batch_sharding
+from MaxText.sharding.rules import Rules, batch_sharding, tree_shardings, use_rules
 from MaxText.quantization import gptq
 
 Flat = dict[tuple, Any]

@@ -40,15 +40,17 @@ from MaxText.decoding.engine import Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
+from MaxText.resolve import auto_settings
 from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.rewards import RewardScorer, load_rewards
 from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, make_logprob_fn)
-from MaxText.train import auto_settings, faults, memory
-from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK
-from MaxText.train.host_data import process_rows
-from MaxText.train.loop import Trainer, exit_process, main as train_main
-from MaxText.train.preemption import PreemptionWatch
+from MaxText.runtime import faults
+from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, exit_process
+from MaxText.runtime.host_data import process_rows
+from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.train import memory
+from MaxText.train.loop import Trainer, main as train_main
 from MaxText.train.run_log import log, log_error
 from MaxText.train.state import init_state
 

@@ -1,11 +1,11 @@
 """GRPO's compiled programs on the training mesh: the token log-probabilities of a rollout batch
 (the policy's, or the reference's), and the optimizer step on the clipped policy loss
 (MaxText/rl/losses.py). The log-probabilities come from the model's final hidden state and its head
-applied chunk by chunk (`train/loss.py: chunked_target_log_probs`, `loss_chunk_length`), so the
+applied chunk by chunk (`losses/loss.py: chunked_target_log_probs`, `loss_chunk_length`), so the
 fp32 [B, S, V] logits never exist whole when the chunk is set; under a mesh split only over the
 batch, with at most V tokens in the batch, the head runs split over the vocabulary as in the
 training loss (each device a vocabulary slice of the head, the whole head never gathered; a
-LoRA'd head too, its adapters folded into one projection first: MaxText/rl/lora_head.py).
+LoRA'd head too, its adapters folded into one projection first: MaxText/losses/lora_head.py).
 
 A rollout batch is [N, S] arrays (N = prompts x completions per prompt, S = max_target_length):
   inputs, targets, positions, segments   the prompt + completion, shifted by one (segments 1 on
@@ -26,11 +26,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.layers import lora
+from MaxText.losses.lora_head import head_for_log_probs
+from MaxText.losses.loss import chunked_target_log_probs
 from MaxText.models.model_def import ModelDef
-from MaxText.rl.lora_head import head_for_log_probs
 from MaxText.rl.losses import aggregate, policy_loss
 from MaxText.sharding.rules import Rules, logical_to_spec, use_rules
-from MaxText.train.loss import chunked_target_log_probs
 from MaxText.train.step import applied_learning_rate, guarded_update
 
 TOKEN_KEYS = ("inputs", "targets", "positions", "segments")

@@ -100,6 +100,15 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(ctx.mesh, spec))
 
 
+# ---- the token batch ---------------------------------------------------------------------------
+BATCH_AXES = ("activation_batch", "activation_length")
+
+
+def batch_sharding(mesh: Mesh, rules: Rules, global_batch: int, seq_len: int) -> NamedSharding:
+  """The sharding of a [global_batch, seq_len] token array (training's batch, the tools' too)."""
+  return NamedSharding(mesh, logical_to_spec(BATCH_AXES, (global_batch, seq_len), rules, mesh))
+
+
 # ---- parameters --------------------------------------------------------------------------------
 def tree_shardings(logical_tree: Any, shape_tree: Any, mesh: Mesh, rules: Rules) -> Any:
   """NamedShardings for a tree of logical-axis tuples (leaves) and a matching tree of shapes."""

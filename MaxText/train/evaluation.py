@@ -14,19 +14,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.config.schema import Config
 from MaxText.data.config import DataConfig
-from MaxText.data.eval_data import EvalBatches, eval_problems, eval_source
+from MaxText.data.eval_data import EvalBatches, eval_source
 from MaxText.data.tokenizers import Tokenizer
+from MaxText.losses.loss import token_loss_sums
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, use_rules
-from MaxText.train.loss import token_loss_sums
 from MaxText.train.step import BATCH_KEYS
-
-
-def problems(cfg: Config) -> list[tuple[str, str]]:
-  """Config-time refusals when evaluation is on (`eval_period` > 0)."""
-  if not cfg.eval_period:
-    return []
-  return eval_problems(DataConfig.from_config(cfg), cfg.eval_dataset_path)
 
 
 def format_eval(step: int | None, result: dict[str, float]) -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
-import threading
 from typing import Any, Sequence
 
 import jax
@@ -22,27 +20,28 @@ from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
 from MaxText.data.tokenizers import Tokenizer
-from MaxText.data.validation import validate_data_config
 from MaxText.layers import stack
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def
+from MaxText.resolve import auto_settings
+from MaxText.resolve.config_checks import check_config
+from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.resolve.tokenizer_setup import choose_tokenizer
+from MaxText.runtime import cpu_devices, distributed, faults
+from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
+                                        EXIT_OK, EXIT_PREEMPTED)
+from MaxText.runtime.host_data import data_layout, process_rows
+from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.runtime.run_dir import RunLock, run_dir_of
+from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
-from MaxText.sharding.rules import parse_rules, sharding_report
-from MaxText.train import auto_settings, cpu_devices, distributed, evaluation, faults, memory
-from MaxText.train.config_checks import validate
-from MaxText.train.from_checkpoint import adopt_checkpoint_architecture
-from MaxText.train.host_data import data_layout, process_rows
-from MaxText.train.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
-                                      EXIT_OK, EXIT_PREEMPTED)
+from MaxText.sharding.rules import batch_sharding, parse_rules, sharding_report
+from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
-from MaxText.train.preemption import PreemptionWatch
-from MaxText.train.run_dir import RunLock, check_writable, run_dir_of
 from MaxText.train.run_log import log, log_error, log_host
-from MaxText.train.startup import StartupClock
-from MaxText.train.step_loop import StepLoop
-from MaxText.train.tokenizer_setup import choose_tokenizer
 from MaxText.train.state import abstract_state, mesh_data_axes, state_shardings, trained
-from MaxText.train.step import BATCH_KEYS, batch_sharding, jit_train_step, make_train_step
+from MaxText.train.step import BATCH_KEYS, jit_train_step, make_train_step
+from MaxText.train.step_loop import StepLoop
 from MaxText.train.trainer_state import CheckpointedState
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
@@ -53,16 +52,6 @@ def setup_jax(cfg: Config) -> None:
   if cfg.jax_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-
-
-def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
-  """Everything that can be checked before any compile (raises ConfigError / DataError); returns
-  the run's tokenizer (loaded once, to check it against the config)."""
-  check_writable(cfg)
-  validate(cfg, devices)
-  for key, problem in evaluation.problems(cfg):
-    raise ConfigError(f"{key}: {problem}")
-  return validate_data_config(DataConfig.from_config(cfg))
 
 
 class Trainer(CheckpointedState, StepLoop):
@@ -313,17 +302,6 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
     if est.needed <= est.available:
       fits.append((name, est.needed))
   return sorted(fits, key=lambda f: -f[1])
-
-
-def exit_process(code: int) -> None:
-  """Ends the process with `code`; without waiting for a non-daemon thread still alive (e.g. a
-  checkpoint write stuck on hung storage, exit 4)."""
-  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-         if t is not threading.main_thread()):
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-  sys.exit(code)
 
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,

@@ -1,4 +1,4 @@
-"""The jitted train step: masked cross-entropy (+ optional z-loss; whole or chunked, `train/loss.py`;
+"""The jitted train step: masked cross-entropy (+ optional z-loss; whole or chunked, `losses/loss.py`;
 + the family's auxiliary loss), gradient accumulation over micro-batches, clipping + AdamW, then the
 family's changes outside the gradient, with the state donated and every sharding pinned. What a
 family adds (its `AuxTerms`, MaxText/models/family.py) comes in as `aux_terms`: this module names no
@@ -15,15 +15,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.layers import lora
+from MaxText.losses.loss import token_loss_sums
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
-from MaxText.sharding.rules import Rules, constrain, logical_to_spec, use_rules
-from MaxText.train.loss import token_loss_sums
+from MaxText.sharding.rules import BATCH_AXES, Rules, constrain, use_rules
 from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
-BATCH_AXES = ("activation_batch", "activation_length")
 
 
 def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
@@ -140,10 +139,6 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
     return new_state, metrics
 
   return step
-
-
-def batch_sharding(mesh: Mesh, rules: Rules, global_batch: int, seq_len: int) -> NamedSharding:
-  return NamedSharding(mesh, logical_to_spec(BATCH_AXES, (global_batch, seq_len), rules, mesh))
 
 
 def jit_train_step(step_fn: Callable, state_shardings: TrainState, batch_shard: NamedSharding,

@@ -17,10 +17,11 @@ from MaxText.config.load import ConfigError
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter, format_line
 from MaxText.models.registry import training_flops
-from MaxText.train import faults, memory
-from MaxText.train.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
+from MaxText.runtime import faults
+from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
+from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.train import memory
 from MaxText.train.periodic import Periodic
-from MaxText.train.preemption import PreemptionWatch
 from MaxText.train.run_log import log, log_host
 from MaxText.train.step_rows import StepRows
 

@@ -2,7 +2,7 @@
 a run starts from — its latest checkpoint, the parameters of `load_parameters_path` (a whole model,
 a base for fresh LoRA adapters, or a LoRA checkpoint and its base), or a fresh init — and what a
 checkpoint saves of it (a LoRA run: the adapters and the reference to its base,
-train/lora_base.py). Uses the Trainer's `cfg`, `mcfg`, `abstract`, `adapters_only`, `tx`,
+resolve/lora_base.py). Uses the Trainer's `cfg`, `mcfg`, `abstract`, `adapters_only`, `tx`,
 `shardings` and sets its `lora_base`."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
 from MaxText.layers import lora
-from MaxText.train import lora_base
+from MaxText.resolve import lora_base
 from MaxText.train.run_log import log
 from MaxText.train.state import init_state
 
@@ -24,7 +24,7 @@ class CheckpointedState:
     are verified), the parameters of `load_parameters_path`, or a fresh init."""
     cfg = self.cfg
     if ckpts is not None and ckpts.latest_step() is not None:
-      # a LoRA run's checkpoints hold the adapters and a reference to the base (train/lora_base.py)
+      # a LoRA run's checkpoints hold the adapters and a reference to the base (resolve/lora_base.py)
       ref = lora_base.checkpoint_reference(ckpts.step_dir(ckpts.latest_step())) \
           if self.adapters_only else None
       state, start = ckpts.restore_latest(self.saved_part(self.abstract, ref), data_iter,

@@ -1,4 +1,4 @@
-"""A LoRA'd LM head in the vocabulary-split token log-probabilities (`train/loss_vocab_split.py`).
+"""A LoRA'd LM head in the vocabulary-split token log-probabilities (`losses/loss_vocab_split.py`).
 
 With adapters on the head (`lora_targets` matching it) the head computes h W + s (h A) B
 (layers/lora.py; s = alpha / rank), and A [D, r] has no vocabulary axis, so the split (each
@@ -23,9 +23,9 @@ from flax import nnx, traverse_util
 
 from MaxText.layers import lora
 from MaxText.layers.linear import DenseGeneral
+from MaxText.losses.loss_parts import used_leaves
+from MaxText.losses.loss_vocab_split import vocab_split_plan
 from MaxText.models.model_def import ModelDef
-from MaxText.train.loss_parts import used_leaves
-from MaxText.train.loss_vocab_split import vocab_split_plan
 
 
 def _head_adapter_parent(model_def: ModelDef, params, hidden_BSD: jax.Array) -> tuple | None:

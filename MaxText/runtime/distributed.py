@@ -26,7 +26,7 @@ import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
-from MaxText.train import stdout_filter
+from MaxText.runtime import stdout_filter
 
 ADDRESS_ENV = "JAX_COORDINATOR_ADDRESS"
 PORT_ENV = "JAX_COORDINATOR_PORT"

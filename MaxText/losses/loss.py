@@ -33,13 +33,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from MaxText.sharding.rules import current_context, without_rules
+from MaxText.losses.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent,
+                                       lse_and_target_logit, sums_of_stats, used_leaves,
+                                       with_gradient_in_forward)
+from MaxText.losses.loss_vocab_split import (vocab_split_log_probs, vocab_split_plan,
+                                             vocab_split_sums)
 from MaxText.models.model_def import ModelDef
-from MaxText.train.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent,
-                                      lse_and_target_logit, sums_of_stats, used_leaves,
-                                      with_gradient_in_forward)
-from MaxText.train.loss_vocab_split import (vocab_split_log_probs, vocab_split_plan,
-                                            vocab_split_sums)
+from MaxText.sharding.rules import current_context, without_rules
 
 
 def target_log_probs(logits_BSV: jax.Array, targets_BS: jax.Array) -> jax.Array:

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from MaxText.losses.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent, sums_of_stats,
+                                       used_leaves, with_gradient_in_forward)
 from MaxText.sharding.rules import current_context, logical_to_spec, without_rules
-from MaxText.train.loss_parts import (HeadFn, batch_axes, chunks, logits_cotangent, sums_of_stats,
-                                      used_leaves, with_gradient_in_forward)
 
 
 # The head split over the vocabulary under the batch axes (module docstring): used when the

@@ -1,6 +1,7 @@
 """Cross-key checks that need the devices or the model family (its refusals of keys it does not
-implement, its own checks, its Hugging Face model types). Run before anything compiles; every
-failure is a `ConfigError` naming the key(s) and the numbers."""
+implement, its own checks, its Hugging Face model types), and `check_config`: everything a run or
+a tool checks before anything compiles. Every failure is a `ConfigError` naming the key(s) and the
+numbers (a `DataError` for the data config)."""
 from __future__ import annotations
 
 import math
@@ -10,13 +11,18 @@ import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
+from MaxText.data.config import DataConfig
+from MaxText.data.eval_data import eval_problems
+from MaxText.data.tokenizers import Tokenizer
+from MaxText.data.validation import validate_data_config
 from MaxText.layers import quant
 from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_family
+from MaxText.resolve.auto_settings import has_logits_head
+from MaxText.runtime.run_dir import check_writable
 from MaxText.sharding.mesh import mesh_shape
 from MaxText.sharding.rules import parse_rules
-from MaxText.train.auto_settings import has_logits_head
 
 BATCH_AXES_LOGICAL = "activation_batch"
 
@@ -91,3 +97,15 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
                       f"{global_batch} sequences (per_device_batch_size={cfg.per_device_batch_size}"
                       f" x {n} devices x gradient_accumulation_steps="
                       f"{cfg.gradient_accumulation_steps})")
+
+
+def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
+  """Everything that can be checked before any compile (raises ConfigError / DataError): the run
+  directory, the cross-key checks (`validate`), evaluation's data when `eval_period` > 0, the data
+  config; returns the run's tokenizer (loaded once, to check it against the config)."""
+  check_writable(cfg)
+  validate(cfg, devices)
+  if cfg.eval_period:
+    for key, problem in eval_problems(DataConfig.from_config(cfg), cfg.eval_dataset_path):
+      raise ConfigError(f"{key}: {problem}")
+  return validate_data_config(DataConfig.from_config(cfg))

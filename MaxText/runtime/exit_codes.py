@@ -1,8 +1,11 @@
-"""The exit statuses of `train.py`: the contract orchestrators rely on (README "Exit status").
+"""The exit statuses of `train.py`: the contract orchestrators rely on (README "Exit status"); a
+tool's `run()` mapped to them (`reported`), and the process ended with one (`exit_process`).
 
 Anything not listed here (a Python traceback gives 1, a signal gives 128 + n) is a bug.
 """
+import os
 import sys
+import threading
 from typing import Callable
 
 from MaxText.checkpoint.errors import CheckpointError
@@ -34,3 +37,14 @@ def reported(run: Callable[[], int], bad_input: tuple[type[Exception], ...], *,
   except (CheckpointError, *checkpoint) as e:   # damaged, or a LoRA checkpoint whose base changed
     print(f"checkpoint error: {e}", file=sys.stderr)
     return EXIT_CHECKPOINT
+
+
+def exit_process(code: int) -> None:
+  """Ends the process with `code`; without waiting for a non-daemon thread still alive (e.g. a
+  checkpoint write stuck on hung storage, exit 4)."""
+  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+         if t is not threading.main_thread()):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)
