@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import BASE_YML, MESH_1, ROOT, argv, train  # noqa: E402
+from conftest import BASE_YML, MESH_1, ROOT, argv  # noqa: E402
 from end_to_end.tiny_hf import save_tiny_tokenizer  # noqa: E402
 from MaxText.checkpoint.manager import load_params_host  # noqa: E402
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext  # noqa: E402

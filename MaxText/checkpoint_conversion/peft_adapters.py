@@ -61,8 +61,9 @@ def places(hf_map: Any, mcfg_base: Any, shapes: Mapping[tuple, Any]) -> dict[str
     kshape = base[(*m, "kernel")]
     lead, n_in = _ranks(kshape, shapes[(*m, "lora_a")].shape, shapes[(*m, "lora_b")].shape)
     lshape, ishape, oshape = kshape[:lead], kshape[lead:lead + n_in], kshape[lead + n_in:]
-    grid = lambda sizes, at: np.arange(1, math.prod(sizes) + 1, dtype=np.int64).reshape(
-        (1,) * at + tuple(sizes) + (1,) * (len(kshape) - at - len(sizes)))
+    n = len(kshape)
+    grid = lambda sizes, at, n=n: np.arange(1, math.prod(sizes) + 1, dtype=np.int64).reshape(
+        (1,) * at + tuple(sizes) + (1,) * (n - at - len(sizes)))
     views["where"][(*m, "kernel")] = np.broadcast_to(
         1 + mid * lead_max + grid(lshape, 0) - 1, kshape)
     views["in"][(*m, "kernel")] = np.broadcast_to(grid(ishape, lead), kshape)

@@ -223,7 +223,7 @@ class Engine:
                row_ids: Sequence[int] | None = None) -> list[Completion]:
     """Completions of `prompts` (token ids), in order. `stop` strings need `detokenize` (ids →
     text). `row_ids` (default: the prompts' indices) seed each prompt's samples."""
-    for key, problem in sampling.problems():
+    for _, problem in sampling.problems():
       raise DecodeError(problem)
     if len(eos_ids) > MAX_EOS_IDS:
       raise DecodeError(f"at most {MAX_EOS_IDS} eos ids, got {len(eos_ids)}")
