@@ -109,6 +109,7 @@ class RunCheckpoints:
       raise CheckpointError(f"saving checkpoint step {step} failed: {_why(e)}") from e
 
   def _confirm(self) -> None:
+    assert self._pending is not None  # check() / wait() return first when nothing is pending
     step, _ = self._pending
     self._pending = None
     try:
@@ -119,6 +120,7 @@ class RunCheckpoints:
           f"(latest committed step: {self._committed()})") from e
 
   def _hung(self) -> CheckpointError:
+    assert self._pending is not None
     step, start = self._pending
     return CheckpointError(
         f"checkpoint step {step} has not committed after {time.monotonic() - start:.0f} s "

@@ -178,8 +178,8 @@ def import_peft(folder: str, params: dict, hf_map: Any, mcfg_base: Any, *, rank:
       if a_hf.shape[0] != rank or b_hf.shape[1] != rank:
         raise HFFolderError(f"{path}: {module} has rank {a_hf.shape[0]}, the config says {rank}")
       a, b = flat[(*p.kernel, "lora_a")], flat[(*p.kernel, "lora_b")]
-      a_view = a[p.lead].reshape(-1, rank)
-      b_view = b[p.lead].reshape(rank, -1)
+      a_view = a[p.lead].reshape(-1, rank)  # pyright: ignore[reportIndexIssue] (numpy leaves)
+      b_view = b[p.lead].reshape(rank, -1)  # pyright: ignore[reportIndexIssue]
       a_view[p.cols] = a_hf.T.astype(a.dtype)
       b_view[:, p.rows] = b_hf.T.astype(b.dtype)
   return traverse_util.unflatten_dict(flat)

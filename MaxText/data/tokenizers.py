@@ -57,8 +57,8 @@ class ByteTokenizer:
   OFFSET = 3
   vocab_size = 256 + OFFSET
   pad_id = 0
-  bos_id = 1
-  eos_id = 2
+  bos_id: Optional[int] = 1
+  eos_id: Optional[int] = 2
 
   def encode(self, text: str) -> list[int]:
     return [b + self.OFFSET for b in text.encode("utf-8")]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -245,7 +245,7 @@ class Engine:
                                   detokenize)
       for i, c in zip(idx, done):
         out[i] = c
-    return out
+    return cast(list[Completion], out)  # every row filled
 
   def _generate_batch(self, params, prompts, rows, max_len, max_new, sampling, eos_E, stop,
                       detokenize) -> list[Completion]:

@@ -13,7 +13,7 @@ from flax import nnx, traverse_util
 from MaxText.layers import lora, quant
 from MaxText.models.model_config import ModelConfig
 
-Build = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
+Build = Callable[..., nnx.Module]   # build(mcfg, rngs=nnx.Rngs(...))
 
 
 @dataclass(frozen=True)
