@@ -12,8 +12,11 @@ user message with the tokenizer's own chat template. Sampling: `temperature` (0 
 eos), `stop='["\\n\\n"]'` strings. The tokenizer: `tokenizer_path`, else the checkpoint's or the
 Hugging Face folder's. Every decoding key: configs/base.yml, section "decoding".
 
-Prints each completion (its text, or its ids without a tokenizer); `decode_output=FILE.jsonl`
-writes one JSON line per prompt: prompt_ids, output_ids, output_logprobs (of the chosen tokens
+Prints each prompt and its continuation (their text, or their ids without a tokenizer; control
+characters escaped, `\x00`, so a log stays text; the continuation's trailing whitespace left
+out), after a header saying how the completion ended; the first line (stderr) names the model,
+with its weights' integer width when the checkpoint is quantized. `decode_output=FILE.jsonl`
+writes one JSON line per prompt (the exact text): prompt_ids, output_ids, output_logprobs (of the chosen tokens
 under the unmodified distribution), text, finish_reason. Exit 0; 2 on a bad config or request
 (an empty prompt, a prompt longer than the cache or the model's positions, max_new_tokens that
 overflows them, no chat template, no tokenizer for text); 4 on a damaged checkpoint.
@@ -28,6 +31,7 @@ from typing import Any, Sequence
 
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
+from MaxText.data.printable import printable
 from MaxText.inference import InferenceError, load
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 
@@ -73,6 +77,15 @@ def prompts_of(cfg) -> list[Any]:
   return [cfg.prompt_ids] if cfg.prompt_ids else [cfg.prompt]
 
 
+def shown(text: str | None, ids: Sequence[int], what: str) -> str:
+  """`what`, then the text as an indented block (escaped, trailing whitespace left out), or the
+  ids without a tokenizer (or when the text is empty or only whitespace)."""
+  body = printable(text).rstrip() if text is not None else " ".join(map(str, ids))
+  if not body:
+    return f"{what}: no text (ids {' '.join(map(str, ids)) or 'none'})"
+  return f"{what}:\n" + "\n".join(("  | " + line).rstrip() for line in body.split("\n"))
+
+
 def main(argv: Sequence[str]) -> int:
   if any(a in ("-h", "--help") for a in argv):
     print(__doc__)
@@ -84,17 +97,20 @@ def run(argv: Sequence[str]) -> int:
   prompts = prompts_of(load_config(argv))   # before the model loads: a bad prompt fails fast
   model = load(argv)
   cfg = model.cfg
-  print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}); "
-        f"{model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
+  weights = (f"int{cfg.weight_bits} weights (quantized checkpoint"
+             + (f", groups of {cfg.weight_group_size}" if cfg.weight_group_size else "") + ")"
+             if cfg.weight_bits else "float weights")
+  print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}, "
+        f"{weights}); {model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
   t0 = time.perf_counter()
   outs = model.generate(prompts)
   seconds = time.perf_counter() - t0
   new = sum(len(g.output_ids) for g in outs)
   print(f"{new} tokens in {seconds:.2f} s (compilation included)", file=sys.stderr)
   for i, g in enumerate(outs):
-    if len(outs) > 1:
-      print(f"--- {i} ({g.finish_reason}) ---")
-    print(g.text if g.text is not None else " ".join(map(str, g.output_ids)))
+    print(f"--- {i}: {len(g.output_ids)} tokens ({g.finish_reason}) ---")
+    print(shown(model.text(g.prompt_ids), g.prompt_ids, "prompt"))
+    print(shown(g.text, g.output_ids, "continued by the model"))
   if cfg.decode_output:
     with open(os.path.expanduser(cfg.decode_output), "w", encoding="utf-8") as f:
       for g in outs:

@@ -5,8 +5,9 @@
 Parameters: `load_parameters_path` (a run's checkpoints/, a step, a converter's output) or
 `hf_path=HF_DIR` (converted in memory). Data: `eval_dataset_path` (read with `dataset_format` /
 `dataset_text_field`), else the `eval_split_fraction` share held out of the dataset keys'
-documents (what a training run with that fraction never read), else every document of the
-dataset keys; packed into rows of `max_target_length`, `eval_steps` global batches of
+documents (what a training run with that fraction never read: a share other than the one the
+run behind the checkpoint held out is refused, exit 2, `resolve/held_out.py`), else every document
+of the dataset keys; packed into rows of `max_target_length`, `eval_steps` global batches of
 `per_device_batch_size` x devices rows (fewer when the documents end first). The tokenizer:
 `tokenizer_path`, else the checkpoint's. Mesh and sharding keys as for training.
 
@@ -28,7 +29,7 @@ from MaxText.data.eval_data import eval_problems
 from MaxText.inference import load_config_for_decoding, model_tokenizer
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
-from MaxText.resolve import lora_base
+from MaxText.resolve import held_out, lora_base
 from MaxText.resolve.config_checks import check_config
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 from MaxText.runtime.host_data import data_layout, process_rows
@@ -50,6 +51,7 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   if cfg.eval_dataset_path or cfg.eval_split_fraction:
     for key, problem in eval_problems(DataConfig.from_config(cfg), cfg.eval_dataset_path):
       raise ConfigError(f"{key}: {problem}")
+  note = held_out.check_evaluation(cfg)   # the share must be the one the run held out
   mesh, rules = create_mesh(cfg, devices), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
   model_def = make_model_def(ModelConfig.from_config(cfg))
   shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
@@ -70,6 +72,8 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
     where += f" dataset_type={cfg.dataset_type} {cfg.dataset_path}".rstrip()
   print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers); {source}; data: "
         f"{where}; {cfg.eval_steps} batches of {global_batch} x {cfg.max_target_length}")
+  if note:
+    print(note)
   evaluator = Evaluator(cfg, tokenizer, model_def, mesh, rules, sharding, global_batch,
                         layout.shard_ids, layout.num_shards, layout.shard_batch,
                         whole_dataset=True)

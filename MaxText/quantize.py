@@ -12,7 +12,8 @@ rows and output column (0: one per column). Methods:
   rtn   round to nearest.
   gptq  GPTQ (quantization/gptq.py): the Hessian X^T X of each projection's input from
         `calibration_steps` batches of the dataset keys' training documents (per_device_batch_size
-        x devices rows of max_target_length tokens; the eval_split_fraction share is never read),
+        x devices rows of max_target_length tokens; the eval_split_fraction share is never read,
+        and a share other than the one the checkpoint's run held out is refused, exit 2),
         dampening `damp` x mean diagonal, blocked lazy updates, act_order (columns by descending
         Hessian diagonal; default true). A routed expert's Hessian: the token copies routed to it;
         an expert that none reached is quantized by RTN (logged).
@@ -40,7 +41,8 @@ from typing import Sequence
 import jax
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import load_params_host, resolve_step_dir, save_params_only
+from MaxText.checkpoint.manager import (HF_SOURCE, hf_source, load_params_host, resolve_step_dir,
+                                        save_params_only)
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.data.config import DataConfig
@@ -50,6 +52,7 @@ from MaxText.inference import model_tokenizer
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
+from MaxText.resolve import held_out
 from MaxText.resolve.config_checks import check_config
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.runtime.exit_codes import EXIT_OK, reported
@@ -126,6 +129,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   params = load_params_host(cfg.load_parameters_path, make_model_def(mcfg).abstract_params)
   hess = None
   if steps > 0:
+    held_out.check_calibration(cfg)   # never the documents the run held out
     cfg, _ = model_tokenizer(cfg)
     devices = jax.devices()
     tokenizer = check_config(cfg, devices)
@@ -145,8 +149,10 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
       block_size=args["block_size"], hess=hess, progress=progress)
   step_dir = resolve_step_dir(cfg.load_parameters_path)
   folder = tokenizer_files.in_checkpoint(step_dir)
+  source = hf_source(cfg.load_parameters_path)   # a quantized conversion stays one
   save_params_only(out, qparams, qcfg.as_dict(),
-                   tokenizer=tokenizer_files.files_of(folder) if folder else None)
+                   tokenizer=tokenizer_files.files_of(folder) if folder else None,
+                   meta={HF_SOURCE: source} if source else None)
   return reports
 
 

@@ -25,7 +25,7 @@ $PY train.py configs/sft.yml load_parameters_path="$W/ckpt" tokenizer_path="$W/h
     dataset_path="$W/chats.jsonl" lora_rank=8 lora_alpha=16 learning_rate=1e-2 steps=80 \
     warmup_steps=5 per_device_batch_size=8 max_target_length=128 checkpoint_period=80 \
     log_period=10 base_output_directory="$W/runs" run_name=lora ici_fsdp_parallelism=1 \
-    enable_tensorboard=false sample_at_end=false
+    enable_tensorboard=false
 
 echo "== export merged and as a PEFT adapter; import the adapter back"
 $PY -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path="$W/runs/lora/checkpoints" \

@@ -67,9 +67,11 @@ def write_jsonl(path, records) -> str:
   return str(path)
 
 
-def save_chat_tokenizer(folder, template: str | None, vocab_size: int = 320):
+def save_chat_tokenizer(folder, template: str | None, vocab_size: int = 320,
+                        bos_token: str | None = "<s>"):
   """A byte-level BPE tokenizer (trained on the generated chat text) with `template`, saved by
-  transformers; returns transformers' tokenizer loaded from `folder`."""
+  transformers; returns transformers' tokenizer loaded from `folder`. `bos_token=None`: none (as
+  Qwen3's)."""
   import transformers
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   tok = Tokenizer(models.BPE())
@@ -80,7 +82,7 @@ def save_chat_tokenizer(folder, template: str | None, vocab_size: int = 320):
       vocab_size=vocab_size, special_tokens=SPECIALS,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
   fast = transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>")
+      tokenizer_object=tok, bos_token=bos_token, eos_token="<|im_end|>", pad_token="<pad>")
   if template:
     fast.chat_template = template
   os.makedirs(folder, exist_ok=True)

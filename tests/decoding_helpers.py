@@ -43,16 +43,6 @@ def family_models():
                          lambda: qwen3_next.ours("dense", True))}
 
 
-def another_way(family: str):
-  """A model def computing `family_models()[family]`'s forward another way (same parameters), for
-  the families whose fp32 rounding noise the padding test does not reach, or None: Qwen3-Next's
-  linear layers token by token instead of in chunks."""
-  if family != "qwen3_next":
-    return None
-  import test_qwen3_next_parity as qwen3_next
-  return qwen3_next.ours("dense", True, "linear_recurrence=token")[1]
-
-
 def hf_greedy(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
   """transformers' generate(do_sample=False) of a batch of prompts (left-padded, with the attention
   mask, as transformers batches prompts of different lengths), never stopping at an eos (the

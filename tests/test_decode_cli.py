@@ -113,7 +113,9 @@ def test_hf_folder_chat_decoding_equals_transformers(hf_folder, tmp_path, capsys
     assert line["finish_reason"] == ("eos" if want[-1] in (3, 17) else "length")
     assert len(line["output_logprobs"]) == len(want)
     assert line["text"] == hf_tok.decode(want, skip_special_tokens=True)
-    assert line["text"] in printed
+    # printed: the prompt and its continuation (escaped, no trailing whitespace)
+    assert decode.shown(line["text"], want, "continued by the model") in printed
+    assert decode.shown(hf_tok.decode(ids, skip_special_tokens=True), ids, "prompt") in printed
 
 
 def test_converted_checkpoint_decodes_with_its_own_tokenizer(hf_folder, tmp_path):

@@ -387,3 +387,57 @@ def test_load_from_a_checkpoint(tmp_path):
   close(got, inspector("qwen3").forward(ROWS[0], capture=["logits"]).logits, "checkpoint logits", m)
   with pytest.raises(ValueError, match="one of hf_path"):
     mi.load()
+
+
+def _inside_the_figure(fig) -> list[str]:
+  """The texts (titles, axis labels, tick labels) drawn outside the figure: clipped."""
+  fig.canvas.draw()
+  renderer, box = fig.canvas.get_renderer(), fig.bbox
+  out = []
+  for ax in fig.axes:
+    texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(),
+             *ax.get_yticklabels()]
+    for t in texts:
+      if t.get_visible() and t.get_text():
+        e = t.get_window_extent(renderer)
+        if e.x0 < box.x0 - 1 or e.y0 < box.y0 - 1 or e.x1 > box.x1 + 1 or e.y1 > box.y1 + 1:
+          out.append(t.get_text())
+  return out
+
+
+def test_attention_heatmaps_wrap_heads_with_a_colorbar_and_nothing_clipped():
+  import matplotlib.pyplot as plt
+  from MaxText.inspect import plots
+  S, H = 9, 6
+  a = np.tril(np.ones((H, S, S)))
+  a /= a.sum(-1, keepdims=True)
+  labels = ["<bos>", "The", " quick", " brown", " fox", "\n", "\x00", " the", "."]
+  fig = plots.attention_figure(a, 2, labels, heads=[0, 1, 2, 5, 6, 7])
+  images = [ax for ax in fig.axes if ax.images]
+  bars = [ax for ax in fig.axes if ax.get_ylabel() == "attention probability"]
+  assert len(images) == H and len(bars) == 1                    # 6 heatmaps, one colour bar
+  assert len({round(ax.get_position().y0, 3) for ax in images}) == 2   # wrapped: 4 + 2
+  assert [ax.get_title() for ax in images] == [f"head {h}" for h in (0, 1, 2, 5, 6, 7)]
+  ticks = [t.get_text() for t in images[0].get_xticklabels()]
+  assert ticks == ["<bos>", "The", "␣quick", "␣brown", "␣fox", "\\n", "\\x00", "␣the", "."]
+  assert _inside_the_figure(fig) == []
+  plt.close(fig)
+
+
+def test_logit_lens_labels_show_spaces_with_a_colorbar_and_nothing_clipped():
+  import matplotlib.pyplot as plt
+  from MaxText.inspect import plots
+  words = [" the", "the", "\n", "  "]
+  probs = np.zeros((3, 4, 4))
+  probs[..., :] = 0.1
+  for s in range(4):
+    probs[:, s, s] = 0.7
+  fig = plots.logit_lens_figure(probs, ["embeddings", "layer 0", "layer 1"],
+                                [" a", "b", " c", "\t"], lambda ids: [words[i] for i in ids])
+  ax, bar = fig.axes
+  assert bar.get_ylabel() == "probability"
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["␣a", "b", "␣c", "\\t"]
+  cells = [t.get_text() for t in ax.texts]
+  assert cells[:4] == ["␣the", "the", "\\n", "␣␣"] and all(t.get_fontsize() >= 9 for t in ax.texts)
+  assert _inside_the_figure(fig) == []
+  plt.close(fig)

@@ -204,6 +204,9 @@ def test_flipped_byte_exits_4_and_fallback_restores_previous_step(saved, tmp_pat
   code, _, log = _resume(tmp_path, capsys)
   assert code == 4
   assert "checkpoint step 2" in log and os.path.relpath(victim, step) in log
+  # the message says what to do: the older step 1 can be restored instead
+  assert "(checkpoint_fallback=true sets this step aside and restores the newest good one of " \
+         "the older steps 1)" in log
   # with fallback: step 1 is restored, step 2 set aside, the run finishes and saves 2 and 3 anew
   code, rows, log = _resume(tmp_path, capsys, "checkpoint_fallback=true")
   assert code == 0
@@ -211,6 +214,26 @@ def test_flipped_byte_exits_4_and_fallback_restores_previous_step(saved, tmp_pat
   assert [r["step"] for r in rows][-2:] == [2, 3]
   names = os.listdir(tmp_path / "run" / "checkpoints")
   assert {"1", "2", "3"} <= set(names) and any(n.startswith("2.unusable-") for n in names)
+
+
+def test_exit_4_says_when_no_older_good_step_exists(monkeypatch):
+  """The last step tried is unusable: the message says there is nothing older to fall back to
+  (one step) or that every step was unusable (with checkpoint_fallback)."""
+  from MaxText.checkpoint.errors import CheckpointError
+  from MaxText.checkpoint.manager import RunCheckpoints
+  ckpts = object.__new__(RunCheckpoints)
+  def damaged(step, *args, **kwargs):
+    raise CheckpointError(f"checkpoint step {step} is damaged: params/x: checksum")
+  monkeypatch.setattr(ckpts, "restore", damaged)
+  monkeypatch.setattr(ckpts, "_set_aside", lambda step: f"{step}.unusable")
+  monkeypatch.setattr(ckpts, "all_steps", lambda: [3])
+  with pytest.raises(CheckpointError, match=r"step 3 is damaged.*\(no older step to fall back to"):
+    ckpts.restore_latest({}, None, verify=True, fallback=False, log=print)
+  monkeypatch.setattr(ckpts, "all_steps", lambda: [2, 3])
+  with pytest.raises(CheckpointError, match=r"checkpoint_fallback=true .* older steps 2\)"):
+    ckpts.restore_latest({}, None, verify=True, fallback=False, log=print)
+  with pytest.raises(CheckpointError, match=r"step 2 is damaged.*no older good step exists"):
+    ckpts.restore_latest({}, None, verify=True, fallback=True, log=print)
 
 
 def test_manifest_catches_every_single_byte_flip(saved, tmp_path):

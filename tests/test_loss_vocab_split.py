@@ -106,8 +106,17 @@ def test_vocab_split_falls_back():
 def test_vocab_split_soft_capped_tied_head():
   """Gemma 4's tied, soft-capped head (tanh per logit: per slice) split over 4 devices: the loss
   equals one device's, loss and gradients the whole-sequence loss's under the same mesh (Gemma's
-  attention scale 1.0 amplifies the mesh's own fp32 reordering to ~2e-5 in the attention
-  gradients with or without the split, so those compare like with like)."""
+  attention scale 1.0 amplifies the mesh's own fp32 reordering in the attention gradients with or
+  without the split, so those compare like with like).
+
+  The gradients' bound, per leaf: the split differs from the whole-sequence loss only in the order
+  of the loss's own sums (the log-sum-exp combined over slices and chunks). Such a reordering moves
+  each softmax probability by a few fp32 units (u = 2**-24) relatively, and a leaf's gradient by
+  that times the leaf's cancellation (sum of |contributions| over |sum|), which differs per leaf
+  and per CPU (the matmuls' own blocking). One device's chunked loss vs its whole-sequence loss is
+  the same kind of reordering of the same sums, so the test measures that per leaf (`noise`) and
+  allows 4x it (the split's extra slice combination at most doubles the terms reordered; 2x more
+  for the spread between reorderings), and never less than 8u for leaves whose noise is ~0."""
   keys = ["model_name=gemma4-tiny", "num_decoder_layers=4", "attention_pattern=sf",
           "num_kv_shared_layers=2", "sliding_window=16", f"max_target_length={S}"]
   mcfg = ModelConfig.from_config(load_config([BASE_YML, *keys]))
@@ -115,12 +124,17 @@ def test_vocab_split_soft_capped_tied_head():
   micro = {k: np.concatenate([v] * 2) for k, v in batch(mcfg.vocab_size).items()}   # 4 rows
   mesh, devices = ("ici_fsdp_parallelism=4",), jax.devices()[:4]
   assert _plan(model_def, params, micro, devices, *mesh) is not None
-  ref_loss = jax.jit(lambda p: _mean_loss(p, model_def, micro, 0))(params)
+  one_device = jax.jit(jax.value_and_grad(lambda p, c: _mean_loss(p, model_def, micro, c)),
+                       static_argnums=1)
+  (ref_loss, ref_g), (_, ref_chunked_g) = one_device(params, 0), one_device(params, 16)
   (whole, whole_g), _ = _sharded(model_def, params, micro, 0, devices, *mesh)
   (split, split_g), _ = _sharded(model_def, params, micro, 16, devices, *mesh)
   assert rel(split, ref_loss) < 1e-5 and rel(split, whole) < 1e-6, (float(split), float(whole))
-  for (path, a), b in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g)):
-    assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
+  u = 2.0 ** -24
+  for (path, a), b, r, rc in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g),
+                                 jax.tree.leaves(ref_g), jax.tree.leaves(ref_chunked_g)):
+    bound = max(4 * rel(rc, r), 8 * u)
+    assert rel(b, a) < bound, (jax.tree_util.keystr(path), rel(b, a), bound)
 
 
 @pytest.mark.parametrize("n,mesh,tied", [(2, ("ici_fsdp_parallelism=2",), False),

@@ -6,6 +6,7 @@ import os
 import struct
 import dataclasses
 import math
+import re
 import types
 
 import jax
@@ -149,16 +150,16 @@ def _dev(kind, platform="gpu"):
 ])
 def test_peak_table_lookup(kind, expected):
   platform = "tpu" if kind.startswith("TPU") else "gpu"
-  assert peaks.device_peak_tflops(_dev(kind, platform), 0.0) == (expected, "table")
+  assert peaks.device_peak_tflops(_dev(kind, platform), 0.0) == (expected, "table", False)
 
 
 def test_unknown_accelerator_has_no_peak():
-  assert peaks.device_peak_tflops(_dev("Mystery Chip 9000"), 0.0) == (0.0, "unknown")
+  assert peaks.device_peak_tflops(_dev("Mystery Chip 9000"), 0.0) == (0.0, "unknown", False)
 
 
 def test_override_wins():
-  assert peaks.device_peak_tflops(_dev("NVIDIA H100 80GB HBM3"), 123.5) == (123.5, "config")
-  assert peaks.device_peak_tflops(_dev("cpu", "cpu"), 7.0) == (7.0, "config")
+  assert peaks.device_peak_tflops(_dev("NVIDIA H100 80GB HBM3"), 123.5) == (123.5, "config", False)
+  assert peaks.device_peak_tflops(_dev("cpu", "cpu"), 7.0) == (7.0, "config", False)
 
 
 def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
@@ -166,7 +167,7 @@ def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path)
   monkeypatch.setenv(peaks.CACHE_ENV, str(cache))
   monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
   monkeypatch.setattr(peaks.os, "getloadavg", lambda: (0.0, 0.0, 0.0))   # a quiet machine
-  tflops, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "bfloat16")
+  tflops, source, loaded = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "bfloat16")
   assert "measured now, cached in" in source and str(cache) in source
   # A 2-core machine reaches well under 10 TFLOP/s but clearly more than nothing.
   assert 1e-4 < tflops < 10.0
@@ -175,17 +176,44 @@ def test_cpu_peak_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path)
   # Another process on the same machine (fresh in-process state) reads the file, never measures.
   monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
   monkeypatch.setattr(peaks.time, "perf_counter", lambda: pytest.fail("measured twice"))
-  again, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "bfloat16")
+  again, source, loaded_again = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "bfloat16")
   assert again == tflops and "cached in" in source and "measured now" not in source
+  assert not loaded and not loaded_again
 
 
-def test_cpu_peak_measured_under_load_is_not_cached(monkeypatch, tmp_path):
+def test_cpu_peak_measured_under_load_is_cached_marked_and_replaced_when_quiet(monkeypatch,
+                                                                               tmp_path):
   cache = tmp_path / "peak.json"
   monkeypatch.setenv(peaks.CACHE_ENV, str(cache))
   monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
   monkeypatch.setattr(peaks.os, "getloadavg", lambda: (99.0, 99.0, 99.0))
-  tflops, source = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "float32")
-  assert tflops > 0 and "not cached" in source and not cache.exists()
+  peak = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "float32")
+  assert peak.tflops > 0 and peak.under_load and "measured now under load 99.0" in peak.source
+  entry, = json.loads(cache.read_text()).values()
+  assert entry["under_load"] is True and entry["load"] == 99.0
+  # the next run, still busy, reads the marked figure: no measurement, still marked
+  monkeypatch.setattr(peaks, "_MEASURED_HOST_TFLOPS", {})
+  with monkeypatch.context() as m:
+    m.setattr(peaks.time, "perf_counter", lambda: pytest.fail("measured again under load"))
+    again = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "float32")
+  assert again.tflops == peak.tflops and again.under_load and "under load" in again.source
+  # a run on a quiet machine measures again and replaces it with an unmarked figure
+  monkeypatch.setattr(peaks.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+  quiet = peaks.device_peak_tflops(_dev("cpu", "cpu"), 0.0, "float32")
+  assert not quiet.under_load and "measured now, cached in" in quiet.source
+  entry, = json.loads(cache.read_text()).values()
+  assert entry["under_load"] is False
+
+
+def test_an_mfu_against_a_peak_measured_under_load_says_so_on_its_line():
+  from MaxText.train.step_rows import StepRows   # pylint: disable=import-outside-toplevel
+  metrics = {"loss": np.float32(2.0), "finite": np.bool_(True)}
+  plain = StepRows(1e9, 1.0, 64, 1).row(metrics)
+  loaded = StepRows(1e9, 1.0, 64, 1, peak_under_load=True).row(metrics)
+  assert "mfu_peak_under_load" not in plain and loaded["mfu_peak_under_load"] is True
+  assert "(peak measured under load)" not in writers.format_line(1, plain, 9)
+  line = writers.format_line(1, loaded, 9)
+  assert re.search(r"MFU [0-9.]+% \(peak measured under load\)", line), line
 
 
 def _read_tensorboard_scalars(path):
@@ -336,3 +364,19 @@ def test_smoothed_loss_on_the_progress_line():
   assert got[1] == got[0]                                 # inf is left out
   line = writers.format_line(3, {"loss": 4.0, "loss_smoothed": got[-1]}, 10)
   assert f"loss 4.0000 (avg {got[-1]:.4f})" in line
+
+
+def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
+  """tensorboardX would import torch (seconds of every run's start-up); the writer hides it, and
+  torch is still importable afterwards. In a fresh interpreter: this one may have torch loaded."""
+  import subprocess   # pylint: disable=import-outside-toplevel
+  import sys   # pylint: disable=import-outside-toplevel
+  from conftest import ROOT   # pylint: disable=import-outside-toplevel
+  code = (f"import sys; from MaxText.metrics.writers import MetricsWriter\n"
+          f"w = MetricsWriter({str(tmp_path)!r}, enable_tensorboard=True, is_primary=True)\n"
+          f"w.write(1, {{'loss': 2.5}}); w.flush(); w.close()\n"
+          f"assert 'torch' not in sys.modules, 'torch was imported'\n"
+          f"import importlib.util; assert importlib.util.find_spec('torch') is None or "
+          f"__import__('torch') is not None\n")
+  subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+  assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))

@@ -131,8 +131,10 @@ def test_gptq_beats_rtn_on_every_layer_and_the_checkpoint_is_integer(trained, ca
   out, ckpt = trained
   assert _quantize(out, ckpt, "g4", "method=gptq", "bits=4", "group_size=32",
                    "calibration_steps=2") == 0
-  lines = [l for l in capsys.readouterr().out.splitlines() if "relative output error" in l]
+  captured = capsys.readouterr()
+  lines = [l for l in captured.out.splitlines() if "relative output error" in l]
   assert len(lines) == 14   # 7 projections x 2 layers
+  assert "gptq int4" not in captured.err    # not a terminal: no progress bar between the lines
   for line in lines:
     err = float(line.split("error ")[1].split()[0])
     rtn = float(line.split("(rtn ")[1].rstrip(")"))
@@ -169,8 +171,10 @@ def test_quantized_checkpoints_evaluate_decode_and_export(trained, capsys, tmp_p
     last = capsys.readouterr().out.strip().splitlines()[-1]
     losses[name] = float(last.split()[0].split("=")[1])
   assert abs(losses["r8"] - losses["fp"]) < 0.01 * losses["fp"]
+  capsys.readouterr()
   assert decode.main([BASE_YML, f"load_parameters_path={out / 'r8'}", "prompt_ids=1,5,9",
                       "max_new_tokens=4", f"decode_output={tmp_path / 'o.jsonl'}"]) == 0
+  assert "int8 weights (quantized checkpoint" in capsys.readouterr().err   # the header says so
   with open(tmp_path / "o.jsonl", encoding="utf-8") as f:
     assert len(json.loads(f.readline())["output_ids"]) == 4
   # to_huggingface: dequantized weights that transformers runs like our integer model

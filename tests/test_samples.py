@@ -74,3 +74,12 @@ def test_the_default_prompt_starts_a_held_out_document():
   assert ids == [tokenizer.bos_id] + tokenizer.encode(held_out)[:32]
   assert sample_prompt(sampler("prompt=def ").cfg, tokenizer) == \
       ([tokenizer.bos_id] + tokenizer.encode("def "), "prompt")
+
+
+def test_control_bytes_are_printed_escaped(params):
+  """A byte model's text may hold NUL or escape bytes: printed escaped, the log stays text (grep
+  would call it binary)."""
+  s = sampler("prompt_ids=1,3,30,100")      # byte ids: NUL, ESC, "a"
+  text = s.text(2, params[0])
+  assert "  | \\x00\\x1ba" in text
+  assert not any(ord(ch) < 32 and ch != "\n" for ch in text), repr(text)

@@ -56,6 +56,8 @@ def test_resume_is_bitwise(tmp_path):
   resumed = rows[10:]
   assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[10:]]
   assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight[10:]]
+  # the smoothed loss continues across the resume (the kept rows' losses replayed)
+  assert [r["loss_smoothed"] for r in resumed] == [r["loss_smoothed"] for r in straight[10:]]
   for a, b in zip(jax.tree.leaves(_host(s_straight)), jax.tree.leaves(_host(s_resumed))):
     np.testing.assert_array_equal(a, b)
 

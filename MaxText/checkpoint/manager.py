@@ -248,8 +248,15 @@ class RunCheckpoints:
                                 meanwhile=meanwhile)
         return state, step
       except CheckpointError as e:
-        if not fallback or i + 1 == len(steps):
-          raise
+        if i + 1 == len(steps):   # exit 4 says what is left to do
+          why = ("no older step to fall back to" if i == 0
+                 else "no older good step exists: every step was unusable")
+          raise CheckpointError(f"{e} ({why}; move the checkpoints directory aside to start "
+                                "afresh)") from e
+        if not fallback:
+          raise CheckpointError(f"{e} (checkpoint_fallback=true sets this step aside and "
+                                f"restores the newest good one of the older steps "
+                                f"{', '.join(map(str, steps[i + 1:]))})") from e
         aside = self._set_aside(step)
         log(f"checkpoint step {step} is unusable ({e}); falling back to step {steps[i + 1]} "
             f"(checkpoint_fallback=true; the bad step was moved to {aside})")
@@ -344,12 +351,22 @@ def resolve_step_dir(path: str) -> str:
 
 
 def read_meta(path: str) -> dict:
-  """The `meta` item ({"step", "config"}) of a checkpoint (see `resolve_step_dir`)."""
+  """The `meta` item ({"step", "config"}, and what its writer added: a LoRA run's `lora_base`, a
+  conversion's `hf_source`) of a checkpoint (see `resolve_step_dir`)."""
   meta = os.path.join(resolve_step_dir(path), "meta", "metadata")
   if not os.path.isfile(meta):
     raise FileNotFoundError(f"checkpoint '{path}' has no meta/metadata (config) item")
   with open(meta, encoding="utf-8") as f:
     return json.load(f)
+
+
+HF_SOURCE = "hf_source"   # meta entry of a conversion: the Hugging Face folder it came from
+
+
+def hf_source(path: str) -> str | None:
+  """The Hugging Face folder the checkpoint at `path` was converted from (to_maxtext records it;
+  a quantized conversion keeps it), or None: a training run wrote it."""
+  return read_meta(path).get(HF_SOURCE)
 
 
 def stored_param_names(path: str) -> set[str]:
@@ -405,9 +422,10 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
 
 
 def save_params_only(directory: str, params: Any, config: dict, step: int = 0,
-                     tokenizer: dict[str, str] | None = None) -> None:
-  """A checkpoint with just `params` and `meta` (what converters write) and, given {name: source
-  file}, the tokenizer's files; committed atomically.
+                     tokenizer: dict[str, str] | None = None, meta: dict | None = None) -> None:
+  """A checkpoint with just `params` and `meta` (what converters write: {"step", "config"} and the
+  entries of `meta`, e.g. to_maxtext's `hf_source`) and, given {name: source file}, the
+  tokenizer's files; committed atomically.
   Written uncompressed, from the arrays as they are, with Orbax's write window bounded by the
   largest array: compression would stage a compressed copy of everything in flight, and the
   converters' budget is about one copy of the weights. The result restores like any checkpoint."""
@@ -419,7 +437,7 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0,
               "meta": ocp.JsonCheckpointHandler(),
               tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler()}
   args = {"params": ocp.args.PyTreeSave(params),
-          "meta": ocp.args.JsonSave({"step": step, "config": config})}
+          "meta": ocp.args.JsonSave({**(meta or {}), "step": step, "config": config})}
   if tokenizer:
     args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
   with ocp.CheckpointManager(os.path.abspath(directory), options=options,

@@ -147,11 +147,11 @@ def write_hf_folder(folder: str, tensors: Mapping[str, np.ndarray], config: dict
   if n > 1:
     index = {"metadata": {"total_size": int(sum(b for _, _, b in written))},
              "weight_map": {t: name for (_, names, _), name in zip(written, final) for t in names}}
-    _write_json(os.path.join(folder, INDEX), index)
-  _write_json(os.path.join(folder, "config.json"), config)
+    write_json(os.path.join(folder, INDEX), index)
+  write_json(os.path.join(folder, "config.json"), config)
 
 
-def _write_json(path: str, obj: dict) -> None:
+def write_json(path: str, obj: dict) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=2, sort_keys=True)

@@ -10,10 +10,17 @@ it is "" (a model trained from configs/base.yml), the first of its family's Hugg
 can hold the model (the default model: `llama`), or the `hf_model_type` argument. Tensors are
 written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or numbered
 shards + index above `max_shard_gb`; the checkpoint's tokenizer files are written next to them
-(`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too. A LoRA checkpoint
+(`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too. The tokenizer's special
+tokens (bos, eos and a pad it names; the byte tokenizer's own ids for a byte-level model) go into
+`config.json` as `bos_token_id` / `eos_token_id` / `pad_token_id` and into a
+`generation_config.json`, so transformers' `generate` on the export stops at the eos (e.g.
+`<|im_end|>` of a chat tokenizer). A LoRA checkpoint
 (lora_rank > 0) is written merged (each adapted kernel W + alpha/r A B: a plain model), or with
-adapter_format=peft as a PEFT adapter folder for `peft.PeftModel.from_pretrained(base, OUT)` (the
-base: the Hugging Face model the run started from).
+adapter_format=peft as a PEFT adapter folder for `peft.PeftModel.from_pretrained(base, OUT)`; its
+`base_model_name_or_path` is the Hugging Face folder the adapters' base checkpoint was converted
+from (to_maxtext records it), so `peft.AutoPeftModelForCausalLM.from_pretrained(OUT)` finds the
+base; a base that is no conversion (a run's own checkpoint) is named by its path, and the export
+says to export that base with this tool to load the adapter onto it.
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_huggingface \
@@ -31,12 +38,13 @@ import sys
 from typing import Any
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import read_meta, resolve_step_dir
+from MaxText.checkpoint.manager import hf_source, read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion import peft_adapters
-from MaxText.checkpoint_conversion.hf_io import write_hf_folder
+from MaxText.checkpoint_conversion.hf_io import write_hf_folder, write_json
 from MaxText.config import cli
 from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
 from MaxText.config.schema import AUTO_TOOL_DTYPE, KEYS, Config
+from MaxText.data import tokenizers
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for, make_model_def
@@ -114,16 +122,52 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
     base = dataclasses.replace(mcfg, lora_rank=0)
     if adapter_format == "peft":
       peft_adapters.export_peft(output_path, params, family, base, rank=cfg.lora_rank,
-                       alpha=cfg.lora_alpha, base_model=cfg.load_parameters_path)
+                                alpha=cfg.lora_alpha, base_model=peft_base(ckpt, cfg))
       return model_type
     params, mcfg = lora.merged(params, cfg.lora_alpha / cfg.lora_rank), base
   elif adapter_format == "peft":
     raise ConfigError(f"adapter_format=peft: checkpoint '{ckpt}' has no LoRA adapters "
                       "(lora_rank=0)")
   tensors = family.params_to_hf(params, mcfg)
-  write_hf_folder(output_path, tensors, family.config_to_hf(cfg), max_shard_bytes=max_shard_bytes)
+  ids = special_token_ids(resolve_step_dir(ckpt), cfg)
+  write_hf_folder(output_path, tensors, {**family.config_to_hf(cfg), **ids},
+                  max_shard_bytes=max_shard_bytes)
+  if ids:
+    write_json(os.path.join(output_path, "generation_config.json"),
+               {**ids, "_from_model_config": True})
   tokenizer_files.export(resolve_step_dir(ckpt), output_path)
   return model_type
+
+
+def special_token_ids(step_dir: str, cfg: Config) -> dict[str, int]:
+  """{"bos_token_id", "eos_token_id", "pad_token_id"} of the checkpoint's tokenizer (its files in
+  the checkpoint; the byte tokenizer of a byte-level model), each only where the tokenizer has
+  that token; {} when the checkpoint carries no tokenizer files of its real tokenizer."""
+  folder = tokenizer_files.in_checkpoint(step_dir)
+  if folder is not None:
+    tok = tokenizers.make_tokenizer("auto", folder)
+  elif cfg.tokenizer_type in ("byte", "auto"):
+    tok = tokenizers.ByteTokenizer()
+  else:
+    print(f"note: checkpoint '{step_dir}' carries no tokenizer files: config.json gets no "
+          "bos/eos/pad token ids and no generation_config.json is written", file=sys.stderr)
+    return {}
+  ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.named_pad_id}
+  return {k: int(v) for k, v in ids.items() if v is not None}
+
+
+def peft_base(ckpt: str, cfg: Config) -> str:
+  """What a PEFT export names as its base: the Hugging Face folder the adapters' base checkpoint
+  was converted from, else that checkpoint's path (with a note)."""
+  ref = lora_base.checkpoint_reference(ckpt)
+  base = (ref or {}).get("path") or cfg.load_parameters_path
+  source = hf_source(base) if base and os.path.isdir(base) else None
+  if source:
+    return source
+  print(f"note: the adapters' base {base or '(the random init)'} is no conversion of a Hugging "
+        "Face folder; adapter_config.json names it as base_model_name_or_path: export that base "
+        "with to_huggingface and give its folder to peft", file=sys.stderr)
+  return base
 
 
 def main(argv: list[str]) -> int:

@@ -9,7 +9,10 @@ tokenizer_config.json, chat template, special tokens, *.model; `checkpoint/token
 Extra key=value pairs are config overrides that do not change the architecture (e.g.
 `scan_layers=false`, `weight_dtype=bfloat16`). With `adapter_path=PEFT_DIR` a PEFT LoRA adapter
 folder of that model is imported too: the checkpoint then holds the base and our adapters
-(lora_rank / lora_alpha from its adapter_config.json).
+(lora_rank / lora_alpha from its adapter_config.json). The checkpoint's `meta` item records the
+folder it came from (`hf_source`, its absolute path): a PEFT export of adapters trained on this
+checkpoint names it as their base (`base_model_name_or_path`), and tools that compare a
+checkpoint's data keys with their own know a conversion's say nothing about its training.
 
 Examples:
   python -m MaxText.checkpoint_conversion.to_maxtext hf_path=~/Qwen3-0.6B output_path=ckpt/qwen3
@@ -28,7 +31,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import save_params_only
+from MaxText.checkpoint.manager import HF_SOURCE, save_params_only
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
 from MaxText.config import cli
@@ -85,7 +88,8 @@ def convert(hf_path: str, output_path: str, overrides: list[str], adapter_path: 
   # written from the one copy of the weights (Orbax takes jax.Arrays without staging copies)
   params = jax.tree.map(_as_jax_array, params)
   save_params_only(output_path, params, cfg.as_dict(),
-                   tokenizer=tokenizer_files.files_of(hf_path))
+                   tokenizer=tokenizer_files.files_of(hf_path),
+                   meta={HF_SOURCE: os.path.abspath(os.path.expanduser(hf_path))})
   return cfg
 
 

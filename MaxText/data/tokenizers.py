@@ -2,7 +2,8 @@
 
 Every tokenizer exposes ``encode(text) -> list[int]``, ``decode(ids) -> str``,
 ``vocab_size``, ``pad_id``, ``bos_id`` and ``eos_id``. ``bos_id``/``eos_id`` are
-``None`` when the tokenizer has no such token. Tokenizers loaded from files keep
+``None`` when the tokenizer has no such token (the concrete classes also say ``named_pad_id``:
+the pad the tokenizer names, None when none, where ``pad_id`` is then 0). Tokenizers loaded from files keep
 only the path when pickled (Grain worker processes reload them lazily).
 
 Which tokenizer (`resolve`): ``tokenizer_type=auto`` (the default) is the byte tokenizer without
@@ -59,6 +60,7 @@ class ByteTokenizer:
   pad_id = 0
   bos_id: Optional[int] = 1
   eos_id: Optional[int] = 2
+  named_pad_id = 0
 
   def encode(self, text: str) -> list[int]:
     return [b + self.OFFSET for b in text.encode("utf-8")]
@@ -125,6 +127,7 @@ class HFTokenizer(_LazyFileTokenizer):
       ids[key] = None if token is None else int(vocab[token])
     self.bos_id, self.eos_id = ids["bos_token"], ids["eos_token"]
     self.pad_id = 0 if ids["pad_token"] is None else ids["pad_token"]
+    self.named_pad_id = ids["pad_token"]   # None: the files name no pad token
 
   def encode(self, text: str) -> list[int]:
     return self.impl.encode(text, add_special_tokens=False).ids
@@ -189,12 +192,19 @@ class SentencePieceTokenizer(_LazyFileTokenizer):
     self.bos_id = proc.bos_id() if proc.bos_id() >= 0 else None
     self.eos_id = proc.eos_id() if proc.eos_id() >= 0 else None
     self.pad_id = proc.pad_id() if proc.pad_id() >= 0 else 0
+    self.named_pad_id = proc.pad_id() if proc.pad_id() >= 0 else None
 
   def encode(self, text: str) -> list[int]:
     return self.impl.EncodeAsIds(text)
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.impl.DecodeIds([int(i) for i in ids])
+
+
+def is_absent(tokenizer_type: str, tokenizer_path: str) -> bool:
+  """A real tokenizer's type without its file: the resolved keys of a run that tokenizes nothing
+  from a checkpoint that carries no tokenizer files (`resolve/tokenizer_setup.py`)."""
+  return tokenizer_type in ("huggingface", "sentencepiece") and not tokenizer_path
 
 
 def resolve(tokenizer_type: str, tokenizer_path: str) -> tuple[str, str, str]:

@@ -15,26 +15,40 @@ from MaxText.data.errors import DataError
 from MaxText.data.synthetic import FIRST_TOKEN
 
 
-def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer:
+def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
   """Checks `dcfg` against the file system and its tokenizer without reading any dataset.
 
   Returns:
-    The tokenizer the config names (loaded to check its vocabulary size).
+    The tokenizer the config names (loaded to check its vocabulary size); None for synthetic data
+    of a model whose tokenizer files are not at hand (`tokenizers.is_absent`).
 
   Raises:
     DataError: naming the first bad key (missing path, tokenizer larger than ``vocab_size``, a
       bos/eos the tokenizer lacks, ...).
   """
-  tokenizer = tokenizers.make_tokenizer(dcfg.tokenizer_type, dcfg.tokenizer_path)
   if dcfg.dataset_type == "synthetic":
     if dcfg.vocab_size <= FIRST_TOKEN:
       raise DataError(f"vocab_size={dcfg.vocab_size} must be > {FIRST_TOKEN} for dataset_type "
                       "'synthetic'")
-    return tokenizer  # Synthetic rows never use the tokenizer's ids.
+    if tokenizers.is_absent(dcfg.tokenizer_type, dcfg.tokenizer_path):
+      return None   # a model whose tokenizer files are not at hand: nothing here needs them
+    # Synthetic rows never use the tokenizer's ids.
+    return tokenizers.make_tokenizer(dcfg.tokenizer_type, dcfg.tokenizer_path)
+  tokenizer = tokenizers.make_tokenizer(dcfg.tokenizer_type, dcfg.tokenizer_path)
 
   if tokenizer.vocab_size > dcfg.vocab_size:
     raise DataError(f"tokenizer has {tokenizer.vocab_size} ids but vocab_size={dcfg.vocab_size}; "
                     "raise vocab_size to at least the tokenizer's size")
+  if dcfg.sft:
+    if dcfg.dataset_type != "file" or not isinstance(tokenizer, tokenizers.HFTokenizer):
+      raise DataError("sft=true reads chat records from jsonl files with a Hugging Face tokenizer: "
+                      f"set dataset_type=file (now {dcfg.dataset_type!r}) and tokenizer_type="
+                      f"huggingface (now {dcfg.tokenizer_type!r})")
+    sft.ChatFormat.for_tokenizer(dcfg.tokenizer_path, dcfg.chat_template_path)
+    sft.record_files(dcfg.dataset_path, dcfg.dataset_format)
+    return tokenizer
+  # plain text only: in SFT the chat template writes the special tokens (add_bos / add_eos do not
+  # apply there)
   for key, token, token_id in (("add_bos", "bos_token", tokenizer.bos_id),
                                ("add_eos", "eos_token", tokenizer.eos_id)):
     if getattr(dcfg, key) and token_id is None:
@@ -44,15 +58,6 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer:
       else:
         where = f"the model defines none; set {key}=false"
       raise DataError(f"{key}=true but the tokenizer {tokenizer!r} has no {token} ({where})")
-
-  if dcfg.sft:
-    if dcfg.dataset_type != "file" or not isinstance(tokenizer, tokenizers.HFTokenizer):
-      raise DataError("sft=true reads chat records from jsonl files with a Hugging Face tokenizer: "
-                      f"set dataset_type=file (now {dcfg.dataset_type!r}) and tokenizer_type="
-                      f"huggingface (now {dcfg.tokenizer_type!r})")
-    sft.ChatFormat.for_tokenizer(dcfg.tokenizer_path, dcfg.chat_template_path)
-    sft.record_files(dcfg.dataset_path, dcfg.dataset_format)
-    return tokenizer
   if dcfg.dataset_type == "file":
     files = sources.resolve_dataset_files(dcfg.dataset_path, dcfg.dataset_format)
     if any(fmt != "text" for _, fmt in files) and not dcfg.dataset_text_field:

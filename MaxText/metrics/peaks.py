@@ -4,13 +4,15 @@ Known accelerators are looked up in a table of vendor figures (dense, no
 sparsity, bf16, TFLOP/s per chip).  A CPU has no meaningful datasheet figure
 for our purposes, so its "peak" is measured: the best rate of a jitted matmul
 in the run's compute dtype (bf16 operands with fp32 accumulation for bf16, the
-form our layers use; fp32 otherwise), over all cores.  The measurement takes
-about a second and is cached per machine (CPU model, usable cores, dtype, jax
-version) in ``~/.cache/maxtext/cpu_peak.json`` (``MAXTEXT_CPU_PEAK_CACHE``
-moves it), so every run reads MFU against the same figure; a measurement made
-while the machine was busy (1-minute load average above half the cores) is
-used for that run only, not cached.  Delete the file to re-measure.  A config
-value > 0 overrides all of this.
+form our layers use; fp32 otherwise), over all cores.  It is measured once per
+machine (CPU model, usable cores, dtype, jax version) and cached in
+``~/.cache/maxtext/cpu_peak.json`` (``MAXTEXT_CPU_PEAK_CACHE`` moves it), so
+runs read MFU against the same figure and do not pay for the measurement.  A
+measurement made while the machine was busy (1-minute load average above half
+the cores; three times as many repetitions, the best kept) is cached too but
+marked: runs use it (`Peak.under_load`: every progress line's MFU says so)
+until a run starts on a quiet machine, which measures again and replaces it.
+Delete the file to re-measure.  A config value > 0 overrides all of this.
 
 When several XLA:CPU devices are faked on one host
 (``--xla_force_host_platform_device_count``) they share the same cores, so
@@ -24,6 +26,7 @@ import json
 import os
 import platform
 import time
+from typing import NamedTuple
 
 # (substrings that must all appear in the lower-cased device_kind, name, TFLOP/s).
 # Order matters: more specific entries come first ("h200" before "h100",
@@ -42,6 +45,14 @@ PEAK_TFLOPS_TABLE: tuple[tuple[tuple[str, ...], str, float], ...] = (
 
 _MEASURED_HOST_TFLOPS: dict[str, float] = {}   # this process's measurements, by dtype
 CACHE_ENV = "MAXTEXT_CPU_PEAK_CACHE"
+
+
+class Peak(NamedTuple):
+  """A device's peak TFLOP/s, where the figure came from, and whether it was measured while the
+  machine was busy (an MFU against it is then not comparable with a quiet machine's)."""
+  tflops: float
+  source: str
+  under_load: bool = False
 
 
 def lookup_peak_tflops(device_kind: str) -> float | None:
@@ -116,24 +127,41 @@ def _write_cache(data: dict) -> None:
     pass  # an unwritable cache only means measuring again next time
 
 
-def host_peak_tflops(dtype: str = "float32") -> tuple[float, str]:
-  """(host TFLOP/s, where it came from) for matmuls in `dtype`: the per-machine cache, else a
-  measurement (cached when the machine was quiet)."""
-  key = _machine_key(dtype)
-  entry = _read_cache().get(key)
-  if isinstance(entry, dict) and entry.get("tflops", 0) > 0:
-    return float(entry["tflops"]), (f"{dtype} matmul peak of this host measured "
-                                    f"{entry.get('measured', '?')}, cached in {cache_path()}")
-  tflops = measure_host_matmul_tflops(dtype)
+def _load_and_cores() -> tuple[float, int]:
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-  if load > cores / 2:
-    return tflops, (f"{dtype} matmul peak measured now under load {load:.1f} on {cores} cores: "
-                    f"not cached, re-measured next run")
+  return load, cores
+
+
+def host_peak_tflops(dtype: str = "float32") -> Peak:
+  """The host's TFLOP/s for matmuls in `dtype`, from the per-machine cache, else measured (and
+  cached, marked when measured under load); a cached figure measured under load is measured
+  again when the machine is quiet now."""
+  key = _machine_key(dtype)
+  entry = _read_cache().get(key)
+  load, cores = _load_and_cores()
+  quiet = load <= cores / 2
+  if isinstance(entry, dict) and entry.get("tflops", 0) > 0:
+    loaded_then = bool(entry.get("under_load", False))
+    if not loaded_then or not quiet:
+      when = entry.get("measured", "?")
+      if loaded_then:
+        return Peak(float(entry["tflops"]), (
+            f"{dtype} matmul peak of this host measured {when} under load "
+            f"{entry.get('load', '?')} on {cores} cores, cached in {cache_path()}; measured again "
+            f"when a run starts on a quiet machine"), True)
+      return Peak(float(entry["tflops"]),
+                  f"{dtype} matmul peak of this host measured {when}, cached in {cache_path()}")
+  tflops = measure_host_matmul_tflops(dtype, reps=10 if quiet else 30)
   data = _read_cache()
-  data[key] = {"tflops": tflops, "measured": time.strftime("%Y-%m-%d %H:%M"), "load": load}
+  data[key] = {"tflops": tflops, "measured": time.strftime("%Y-%m-%d %H:%M"),
+               "load": round(load, 2), "under_load": not quiet}
   _write_cache(data)
-  return tflops, f"{dtype} matmul peak of this host measured now, cached in {cache_path()}"
+  if not quiet:
+    return Peak(tflops, (f"{dtype} matmul peak measured now under load {load:.1f} on {cores} "
+                         f"cores, cached in {cache_path()}; measured again when a run starts on "
+                         f"a quiet machine"), True)
+  return Peak(tflops, f"{dtype} matmul peak of this host measured now, cached in {cache_path()}")
 
 
 def _num_cpu_devices() -> int:
@@ -146,7 +174,7 @@ def _num_cpu_devices() -> int:
     return 1
 
 
-def device_peak_tflops(device, override: float = 0.0, dtype: str = "float32") -> tuple[float, str]:
+def device_peak_tflops(device, override: float = 0.0, dtype: str = "float32") -> Peak:
   """Peak TFLOP/s of one device and where the figure came from.
 
   Args:
@@ -155,17 +183,18 @@ def device_peak_tflops(device, override: float = 0.0, dtype: str = "float32") ->
     dtype: the compute dtype (the CPU peak is measured for it).
 
   Returns:
-    ``(tflops, source)`` with source ``"config"``, ``"table"``, ``"unknown"`` (tflops 0.0: MFU
-    cannot be given), or for a CPU a sentence saying where the measurement came from.
+    ``Peak(tflops, source, under_load)`` with source ``"config"``, ``"table"``, ``"unknown"``
+    (tflops 0.0: MFU cannot be given), or for a CPU a sentence saying where the measurement came
+    from.
   """
   if override and override > 0:
-    return float(override), "config"
+    return Peak(float(override), "config")
   kind = str(getattr(device, "device_kind", "") or "")
   platform_name = str(getattr(device, "platform", "") or "").lower()
   if platform_name == "cpu" or kind.lower() == "cpu":
-    tflops, source = host_peak_tflops(dtype)
-    return tflops / _num_cpu_devices(), source
+    host = host_peak_tflops(dtype)
+    return host._replace(tflops=host.tflops / _num_cpu_devices())
   peak = lookup_peak_tflops(kind)
   if peak is not None:
-    return peak, "table"
-  return 0.0, "unknown"
+    return Peak(peak, "table")
+  return Peak(0.0, "unknown")

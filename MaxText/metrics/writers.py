@@ -10,11 +10,14 @@ Resuming: a writer opened with ``start_step=k`` (the step the run restored; 0 fo
 start) first moves the rows of ``metrics.jsonl`` for steps after k — written by the interrupted
 run after its last checkpoint, and about to be recomputed — to ``metrics.superseded.jsonl``
 (appended; unparseable lines too), so ``metrics.jsonl`` holds exactly one row per step; the
-TensorBoard writer purges its events after k the same way (``purge_step``).
+TensorBoard writer purges its events after k the same way (``purge_step``). The losses of the
+rows it keeps (``earlier_losses``) let the resumed run's smoothed loss continue where the
+interrupted one's was (`LossSmoother.replay`).
 
 Expected keys (the trainer passes at least these): ``loss``, ``lr``,
 ``grad_norm``, ``step_time_s``, ``tokens_per_s``, ``tflops_per_device``,
-``mfu`` (a fraction in 0..1, or None when the device peak is unknown).
+``mfu`` (a fraction in 0..1, or None when the device peak is unknown; with
+``mfu_peak_under_load`` true the line says that the peak was measured under load).
 Steps count completed optimizer steps (1-based, as in ``metrics.jsonl``): step ``s`` of
 ``total_steps`` leaves ``total_steps - s`` steps to run.
 """
@@ -25,6 +28,7 @@ import json
 import math
 import numbers
 import os
+import sys
 from typing import Sequence
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
@@ -109,7 +113,8 @@ def format_line(step: int, metrics: dict, total_steps: int, extra: Sequence[str]
   if (tf := get("tflops_per_device")) is not None:
     parts.append(f"{_short(tf)} TFLOP/s/dev")
   if (mfu := get("mfu")) is not None:
-    parts.append(f"MFU {100.0 * mfu:.1f}%")
+    parts.append(f"MFU {100.0 * mfu:.1f}%" + (" (peak measured under load)"
+                                               if metrics.get("mfu_peak_under_load") else ""))
   if step_time is not None and total_steps > 0:
     remaining = max(total_steps - step, 0)
     parts.append(f"ETA {_format_duration(remaining * step_time)}")
@@ -125,11 +130,35 @@ class LossSmoother:
     self.ema = 0.0
     self.weight = 0.0
 
+  def replay(self, losses) -> None:
+    """Feeds the losses of earlier steps (a resumed run's rows; None for a non-finite one), so
+    the average continues as if the run had not stopped."""
+    for loss in losses:
+      if isinstance(loss, (int, float)):
+        self.update(float(loss))
+
   def update(self, loss: float) -> float | None:
     if math.isfinite(loss):
       self.ema = self.beta * self.ema + (1.0 - self.beta) * loss
       self.weight = self.beta * self.weight + (1.0 - self.beta)
     return self.ema / self.weight if self.weight > 0 else None
+
+
+def summary_writer_class():
+  """tensorboardX's SummaryWriter. tensorboardX imports torch whenever it is installed (seconds
+  of a run's start-up) only to accept torch tensors, which we never pass: unless torch is loaded
+  already, it is imported with torch hidden (`sys.modules["torch"] = None` reads as "not
+  installed"), and torch stays importable afterwards."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    if sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return SummaryWriter
 
 
 class MetricsWriter:
@@ -152,6 +181,7 @@ class MetricsWriter:
     self.is_primary = is_primary
     self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
     self.superseded = 0   # rows moved to metrics.superseded.jsonl when opening
+    self.earlier_losses: list[float | None] = []   # the kept rows' losses, in step order
     self._jsonl = None
     self._tb = None
     if not is_primary:
@@ -160,7 +190,7 @@ class MetricsWriter:
     self.superseded = self._supersede_after(start_step)
     self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
     if enable_tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      SummaryWriter = summary_writer_class()  # pylint: disable=invalid-name
 
       # a resumed writer's file must not replace the one of a run interrupted the same second
       self._tb = SummaryWriter(logdir=os.path.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30,
@@ -177,11 +207,14 @@ class MetricsWriter:
         if not line.strip():
           continue
         try:
-          step = json.loads(line).get("step")
+          row = json.loads(line)
+          step = row.get("step")
         except (ValueError, AttributeError):
-          step = None
-        (keep if isinstance(step, int) and step <= start_step else drop).append(
-            line if line.endswith("\n") else line + "\n")
+          row, step = {}, None
+        kept = isinstance(step, int) and step <= start_step
+        (keep if kept else drop).append(line if line.endswith("\n") else line + "\n")
+        if kept:
+          self.earlier_losses.append(row.get("loss"))
     if drop:
       with open(os.path.join(self.run_dir, self.SUPERSEDED_NAME), "a", encoding="utf-8") as f:
         f.writelines(drop)

@@ -17,6 +17,7 @@ expert that no calibration token reached (a zero Hessian) is quantized by RTN, a
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -133,7 +134,10 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
           for i in range(math.prod(np.shape(flat[t.kernel])[:t.lead]))]  # pyright: ignore[reportCallIssue]
   reports = []
   out: dict[tuple, list] = {}
-  bar = tqdm(jobs, desc=f"{method} int{bits}", unit="matrix", disable=not progress)
+  # the bar only on a terminal: piped, its redraws would interleave with the per-matrix lines,
+  # which then are the progress (one line per matrix)
+  bar = tqdm(jobs, desc=f"{method} int{bits}", unit="matrix",
+             disable=not progress or not sys.stderr.isatty())
   for t, i in bar:
     w = np.asarray(flat[t.kernel])
     lead, ins = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank]

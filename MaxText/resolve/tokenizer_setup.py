@@ -7,6 +7,11 @@
 - A checkpoint whose vocabulary came from a real tokenizer (it carries tokenizer files, or its
   config names a huggingface/sentencepiece tokenizer) refuses `tokenizer_type=byte`: byte ids
   would mean nothing to that model.
+- Such a checkpoint without its tokenizer files (a Hugging Face folder that had none) needs
+  `tokenizer_path` wherever text is tokenized; a run that tokenizes nothing (`dataset_type=
+  synthetic` without `eval_dataset_path`) goes without one: its config keeps the tokenizer type
+  with an empty path (so its checkpoints still say the vocabulary is a real tokenizer's), the
+  data config check returns no tokenizer and the run's samples say there is none.
 """
 from __future__ import annotations
 
@@ -22,6 +27,11 @@ FILE_TYPES = ("huggingface", "sentencepiece")
 class MissingTokenizer(ConfigError):
   """The model's vocabulary is a real tokenizer's whose files are not at hand (exit 2 wherever
   text must be tokenized; decoding token ids needs none)."""
+
+
+def tokenizes_nothing(cfg: Config) -> bool:
+  """Whether a training run of `cfg` reads no text: synthetic token rows, no evaluation files."""
+  return cfg.dataset_type == "synthetic" and not (cfg.eval_period and cfg.eval_dataset_path)
 
 
 def choose_tokenizer(cfg: Config) -> tuple[Config, str]:
@@ -44,6 +54,12 @@ def choose_tokenizer(cfg: Config) -> tuple[Config, str]:
             f"has the vocabulary of a real tokenizer ({what}); byte ids would mean nothing to it. "
             "Leave tokenizer_type and tokenizer_path unset to use the checkpoint's tokenizer")
       if not cfg.tokenizer_path:
+        if folder is None and tokenizes_nothing(cfg):
+          return replace(cfg, tokenizer_type=saved if saved in FILE_TYPES else "huggingface",
+                         tokenizer_path=""), (
+              f"tokenizer: none (the model at load_parameters_path={cfg.load_parameters_path} "
+              f"has the vocabulary of a real tokenizer but {what}; dataset_type=synthetic never "
+              "tokenizes, so none is needed)")
         if folder is None:
           raise MissingTokenizer(
               f"tokenizer_path: the model at load_parameters_path={cfg.load_parameters_path} has "

@@ -51,6 +51,7 @@ from MaxText.runtime.host_data import process_rows
 from MaxText.runtime.preemption import PreemptionWatch
 from MaxText.train import memory
 from MaxText.train.loop import Trainer, main as train_main
+from MaxText.train.periodic import log_failure
 from MaxText.train.run_log import log, log_error
 from MaxText.train.state import init_state
 
@@ -216,11 +217,14 @@ class GRPOTrainer(Trainer):
             return EXIT_NONFINITE
         faults.after_dispatch(step, ckpts.wait if ckpts is not None else (lambda: None))
         stop = watch.should_stop(step) and step < cfg.steps
+        if ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps or stop):
+          self.save_checkpoint(ckpts, step, state, None, config_dict)   # before the evaluation
         if self.eval_set is not None and not stop and (
             step == cfg.steps or (cfg.eval_reward_period and step % cfg.eval_reward_period == 0)):
-          self._log_eval(step, self.evaluate(state["params"]), writer)
-        if ckpts is not None and (step % cfg.checkpoint_period == 0 or step == cfg.steps or stop):
-          self.save_checkpoint(ckpts, step, state, None, config_dict)
+          try:   # a failure is logged: it never costs the finished step
+            self._log_eval(step, self.evaluate(state["params"]), writer)
+          except Exception as e:  # pylint: disable=broad-except
+            log_failure("evaluation", step, e)
         if stop:
           return self._preempted(step, ckpts, watch)
     finally:

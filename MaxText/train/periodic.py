@@ -1,7 +1,10 @@
 """What a training run does between steps besides checkpoints: held-out evaluation every
 `eval_period` steps and after the last (train/evaluation.py; its row goes to metrics.jsonl and
 TensorBoard under the step), and samples every `sample_period` steps and after the last
-(train/samples.py). `after_step(step, params)` is the loop's one call."""
+(train/samples.py). `after_step(step, params)` is the loop's one call; it runs after the step's
+checkpoint was handed to the checkpointer, and an evaluation or sample that fails (bad held-out
+data, a prompt that cannot be read or decoded, ...) is logged on stderr and the run goes on: it
+never costs a finished step or its checkpoint."""
 from __future__ import annotations
 
 import time
@@ -11,6 +14,7 @@ import jax
 
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.train.evaluation import Evaluator, format_eval
+from MaxText.train.run_log import log_error
 from MaxText.train.samples import Sampler
 
 
@@ -39,11 +43,26 @@ class Periodic:
     t0 = time.perf_counter()
     last = step == cfg.steps
     if self.evaluator is not None and (step % cfg.eval_period == 0 or last):
-      result = self.evaluator.run(params)
-      self.writer.write(step, result)
-      self.log(format_eval(step, result))
+      try:
+        result = self.evaluator.run(params)
+      except Exception as e:  # pylint: disable=broad-except
+        log_failure("evaluation", step, e)
+      else:
+        self.writer.write(step, result)
+        self.log(format_eval(step, result))
     if self.sampler.due(step, last):
-      text = self.sampler.text(step, params)   # every process decodes; process 0 prints
-      if jax.process_index() == 0:
-        self.log(text)
+      try:
+        text = self.sampler.text(step, params)   # every process decodes; process 0 prints
+      except Exception as e:  # pylint: disable=broad-except
+        log_failure("sample", step, e)
+      else:
+        if jax.process_index() == 0:
+          self.log(text)
     return time.perf_counter() - t0
+
+
+def log_failure(what: str, step: int, error: Exception) -> None:
+  """The line of an evaluation or sample that failed after `step` (its checkpoint already handed
+  off): what, why, and that the run goes on (also GRPO's evaluation, MaxText/rl/grpo.py)."""
+  log_error(f"warning: the {what} after step {step} failed and was skipped ({type(error).__name__}: "
+            f"{error}); training goes on and step {step}'s checkpoint (if due) is unaffected")

@@ -53,10 +53,9 @@ class StepLoop:
       log(line)
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
-    peak, peak_source = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device,
-                                           cfg.dtype)
-    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak:.3g} TFLOP/s per device "
-        f"({peak_source})")
+    peak = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device, cfg.dtype)
+    log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak.tflops:.3g} TFLOP/s per "
+        f"device ({peak.source})")
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
                            is_primary=jax.process_index() == 0, start_step=start)
     if writer.superseded:
@@ -72,8 +71,8 @@ class StepLoop:
     batch = self.device_batch(next(data_iter))
     self.clock.mark("first batch")
     self._skipped = 0
-    rows = StepRows(flops["total"], peak, self.global_batch * cfg.max_target_length,
-                    len(self.devices))
+    rows = StepRows(flops["total"], peak.tflops, self.global_batch * cfg.max_target_length,
+                    len(self.devices), peak.under_load, writer.earlier_losses)
     pending = None   # (step, metrics) of the dispatched step not yet read back
     try:
       for step in range(start + 1, cfg.steps + 1):
@@ -100,10 +99,10 @@ class StepLoop:
         pending = None
         if code is not None:
           return code
-        if periodic_now:
-          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
-        if save_now:
+        if save_now:   # first: nothing after a finished step can cost its checkpoint
           self.save_checkpoint(ckpts, step, state, data_iter, config_dict)
+        if periodic_now:   # a failure here is logged, never fatal (train/periodic.py)
+          rows.exclude(periodic.after_step(step, state["params"]))   # its time is no step's
         if stop:
           return self._preempted(step, ckpts, watch)
         if step < cfg.steps:   # after a save, so the saved iterator position matches its state
