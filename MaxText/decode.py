@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.data.printable import printable
@@ -87,14 +88,15 @@ def shown(text: str | None, ids: Sequence[int], what: str) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-  if any(a in ("-h", "--help") for a in argv):
-    print(__doc__)
+  if cli.wants_help(argv):
+    print(cli.usage(__doc__, {}, "decode"))
     return EXIT_OK
   return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
 
 
 def run(argv: Sequence[str]) -> int:
-  prompts = prompts_of(load_config(argv))   # before the model loads: a bad prompt fails fast
+  # before the model loads: a bad prompt, or a key decoding does not read, fails fast
+  prompts = prompts_of(load_config(argv, tool="decode"))
   model = load(argv)
   cfg = model.cfg
   weights = (f"int{cfg.weight_bits} weights (quantized checkpoint"

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import jax
 
-from MaxText.config.load import ConfigError
+from MaxText.config import cli
+from MaxText.config.load import ConfigError, load_config
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.eval_data import eval_problems
@@ -42,6 +43,7 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
             ) -> tuple[Evaluator, object]:
   """(the evaluator, the parameters on the mesh); ConfigError or DataError before any data is
   read (exit 2), CheckpointError (exit 4)."""
+  load_config(argv, tool="evaluate")    # a key evaluation does not read: refused
   cfg, hf_params = load_config_for_decoding(argv)
   if not cfg.load_parameters_path and hf_params is None:
     raise ConfigError("evaluate needs parameters: set load_parameters_path or hf_path")
@@ -81,8 +83,8 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
 
 
 def main(argv: Sequence[str]) -> int:
-  if any(a in ("-h", "--help") for a in argv):
-    print(__doc__)
+  if cli.wants_help(argv):
+    print(cli.usage(__doc__, {}, "evaluate"))
     return EXIT_OK
 
   def run() -> int:

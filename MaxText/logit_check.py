@@ -3,6 +3,8 @@
   python -m MaxText.logit_check hf_path=HF_DIR load_parameters_path=CKPT [dtype=float32] \
       [max_kl=1e-6] [atol_fraction=1e-4] [seed=0] [long_length=512]
 
+`hf_path`, `load_parameters_path`, `dtype` (auto: float32, as in every tool that compares
+against a reference) and `seed` (of the random token ids) are config keys (configs/base.yml).
 `dtype=bfloat16` runs transformers in bf16 and our model with bf16 compute; its defaults are
 `max_kl=0.015` (the bound MaxText's own bf16 checks use) and no |Δlogit| bound.
 
@@ -39,15 +41,10 @@ from MaxText.config.load import ConfigError, replace
 from MaxText.runtime.exit_codes import reported
 
 ARGS = {
-    "hf_path": cli.Arg(help="the Hugging Face folder (transformers loads it)"),
-    "load_parameters_path": cli.Arg(help="our checkpoint (a run's checkpoints/, a step, or a "
-                                    "to_maxtext output)"),
-    "dtype": cli.Arg(str, "float32", "float32 | bfloat16: both sides compute in it"),
     "max_kl": cli.Arg(float, None, "largest per-token KL(HF || ours) that passes (float32: 1e-6, "
                       "bfloat16: 0.015)"),
     "atol_fraction": cli.Arg(float, None, "largest |Δlogit| that passes, as a fraction of "
                              "max|logit| (float32: 1e-4, bfloat16: no bound)"),
-    "seed": cli.Arg(int, 0, "seed of the random token ids"),
     "long_length": cli.Arg(int, 512, "tokens of the long case (capped at the model's positions)"),
 }
 DEFAULT_LIMITS = {"float32": (1e-6, 1e-4), "bfloat16": (0.015, float("inf"))}
@@ -66,10 +63,15 @@ def main(argv: list[str]) -> int:
 
 
 def run(argv: list[str]) -> int:
-  parsed = cli.parse(argv, ARGS, __doc__)
+  parsed = cli.parse(argv, ARGS, __doc__, tool="logit_check")
   if parsed is None:
     return 0
-  args = parsed[0]
+  args, given, _ = parsed
+  args = {**args, "hf_path": cli.require(given, "hf_path", "the Hugging Face folder (transformers "
+                                          "loads it)"),
+          "load_parameters_path": cli.require(given, "load_parameters_path", "our checkpoint (a "
+                                              "run's checkpoints/, a step, a to_maxtext output)"),
+          "dtype": given.dtype, "seed": given.seed}
   if args["dtype"] not in DEFAULT_LIMITS:
     raise ConfigError(f"dtype={args['dtype']!r}: must be one of {', '.join(DEFAULT_LIMITS)}")
   default_kl, default_atol = DEFAULT_LIMITS[args["dtype"]]

@@ -60,14 +60,6 @@ from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
 
 
-def _flag(text: str) -> bool:
-  if text.lower() not in ("true", "false", "1", "0"):
-    raise ValueError(text)
-  return text.lower() in ("true", "1")
-
-
-_flag.__name__ = "bool"
-
 ARGS = {
     "output_path": cli.Arg(help="the quantized checkpoint to write (must not exist or be empty)"),
     "method": cli.Arg(str, "rtn", "rtn | gptq"),
@@ -75,7 +67,7 @@ ARGS = {
     "group_size": cli.Arg(int, 128, "input rows per scale; 0 = one scale per output column"),
     "calibration_steps": cli.Arg(int, 0, "batches of the dataset's training documents for the "
                                  "Hessians (gptq needs them; rtn: only for the error report)"),
-    "act_order": cli.Arg(_flag, True, "gptq: columns in descending Hessian-diagonal order"),
+    "act_order": cli.Arg(cli.boolean, True, "gptq: columns in descending Hessian-diagonal order"),
     "damp": cli.Arg(float, 0.01, "gptq: dampening, a fraction of the mean Hessian diagonal"),
     "block_size": cli.Arg(int, 128, "gptq: columns per lazy-update block"),
 }
@@ -100,7 +92,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   out = args["output_path"]
   if os.path.exists(out) and os.listdir(out):
     raise ConfigError(f"output_path '{out}' exists and is not empty")
-  cfg = load_config(argv)
+  cfg = load_config(argv, tool="quantize")
   if not cfg.load_parameters_path:
     raise ConfigError("load_parameters_path: the checkpoint to quantize")
   exclude = cfg.weight_quant_exclude   # this run's choice; a float checkpoint's means nothing
@@ -158,16 +150,13 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
 
 def main(argv: Sequence[str]) -> int:
   def run() -> int:
-    if not argv or "=" in argv[0]:
-      parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
-      if parsed is None:
-        return EXIT_OK
+    if not cli.wants_help(argv) and (not argv or "=" in argv[0]):
       raise ConfigError("the first argument is the config file (configs/base.yml)")
-    parsed = cli.parse(argv[1:], ARGS, __doc__, overrides=True)
+    parsed = cli.parse(argv, ARGS, __doc__, tool="quantize", config_file=True)
     if parsed is None:
       return EXIT_OK
-    args, rest = parsed
-    reports = quantize([argv[0], *rest], args)
+    args, _, config_argv = parsed
+    reports = quantize(config_argv, args)
     worst = max(reports, key=lambda r: r.error)
     print(f"wrote {args['output_path']}: {args['method']} int{args['bits']} group_size="
           f"{args['group_size']}, {len(reports)} matrices; largest relative error "

@@ -153,8 +153,6 @@ def stream(params: Any, cfg: Config, *, layout: str = "checkpoint", tensors: str
 
 
 ARGS = {
-    "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
-                                    "to_maxtext output"),
     "layout": cli.Arg(str, "checkpoint", "checkpoint (the hub's files, vLLM) | state_dict "
                       "(transformers' load_state_dict)"),
 }
@@ -164,12 +162,14 @@ def main(argv: list[str]) -> int:
   from MaxText.checkpoint_conversion.to_huggingface import (  # pylint: disable=import-outside-toplevel
       checkpoint_config, float_config, host_params)
   def run() -> int:
-    parsed = cli.parse(argv, ARGS, __doc__)
+    parsed = cli.parse(argv, ARGS, __doc__, tool="refit")
     if parsed is None:
       return 0
-    args = parsed[0]
-    saved = checkpoint_config(args["load_parameters_path"])
-    params = host_params(args["load_parameters_path"], saved)   # LoRA base joined, dequantized
+    args, given, _ = parsed
+    ckpt = cli.require(given, "load_parameters_path", "the checkpoint (a run's checkpoints/, a "
+                       "step, a to_maxtext output)")
+    saved = checkpoint_config(ckpt)
+    params = host_params(ckpt, saved)   # LoRA base joined, dequantized
     cfg = float_config(saved)
     count = nbytes = 0
     for name, tensor in stream(params, cfg, layout=args["layout"]):

@@ -115,7 +115,7 @@ def main() -> int:
   from MaxText.decoding import cache as cache_lib
   from MaxText.decoding.engine import Engine
   from MaxText.models.model_config import ModelConfig
-  from MaxText.models.qwen3 import hf_map
+  from MaxText.models.llama import qwen3_hf_map as hf_map
   from MaxText.sharding.mesh import create_mesh
   from MaxText.sharding.rules import parse_rules
 

@@ -91,7 +91,7 @@ def main() -> int:
   from MaxText.config.load import load_config
   from MaxText.train.loop import Trainer
   from MaxText.train.state import init_state
-  from MaxText.train.step import BATCH_KEYS
+  from MaxText.data.batch import BATCH_KEYS
 
   devices = jax.devices()[:1]
   base = os.path.join(ROOT, "configs", "base.yml")

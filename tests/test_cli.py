@@ -6,22 +6,33 @@ from MaxText import logit_check
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext
 
 
-@pytest.mark.parametrize("tool,args", [(to_maxtext, ("hf_path=", "output_path=")),
-                                       (to_huggingface, ("load_parameters_path=", "max_shard_gb=")),
-                                       (logit_check, ("hf_path=", "dtype=", "seed="))])
+@pytest.mark.parametrize("tool,args,keys", [
+    (to_maxtext, ("output_path=",), ("hf_path", "scan_layers", "weight_dtype")),
+    (to_huggingface, ("output_path=", "max_shard_gb="), ("load_parameters_path", "hf_model_type")),
+    (logit_check, ("max_kl=",), ("hf_path", "load_parameters_path", "dtype", "seed"))])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
-def test_help_prints_usage_and_examples(tool, args, flag, capsys):
+def test_help_prints_usage_and_examples(tool, args, keys, flag, capsys):
+  """The tool's own arguments, then the config keys it reads with the schema's default."""
   assert tool.main([flag]) == 0
   out = capsys.readouterr().out
   assert "Examples:" in out and "python -m MaxText." in out
   for arg in args:
     assert arg.replace("=", "=<") in out, (arg, out)
+  for key in keys:
+    assert f"\n  {key} = " in out, (key, out)
+  assert "\n  learning_rate = " not in out     # a key it does not read is not offered
 
 
 @pytest.mark.parametrize("tool,argv,says", [
     (to_huggingface, ["load_parameters_path=x", "output_path=y", "max_shard=2"],
-     "unknown argument(s): max_shard"),
-    (to_huggingface, ["output_path=y"], "missing argument(s): load_parameters_path=..."),
+     "unknown argument 'max_shard'"),
+    (to_huggingface, ["load_parameters_path=x", "output_path=y", "max_shard=2"],
+     "did you mean 'max_shard_gb'"),
+    (to_huggingface, ["output_path=y"], "load_parameters_path: the checkpoint"),
+    (to_huggingface, ["load_parameters_path=x", "output_path=y", "dtype=bfloat16"],
+     "dtype: python -m MaxText.checkpoint_conversion.to_huggingface does not read dtype"),
+    (logit_check, ["hf_path=x", "load_parameters_path=y", "steps=3"],
+     "does not read steps (it is read by train.py, python -m MaxText.rl.grpo"),
     (to_huggingface, ["load_parameters_path=x", "output_path=y", "max_shard_gb=big"],
      "max_shard_gb='big': expected float"),
     (to_maxtext, ["hf_path=x", "output_path=y", "scan_layer=false"], "did you mean 'scan_layers'"),

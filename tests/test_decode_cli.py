@@ -76,7 +76,7 @@ def hf_folder(tmp_path_factory):
   """A tiny random Qwen3 (vocab 384) with the tiny tokenizer and its chat template."""
   from hf_parity import build_hf_model
   from test_qwen3_parity import our_config
-  from MaxText.models.qwen3 import hf_map
+  from MaxText.models.llama import qwen3_hf_map as hf_map
   folder = tmp_path_factory.mktemp("hf")
   model = build_hf_model(transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
                          hf_map.config_to_hf(our_config(False, True)))

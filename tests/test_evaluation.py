@@ -100,7 +100,7 @@ def test_evaluate_a_checkpoint_equals_transformers_mean_loss(tmp_path, capsys):
   from MaxText.checkpoint import tokenizer_files
   from MaxText.checkpoint.manager import resolve_step_dir
   from MaxText.checkpoint_conversion import to_maxtext
-  from MaxText.models.qwen3 import hf_map
+  from MaxText.models.llama import qwen3_hf_map as hf_map
   hf = build_hf_model(transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
                       hf_map.config_to_hf(our_config(False, True)))
   hf.save_pretrained(tmp_path / "hf")

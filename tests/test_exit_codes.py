@@ -81,7 +81,7 @@ def test_logit_check_missing_folder_is_exit_2_not_a_traceback(tmp_path, capsys):
 
 
 def test_launch_without_a_config_is_a_config_error(capsys):
-  code = launch_cli.main(["--cluster", "c1", "--workload", "w1", "--docker-image", "img:1",
-                          "--tpu-type", "v5p-8", "--dry-run", "--"])
+  code = launch_cli.main(["cluster=c1", "workload=w1", "docker_image=img:1", "tpu_type=v5p-8",
+                          "dry_run=true", "--"])
   assert code == EXIT_CONFIG
   assert capsys.readouterr().err.startswith("config error: no config given")

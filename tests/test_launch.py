@@ -83,24 +83,31 @@ def test_xpk_accelerator_table_and_mesh_check():
 
 def test_cli_dry_run_prints_and_runs_nothing(monkeypatch, capsys):
   monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran something"))
-  code = launch_cli.main(["--cluster", "c1", "--workload", "w1", "--docker-image", "img:1",
-                          "--tpu-type", "v5p-8", "--dry-run", "--", BASE_YML, SHARED])
+  code = launch_cli.main(["cluster=c1", "workload=w1", "docker_image=img:1", "tpu_type=v5p-8",
+                          "dry_run=true", "--", BASE_YML, SHARED])
   out, err = capsys.readouterr()
   assert code == 0 and out.startswith("xpk workload create --cluster c1 --workload w1")
   assert "--restart-on-exit-codes 42" in out and "1 host process(es), 4 devices" in err
-  code = launch_cli.main(["--cluster", "c1", "--workload", "w1", "--docker-image", "img:1",
-                          "--tpu-type", "v5p-8", "--dry-run", "--", BASE_YML, SHARED,
-                          "ici_tensor_parallelism=3"])
+  code = launch_cli.main(["cluster=c1", "workload=w1", "docker_image=img:1", "tpu_type=v5p-8",
+                          "dry_run=true", "--", BASE_YML, SHARED, "ici_tensor_parallelism=3"])
   assert code == 2 and "ici parallelism" in capsys.readouterr().err
+  # the launcher's own arguments are key=value too; a train.py config key before -- is refused
+  code = launch_cli.main(["cluster=c1", "workload=w1", "docker_image=img:1", "tpu_type=v5p-8",
+                          "steps=3", "--", BASE_YML, SHARED])
+  assert code == 2 and "unknown argument 'steps'" in capsys.readouterr().err
+  # what train.py does not read is refused as train.py refuses it
+  code = launch_cli.main(["cluster=c1", "workload=w1", "docker_image=img:1", "tpu_type=v5p-8",
+                          "dry_run=true", "--", BASE_YML, SHARED, "prompt_file=p.txt"])
+  assert code == 2 and "train.py does not read prompt_file" in capsys.readouterr().err
 
 
 def test_jobset_manifest_is_what_gke_needs(tmp_path):
   path = tmp_path / "jobset.yaml"
-  code = launch_cli.main(["--cluster", "c1", "--workload", "llama-gpu", "--docker-image",
-                          "us-docker.pkg.dev/p/r/maxtext:1", "--device-type", "h100-80gb-8",
-                          "--num-slices", "4", "--max-restarts", "7", "--jobset", str(path),
-                          "--volume-claim", "runs-pvc", "--mount-path", "/mnt/shared", "--",
-                          BASE_YML, SHARED])
+  code = launch_cli.main(["cluster=c1", "workload=llama-gpu",
+                          "docker_image=us-docker.pkg.dev/p/r/maxtext:1", "device_type=h100-80gb-8",
+                          "num_slices=4", "max_restarts=7", f"jobset={path}",
+                          "volume_claim=runs-pvc", "mount_path=/mnt/shared", "--", BASE_YML,
+                          SHARED])
   assert code == 0
   doc = yaml.safe_load(path.read_text())
   assert doc["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and doc["kind"] == "JobSet"
@@ -188,3 +195,16 @@ def test_local_launcher_stops_the_others_and_returns_the_first_failure(tmp_path)
     assert flags.strip() == "--xla_force_host_platform_device_count=4"
   ok = local.launch(["python3", "-c", "pass"], 2, grace_s=1)
   assert ok.status == 0 and not ok.killed
+
+
+def test_local_launcher_command_line_is_key_value(tmp_path, capsys):
+  """processes=N devices_per_process=D log_dir=DIR -- the command; its status is the children's."""
+  script = "import os; print(os.environ['JAX_NUM_PROCESSES'], os.environ['JAX_PROCESS_ID'])"
+  assert local.main(["processes=2", "devices_per_process=2", f"log_dir={tmp_path}", "--",
+                     "python3", "-c", script]) == 0
+  assert (tmp_path / "process_1.out").read_text().split() == ["2", "1"]
+  assert local.main(["processes=2", "--", "python3", "-c", "import sys; sys.exit(3)"]) == 3
+  assert local.main(["num_processes=2", "--", "python3", "-c", "pass"]) == 2
+  assert "unknown argument 'num_processes'" in capsys.readouterr().err
+  assert local.main(["processes=2"]) == 2
+  assert "no command given" in capsys.readouterr().err

@@ -171,3 +171,24 @@ def test_the_checker_catches_what_it_refuses():
   assert any(p.startswith("package import cycle") and "data" in p for p in found)
   assert any(p.startswith("module import cycle") and "kernels.a" in p for p in found)
   assert problems(bad[3:4]) == []                                           # one edge down: fine
+
+
+def test_a_family_folder_holds_all_it_owns_and_family_folders_do_not_loop():
+  """A folder of MaxText/models/ is one family (its family.py listed in the registry) and holds
+  every Hugging Face map its FAMILY lists; imports between family folders go one way (Qwen3-Next
+  builds on the llama family's model), never in a loop (the llama family imported its Qwen3 maps
+  back from folders that imported llama)."""
+  from MaxText.models import registry
+  models = os.path.join(ROOT, "MaxText", "models")
+  folders = sorted(d for d in os.listdir(models) if os.path.isfile(os.path.join(models, d,
+                                                                                "__init__.py")))
+  assert {f"MaxText.models.{d}.family" for d in folders} == set(registry.FAMILY_MODULES.values())
+  for name in registry.FAMILY_MODULES:
+    for model_type, hf_map in registry.get_family(name).hf_maps.items():
+      assert hf_map.__name__.startswith(f"MaxText.models.{name}."), (name, model_type, hf_map)
+  graph = defaultdict(set)
+  for src, dst, _ in imports(modules()):
+    a, b = src.split("."), dst.split(".")
+    if a[1] == b[1] == "models" and len(a) > 3 and len(b) > 3 and a[2] != b[2]:
+      graph[a[2]].add(b[2])
+  assert find_cycle(graph) is None, find_cycle(graph)

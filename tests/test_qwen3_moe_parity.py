@@ -1,5 +1,5 @@
 """Our llama family with routed experts against Hugging Face transformers' Qwen3-MoE (the oracle),
-through MaxText/models/qwen3_moe/hf_map.py: tiny random-init `Qwen3MoeForCausalLM`s (fp32, eager,
+through MaxText/models/llama/qwen3_moe_hf_map.py: tiny random-init `Qwen3MoeForCausalLM`s (fp32, eager,
 8 experts of width 32, top-2), scanned and unrolled — all layers sparse and renormalised, a dense
 first layer (`mlp_only_layers`) with unnormalised top-k weights, and every other layer dense
 (`decoder_sparse_step=2`). Checks logits (incl. a packed row against HF per document), the
@@ -21,7 +21,7 @@ from hf_parity import (S, TOL_GRAD, batch, build_hf_model, check_logits,  # noqa
                        compare_grads, hf_loss_and_grads, hf_state, our_loss_and_grads)
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
-from MaxText.models.qwen3_moe import hf_map  # noqa: E402
+from MaxText.models.llama import qwen3_moe_hf_map as hf_map  # noqa: E402
 from MaxText.models.registry import get_family, make_model_def  # noqa: E402
 
 
@@ -91,9 +91,11 @@ def test_loss_and_grads_match_torch_autograd(variant):
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
+  _, grads_exact = hf_loss_and_grads(model, tokens, targets, float64=True)
   loss, grads = our_loss_and_grads(model_def, params, tokens, pos, seg, targets)
   assert abs(loss - loss_hf) / abs(loss_hf) <= TOL_GRAD
-  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("router_bias",))
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("router_bias",),
+                exact_tree=hf_map.hf_to_params(grads_exact, mcfg))
 
 
 @pytest.mark.parametrize("scan", [True, False])

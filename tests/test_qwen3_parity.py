@@ -1,5 +1,5 @@
 """Our llama family against Hugging Face transformers' Qwen3 (the oracle), through the name map of
-MaxText/models/qwen3/hf_map.py: tiny random-init `Qwen3ForCausalLM` (fp32, eager attention, GQA 4/2,
+MaxText/models/llama/qwen3_hf_map.py: tiny random-init `Qwen3ForCausalLM` (fp32, eager attention, GQA 4/2,
 head_dim 32, perturbed norm weights), untied and tied, scanned and unrolled layers. Checks logits
 (incl. a packed row against HF run per document), the exact state-dict round trip, loss and
 gradients against torch autograd, the config maps, and the published configs' parameter counts."""
@@ -20,7 +20,7 @@ from hf_parity import (TOL_GRAD, batch, build_hf_model, check_logits,  # noqa: E
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.llama import hf_map as llama_map  # noqa: E402
-from MaxText.models.qwen3 import hf_map  # noqa: E402
+from MaxText.models.llama import qwen3_hf_map as hf_map  # noqa: E402
 from MaxText.models.registry import make_model_def  # noqa: E402
 
 THETA = 1000.0           # small θ so that every channel pair rotates visibly at positions < S
@@ -111,11 +111,13 @@ def test_loss_and_grads_match_torch_autograd():
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
+  _, grads_exact = hf_loss_and_grads(model, tokens, targets, float64=True)
   loss, grads = our_loss_and_grads(model_def, params, tokens, pos, seg, targets)
   rel = abs(loss - loss_hf) / abs(loss_hf)
   print(f"loss ours={loss:.6f} hf={loss_hf:.6f} rel={rel:.1e}")
   assert rel <= TOL_GRAD
-  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg))  # the name map carries the grads
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg),  # the name map carries the grads
+                exact_tree=hf_map.hf_to_params(grads_exact, mcfg))
 
 
 # the Qwen/Qwen3-0.6B config.json as published on the Hub (transformers 4.51 form)

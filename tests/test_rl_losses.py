@@ -19,7 +19,7 @@ from hf_parity import build_hf_model, compare_grads, hf_state  # noqa: E402
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.losses.loss import chunked_target_log_probs  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
-from MaxText.models.qwen3 import hf_map  # noqa: E402
+from MaxText.models.llama import qwen3_hf_map as hf_map  # noqa: E402
 from MaxText.models.registry import init_params, make_model_def  # noqa: E402
 from MaxText.rl import losses  # noqa: E402
 from MaxText.rl.step import token_logprobs  # noqa: E402

@@ -54,11 +54,8 @@ from MaxText.resolve.from_checkpoint import check_quantized_layout
 from MaxText.runtime.exit_codes import reported
 
 ARGS = {
-    "load_parameters_path": cli.Arg(help="a run's checkpoints/ directory, a step, or a "
-                                    "to_maxtext output"),
     "output_path": cli.Arg(help="the Hugging Face folder to write (must not exist or be empty)"),
     "max_shard_gb": cli.Arg(float, 5.0, "largest safetensors shard"),
-    "hf_model_type": cli.Arg(str, "", "the architecture to write when the checkpoint has none"),
     "adapter_format": cli.Arg(str, "merged", "a LoRA checkpoint: merged (the base with W + "
                               "alpha/r A B) | peft (adapter_config.json + "
                               "adapter_model.safetensors for peft.PeftModel.from_pretrained)"),
@@ -172,13 +169,14 @@ def peft_base(ckpt: str, cfg: Config) -> str:
 
 def main(argv: list[str]) -> int:
   def run() -> int:
-    parsed = cli.parse(argv, ARGS, __doc__)
+    parsed = cli.parse(argv, ARGS, __doc__, tool="to_huggingface")
     if parsed is None:
       return 0
-    args = parsed[0]
-    model_type = export(args["load_parameters_path"], args["output_path"],
-                        int(args["max_shard_gb"] * 2**30), args["hf_model_type"],
-                        args["adapter_format"])
+    args, given, _ = parsed
+    ckpt = cli.require(given, "load_parameters_path", "the checkpoint (a run's checkpoints/, a "
+                       "step, a to_maxtext output)")
+    model_type = export(ckpt, args["output_path"], int(args["max_shard_gb"] * 2**30),
+                        given.hf_model_type, args["adapter_format"])
     print(f"wrote {args['output_path']} ({model_type})")
     return 0
   return reported(run, (ConfigError, ValueError, KeyError, FileNotFoundError))

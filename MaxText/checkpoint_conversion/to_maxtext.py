@@ -42,8 +42,7 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, make_model_def
 from MaxText.runtime.exit_codes import reported
 
-ARGS = {"hf_path": cli.Arg(help="a Hugging Face model folder (config.json + safetensors)"),
-        "output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
+ARGS = {"output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
         "adapter_path": cli.Arg(str, "", "a PEFT LoRA adapter folder for the model of hf_path: "
                                 "written as our adapters (lora_rank, lora_alpha, lora_targets "
                                 "from its adapter_config.json)")}
@@ -145,13 +144,16 @@ def with_peft_adapters(cfg: Config, params: dict, adapter_path: str) -> tuple[Co
 
 def main(argv: list[str]) -> int:
   def run() -> int:
-    parsed = cli.parse(argv, ARGS, __doc__, overrides=True)
+    parsed = cli.parse(argv, ARGS, __doc__, tool="to_maxtext")
     if parsed is None:
       return 0
-    args, overrides = parsed
-    cfg = convert(os.path.expanduser(args["hf_path"]), args["output_path"], overrides,
+    args, given, config_argv = parsed
+    hf_path = os.path.expanduser(cli.require(given, "hf_path", "a Hugging Face model folder "
+                                             "(config.json + safetensors)"))
+    overrides = [a for a in config_argv[1:] if not a.startswith("hf_path=")]
+    cfg = convert(hf_path, args["output_path"], overrides,
                   os.path.expanduser(args["adapter_path"]))
-    tokenizer = sorted(tokenizer_files.files_of(os.path.expanduser(args["hf_path"])))
+    tokenizer = sorted(tokenizer_files.files_of(hf_path))
     print(f"wrote {args['output_path']} ({cfg.hf_model_type}: {cfg.num_decoder_layers} layers, "
           f"d={cfg.emb_dim}, vocab {cfg.vocab_size}); tokenizer files: "
           + (", ".join(tokenizer) if tokenizer else "none in hf_path (fine-tuning will need "

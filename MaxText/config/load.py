@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import yaml
 
 from MaxText.config.schema import AUTO, AUTO_TOOL_DTYPE, AUTO_TRAINING_DTYPE, KEYS, Config
+from MaxText.config.tools import TOOLS
 
 
 BASE_MODEL = "base_model"   # in a model file: the model file it starts from
@@ -197,10 +198,41 @@ def resolve_dtype(cfg: Config, *, training: bool) -> Config:
   return dataclasses.replace(cfg, dtype=AUTO_TRAINING_DTYPE if training else AUTO_TOOL_DTYPE)
 
 
-def load_config(argv: Sequence[str], *, keep_auto: bool = False) -> Config:
+def unread_keys(cfg: Config, tool: str, model_keys: frozenset[str] = frozenset()) -> list[str]:
+  """The keys `cfg` holds away from their schema default that `tool` does not read, but for
+  `model_keys`: those the model file set (it describes the model, e.g. the balancing weight its
+  training uses, whichever program runs it)."""
+  if tool not in TOOLS:
+    raise ValueError(f"unknown tool {tool!r} (MaxText/config/tools.py)")
+  return [k for k, spec in KEYS.items()
+          if tool not in spec.tools and k not in model_keys and getattr(cfg, k) != spec.default]
+
+
+def check_read_by(cfg: Config, tool: str, model_keys: frozenset[str] = frozenset()) -> None:
+  """ConfigError naming each key `cfg` sets away from its default (on the command line or in the
+  config file; `model_keys` as in `unread_keys`) that `tool` does not read, and the programs that
+  read it: a setting is never silently ignored."""
+  problems = []
+  for k in unread_keys(cfg, tool, model_keys):
+    readers = ", ".join(TOOLS[t] for t in TOOLS if t in KEYS[k].tools)
+    problems.append(f"{k}={_shown(getattr(cfg, k))}: {TOOLS[tool]} does not read {k} (it is read "
+                    f"by {readers}); remove it, or leave it at its default "
+                    f"({_shown(KEYS[k].default)})")
+  if problems:
+    raise ConfigError(" | ".join(problems))
+
+
+def _shown(value: Any) -> str:
+  table = isinstance(value, list) and value and isinstance(value[0], list)
+  return "[...]" if table else repr(value)
+
+
+def load_config(argv: Sequence[str], *, keep_auto: bool = False, tool: str | None = None
+                ) -> Config:
   """`argv` = [path/to/base.yml, key=value, ...] (without the program name). `dtype=auto` is
   resolved for the tools (float32, `resolve_dtype`) unless `keep_auto` (the trainer resolves it
-  itself, for training)."""
+  itself, for training). With `tool` (a name of MaxText/config/tools.py), a key set away from its
+  default that the tool does not read is refused (`check_read_by`)."""
   if not argv:
     raise ConfigError("usage: train.py configs/base.yml [key=value ...]")
   base_path, overrides = argv[0], parse_overrides(argv[1:])
@@ -215,13 +247,17 @@ def load_config(argv: Sequence[str], *, keep_auto: bool = False) -> Config:
 
   model_name = coerce("model_name", overrides["model_name"], from_text=True) \
       if "model_name" in overrides else values["model_name"]
+  from_model: set[str] = set()
   if model_name != "default":
     for key, (value, _) in model_overlay(models_dir(base_path), model_name).items():
       values[key] = coerce(key, value)
+      from_model.add(key)
 
   for key, text in overrides.items():
     values[key] = coerce(key, text, from_text=True)
   cfg = Config(**values)
+  if tool is not None:
+    check_read_by(cfg, tool, frozenset(from_model - set(overrides) - {"model_name"}))
   return cfg if keep_auto else resolve_dtype(cfg, training=False)
 
 

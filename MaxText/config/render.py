@@ -71,6 +71,9 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+  if argv in (["-h"], ["--help"]):
+    print(__doc__)
+    return 0
   text = render()
   if argv == ["--check"]:
     with open(BASE_YML, encoding="utf-8") as f:

@@ -10,6 +10,9 @@ Each field of `Config` is declared once, here, with `key(default, doc, ...)`:
   carried     a training setting that comes with the model (a converted MoE's balancing weight):
               `load_parameters_path` takes it from the checkpoint unless the user sets it
   section     the first key of a section of configs/base.yml starts it under this title
+  tools       the programs that read it (MaxText/config/tools.py); default: those its section's
+              first key names with `section_tools`. One of them set away from its default for a
+              program that does not read it is refused (exit 2): no key is silently ignored
   note        a comment block written above the key in configs/base.yml
 
 Everything else is derived from this module: `configs/base.yml` is rendered from it (`python -m
@@ -26,6 +29,8 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, TOOLS, TRAINERS
 
 
 @dataclass(frozen=True)
@@ -46,16 +51,25 @@ class Spec:
   carried: bool = False
   section: str | None = None
   note: str | None = None
+  tools: frozenset[str] = frozenset()
 
 
 def key(default: Any, doc: str, *, choices: tuple | None = None, min: float | None = None,
         max: float | None = None, gt: float | None = None, model: bool = False,
         data: bool = False, arch: bool | None = None, carried: bool = False,
-        section: str | None = None, note: str | None = None) -> Any:
-  """A field of `Config` with its schema entry (name and type are taken from the annotation)."""
+        section: str | None = None, note: str | None = None,
+        section_tools: tuple[str, ...] | None = None, tools: tuple[str, ...] | None = None) -> Any:
+  """A field of `Config` with its schema entry (name and type are taken from the annotation).
+  `section_tools` (with `section`): the programs that read the section's keys unless a key names
+  its own `tools`."""
+  unknown = (set(section_tools or ()) | set(tools or ())) - set(TOOLS)
+  if unknown:
+    raise ValueError(f"unknown tools {sorted(unknown)} (MaxText/config/tools.py: {list(TOOLS)})")
+  if (section is None) != (section_tools is None):
+    raise ValueError("section and section_tools come together (the section's default readers)")
   meta = dict(default=default, doc=doc, choices=choices, min=min, max=max, gt=gt, model=model,
               data=data, arch=model if arch is None else arch, carried=carried, section=section,
-              note=note)
+              note=note, section_tools=section_tools, tools=tools)
   if isinstance(default, list):
     return field(default_factory=lambda: copy.deepcopy(default), metadata={"key": meta})
   return field(default=default, metadata={"key": meta})
@@ -93,25 +107,30 @@ _RULES = [
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
+  # evaluate and quantize check the run directory is writable, as training does (check_config)
   run_name: str = key("default", "run directory name under base_output_directory; rerun = resume",
-                      section="run")
+                      section="run", section_tools=TRAINERS,
+                      tools=(*TRAINERS, "evaluate", "quantize"))
   base_output_directory: str = key(
-      "runs", "parent of run directories (metrics.jsonl, checkpoints/, config.yml)")
+      "runs", "parent of run directories (metrics.jsonl, checkpoints/, config.yml)",
+      tools=(*TRAINERS, "evaluate", "quantize"))
   steps: int = key(300, "optimizer steps to train in total", min=1)
   log_period: int = key(10, "print a progress line every N steps (metrics.jsonl gets every step)",
                         min=1)
-  seed: int = key(0, "parameter initialisation seed; when decoding, the sampling seed", min=0)
+  seed: int = key(0, "parameter initialisation seed; decoding: the sampling seed; logit_check: its "
+                  "random token ids", min=0,
+                  tools=(*TRAINERS, "decode", "logit_check"))
   jax_cache_dir: str = key("~/.cache/maxtext_jax",
                            'persistent XLA compilation cache; "" turns it off')
 
   # ---- model -----------------------------------------------------------------------------------
   model_name: str = key("default", '"default" or a file configs/models/<model_name>.yml to overlay',
-                        section="model")
+                        section="model", section_tools=(*MODEL_TOOLS, *CONVERT), tools=MODEL_TOOLS)
   decoder_block: str = key("llama", "model family plug-in (MaxText/models/registry.py)",
                            model=True)
   hf_model_type: str = key(
       "", 'Hugging Face model_type it converts to/from, one of its family\'s; "" = the first that fits',
-      arch=True)
+      arch=True, tools=(*MODEL_TOOLS, *CONVERT, "to_huggingface"))
   vocab_size: int = key(384, "embedding rows; must cover the tokenizer's ids (byte: 259)", min=1,
                         model=True, data=True)
   emb_dim: int = key(256, "model width D", min=1, model=True)
@@ -134,21 +153,22 @@ class Config:
   dtype: str = key(AUTO, "compute dtype of activations and matmuls; auto: bfloat16 when training "
                    "(train.py, SFT, GRPO; fp32 master weights), float32 in the tools that compare "
                    "against a reference (decode, evaluate, conversions, inspect)",
-                   choices=(AUTO, *DTYPES), **_COMPUTE)
+                   choices=(AUTO, *DTYPES), **_COMPUTE, tools=(*MODEL_TOOLS, "logit_check"))
   weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
                           **_COMPUTE)
   scan_layers: bool = key(True, "run each repeating run of layers with one lax.scan (fast "
                           "compile; parameters stacked per run)", model=True)
   remat_policy: str = key("save_matmuls", "activation rematerialisation, per layer: none | full | "
                           "save_matmuls (recompute all but weight-matmul outputs)",
-                          choices=("none", "full", "save_matmuls"), **_COMPUTE)
+                          choices=("none", "full", "save_matmuls"), **_COMPUTE, tools=MODEL_TOOLS)
   attention: str = key(
       "autoselected", "dot_product (XLA) | flash (our Pallas kernel on GPU; JAX's splash kernel on "
       "TPU) | cudnn (NVIDIA only) | autoselected (flash on GPU/TPU, else dot_product)",
-      choices=("autoselected", "dot_product", "flash", "cudnn"), **_COMPUTE)
+      choices=("autoselected", "dot_product", "flash", "cudnn"), **_COMPUTE, tools=MODEL_TOOLS)
   flash_block_q: int = key(512, "flash attention query block (clipped to the sequence length; "
-                           "splash: a multiple of 128)", min=8, **_COMPUTE)
-  flash_block_kv: int = key(512, "flash attention key/value block (same rules)", min=8, **_COMPUTE)
+                           "splash: a multiple of 128)", min=8, **_COMPUTE, tools=MODEL_TOOLS)
+  flash_block_kv: int = key(512, "flash attention key/value block (same rules)", min=8, **_COMPUTE,
+                            tools=MODEL_TOOLS)
   attention_pattern: str = key(
       "", 'layer kinds, repeated over the layers: s = sliding window, f = full, l = linear '
       '(Gated DeltaNet); "" = all full',
@@ -191,9 +211,10 @@ class Config:
   linear_conv_kernel_dim: int = key(4, "width of the causal depthwise conv over q|k|v", min=1,
                                     model=True)
   linear_chunk_size: int = key(64, "tokens per chunk of the chunked gated delta rule (training)",
-                               min=1, **_COMPUTE)
+                               min=1, **_COMPUTE, tools=MODEL_TOOLS)
   linear_recurrence: str = key("chunked", "chunked (training) | token (one token at a time: the "
-                               "reference form, slow)", choices=("chunked", "token"), **_COMPUTE)
+                               "reference form, slow)", choices=("chunked", "token"), **_COMPUTE,
+                               tools=MODEL_TOOLS)
   mtp_num_layers: int = key(0, "multi-token-prediction layers carried with the model (HF mtp.*): "
                             "loaded, checkpointed and exported unchanged, never trained", min=0,
                             model=True)
@@ -208,7 +229,7 @@ class Config:
   shared_expert_mlp_dim: int = key(0, "an always-on expert gated by sigmoid(x . w) (0 = none)",
                                    min=0, model=True)
   capacity_factor: float = key(0.0, "0 = dropless; > 0 keeps at most cf * tokens*k/E copies per "
-                               "expert (comparison mode)", min=0, **_COMPUTE)
+                               "expert (comparison mode)", min=0, **_COMPUTE, tools=MODEL_TOOLS)
   first_k_dense_layers: int = key(0, "the first k layers have a dense MLP (DeepSeek style)", min=0,
                                   model=True)
   mlp_only_layers: list[int] = key([], "these layer indices have a dense MLP (Qwen3-MoE "
@@ -217,12 +238,14 @@ class Config:
                                  "(Qwen3-MoE decoder_sparse_step)", min=1, model=True)
   moe_dispatch: str = key("auto", "expert-parallel exchange: ragged_all_to_all (GPU/TPU) | "
                           "padded_all_to_all (CPU) | auto",
-                          choices=("auto", "ragged_all_to_all", "padded_all_to_all"), **_COMPUTE)
+                          choices=("auto", "ragged_all_to_all", "padded_all_to_all"), **_COMPUTE,
+                          tools=MODEL_TOOLS)
 
   # ---- data ------------------------------------------------------------------------------------
   dataset_type: str = key("embedded", "embedded (the Python standard library's source) | "
                           "synthetic | file", choices=("embedded", "synthetic", "file"),
-                          data=True, section="data")
+                          data=True, section="data",
+                          section_tools=("train", "evaluate", "quantize"))
   dataset_path: str = key("", "file, directory or glob of the dataset when dataset_type=file",
                           data=True)
   dataset_format: str = key("auto", "auto (by extension) | text | jsonl | parquet | arrayrecord",
@@ -232,11 +255,12 @@ class Config:
   tokenizer_type: str = key(
       "auto", "auto (byte without tokenizer_path, else from the file: .json huggingface, .model "
       "sentencepiece) | byte | huggingface | sentencepiece",
-      choices=("auto", "byte", "huggingface", "sentencepiece"), data=True)
+      choices=("auto", "byte", "huggingface", "sentencepiece"), data=True, tools=MODEL_TOOLS)
   tokenizer_path: str = key(
       "", "tokenizer.json, a SentencePiece .model, or a folder holding one (\"\" with "
-      "load_parameters_path: the checkpoint's)", data=True)
-  add_bos: bool = key(True, "prepend the tokenizer's bos id to each document", data=True)
+      "load_parameters_path: the checkpoint's)", data=True, tools=MODEL_TOOLS)
+  add_bos: bool = key(True, "prepend the tokenizer's bos id to each document", data=True,
+                      tools=MODEL_TOOLS)
   add_eos: bool = key(True, "append the tokenizer's eos id to each document", data=True)
   packing: bool = key(True, "pack several documents per row (segment ids + positions)", data=True)
   shuffle: bool = key(True, "shuffle documents each epoch", data=True)
@@ -246,28 +270,35 @@ class Config:
                                 data=True)
   max_bad_records: int = key(0, "unreadable records (bad JSON, missing text field) skipped and "
                              "counted; more: exit 3", min=0, data=True)
-  max_target_length: int = key(256, "sequence length S of a training row", min=2, data=True)
+  max_target_length: int = key(256, "sequence length S of a training row", min=2, data=True,
+                               tools=MODEL_TOOLS)
   sft: bool = key(False, "supervised fine-tuning: jsonl records of chat `messages` (or `prompt` / "
-                  "`completion`) rendered with the tokenizer's chat template", data=True)
+                  "`completion`) rendered with the tokenizer's chat template", data=True,
+                  tools=("train",))
   sft_train_on_completion_only: bool = key(True, "sft: the loss counts the assistant tokens only "
-                                           "(false: every token of the conversation)", data=True)
+                                           "(false: every token of the conversation)", data=True,
+                                           tools=("train",))
   sft_overlong: str = key("truncate", "sft: a conversation longer than max_target_length is "
                           "truncated | dropped (either is counted)",
-                          choices=("truncate", "drop"), data=True)
+                          choices=("truncate", "drop"), data=True, tools=("train",))
   chat_template_path: str = key("", 'sft: a jinja chat template file; "" = the tokenizer\'s own '
-                                "(chat_template.jinja / tokenizer_config.json)", data=True)
+                                "(chat_template.jinja / tokenizer_config.json)", data=True,
+                                tools=("train",))
   eval_split_fraction: float = key(
       0.0, "hold out this share of the documents for evaluation; training never reads them",
       min=0, max=0.5, data=True)
   per_device_batch_size: float = key(8.0, "sequences per device per micro-batch (global = this x "
-                                     "devices)", gt=0)
-  gradient_accumulation_steps: int = key(1, "micro-batches summed into one optimizer step", min=1)
+                                     "devices)", gt=0, tools=MODEL_TOOLS)
+  gradient_accumulation_steps: int = key(1, "micro-batches summed into one optimizer step", min=1,
+                                         tools=TRAINERS)
   data_shards: int = key(
       0, "data streams the global batch is cut from (equal blocks of rows; each process reads "
-      "only its own); 0 = one per process, or as saved when resuming", min=0)
+      "only its own); 0 = one per process, or as saved when resuming", min=0,
+      tools=("train", "evaluate"))
 
   # ---- optimizer -------------------------------------------------------------------------------
-  learning_rate: float = key(3.0e-3, "peak learning rate", min=0, section="optimizer (optax AdamW)")
+  learning_rate: float = key(3.0e-3, "peak learning rate", min=0, section="optimizer (optax AdamW)",
+                              section_tools=TRAINERS)
   lr_schedule: str = key("cosine", "cosine (warmup + cosine) | wsd (warmup-stable-decay) | "
                          "constant", choices=("cosine", "wsd", "constant"))
   warmup_steps: int = key(20, "linear warmup from 0 to learning_rate", min=0)
@@ -287,9 +318,10 @@ class Config:
       AUTO_LOSS_CHUNK, "sequence positions per loss chunk: head + cross-entropy run chunk by "
       "chunk, so [batch, seq, vocab] fp32 logits never exist at once (0 = whole sequence; -1 = "
       "auto: chunks of 128 when the family has a separate LM head, vocab_size >= 8 x emb_dim and "
-      "the sequence is longer, else whole)", min=-1)
+      "the sequence is longer, else whole)", min=-1, tools=(*TRAINERS, "evaluate"))
   moe_aux_loss_weight: float = key(0.0, "weight of the Switch/Qwen load-balancing loss (HF "
-                                   "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE)
+                                   "router_aux_loss_coef)", min=0, carried=True, **_COMPUTE,
+                                   tools=(*TRAINERS, *CONVERT))
   router_bias_update_rate: float = key(
       0.0, "aux-loss-free balancing: selection bias += rate * sign(mean load - load) each step",
       min=0, **_COMPUTE)
@@ -301,6 +333,7 @@ class Config:
   # ---- LoRA ------------------------------------------------------------------------------------
   lora_rank: int = key(0, "train low-rank adapters of this rank on the frozen base; 0 = full "
                        "fine-tuning", min=0, section="LoRA (adapters on a frozen base)",
+                       section_tools=MODEL_TOOLS,
                        carried=True, **_COMPUTE)
   lora_alpha: float = key(32.0, "adapter scale alpha: the update is (alpha / rank) x A B", gt=0,
                           carried=True, **_COMPUTE)
@@ -315,7 +348,8 @@ class Config:
       "int8 (weights and activations) | fp8 (e4m3) | int4 (weights only); \"\" = off. The "
       "embedding, the LM head and routers stay in full precision",
       choices=("", "int8", "fp8", "int4"),
-      section="quantization (qwix; MaxText.quantize for post-training)", **_COMPUTE)
+      section="quantization (qwix; MaxText.quantize for post-training)",
+      section_tools=MODEL_TOOLS, **_COMPUTE)
   quantization_exclude: str = key(
       "", "regex over the projections' module paths left in full precision by quantization "
       '(e.g. "attention/out$"; "experts": the routed experts)', **_COMPUTE)
@@ -328,14 +362,16 @@ class Config:
 
   # ---- checkpoints -----------------------------------------------------------------------------
   enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",
-                                   section="checkpoints (Orbax)")
+                                   section="checkpoints (Orbax)",
+                                   section_tools=TRAINERS)
   async_checkpointing: bool = key(True, "write checkpoints in the background")
   checkpoint_period: int = key(100, "save every N steps (and at the last step)", min=1)
   max_checkpoints_to_keep: int = key(3, "keep the newest N committed checkpoints", min=1)
   load_parameters_path: str = key("", 'start from these parameters only (fine-tuning); "" = fresh '
-                                  "init")
+                                  "init. The tools: the checkpoint they read",
+                                  tools=(*MODEL_TOOLS, "to_huggingface", "logit_check", "refit"))
   checkpoint_verify: bool = key(True, "on restore, check the manifest (file digests, array "
-                                "checksums); false = faster, unchecked")
+                                "checksums); false = faster, unchecked", tools=MODEL_TOOLS)
   checkpoint_fallback: bool = key(False, "a damaged newest step is set aside and the previous one "
                                   "restored (logged); false = exit 4")
   checkpoint_save_timeout_s: float = key(600.0, "a save not committed within this many seconds is "
@@ -343,18 +379,20 @@ class Config:
 
   # ---- metrics ---------------------------------------------------------------------------------
   enable_tensorboard: bool = key(True, "also write TensorBoard scalars to <run dir>/tensorboard/",
-                                 section="metrics")
+                                 section="metrics",
+                                 section_tools=TRAINERS)
   peak_tflops_per_device: float = key(0.0, "peak for MFU; 0 = device table (GPU/TPU) or a "
                                       "measured CPU matmul rate", min=0)
 
   # ---- evaluation and samples ------------------------------------------------------------------
   eval_period: int = key(0, "every N steps (and after the last) log eval_loss on held-out data; "
-                         "0 = off", min=0, section="evaluation and samples during training")
+                         "0 = off", min=0, section="evaluation and samples during training",
+                         section_tools=("train",))
   eval_steps: int = key(10, "batches per evaluation (fewer when the held-out data ends first)",
-                        min=1)
+                        min=1, tools=("train", "evaluate"))
   eval_dataset_path: str = key(
       "", "held-out file, directory or glob (dataset_format, dataset_text_field as for training); "
-      '"" = the eval_split_fraction share of the training documents')
+      '"" = the eval_split_fraction share of the training documents', tools=("train", "evaluate"))
   sample_period: int = key(0, "every N steps print a sample (prompt, max_new_tokens and the "
                            "sampling keys below); 0 = off", min=0)
   sample_at_end: bool = key(True, "print a sample after the last step")
@@ -368,39 +406,48 @@ class Config:
 
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
-      "", "decode / evaluate: a Hugging Face folder, converted in memory (instead of "
-      "load_parameters_path)", section="decoding (python -m MaxText.decode; MaxText.inference)")
-  prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)')
-  prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)")
+      "", "a Hugging Face folder: decode / evaluate / inspect convert it in memory (instead of "
+      "load_parameters_path); to_maxtext converts it; logit_check compares with it",
+      section="decoding (python -m MaxText.decode; MaxText.inference)",
+      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", *CONVERT))
+  prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
+                    tools=(*DECODERS, "train"))
+  prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
+                              tools=(*DECODERS, "train"))
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")
   chat: bool = key(False, "render prompts (and jsonl messages) with the tokenizer's own chat "
                    "template (tokenizer_config.json / chat_template.jinja)")
-  max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1)
+  max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1,
+                            tools=(*DECODERS, *TRAINERS))
   temperature: float = key(0.0, "0 = greedy; else sample from softmax(logits / temperature)",
-                           min=0)
-  top_k: int = key(0, "sample among the k most likely tokens only; 0 = off", min=0)
+                           min=0, tools=("decode", "grpo"))
+  top_k: int = key(0, "sample among the k most likely tokens only; 0 = off", min=0,
+                   tools=("decode", "grpo"))
   top_p: float = key(1.0, "sample from the smallest set holding probability >= p; 1 = off",
-                     gt=0, max=1)
+                     gt=0, max=1, tools=(*DECODERS, *TRAINERS))
   min_p: float = key(0.0, "drop tokens less likely than min_p x the most likely; 0 = off", min=0,
-                     max=1)
-  stop: list[str] = key([], "stop once the completion text contains one of these strings")
-  eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos")
+                     max=1, tools=(*DECODERS, *TRAINERS))
+  stop: list[str] = key([], "stop once the completion text contains one of these strings",
+                        tools=(*DECODERS, *TRAINERS))
+  eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos",
+                           tools=(*DECODERS, *TRAINERS))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
-                           "output_logprobs, text) to this file")
+                           "output_logprobs, text) to this file", tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
                                min=1)
   max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "
                               "longest prompt + max_new_tokens, rounded up to a power of two",
                               min=0)
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
-                         "float32 | bfloat16 | float16", choices=("auto", *DTYPES))
+                         "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
+                         tools=(*DECODERS, *TRAINERS))
 
   # ---- reinforcement learning (GRPO) -----------------------------------------------------------
   prompts: str = key(
       "", "GRPO: .jsonl prompts, one object a line with prompt (text), prompt_ids or chat messages; "
       "the whole row goes to the reward functions",
-      section="reinforcement learning (python -m MaxText.rl.grpo)")
+      section="reinforcement learning (python -m MaxText.rl.grpo)", section_tools=("grpo",))
   reward: str = key("", "GRPO: reward functions package.module:function, comma-separated; each is "
                     "called as f(prompt, completion, row) -> number")
   reward_weights: list[float] = key([], "GRPO: one weight per reward function; [] = all 1")
@@ -434,7 +481,7 @@ class Config:
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",
-                             section="mesh and sharding")
+                             section="mesh and sharding", section_tools=MODEL_TOOLS)
   ici_data_parallelism: int = key(1, 'within a slice; at most one -1 ("the rest") per level')
   ici_fsdp_parallelism: int = key(-1, "parameters and batch sharded over this axis (ZeRO-3 style)")
   ici_context_parallelism: int = key(1, "sequence sharding of activations")
@@ -455,7 +502,8 @@ class Config:
   coordinator_address: str = key(
       "", 'host:port of process 0; "" = JAX_COORDINATOR_ADDRESS[:JAX_COORDINATOR_PORT], or JAX\'s '
       "own detection (Cloud TPU, Slurm, Open MPI)",
-      section="multi-host (jax.distributed: one process per host, all devices global)")
+      section="multi-host (jax.distributed: one process per host, all devices global)",
+      section_tools=TRAINERS)
   num_processes: int = key(0, "processes (hosts) in the run; 0 = JAX_NUM_PROCESSES / "
                            "JAX_PROCESS_COUNT / NNODES, else 1", min=0)
   process_id: int = key(-1, "this process's index; -1 = JAX_PROCESS_ID / NODE_RANK / "
@@ -485,11 +533,14 @@ class Config:
 
 def _specs() -> dict[str, Spec]:
   hints = typing.get_type_hints(Config)
-  out = {}
+  out, readers = {}, ()
   for f in dataclasses.fields(Config):
     hint = hints[f.name]
     kind, args = typing.get_origin(hint) or hint, typing.get_args(hint)
-    out[f.name] = Spec(name=f.name, type=kind, items=args[0] if args else None, **f.metadata["key"])
+    meta = dict(f.metadata["key"])
+    readers = meta.pop("section_tools") or readers
+    meta["tools"] = frozenset(meta["tools"] or readers)
+    out[f.name] = Spec(name=f.name, type=kind, items=args[0] if args else None, **meta)
   return out
 
 

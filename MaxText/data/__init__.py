@@ -7,7 +7,7 @@ pre-flight checks of a DataConfig; returns the tokenizer) and ``make_shard_itera
 
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.packing import BATCH_KEYS
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.data.pipeline import DataIterator, make_data_iterator, make_shard_iterator
 from MaxText.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
                                      Tokenizer, make_tokenizer)

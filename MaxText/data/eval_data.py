@@ -17,7 +17,7 @@ import numpy as np
 from MaxText.data import sources
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.packing import BATCH_KEYS
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.data.pipeline import row_dataset
 from MaxText.data.tokenizers import Tokenizer
 

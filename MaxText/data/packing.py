@@ -1,13 +1,7 @@
 """Tokenize documents and pack them into fixed-length training rows.
 
-Row format (MaxText convention), every array int32 of length S = max_target_length:
-
-* ``inputs``               token ids fed to the model
-* ``targets``              next-token labels: ``targets[i]`` is the token that follows
-                           ``inputs[i]`` in the same document
-* ``inputs_segmentation``  1, 2, 3, ... per document piece in the row; 0 for padding
-* ``inputs_position``      position inside the document piece, restarting at 0 per piece
-* ``targets_segmentation`` segment id of the target token (0 = padding); the loss mask
+Row format: the batch contract of ``MaxText/data/batch.py`` (``BATCH_KEYS``, int32 of length
+S = max_target_length each).
 
 How it works: a tokenized document ``t0 .. tn`` (bos/eos included) becomes n
 (input, target) *pairs* ``(t0,t1), (t1,t2), ..., (tn-1,tn)``; rows are filled with
@@ -36,10 +30,9 @@ import grain
 import numpy as np
 
 from MaxText.data.bad_records import BadRecord
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.data.errors import DataError
 
-BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position",
-              "targets_segmentation")
 
 
 class TokenizeToPairs:

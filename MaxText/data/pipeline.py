@@ -57,7 +57,7 @@ class DataIterator:
   pipeline). This iterator reads the shards in `shard_ids` (consecutive) and yields their blocks
   stacked in shard order, so the global batch does not depend on how many processes read it.
 
-  Keys are ``packing.BATCH_KEYS``. ``get_state()`` returns a JSON-serialisable dict (one Grain
+  Keys are ``MaxText.data.batch.BATCH_KEYS``. ``get_state()`` returns a JSON-serialisable dict (one Grain
   state per shard); after ``set_state(state)`` the next batch equals the one that followed
   ``state``. `fingerprint` (the data config and shard layout) travels with the state and must
   match. ``set_state`` accepts a state holding more shards than this iterator reads (states merged

@@ -43,8 +43,6 @@ from MaxText.data.errors import DataError
 ROLES = ("system", "user", "assistant", "tool")
 _MARKS = ("\ue000", "\ue001")            # around {% generation %} bodies while rendering
 _PROBE = ("\ue002", "\ue003")            # contents of the end-of-turn probe conversation
-BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position",
-              "targets_segmentation")
 
 
 # ---- the template ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from MaxText.config.cli import Arg, parse
-from MaxText.config.load import ConfigError, load_config
+from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
@@ -61,21 +61,18 @@ def run(argv: Sequence[str]) -> int:
   from MaxText import inference
   from MaxText import inspect as inspect_api
   from MaxText.decode import prompts_of
-  base = inspect_api.BASE_YML
-  if argv and argv[0].endswith((".yml", ".yaml")):
-    base, argv = argv[0], argv[1:]
-  parsed = parse(argv, ARGS, __doc__, overrides=True)
+  parsed = parse(argv, ARGS, __doc__, tool="inspect", config_file=True)
   if parsed is None:
     return EXIT_OK
-  args, overrides = parsed
+  args, cfg, config_argv = parsed
   layers, heads = _ints(args["layers"], "layers"), _ints(args["heads"], "heads")
   capture = [c for c in args["capture"].split(",") if c]
   if args["plot"] and "hidden_states" not in capture:
     capture.append("hidden_states")
-  prompts = prompts_of(load_config([base, *overrides]))
+  prompts = prompts_of(cfg)
   if len(prompts) != 1:
     raise ConfigError(f"the inspector takes one prompt; prompt_file holds {len(prompts)}")
-  m = inspect_api.Inspector(inference.load([base, *overrides]))
+  m = inspect_api.Inspector(inference.load(config_argv))
   ids = m.tokenize(prompts[0])
   if not ids:
     raise ConfigError("the prompt is empty")

@@ -1,14 +1,14 @@
 """Local multi-process runs: N copies of a command on this machine, joined over loopback.
 
-    python -m MaxText.launch.local --num_processes 2 --devices_per_process 4 [--log_dir DIR] \
-        -- train.py configs/base.yml per_device_batch_size=1 ...
+    python -m MaxText.launch.local processes=2 devices_per_process=4 [log_dir=DIR] \
+        [grace_s=30] [port=N] -- train.py configs/base.yml per_device_batch_size=1 ...
 
 Each child gets `JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>`, `JAX_NUM_PROCESSES`,
-`JAX_PROCESS_ID` (what `MaxText/runtime/distributed.py` reads), and with `--devices_per_process` that
+`JAX_PROCESS_ID` (what `MaxText/runtime/distributed.py` reads), and with `devices_per_process` that
 many fake CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count`, `JAX_PLATFORMS=cpu`;
 collectives over gloo). A command starting with a `.py` file runs with this Python.
 
-Supervision: when a child exits non-zero, the others get `--grace_s` seconds to end by themselves
+Supervision: when a child exits non-zero, the others get `grace_s` seconds to end by themselves
 (all processes of a preempted run exit 42 at about the same time; a process whose peer died stops
 at the heartbeat timeout), then the rest are killed (SIGKILL: a process blocked in a collective
 does not answer SIGTERM, which the JAX preemption service takes as a preemption notice). The exit
@@ -18,7 +18,6 @@ whole run, which saves and exits 42.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import re
@@ -29,6 +28,10 @@ import time
 from typing import Sequence
 
 import portpicker
+
+from MaxText.config.cli import Arg, parse_own, split_command
+from MaxText.config.load import ConfigError
+from MaxText.runtime.exit_codes import reported
 
 
 @dataclasses.dataclass
@@ -164,29 +167,33 @@ def _supervise(procs: list[subprocess.Popen], start: float, grace_s: float,
   return Result(status, exits, killed)
 
 
+ARGS = {
+    "processes": Arg(int, 2, "processes of the run (each gets JAX_NUM_PROCESSES and its id)"),
+    "devices_per_process": Arg(int, 0, "fake CPU devices per process (sets XLA_FLAGS and "
+                               "JAX_PLATFORMS=cpu); 0 = the platform's own"),
+    "log_dir": Arg(str, "", "write each process's stdout/stderr to process_<i>.out/.err here"),
+    "grace_s": Arg(float, 30.0, "after a process fails, seconds the others get before being "
+                   "killed"),
+    "port": Arg(int, 0, "coordinator port; 0 = a free one"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog="python -m MaxText.launch.local",
-      description="Run a command as N processes of one jax.distributed run on this machine.")
-  parser.add_argument("--num_processes", type=int, default=2)
-  parser.add_argument("--devices_per_process", type=int, default=None,
-                      help="fake CPU devices per process (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")
-  parser.add_argument("--log_dir", default=None,
-                      help="write each process's stdout/stderr to process_<i>.out/.err here")
-  parser.add_argument("--grace_s", type=float, default=30.0,
-                      help="after a process fails, seconds the others get before being killed")
-  parser.add_argument("--port", type=int, default=None, help="coordinator port (default: free)")
-  parser.add_argument("command", nargs=argparse.REMAINDER,
-                      help="the command, e.g. train.py configs/base.yml key=value ...")
-  args = parser.parse_args(argv)
-  cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
-  if not cmd:
-    parser.error("no command given (e.g. -- train.py configs/base.yml)")
-  result = launch(cmd, args.num_processes, devices_per_process=args.devices_per_process,
-                  log_dir=args.log_dir, grace_s=args.grace_s, port=args.port)
-  _log("exit statuses: " + ", ".join(f"process {e.process_id}: {e.status}"
-                                     for e in sorted(result.exits, key=lambda e: e.process_id)))
-  return result.status
+  own, cmd = split_command(sys.argv[1:] if argv is None else argv)
+
+  def run() -> int:
+    args = parse_own(own, ARGS, __doc__)
+    if args is None:
+      return 0
+    if not cmd:
+      raise ConfigError("no command given (e.g. -- train.py configs/base.yml)")
+    result = launch(cmd, args["processes"], devices_per_process=args["devices_per_process"] or None,
+                    log_dir=args["log_dir"] or None, grace_s=args["grace_s"],
+                    port=args["port"] or None)
+    _log("exit statuses: " + ", ".join(f"process {e.process_id}: {e.status}"
+                                       for e in sorted(result.exits, key=lambda e: e.process_id)))
+    return result.status
+  return reported(run, (ConfigError,), label="config error")
 
 
 if __name__ == "__main__":

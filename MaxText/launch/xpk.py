@@ -87,16 +87,16 @@ def check(w: Workload) -> tuple[Config, Accelerator | None]:
   against its device count; refuses a checkpoint path the hosts cannot share. ConfigError names
   the key."""
   if bool(w.tpu_type) == bool(w.device_type):
-    raise ConfigError("give exactly one of --tpu-type and --device-type")
+    raise ConfigError("give exactly one of tpu_type=... and device_type=...")
   if w.num_slices < 1:
-    raise ConfigError(f"--num-slices={w.num_slices}: must be at least 1")
-  cfg = load_config(w.train_argv()[2:])
+    raise ConfigError(f"num_slices={w.num_slices}: must be at least 1")
+  cfg = load_config(w.train_argv()[2:], tool="train")
   out = os.path.expanduser(cfg.base_output_directory)
   if not os.path.isabs(out):
     raise ConfigError(
         f"base_output_directory={cfg.base_output_directory!r}: on a cluster every host must write "
         "checkpoints to one shared path (e.g. a bucket mounted with GCS FUSE or a Filestore "
-        "volume: xpk storage attach, then --storage); give its absolute mount path")
+        "volume: xpk storage attach, then storage=NAME); give its absolute mount path")
   acc = accelerator(w.tpu_type, w.device_type)
   if acc is not None:
     # the devices JAX will see: TPU slices carry slice_index (dcn_* splits them); GPU/CPU hosts

@@ -2,7 +2,10 @@
 
 `FAMILY_MODULES` is the one table of the families in this repository: a family is its folder
 `MaxText/models/<family>/` (whose `family.py` defines `FAMILY`) plus one line here; the module is
-imported the first time the family is asked for. A family defined elsewhere (a test, a user's
+imported the first time the family is asked for. One rule: a folder is one family and holds all
+it owns — its model, its checks and every Hugging Face map it lists in `FAMILY.hf_maps` (the
+llama family's Llama, Qwen3 and Qwen3-MoE maps are all in `llama/`); a family's folder imports no
+other family's (tests/test_layering.py). A family defined elsewhere (a test, a user's
 package) calls `register(FAMILY)`. Generic code reaches families only through this module.
 """
 from __future__ import annotations

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.decoding.engine import Engine
@@ -79,6 +80,8 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
 
 class GRPOTrainer(Trainer):
   """A Trainer whose batches are rollouts (module docstring)."""
+
+  tool = "grpo"
 
   def __init__(self, cfg: Config | auto_settings.Training,
                devices: Sequence[jax.Device] | None = None, tokenizer=None):
@@ -313,7 +316,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  if any(a in ("-h", "--help") for a in sys.argv[1:]) or len(sys.argv) < 2:
-    print(__doc__)
+  if cli.wants_help(sys.argv[1:]) or len(sys.argv) < 2:
+    print(cli.usage(__doc__, {}, "grpo"))
     sys.exit(0)
   exit_process(main(sys.argv[1:]))

@@ -13,13 +13,13 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.config.schema import Config
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.data.config import DataConfig
 from MaxText.data.eval_data import EvalBatches, eval_source
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.losses.loss import token_loss_sums
 from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import Rules, use_rules
-from MaxText.train.step import BATCH_KEYS
 
 
 def format_eval(step: int | None, result: dict[str, float]) -> str:

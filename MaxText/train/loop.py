@@ -16,6 +16,7 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator
@@ -40,7 +41,7 @@ from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.run_log import log, log_error, log_host
 from MaxText.train.state import abstract_state, mesh_data_axes, state_shardings, trained
-from MaxText.train.step import BATCH_KEYS, jit_train_step, make_train_step
+from MaxText.train.step import jit_train_step, make_train_step
 from MaxText.train.step_loop import StepLoop
 from MaxText.train.trainer_state import CheckpointedState
 
@@ -59,7 +60,10 @@ class Trainer(CheckpointedState, StepLoop):
   `tokenizer`: what `check_config` returned (None: the data config is checked when the run starts).
   `cfg` may hold auto values (dtype=auto, loss_chunk_length=-1), or be `run()`'s one resolution
   of them (`auto_settings.for_training`): `self.training` is that resolution, `self.cfg` its
-  concrete config."""
+  concrete config. `tool`: the name under which the schema says which keys it reads
+  (MaxText/config/tools.py); `run()` refuses any other key set away from its default."""
+
+  tool = "train"
 
   def __init__(self, cfg: Config | auto_settings.Training,
                devices: Sequence[jax.Device] | None = None, tokenizer: Tokenizer | None = None):
@@ -98,6 +102,8 @@ class Trainer(CheckpointedState, StepLoop):
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.cpu_defaults: cpu_devices.Defaults | None = None  # set by run(): CPU devices, schedule
+    # set by run(): the holder of a stale run lock this run took over (a run that died)
+    self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   def trained_params(self) -> Any:
@@ -171,6 +177,7 @@ class Trainer(CheckpointedState, StepLoop):
     except ConfigError as e:
       log_error(f"config error: {e}")
       return EXIT_CONFIG
+    self.dead_previous_run = lock.taken_over if lock is not None else None
     try:
       return self._run_locked()
     finally:
@@ -244,7 +251,8 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   clock = StartupClock()
   try:
-    cfg = load_config(argv, keep_auto=True)   # dtype=auto resolved for training below
+    # dtype=auto resolved for training below; keys the trainer does not read refused
+    cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
     if cfg.load_parameters_path:
       cfg = adopt_checkpoint_architecture(cfg, argv)
     cfg, tokenizer_line = choose_tokenizer(cfg)

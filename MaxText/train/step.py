@@ -14,6 +14,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.checkpoint.checksum import batch_checksum
+from MaxText.data.batch import BATCH_KEYS
 from MaxText.layers import lora
 from MaxText.losses.loss import token_loss_sums
 from MaxText.models.family import AuxTerms
@@ -21,8 +22,6 @@ from MaxText.models.model_def import ModelDef
 from MaxText.sharding.rules import BATCH_AXES, Rules, constrain, use_rules
 from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
-
-BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position", "targets_segmentation")
 
 
 def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:

@@ -1,6 +1,7 @@
-"""`train.py --help` / `-h`: how to call it, examples, and every config key with its one-line
-description (the schema, MaxText/config/schema.py) and its default in the CONFIG.yml given
-(configs/base.yml when none). Imports nothing heavy (no jax), so help comes back at once."""
+"""`train.py --help` / `-h`: how to call it, examples, and every config key train.py reads with its
+one-line description (the schema, MaxText/config/schema.py; `config/cli.py: key_lines`) and its
+default in the CONFIG.yml given (configs/base.yml when none). Imports nothing heavy (no jax), so
+help comes back at once."""
 from __future__ import annotations
 
 import os
@@ -8,11 +9,8 @@ from typing import Any
 
 import yaml
 
+from MaxText.config.cli import key_lines, wants_help
 from MaxText.config.load import BASE_YML
-from MaxText.config.render import value_text
-from MaxText.config.schema import KEYS
-
-HELP_FLAGS = ("-h", "--help")
 
 HEAD = """\
 usage: train.py CONFIG.yml [key=value ...]
@@ -48,24 +46,9 @@ def _defaults(config_yml: str) -> dict[str, Any]:
   return values if isinstance(values, dict) else {}
 
 
-def key_lines(config_yml: str) -> list[str]:
-  """Section headers and "  key = default    # description" lines in the schema's order, the
-  default being CONFIG.yml's value (the schema's where it has none); a table is shown as
-  "[...]"."""
-  values, out = _defaults(config_yml), []
-  for name, spec in KEYS.items():
-    if spec.section:
-      out.append(f"\n{spec.section}:")
-    value = values.get(name, spec.default)
-    table = isinstance(value, list) and value and isinstance(value[0], list)
-    out.append(f"  {name} = {'[...]' if table else value_text(value)}    # {spec.doc}")
-  return out
-
-
 def usage(config_yml: str = BASE_YML) -> str:
-  return HEAD + f"\nkeys and defaults ({os.path.relpath(config_yml)}):" + "\n".join(
-      key_lines(config_yml)) + "\n"
+  return HEAD + f"\nkeys and defaults ({os.path.relpath(config_yml)}; any other key is refused):" + \
+      "\n".join(key_lines("train", _defaults(config_yml))) + "\n"
 
 
-def wants_help(argv: list[str]) -> bool:
-  return any(a in HELP_FLAGS for a in argv)
+__all__ = ["usage", "wants_help"]

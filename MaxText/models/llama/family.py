@@ -10,8 +10,8 @@ from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Prob
 from MaxText.models.llama import hf_map as llama_hf
 from MaxText.models.llama.model import MOE, Transformer, decode_cache, layer_kinds, moe_layers
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.qwen3 import hf_map as qwen3_hf
-from MaxText.models.qwen3_moe import hf_map as qwen3_moe_hf
+from MaxText.models.llama import qwen3_hf_map as qwen3_hf
+from MaxText.models.llama import qwen3_moe_hf_map as qwen3_moe_hf
 
 DENSE_LAYER_KEYS = ("first_k_dense_layers", "mlp_only_layers", "decoder_sparse_step")
 EXPERT_KEYS = ROUTED_EXPERT_KEYS | {"shared_expert_mlp_dim", *DENSE_LAYER_KEYS}

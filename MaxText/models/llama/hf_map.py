@@ -1,5 +1,5 @@
 """Hugging Face Llama (`model_type: llama`, `LlamaForCausalLM`) ↔ our `llama` family — the default
-model of configs/base.yml is one. Qwen3 (MaxText/models/qwen3/hf_map.py) and Qwen3-MoE extend these
+model of configs/base.yml is one. Qwen3 (MaxText/models/llama/qwen3_hf_map.py) and Qwen3-MoE extend these
 rows and config keys.
 
 The name map is data (`GLOBAL_RULES`, `LAYER_RULES`): one row per parameter, read in both

@@ -147,23 +147,37 @@ class DecoderLayer(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32)."""
+  """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32).
+
+  A family built on this one (Qwen3-Next) subclasses it and replaces the parts that differ through
+  the hooks below — its layer kinds and layers, its final norm — instead of copying `__init__`."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
                            std=cfg.init_std, dtype=cfg.param_dtype)
-    self.decoder = stack.PatternStack(lambda kind, r: DecoderLayer(cfg, kind, rngs=r),
-                                      layer_kinds(cfg), scan=cfg.scan_layers,
+    self.decoder = stack.PatternStack(lambda kind, r: self.new_layer(cfg, kind, r),
+                                      self.kinds_of(cfg), scan=cfg.scan_layers,
                                       remat_policy=cfg.remat_policy, rngs=rngs)
-    self.final_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
+    self.final_norm = self.new_final_norm(cfg, rngs)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
-    self.moe_layers = moe_layers(cfg)
+    self.moe_layers = self.moe_layers_of(cfg)
     if self.moe_layers:
       self.router_bias = nnx.Param(jnp.zeros((len(self.moe_layers), cfg.num_experts),
                                              cfg.param_dtype), logical_axes=("layers", "exp"))
+
+  # ---- the hooks of a family built on this one ----------------------------------------------------
+  kinds_of = staticmethod(layer_kinds)     # the layer kinds, one per layer
+  moe_layers_of = staticmethod(moe_layers)  # the indices of the MoE layers among them
+
+  def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
+    return DecoderLayer(cfg, kind, rngs=rngs)
+
+  def new_final_norm(self, cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, rngs=rngs, dtype=cfg.compute_dtype,
+                   param_dtype=cfg.param_dtype)
 
   def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]

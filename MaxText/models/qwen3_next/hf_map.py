@@ -34,7 +34,7 @@ from MaxText.models.llama import hf_map as llama
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.name_map import (CAUSAL_LM_RULES, NameMap, Rule, check_representable,
                                      self_attention_rules)
-from MaxText.models.qwen3_moe import hf_map as qwen3_moe
+from MaxText.models.llama import qwen3_moe_hf_map as qwen3_moe
 from MaxText.models.qwen3_next.model import Transformer, layer_location, mixer_types
 
 _L = "model.layers.{i}."

@@ -42,7 +42,7 @@ from flax import nnx
 from MaxText.layers import sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, record
 from MaxText.layers.norms import RMSNorm
@@ -226,24 +226,21 @@ class MultiTokenPrediction(nnx.Module):
 class Transformer(llama_model.Transformer):
   """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32). The embedding
   lookup, the forward, the LM head and the MoE layers' per-layer inputs are the Llama lineage's;
-  the layers, the zero-centred final norm, the MTP block and the decoding cache are this family's."""
+  the layers (through the parent's hooks), the zero-centred final norm, the MTP block and the
+  decoding cache are this family's."""
+
+  kinds_of = staticmethod(layer_kinds)
+  moe_layers_of = staticmethod(moe_layers)
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
-    self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
-                           std=cfg.init_std, dtype=cfg.param_dtype)
-    self.decoder = stack.PatternStack(lambda kind, r: DecoderLayer(cfg, kind, rngs=r),
-                                      layer_kinds(cfg), scan=cfg.scan_layers,
-                                      remat_policy=cfg.remat_policy, rngs=rngs)
-    self.final_norm = zero_centered_norm(cfg.emb_dim, cfg, rngs)
-    self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
-        (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
-    self.moe_layers = moe_layers(cfg)
-    if self.moe_layers:
-      self.router_bias = nnx.Param(jnp.zeros((len(self.moe_layers), cfg.num_experts),
-                                             cfg.param_dtype), logical_axes=("layers", "exp"))
+    super().__init__(cfg, rngs=rngs)
     self.mtp = MultiTokenPrediction(cfg, rngs=rngs) if cfg.mtp_num_layers else None
+
+  def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
+    return DecoderLayer(cfg, kind, rngs=rngs)
+
+  def new_final_norm(self, cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return zero_centered_norm(cfg.emb_dim, cfg, rngs)
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):

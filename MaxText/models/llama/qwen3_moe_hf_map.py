@@ -1,7 +1,7 @@
 """Hugging Face Qwen3-MoE (`model_type: qwen3_moe`, `Qwen3MoeForCausalLM`) ↔ our `llama` family
 with `num_experts > 0` (MaxText/layers/moe.py).
 
-Attention, norms and embeddings map as for Qwen3 (MaxText/models/qwen3/hf_map.py). Layer i is a
+Attention, norms and embeddings map as for Qwen3 (MaxText/models/llama/qwen3_hf_map.py). Layer i is a
 MoE layer unless it is in `mlp_only_layers` or (i + 1) % `decoder_sparse_step` != 0 — both keys
 are ours too, and an export writes our `first_k_dense_layers` into `mlp_only_layers`; a dense
 layer's MLP maps as Qwen3's (`mlp.gate_proj`, ...). The experts of a MoE layer:
@@ -23,10 +23,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from MaxText.models.llama import hf_map as llama
+from MaxText.models.llama import qwen3_hf_map as qwen3
 from MaxText.models.llama.model import Transformer, layer_location
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.name_map import NameMap, Rule, check_representable
-from MaxText.models.qwen3 import hf_map as qwen3
 
 _L = "model.layers.{i}.mlp."
 ROUTER = Rule("mlp/router/kernel", _L + "gate.weight", in_rank=1)

@@ -1,0 +1,163 @@
+"""Tools take their keys from the schema (MaxText/config/schema.py, MaxText/config/tools.py): every
+key says which programs read it; one set away from its default (on the command line or in the
+config file the user passed) for a program that does not read it is refused with exit 2 naming it
+and the programs that do; the tools' own arguments never re-declare a schema key; every program
+answers a bare --help with exit 0; the batch contract is declared once."""
+import ast
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BASE_YML, ROOT
+from MaxText.config.load import ConfigError, check_read_by, load_config, model_overlay, models_dir
+from MaxText.config.schema import KEYS
+from MaxText.config.tools import TOOLS
+
+PROGRAMS = [["train.py"], *(["-m", t.split()[-1]] for t in list(TOOLS.values())[1:]),
+            ["-m", "MaxText.launch"], ["-m", "MaxText.launch.local"],
+            ["-m", "MaxText.config.render"]]
+
+
+def other_value(spec):
+  """A valid value of `spec`'s type and range that differs from its default."""
+  d = spec.default
+  if spec.name == "model_name":
+    return "qwen3-tiny"          # a file of configs/models/
+  if spec.choices is not None:
+    return next(c for c in spec.choices if c != d)
+  if spec.type is bool:
+    return not d
+  if spec.type in (int, float):
+    step = spec.type(1)
+    up = d + step
+    if spec.max is not None and up > spec.max:
+      return d - step if spec.type is int else (d + (spec.min or 0.0)) / 2 or spec.max / 2
+    return up
+  if spec.type is str:
+    return d + "x"
+  if spec.type is list:
+    item = {int: [3], float: [0.5], str: ["data"], None: [["vocab", None]]}[spec.items]
+    return item if item != d else item * 2
+  raise AssertionError(spec)
+
+
+def as_text(value):
+  return value if isinstance(value, str) else json.dumps(value)
+
+
+def test_every_key_is_read_by_a_known_program():
+  for name, spec in KEYS.items():
+    assert spec.tools and spec.tools <= set(TOOLS), name
+
+
+@pytest.mark.parametrize("name", list(KEYS))
+def test_a_key_is_accepted_by_the_programs_that_read_it_and_refused_by_the_others(name):
+  """The whole schema: each key set to another valid value, for each program."""
+  spec = KEYS[name]
+  arg = f"{name}={as_text(other_value(spec))}"
+  cfg = load_config([BASE_YML, arg], keep_auto=True)
+  assert getattr(cfg, name) != spec.default
+  model_keys = frozenset(model_overlay(models_dir(BASE_YML), cfg.model_name)) - {"model_name"} \
+      if name == "model_name" else frozenset()
+  for tool in TOOLS:
+    if tool in spec.tools:
+      check_read_by(cfg, tool, model_keys)
+    else:
+      with pytest.raises(ConfigError) as e:
+        check_read_by(cfg, tool, model_keys)
+      readers = [TOOLS[t] for t in TOOLS if t in spec.tools]
+      assert str(e.value).startswith(f"{name}=") and f"does not read {name}" in str(e.value)
+      assert all(r in str(e.value) for r in readers), str(e.value)
+
+
+def test_a_config_file_the_user_passed_is_checked_too(tmp_path):
+  """configs/grpo.yml given to train.py: its GRPO keys are refused (train.py never reads them)."""
+  with pytest.raises(ConfigError, match="temperature=1.0: train.py does not read temperature .*"
+                     "num_generations=8: train.py does not read num_generations .*MaxText.rl.grpo"):
+    load_config([os.path.join(ROOT, "configs", "grpo.yml")], keep_auto=True, tool="train")
+  load_config([os.path.join(ROOT, "configs", "grpo.yml")], keep_auto=True, tool="grpo")
+  load_config([os.path.join(ROOT, "configs", "sft.yml")], keep_auto=True, tool="train")
+  mine = tmp_path / "mine.yml"
+  mine.write_text('base_config: "%s"\nprompt_file: "p.txt"\n' % BASE_YML)
+  with pytest.raises(ConfigError, match="prompt_file='p.txt': train.py does not read"):
+    load_config([str(mine)], keep_auto=True, tool="train")
+
+
+@pytest.mark.parametrize("model", sorted(f[:-4] for f in os.listdir(os.path.join(
+    ROOT, "configs", "models"))))
+@pytest.mark.parametrize("tool", ["train", "grpo", "decode", "evaluate", "inspect", "quantize"])
+def test_what_a_model_file_sets_is_never_refused(model, tool):
+  """A model file describes the model (its balancing weight included), whichever program runs it;
+  only what the user sets beyond it is checked."""
+  load_config([BASE_YML, f"model_name={model}"], keep_auto=True, tool=tool)
+  if tool != "train":
+    with pytest.raises(ConfigError, match="sample_period=5: "):
+      load_config([BASE_YML, f"model_name={model}", "sample_period=5"], keep_auto=True, tool=tool)
+
+
+def test_train_py_refuses_hf_path_instead_of_training_a_random_model(tmp_path):
+  """issue 38: `train.py configs/base.yml hf_path=/nonexistent/folder` trained a random model and
+  exited 0; it is refused before anything starts, naming the key and the tools that read it."""
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), BASE_YML,
+                      "hf_path=/nonexistent/folder", f"base_output_directory={tmp_path}"],
+                     capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+  assert r.returncode == 2, (r.stdout, r.stderr)
+  assert "hf_path='/nonexistent/folder': train.py does not read hf_path" in r.stderr, r.stderr
+  assert "python -m MaxText.decode" in r.stderr and "Traceback" not in r.stderr
+  assert not os.listdir(tmp_path)      # no run directory: nothing was trained
+
+
+def test_every_program_answers_a_bare_help_with_exit_0():
+  """issue 38: `python -m MaxText.quantize --help` exited 2 (missing output_path)."""
+  procs = {" ".join(p): subprocess.Popen([sys.executable, *p, "--help"], cwd=ROOT,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for p in PROGRAMS}
+  for name, p in procs.items():
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, (name, err)
+    assert "usage" in out.lower() or "python -m" in out, (name, out)
+
+
+TOOL_MODULES = ["MaxText.logit_check", "MaxText.quantize", "MaxText.refit", "MaxText.inspect.__main__",
+                "MaxText.checkpoint_conversion.to_maxtext",
+                "MaxText.checkpoint_conversion.to_huggingface", "MaxText.launch.__main__",
+                "MaxText.launch.local"]
+
+
+@pytest.mark.parametrize("module", TOOL_MODULES)
+def test_no_tool_argument_re_declares_a_schema_key(module):
+  """A tool's own arguments are what is not a config key; a config key has one declaration and one
+  default, the schema's (logit_check's dtype had its own, float32 against the schema's auto)."""
+  args = importlib.import_module(module).ARGS
+  assert not set(args) & set(KEYS), sorted(set(args) & set(KEYS))
+
+
+def test_the_batch_contract_is_declared_once():
+  declared = []
+  for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
+    for f in (f for f in files if f.endswith(".py")):
+      path = os.path.join(dirpath, f)
+      with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+      declared += [os.path.relpath(path, ROOT) for node in ast.walk(tree)
+                   if isinstance(node, ast.Assign)
+                   and any(getattr(t, "id", None) == "BATCH_KEYS" for t in node.targets)]
+  assert declared == [os.path.join("MaxText", "data", "batch.py")], declared
+
+
+def test_one_command_line_style_no_argparse():
+  """Every program, the launchers included, takes key=value (MaxText/config/cli.py)."""
+  users = []
+  for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
+    for f in (f for f in files if f.endswith(".py")):
+      path = os.path.join(dirpath, f)
+      with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+      if any(isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names)
+             or isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree)):
+        users.append(os.path.relpath(path, ROOT))
+  assert users == [], users
