@@ -51,6 +51,8 @@ from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
 
+from MaxText.backend import compat, hot_path as hot
+
 # Beyond this many devices each one's batch and the collectives grow while one device's intra-op
 # threads already use the cores; more can always be asked for with the flags above.
 MAX_DEFAULT = 8
@@ -91,8 +93,7 @@ def user_choice(env: Mapping[str, str], num_cpu_devices: int | None = None,
 
 
 def _backends_started() -> bool:
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-  return xla_bridge.backends_are_initialized()
+  return compat.backends_started()
 
 
 class Defaults(NamedTuple):
@@ -106,13 +107,13 @@ class Defaults(NamedTuple):
   pool_threads: int | None = None
 
 
-def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
-  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count),
-  one CPU device per usable core (at most MAX_DEFAULT) if the user chose nothing, and XLA:CPU's
-  thread pools for the run's device count (`apply_thread_pools`); all only before the backends
-  start."""
+def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "auto") -> Defaults:
+  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count;
+  part of the tuned hot path, so not with `hot_path=plain`), one CPU device per usable core (at
+  most MAX_DEFAULT) if the user chose nothing, and XLA:CPU's thread pools for the run's device
+  count (`apply_thread_pools`); all only before the backends start."""
   env = os.environ if env is None else env
-  schedule = apply_xla_defaults(env)
+  schedule = hot.select_hot_path(hot_path, "cpu") == hot.TUNED and apply_xla_defaults(env)
   if _backends_started():
     return Defaults(None, schedule)
   count = None
@@ -160,11 +161,13 @@ def apply_thread_pools(devices: int | None, env: MutableMapping[str, str] | None
 
 
 def apply_host_allocator(defaults: Defaults | None, platform: str,
-                         env: Mapping[str, str] | None = None) -> Defaults | None:
-  """`keep_freed_memory` where the run's devices are CPUs (their buffers are host memory; on an
-  accelerator only host-side work uses malloc, and keeping its freed memory would only raise the
-  peak); `defaults` None (apply_default did not run): nothing."""
-  if defaults is None or platform != "cpu":
+                         env: Mapping[str, str] | None = None,
+                         hot_path: str = "auto") -> Defaults | None:
+  """`keep_freed_memory` where the run takes the tuned hot path (`hot_path` on `platform`, the
+  run's devices: CPUs by default, whose buffers are host memory; on an accelerator only host-side
+  work uses malloc, and keeping its freed memory would only raise the peak); `defaults` None
+  (apply_default did not run): nothing."""
+  if defaults is None or hot.select_hot_path(hot_path, platform) != hot.TUNED:
     return defaults
   return defaults._replace(allocator=keep_freed_memory(env))
 

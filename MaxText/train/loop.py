@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from MaxText.backend import hot_path
 from MaxText.checkpoint import data_state
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
@@ -192,6 +193,7 @@ class Trainer(CheckpointedState, StepLoop):
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
         f"{cpu_devices.describe(self.cpu_defaults, platform)}; "
         f"{auto_settings.describe(self.training)}")
+    log(hot_path.describe(cfg.hot_path, self.mcfg.hot_path, platform))
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
@@ -258,12 +260,14 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
-    cpu_defaults = cpu_devices.apply_default() if plan is None and devices is None else None
+    cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
+                    if plan is None and devices is None else None)
     log(tokenizer_line)
     training = auto_settings.for_training(cfg)   # the one resolution of the auto values
     cfg = training.cfg
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
-    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform)
+    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
+                                                   hot_path=cfg.hot_path)
     clock.mark("config + devices")
     trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock
