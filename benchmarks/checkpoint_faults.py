@@ -31,7 +31,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from MaxText.checkpoint import manifest  # noqa: E402

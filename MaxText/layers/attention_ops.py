@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -148,7 +149,8 @@ def splash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool
 
 
 def cudnn(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
-          sliding_window: int | None = None, implementation: str = "cudnn") -> jax.Array:
+          sliding_window: int | None = None,
+          implementation: Literal["xla", "cudnn"] = "cudnn") -> jax.Array:
   """`jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN's fused flash attention), per
   shard. Masks through its arguments: `is_causal`; a window W (keys q - W < k <= q) as
   `local_window_size=(W - 1, 0)` (cuDNN takes a left window only, so it needs causal); packed

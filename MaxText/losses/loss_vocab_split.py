@@ -207,7 +207,7 @@ def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Ar
       def one_chunk(dw, inp):
         h_BcD, t_rel, m = inp
         logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_, hh), wv, h_BcD)
-        lse, t_logit = _slice_stats(logits.astype(jnp.float32), t_rel, axes)
+        lse, t_logit = _slice_stats(logits.astype(jnp.float32), t_rel, axes)  # pyright: ignore[reportAssignmentType]
         dw_c, dh_BcD = pullback(logits_cotangent(logits, lse, t_rel, m, z_loss_weight)
                                 .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums_of(lse, t_logit, m), dh_BcD)
@@ -222,7 +222,8 @@ def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Ar
 
       def one_chunk(_, inp):
         h_BcD, t_rel, m = inp
-        lse, t_logit = _slice_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel, axes)
+        lse, t_logit = _slice_stats(  # pyright: ignore[reportAssignmentType] (2 values by default)
+            head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel, axes)
         return None, sums_of(lse, t_logit, m)
       _, sums_n = jax.lax.scan(one_chunk, None, (chunks(h_all, chunk), *xs))
       return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n)
