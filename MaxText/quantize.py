@@ -52,7 +52,6 @@ from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.eval_data import EvalBatches
 from MaxText.inference import model_tokenizer
-from MaxText.layers import quant
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert

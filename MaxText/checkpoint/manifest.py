@@ -17,7 +17,7 @@ each of the n processes verifies the files written by processes i with i % n == 
 Verification (`verify_files`, then `compare_arrays` / `start_compare` after the restore) catches
 a missing or truncated file, missing metadata and any changed byte (the file digests), and names
 the arrays whose values differ or cannot be read (the checksums). `checkpoint_verify=false` skips
-both at restore; RELIABILITY.md has their cost.
+both at restore; benchmarks/RESULTS.md has their cost.
 """
 from __future__ import annotations
 

@@ -558,7 +558,7 @@ CARRIED_KEYS = frozenset(k for k, s in KEYS.items() if s.carried)
 
 
 def choices(name: str) -> tuple:
-  return KEYS[name].choices
+  return KEYS[name].choices or ()
 
 
 def default(name: str) -> Any:

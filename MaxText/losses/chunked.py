@@ -8,8 +8,9 @@ logits [B, c, V] exist at once instead of [B, S, V]. The loss's gradient is comp
 pass (a custom VJP): per chunk, the logits' gradient (softmax − one-hot, with the z-loss term)
 goes straight through the head's own VJP, the head's parameter gradient is summed over the chunks
 and the hidden state's gradient kept; the backward pass only scales both by the incoming
-cotangent. So the head's three matmuls run once each, on chunks small enough to stay in cache,
-and the fp32 logits are never written to and read from memory whole (benchmarks/RESULTS.md).
+cotangent. So the head's three matmuls run once each, on chunks small enough to stay in cache
+(on XLA:CPU cheaper than the whole sequence's: its fp32 logits are no longer written to and read
+back from memory).
 Positions past S (padding of the last chunk) have mask 0. Only the loss sum carries a gradient:
 the z-loss sum and the token count are metrics (stop_gradient).
 
