@@ -10,6 +10,7 @@ from MaxText.models.gemma4 import hf_map
 from MaxText.models.gemma4.model import (Transformer, attention_types, decode_cache,
                                          first_kv_shared_layer, head_dim_of, kv_heads_of,
                                          layer_kinds)
+from MaxText.models.gemma4.keys import Keys
 from MaxText.models.model_config import ModelConfig
 
 GEMMA4_KEYS = frozenset({
@@ -93,6 +94,7 @@ def aux_terms(cfg: ModelConfig) -> MoETerms | None:
 FAMILY = Family(
     name="gemma4",
     build=Transformer,
+    keys=Keys,
     supports=COMMON_KEYS | ROUTED_EXPERT_KEYS | GEMMA4_KEYS,
     layer_kinds=layer_kinds,
     flops=flops,

@@ -9,6 +9,7 @@ from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_delta_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
                                    dense_layer_problems, routed_expert_problems)
+from MaxText.models.qwen3_next.keys import Keys
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3_next import hf_map
 from MaxText.models.qwen3_next.model import (FULL, LINEAR, MOE, Transformer, decode_cache,
@@ -103,6 +104,7 @@ def frozen(cfg: ModelConfig) -> tuple[str, ...]:
 FAMILY = Family(
     name="qwen3_next",
     build=Transformer,
+    keys=Keys,
     supports=COMMON_KEYS | EXPERT_KEYS | QWEN3_NEXT_KEYS,
     layer_kinds=layer_kinds,
     flops=flops,
