@@ -22,19 +22,24 @@ MaxText.config.render`; tests/test_config.py fails when the file is stale), `Mod
 `DataConfig` are views of its fields, a family refuses a model key it does not implement when the
 key is away from its default here, and the implementation tables of allowed values (remat
 policies, activations, dispatch, dataset formats, ...) are checked against `choices` by the tests.
-This package imports nothing else of MaxText: every other package may read it.
+This package imports nothing else of MaxText but the schema's parts that live in the family
+folders (the table `MaxText/models/families.py` and each family's `keys.py`, which import only
+this package): every other package may read it.
+
+A family's own keys (`add_keys`) are fields of `Config` and of the views like the common ones:
+`KEYS` holds them after the model section, `MODEL_KEYS` and the other name sets are read live
+from `KEYS`, and a key's `Spec.family` names the family that declared it.
 """
 from __future__ import annotations
 
-import collections.abc
 import copy
 import dataclasses
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from MaxText.config.spec import Spec, key, specs_of
+from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
 from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, TRAINERS
 
 
@@ -453,36 +458,12 @@ class Config:
     return dataclasses.asdict(self)
 
 
-class KeyNames(collections.abc.Set):
-  """The names of the keys whose `Spec` passes `test`, in the schema's order, read live from
-  `KEYS` (so they include the keys families add later); set operations give frozensets."""
-
-  def __init__(self, test: Callable[[Spec], bool]):
-    self._test = test
-
-  def __iter__(self):
-    return iter([k for k, s in KEYS.items() if self._test(s)])
-
-  def __contains__(self, name: object) -> bool:
-    return name in KEYS and self._test(KEYS[name])
-
-  def __len__(self) -> int:
-    return sum(1 for s in KEYS.values() if self._test(s))
-
-  @classmethod
-  def _from_iterable(cls, it):
-    return frozenset(it)
-
-  def __repr__(self) -> str:
-    return f"KeyNames({list(self)})"
-
-
 _FAMILY_SECTION_TOOLS = (*MODEL_TOOLS, *CONVERT)     # as the model section's keys
 KEYS: dict[str, Spec] = specs_of(Config)             # in declaration (= base.yml) order
-MODEL_KEYS = KeyNames(lambda s: s.model)
-DATA_KEYS = KeyNames(lambda s: s.data)
-ARCHITECTURE_KEYS = KeyNames(lambda s: s.arch)
-CARRIED_KEYS = KeyNames(lambda s: s.carried)
+MODEL_KEYS = KeyNames(KEYS, lambda s: s.model)      # read live: a family's keys join them
+DATA_KEYS = KeyNames(KEYS, lambda s: s.data)
+ARCHITECTURE_KEYS = KeyNames(KEYS, lambda s: s.arch)
+CARRIED_KEYS = KeyNames(KEYS, lambda s: s.carried)
 _FAMILY_KEYS: dict[str, type] = {}                   # family → its `Keys` dataclass
 _VIEWS: list[tuple[type, KeyNames]] = []             # the views to extend with new keys
 # the first key after the model section: a family's keys are placed before it (base.yml order)
@@ -513,44 +494,15 @@ def add_keys(family: str, keys: type) -> None:
   at = list(KEYS).index(_AFTER_MODEL)
   KEYS.clear()
   KEYS.update(items[:at] + list(new.items()) + items[at:])
-  _extend(Config, [(f.name, _copy_field(f)) for f in dataclasses.fields(keys)])
+  extend_dataclass(Config, [(f.name, copy_field(f)) for f in dataclasses.fields(keys)])
   for cls, names in _VIEWS:
-    _extend(cls, [(k, _view_field(k)) for k in new if k in names])
-
-
-def family_of_key(name: str) -> str:
-  """The family that declares `name` ("" for a key of the common schema)."""
-  return KEYS[name].family
+    extend_dataclass(cls, [(k, _view_field(k)) for k in new if k in names])
 
 
 def in_base_yml(name: str) -> bool:
   """Whether configs/base.yml holds the key: the common ones and those of the repository's
   families (a family registered at run time brings its keys' defaults with it)."""
   return KEYS[name].family in ("", *_TABLE_FAMILIES)
-
-
-def _copy_field(f: dataclasses.Field) -> dataclasses.Field:
-  return field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
-
-
-def _extend(cls: type, new: list[tuple[str, dataclasses.Field]]) -> None:
-  """Adds the fields `new` (name, field) to the frozen dataclass `cls` in place, so that every module that
-  imported `cls` sees them: a fresh dataclass of the old and the new fields lends `cls` its
-  generated `__init__`, `__repr__`, `__eq__`, `__hash__` and field table (the class keeps its
-  own methods, bases and frozenness)."""
-  if not new:
-    return
-  old = [(f.name, f.type, _copy_field(f)) for f in dataclasses.fields(cls)]
-  fresh = dataclasses.make_dataclass(cls.__name__, old + [(n, "Any", f) for n, f in new],
-                                     frozen=True, kw_only=True)
-  for attr in ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
-               "__dataclass_fields__"):
-    if hasattr(fresh, attr):
-      setattr(cls, attr, getattr(fresh, attr))
-  cls.__annotations__ = {**cls.__annotations__, **{n: "Any" for n, _ in new}}
-  for n, f in new:
-    if f.default is not dataclasses.MISSING:
-      setattr(cls, n, f.default)
 
 
 def choices(name: str) -> tuple:

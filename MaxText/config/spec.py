@@ -2,16 +2,18 @@
 `Spec`, what the schema keeps of it. The common keys are the fields of `schema.Config`; a model
 family declares the keys only it reads the same way, in its own folder
 (`MaxText/models/<family>/keys.py`: a dataclass `Keys`), and the schema composes them into the one
-`Config` (`schema.add_keys`). Imports nothing of MaxText but the program names (`tools`), so a
-family's key module depends on nothing above the config package.
+`Config` (`schema.add_keys`: `extend_dataclass` gives `Config` and its views the new fields in
+place; `KeyNames` are the schema's live name sets). Imports nothing of MaxText but the program
+names (`tools`), so a family's key module depends on nothing above the config package.
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from MaxText.config.tools import TOOLS
 
@@ -79,3 +81,52 @@ def specs_of(cls: type, family: str = "", *, section: str | None = None,
     out[f.name] = Spec(name=f.name, type=kind, items=args[0] if args else None, family=family,
                        **meta)
   return out
+
+
+class KeyNames(collections.abc.Set):
+  """The names of the keys whose `Spec` passes `test`, in the schema's order, read live from
+  `keys` (the schema's `KEYS`, so they include the keys families add later); set operations give
+  frozensets."""
+
+  def __init__(self, keys: dict[str, Spec], test: Callable[[Spec], bool]):
+    self._keys, self._test = keys, test
+
+  def __iter__(self):
+    return iter([k for k, s in self._keys.items() if self._test(s)])
+
+  def __contains__(self, name: object) -> bool:
+    return name in self._keys and self._test(self._keys[name])
+
+  def __len__(self) -> int:
+    return sum(1 for s in self._keys.values() if self._test(s))
+
+  @classmethod
+  def _from_iterable(cls, it):
+    return frozenset(it)
+
+  def __repr__(self) -> str:
+    return f"KeyNames({list(self)})"
+
+
+def copy_field(f: dataclasses.Field) -> dataclasses.Field:
+  return field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+
+
+def extend_dataclass(cls: type, new: list[tuple[str, dataclasses.Field]]) -> None:
+  """Adds the fields `new` (name, field) to the frozen dataclass `cls` in place, so that every
+  module that imported `cls` sees them: a fresh dataclass of the old and the new fields lends `cls` its
+  generated `__init__`, `__repr__`, `__eq__`, `__hash__` and field table (the class keeps its
+  own methods, bases and frozenness)."""
+  if not new:
+    return
+  old = [(f.name, f.type, copy_field(f)) for f in dataclasses.fields(cls)]
+  fresh = dataclasses.make_dataclass(cls.__name__, old + [(n, "Any", f) for n, f in new],
+                                     frozen=True, kw_only=True)
+  for attr in ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
+               "__dataclass_fields__"):
+    if hasattr(fresh, attr):
+      setattr(cls, attr, getattr(fresh, attr))
+  cls.__annotations__ = {**cls.__annotations__, **{n: "Any" for n, _ in new}}
+  for n, f in new:
+    if f.default is not dataclasses.MISSING:
+      setattr(cls, n, f.default)
