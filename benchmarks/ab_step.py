@@ -165,7 +165,9 @@ def main() -> int:
   from MaxText.runtime import cpu_devices  # pylint: disable=import-outside-toplevel
   cpu_devices.apply_xla_defaults()   # the XLA:CPU schedule a training run compiles with
   cpu_devices.keep_freed_memory()    # and its host allocator
-  print(cpu_devices.scheduler_note(True), flush=True)
+  pools = cpu_devices.apply_thread_pools(args.devices)   # and its XLA:CPU pools (issue 38)
+  print(cpu_devices.scheduler_note(True) + (f"; XLA:CPU pools of {pools} threads" if pools else ""),
+        flush=True)
 
   import jax  # pylint: disable=import-outside-toplevel
 

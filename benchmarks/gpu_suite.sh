@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU suite, one command (about 8 minutes on one H200): runs, in order,
+# The GPU suite, one command (about 11 minutes on one H200): runs, in order,
 #   1. the Pallas kernel tests compiled for the GPU (JAX_PLATFORMS=cuda: no interpret mode)
 #   2. benchmarks/attention.py: our flash kernel vs cuDNN, S = 1k..32k
 #   3. MFU of a ~1.1B dense Qwen3-shaped model (Qwen3-1.7B dimensions, 16 layers), bf16, S = 4096
@@ -7,6 +7,8 @@
 #      EP 1, grouped matmuls (ragged_dot; moe_dispatch=auto: the real ragged_all_to_all on GPU)
 #      vs a dense MLP of equal active parameters
 #   5. benchmarks/decode.py: decode tokens/s of our engine (on the GPU) vs transformers' generate
+#   6. the hot paths (MaxText/backend/hot_path.py): step 3's run (hot_path=plain, the GPU default:
+#      XLA's own dot, attention and norm) again with hot_path=tuned (the XLA:CPU mechanisms)
 # and writes one Markdown file (default gpu_suite.md) with every step's command, status, time and
 # result table, for benchmarks/RESULTS.md.
 #
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --out) OUT=$2; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -35,7 +37,7 @@ MFU_RUN=(train.py configs/base.yml model_name=qwen3-1.7b num_decoder_layers=16
          max_target_length=4096 per_device_batch_size=4 dtype=bfloat16 weight_dtype=float32
          attention=flash loss_chunk_length=1024 dataset_type=synthetic steps=20 log_period=5
          enable_checkpointing=false enable_tensorboard=false jax_cache_dir=
-         base_output_directory="$WORK" run_name=mfu_1b)
+         base_output_directory="$WORK")
 FAILED=0
 
 # step TITLE TIMEOUT_S CMD...: runs CMD (env assignments allowed in front), records it in $OUT
@@ -81,22 +83,32 @@ step "1. Pallas kernel tests on the GPU (no interpret mode)" 120 \
   JAX_PLATFORMS=cuda "$PY" -m pytest -q -p no:cacheprovider tests/test_flash_attention.py
 step "2. Flash attention: ours vs cuDNN, S 1k-32k" 150 \
   "$PY" benchmarks/attention.py --seqs 1024,2048,4096,8192,16384,32768
-step "3. MFU: ~1.1B dense Qwen3-shaped model, bf16, S 4096, one GPU" 180 \
-  "$PY" "${MFU_RUN[@]}"
-if [ $DRY = 0 ] && [ -f "$WORK/mfu_1b/metrics.jsonl" ]; then
-  "$PY" - "$WORK/mfu_1b/metrics.jsonl" >> "$OUT" <<'EOF'
+# mfu RUN_NAME: the median MFU and tokens/s of steps 6-20 of that MFU run, into $OUT
+mfu() {
+  [ $DRY = 0 ] && [ -f "$WORK/$1/metrics.jsonl" ] || return 0
+  "$PY" - "$WORK/$1/metrics.jsonl" "$1" >> "$OUT" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][5:]
 mfu = statistics.median(r["mfu"] for r in rows)
 tok = statistics.median(r["tokens_per_s"] for r in rows)
-print(f"median of steps 6-20: **MFU {100 * mfu:.1f}%** (goal >= 55%), {tok:,.0f} tokens/s\n")
+step = statistics.median(r["step_time_s"] for r in rows)
+print(f"{sys.argv[2]}, median of steps 6-20: **MFU {100 * mfu:.1f}%** (goal >= 55%), "
+      f"{tok:,.0f} tokens/s, {step:.3f} s per step\n")
 EOF
-fi
+}
+
+step "3. MFU: ~1.1B dense Qwen3-shaped model, bf16, S 4096, one GPU" 180 \
+  "$PY" "${MFU_RUN[@]}" hot_path=plain run_name=mfu_1b
+mfu mfu_1b
 step "4. MoE layer, one device, EP 1: grouped matmuls vs dense" 60 \
   "$PY" benchmarks/moe.py --devices 1 --tokens 32768 --dim 2048 --experts 64 --top-k 8 \
   --expert-dim 768 --repeats 10
 step "5. Decode tokens/s: our engine vs transformers' generate (~100M Qwen3-shaped, greedy)" 150 \
   "$PY" benchmarks/decode.py --batches 1,8,32
+step "6. Hot paths: step 3's run with hot_path=tuned (XLA:CPU's mechanisms) vs plain" 180 \
+  "$PY" "${MFU_RUN[@]}" hot_path=tuned run_name=mfu_1b_tuned
+mfu mfu_1b
+mfu mfu_1b_tuned
 
 [ $DRY = 1 ] || echo "[gpu_suite] results in $OUT" >&2
 rm -rf "$WORK"

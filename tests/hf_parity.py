@@ -102,9 +102,17 @@ def check_logits(model_def, params, hf_model, vocab: int, *, tol_logit=TOL_LOGIT
   return err, div
 
 
-def hf_loss_and_grads(model, tokens, targets) -> tuple[float, dict[str, np.ndarray]]:
-  """Mean cross-entropy over all tokens, every document run on its own; grads by HF name."""
+def hf_loss_and_grads(model, tokens, targets, *, float64: bool = False
+                      ) -> tuple[float, dict[str, np.ndarray]]:
+  """Mean cross-entropy over all tokens, every document run on its own; grads by HF name. With
+  `float64`, a float64 copy of the model computes them (the exact values both fp32 sides are
+  judged against; the model itself is left as it is)."""
+  import copy
   import torch
+  if float64:
+    model = copy.deepcopy(model).double()
+    if getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0):
+      model.set_experts_implementation("eager")   # torch's grouped_mm has no float64 kernel
   model.zero_grad()
   total = 0.0
   for row, sl in documents():
@@ -125,21 +133,35 @@ def our_loss_and_grads(model_def, params, tokens, pos, seg, targets):
   return float(loss), grads
 
 
-def compare_grads(grads, want_tree, *, frozen: tuple[str, ...] = ()) -> float:
+def compare_grads(grads, want_tree, *, frozen: tuple[str, ...] = (), exact_tree=None) -> float:
   """Each of our gradients against the reference's (relative to that tensor's max |grad|).
-  Parameters whose path ends with one of `frozen` (HF buffers) must have exactly zero gradient."""
+  Parameters whose path ends with one of `frozen` (HF buffers) must have exactly zero gradient.
+
+  With `exact_tree` (the reference's gradients in float64, `hf_loss_and_grads(float64=True)`) both
+  fp32 sides are judged against the exact values: ours may be off them by TOL_GRAD or by twice the
+  reference's own fp32 error on that tensor, whichever is larger. A flat TOL_GRAD against the fp32
+  reference alone does not hold on every CPU: a gradient that is a sum with much cancellation
+  (Qwen3-Next's first norm scale, through the gated delta rule) carries each side's reduction
+  order amplified by that cancellation, and the order is the CPU's (its matmul blocking, its
+  vector width). The reference's own error is measured, not ours, so a bug of ours cannot widen
+  the bound; twice it leaves room for our own order on a CPU where ours is the noisier one."""
   worst = 0.0
   for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
     name = "/".join(str(k.key) for k in path)
-    g = np.asarray(g)
+    g = np.asarray(g, np.float64)
     if name.endswith(frozen):
       assert not np.any(g), name
       continue
-    want = functools.reduce(lambda t, k: t[k.key], path, want_tree)
+    want = np.asarray(functools.reduce(lambda t, k: t[k.key], path, want_tree), np.float64)
     scale = np.abs(want).max()
     assert scale > 0, name
-    err = np.abs(g - want).max() / scale
+    if exact_tree is None:
+      err, tol = np.abs(g - want).max() / scale, TOL_GRAD
+    else:
+      exact = np.asarray(functools.reduce(lambda t, k: t[k.key], path, exact_tree), np.float64)
+      err = np.abs(g - exact).max() / scale
+      tol = max(TOL_GRAD, 2 * np.abs(want - exact).max() / scale)
     worst = max(worst, err)
-    assert err <= TOL_GRAD, (name, err)
+    assert err <= tol, (name, err, tol)
   print(f"max grad error (relative to each tensor's max |grad|) = {worst:.1e}")
   return worst

@@ -148,8 +148,6 @@ def test_cudnn_refused_at_validation_on_cpu():
 
 def test_cudnn_checks_on_a_gpu_device(monkeypatch):
   """dtype and head-dim limits (as cuDNN's own checks) on a stand-in CUDA device."""
-  from jax._src import lib
-  monkeypatch.setattr(lib, "cuda_versions", object(), raising=False)
   gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200", compute_capability="9.0",
                               client=types.SimpleNamespace(platform_version="cuda 12080"))
   def check(device=gpu, dtype="bfloat16", head_dims=(128,)):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from MaxText.backend import hot_path
 from MaxText.layers import attention_ops
 from MaxText.layers.attention_ops import dot_product_attention
 from test_linear import _dot_operand_types
@@ -26,11 +27,13 @@ def inputs():
   return q, k, v, do, jnp.asarray(seg)
 
 
-def test_bf16_attention_and_grads_match_fp32_reference():
+@pytest.mark.parametrize("path", ["tuned", "plain"])   # the bf16 core, or autodiff's (hot_path.py)
+def test_bf16_attention_and_grads_match_fp32_reference(path):
   q, k, v, do, seg = inputs()
   f = lambda q, k, v: dot_product_attention(q, k, v, seg, scale=E ** -0.5)
-  o, vjp = jax.vjp(f, q, k, v)
-  grads = vjp(do)
+  with hot_path.use(path):
+    o, vjp = jax.vjp(f, q, k, v)
+    grads = vjp(do)
   up = lambda x: x.astype(jnp.float32)
   o_ref, vjp_ref = jax.vjp(f, up(q), up(k), up(v))          # the fp32 XLA path, same inputs
   grads_ref = vjp_ref(up(do))
@@ -47,7 +50,8 @@ def test_bf16_attention_dots_are_not_upcast_on_cpu():
   q, k, v, do, seg = inputs()
   f = lambda q, k, v: dot_product_attention(q, k, v, seg, scale=E ** -0.5)
   step = lambda q, k, v, do: jax.vjp(f, q, k, v)[1](do)
-  hlo = jax.jit(step).lower(q, k, v, do).compile().as_text()
+  with hot_path.use("tuned"):   # (what a numeric check cannot see: XLA:CPU's operand upcast)
+    hlo = jax.jit(step).lower(q, k, v, do).compile().as_text()
   types = _dot_operand_types(hlo)
   assert len(types) >= 5 and all(t == ("bf16", "bf16") for t in types), types
 

@@ -87,7 +87,8 @@ def test_the_default_schedule_reaches_the_compiler():
           "f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P('d'), P()), out_specs=(P('d'), P()))); "
           "c = f.lower(jnp.ones((512, 256)), jnp.ones((4, 256, 256))).compile(); "
           "print(n.devices, c.memory_analysis().temp_size_in_bytes, cpu_devices.describe(n, 'cpu'))")
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "PJRT_NPROC", "NPROC")}
   runs = {}
   for flags in ("", f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -96,6 +97,8 @@ def test_the_default_schedule_reaches_the_compiler():
     runs[flags] = out
   ours, theirs = runs[""], runs[f"{cpu_devices.SCHEDULER_FLAG}=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"]
   allocator = "; host allocator keeps freed memory" if cpu_devices._glibc() else ""
+  allocator += ("; XLA:CPU pools of 4 threads (2 per device; PJRT_NPROC to choose)"
+                if cpu_devices.usable_cores() < 4 else "")   # apply_thread_pools at 2 devices
   assert ours[2].strip() == ("(XLA:CPU schedule memory-optimized, by default (set "
                              f"XLA_FLAGS={cpu_devices.SCHEDULER_FLAG}=... to choose){allocator})")
   assert theirs[2].strip() == f"(XLA:CPU schedule concurrency-optimized, from XLA_FLAGS{allocator})"
@@ -138,3 +141,80 @@ def test_the_host_allocator_keeps_freed_memory():
   assert cpu_devices.apply_host_allocator(None, "cpu") is None
   assert cpu_devices.describe(cpu_devices.Defaults(None, True, True), "cpu").endswith(
       "; host allocator keeps freed memory)")
+
+
+def test_cpu_device_count_the_user_set():
+  flags = {"XLA_FLAGS": f"--xla_cpu_enable_fast_math=false {cpu_devices.DEVICE_COUNT_FLAG}=8"}
+  assert cpu_devices.cpu_device_count(flags, num_cpu_devices=-1) == 8
+  assert cpu_devices.cpu_device_count({"JAX_NUM_CPU_DEVICES": "3"}, num_cpu_devices=-1) == 3
+  assert cpu_devices.cpu_device_count({}, num_cpu_devices=4) == 4
+  assert cpu_devices.cpu_device_count({}, num_cpu_devices=-1) is None
+
+
+def test_thread_pools_get_two_threads_per_device(monkeypatch):
+  """Issue 38: with XLA's floor of one pool thread per device an 8-device step deadlocked in its
+  collectives (benchmarks/RESULTS.md); a multi-device run asks for two per device, unless the
+  user sized the pools or the cores give that many already."""
+  monkeypatch.setattr(cpu_devices, "_backends_started", lambda: False)
+  monkeypatch.setattr(cpu_devices, "usable_cores", lambda: 2)
+  env = {}
+  assert cpu_devices.apply_thread_pools(8, env) == 16 and env == {"PJRT_NPROC": "16"}
+  for devices in (None, 1):
+    assert cpu_devices.apply_thread_pools(devices, env := {}) is None and env == {}
+  for mine in ({"PJRT_NPROC": "8"}, {"NPROC": "4"}):
+    assert cpu_devices.apply_thread_pools(8, env := dict(mine)) is None and env == mine
+  monkeypatch.setattr(cpu_devices, "usable_cores", lambda: 16)
+  assert cpu_devices.apply_thread_pools(8, env := {}) is None and env == {}
+  assert cpu_devices.describe(cpu_devices.Defaults(None, False, False, 16), "cpu").endswith(
+      "; XLA:CPU pools of 16 threads (2 per device; PJRT_NPROC to choose))")
+
+
+POOLS_PROBE = """
+import glob, jax, jax.numpy as jnp
+from MaxText.runtime import cpu_devices
+d = cpu_devices.apply_default()
+mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=mesh,
+                          in_specs=jax.P("d"), out_specs=jax.P()))
+f(jnp.ones(8)).block_until_ready()
+names = [open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")]
+print(d.pool_threads, names.count("tf_XLAEigen"))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts threads in /proc")
+def test_the_thread_pools_reach_xla():
+  """apply_default's PJRT_NPROC reaches XLA:CPU: an 8-device process (the user's XLA_FLAGS) gets
+  intra-op pools of two threads per device where the cores are fewer; the user's PJRT_NPROC
+  stays (XLA's floor of one per device still applies)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "PJRT_NPROC", "NPROC")}
+  env["XLA_FLAGS"] = f"{cpu_devices.DEVICE_COUNT_FLAG}=8"
+  runs = {}
+  for mine in ("", "9"):
+    out = subprocess.run([sys.executable, "-c", POOLS_PROBE], cwd=ROOT,
+                         env=dict(env, **({"PJRT_NPROC": mine} if mine else {})),
+                         capture_output=True, text=True, timeout=300, check=True).stdout.split()
+    runs[mine] = out
+  cores = cpu_devices.usable_cores()
+  assert runs[""] == ([str(16), "16"] if cores < 16 else ["None", str(cores)])
+  assert runs["9"] == ["None", "9"]
+
+
+@pytest.mark.skipif(not os.environ.get("MAXTEXT_SLOW_TESTS"),
+                    reason="minutes of CPU (a cold compile of the 8-device step): set "
+                           "MAXTEXT_SLOW_TESTS=1")
+def test_an_8_device_step_compiled_afresh_does_not_abort(tmp_path):
+  """Issue 38's run: the default model on 8 CPU devices (data x fsdp x tensor = 2 x 2 x 2), its
+  step compiled in the run (compilation cache off). With XLA:CPU's pools of one thread per device
+  it aborted on a 2-core host (SIGABRT after a stuck collective rendezvous,
+  benchmarks/RESULTS.md); with apply_thread_pools' two per device it finishes."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "PJRT_NPROC", "NPROC")}
+  env["XLA_FLAGS"] = f"{cpu_devices.DEVICE_COUNT_FLAG}=8"
+  p = subprocess.run(
+      [sys.executable, "train.py", "configs/base.yml", "dataset_type=synthetic", "steps=3",
+       "dtype=float32", "per_device_batch_size=1", "ici_data_parallelism=2",
+       "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "jax_cache_dir=",
+       "sample_at_end=false", f"base_output_directory={tmp_path}", "run_name=x8"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "may be stuck" not in p.stderr

@@ -117,14 +117,17 @@ def test_loss_and_grads_match_torch_autograd(variant):
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
+  _, grads_exact = hf_loss_and_grads(model, tokens, targets, float64=True)
   # layer_scalar is a buffer in HF (no gradient): ours is frozen, its gradient must be exactly 0
-  grads_hf.update({k: np.zeros_like(v) for k, v in hf_state(model).items()
-                   if k.endswith("layer_scalar")})
+  for g in (grads_hf, grads_exact):
+    g.update({k: np.zeros_like(v) for k, v in hf_state(model).items()
+              if k.endswith("layer_scalar")})
   loss, grads = our_loss_and_grads(model_def, params, tokens, pos, seg, targets)
   rel = abs(loss - loss_hf) / abs(loss_hf)
   print(f"loss ours={loss:.6f} hf={loss_hf:.6f} rel={rel:.1e}")
   assert rel <= TOL_GRAD
-  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("layer_scalar", "router_bias"))
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("layer_scalar", "router_bias"),
+                exact_tree=hf_map.hf_to_params(grads_exact, mcfg))
 
 
 # ---- the name map -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from conftest import ROOT
 
 # bottom first; a module may import its own layer and the layers below it
 LAYERS = [
+    ("backend",),                             # the hot path's platform choice, library compat
     ("config",),                              # the one schema, loading, the CLI parser
     ("data", "metrics", "kernels"),
     ("checkpoint",),

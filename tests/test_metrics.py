@@ -366,6 +366,30 @@ def test_smoothed_loss_on_the_progress_line():
   assert f"loss 4.0000 (avg {got[-1]:.4f})" in line
 
 
+def test_superseded_note_says_what_wrote_the_rows(tmp_path):
+  """The note on rows moved aside tells a run that died (its stale lock was taken over) from one
+  that ended normally without a checkpoint that far, and never calls either "interrupted"."""
+  from MaxText.train.step_loop import superseded_note
+  run_dir = str(tmp_path / "run")
+  with writers.MetricsWriter(run_dir, enable_tensorboard=False, is_primary=True) as writer:
+    for i in range(1, 7):
+      writer.write(i, _step_metrics(i))
+  with writers.MetricsWriter(run_dir, enable_tensorboard=False, is_primary=True,
+                             start_step=4) as writer:
+    assert writer.superseded_steps == [5, 6]
+  dead = {"pid": 123, "host": "h", "since": "2026-12-02T14:00:00", "command": "train.py x"}
+  assert superseded_note(writer, 4, dead, True) == (
+      "metrics.jsonl: 2 rows (steps 5-6) written by a run that died without finishing (pid 123 "
+      "on host h (since 2026-12-02T14:00:00: train.py x): it left its run lock behind, so it "
+      "crashed, aborted or was killed) after its last checkpoint (step 4); moved to "
+      "metrics.superseded.jsonl, recomputed from step 5")
+  ended = superseded_note(writer, 4, None, True)
+  assert "ended (it released its run lock) with no checkpoint after step 4" in ended
+  off = superseded_note(writer, 0, None, False)
+  assert "enable_checkpointing=false" in off and "recomputed from step 1" in off
+  assert not any("interrupt" in note for note in (ended, off))
+
+
 def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
   """tensorboardX would import torch (seconds of every run's start-up); the writer hides it, and
   torch is still importable afterwards. In a fresh interpreter: this one may have torch loaded."""

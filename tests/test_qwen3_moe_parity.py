@@ -91,9 +91,11 @@ def test_loss_and_grads_match_torch_autograd(variant):
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
+  _, grads_exact = hf_loss_and_grads(model, tokens, targets, float64=True)
   loss, grads = our_loss_and_grads(model_def, params, tokens, pos, seg, targets)
   assert abs(loss - loss_hf) / abs(loss_hf) <= TOL_GRAD
-  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("router_bias",))
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg), frozen=("router_bias",),
+                exact_tree=hf_map.hf_to_params(grads_exact, mcfg))
 
 
 @pytest.mark.parametrize("scan", [True, False])

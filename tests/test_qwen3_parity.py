@@ -111,11 +111,13 @@ def test_loss_and_grads_match_torch_autograd():
   tokens, pos, seg = batch(mcfg.vocab_size)
   targets = np.random.default_rng(1).integers(0, mcfg.vocab_size, size=tokens.shape)
   loss_hf, grads_hf = hf_loss_and_grads(model, tokens, targets)
+  _, grads_exact = hf_loss_and_grads(model, tokens, targets, float64=True)
   loss, grads = our_loss_and_grads(model_def, params, tokens, pos, seg, targets)
   rel = abs(loss - loss_hf) / abs(loss_hf)
   print(f"loss ours={loss:.6f} hf={loss_hf:.6f} rel={rel:.1e}")
   assert rel <= TOL_GRAD
-  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg))  # the name map carries the grads
+  compare_grads(grads, hf_map.hf_to_params(grads_hf, mcfg),  # the name map carries the grads
+                exact_tree=hf_map.hf_to_params(grads_exact, mcfg))
 
 
 # the Qwen/Qwen3-0.6B config.json as published on the Hub (transformers 4.51 form)

@@ -60,15 +60,24 @@ def test_second_live_run_exits_2_naming_the_holder(tmp_path, capsys):
 
 
 def test_stale_lock_of_a_dead_process_is_taken_over_and_logged(tmp_path, capsys):
+  """...and the rows the dead run wrote past its last checkpoint (none here) are said to be a dead
+  run's, naming it (issue 38: an aborted run's rows were said to be an interrupted run's)."""
   pid = _dead_pid()
   _lock(tmp_path / "run", host=socket.gethostname(), pid=pid, process_start=1.0,
         since="2026-01-01T00:00:00", command="train.py (killed)")
+  (tmp_path / "run" / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": s, "loss": 5.0}) + "\n" for s in (1, 2, 3)))
   code, rows, _ = train(tmp_path, "run", *ONE_STEP, **ONE)
   out = capsys.readouterr().out
   assert code == 0 and len(rows) == 1
   assert f"taking over the stale run lock {tmp_path / 'run' / LOCK_NAME} of pid {pid} on host " \
          f"{socket.gethostname()}" in out
   assert not (tmp_path / "run" / LOCK_NAME).exists()
+  assert (f"metrics.jsonl: 3 rows (steps 1-3) written by a run that died without finishing (pid "
+          f"{pid} on host {socket.gethostname()} (since 2026-01-01T00:00:00: train.py (killed)): "
+          f"it left its run lock behind, so it crashed, aborted or was killed) before any "
+          f"checkpoint; moved to metrics.superseded.jsonl, recomputed from step 1") in out
+  assert "interrupted" not in out
 
 
 def test_lock_of_another_host_is_refused_with_what_to_do(tmp_path, capsys):

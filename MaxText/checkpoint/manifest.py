@@ -35,7 +35,6 @@ from typing import Any, Callable, Protocol
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint._src.futures import future as ocp_future
 
 from MaxText.checkpoint import checksum
 
@@ -347,7 +346,7 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
 
   async def async_save(self, directory: epath.Path, args: "ManifestSave"):
     self._step = args.step
-    return [ocp_future.CommitFutureAwaitingContractedSignals(
+    return [ocp.future.CommitFutureAwaitingContractedSignals(
         self._write(directory, args), name="manifest_save")]
 
   def save(self, directory: epath.Path, args: "ManifestSave") -> None:

@@ -25,6 +25,7 @@ prompt and the numbers, before anything compiles.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -35,6 +36,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from MaxText.backend import hot_path
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.sampling import Sampling, choose
 from MaxText.models.model_config import ModelConfig
@@ -83,9 +85,21 @@ class Engine:
     self.cache_dtype = cache_lib.cache_dtype(cache_dtype, mcfg.dtype,
                                              mesh.devices.flat[0].platform)
     self.batch_size, self.max_cache_length, self.chunk = batch_size, max_cache_length, chunk
-    self._prefill = jax.jit(self._prefill_fn, static_argnames=("static", "max_len"))
-    self._decode = jax.jit(self._decode_fn, static_argnames=("static",), donate_argnums=(1,))
-    self._score = jax.jit(self._score_fn)
+    self._traces = 0   # programs traced (so compiled) by this engine's jitted functions
+    self._prefill = jax.jit(self._counted(self._prefill_fn), static_argnames=("static", "max_len"))
+    self._decode = jax.jit(self._counted(self._decode_fn), static_argnames=("static",),
+                           donate_argnums=(1,))
+    self._score = jax.jit(self._counted(self._score_fn))
+
+  def _counted(self, fn: Callable) -> Callable:
+    """`fn`, counting its traces (jit traces a function once per program it compiles for it),
+    traced on the model's hot path (`ModelConfig.hot_path`)."""
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+      self._traces += 1
+      with hot_path.use(self.model_def.hot_path):
+        return fn(*args, **kwargs)
+    return traced
 
   # ---- parameters --------------------------------------------------------------------------------
   def place(self, params):
@@ -104,7 +118,7 @@ class Engine:
 
   def compiled_programs(self) -> int:
     """Programs compiled so far by this engine."""
-    return sum(f._cache_size() for f in (self._prefill, self._decode, self._score))
+    return self._traces
 
   # ---- checks ------------------------------------------------------------------------------------
   def _check_ids(self, what: str, ids: Sequence[int], i: int) -> None:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from MaxText.backend import hot_path
 from MaxText.kernels import splash as splash_kernel
 from MaxText.layers import sites
 from MaxText.kernels.flash_attention import flash_attention
@@ -50,7 +51,8 @@ def _rows_major(x_BHST, K: int, G: int):
 
 
 def _plain_attention(q_BKQE, k_BKTE, v_BKTE, mask_BQT, scale, blocks, probe):
-  """The autodiff path (fp32, or under a probe), block by block as `attention_core`."""
+  """The autodiff path (fp32, the plain hot path, or under a probe), block by block as
+  `attention_core`."""
   Q, T = q_BKQE.shape[2], k_BKTE.shape[2]
   outs = []
   for r0, r1, t0, t1 in blocks or ((0, Q, 0, T),):
@@ -85,8 +87,9 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   mask_BQT = jnp.repeat(mask_BST, G, axis=1)                    # row s*G + g ↔ (query s, head g)
   probed = sites.active() is not None
   blocks = causal_query_blocks(S, T, G, sliding_window) if causal and not probed else None
-  # bf16: every dot in bf16 (attention_lowp.py); under a probe the plain path below (its sites)
-  if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed:
+  # bf16 on the XLA:CPU-tuned hot path: every dot in bf16 (attention_lowp.py); on the plain path
+  # (GPU, TPU) and under a probe (its sites) the autodiff path below
+  if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed and hot_path.tuned():
     out_BKQE = attention_core(row_major(q_BKQE), row_major(k_BKTE), row_major(v_BKTE),
                               mask_BQT[:, None], scale, blocks)
   else:
@@ -197,19 +200,12 @@ def attention_op(mcfg):
 
 def _cudnn_problem(device, dtype: str, head_dims: list[int]) -> str | None:
   """Why cuDNN's fused attention cannot run this config on `device` (None: it can), following the
-  checks `jax._src.cudnn.fused_attention_stablehlo` makes when it lowers."""
+  checks JAX's cuDNN lowering makes. A CUDA device is the CUDA plug-in, which ships cuDNN."""
   platform = device.platform
   version = getattr(getattr(device, "client", None), "platform_version", "") or ""
   if platform not in GPU_PLATFORMS or "rocm" in version.lower():
     return (f"attention=cudnn needs an NVIDIA GPU with cuDNN; this run's devices are "
             f"{platform!r} ({device.device_kind}). Use attention=flash or attention=dot_product")
-  try:   # private module: if it moved, do not guess (cuDNN itself refuses at compile time)
-    from jax._src.lib import cuda_versions
-    detected = cuda_versions is not None
-  except ImportError:
-    detected = True
-  if not detected:
-    return "attention=cudnn: this jaxlib has no CUDA/cuDNN plug-in (cuDNN is not detected)"
   if dtype not in ("bfloat16", "float16"):
     return (f"attention=cudnn needs dtype bfloat16 or float16 (cuDNN flash attention has no "
             f"float32 path), got dtype={dtype}")

@@ -1,11 +1,13 @@
 """Parameter helpers: every parameter carries its logical axis names as `logical_axes` metadata.
 
-`matmul(x_MK, w_KN)` is the one weight matmul of the dense layers. In a low-precision compute
-dtype (bf16) it runs every dot of the forward and backward pass with bf16 operands and fp32
-accumulation, in the operand layouts XLA:CPU's YNNPACK dot kernels take natively (measured on
-jax 0.10.2, one core: 2x the fp32 rate). Written as plain `x @ w`, XLA:CPU would convert every bf16
-operand to fp32 first (its operand upcaster runs for any dot whose output is bf16, or whose
-operands are not row-major [M, K] x [K, N] / [N, K]), so bf16 would be no faster than fp32.
+`matmul(x_MK, w_KN)` is the one weight matmul of the dense layers. On the plain hot path
+(`MaxText/backend/hot_path.py`: GPU, TPU) it is XLA's `jnp.dot(..., preferred_element_type=)`,
+differentiated by autodiff. On the XLA:CPU-tuned path, in a low-precision compute dtype (bf16), it
+runs every dot of the forward and backward pass with bf16 operands and fp32 accumulation, in the
+operand layouts XLA:CPU's YNNPACK dot kernels take natively (a custom VJP with row-major operand
+barriers). Written as plain `x @ w`, XLA:CPU would convert every bf16 operand to fp32 first (its
+operand upcaster runs for any dot whose output is bf16, or whose operands are not row-major
+[M, K] x [K, N] / [N, K]), so bf16 would be no faster than fp32 there.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
+from MaxText.backend import hot_path
 from MaxText.layers.saved import saved
 from MaxText.sharding.rules import current_context, logical_to_spec
 
@@ -89,11 +93,16 @@ def matmul(x_MK: jax.Array, w: jax.Array, *, w_is_NK: bool = False,
            out_dtype: jnp.dtype | None = None) -> jax.Array:
   """x @ w (x @ w.T when `w_is_NK`, e.g. a tied embedding table [V, D]) computed in x's dtype,
   returned in `out_dtype` (default: x's dtype). `w` may be wider than x (fp32 master weights: its
-  gradient stays fp32)."""
+  gradient stays fp32). Plain path: one XLA dot with the result in `out_dtype` (fp32 accumulation
+  inside it), autodiff's gradients; tuned: `_matmul_lowp` (module docstring)."""
   out_dtype = x_MK.dtype if out_dtype is None else out_dtype
   if jnp.dtype(x_MK.dtype).itemsize >= 4:
     w = w.astype(x_MK.dtype)
     return (x_MK @ (w.T if w_is_NK else w)).astype(out_dtype)
+  if not hot_path.tuned():
+    w = w.astype(x_MK.dtype)
+    y = jnp.dot(x_MK, w.T if w_is_NK else w, preferred_element_type=out_dtype)
+    return checkpoint_name(y, MATMUL_OUT)
   return saved(_matmul_lowp(x_MK, w, w_is_NK, out_dtype), MATMUL_OUT)
 
 
@@ -170,8 +179,9 @@ def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
   XLA:CPU than several narrow ones in a 16-bit compute dtype (bf16 step of the tiny config: −3 %
   CPU; fp32: +2 %, so fp32 keeps separate matmuls and its numerics). Each layer alone also when
   one has a LoRA adapter or a quantized kernel, or when the mesh splits an output axis
-  (concatenating split axes would need communication)."""
-  if (jnp.dtype(layers[0].dtype).itemsize >= 4
+  (concatenating split axes would need communication), and on the plain hot path (XLA on GPU/TPU
+  runs each projection as its own dot: no concatenated kernel to build every step)."""
+  if (jnp.dtype(layers[0].dtype).itemsize >= 4 or not hot_path.tuned()
       or any(l.quant is not None or l.lora_a is not None for l in layers)
       or any(_out_axes_split(l) for l in layers)):
     return [l(x, out_dtype) for l in layers]
@@ -185,8 +195,9 @@ def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
 
 def concat_bits(parts: Sequence[jax.Array], axis: int) -> jax.Array:
   """`jnp.concatenate(parts, axis)`; 16-bit floats as their raw bits (XLA:CPU has no bf16
-  concatenate: its float normalisation would convert every part to fp32 and back)."""
-  if jnp.dtype(parts[0].dtype).itemsize != 2:
+  concatenate: its float normalisation would convert every part to fp32 and back); on the plain
+  hot path the plain concatenate."""
+  if jnp.dtype(parts[0].dtype).itemsize != 2 or not hot_path.tuned():
     return jnp.concatenate(parts, axis=axis)
   bits = [jax.lax.bitcast_convert_type(p, jnp.uint16) for p in parts]
   return jax.lax.bitcast_convert_type(jnp.concatenate(bits, axis=axis), parts[0].dtype)

@@ -7,9 +7,10 @@
 `use_scale=False` is the scale-free variant (Gemma 4's v_norm and router norm). The scale is plain
 `w` (initialised to 1), or with `zero_centered=True` `1 + w` (w initialised to 0: Qwen3-Next).
 
-With a scale the norm has a hand-written VJP (`scaled_rms_norm`): the scale's gradient is one
-matvec over the tokens, and autodiff's gradients otherwise (bf16: the scale's gradient is no longer
-rounded to bf16 before its fp32 cast).
+With a scale, on the XLA:CPU-tuned hot path (`MaxText/backend/hot_path.py`), the norm has a
+hand-written VJP (`scaled_rms_norm`): the scale's gradient is one matvec over the tokens, and
+autodiff's gradients otherwise (bf16: the scale's gradient is no longer rounded to bf16 before its
+fp32 cast). On the plain path (GPU, TPU) autodiff differentiates the same forward.
 
 `GatedRMSNorm` is the output norm of Gated DeltaNet layers: rms(x) · w · silu(z) over the last axis.
 """
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText.backend import hot_path
 from MaxText.layers.linear import param
 
 
@@ -98,6 +100,8 @@ class RMSNorm(nnx.Module):
     scale = self.scale[...].astype(jnp.float32)
     if self.zero_centered:
       scale = 1.0 + scale
+    if not hot_path.tuned():
+      return _scaled(x, scale, self.eps, jnp.dtype(self.dtype), self.cast_before_scale)[0]
     return scaled_rms_norm(x, scale, self.eps, jnp.dtype(self.dtype), self.cast_before_scale)
 
 

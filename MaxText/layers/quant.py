@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import qwix
 from flax import nnx, traverse_util
-from qwix._src.core import dot_general_qt
 
+from MaxText.backend import compat
 from MaxText.layers import lora, quant_experts
 from MaxText.layers.int_levels import int_layout, unpack_int4
 from MaxText.layers.linear import DenseGeneral, matmul
@@ -90,13 +90,12 @@ class Qat:
 
   def __call__(self, dense: DenseGeneral, x_MK: jax.Array, out_dtype) -> jax.Array:
     r = self.rule
-    config = dot_general_qt.DotGeneralQtConfig(
-        lhs_qtype=r.act_qtype, rhs_qtype=r.weight_qtype, tile_size=r.tile_size,
+    w_KN = dense.kernel[...].reshape(x_MK.shape[1], -1).astype(x_MK.dtype)
+    y = compat.dot_general_qt(
+        x_MK, w_KN, DIMS, lhs_qtype=r.act_qtype, rhs_qtype=r.weight_qtype, tile_size=r.tile_size,
         lhs_calibration_method=r.act_calibration_method or "absmax",
         rhs_calibration_method=r.weight_calibration_method,
         use_original_residuals=True)   # forward quantized only: straight-through backward
-    w_KN = dense.kernel[...].reshape(x_MK.shape[1], -1).astype(x_MK.dtype)
-    y = dot_general_qt.dot_general_qt(x_MK, w_KN, DIMS, config)
     return y.astype(out_dtype or x_MK.dtype)
 
 

@@ -1,5 +1,6 @@
-"""Naming a value for the remat policies (`jax.ad_checkpoint.checkpoint_name`), stored in a form
-XLA:CPU keeps in 16 bits.
+"""Naming a value for the remat policies (`jax.ad_checkpoint.checkpoint_name`), on the XLA:CPU-tuned
+hot path (`MaxText/backend/hot_path.py`) stored in a form XLA:CPU keeps in 16 bits; on the plain
+path (GPU, TPU) the value is named as it is.
 
 A value a policy keeps inside the scanned layer stack is written into a stacked buffer [L, ...]
 in the forward loop (dynamic-update-slice) and read back per layer in the backward loop
@@ -20,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from MaxText.backend import hot_path
+
 
 def _is_16bit_float(x: jax.Array) -> bool:
   return jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 2
@@ -28,7 +31,7 @@ def _is_16bit_float(x: jax.Array) -> bool:
 def saved_residual(x: jax.Array, name: str) -> jax.Array:
   """x named `name` (16-bit floats: their bits), for a residual inside a custom VJP's forward rule
   (not differentiated there)."""
-  if not _is_16bit_float(x):
+  if not _is_16bit_float(x) or not hot_path.tuned():
     return checkpoint_name(x, name)
   bits = checkpoint_name(jax.lax.bitcast_convert_type(x, jnp.uint16), name)
   return jax.lax.bitcast_convert_type(bits, x.dtype)
@@ -46,4 +49,6 @@ def _saved_bits_jvp(name, primals, tangents):
 
 def saved(x: jax.Array, name: str) -> jax.Array:
   """x named `name` for the remat policies (16-bit floats: their bits, see the module doc)."""
-  return _saved_bits(x, name) if _is_16bit_float(x) else checkpoint_name(x, name)
+  if _is_16bit_float(x) and hot_path.tuned():
+    return _saved_bits(x, name)
+  return checkpoint_name(x, name)

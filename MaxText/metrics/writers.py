@@ -181,6 +181,7 @@ class MetricsWriter:
     self.is_primary = is_primary
     self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
     self.superseded = 0   # rows moved to metrics.superseded.jsonl when opening
+    self.superseded_steps: list[int] = []   # the steps of those rows (unparseable lines aside)
     self.earlier_losses: list[float | None] = []   # the kept rows' losses, in step order
     self._jsonl = None
     self._tb = None
@@ -215,6 +216,8 @@ class MetricsWriter:
         (keep if kept else drop).append(line if line.endswith("\n") else line + "\n")
         if kept:
           self.earlier_losses.append(row.get("loss"))
+        elif isinstance(step, int):
+          self.superseded_steps.append(step)
     if drop:
       with open(os.path.join(self.run_dir, self.SUPERSEDED_NAME), "a", encoding="utf-8") as f:
         f.writelines(drop)

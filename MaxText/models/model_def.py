@@ -1,7 +1,8 @@
 """A model's static half and its parameters' shapes, built from a family's constructor: the NNX
 graphdef, the abstract parameters (ShapeDtypeStruct, nothing allocated) and their logical axes.
 Parameters are plain nested dicts (`nnx.to_pure_dict`). `registry.make_model_def(mcfg)` /
-`registry.init_params(mcfg, seed)` pick the constructor from `mcfg.decoder_block`."""
+`registry.init_params(mcfg, seed)` pick the constructor from `mcfg.decoder_block`. Its calls trace
+the model on `mcfg.hot_path` (MaxText/backend/hot_path.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any, Callable
 import jax
 from flax import nnx, traverse_util
 
+from MaxText.backend import hot_path
 from MaxText.layers import lora, quant
 from MaxText.models.model_config import ModelConfig
 
@@ -22,22 +24,26 @@ class ModelDef:
   graphdef: Any
   abstract_params: Any   # pure dict of ShapeDtypeStruct
   logical_axes: Any      # pure dict of tuples of logical names
+  hot_path: str = "auto"   # the layers' path when traced (`ModelConfig.hot_path`)
 
   def apply(self, params, *args):
     return self.apply_with_aux(params, *args)[0]
 
   def apply_with_aux(self, params, *args):
     """(logits, auxiliary outputs, e.g. {"moe_stats": …}): the family's `forward_with_aux`."""
-    return nnx.merge(self.graphdef, params).forward_with_aux(*args)
+    with hot_path.use(self.hot_path):
+      return nnx.merge(self.graphdef, params).forward_with_aux(*args)
 
   def apply_hidden(self, params, *args):
     """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
     (`head`) chunk by chunk (`losses/loss.py`); the family's `forward_with_aux(return_hidden=True)`."""
-    return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
+    with hot_path.use(self.hot_path):
+      return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
 
   def head(self, params, hidden):
     """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V]."""
-    return nnx.merge(self.graphdef, params).logits(hidden)
+    with hot_path.use(self.hot_path):
+      return nnx.merge(self.graphdef, params).logits(hidden)
 
 
 def _build(build: Build, mcfg: ModelConfig, seed: int,
@@ -66,7 +72,8 @@ def model_def_of(build: Build, mcfg: ModelConfig,
     value = var.get_value()
     shapes[path] = jax.ShapeDtypeStruct(value.shape, value.dtype)
     axes[path] = tuple(var.get_metadata().get("logical_axes") or (None,) * len(value.shape))
-  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes))
+  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes),
+                  mcfg.hot_path)
 
 
 def init_params_of(build: Build, mcfg: ModelConfig, seed: int):

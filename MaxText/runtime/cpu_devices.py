@@ -14,6 +14,17 @@ XLA:CPU's threads, for the record (benchmarks/RESULTS.md, branch `threads`): the
 (`tf_XLAEigen`) and the client's pool each have max(PJRT_NPROC or NPROC or the cores, devices)
 threads — the floor of one thread per device is fixed in the CPU client ("at least CpuDeviceCount
 threads to launch one collective"), so no setting runs 4 devices with fewer threads than devices.
+That floor is not enough for a multi-device step (issue 38): XLA:CPU's in-process collectives
+hold the pool thread that runs them until every participant arrives, and an 8-device step on a
+2-core host (pools of 8) could have all of its `tf_XLAEigen` threads waiting in rendezvous while a
+device that had not reached those collectives had its work queued on the same pool — a deadlock
+that XLA:CPU ends with SIGABRT ("Termination timeout for `all gather RendezvousKey...`"). It showed
+with executables compiled in the run (not loaded from the compilation cache) and XLA:CPU's
+memory-optimized schedule, and not with pools of two threads per device (benchmarks/RESULTS.md,
+"The 8-device abort"). So `apply_thread_pools` sets `PJRT_NPROC` (the size XLA:CPU gives both
+pools) to POOL_THREADS_PER_DEVICE threads per device for a multi-device single-process run, unless
+the user set `PJRT_NPROC` / `NPROC` or the cores already give that many; before the backends start.
+
 What does reduce the contention is the order XLA:CPU runs each device's program in:
 `apply_xla_defaults` sets XLA's memory-optimized (depth-first) schedule for CPU compiles unless the
 user chose a schedule in XLA_FLAGS; XLA's default for a program with collectives is the
@@ -40,6 +51,8 @@ from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
 
+from MaxText.backend import compat, hot_path as hot
+
 # Beyond this many devices each one's batch and the collectives grow while one device's intra-op
 # threads already use the cores; more can always be asked for with the flags above.
 MAX_DEFAULT = 8
@@ -49,6 +62,9 @@ SCHEDULER_DEFAULT = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
 # glibc's mallopt parameters (malloc.h) and how much freed memory the heap keeps (mallopt takes an int)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 KEEP_FREED_BYTES = 1 << 30
+# XLA:CPU's thread pools per device of a multi-device run (module docstring: one deadlocks)
+POOL_THREADS_PER_DEVICE = 2
+POOL_ENV = "PJRT_NPROC"                  # read by XLA's DefaultThreadPoolSize(), then NPROC
 
 
 def usable_cores() -> int:
@@ -77,38 +93,81 @@ def user_choice(env: Mapping[str, str], num_cpu_devices: int | None = None,
 
 
 def _backends_started() -> bool:
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
-  return xla_bridge.backends_are_initialized()
+  return compat.backends_started()
 
 
 class Defaults(NamedTuple):
   """What `apply_default` set: the CPU device count (None: the user's or the backend's),
-  whether this project's XLA:CPU schedule was added to XLA_FLAGS, and whether the host allocator
-  keeps freed memory (`keep_freed_memory`)."""
+  whether this project's XLA:CPU schedule was added to XLA_FLAGS, whether the host allocator
+  keeps freed memory (`keep_freed_memory`), and the XLA:CPU pools' threads it asked for
+  (`apply_thread_pools`; None: XLA's own size)."""
   devices: int | None
   schedule: bool
   allocator: bool = False
+  pool_threads: int | None = None
 
 
-def apply_default(env: MutableMapping[str, str] | None = None) -> Defaults:
-  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count),
-  and one CPU device per usable core (at most MAX_DEFAULT) if the user chose nothing; both only
-  before the backends start."""
+def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "auto") -> Defaults:
+  """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count;
+  part of the tuned hot path, so not with `hot_path=plain`), one CPU device per usable core (at
+  most MAX_DEFAULT) if the user chose nothing, and XLA:CPU's thread pools for the run's device
+  count (`apply_thread_pools`); all only before the backends start."""
   env = os.environ if env is None else env
-  schedule = apply_xla_defaults(env)
-  if user_choice(env) or _backends_started():
+  schedule = hot.select_hot_path(hot_path, "cpu") == hot.TUNED and apply_xla_defaults(env)
+  if _backends_started():
     return Defaults(None, schedule)
-  count = max(1, min(usable_cores(), MAX_DEFAULT))
-  jax.config.update("jax_num_cpu_devices", count)
-  return Defaults(count, schedule)
+  count = None
+  if not user_choice(env):
+    count = max(1, min(usable_cores(), MAX_DEFAULT))
+    jax.config.update("jax_num_cpu_devices", count)
+  pools = apply_thread_pools(count or cpu_device_count(env), env)
+  return Defaults(count, schedule, pool_threads=pools)
+
+
+def cpu_device_count(env: Mapping[str, str], num_cpu_devices: int | None = None) -> int | None:
+  """The CPU device count the user set (XLA_FLAGS' DEVICE_COUNT_FLAG, JAX_NUM_CPU_DEVICES,
+  jax.config's `jax_num_cpu_devices`: read from it when not given); None: none was set."""
+  for flag in env.get("XLA_FLAGS", "").split():
+    if flag.startswith(DEVICE_COUNT_FLAG + "="):
+      try:
+        return int(flag.split("=", 1)[1])
+      except ValueError:
+        return None
+  try:
+    return int(env["JAX_NUM_CPU_DEVICES"])
+  except (KeyError, ValueError):
+    pass
+  if num_cpu_devices is None:
+    num_cpu_devices = jax.config.jax_num_cpu_devices
+  return num_cpu_devices if num_cpu_devices not in (-1, None) else None
+
+
+def apply_thread_pools(devices: int | None, env: MutableMapping[str, str] | None = None
+                       ) -> int | None:
+  """Sets POOL_ENV so that XLA:CPU's intra-op and client pools get POOL_THREADS_PER_DEVICE
+  threads per CPU device (module docstring: with one per device an 8-device step deadlocked);
+  returns that size, or None where it leaves them alone: one device, the user's own PJRT_NPROC or
+  NPROC, cores enough already, or the backends already started."""
+  env = os.environ if env is None else env
+  if devices is None or devices < 2 or _backends_started():
+    return None
+  if any(env.get(name, "").strip() for name in (POOL_ENV, "NPROC")):
+    return None
+  threads = POOL_THREADS_PER_DEVICE * devices
+  if usable_cores() >= threads:
+    return None
+  env[POOL_ENV] = str(threads)
+  return threads
 
 
 def apply_host_allocator(defaults: Defaults | None, platform: str,
-                         env: Mapping[str, str] | None = None) -> Defaults | None:
-  """`keep_freed_memory` where the run's devices are CPUs (their buffers are host memory; on an
-  accelerator only host-side work uses malloc, and keeping its freed memory would only raise the
-  peak); `defaults` None (apply_default did not run): nothing."""
-  if defaults is None or platform != "cpu":
+                         env: Mapping[str, str] | None = None,
+                         hot_path: str = "auto") -> Defaults | None:
+  """`keep_freed_memory` where the run takes the tuned hot path (`hot_path` on `platform`, the
+  run's devices: CPUs by default, whose buffers are host memory; on an accelerator only host-side
+  work uses malloc, and keeping its freed memory would only raise the peak); `defaults` None
+  (apply_default did not run): nothing."""
+  if defaults is None or hot.select_hot_path(hot_path, platform) != hot.TUNED:
     return defaults
   return defaults._replace(allocator=keep_freed_memory(env))
 
@@ -180,4 +239,6 @@ def describe(defaults: Defaults | None, platform: str) -> str:
       f"one per core of {usable_cores()}, chosen by default; set "
       f"XLA_FLAGS={DEVICE_COUNT_FLAG}=N or JAX_NUM_CPU_DEVICES=N to choose; ")
   allocator = "; host allocator keeps freed memory" if defaults and defaults.allocator else ""
-  return f" ({chosen}{scheduler_note(bool(defaults and defaults.schedule))}{allocator})"
+  pools = (f"; XLA:CPU pools of {defaults.pool_threads} threads ({POOL_THREADS_PER_DEVICE} per "
+           f"device; {POOL_ENV} to choose)" if defaults and defaults.pool_threads else "")
+  return f" ({chosen}{scheduler_note(bool(defaults and defaults.schedule))}{allocator}{pools})"

@@ -77,22 +77,16 @@ def after_dispatch(step: int, wait_for_saves: Callable[[], None]) -> None:
     _wait_for_preemption_sync()
 
 
-# JAX's preemption sync protocol (xla/tsl preemption_sync_manager.cc): on the notice, each process
-# writes its last step under this key prefix (holding the lock that ReachedSyncPoint needs, so the
-# steps cannot move), waits at a barrier and takes the largest + 1 as the sync point.
-_PREEMPTION_COUNTERS = "PREEMPTION_CURRENT_COUNTER/"
-
-
 def _wait_for_preemption_sync(timeout_s: float = 120.0) -> None:
   import jax  # pylint: disable=import-outside-toplevel
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
-  client = distributed.global_state.client
+  from MaxText.backend import compat  # pylint: disable=import-outside-toplevel
+  client = compat.distributed_client()
   if jax.process_count() == 1 or client is None:
     time.sleep(3.0)
     return
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
-    if len(client.key_value_dir_get(_PREEMPTION_COUNTERS)) >= jax.process_count():
+    if len(client.key_value_dir_get(compat.PREEMPTION_COUNTERS_KEY)) >= jax.process_count():
       _say("every process has told the preemption service its step")
       return
     time.sleep(0.05)

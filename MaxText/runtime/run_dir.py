@@ -5,8 +5,10 @@ The lock is the file `run.lock` (JSON: host, pid, the process's start time, when
 created with O_EXCL by process 0 of a run and removed when the run ends, whatever its exit status.
 A second run with the same directory exits 2 naming the holder. A lock left by a process that no
 longer runs (kill -9, a crash of the machine's power aside: same host, pid gone or reused by a
-later process) is taken over and the take-over is logged. A lock held from another host cannot be
-checked from here: the run refuses and says to delete the file if that run is dead.
+later process) is taken over and the take-over is logged; `RunLock.taken_over` keeps that holder
+(so the run can say that metrics rows after its last checkpoint were written by a run that died).
+A lock held from another host cannot be checked from here: the run refuses and says to delete the
+file if that run is dead.
 """
 from __future__ import annotations
 
@@ -94,6 +96,8 @@ class RunLock:
     self.path = os.path.join(run_dir, LOCK_NAME)
     self.log = log
     self._content: str | None = None
+    # the holder of a stale lock this run took over: a run that died without releasing it
+    self.taken_over: dict | None = None
 
   def acquire(self) -> "RunLock":
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -106,6 +110,7 @@ class RunLock:
         if alive is False:
           self.log(f"taking over the stale run lock {self.path} of {describe(holder)}: that "
                    "process is no longer running")
+          self.taken_over = holder
           if _read(self.path)[0] == raw:  # not replaced meanwhile by another run's fresh lock
             try:
               os.remove(self.path)

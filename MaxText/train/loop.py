@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from MaxText.backend import hot_path
 from MaxText.checkpoint import data_state
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
@@ -102,6 +103,8 @@ class Trainer(CheckpointedState, StepLoop):
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
     self.cpu_defaults: cpu_devices.Defaults | None = None  # set by run(): CPU devices, schedule
+    # set by run(): the holder of a stale run lock this run took over (a run that died)
+    self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
 
   def trained_params(self) -> Any:
@@ -175,6 +178,7 @@ class Trainer(CheckpointedState, StepLoop):
     except ConfigError as e:
       log_error(f"config error: {e}")
       return EXIT_CONFIG
+    self.dead_previous_run = lock.taken_over if lock is not None else None
     try:
       return self._run_locked()
     finally:
@@ -189,6 +193,7 @@ class Trainer(CheckpointedState, StepLoop):
     log(f"mesh {dict(self.mesh.shape)} over {len(self.devices)} {platform} devices"
         f"{cpu_devices.describe(self.cpu_defaults, platform)}; "
         f"{auto_settings.describe(self.training)}")
+    log(hot_path.describe(cfg.hot_path, self.mcfg.hot_path, platform))
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
       os.makedirs(self.run_dir, exist_ok=True)
@@ -255,12 +260,14 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
     cfg, tokenizer_line = choose_tokenizer(cfg)
     setup_jax(cfg)
     plan = distributed.initialize(cfg)  # before anything touches a device
-    cpu_defaults = cpu_devices.apply_default() if plan is None and devices is None else None
+    cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
+                    if plan is None and devices is None else None)
     log(tokenizer_line)
     training = auto_settings.for_training(cfg)   # the one resolution of the auto values
     cfg = training.cfg
     tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
-    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform)
+    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
+                                                   hot_path=cfg.hot_path)
     clock.mark("config + devices")
     trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
     trainer.clock = clock

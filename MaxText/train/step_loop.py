@@ -20,6 +20,7 @@ from MaxText.models.registry import training_flops
 from MaxText.runtime import faults
 from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
 from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.runtime.run_dir import describe as describe_holder
 from MaxText.train import memory
 from MaxText.train.periodic import Periodic
 from MaxText.train.run_log import log, log_host
@@ -59,8 +60,7 @@ class StepLoop:
     writer = MetricsWriter(self.run_dir, enable_tensorboard=cfg.enable_tensorboard,
                            is_primary=jax.process_index() == 0, start_step=start)
     if writer.superseded:
-      log(f"metrics.jsonl: {writer.superseded} rows after step {start} (written before the run "
-          f"was interrupted) moved to {MetricsWriter.SUPERSEDED_NAME}")
+      log(superseded_note(writer, start, self.dead_previous_run, ckpts is not None))
     config_dict = cfg.as_dict()
     # the family's view of the metrics (e.g. MoE: expert load on the line, collapse warnings)
     self._family_watch = self.aux_terms.watch() if self.aux_terms is not None else None
@@ -153,3 +153,27 @@ class StepLoop:
     log_host(f"preempted ({what}): step {step} saved and committed{since}; exit {EXIT_PREEMPTED} "
              "(rerun to resume)")
     return EXIT_PREEMPTED
+
+
+def superseded_note(writer: MetricsWriter, start: int, dead_run: dict | None,
+                    checkpointing: bool) -> str:
+  """What the rows `writer` moved aside on opening were, from what this run can know: the holder
+  of a stale run lock it took over (`dead_run`: that run died — a crash, an abort, a kill —
+  without releasing it) or none (the run before ended and released its lock, yet its rows go past
+  the step this run starts from). A preempted run saves its last step before it exits, so its
+  rows never go past its checkpoint."""
+  steps = writer.superseded_steps
+  rows = (f"{writer.superseded} rows" + (f" (steps {min(steps)}-{max(steps)})" if steps else ""))
+  if dead_run is not None:
+    when = f"after its last checkpoint (step {start})" if start else "before any checkpoint"
+    why = (f"written by a run that died without finishing ({describe_holder(dead_run)}: it left "
+           f"its run lock behind, so it crashed, aborted or was killed) {when}")
+  elif not checkpointing:
+    why = "written by an earlier run in this directory (enable_checkpointing=false: no step to " \
+          "resume from)"
+  else:
+    why = (f"written by an earlier run in this directory that ended (it released its run lock) "
+           f"with no checkpoint {f'after step {start}' if start else 'at all'}: its saves were "
+           f"off, failed or were deleted, or an older step was restored")
+  return (f"metrics.jsonl: {rows} {why}; moved to {MetricsWriter.SUPERSEDED_NAME}, "
+          f"recomputed from step {start + 1}")

@@ -1,0 +1,49 @@
+"""Every private name this project takes from a library, in one place.
+
+Each has no public equivalent in the pinned versions (requirements.txt); the rest of the package
+reaches them only through the functions here, and tests/test_compat.py fails, naming the library
+and the name, as soon as an upgrade moves one. Replaced by public APIs (and so not here): orbax's
+commit future (`orbax.checkpoint.future`), the cuDNN plug-in probe (`jax._src.lib.cuda_versions`:
+a CUDA device is the plug-in), a jitted function's `_cache_size()` (the decoding engine counts its
+own traces).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# JAX's preemption sync protocol (xla/tsl preemption_sync_manager.cc): on the notice, each process
+# writes its last step under this key prefix of the distributed key-value store (holding the lock
+# that ReachedSyncPoint needs, so the steps cannot move), waits at a barrier and takes the largest
+# + 1 as the sync point. Not an API: the test-only fault injection waits on it (runtime/faults.py).
+PREEMPTION_COUNTERS_KEY = "PREEMPTION_CURRENT_COUNTER/"
+
+# (module, attribute) of each private name used, for tests/test_compat.py
+PRIVATE_NAMES = (
+    ("jax._src.xla_bridge", "backends_are_initialized"),
+    ("jax._src.distributed", "global_state"),
+    ("qwix._src.core.dot_general_qt", "dot_general_qt"),
+    ("qwix._src.core.dot_general_qt", "DotGeneralQtConfig"),
+)
+
+
+def backends_started() -> bool:
+  """Whether JAX has started its backends (after that, device counts and XLA_FLAGS are fixed).
+  JAX has no public query that does not itself start them."""
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  return xla_bridge.backends_are_initialized()
+
+
+def distributed_client() -> Any | None:
+  """The distributed runtime's client of this process (its key-value store), None when
+  `jax.distributed` is not initialized. `jax.distributed` exposes no accessor."""
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  return distributed.global_state.client
+
+
+def dot_general_qt(lhs, rhs, dimension_numbers, **config):
+  """qwix's quantized-training dot (quantized forward; the backward per `config`, e.g.
+  `use_original_residuals=True`: straight-through on the original operands) with a
+  `DotGeneralQtConfig(**config)`. qwix exports it only through `quantize_model`'s interception,
+  which cannot find this project's reshaped kernels (layers/quant.py)."""
+  from qwix._src.core import dot_general_qt as qt  # pylint: disable=import-outside-toplevel
+  return qt.dot_general_qt(lhs, rhs, dimension_numbers, qt.DotGeneralQtConfig(**config))
