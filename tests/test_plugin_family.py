@@ -164,7 +164,8 @@ def test_a_family_brings_its_own_config_key(tmp_path, capsys):
   registry.register(FAMILY)
   registry.register(FAMILY)                                   # again: nothing changes
   assert schema.KEYS["parallel_mlp_scale"].family == NAME
-  assert "parallel_mlp_scale" in schema.MODEL_KEYS and "parallel_mlp_scale" in schema.ARCHITECTURE_KEYS
+  assert "parallel_mlp_scale" in schema.MODEL_KEYS
+  assert "parallel_mlp_scale" in schema.ARCHITECTURE_KEYS
   model = (f"decoder_block={NAME}", "tie_word_embeddings=true")
   cfg = load_config(argv(tmp_path, "k", *model, "parallel_mlp_scale=0.5"))
   assert cfg.parallel_mlp_scale == 0.5 and load_config(argv(tmp_path, "k")).parallel_mlp_scale == 1
