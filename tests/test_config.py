@@ -1,5 +1,6 @@
 """Config: base.yml ↔ schema agreement, merge order, type coercion, errors (load and validate),
 the CLI's exit-status contract, and the resolved config.yml written into the run directory."""
+import dataclasses
 import os
 import re
 import shutil
@@ -12,9 +13,10 @@ import pytest
 import yaml
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train
-from MaxText.config import render
+from MaxText.config import render, schema
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import KEYS, in_base_yml
+from MaxText.config.spec import key
 from MaxText.resolve.config_checks import validate
 
 
@@ -442,3 +444,34 @@ def test_help_prints_usage_examples_and_every_key_train_reads(args):
   assert "hf_path" not in shown and "num_generations" not in shown   # refused by train.py
   assert shown["steps"].startswith("300    # optimizer steps")
   assert shown["logical_axis_rules"].startswith("[...]    # logical axis -> mesh axes")
+
+
+def test_a_family_key_the_schema_already_has_is_refused():
+  """A family's `Keys` (schema.add_keys) may not redeclare a key of the common schema or of
+  another family, nor may a family declare two sets of keys; a field made without key(...) is not
+  a key."""
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Clash:
+    emb_dim: int = key(8, "the width again", min=1, model=True)
+    per_layer_input_dim: int = key(0, "Gemma 4's again", min=0, model=True)
+
+  with pytest.raises(ValueError, match=r"emb_dim \(from the common schema\), "
+                     r"per_layer_input_dim \(from gemma4\)"):
+    schema.add_keys("clash_test", Clash)
+  assert "clash_test" not in {s.family for s in KEYS.values()}
+  from MaxText.models.gemma4.keys import Keys
+  schema.add_keys("gemma4", Keys)                                    # the same class: nothing
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Other:
+    gemma4_extra: int = key(0, "a second set", min=0, model=True)
+
+  with pytest.raises(ValueError, match="family 'gemma4' already declared its keys"):
+    schema.add_keys("gemma4", Other)
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Plain:
+    plain_field: int = 0
+
+  with pytest.raises(ValueError, match="Plain.plain_field is not declared with key"):
+    schema.add_keys("plain_test", Plain)
