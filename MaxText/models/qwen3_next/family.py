@@ -19,9 +19,9 @@ DENSE_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
 EXPERT_KEYS = ROUTED_EXPERT_KEYS | {"shared_expert_mlp_dim", *DENSE_LAYER_KEYS}
 LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                "linear_value_head_dim")
+# the schema's shared keys it implements; its own (keys.py) are supported through keys=Keys
 QWEN3_NEXT_KEYS = frozenset({"mlp_activation", "tie_word_embeddings", "attention_pattern",
-                             "partial_rotary_factor", *LINEAR_KEYS, "linear_conv_kernel_dim",
-                             "linear_chunk_size", "linear_recurrence", "mtp_num_layers"})
+                             "partial_rotary_factor"})
 
 
 def check(cfg: ModelConfig) -> Problems:
