@@ -22,14 +22,17 @@ calibration tokens is logged (GPTQ: next to RTN's); else the relative weight err
 
 The written checkpoint carries the config with `weight_bits`, `weight_group_size` and
 `weight_quant_exclude`, so loading it builds the integer model: its arrays restore as int8 (int4:
-two levels per uint8), about bits/16 of bf16 in memory and on disk, plus the scales. Exit 0; 2 on
-a bad or unsupported combination (naming the key: bits, method, group_size, calibration_steps, an
-already-quantized checkpoint, lora_rank); 3 on bad data; 4 on a damaged checkpoint.
+two levels per uint8), about bits/16 of bf16 in memory and on disk, plus the scales. Its dataset
+keys and eval_split_fraction are those of the run that trained the weights (not this command's),
+so MaxText.evaluate refuses a share of it that run trained on, as for the run's own checkpoint.
+Exit 0; 2 on a bad or unsupported combination (naming the key: bits, method, group_size,
+calibration_steps, an already-quantized checkpoint, lora_rank); 3 on bad data; 4 on a damaged
+checkpoint.
 
-Examples:
-  python -m MaxText.quantize configs/base.yml load_parameters_path=runs/default/checkpoints \\
+Examples (a run that held out eval_split_fraction=0.05 of its documents, as in README.md):
+  python -m MaxText.quantize configs/base.yml load_parameters_path=runs/heldout/checkpoints \\
       output_path=q8 method=rtn bits=8
-  python -m MaxText.quantize configs/base.yml load_parameters_path=runs/default/checkpoints \\
+  python -m MaxText.quantize configs/base.yml load_parameters_path=runs/heldout/checkpoints \\
       output_path=q4 method=gptq bits=4 group_size=64 calibration_steps=8 eval_split_fraction=0.05
 """
 from __future__ import annotations
@@ -49,7 +52,6 @@ from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.eval_data import EvalBatches
 from MaxText.inference import model_tokenizer
-from MaxText.layers import quant
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert
@@ -143,7 +145,10 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   step_dir = resolve_step_dir(cfg.load_parameters_path)
   folder = tokenizer_files.in_checkpoint(step_dir)
   source = hf_source(cfg.load_parameters_path)   # a quantized conversion stays one
-  save_params_only(out, qparams, qcfg.as_dict(),
+  # the training run's dataset keys and held-out share, not this command's (a calibration share
+  # of its own would let a later evaluation read documents the run trained on)
+  saved = {**qcfg.as_dict(), **held_out.trained_on(cfg.load_parameters_path)}
+  save_params_only(out, qparams, saved,
                    tokenizer=tokenizer_files.files_of(folder) if folder else None,
                    meta={HF_SOURCE: source} if source else None)
   return reports

@@ -1,5 +1,5 @@
 """Single-byte flips in a committed checkpoint: what Orbax alone does with them, what the manifest
-does; and what verification costs. Prints the tables of RELIABILITY.md.
+does; and what verification costs. Prints the tables of benchmarks/RESULTS.md.
 
   .venv/bin/python benchmarks/checkpoint_faults.py [--flips 400] [--out /tmp/ckpt_faults] [--cost]
 
@@ -31,7 +31,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from MaxText.checkpoint import manifest  # noqa: E402

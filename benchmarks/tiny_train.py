@@ -7,7 +7,7 @@ global batch 8 (per-device batch 8 / devices), synthetic data, fp32 master weigh
 Matrix (every cell runs both trainers back to back, the cells interleaved, `--repeats` times (3 by
 default), the order of the cells and of the trainers in a cell reversed on every other repetition,
 so machine noise and load drift hit both alike; one process per run, and the same cell of the same
-trainer spreads by up to ±6 % from one process to the next even on a quiet machine):
+trainer spreads from one process to the next even on a quiet machine, which the [min–max] shows):
   devices   1, 2, 4 fake XLA:CPU devices (--xla_force_host_platform_device_count)
   mesh      fsdp: ici_fsdp_parallelism = devices;  data: ici_data_parallelism = 2 x fsdp = rest
             (one device: a single "-" row)

@@ -2,8 +2,9 @@
 examples and exits 0; an unknown, missing, repeated or mistyped argument exits 2 naming it."""
 import pytest
 
-from MaxText import logit_check
+from MaxText import logit_check, quantize
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext
+from MaxText.config import render
 
 
 @pytest.mark.parametrize("tool,args,keys", [
@@ -21,6 +22,19 @@ def test_help_prints_usage_and_examples(tool, args, keys, flag, capsys):
   for key in keys:
     assert f"\n  {key} = " in out, (key, out)
   assert "\n  learning_rate = " not in out     # a key it does not read is not offered
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_quantize_help_alone_prints_its_usage(flag, capsys):
+  assert quantize.main([flag]) == 0
+  out = capsys.readouterr().out
+  assert "python -m MaxText.quantize configs/base.yml" in out and "output_path=<" in out, out
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_render_help_prints_its_usage_and_changes_nothing(flag, capsys):
+  assert render.main([flag]) == 0
+  assert "python -m MaxText.config.render --check" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("tool,argv,says", [

@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import jax
 import pytest
@@ -372,23 +371,23 @@ def test_validate_rule_with_unknown_mesh_axis():
 # ---- CLI contract -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cli_runs():
-  """The bad command lines, run concurrently (each pays the imports once)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  """The bad command lines, run concurrently (each pays the imports once). JAX logs every
+  computation it compiles (JAX_LOG_COMPILES), so "before compiling" is read off the log."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_LOG_COMPILES="1")
   cases = {"unknown_key": ["stepz=3"],
            "missing_data": ["dataset_type=file", "dataset_path=/nonexistent"],
            "cudnn_on_cpu": ["attention=cudnn", "dtype=bfloat16"]}
-  t0 = time.monotonic()
   procs = {name: subprocess.Popen([sys.executable, "train.py", "configs/base.yml", *args], cwd=ROOT,
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for name, args in cases.items()}
   out = {}
-  for name, p in procs.items():
-    try:
-      stdout, stderr = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-      p.kill()
+  try:
+    for name, p in procs.items():
       stdout, stderr = p.communicate()
-    out[name] = (p.returncode, stdout, stderr, time.monotonic() - t0)
+      out[name] = (p.returncode, stdout, stderr)
+  finally:
+    for p in procs.values():
+      p.kill()   # none is left running after the per-test timeout (pytest.ini)
   return out
 
 
@@ -398,12 +397,12 @@ def cli_runs():
     ("cudnn_on_cpu", ("attention=cudnn needs an NVIDIA GPU", "'cpu'")),
 ])
 def test_cli_config_error_exits_2_before_compiling(cli_runs, case, expected):
-  code, stdout, stderr, seconds = cli_runs[case]
+  code, stdout, stderr = cli_runs[case]
   assert code == 2, (stdout, stderr)
   for piece in expected:
     assert piece in stderr, (piece, stderr)
   assert "compiled" not in stdout
-  assert seconds < 30
+  assert "Compiling" not in stderr, stderr   # JAX compiled nothing at all
 
 
 # ---- config.yml in the run directory ------------------------------------------------------------
@@ -434,7 +433,7 @@ def test_non_finite_floats_are_refused(arg):
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["configs/base.yml", "steps=3", "--help"]])
 def test_help_prints_usage_examples_and_every_key_train_reads(args):
   p = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                     timeout=60, check=False)
+                     check=False)
   assert p.returncode == 0 and p.stderr == "", p.stderr
   assert p.stdout.startswith("usage: train.py CONFIG.yml [key=value ...]")
   assert "examples:" in p.stdout and "exit status:" in p.stdout

@@ -31,7 +31,7 @@ def test_lookup_is_exact_and_needs_no_full_rematerialization(mesh_keys, capfd):
       x = embed.lookup(t, ids, ("vocab", "embed"), ACT)
       return x, jax.grad(lambda t: jnp.sum(embed.lookup(t, ids, ("vocab", "embed"), ACT) ** 2))(t)
 
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
   from MaxText.sharding.rules import logical_to_spec
   t_sh = NamedSharding(mesh, logical_to_spec(("vocab", "embed"), (V, D), rules, mesh))
   ids_sh = NamedSharding(mesh, logical_to_spec(ACT[:2], (B, S), rules, mesh))

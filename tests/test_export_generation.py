@@ -4,7 +4,6 @@ carry the tokenizer's eos (and pad), so transformers' `generate` on the export s
 `peft.AutoPeftModelForCausalLM.from_pretrained(OUT)` loads base + adapter and reproduces our
 forward of the LoRA checkpoint."""
 import json
-import os
 
 import jax
 import numpy as np

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -28,7 +27,7 @@ def _subprocess(out, name, fault, *overrides):
   env = dict(os.environ, MAXTEXT_FAULT=fault)
   return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
                          *argv(out, name, *COMMON, *overrides)],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+                        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
 
 
 def read_metrics_file(path):
@@ -101,12 +100,10 @@ def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monk
                                                                     reference):
   monkeypatch.setenv(faults.ENV, "sigterm_at_step:23")
   code, rows, _ = train(tmp_path, "run", *COMMON)
-  exited = time.time()
   out, err = capsys.readouterr()
   assert code == 42
+  assert re.search(r"\[fault\] SIGTERM at step 23 \(t=[0-9.]+\)", err), err[-2000:]
   assert "preempted (SIGTERM): step 23 saved and committed" in out
-  sent = float(re.search(r"\[fault\] SIGTERM at step 23 \(t=([0-9.]+)\)", err).group(1))
-  assert exited - sent < 30
   assert rows[-1]["step"] == 23  # the step in flight was finished, nothing after it
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["10", "20", "23"]
   monkeypatch.delenv(faults.ENV)
@@ -143,6 +140,9 @@ import signal, sys, time
 from MaxText.runtime.preemption import PreemptionWatch
 with PreemptionWatch() as watch:
   print("ready", flush=True)
+  while watch.signal_name is None:  # the first signal's handler has run in this (main) thread
+    time.sleep(0.01)
+  print("stop requested", flush=True)
   time.sleep(120)  # a step that never finishes: the loop never asks should_stop
 """
 
@@ -156,12 +156,10 @@ def test_second_signal_ends_a_run_whose_step_never_finishes(signum):
   try:
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signum)
-    time.sleep(0.5)
+    assert proc.stdout.readline().strip() == "stop requested"
     assert proc.poll() is None  # the first signal only asks for a stop
-    start = time.monotonic()
     proc.send_signal(signum)
-    code = proc.wait(timeout=60)
-    elapsed = time.monotonic() - start
+    code = proc.wait()  # the step sleeps for 2 minutes: an exit now is the second signal's
   finally:
     proc.kill()
   err = proc.stderr.read()
@@ -172,7 +170,6 @@ def test_second_signal_ends_a_run_whose_step_never_finishes(signum):
   else:
     assert code == 128 + signum, err
     assert f"second stop signal ({name}): exiting now" in err
-    assert elapsed < 30
 
 
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,
@@ -195,15 +192,16 @@ def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, m
 def test_hung_save_times_out_with_exit_4(tmp_path, monkeypatch, capsys):
   faults.RELEASE.clear()
   monkeypatch.setenv(faults.ENV, "save_hang:2")
-  start = time.time()
   try:
     code, _, _ = train(tmp_path, "run", "steps=6", "checkpoint_period=2",
                        "checkpoint_save_timeout_s=2", *MESH_1, **ONE)
   finally:
     faults.RELEASE.set()  # lets the stuck background write end
-  assert code == 4 and time.time() - start < 60
+  assert code == 4
   err = capsys.readouterr().err
   assert "checkpoint step 2" in err and "step 2 was not committed (latest committed step: none)" in err
+  # the timeout's message, not the injected hang's own end (it waits for RELEASE, set only above)
+  assert "(checkpoint_save_timeout_s=2): storage hung or too slow" in err, err[-2000:]
   ckpt = RunCheckpoints(str(tmp_path / "run" / "checkpoints"), max_to_keep=3, async_save=False)
   assert ckpt.all_steps() == []
   ckpt.close()

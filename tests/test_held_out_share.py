@@ -2,8 +2,8 @@
 checkpoint held out (MaxText/resolve/held_out.py): evaluating a run that trained with
 `eval_split_fraction=0` on a 0.05 share (documents it trained on) is refused with the fix, as is
 another share than the run's; `eval_split_fraction=0` evaluates on every document and says the run
-trained on them; calibration with another share than the run's is refused; another dataset or a
-conversion's config is not compared."""
+trained on them; calibration with another share than the run's is refused; a quantized checkpoint
+keeps its run's share; another dataset or a conversion's config is not compared."""
 import os
 
 import jax
@@ -69,6 +69,22 @@ def test_calibration_refuses_another_share(runs, capsys):
   assert code == 2
   err = capsys.readouterr().err
   assert "held out eval_split_fraction=0.1" in err and "set eval_split_fraction=0.1" in err
+
+
+def test_a_quantized_checkpoint_keeps_its_runs_share(runs, capsys):
+  """Quantized with a calibration share of its own (0.05, the run's was 0), the checkpoint still
+  says what its weights were trained on: evaluating it on that 0.05 share is refused, as for the
+  run's own checkpoint (it wrote the command's 0.05, and the evaluation read trained-on text)."""
+  out, ckpts = runs
+  q = str(out / "q_of_share0")
+  assert quantize.main([BASE_YML, f"load_parameters_path={ckpts[0.0]}", f"output_path={q}",
+                        "method=rtn", "bits=8", "eval_split_fraction=0.05",
+                        f"base_output_directory={out}", "run_name=q"]) == 0
+  capsys.readouterr()
+  assert held_out.trained_on(q)["eval_split_fraction"] == 0.0
+  assert evaluate_exit(q, "eval_split_fraction=0.05") == 2
+  assert "with eval_split_fraction=0, so it read every document of this share" in \
+      capsys.readouterr().err
 
 
 def test_another_dataset_is_not_compared(runs, tmp_path):

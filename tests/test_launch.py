@@ -7,7 +7,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -25,7 +24,7 @@ def _xpk_parse(*argvs):
   """Each argv (a list starting with "xpk") parsed by xpk's parser: [{"ok", "args", "error"}]."""
   p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "xpk_parse.py")],
                      input=json.dumps([a[1:] for a in argvs]), capture_output=True, text=True,
-                     timeout=120, check=False)
+                     check=False)
   assert p.returncode == 0, p.stderr[-3000:]
   return json.loads(p.stdout)
 
@@ -185,10 +184,9 @@ def test_local_launcher_stops_the_others_and_returns_the_first_failure(tmp_path)
             "print(os.environ['JAX_COORDINATOR_ADDRESS'], os.environ['JAX_NUM_PROCESSES'], i, "
             "os.environ['XLA_FLAGS'], flush=True); "
             "time.sleep(0.5) if i else time.sleep(60); sys.exit(3 if i else 0)")
-  start = time.monotonic()
   result = local.launch(["python3", "-c", script], 2, devices_per_process=4, grace_s=1,
                         log_dir=str(tmp_path))
-  assert time.monotonic() - start < 30
+  # child 0 exiting by SIGKILL, not with its own 0 a minute later, is the launcher's doing
   assert result.status == 3 and result.killed == [0]
   assert [(e.process_id, e.status) for e in result.exits] == [(1, 3), (0, 128 + 9)]
   for i in (0, 1):

@@ -83,7 +83,7 @@ def _dot_operand_types(hlo: str) -> list[tuple[str, str]]:
   for block in re.split(r"\n(?=%)", hlo):
     m = re.search(r"dot\(%([\w.\-]+), %([\w.\-]+)\)", block)
     if m:
-      ty = lambda n: re.search(r"%" + re.escape(n) + r" = (\w+)\[", block).group(1)
+      ty = lambda n, block=block: re.search(r"%" + re.escape(n) + r" = (\w+)\[", block).group(1)
       out.append((ty(m.group(1)), ty(m.group(2))))
   return out
 

@@ -5,7 +5,6 @@ than the fixed float32 limit, because transformers' fp32 is itself that far off 
 is of the reference's size — and still fails a checkpoint that really differs."""
 import json
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

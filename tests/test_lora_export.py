@@ -5,7 +5,6 @@ to_maxtext gives back our adapters exactly."""
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 from flax import traverse_util

@@ -402,5 +402,5 @@ def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
           f"assert 'torch' not in sys.modules, 'torch was imported'\n"
           f"import importlib.util; assert importlib.util.find_spec('torch') is None or "
           f"__import__('torch') is not None\n")
-  subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+  subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
   assert glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))

@@ -214,7 +214,7 @@ def test_scan_and_unrolled_layers_agree():
   cfg, loop_def, loop_params = build("use_qk_norm=true", "scan_layers=false")
   assert not cfg.scan_layers
   stacked = scan_params["decoder"]["runs"][0][0]
-  per_layer = {i: jax.tree.map(lambda a: a[i], stacked) for i in range(L)}
+  per_layer = {i: jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(L)}
   assert jax.tree.structure(per_layer) == jax.tree.structure(loop_params["decoder"]["layers"])
   mapped = {**scan_params, "decoder": {"layers": per_layer}}
   assert jax.tree.structure(mapped) == jax.tree.structure(loop_params)

@@ -17,7 +17,7 @@ from flax import traverse_util
 
 from conftest import BASE_YML, MESH_1, train
 from MaxText import decode, evaluate, quantize
-from MaxText.checkpoint.manager import load_params, load_params_host
+from MaxText.checkpoint.manager import load_params
 from MaxText.config.load import load_config, replace
 from MaxText.data.tokenizers import ByteTokenizer
 from MaxText.layers import quant, quant_experts

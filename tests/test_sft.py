@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import sft_helpers as h
-from conftest import MESH_1, train
+from conftest import MESH_1
 from MaxText.config.load import load_config
 from MaxText.data import sft, tokenizers
 from MaxText.data.config import DataConfig

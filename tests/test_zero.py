@@ -5,7 +5,6 @@ the optax chain wrote."""
 import jax
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from conftest import MESH_222, argv, train
 from MaxText.config.load import load_config

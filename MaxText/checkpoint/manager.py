@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from MaxText.checkpoint import checksum, data_state, manifest, tokenizer_files
+from MaxText.checkpoint import checksum, data_state, in_flight, manifest, tokenizer_files
 from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.data.errors import DataError
@@ -66,15 +66,16 @@ class RunCheckpoints:
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,
         async_options=ocp.AsyncOptions(timeout_secs=max(1, int(self.save_timeout_s))))
-    self._mngr = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_handlers={"params": manifest.ArrayItemHandler("params"),
-                       "opt_state": manifest.ArrayItemHandler("opt_state"),
-                       "meta": ocp.JsonCheckpointHandler(),
-                       "data": DataStateHandler(),
-                       tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler(),
-                       # last: its finalize hashes the other items' final files
-                       manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS, save_hooks)})
+    handlers = {"params": manifest.ArrayItemHandler("params"),
+                "opt_state": manifest.ArrayItemHandler("opt_state"),
+                "meta": in_flight.JsonItemHandler(),
+                "data": DataStateHandler(),
+                tokenizer_files.ITEM: tokenizer_files.TokenizerFilesHandler(),
+                # last: its finalize hashes the other items' final files
+                manifest.ITEM: manifest.ManifestHandler(HASHED_ITEMS, save_hooks)}
+    # the handlers that write in the background (the others are done when `save` returns)
+    self._in_flight = [h.in_flight for h in handlers.values() if hasattr(h, "in_flight")]
+    self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
@@ -89,7 +90,7 @@ class RunCheckpoints:
     self.wait()  # a failed or hung previous save is reported before anything new is written
     arrays = {k: state[k] for k in ARRAY_ITEMS}
     args = {k: manifest.ArraySave(v) for k, v in arrays.items()}
-    args["meta"] = ocp.args.JsonSave({**(meta or {}), "step": int(step), "config": config})
+    args["meta"] = in_flight.JsonItemSave({**(meta or {}), "step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
     tokenizer = tokenizer_files.files_for(config.get("tokenizer_type", ""),
@@ -106,19 +107,34 @@ class RunCheckpoints:
       self._mngr.save(step, args=ocp.args.Composite(**args), force=True)
     except Exception as e:  # pylint: disable=broad-except
       self._pending = None
-      raise CheckpointError(f"saving checkpoint step {step} failed: {_why(e)}") from e
+      raise CheckpointError(f"saving checkpoint step {step} failed: {_why(e)}"
+                            f"{self._settle(step, time.monotonic())}") from e
 
   def _confirm(self) -> None:
-    step, _ = self._pending
+    assert self._pending is not None  # check() / wait() return first when nothing is pending
+    step, start = self._pending
     self._pending = None
     try:
       self._mngr.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(
           f"saving checkpoint step {step} failed: {_why(e)}; step {step} was not committed "
-          f"(latest committed step: {self._committed()})") from e
+          f"(latest committed step: {self._committed()}){self._settle(step, start)}") from e
+    in_flight.wait_all(self._in_flight, 0.0)  # all ended (Orbax waited for them): forgotten
+
+  def _settle(self, step: int, start: float) -> str:
+    """After a save of `step` failed: waits until its other items' background writes ended too
+    (Orbax stops waiting at the first failed one), within what is left of the save's time limit
+    (`in_flight.py`), so that nothing still writes into the step's temporary directory once the
+    failure is reported. Returns what the error message adds when some did not end."""
+    left = self.save_timeout_s - (time.monotonic() - start)
+    if in_flight.wait_all(self._in_flight, left):
+      return ""
+    return (f"; some of step {step}'s writes had not ended within checkpoint_save_timeout_s="
+            f"{self.save_timeout_s:g} and may still be writing into its temporary directory")
 
   def _hung(self) -> CheckpointError:
+    assert self._pending is not None
     step, start = self._pending
     return CheckpointError(
         f"checkpoint step {step} has not committed after {time.monotonic() - start:.0f} s "
@@ -201,7 +217,7 @@ class RunCheckpoints:
       for n, group in enumerate(groups):
         args = {item: manifest.ArrayRestore(abstract[item]) for item in group}
         if n == 0:
-          args["meta"] = ocp.args.JsonRestore()
+          args["meta"] = in_flight.JsonItemRestore()
           if data_iterator is not None:
             args["data"] = DataStateRestore(data_iterator)
         restored = self._mngr.restore(step, args=ocp.args.Composite(**args))

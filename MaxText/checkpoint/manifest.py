@@ -17,7 +17,7 @@ each of the n processes verifies the files written by processes i with i % n == 
 Verification (`verify_files`, then `compare_arrays` / `start_compare` after the restore) catches
 a missing or truncated file, missing metadata and any changed byte (the file digests), and names
 the arrays whose values differ or cannot be read (the checksums). `checkpoint_verify=false` skips
-both at restore; RELIABILITY.md has their cost.
+both at restore; benchmarks/RESULTS.md has their cost.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from MaxText.checkpoint import checksum
+from MaxText.checkpoint.in_flight import InFlight
 
 ITEM = "manifest"
 ARRAYS_FILE = "manifest.json"
@@ -308,9 +309,10 @@ class ArrayItemHandler(ocp.StandardCheckpointHandler):
   def __init__(self, item: str):
     super().__init__()
     self._item = item
+    self.in_flight = InFlight()   # the array writes, for a failed save to wait on
 
   async def async_save(self, directory, *args, **kwargs):
-    futures = await super().async_save(directory, *args, **kwargs) or []
+    futures = self.in_flight.add(await super().async_save(directory, *args, **kwargs))
     path = os.fspath(getattr(directory, "path", directory))
     return [_ThenDigest(futures, lambda: write_own_digests(path, self._item))]
 
@@ -334,6 +336,7 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
     self._hashed_items = hashed_items
     self._hooks = hooks or NoHooks()
     self._step = None
+    self.in_flight = InFlight()
 
   def _write_now(self, directory: epath.Path, args: "ManifestSave") -> None:
     manifest = args.finish()  # waits for the checksums (on every process: frees their buffers)
@@ -346,8 +349,8 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
 
   async def async_save(self, directory: epath.Path, args: "ManifestSave"):
     self._step = args.step
-    return [ocp.future.CommitFutureAwaitingContractedSignals(
-        self._write(directory, args), name="manifest_save")]
+    return self.in_flight.add([ocp.future.CommitFutureAwaitingContractedSignals(
+        self._write(directory, args), name="manifest_save")])
 
   def save(self, directory: epath.Path, args: "ManifestSave") -> None:
     self._step = args.step

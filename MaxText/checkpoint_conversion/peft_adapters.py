@@ -61,8 +61,9 @@ def places(hf_map: Any, mcfg_base: Any, shapes: Mapping[tuple, Any]) -> dict[str
     kshape = base[(*m, "kernel")]
     lead, n_in = _ranks(kshape, shapes[(*m, "lora_a")].shape, shapes[(*m, "lora_b")].shape)
     lshape, ishape, oshape = kshape[:lead], kshape[lead:lead + n_in], kshape[lead + n_in:]
-    grid = lambda sizes, at: np.arange(1, math.prod(sizes) + 1, dtype=np.int64).reshape(
-        (1,) * at + tuple(sizes) + (1,) * (len(kshape) - at - len(sizes)))
+    n = len(kshape)
+    grid = lambda sizes, at, n=n: np.arange(1, math.prod(sizes) + 1, dtype=np.int64).reshape(
+        (1,) * at + tuple(sizes) + (1,) * (n - at - len(sizes)))
     views["where"][(*m, "kernel")] = np.broadcast_to(
         1 + mid * lead_max + grid(lshape, 0) - 1, kshape)
     views["in"][(*m, "kernel")] = np.broadcast_to(grid(ishape, lead), kshape)
@@ -177,8 +178,8 @@ def import_peft(folder: str, params: dict, hf_map: Any, mcfg_base: Any, *, rank:
       if a_hf.shape[0] != rank or b_hf.shape[1] != rank:
         raise HFFolderError(f"{path}: {module} has rank {a_hf.shape[0]}, the config says {rank}")
       a, b = flat[(*p.kernel, "lora_a")], flat[(*p.kernel, "lora_b")]
-      a_view = a[p.lead].reshape(-1, rank)
-      b_view = b[p.lead].reshape(rank, -1)
+      a_view = a[p.lead].reshape(-1, rank)  # pyright: ignore[reportIndexIssue] (numpy leaves)
+      b_view = b[p.lead].reshape(rank, -1)  # pyright: ignore[reportIndexIssue]
       a_view[p.cols] = a_hf.T.astype(a.dtype)
       b_view[:, p.rows] = b_hf.T.astype(b.dtype)
   return traverse_util.unflatten_dict(flat)

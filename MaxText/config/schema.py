@@ -512,7 +512,7 @@ def in_base_yml(name: str) -> bool:
 
 
 def choices(name: str) -> tuple:
-  return KEYS[name].choices
+  return KEYS[name].choices or ()
 
 
 def default(name: str) -> Any:

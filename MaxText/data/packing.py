@@ -59,7 +59,7 @@ class TokenizeToPairs:
       ids.append(self.tokenizer.eos_id)
     return np.asarray(ids, dtype=np.int32)
 
-  def __call__(self, text: str) -> Optional[dict]:
+  def __call__(self, text: str) -> Optional[dict] | BadRecord:
     if isinstance(text, BadRecord):
       return text  # counted and dropped by bad_records.SkipBadRecords
     return tokens_to_pairs(self.tokenize(text))
@@ -67,10 +67,10 @@ class TokenizeToPairs:
 
 def tokens_to_pairs(tokens: Sequence[int]) -> Optional[dict]:
   """``{"inputs": tokens[:-1], "targets": tokens[1:]}`` as int32, or None if < 2 tokens."""
-  tokens = np.asarray(tokens, dtype=np.int32)
-  if tokens.shape[0] < 2:
+  ids = np.asarray(tokens, dtype=np.int32)
+  if ids.shape[0] < 2:
     return None
-  return {"inputs": tokens[:-1], "targets": tokens[1:]}
+  return {"inputs": ids[:-1], "targets": ids[1:]}
 
 
 class _RenamePacked:

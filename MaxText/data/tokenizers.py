@@ -58,8 +58,8 @@ class ByteTokenizer:
   OFFSET = 3
   vocab_size = 256 + OFFSET
   pad_id = 0
-  bos_id = 1
-  eos_id = 2
+  bos_id: Optional[int] = 1
+  eos_id: Optional[int] = 2
   named_pad_id = 0
 
   def encode(self, text: str) -> list[int]:

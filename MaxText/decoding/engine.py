@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -237,7 +237,7 @@ class Engine:
                row_ids: Sequence[int] | None = None) -> list[Completion]:
     """Completions of `prompts` (token ids), in order. `stop` strings need `detokenize` (ids →
     text). `row_ids` (default: the prompts' indices) seed each prompt's samples."""
-    for key, problem in sampling.problems():
+    for _, problem in sampling.problems():
       raise DecodeError(problem)
     if len(eos_ids) > MAX_EOS_IDS:
       raise DecodeError(f"at most {MAX_EOS_IDS} eos ids, got {len(eos_ids)}")
@@ -259,7 +259,7 @@ class Engine:
                                   detokenize)
       for i, c in zip(idx, done):
         out[i] = c
-    return out
+    return cast(list[Completion], out)  # every row filled
 
   def _generate_batch(self, params, prompts, rows, max_len, max_new, sampling, eos_E, stop,
                       detokenize) -> list[Completion]:

@@ -49,7 +49,7 @@ class Sampling:
     return (greedy, not greedy and self.top_k > 0, not greedy and self.top_p < 1,
             not greedy and self.min_p > 0)
 
-  def values(self) -> dict[str, np.ndarray]:
+  def values(self) -> dict[str, np.generic]:
     """The filters' values, as host scalars (arguments of the compiled programs)."""
     return {"temperature": np.float32(self.temperature or 1.0), "top_k": np.int32(self.top_k),
             "top_p": np.float32(self.top_p), "min_p": np.float32(self.min_p),

@@ -124,7 +124,7 @@ class Inspector:
     if isinstance(token_ids, str) or (isinstance(token_ids, dict)):
       token_ids = self.tokenize(token_ids)
     arr = np.asarray(token_ids, dtype=object) if not isinstance(token_ids, np.ndarray) else token_ids
-    batched = arr.ndim == 2 or (arr.ndim == 1 and len(arr) and not np.isscalar(arr[0])
+    batched = arr.ndim == 2 or (arr.ndim == 1 and len(arr) > 0 and not np.isscalar(arr[0])
                                 and not isinstance(arr[0], (int, np.integer)))
     rows = [list(map(int, r)) for r in token_ids] if batched else [list(map(int, token_ids))]
     if not rows or any(len(r) == 0 for r in rows):

@@ -163,7 +163,7 @@ def flash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: float
       q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, scale=scale, causal=causal,
       sliding_window=sliding_window, block_q=block_q, block_kv=block_kv, interpret=interpret)
   o = _flash(q, k, v, q_seg, kv_seg, cfg)
-  return o[:, :S, :, :E]
+  return o[:, :S, :, :E]  # pyright: ignore[reportIndexIssue] (jax.custom_vjp's result is untyped)
 
 
 def flash_attention_debug_counts(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, **kwargs):

@@ -119,7 +119,7 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
   sa = _module()
   check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window)
   B, S, H, E = q_BSHE.shape
-  T, K = k_BTKE.shape[1], k_BTKE.shape[2]
+  T = k_BTKE.shape[1]
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
   Sp, Tp = padded_length(S), padded_length(T)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,8 @@ from MaxText.sharding.rules import current_context, logical_to_spec
 
 # Causal attention in query blocks of this many positions, each over the keys up to its end
 # (none after it), at most MAX_QUERY_BLOCKS: at S = 2·QUERY_BLOCK the scores are 3/4 of S x S, from
-# 4·QUERY_BLOCK on 5/8 (A/B in RESULTS.md: 4 blocks beat 2 at S = 256 and 1024).
+# 4·QUERY_BLOCK on 5/8; each block is a dot of its own, so more blocks stop paying (an A/B with
+# benchmarks/ab_step.py chose 4 over 2).
 QUERY_BLOCK = 64
 MAX_QUERY_BLOCKS = 4
 
@@ -147,7 +149,8 @@ def splash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool
 
 
 def cudnn(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
-          sliding_window: int | None = None, implementation: str = "cudnn") -> jax.Array:
+          sliding_window: int | None = None,
+          implementation: Literal["xla", "cudnn"] = "cudnn") -> jax.Array:
   """`jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN's fused flash attention), per
   shard. Masks through its arguments: `is_causal`; a window W (keys q - W < k <= q) as
   `local_window_size=(W - 1, 0)` (cuDNN takes a left window only, so it needs causal); packed

@@ -48,6 +48,7 @@ class CacheKind(Protocol):
   def arrays(self, batch: int, max_len: int, dtype: Any) -> dict[str, ArraySpec]:
     """The arrays one layer of this kind keeps for `batch` rows of up to `max_len` positions;
     `dtype` is the cache dtype (state that must stay exact, e.g. positions, ignores it)."""
+    ...
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ class DenseGeneral(nnx.Module):
     """`out_dtype` (default: the compute dtype) is the dtype of the result, e.g. fp32 logits
     straight from the fp32 accumulator."""
     # One 2-D matmul [tokens, in] @ [in, out]: XLA:CPU lays out and differentiates a plain 2-D dot
-    # far better than a multi-dimensional dot_general (about 2x on a SwiGLU block, fwd+bwd).
+    # far better than a multi-dimensional dot_general, whose backward transposes its cotangents.
     w = self.kernel[...]
     batch_shape, x2 = self.rows(x)
     in_size = x2.shape[1]
@@ -176,8 +176,9 @@ def fused_dense(layers: Sequence[DenseGeneral], x: jax.Array,
   """`[layer(x) for layer in layers]` (projections of one input with the same input shape, e.g.
   q/k/v or gate/up) as ONE matmul over their kernels concatenated along the output axis inside
   the step (parameters stay separate). One [tokens, in] x [in, sum of outs] dot runs faster on
-  XLA:CPU than several narrow ones in a 16-bit compute dtype (bf16 step of the tiny config: −3 %
-  CPU; fp32: +2 %, so fp32 keeps separate matmuls and its numerics). Each layer alone also when
+  XLA:CPU than several narrow ones in a 16-bit compute dtype; in fp32 the concatenation costs more
+  than it saves, so fp32 keeps separate matmuls and its numerics (A/Bs: benchmarks/ab_step.py).
+  Each layer alone also when
   one has a LoRA adapter or a quantized kernel, or when the mesh splits an output axis
   (concatenating split axes would need communication), and on the plain hot path (XLA on GPU/TPU
   runs each projection as its own dot: no concatenated kernel to build every step)."""

@@ -13,8 +13,8 @@ def _rounded_once(fn):
   """fn computed in fp32 and rounded once to x's dtype, as torch's bf16 kernels compute an
   activation (the same function in fp32). Written on bf16 operands, XLA:CPU rounds after each of
   the activation's ops (silu: negate, exp, add, divide, multiply) and repeats them in the
-  backward pass: the gated MLP's activation fusions cost ~1.6x more CPU, forward and backward
-  (benchmarks/RESULTS.md, branch mm5)."""
+  backward pass, so the gated MLP's activation fusions do several rounding passes where one
+  suffices, forward and backward."""
   def act(x):
     return fn(x.astype(jnp.float32)).astype(x.dtype)
   return act

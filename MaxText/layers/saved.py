@@ -6,7 +6,7 @@ A value a policy keeps inside the scanned layer stack is written into a stacked 
 in the forward loop (dynamic-update-slice) and read back per layer in the backward loop
 (dynamic-slice). XLA:CPU has no bf16 dynamic-slice / dynamic-update-slice: its float
 normalisation upcasts both, so the whole stacked buffer is converted to fp32 before the backward
-loop (measured: ~4 % of a bf16 step of the tiny config). `saved(x, name)` names the raw 16 bits
+loop, one more pass over the buffer every step. `saved(x, name)` names the raw 16 bits
 (`uint16`, which every op takes natively) instead and reinterprets them as x's dtype right after:
 the value, its gradient and what the policy keeps are unchanged; only the stacked buffer's element
 type differs. Values of other widths are named as they are. (A custom JVP, the identity for

@@ -91,7 +91,7 @@ def plan_runs(kinds: tuple[Hashable, ...]) -> tuple[Run, ...]:
         return p
     return m
 
-  best: list[tuple] = [(0, 0, 0, 0)] + [None] * n   # (block layers, runs, cut, period)
+  best: list = [(0, 0, 0, 0)] + [None] * n   # (block layers, runs, cut, period)
   for i in range(1, n + 1):
     for j in range(i):
       p = period(j, i)

@@ -27,8 +27,8 @@ from MaxText.sharding.rules import current_context, logical_to_spec, without_rul
 
 # The head split over the vocabulary under the batch axes (module docstring): used when the
 # global batch's tokens are at most this many times the vocabulary, i.e. when gathering the hidden
-# rows [tokens, D] moves no more than gathering the head weight [V, D] would (measured:
-# benchmarks/RESULTS.md, issue 19's LM head section; 0 turns the split off).
+# rows [tokens, D] moves no more than gathering the head weight [V, D] would (A/B:
+# benchmarks/RESULTS.md, the CPU settings; 0 turns the split off).
 VOCAB_SPLIT_MAX_TOKENS_PER_VOCAB = 1.0
 
 
@@ -207,7 +207,7 @@ def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Ar
       def one_chunk(dw, inp):
         h_BcD, t_rel, m = inp
         logits, pullback = jax.vjp(lambda ww, hh: head_w(ww, rest_, hh), wv, h_BcD)
-        lse, t_logit = _slice_stats(logits.astype(jnp.float32), t_rel, axes)
+        lse, t_logit = _slice_stats(logits.astype(jnp.float32), t_rel, axes)  # pyright: ignore[reportAssignmentType]
         dw_c, dh_BcD = pullback(logits_cotangent(logits, lse, t_rel, m, z_loss_weight)
                                 .astype(logits.dtype))
         return jax.tree.map(jnp.add, dw, dw_c), (sums_of(lse, t_logit, m), dh_BcD)
@@ -222,7 +222,8 @@ def vocab_split_sums(plan: _VocabSplit, head: HeadFn, params, hidden_BSD: jax.Ar
 
       def one_chunk(_, inp):
         h_BcD, t_rel, m = inp
-        lse, t_logit = _slice_stats(head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel, axes)
+        lse, t_logit = _slice_stats(  # pyright: ignore[reportAssignmentType] (2 values by default)
+            head_w(wv, rest_, h_BcD).astype(jnp.float32), t_rel, axes)
         return None, sums_of(lse, t_logit, m)
       _, sums_n = jax.lax.scan(one_chunk, None, (chunks(h_all, chunk), *xs))
       return jax.tree.map(lambda x: jax.lax.psum(jnp.sum(x), axes), sums_n)

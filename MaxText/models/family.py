@@ -59,9 +59,11 @@ class StepWatch(Protocol):
 
   def progress(self, metrics: dict) -> str:
     """Its part of the progress line ("" for none)."""
+    ...
 
   def update(self, step: int, metrics: dict) -> str | None:
     """A warning to log after `step`, or None."""
+    ...
 
 
 class AuxTerms(Protocol):
@@ -75,15 +77,19 @@ class AuxTerms(Protocol):
 
   def loss(self, aux: dict) -> tuple[Any, dict]:
     """(addition to the summed loss, sums to accumulate over micro-batches)."""
+    ...
 
   def update(self, params: dict, sums: dict) -> dict:
     """The parameters after the changes the family makes outside the gradient."""
+    ...
 
   def metrics(self, sums: dict, tokens: Any) -> dict[str, Any]:
     """Scalars for metrics.jsonl (`tokens`: the unmasked tokens of the step)."""
+    ...
 
   def watch(self) -> StepWatch:
     """A fresh host-side watcher of the run's metrics (progress-line part, warnings)."""
+    ...
 
 
 def routed_expert_problems(mcfg: ModelConfig, keys: frozenset[str]) -> Problems:

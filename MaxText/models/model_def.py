@@ -15,7 +15,7 @@ from MaxText.backend import hot_path
 from MaxText.layers import lora, quant
 from MaxText.models.model_config import ModelConfig
 
-Build = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
+Build = Callable[..., nnx.Module]   # build(mcfg, rngs=nnx.Rngs(...))
 
 
 @dataclass(frozen=True)

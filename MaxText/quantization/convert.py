@@ -131,7 +131,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
   per quantized matrix). int4 levels are packed (layers/int_levels.py: pack_int4)."""
   flat = dict(traverse_util.flatten_dict(params))
   jobs = [(t, i) for t in tgts
-          for i in range(math.prod(np.shape(flat[t.kernel])[:t.lead]))]
+          for i in range(math.prod(np.shape(flat[t.kernel])[:t.lead]))]  # pyright: ignore[reportCallIssue]
   reports = []
   out: dict[tuple, list] = {}
   # the bar only on a terminal: piped, its redraws would interleave with the per-matrix lines,

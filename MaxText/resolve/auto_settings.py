@@ -8,8 +8,8 @@
                           the model width (the fp32 logits then dwarf the hidden states) and the
                           sequence is longer than one chunk; else the whole sequence (0).
 
-Why these values: benchmarks/RESULTS.md, "The default run: bf16 and the chunked loss by default"
-(the README run's and the tiny config's steps A/B in one process).
+Why these values: benchmarks/RESULTS.md, "The CPU settings, A/B in one process" (the README
+run's and the tiny config's steps).
 
 A run resolves them once (`for_training` → `Training`: the concrete config and which keys were
 auto); the config checks, the Trainer, the mesh line and config.yml all read that one result. The
@@ -24,10 +24,11 @@ from MaxText.config.load import resolve_dtype
 from MaxText.config.schema import AUTO, AUTO_LOSS_CHUNK, Config
 from MaxText.models.registry import get_family
 
-# Positions per loss chunk when loss_chunk_length=-1 (measured: RESULTS.md).
+# Positions per loss chunk when loss_chunk_length=-1.
 AUTO_CHUNK_LENGTH = 128
-# ... applied when vocab_size >= this x emb_dim: measured, the chunks cost ~2 % more CPU at a
-# vocabulary of 1.5 x the width (the README model: 384 / 256) and save ~4 % at 32 x (8192 / 256)
+# ... applied when vocab_size >= this x emb_dim: the chunks cost more than they save where the
+# logits are not much larger than the hidden states (the README model: 384 / 256) and save where
+# they dwarf them (the tiny config: 8192 / 256); the A/B is in RESULTS.md
 AUTO_CHUNK_VOCAB_RATIO = 8
 
 

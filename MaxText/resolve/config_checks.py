@@ -99,10 +99,11 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
                       f"{cfg.gradient_accumulation_steps})")
 
 
-def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer:
+def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer | None:
   """Everything that can be checked before any compile (raises ConfigError / DataError): the run
   directory, the cross-key checks (`validate`), evaluation's data when `eval_period` > 0, the data
-  config; returns the run's tokenizer (loaded once, to check it against the config)."""
+  config; returns the run's tokenizer (loaded once, to check it against the config; None for
+  synthetic data of a model whose tokenizer files are not at hand)."""
   check_writable(cfg)
   validate(cfg, devices)
   if cfg.eval_period:

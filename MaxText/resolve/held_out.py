@@ -47,6 +47,17 @@ def run_share(cfg: Config) -> float | None:
   return float(saved.get("eval_split_fraction", KEYS["eval_split_fraction"].default))
 
 
+def trained_on(path: str) -> dict:
+  """The dataset keys and held-out share of the run that trained the checkpoint at `path` (from
+  its saved config), for a checkpoint made from it (`MaxText.quantize`) to carry in its own
+  config: the checks here then compare with what its weights were trained on, not with the
+  command that made it (a GPTQ calibration's share); {} for a conversion (nothing to carry)."""
+  if hf_source(path):
+    return {}
+  saved = read_meta(path)["config"]
+  return {k: saved.get(k, KEYS[k].default) for k in (*DATA_KEYS, "eval_split_fraction")}
+
+
 def check_evaluation(cfg: Config) -> str | None:
   """ConfigError when `MaxText.evaluate`'s held-out share is not the run's; else a note to print
   (None: nothing to say)."""

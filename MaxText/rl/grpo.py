@@ -166,7 +166,7 @@ class GRPOTrainer(Trainer):
     one greedy completion each (`eval_reward_greedy`)."""
     cfg, ev = self.cfg, self.eval_set
     idx = list(range(len(ev.rows)))
-    out = {"eval_prompts": len(idx)}
+    out: dict[str, float] = {"eval_prompts": len(idx)}
     for name, copies, sampling in (("eval_reward", self.group, self.sampling()),
                                    ("eval_reward_greedy", 1, self.sampling(greedy=True))):
       done = rollout_lib.generate(self.engine, params, ev, idx, copies=copies, sampling=sampling,

@@ -3,14 +3,14 @@ chose nothing.
 
 One XLA:CPU device runs a transformer step as a mostly sequential chain of ops; independent ops and
 the YNNPACK matmuls spread over the cores, but not all the time. Splitting the global batch over one
-fake device per core keeps every core busy (benchmarks/RESULTS.md: the measured difference), so a
+fake device per core keeps every core busy (benchmarks/RESULTS.md, the default run), so a
 plain `train.py configs/base.yml` on a CPU host uses the whole machine. Applied only to a
 single-process run whose user set none of: `--xla_force_host_platform_device_count` in XLA_FLAGS,
 JAX_NUM_CPU_DEVICES, JAX_PLATFORMS (or the same through jax.config); and only before JAX starts its
 backends. It changes nothing on a GPU/TPU host (only the CPU backend's device count). Note that
 `per_device_batch_size` is per device: the global batch grows with the device count.
 
-XLA:CPU's threads, for the record (benchmarks/RESULTS.md, branch `threads`): the intra-op pool
+XLA:CPU's threads, for the record (read in XLA's CPU client and counted in /proc): the intra-op pool
 (`tf_XLAEigen`) and the client's pool each have max(PJRT_NPROC or NPROC or the cores, devices)
 threads — the floor of one thread per device is fixed in the CPU client ("at least CpuDeviceCount
 threads to launch one collective"), so no setting runs 4 devices with fewer threads than devices.
@@ -35,12 +35,12 @@ The host allocator (`keep_freed_memory`): XLA:CPU allocates every step's buffers
 and one block of temporaries per device, tens of MiB at the tiny config), and glibc's malloc
 serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap each time and unmaps them
 on free, so every step page-faults its temporaries in again and the kernel zero-fills them
-(benchmarks/RESULTS.md, branch `scan5`: 32k minor faults and ~0.08 CPU-s per 2-device tiny step,
-~8 % of it). `apply_host_allocator` (on the CPU platform) tells glibc to serve them from its heap and keep up to
+(system time that grows with the step's temporaries). `apply_host_allocator` (on the CPU platform)
+tells glibc to serve them from its heap and keep up to
 `KEEP_FREED_BYTES` of freed memory for the next step, unless the user set glibc's malloc tunables
 (`GLIBC_TUNABLES=glibc.malloc.*`, `MALLOC_*` variables) or the C library is not glibc. It acts on
-host memory only; the cost is a higher peak RSS (+9-20 % at the tiny
-config: the heap holds its high-water mark).
+host memory only; the cost is a higher peak RSS (the heap holds its high-water mark).
+What it saves per step: benchmarks/RESULTS.md, the CPU settings.
 """
 from __future__ import annotations
 

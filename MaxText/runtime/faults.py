@@ -3,7 +3,7 @@
     MAXTEXT_FAULT="<kind>:<step>[@<process>][,<kind>:<step>[@<process>]...]"
 
 kinds (each fires once, at the given step, in every process or only in process `@<process>` of a
-multi-process run; tests/test_faults.py, tests/test_multiprocess.py and RELIABILITY.md use them):
+multi-process run; tests/test_faults.py, tests/test_multiprocess.py and docs/reliability.md use them):
   kill_at_step    SIGKILL this process right after step N is dispatched (mid-step), once the
                   saves already started have committed (so the test knows the last good step)
   sigterm_at_step send SIGTERM to this process right after step N is dispatched (preemption), then

@@ -123,7 +123,7 @@ class RunLock:
         raise ConfigError(
             f"run_name: the run directory {os.path.dirname(self.path)} is in use by {who} "
             f"(lock {self.path}): two runs there would write the same checkpoints and "
-            f"metrics.jsonl; wait for it, stop it, or choose another run_name{dead_hint}")
+            f"metrics.jsonl; wait for it, stop it, or choose another run_name{dead_hint}") from None
       self._content = json.dumps(_this_process(), sort_keys=True)
       with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(self._content)

@@ -24,8 +24,8 @@ import psutil
 GiB = 2**30
 
 
-# a process can peak ~25% above its step's XLA buffers (allocator high-water marks from
-# initialisation: qwen3-0.6b peaked at 20.5 GB for 15.2 GiB of buffers), so warn early
+# a process can peak well above its step's XLA buffers (allocator high-water marks from
+# initialisation; benchmarks/RESULTS.md, the memory pre-flight), so warn early
 WARN_FRACTION = 0.7
 # the process itself beyond the step's buffers: runtime, compiled code, host batches, allocator slack
 RUNTIME_ALLOWANCE = 1 * GiB

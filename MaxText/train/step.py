@@ -23,13 +23,11 @@ from MaxText.sharding.rules import BATCH_AXES, Rules, constrain, use_rules
 from MaxText.train.optimizer import Optimizer, find_state
 from MaxText.train.state import TrainState
 
-BATCH_AXES = ("activation_batch", "activation_length")
-
 
 def applied_learning_rate(opt_state: Any, lr_schedule: optax.Schedule) -> jax.Array:
   """The rate this step's update uses: the schedule at optax's own count of applied updates (the
   train state's step also counts the non-finite steps that were skipped; optax's count does not)."""
-  return lr_schedule(find_state(opt_state, optax.ScaleByScheduleState).count)
+  return jnp.asarray(lr_schedule(find_state(opt_state, optax.ScaleByScheduleState).count))
 
 
 def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
@@ -133,7 +131,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
                  "lr": applied_learning_rate(state["opt_state"], lr_schedule),
                  "finite": finite.astype(jnp.float32),
                  # computed here rather than by a program of its own per step: no second launch,
-                 # rendezvous and read-back per step (benchmarks/RESULTS.md, issue 19)
+                 # rendezvous and read-back per step
                  "batch_checksum": batch_checksum(batch)}
       if aux_terms is not None:
         metrics.update(aux_terms.metrics(sums, denom))

@@ -176,7 +176,8 @@ class Attention(nnx.Module):
   def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None):
     """Returns (output, (k, v)); a kv-shared layer takes its (k, v) from `shared_kv`."""
     q_BSHE = self._q(x_BSD, positions_BS)
-    k_BSKE, v_BSKE = shared_kv if self.kv_shared else self._kv(x_BSD, positions_BS)
+    k_BSKE, v_BSKE = (shared_kv if self.kv_shared  # pyright: ignore[reportGeneralTypeIssues]
+                      else self._kv(x_BSD, positions_BS))  # (the stack passes shared_kv to such a layer)
     o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
                      sliding_window=self.window)
     return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), (k_BSKE, v_BSKE)

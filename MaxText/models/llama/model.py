@@ -119,10 +119,10 @@ class DecoderLayer(nnx.Module):
   def _mlp(self, x_BSD, mask_BS, per_layer):
     """x + MLP(norm(x)), and for a MoE layer its routing statistics (else None)."""
     if self.moe:
-      y_BSD, terms = self.mlp(self.mlp_norm(x_BSD), mask_BS,
+      y_BSD, terms = self.mlp(self.mlp_norm(x_BSD), mask_BS,  # pyright: ignore[reportCallIssue]
                               jax.lax.stop_gradient(per_layer["bias"]))
     else:
-      y_BSD, terms = self.mlp(self.mlp_norm(x_BSD)), None
+      y_BSD, terms = self.mlp(self.mlp_norm(x_BSD)), None  # pyright: ignore[reportCallIssue] (GatedMLP)
     return constrain(x_BSD + sites.site("mlp_out", y_BSD), ACT_BSD), terms
 
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):

@@ -42,7 +42,7 @@ from flax import nnx
 from MaxText.layers import sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, record
 from MaxText.layers.norms import RMSNorm
@@ -172,9 +172,9 @@ class DecoderLayer(nnx.Module):
     """x + MLP(norm(x)), and for a MoE layer its routing statistics (else None)."""
     h_BSD = self.post_attention_norm(x_BSD)
     if self.moe:
-      y_BSD, terms = self.mlp(h_BSD, mask_BS, jax.lax.stop_gradient(per_layer["bias"]))
+      y_BSD, terms = self.mlp(h_BSD, mask_BS, jax.lax.stop_gradient(per_layer["bias"]))  # pyright: ignore[reportCallIssue]
     else:
-      y_BSD, terms = self.mlp(h_BSD), None
+      y_BSD, terms = self.mlp(h_BSD), None  # pyright: ignore[reportCallIssue] (GatedMLP)
     return constrain(x_BSD + sites.site("mlp_out", y_BSD), ACT_BSD), terms
 
   def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None):
