@@ -1,5 +1,6 @@
 """Config: base.yml ↔ schema agreement, merge order, type coercion, errors (load and validate),
 the CLI's exit-status contract, and the resolved config.yml written into the run directory."""
+import dataclasses
 import os
 import re
 import shutil
@@ -11,10 +12,18 @@ import pytest
 import yaml
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train
-from MaxText.config import render
+from MaxText.config import render, schema
 from MaxText.config.load import ConfigError, load_config
-from MaxText.config.schema import KEYS
+from MaxText.config.schema import KEYS, in_base_yml
+from MaxText.config.spec import key
 from MaxText.resolve.config_checks import validate
+
+
+def rendered() -> dict:
+  """The keys base.yml holds: the common schema's and the repository's families' (a family a test
+  registers at run time, tests/test_plugin_family.py, adds keys that base.yml does not render)."""
+  return {k: spec for k, spec in KEYS.items() if in_base_yml(k)}
+
 
 KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:")
 
@@ -49,14 +58,15 @@ def undocumented_keys(text: str) -> list[str]:
 def test_base_yml_keys_equal_schema_fields():
   with open(BASE_YML, encoding="utf-8") as f:
     raw = yaml.safe_load(f)
-  assert set(raw) == set(KEYS), (sorted(set(raw) - set(KEYS)), sorted(set(KEYS) - set(raw)))
+  want = rendered()
+  assert set(raw) == set(want), (sorted(set(raw) - set(want)), sorted(set(want) - set(raw)))
 
 
 def test_every_base_yml_key_is_documented():
   with open(BASE_YML, encoding="utf-8") as f:
     text = f.read()
   keys = [m.group(1) for m in map(KEY_LINE.match, text.splitlines()) if m]
-  assert set(keys) == set(KEYS)  # the line scan sees every key
+  assert set(keys) == set(rendered())  # the line scan sees every key
   assert undocumented_keys(text) == []
 
 
@@ -67,8 +77,10 @@ def test_base_yml_is_rendered_from_the_schema():
     assert f.read() == render.render(), "configs/base.yml is stale: python -m MaxText.config.render"
   assert render.main(["--check"]) == 0
   raw = yaml.safe_load(render.render())
-  assert raw == {k: spec.default for k, spec in KEYS.items()}       # parses back to the defaults
-  assert load_config([BASE_YML], keep_auto=True).as_dict() == raw
+  assert raw == {k: spec.default for k, spec in rendered().items()}   # parses back to the defaults
+  loaded = load_config([BASE_YML], keep_auto=True).as_dict()
+  assert {k: loaded[k] for k in raw} == raw
+  assert all(loaded[k] == KEYS[k].default for k in set(loaded) - set(raw))   # a plug-in's keys
 
 
 def test_implementation_tables_match_the_schemas_choices():
@@ -426,7 +438,39 @@ def test_help_prints_usage_examples_and_every_key_train_reads(args):
   assert p.stdout.startswith("usage: train.py CONFIG.yml [key=value ...]")
   assert "examples:" in p.stdout and "exit status:" in p.stdout
   shown = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+) = (.*)$", p.stdout, re.M)}
-  assert set(shown) == {k for k, spec in KEYS.items() if "train" in spec.tools}
+  # (a new process: a family a test registered here is not in it)
+  assert set(shown) == {k for k, spec in rendered().items() if "train" in spec.tools}
   assert "hf_path" not in shown and "num_generations" not in shown   # refused by train.py
   assert shown["steps"].startswith("300    # optimizer steps")
   assert shown["logical_axis_rules"].startswith("[...]    # logical axis -> mesh axes")
+
+
+def test_a_family_key_the_schema_already_has_is_refused():
+  """A family's `Keys` (schema.add_keys) may not redeclare a key of the common schema or of
+  another family, nor may a family declare two sets of keys; a field made without key(...) is not
+  a key."""
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Clash:
+    emb_dim: int = key(8, "the width again", min=1, model=True)
+    per_layer_input_dim: int = key(0, "Gemma 4's again", min=0, model=True)
+
+  with pytest.raises(ValueError, match=r"emb_dim \(from the common schema\), "
+                     r"per_layer_input_dim \(from gemma4\)"):
+    schema.add_keys("clash_test", Clash)
+  assert "clash_test" not in {s.family for s in KEYS.values()}
+  from MaxText.models.gemma4.keys import Keys
+  schema.add_keys("gemma4", Keys)                                    # the same class: nothing
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Other:
+    gemma4_extra: int = key(0, "a second set", min=0, model=True)
+
+  with pytest.raises(ValueError, match="family 'gemma4' already declared its keys"):
+    schema.add_keys("gemma4", Other)
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Plain:
+    plain_field: int = 0
+
+  with pytest.raises(ValueError, match="Plain.plain_field is not declared with key"):
+    schema.add_keys("plain_test", Plain)

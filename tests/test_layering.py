@@ -1,6 +1,7 @@
 """The package's imports only go down (docs/architecture.md, "Layers"): read from the source with
 `ast` — every `import MaxText...` wherever it stands (a function-level import counts, so none can
-hide a cycle), plus the family plug-ins named in MaxText/models/registry.py — and refused when a
+hide a cycle), plus the family plug-ins named in the family table (MaxText/models/families.py:
+imported by name by the registry, their key declarations by the schema) — and refused when a
 module imports a package of a higher layer, when packages or modules import each other in a
 cycle, when a module takes another module's private (`_name`) names, or when a tool (TOOLS) reaches
 the trainer's package `MaxText.train`, directly or through what it imports."""
@@ -33,7 +34,18 @@ TOOLS = ("checkpoint_conversion", "decode", "inference", "inspect", "launch", "l
          "quantization", "quantize", "refit")
 
 
+def is_schema_part(module: str) -> bool:
+  """The family table and each family's key declarations (`MaxText/models/<family>/keys.py`) live
+  in the models folder but are parts of the one schema: the config package imports them (by the
+  table's names) to compose `Config`, so they sit in its layer and may import only it."""
+  parts = module.split(".")
+  return module == "MaxText.models.families" or (
+      len(parts) == 4 and parts[1] == "models" and parts[3] == "keys")
+
+
 def package(module: str) -> str:
+  if is_schema_part(module):
+    return "config"
   return module.split(".")[1] if module.count(".") else module
 
 
@@ -62,9 +74,13 @@ def imports(mods: dict[str, str]) -> list[tuple[str, str, list[str]]]:
         for a in node.names:   # `from MaxText.layers import stack` imports the module .stack
           sub = f"{node.module}.{a.name}"
           edges.append((name, sub, []) if sub in mods else (name, node.module, [a.name]))
-      elif (isinstance(node, ast.Assign) and name == "MaxText.models.registry"
-            and any(getattr(t, "id", None) == "FAMILY_MODULES" for t in node.targets)):
-        edges += [(name, v.value, []) for v in node.value.values]   # plug-ins, imported by name
+      elif (isinstance(node, ast.AnnAssign) and name == "MaxText.models.families"
+            and getattr(node.target, "id", None) == "FAMILY_MODULES"):
+        for v in node.value.values:   # plug-ins, imported by name: the registry their family, the
+          edges.append(("MaxText.models.registry", v.value, []))   # schema their keys (if any)
+          keys = v.value.rsplit(".", 1)[0] + ".keys"
+          if keys in mods:
+            edges.append(("MaxText.config.schema", keys, []))
   return edges
 
 

@@ -1,18 +1,25 @@
 """Proof that a model family is a plug-in: a family defined entirely in this test module — PaLM
-style, a parallel attention + MLP block (x + attn(norm(x)) + mlp(norm(x))) and the LM head tied to
-the input embedding; its supported keys, its own check and its FLOPs — registered at run time,
-with nothing under MaxText/ edited for it, trains through the ordinary trainer; 5 steps on 8 fake
-devices (data 2 x fsdp 2 x tensor 2) equal one device, its FLOPs are what MFU counts, and a key it
-does not implement (or its own check) is refused with exit 2."""
+style, a parallel attention + MLP block (x + attn(norm(x)) + s * mlp(norm(x))) and the LM head tied
+to the input embedding; its supported keys, a config key of its own (`parallel_mlp_scale`, the s
+above), its own check and its FLOPs — registered at run time, with nothing under MaxText/ edited
+for it (not even the schema), trains through the ordinary trainer; 5 steps on 8 fake devices (data
+2 x fsdp 2 x tensor 2) equal one device, its FLOPs are what MFU counts, and a key it does not
+implement (or its own check) is refused with exit 2. Its own key is validated, shown by --help,
+read by its model and refused by the other families like any key of the schema."""
+import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from conftest import MESH_1, MESH_222, argv, train
-from MaxText.config.load import load_config
+from conftest import MESH_1, MESH_222, ROOT, argv, train
+from MaxText.config import render, schema
+from MaxText.config.load import ConfigError, load_config
+from MaxText.config.spec import key
+from MaxText.config.tools import MODEL_TOOLS
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import GatedMLP
@@ -26,6 +33,7 @@ from MaxText.models.family import COMMON_KEYS, Family
 from MaxText.models.model_config import ModelConfig
 from MaxText.resolve import auto_settings
 from MaxText.sharding.rules import constrain
+from MaxText.train import usage
 from MaxText.train.loop import run
 
 NAME = "parallel_test"
@@ -45,13 +53,14 @@ class ParallelBlock(nnx.Module):
     self.out = DenseGeneral((H, E), (D,), ("heads", "head_dim", "embed"), **kw)
     self.mlp = GatedMLP(D, cfg.mlp_dim, "silu", **kw)
     self.op, self.theta, self.scale = attention_op(cfg), cfg.rope_theta, E ** -0.5
+    self.mlp_scale = cfg.parallel_mlp_scale          # the family's own key
 
   def __call__(self, x_BSD, positions_BS, segment_ids_BS):
     h_BSD = self.norm(x_BSD)
     q = apply_rope(self.query(h_BSD), positions_BS, self.theta)
     k = apply_rope(self.key(h_BSD), positions_BS, self.theta)
     a_BSD = self.out(self.op(q, k, self.value(h_BSD), segment_ids_BS, scale=self.scale))
-    return constrain(x_BSD + a_BSD + self.mlp(h_BSD), ACT)
+    return constrain(x_BSD + a_BSD + self.mlp_scale * self.mlp(h_BSD), ACT)
 
 
 class ParallelModel(nnx.Module):
@@ -93,8 +102,16 @@ def check(cfg):
   return []
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelKeys:
+  """The family's own config keys, declared as the schema's are (MaxText/config/spec.py)."""
+  parallel_mlp_scale: float = key(1.0, "multiplier of the MLP branch of the parallel block",
+                                  gt=0, max=4, model=True, section="model: parallel_test",
+                                  section_tools=MODEL_TOOLS)
+
+
 FAMILY = Family(name=NAME, build=ParallelModel, supports=COMMON_KEYS | {"tie_word_embeddings"},
-                layer_kinds=layer_kinds, flops=flops, check=check)
+                layer_kinds=layer_kinds, flops=flops, check=check, keys=ParallelKeys)
 
 
 def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
@@ -135,3 +152,45 @@ def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
              devices=jax.devices()[:1])[0] == 2
   assert (f"loss_chunk_length=16: decoder_block={NAME} has no separate LM head"
           in capsys.readouterr().err)
+
+
+def test_a_family_brings_its_own_config_key(tmp_path, capsys):
+  """`parallel_mlp_scale` is declared in this file only (MaxText/config/schema.py does not name
+  it): once the family is registered it is a key of the one schema — typed and range-checked,
+  in --help, a field of Config and ModelConfig, read by the model — and the other families
+  refuse it; base.yml (the repository's families only) does not change."""
+  with open(os.path.join(ROOT, "MaxText", "config", "schema.py"), encoding="utf-8") as f:
+    assert "parallel_mlp_scale" not in f.read()
+  registry.register(FAMILY)
+  registry.register(FAMILY)                                   # again: nothing changes
+  assert schema.KEYS["parallel_mlp_scale"].family == NAME
+  assert "parallel_mlp_scale" in schema.MODEL_KEYS
+  assert "parallel_mlp_scale" in schema.ARCHITECTURE_KEYS
+  model = (f"decoder_block={NAME}", "tie_word_embeddings=true")
+  cfg = load_config(argv(tmp_path, "k", *model, "parallel_mlp_scale=0.5"))
+  assert cfg.parallel_mlp_scale == 0.5 and load_config(argv(tmp_path, "k")).parallel_mlp_scale == 1
+  for bad, says in (("parallel_mlp_scale=9", "parallel_mlp_scale"),
+                    ("parallel_mlp_scale=big", "parallel_mlp_scale"),
+                    ("parallel_mlp_scal=1", "did you mean 'parallel_mlp_scale'")):
+    try:
+      load_config(argv(tmp_path, "k", *model, bad))
+      raise AssertionError(f"{bad} was accepted")
+    except ConfigError as e:
+      assert says in str(e), (bad, str(e))
+  assert "\n  parallel_mlp_scale = 1.0" in usage.usage()           # train.py --help
+  assert "parallel_mlp_scale" not in render.render()               # base.yml: the repository's
+  # read by the model: the same parameters give other logits at another scale
+  half = ModelConfig.from_config(cfg)
+  one = dataclasses.replace(half, parallel_mlp_scale=1.0)
+  assert half.parallel_mlp_scale == 0.5 and hash(half) != hash(one)
+  tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % half.vocab_size
+  pos = jnp.tile(jnp.arange(8, dtype=jnp.int32), (2, 1))
+  seg = jnp.ones_like(tokens)
+  logits = [np.asarray(ParallelModel(c, rngs=nnx.Rngs(0))(tokens, pos, seg)) for c in (half, one)]
+  assert np.abs(logits[0] - logits[1]).max() > 1e-3
+  # another family does not implement it: refused before anything compiles, naming it
+  capsys.readouterr()
+  code, _ = run(argv(tmp_path, "llama", "parallel_mlp_scale=0.5", *MESH_1),
+                devices=jax.devices()[:1])
+  assert code == 2
+  assert "parallel_mlp_scale=0.5 is not supported by decoder_block=llama" in capsys.readouterr().err

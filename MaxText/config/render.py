@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from MaxText.config.load import BASE_YML
-from MaxText.config.schema import KEYS
+from MaxText.config.schema import KEYS, in_base_yml
 
 WIDTH = 100          # section rule width
 COMMENT_COLUMN = 36  # where the inline doc starts
@@ -56,6 +56,8 @@ def _line(text: str, doc: str) -> str:
 def render() -> str:
   out = [HEADER]
   for name, spec in KEYS.items():
+    if not in_base_yml(name):     # a family registered at run time (not of the repository)
+      continue
     if spec.section:
       rule = f"# ---- {spec.section} "
       out.append(f"\n{rule}{'-' * (WIDTH - len(rule))}\n")

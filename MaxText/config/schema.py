@@ -1,6 +1,8 @@
 """The one schema: every config key's name, type, default, allowed range and one-line doc.
 
-Each field of `Config` is declared once, here, with `key(default, doc, ...)`:
+Each field of `Config` is declared once with `key(default, doc, ...)` (MaxText/config/spec.py):
+here for the keys generic code or several families read, in the family's own folder for the keys
+only one family reads (`MaxText/models/<family>/keys.py`, composed in by `add_keys`; below):
   choices     the allowed values of a str key
   min/max/gt  inclusive numeric bounds / exclusive lower bound
   model       the model reads it: it is a field of `ModelConfig` (MaxText/models/model_config.py)
@@ -20,59 +22,25 @@ MaxText.config.render`; tests/test_config.py fails when the file is stale), `Mod
 `DataConfig` are views of its fields, a family refuses a model key it does not implement when the
 key is away from its default here, and the implementation tables of allowed values (remat
 policies, activations, dispatch, dataset formats, ...) are checked against `choices` by the tests.
-This package imports nothing else of MaxText: every other package may read it.
+This package imports nothing else of MaxText but the schema's parts that live in the family
+folders (the table `MaxText/models/families.py` and each family's `keys.py`, which import only
+this package): every other package may read it.
+
+A family's own keys (`add_keys`) are fields of `Config` and of the views like the common ones:
+`KEYS` holds them after the model section, `MODEL_KEYS` and the other name sets are read live
+from `KEYS`, and a key's `Spec.family` names the family that declared it.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import typing
+import importlib
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, TOOLS, TRAINERS
-
-
-@dataclass(frozen=True)
-class Spec:
-  """What the schema says about one key (`KEYS[name]`)."""
-  name: str
-  type: type                # bool, int, float, str or list
-  items: type | None        # element type of a list key (None: any)
-  default: Any
-  doc: str
-  choices: tuple | None = None
-  min: float | None = None
-  max: float | None = None
-  gt: float | None = None
-  model: bool = False
-  data: bool = False
-  arch: bool = False
-  carried: bool = False
-  section: str | None = None
-  note: str | None = None
-  tools: frozenset[str] = frozenset()
-
-
-def key(default: Any, doc: str, *, choices: tuple | None = None, min: float | None = None,
-        max: float | None = None, gt: float | None = None, model: bool = False,
-        data: bool = False, arch: bool | None = None, carried: bool = False,
-        section: str | None = None, note: str | None = None,
-        section_tools: tuple[str, ...] | None = None, tools: tuple[str, ...] | None = None) -> Any:
-  """A field of `Config` with its schema entry (name and type are taken from the annotation).
-  `section_tools` (with `section`): the programs that read the section's keys unless a key names
-  its own `tools`."""
-  unknown = (set(section_tools or ()) | set(tools or ())) - set(TOOLS)
-  if unknown:
-    raise ValueError(f"unknown tools {sorted(unknown)} (MaxText/config/tools.py: {list(TOOLS)})")
-  if (section is None) != (section_tools is None):
-    raise ValueError("section and section_tools come together (the section's default readers)")
-  meta = dict(default=default, doc=doc, choices=choices, min=min, max=max, gt=gt, model=model,
-              data=data, arch=model if arch is None else arch, carried=carried, section=section,
-              note=note, section_tools=section_tools, tools=tools)
-  if isinstance(default, list):
-    return field(default_factory=lambda: copy.deepcopy(default), metadata={"key": meta})
-  return field(default=default, metadata={"key": meta})
+from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
+from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, TRAINERS
 
 
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
@@ -182,53 +150,14 @@ class Config:
       "it does not implement\nwhen it is set away from the default written here.")
   sliding_window: int = key(0, "keys a sliding layer sees: q-W < k <= q (0 = no sliding layers)",
                             min=0, model=True)
-  attention_scale: float = key(0.0, "multiplier of q.k; 0 = 1/sqrt(head_dim)", min=0, model=True)
-  global_head_dim: int = key(0, "head width on full layers (0 = head_dim)", min=0, model=True)
-  global_num_kv_heads: int = key(0, "kv heads on full layers (0 = num_kv_heads)", min=0,
-                                 model=True)
-  global_rope_theta: float = key(0.0, "RoPE base on full layers (0 = rope_theta)", min=0,
-                                 model=True)
-  global_rope_fraction: float = key(
-      1.0, "share of channel pairs rotated on full layers (proportional RoPE)", gt=0, max=1,
-      model=True)
-  attention_k_eq_v: bool = key(False, "full layers have no value projection: V = the raw key "
-                               "projection", model=True)
-  num_kv_shared_layers: int = key(0, "the last N layers reuse K/V of the last earlier layer of "
-                                  "their kind", min=0, model=True)
-  double_wide_mlp_on_shared: bool = key(False, "the kv-shared layers have a 2 x mlp_dim MLP",
-                                        model=True)
-  per_layer_input_dim: int = key(0, "per-layer input embeddings (PLE) width; 0 = off", min=0,
-                                 model=True)
-  per_layer_input_vocab_size: int = key(0, "rows of the PLE table (0 = vocab_size)", min=0,
-                                        model=True)
-  final_logit_softcap: float = key(0.0, "logits = c * tanh(logits / c) before the loss; 0 = off",
-                                   min=0, model=True)
   partial_rotary_factor: float = key(
       1.0, "share of each head's channels RoPE rotates: the first ones, as a head of that width "
       "(HF partial_rotary_factor)", gt=0, max=1, model=True)
-  linear_num_key_heads: int = key(
-      0, "q/k heads of the linear layers (0 = none)", min=0, model=True,
-      note="Linear-attention layers (Gated DeltaNet, Qwen3-Next; MaxText/layers/gated_delta.py): the "
-      "layers marked l in attention_pattern.")
-  linear_num_value_heads: int = key(0, "value heads of the linear layers (a multiple of the key "
-                                    "heads)", min=0, model=True)
-  linear_key_head_dim: int = key(0, "q/k head width of the linear layers", min=0, model=True)
-  linear_value_head_dim: int = key(0, "value head width of the linear layers", min=0, model=True)
-  linear_conv_kernel_dim: int = key(4, "width of the causal depthwise conv over q|k|v", min=1,
-                                    model=True)
-  linear_chunk_size: int = key(64, "tokens per chunk of the chunked gated delta rule (training)",
-                               min=1, **_COMPUTE, tools=MODEL_TOOLS)
-  linear_recurrence: str = key("chunked", "chunked (training) | token (one token at a time: the "
-                               "reference form, slow)", choices=("chunked", "token"), **_COMPUTE,
-                               tools=MODEL_TOOLS)
-  mtp_num_layers: int = key(0, "multi-token-prediction layers carried with the model (HF mtp.*): "
-                            "loaded, checkpointed and exported unchanged, never trained", min=0,
-                            model=True)
   num_experts: int = key(
       0, "routed experts E (0 = dense MLP)", min=0, model=True,
       note="Mixture of experts (MaxText/layers/moe.py): with num_experts > 0 the MLP of every MoE "
-      "layer is routed experts;\nall layers are MoE layers unless the three keys after "
-      "capacity_factor make some dense.")
+      "layer is routed experts;\nall layers are MoE layers unless the keys after "
+      "capacity_factor (and a family's own, e.g. llama's first_k_dense_layers) make some dense.")
   num_experts_per_tok: int = key(2, "experts per token (top-k)", min=1, model=True)
   moe_mlp_dim: int = key(0, "hidden width of each expert", min=0, model=True)
   norm_topk_prob: bool = key(True, "renormalise the top-k routing weights to sum to 1", model=True)
@@ -236,8 +165,6 @@ class Config:
                                    min=0, model=True)
   capacity_factor: float = key(0.0, "0 = dropless; > 0 keeps at most cf * tokens*k/E copies per "
                                "expert (comparison mode)", min=0, **_COMPUTE, tools=MODEL_TOOLS)
-  first_k_dense_layers: int = key(0, "the first k layers have a dense MLP (DeepSeek style)", min=0,
-                                  model=True)
   mlp_only_layers: list[int] = key([], "these layer indices have a dense MLP (Qwen3-MoE "
                                    "mlp_only_layers)", model=True)
   decoder_sparse_step: int = key(1, "only layers i with (i + 1) % step == 0 are MoE layers "
@@ -537,24 +464,51 @@ class Config:
     return dataclasses.asdict(self)
 
 
-def _specs() -> dict[str, Spec]:
-  hints = typing.get_type_hints(Config)
-  out, readers = {}, ()
-  for f in dataclasses.fields(Config):
-    hint = hints[f.name]
-    kind, args = typing.get_origin(hint) or hint, typing.get_args(hint)
-    meta = dict(f.metadata["key"])
-    readers = meta.pop("section_tools") or readers
-    meta["tools"] = frozenset(meta["tools"] or readers)
-    out[f.name] = Spec(name=f.name, type=kind, items=args[0] if args else None, **meta)
-  return out
+_FAMILY_SECTION_TOOLS = (*MODEL_TOOLS, *CONVERT)     # as the model section's keys
+KEYS: dict[str, Spec] = specs_of(Config)             # in declaration (= base.yml) order
+MODEL_KEYS = KeyNames(KEYS, lambda s: s.model)      # read live: a family's keys join them
+DATA_KEYS = KeyNames(KEYS, lambda s: s.data)
+ARCHITECTURE_KEYS = KeyNames(KEYS, lambda s: s.arch)
+CARRIED_KEYS = KeyNames(KEYS, lambda s: s.carried)
+_FAMILY_KEYS: dict[str, type] = {}                   # family → its `Keys` dataclass
+_VIEWS: list[tuple[type, KeyNames]] = []             # the views to extend with new keys
+# the first key after the model section: a family's keys are placed before it (base.yml order)
+_AFTER_MODEL = next(k for k, s in list(KEYS.items())[list(KEYS).index("model_name") + 1:]
+                    if s.section)
 
 
-KEYS: dict[str, Spec] = _specs()                       # in declaration (= base.yml) order
-MODEL_KEYS = tuple(k for k, s in KEYS.items() if s.model)
-DATA_KEYS = tuple(k for k, s in KEYS.items() if s.data)
-ARCHITECTURE_KEYS = frozenset(k for k, s in KEYS.items() if s.arch)
-CARRIED_KEYS = frozenset(k for k, s in KEYS.items() if s.carried)
+def add_keys(family: str, keys: type) -> None:
+  """Composes the family's own keys (`keys`: a frozen dataclass of `key(...)` fields) into the one
+  schema: `KEYS` (after the model section, in a section of their own), and fields of `Config` and
+  of every view whose keys they are (`ModelConfig` for model keys). The schema does this for the
+  families of the table `MaxText/models/families.py` when it is imported; a family defined
+  elsewhere does it when it is registered (`registry.register`, its `Family.keys`). Adding the
+  same class again does nothing; a key the schema already has is a ValueError."""
+  if _FAMILY_KEYS.get(family) is keys:
+    return
+  if family in _FAMILY_KEYS:
+    raise ValueError(f"family {family!r} already declared its keys "
+                     f"({_FAMILY_KEYS[family].__module__}.{_FAMILY_KEYS[family].__qualname__})")
+  new = specs_of(keys, family, section=f"model: {family} ({keys.__module__})",
+                 section_tools=_FAMILY_SECTION_TOOLS)
+  clash = {k: KEYS[k].family or "the common schema" for k in new if k in KEYS}
+  if clash:
+    raise ValueError(f"family {family!r} declares keys the schema already has: "
+                     + ", ".join(f"{k} (from {owner})" for k, owner in sorted(clash.items())))
+  _FAMILY_KEYS[family] = keys
+  items = list(KEYS.items())
+  at = list(KEYS).index(_AFTER_MODEL)
+  KEYS.clear()
+  KEYS.update(items[:at] + list(new.items()) + items[at:])
+  extend_dataclass(Config, [(f.name, copy_field(f)) for f in dataclasses.fields(keys)])
+  for cls, names in _VIEWS:
+    extend_dataclass(cls, [(k, _view_field(k)) for k in new if k in names])
+
+
+def in_base_yml(name: str) -> bool:
+  """Whether configs/base.yml holds the key: the common ones and those of the repository's
+  families (a family registered at run time brings its keys' defaults with it)."""
+  return KEYS[name].family in ("", *_TABLE_FAMILIES)
 
 
 def choices(name: str) -> tuple:
@@ -578,14 +532,36 @@ def _frozen(value: Any) -> Any:
   return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
-def view(name: str, keys: tuple[str, ...], module: str, bases: tuple[type, ...] = ()) -> type:
+def _view_field(k: str) -> dataclasses.Field:
+  return field(default=_frozen(KEYS[k].default))
+
+
+def view(name: str, keys: KeyNames, module: str, bases: tuple[type, ...] = ()) -> type:
   """A frozen dataclass `name` with exactly the schema fields `keys` (their types and defaults;
-  list keys as tuples)."""
+  list keys as tuples); the keys a family adds later (`add_keys`) become its fields too."""
   fields = []
   for k in keys:
     spec = KEYS[k]
     kind = tuple if spec.type is list else spec.type
-    fields.append((k, kind, field(default=_frozen(spec.default))))
+    fields.append((k, kind, _view_field(k)))
   cls = dataclasses.make_dataclass(name, fields, bases=(*bases, View), frozen=True)
   cls.__module__ = module
+  _VIEWS.append((cls, keys))
   return cls
+
+
+def _import_family_keys() -> tuple[str, ...]:
+  """Composes the keys of the repository's families: for each family of the table
+  `MaxText/models/families.py` (an import-free dict), its sibling module `keys` (e.g.
+  MaxText/models/gemma4/keys.py), when it has one, declares a dataclass `Keys`. These modules
+  import only this package's `spec` and `tools` (tests/test_layering.py checks it), so reading
+  them from here keeps the config package below every other."""
+  table = importlib.import_module("MaxText.models.families").FAMILY_MODULES
+  for family, module in table.items():
+    name = module.rsplit(".", 1)[0] + ".keys"
+    if importlib.util.find_spec(name) is not None:
+      add_keys(family, importlib.import_module(name).Keys)
+  return tuple(table)
+
+
+_TABLE_FAMILIES = _import_family_keys()

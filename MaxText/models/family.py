@@ -23,6 +23,7 @@ stacked on a leading axis of the group's layers; the model reads and writes its 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Hashable, Mapping, Protocol
@@ -168,9 +169,17 @@ class Family:
   # Hugging Face model_type → its name map (a module with hf_to_params, params_to_hf,
   # config_from_hf, config_to_hf); an export with hf_model_type="" takes the first that fits
   hf_maps: Mapping[str, ModuleType] = field(default_factory=dict)
+  # the model keys only this family reads: a frozen dataclass of `config.spec.key(...)` fields
+  # (its folder's keys.py: `Keys`), composed into the one schema (`schema.add_keys`: by the
+  # family table for the repository's families, by `registry.register` for others); they are
+  # supported without being listed in `supports`
+  keys: type | None = None
+
+  def own_keys(self) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(self.keys)) if self.keys else frozenset()
 
   def __post_init__(self):
-    unknown = sorted(set(self.supports) - set(MODEL_KEYS))
+    unknown = sorted(set(self.supports) - set(MODEL_KEYS) - self.own_keys())
     if unknown:
       raise ValueError(f"family {self.name!r} supports keys that are not model keys of the "
                        f"schema: {unknown}")
@@ -181,7 +190,8 @@ class Family:
     refused = [(k, f"{k}={getattr(mcfg, k)!r} is not supported by decoder_block={self.name} "
                    f"(it implements {k} only at {KEYS[k].default!r}, the default)")
                for k in MODEL_KEYS
-               if k not in self.supports | GENERIC_KEYS and not is_default(mcfg, k)]
+               if k not in self.supports | self.own_keys() | GENERIC_KEYS
+               and not is_default(mcfg, k)]
     return refused + self.check(mcfg)
 
 

@@ -1,7 +1,8 @@
 """`decoder_block` → model family (MaxText/models/family.py: what generic code knows of one).
 
-`FAMILY_MODULES` is the one table of the families in this repository: a family is its folder
-`MaxText/models/<family>/` (whose `family.py` defines `FAMILY`) plus one line here; the module is
+`FAMILY_MODULES` (MaxText/models/families.py) is the one table of the families in this repository:
+a family is its folder `MaxText/models/<family>/` (whose `family.py` defines `FAMILY`, and whose
+`keys.py`, if any, declares the model keys only it reads) plus one line there; the module is
 imported the first time the family is asked for. One rule: a folder is one family and holds all
 it owns — its model, its checks and every Hugging Face map it lists in `FAMILY.hf_maps` (the
 llama family's Llama, Qwen3 and Qwen3-MoE maps are all in `llama/`); a family's folder imports no
@@ -13,22 +14,22 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from MaxText.config import schema
 from MaxText.config.load import ConfigError
 from MaxText.metrics.flops import FlopCount, training_flops_per_step
+from MaxText.models.families import FAMILY_MODULES
 from MaxText.models.family import Family, Problems
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef, init_params_of, model_def_of
 
-FAMILY_MODULES: dict[str, str] = {
-    "llama": "MaxText.models.llama.family",
-    "gemma4": "MaxText.models.gemma4.family",
-    "qwen3_next": "MaxText.models.qwen3_next.family",
-}
 _FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
-  """Makes `family` the one behind decoder_block=family.name."""
+  """Makes `family` the one behind decoder_block=family.name; its own keys (`family.keys`) join the
+  schema (`schema.add_keys`; already there for a family of the table)."""
+  if family.keys is not None:
+    schema.add_keys(family.name, family.keys)
   _FAMILIES[family.name] = family
   return family
 

@@ -10,14 +10,12 @@ from MaxText.models.gemma4 import hf_map
 from MaxText.models.gemma4.model import (Transformer, attention_types, decode_cache,
                                          first_kv_shared_layer, head_dim_of, kv_heads_of,
                                          layer_kinds)
+from MaxText.models.gemma4.keys import Keys
 from MaxText.models.model_config import ModelConfig
 
+# the schema's shared keys it implements; its own (keys.py) are supported through keys=Keys
 GEMMA4_KEYS = frozenset({
-    "mlp_activation", "use_qk_norm", "tie_word_embeddings", "attention_pattern", "sliding_window",
-    "attention_scale", "global_head_dim", "global_num_kv_heads", "global_rope_theta",
-    "global_rope_fraction", "attention_k_eq_v", "num_kv_shared_layers",
-    "double_wide_mlp_on_shared", "per_layer_input_dim", "per_layer_input_vocab_size",
-    "final_logit_softcap"})
+    "mlp_activation", "use_qk_norm", "tie_word_embeddings", "attention_pattern", "sliding_window"})
 
 
 def check(cfg: ModelConfig) -> Problems:
@@ -93,6 +91,7 @@ def aux_terms(cfg: ModelConfig) -> MoETerms | None:
 FAMILY = Family(
     name="gemma4",
     build=Transformer,
+    keys=Keys,
     supports=COMMON_KEYS | ROUTED_EXPERT_KEYS | GEMMA4_KEYS,
     layer_kinds=layer_kinds,
     flops=flops,

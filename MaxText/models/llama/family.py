@@ -9,6 +9,7 @@ from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Prob
                                    dense_layer_problems, routed_expert_problems)
 from MaxText.models.llama import hf_map as llama_hf
 from MaxText.models.llama.model import MOE, Transformer, decode_cache, layer_kinds, moe_layers
+from MaxText.models.llama.keys import Keys
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.llama import qwen3_hf_map as qwen3_hf
 from MaxText.models.llama import qwen3_moe_hf_map as qwen3_moe_hf
@@ -50,6 +51,7 @@ def aux_terms(cfg: ModelConfig) -> MoETerms | None:
 FAMILY = Family(
     name="llama",
     build=Transformer,
+    keys=Keys,
     supports=COMMON_KEYS | EXPERT_KEYS | {"mlp_activation", "use_qk_norm", "tie_word_embeddings"},
     layer_kinds=layer_kinds,
     flops=flops,

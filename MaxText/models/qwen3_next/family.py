@@ -9,6 +9,7 @@ from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_delta_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
                                    dense_layer_problems, routed_expert_problems)
+from MaxText.models.qwen3_next.keys import Keys
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3_next import hf_map
 from MaxText.models.qwen3_next.model import (FULL, LINEAR, MOE, Transformer, decode_cache,
@@ -18,9 +19,9 @@ DENSE_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
 EXPERT_KEYS = ROUTED_EXPERT_KEYS | {"shared_expert_mlp_dim", *DENSE_LAYER_KEYS}
 LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                "linear_value_head_dim")
+# the schema's shared keys it implements; its own (keys.py) are supported through keys=Keys
 QWEN3_NEXT_KEYS = frozenset({"mlp_activation", "tie_word_embeddings", "attention_pattern",
-                             "partial_rotary_factor", *LINEAR_KEYS, "linear_conv_kernel_dim",
-                             "linear_chunk_size", "linear_recurrence", "mtp_num_layers"})
+                             "partial_rotary_factor"})
 
 
 def check(cfg: ModelConfig) -> Problems:
@@ -103,6 +104,7 @@ def frozen(cfg: ModelConfig) -> tuple[str, ...]:
 FAMILY = Family(
     name="qwen3_next",
     build=Transformer,
+    keys=Keys,
     supports=COMMON_KEYS | EXPERT_KEYS | QWEN3_NEXT_KEYS,
     layer_kinds=layer_kinds,
     flops=flops,
