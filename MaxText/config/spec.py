@@ -109,7 +109,8 @@ class KeyNames(collections.abc.Set):
 
 
 def copy_field(f: dataclasses.Field) -> dataclasses.Field:
-  return field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+  return field(default=f.default, default_factory=f.default_factory,  # pyright: ignore[reportReturnType]
+               metadata=f.metadata)   # dataclasses' stubs type field() as the default's type
 
 
 def extend_dataclass(cls: type, new: list[tuple[str, dataclasses.Field]]) -> None:
