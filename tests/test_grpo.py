@@ -13,6 +13,7 @@ import pytest
 
 from conftest import CACHE_DIR, ROOT, read_metrics
 from grpo_helpers import write_prompts
+from test_metrics_read import record_saves
 from MaxText.rl.grpo import GRPOTrainer
 from MaxText.train.loop import run
 
@@ -387,13 +388,7 @@ class GRPOTimeline(GRPOTrainer):
 
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)
-    self.events: list[str] = []
-    save = self.checkpointed.save_checkpoint
-
-    def save_checkpoint(ckpts, step, *a):
-      self.events.append(f"save {step}")
-      return save(ckpts, step, *a)
-    self.checkpointed.save_checkpoint = save_checkpoint
+    self.events = record_saves(self)
 
   def dispatch(self, state, batch):
     self.events.append(f"dispatch {batch[1]['step']}")

@@ -9,19 +9,25 @@ from conftest import MESH_1, argv, read_metrics
 from MaxText.train.loop import Trainer, run
 
 
+def record_saves(trainer) -> list[str]:
+  """The trainer's event list, with each checkpoint save recorded in it ("save N")."""
+  events: list[str] = []
+  save = trainer.checkpointed.save_checkpoint
+
+  def save_checkpoint(ckpts, step, *a):
+    events.append(f"save {step}")
+    return save(ckpts, step, *a)
+  trainer.checkpointed.save_checkpoint = save_checkpoint
+  return events
+
+
 class Timeline(Trainer):
   """Records the order of the step's dispatches, metrics reads and checkpoint saves (wrapping the
   loop's parts: train/step_loop.py)."""
 
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)
-    self.events: list[str] = []
-    save = self.checkpointed.save_checkpoint
-
-    def save_checkpoint(ckpts, step, *a):
-      self.events.append(f"save {step}")
-      return save(ckpts, step, *a)
-    self.checkpointed.save_checkpoint = save_checkpoint
+    self.events = record_saves(self)
 
   def loop_parts(self, *a):
     parts = super().loop_parts(*a)
