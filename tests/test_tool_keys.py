@@ -140,28 +140,29 @@ def test_no_tool_argument_re_declares_a_schema_key(module):
   assert not set(args) & set(KEYS), sorted(set(args) & set(KEYS))
 
 
-def test_the_batch_contract_is_declared_once():
-  declared = []
+def _package_sources():
+  """(path, parsed module) of every file of the MaxText package."""
   for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
     for f in (f for f in files if f.endswith(".py")):
       path = os.path.join(dirpath, f)
       with open(path, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read())
-      declared += [os.path.relpath(path, ROOT) for node in ast.walk(tree)
-                   if isinstance(node, ast.Assign)
-                   and any(getattr(t, "id", None) == "BATCH_KEYS" for t in node.targets)]
+        yield path, ast.parse(fh.read())
+
+
+def test_the_batch_contract_is_declared_once():
+  declared = []
+  for path, tree in _package_sources():
+    declared += [os.path.relpath(path, ROOT) for node in ast.walk(tree)
+                 if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "BATCH_KEYS" for t in node.targets)]
   assert declared == [os.path.join("MaxText", "data", "batch.py")], declared
 
 
 def test_one_command_line_style_no_argparse():
   """Every program, the launchers included, takes key=value (MaxText/config/cli.py)."""
   users = []
-  for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
-    for f in (f for f in files if f.endswith(".py")):
-      path = os.path.join(dirpath, f)
-      with open(path, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read())
-      if any(isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names)
-             or isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree)):
-        users.append(os.path.relpath(path, ROOT))
+  for path, tree in _package_sources():
+    if any(isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names)
+           or isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree)):
+      users.append(os.path.relpath(path, ROOT))
   assert users == [], users

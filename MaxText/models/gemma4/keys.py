@@ -1,11 +1,8 @@
 """The model keys only the Gemma 4 family reads (full-layer geometry, kv sharing, per-layer
 input embeddings, the logit soft cap).
 
-Declared here, in the family's folder, and composed into the one schema by
-`MaxText.config.schema.add_keys` (the schema imports this module through the family table,
-`MaxText/models/families.py`): validated, shown by `--help`, rendered into configs/base.yml and
-fields of `Config` and `ModelConfig` like every other key. Imports nothing above the config
-package (tests/test_layering.py).
+Composed into the one schema like every family's `keys.py` (docs/architecture.md, the family
+section).
 """
 from __future__ import annotations
 
