@@ -70,6 +70,11 @@ _RULES = [
     ["exp", ["expert"]],
     ["layers", None],
     ["norm", None],
+    # Gemma 4's audio tower (MaxText/models/gemma4/audio.py): sharded like the text model
+    ["audio_embed", ["fsdp"]],
+    ["audio_heads", ["tensor"]],
+    ["audio_mlp", ["tensor"]],
+    ["audio_conv", None],
 ]
 
 

@@ -167,6 +167,9 @@ class NameMap:
   # our parameters with no HF counterpart and a neutral value of zero (e.g. an MoE selection bias):
   # imported as zeros; exporting one that is not all zero is refused (HF would compute otherwise)
   ours_only: tuple[str, ...] = ()
+  # how many layers the layer rules run over (None: the decoder's, `num_decoder_layers`; a
+  # tower's map gives its own)
+  num_layers: Callable[[ModelConfig], int] | None = None
 
   def specs(self, mcfg: ModelConfig) -> dict[tuple, Any]:
     """Our parameters (path → ShapeDtypeStruct) of the model of `mcfg`."""
@@ -190,7 +193,8 @@ class NameMap:
           sources.setdefault(path, []).append(
               (rule.hf.format(e=e) if rule.expert else rule.hf,
                _index(rule, None, e, specs[path].shape)))
-    for i in range(mcfg.num_decoder_layers):
+    layers = mcfg.num_decoder_layers if self.num_layers is None else self.num_layers(mcfg)
+    for i in range(layers):
       prefix, layer_index = self.layer_location(mcfg, i)
       for rule in self.layer_rules:
         path = (*prefix, *split_path(rule.ours))

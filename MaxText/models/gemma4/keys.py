@@ -39,3 +39,42 @@ class Keys:
                                         model=True)
   final_logit_softcap: float = key(0.0, "logits = c * tanh(logits / c) before the loss; 0 = off",
                                    min=0, model=True)
+
+  # ---- the audio tower (MaxText/models/gemma4/audio.py; HF `audio_config`) ----------------------
+  audio_hidden_size: int = key(
+      0, "audio tower (conformer) width; 0 = no audio tower", min=0, model=True,
+      section="model: gemma4 audio tower (MaxText/models/gemma4/audio.py; HF audio_config)",
+      section_tools=(*MODEL_TOOLS, *CONVERT))
+  audio_num_layers: int = key(12, "conformer layers of the audio tower", min=1, model=True)
+  audio_num_heads: int = key(8, "attention heads of the audio tower (head width = "
+                             "audio_hidden_size / heads)", min=1, model=True)
+  audio_subsampling_channels: list[int] = key(
+      [128, 32], "channels of the two stride-2 3x3 convolutions that subsample the log-mel "
+      "frames 4x in time and frequency (the first also fixes the mel bins: channels[0] / 4 "
+      "bins are left after them)", model=True)
+  audio_conv_kernel_size: int = key(5, "width of the light convolution (depthwise, causal)",
+                                    min=1, model=True)
+  audio_residual_weight: float = key(0.5, "the feed-forward blocks' output is scaled by this "
+                                     "before the residual", model=True)
+  audio_chunk_size: int = key(12, "chunked local attention: queries per chunk", min=1,
+                              model=True)
+  audio_context_left: int = key(13, "chunked local attention: left context (HF "
+                                "attention_context_left; a query sees itself and the "
+                                "context_left - 2 frames before it)", min=1, model=True)
+  audio_context_right: int = key(0, "chunked local attention: frames after a query it sees",
+                                 min=0, model=True)
+  audio_logit_cap: float = key(50.0, "attention logits = c * tanh(logits / c)", gt=0, model=True)
+  audio_invalid_logit: float = key(-1e9, "the logit of a masked (padding or out-of-window) key",
+                                   model=True)
+  audio_clipped_linears: bool = key(True, "the tower's projections clamp their input and output "
+                                    "to per-layer bounds from the checkpoint (±inf at init)",
+                                    model=True)
+  audio_norm_epsilon: float = key(1e-6, "epsilon of the subsampling, light-convolution and "
+                                  "embedder norms (the other norms: 1e-6, as HF)", gt=0,
+                                  model=True)
+  audio_gradient_clipping: float = key(1e10, "the conformer clamps activations to ± this",
+                                       gt=0, model=True)
+  audio_output_dim: int = key(1536, "width of the tower's output projection (what the audio "
+                              "embedder projects to emb_dim)", min=1, model=True)
+  audio_activation: str = key("silu", "activation of the conformer's feed-forward and light "
+                              "convolution", choices=("silu", "gelu_tanh"), model=True)
