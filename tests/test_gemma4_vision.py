@@ -222,6 +222,30 @@ def test_state_dict_round_trip_is_exact(scan):
   check_round_trip(gemma4_hf_map, mcfg, model_def, params, sd)
 
 
+def test_hf_to_params_is_strict_about_the_tower():
+  """A missing or unknown tower tensor is named; a tower the config lacks (audio here) is skipped;
+  without vision_config the checkpoint is read as its text model; the unsupported bidirectional
+  mode and media no tower reads are refused."""
+  from MaxText.models.gemma4 import towers
+  mcfg, _, params = ours()
+  sd = hf_state(hf_model())
+  missing = {k: v for k, v in sd.items() if k != "model.vision_tower.std_bias"}
+  with pytest.raises(ValueError, match="lacks model.vision_tower.std_bias"):
+    gemma4_hf_map.hf_to_params(missing, mcfg)
+  with pytest.raises(ValueError, match="no place.*model.vision_tower.extra"):
+    gemma4_hf_map.hf_to_params({**sd, "model.vision_tower.extra": np.zeros(2)}, mcfg)
+  audio = {**sd, "model.audio_tower.layers.0.x": np.zeros(2), "model.embed_audio.y": np.zeros(2)}
+  jax.tree.map(np.testing.assert_array_equal, gemma4_hf_map.hf_to_params(audio, mcfg), params)
+  hf = hf_model().config.to_dict()
+  text = gemma4_hf_map.config_from_hf({**hf, "vision_config": None})
+  assert text["hf_model_type"] == "gemma4_text" and "vision_layers" not in text
+  bad = {**hf, "text_config": {**hf["text_config"], "use_bidirectional_attention": "all"}}
+  with pytest.raises(ValueError, match="use_bidirectional_attention='all'"):
+    gemma4_hf_map.config_from_hf(bad)
+  with pytest.raises(ValueError, match=r"media inputs \['input_features'\].*\(vision\)"):
+    towers.check_media(mcfg, {"input_features": np.zeros(1)})
+
+
 def test_converters_round_trip_reloads_strictly(tmp_path):
   """HF folder → to_maxtext → to_huggingface → Gemma4ForConditionalGeneration.from_pretrained:
   nothing missing or unexpected, every tensor (towers and embedders included) bit for bit."""
