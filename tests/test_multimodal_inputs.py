@@ -3,8 +3,9 @@
 placeholder expansion and `mm_token_type_ids` — on images and clips of several sizes, for a batch
 call and for chat messages with image / audio parts (ids, masks and token types exactly, pixels
 and features within 1e-6); the tools hand exactly those tensors to a model whose family takes
-them (a plug-in family: Llama that records what `extend` / `forward_with_aux` receive), and a
-converted checkpoint carries the processor's files. Bad input: an unreadable or non-image file
+them (a plug-in family: Llama that records what `extend` / `forward_with_aux` receive), a tiny
+Gemma 4 with its vision tower decodes a chat message with an image as transformers' generate
+does, and a converted checkpoint carries the processor's files. Bad input: an unreadable or non-image file
 exits 3 naming it, an image or clip for a text-only model exits 2, more soft tokens than the
 positions leave room for exits 2 with the counts. The tiny processor (tokenizer with the
 placeholder tokens, chat template, processor configs) is built here; nothing is downloaded."""
@@ -61,13 +62,13 @@ class Oracle(transformers.Gemma4Processor):
     return super().check_argument_for_proper_class(argument_name, argument)
 
 
-def build_processor_folder(folder, layout="processor_config"):
+def build_processor_folder(folder, layout="processor_config", words=tuple(WORDS), image=None):
   """The tiny tokenizer (placeholders, bos added like Gemma's), its chat template and the
   processor's files; returns transformers' processor over the same folder."""
   from tokenizers import Tokenizer, models, pre_tokenizers, processors
-  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  tok.add_special_tokens([w for w in WORDS if w.startswith("<")])
+  tok.add_special_tokens([w for w in words if w.startswith("<")])
   tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
                                                      special_tokens=[("<bos>", 2)])
   fast = transformers.PreTrainedTokenizerFast(
@@ -76,7 +77,7 @@ def build_processor_folder(folder, layout="processor_config"):
   fast.chat_template = TEMPLATE
   fast.save_pretrained(folder)
   hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
-  image_processor = Gemma4ImageProcessorPil(**IMAGE)
+  image_processor = Gemma4ImageProcessorPil(**(image or IMAGE))
   extractor = Gemma4AudioFeatureExtractor(**AUDIO)
   plain = lambda d: json.loads(json.dumps(d, default=lambda o: np.asarray(o).tolist()))
   if layout == "processor_config":
@@ -347,3 +348,35 @@ def test_bad_media_exit_codes(folder, checkpoints, tmp_path, capsys, monkeypatch
     assert decode.main([BASE_YML, *MESH_1, *args, "max_new_tokens=4"]) == status, args
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, (args, err)
+
+
+def test_gemma4_with_its_vision_tower_decodes_an_image_as_transformers(folder, tmp_path):
+  """The whole path on a tiny random Gemma4ForConditionalGeneration (tests/test_gemma4_vision.py):
+  its Hugging Face folder with the processor's files, a chat message with an image through
+  `MaxText.inference` — the prompt ids are apply_chat_template's and 20 greedy tokens equal
+  transformers' generate on the processor's tensors."""
+  from test_gemma4_vision import BOI, EOI, IMAGE as IMAGE_ID, hf_model
+  model = hf_model()
+  special = {376: TOKENS["boa_token"], 377: TOKENS["eoa_token"], BOI: TOKENS["boi_token"],
+             EOI: TOKENS["eoi_token"], IMAGE_ID: TOKENS["image_token"], 381: "<|video|>",
+             382: TOKENS["audio_token"]}
+  rest = [w for w in WORDS if w not in special.values()]
+  words = [special.get(i) or (rest[i] if i < len(rest) else f"w{i}")
+           for i in range(model.config.text_config.vocab_size)]
+  hf_dir = tmp_path / "hf"
+  model.save_pretrained(hf_dir)
+  oracle = build_processor_folder(hf_dir, words=tuple(words),
+                                  image=dict(patch_size=2, max_soft_tokens=70,
+                                             pooling_kernel_size=2))
+  _, _, images = folder
+  messages = [{"role": "user", "content": [{"type": "image", "image": images[0]},
+                                           {"type": "text", "text": "what is this"}]}]
+  want = oracle.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                    return_dict=True, return_tensors="pt")
+  ours_ = inference.load([BASE_YML, f"hf_path={hf_dir}", "dtype=float32"], jax.devices()[:1])
+  [g] = ours_.generate([{"messages": messages}], max_new_tokens=20, eos_ids=[-1])
+  assert g.prompt_ids == want["input_ids"][0].tolist()
+  model.generation_config.eos_token_id = None
+  with torch.no_grad():
+    out = model.generate(**want, do_sample=False, max_new_tokens=20, pad_token_id=0)
+  assert g.output_ids == out[0, want["input_ids"].shape[1]:].tolist()

@@ -70,6 +70,14 @@ _RULES = [
     ["exp", ["expert"]],
     ["layers", None],
     ["norm", None],
+    # encoder towers (a multimodal family's vision / audio encoders): sharded as the text model
+    ["activation_vision_batch", ["data", "fsdp", "expert"]],
+    ["activation_vision_batch", ["data", "fsdp"]],
+    ["activation_vision_batch", ["data"]],
+    ["vision_embed", ["fsdp"]],
+    ["vision_heads", ["tensor"]],
+    ["vision_kv_heads", ["tensor"]],
+    ["vision_mlp", ["tensor"]],
 ]
 
 

@@ -20,6 +20,11 @@ nothing) and its module has
                                        dict (the chunked losses take their gradient by this name)
 The cache is the dict of groups of arrays the decoding code allocated from `decode_cache`, each
 stacked on a leading axis of the group's layers; the model reads and writes its layers' rows.
+
+A multimodal family's module also takes `media=` — its encoder towers' inputs, a dict of arrays by
+the processor's names (Gemma 4: MaxText/models/gemma4/towers.py) — in `forward_with_aux` and in
+`extend(prefill=True)`; generic code hands it through as it is (`ModelDef.apply*` keywords, the
+decoding engine's prefill).
 """
 from __future__ import annotations
 
