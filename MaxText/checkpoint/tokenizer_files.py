@@ -2,8 +2,10 @@
 
 - A Hugging Face folder's tokenizer files (`NAMES` and any SentencePiece `*.model`: tokenizer.json,
   tokenizer_config.json with its chat template, special_tokens_map.json, chat_template.jinja, ...)
-  are copied into the checkpoint by `to_maxtext`, and back out next to config.json by
-  `to_huggingface`, so `transformers.AutoTokenizer` loads the export.
+  and a multimodal model's processor files (processor_config.json, preprocessor_config.json:
+  MaxText/data/multimodal/processor.py reads them beside the tokenizer) are copied into the
+  checkpoint by `to_maxtext`, and back out next to config.json by `to_huggingface`, so
+  `transformers.AutoTokenizer` (and `AutoProcessor`) loads the export.
 - A training run whose tokenizer is a file saves that file (as `tokenizer.json` for a HuggingFace
   one) and its companions from the same folder into every checkpoint step.
 - `train.py load_parameters_path=CKPT` uses the checkpoint's tokenizer unless `tokenizer_path`
@@ -24,7 +26,8 @@ from MaxText.storage import paths
 
 ITEM = "tokenizer"
 NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-         "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt")
+         "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt",
+         "processor_config.json", "preprocessor_config.json")
 _ORBAX_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 

@@ -148,7 +148,7 @@ def write_hf_folder(folder: str, tensors: Mapping[str, np.ndarray], config: dict
   try:
     progress = Progress(f"writing {folder}", len(tensors))
     for name in tensors:
-      t = np.ascontiguousarray(tensors[name])
+      t = np.asarray(tensors[name], order="C")   # (ascontiguousarray would make a 0-d tensor 1-d)
       progress.add(t.nbytes)
       if current and size + t.nbytes > max_shard_bytes:
         flush()

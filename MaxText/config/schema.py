@@ -70,6 +70,14 @@ _RULES = [
     ["exp", ["expert"]],
     ["layers", None],
     ["norm", None],
+    # encoder towers (a multimodal family's vision / audio encoders): sharded as the text model
+    ["activation_vision_batch", ["data", "fsdp", "expert"]],
+    ["activation_vision_batch", ["data", "fsdp"]],
+    ["activation_vision_batch", ["data"]],
+    ["vision_embed", ["fsdp"]],
+    ["vision_heads", ["tensor"]],
+    ["vision_kv_heads", ["tensor"]],
+    ["vision_mlp", ["tensor"]],
 ]
 
 
@@ -349,6 +357,12 @@ class Config:
                               tools=(*DECODERS, "train"))
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")
+  image: list[str] = key(
+      [], "image files for the prompt(s) (image=a.png image=b.png: several, in order); a model "
+      "whose family takes images, prepared by its processor (MaxText/data/multimodal/)",
+      repeat=True, tools=DECODERS)
+  audio: list[str] = key([], "WAV clips for the prompt(s), at the feature extractor's rate "
+                         "(audio=a.wav audio=b.wav: several)", repeat=True, tools=DECODERS)
   chat: bool = key(False, "render prompts (and jsonl messages) with the tokenizer's own chat "
                    "template (tokenizer_config.json / chat_template.jinja)")
   max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1,

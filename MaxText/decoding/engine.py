@@ -18,6 +18,11 @@ score: log-probabilities of given completions after given prompts (a teacher-for
 without a cache; the head applied `SCORE_CHUNK` positions at a time so the [B, S, V] logits never
 exist whole).
 
+Images and audio (a family whose `media` names them): each prompt's tensors (transformers' names,
+MaxText/data/multimodal/processor.py) go with it; a batch's are concatenated in row order and
+handed to the model's `extend` as `media=` in the prefill and in scoring (the decoding steps see
+only the cache), so the soft tokens are computed once per prompt.
+
 Requests that cannot run (an empty prompt, ids outside the vocabulary, a prompt plus
 max_new_tokens longer than the cache or the model's positions) raise `DecodeError` naming the
 prompt and the numbers, before anything compiles.
@@ -69,6 +74,16 @@ def bucket(n: int, minimum: int = 1, cap: int | None = None) -> int:
 def fetch(x) -> np.ndarray:
   """A replicated result on the host (its local copy: works in a multi-process run too)."""
   return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def batch_media(media: Sequence[dict[str, np.ndarray]] | None, rows: Sequence[int]
+                ) -> dict[str, np.ndarray]:
+  """The images and clips of the prompts `rows`, in that order: each tensor concatenated over the
+  rows that have it ({} for text)."""
+  if not media:
+    return {}
+  names = dict.fromkeys(n for i in rows for n in media[i])
+  return {n: np.concatenate([media[i][n] for i in rows if n in media[i]]) for n in names}
 
 
 class Engine:
@@ -166,14 +181,19 @@ class Engine:
     positions_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (lengths_B.shape[0], S))
     return positions_BS, positions_BS < lengths_B[:, None]
 
-  def _prefill_fn(self, params, tokens_BS, lengths_B, rows_B, values, *, static, max_len):
+  @staticmethod
+  def _media(media: dict) -> dict:
+    """`extend`'s keyword for a batch's images and clips (none for a text batch)."""
+    return {"media": media} if media else {}
+
+  def _prefill_fn(self, params, tokens_BS, lengths_B, rows_B, values, media, *, static, max_len):
     B, S = tokens_BS.shape
     specs = cache_lib.specs(self.mcfg, B, max_len, self.cache_dtype)
     with use_rules(self.mesh, self.rules):
       model = self._model(params)
       cache = cache_lib.constrain_cache(cache_lib.empty(specs), specs, self.mesh, self.rules)
       x_BSD, cache = model.extend(tokens_BS, *self._prompt_positions(lengths_B, S), cache,
-                                  prefill=True)
+                                  prefill=True, **self._media(media))
       last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
       tokens_B, logprobs_B = choose(model.logits(last_B1D)[:, 0], static, values, rows_B,
                                     jnp.zeros_like(rows_B))
@@ -211,14 +231,15 @@ class Engine:
       cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
     return cache, *self._replicated(state, out_tokens, out_logprobs)
 
-  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B):
+  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B, media):
     """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond)."""
     B, S = tokens_BS.shape
     C = min(S, SCORE_CHUNK)
     with use_rules(self.mesh, self.rules):
       model = self._model(params)
       positions_BS, valid_BS = self._prompt_positions(lengths_B, S)
-      x_BSD, _ = model.extend(tokens_BS, positions_BS, valid_BS, None, prefill=True)
+      x_BSD, _ = model.extend(tokens_BS, positions_BS, valid_BS, None, prefill=True,
+                              **self._media(media))
 
       def chunk_logprobs(xs):
         x_BCD, t_BC = xs
@@ -234,9 +255,11 @@ class Engine:
   def generate(self, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: Sampling = Sampling(), eos_ids: Sequence[int] = (),
                stop: Sequence[str] = (), detokenize: Callable[[list[int]], str] | None = None,
-               row_ids: Sequence[int] | None = None) -> list[Completion]:
+               row_ids: Sequence[int] | None = None,
+               media: Sequence[dict[str, np.ndarray]] | None = None) -> list[Completion]:
     """Completions of `prompts` (token ids), in order. `stop` strings need `detokenize` (ids →
-    text). `row_ids` (default: the prompts' indices) seed each prompt's samples."""
+    text). `row_ids` (default: the prompts' indices) seed each prompt's samples. `media`: each
+    prompt's image / audio tensors (module docstring)."""
     for _, problem in sampling.problems():
       raise DecodeError(problem)
     if len(eos_ids) > MAX_EOS_IDS:
@@ -244,6 +267,8 @@ class Engine:
     if stop and detokenize is None:
       raise DecodeError("stop strings need a tokenizer to read the completions' text")
     prompts = [[int(t) for t in p] for p in prompts]
+    if media is not None and len(media) != len(prompts):
+      raise DecodeError(f"{len(prompts)} prompts but media for {len(media)}")
     if not prompts:
       return []
     max_len = self.cache_length(prompts, max_new_tokens)
@@ -256,13 +281,13 @@ class Engine:
       idx = order[start:start + self.batch_size]
       done = self._generate_batch(params, [prompts[i] for i in idx], [row_ids[i] for i in idx],
                                   max_len, max_new_tokens, sampling, eos_E, tuple(stop),
-                                  detokenize)
+                                  detokenize, batch_media(media, idx))
       for i, c in zip(idx, done):
         out[i] = c
     return cast(list[Completion], out)  # every row filled
 
   def _generate_batch(self, params, prompts, rows, max_len, max_new, sampling, eos_E, stop,
-                      detokenize) -> list[Completion]:
+                      detokenize, media) -> list[Completion]:
     n = len(prompts)
     B = bucket(n)
     S = bucket(max(len(p) for p in prompts), MIN_PROMPT_BUCKET, max_len)
@@ -274,7 +299,7 @@ class Engine:
       lengths_B[b], rows_B[b] = len(p), rows[b]
     values = sampling.values()
     cache, first_B, first_lp_B = self._prefill(params, *self._host(tokens_BS, lengths_B, rows_B,
-                                                                  values),
+                                                                  values, media),
                                                static=sampling.static, max_len=max_len)
     first_B, first_lp_B = fetch(first_B), fetch(first_lp_B)
     results = [Completion(list(p), [int(first_B[b])], [float(first_lp_B[b])])
@@ -319,9 +344,10 @@ class Engine:
     return len(c.output_ids) >= max_new
 
   def score(self, params, prompts: Sequence[Sequence[int]],
-            completions: Sequence[Sequence[int]]) -> list[np.ndarray]:
+            completions: Sequence[Sequence[int]],
+            media: Sequence[dict[str, np.ndarray]] | None = None) -> list[np.ndarray]:
     """Per completion, the log-probability of each of its tokens given the prompt and the
-    completion's earlier tokens (fp32 arrays of len(completion))."""
+    completion's earlier tokens (fp32 arrays of len(completion)); `media` as for `generate`."""
     if len(prompts) != len(completions):
       raise DecodeError(f"{len(prompts)} prompts but {len(completions)} completions")
     seqs = []
@@ -347,7 +373,8 @@ class Engine:
         s = seqs[i]
         tokens_BS[b, :len(s) - 1], targets_BS[b, :len(s) - 1] = s[:-1], s[1:]
         lengths_B[b] = max(len(s) - 1, 1)
-      lp_BS = fetch(self._score(params, *self._host(tokens_BS, targets_BS, lengths_B)))
+      lp_BS = fetch(self._score(params, *self._host(tokens_BS, targets_BS, lengths_B,
+                                                    batch_media(media, idx))))
       for b, i in enumerate(idx):
         first = len(prompts[i]) - 1
         out[i] = lp_BS[b, first:first + len(completions[i])].astype(np.float32)
