@@ -15,6 +15,7 @@ from conftest import ROOT
 LAYERS = [
     ("backend",),                             # the hot path's platform choice, library compat
     ("config",),                              # the one schema, loading, the CLI parser
+    ("storage",),                             # paths local or on an object store (gs://, s3://)
     ("data", "metrics", "kernels"),
     ("checkpoint",),
     ("runtime",),                             # the process: exit codes, run dir, preemption, ...
