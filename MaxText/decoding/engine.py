@@ -16,7 +16,8 @@ prefill per (row, prompt-length) bucket and one decoding program per row bucket.
 
 score: log-probabilities of given completions after given prompts (a teacher-forced `extend`
 without a cache; the head applied `SCORE_CHUNK` positions at a time so the [B, S, V] logits never
-exist whole).
+exist whole); `score_top` also gives the `top` most likely tokens at each completion position and
+their log-probabilities (is the completion what greedy decoding writes: lm-eval's `is_greedy`).
 
 Images and audio (a family whose `media` names them): each prompt's tensors (transformers' names,
 MaxText/data/multimodal/processor.py) go with it; a batch's are concatenated in row order and
@@ -104,7 +105,7 @@ class Engine:
     self._prefill = jax.jit(self._counted(self._prefill_fn), static_argnames=("static", "max_len"))
     self._decode = jax.jit(self._counted(self._decode_fn), static_argnames=("static",),
                            donate_argnums=(1,))
-    self._score = jax.jit(self._counted(self._score_fn))
+    self._score = jax.jit(self._counted(self._score_fn), static_argnames=("top",))
 
   def _counted(self, fn: Callable) -> Callable:
     """`fn`, counting its traces (jit traces a function once per program it compiles for it),
@@ -231,8 +232,9 @@ class Engine:
       cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
     return cache, *self._replicated(state, out_tokens, out_logprobs)
 
-  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B, media):
-    """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond)."""
+  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B, media, *, top: int = 0):
+    """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond); with `top` also the
+    `top` most likely tokens at each position and their log-probabilities."""
     B, S = tokens_BS.shape
     C = min(S, SCORE_CHUNK)
     with use_rules(self.mesh, self.rules):
@@ -244,12 +246,20 @@ class Engine:
       def chunk_logprobs(xs):
         x_BCD, t_BC = xs
         logp_BCV = jax.nn.log_softmax(model.logits(x_BCD), axis=-1)
-        return jnp.take_along_axis(logp_BCV, t_BC[..., None], axis=-1)[..., 0]
+        lp_BC = jnp.take_along_axis(logp_BCV, t_BC[..., None], axis=-1)[..., 0]
+        if not top:
+          return lp_BC
+        top_lp_BCK, top_ids_BCK = jax.lax.top_k(logp_BCV, top)
+        return lp_BC, top_ids_BCK.astype(jnp.int32), top_lp_BCK
 
       split = lambda a: a.reshape(B, S // C, C, *a.shape[2:]).swapaxes(0, 1)
-      lp_NBC = jax.lax.map(chunk_logprobs, (split(x_BSD), split(targets_BS)))
-      lp_BS = lp_NBC.swapaxes(0, 1).reshape(B, S)
-    return self._replicated(jnp.where(valid_BS, lp_BS, 0.0))[0]
+      merge = lambda a: a.swapaxes(0, 1).reshape(B, S, *a.shape[3:])
+      out = jax.lax.map(chunk_logprobs, (split(x_BSD), split(targets_BS)))
+      if not top:
+        return self._replicated(jnp.where(valid_BS, merge(out), 0.0))[0]
+      lp_NBC, ids_NBCK, top_NBCK = out
+      return self._replicated(jnp.where(valid_BS, merge(lp_NBC), 0.0), merge(ids_NBCK),
+                              merge(top_NBCK))
 
   # ---- requests ----------------------------------------------------------------------------------
   def generate(self, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -348,6 +358,20 @@ class Engine:
             media: Sequence[dict[str, np.ndarray]] | None = None) -> list[np.ndarray]:
     """Per completion, the log-probability of each of its tokens given the prompt and the
     completion's earlier tokens (fp32 arrays of len(completion)); `media` as for `generate`."""
+    return [lp for lp, _, _ in self._scored(params, prompts, completions, 0, media)]
+
+  def score_top(self, params, prompts: Sequence[Sequence[int]],
+                completions: Sequence[Sequence[int]], top: int,
+                media: Sequence[dict[str, np.ndarray]] | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """`score`'s log-probabilities with, at each completion position, the `top` most likely
+    tokens there (the first of equals first, as argmax) and their log-probabilities: (logprobs
+    [C], top ids [C, top], top logprobs [C, top]) per completion."""
+    if not 1 <= top <= self.mcfg.vocab_size:
+      raise DecodeError(f"top={top} must be in [1, {self.mcfg.vocab_size}]")
+    return self._scored(params, prompts, completions, top, media)
+
+  def _scored(self, params, prompts, completions, top: int, media=None):
     if len(prompts) != len(completions):
       raise DecodeError(f"{len(prompts)} prompts but {len(completions)} completions")
     seqs = []
@@ -356,10 +380,13 @@ class Engine:
       if len(c):
         self._check_ids("completion", c, i)
       seqs.append([int(t) for t in p] + [int(t) for t in c])
-      if len(seqs[-1]) > self.mcfg.max_position_embeddings:
+      # the last token is only a target: the model reads the others, one position each
+      if len(seqs[-1]) - 1 > self.mcfg.max_position_embeddings:
         raise DecodeError(f"prompt {i} + completion = {len(seqs[-1])} tokens exceed the model's "
-                          f"max_position_embeddings ({self.mcfg.max_position_embeddings})")
-    out = [np.zeros(0, np.float32)] * len(seqs)
+                          f"max_position_embeddings ({self.mcfg.max_position_embeddings}) + 1 "
+                          f"(the last is only scored)")
+    none = np.zeros((0, top), np.int32), np.zeros((0, top), np.float32)
+    out = [(np.zeros(0, np.float32), *none)] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     for start in range(0, len(order), self.batch_size):
       idx = order[start:start + self.batch_size]
@@ -373,9 +400,11 @@ class Engine:
         s = seqs[i]
         tokens_BS[b, :len(s) - 1], targets_BS[b, :len(s) - 1] = s[:-1], s[1:]
         lengths_B[b] = max(len(s) - 1, 1)
-      lp_BS = fetch(self._score(params, *self._host(tokens_BS, targets_BS, lengths_B,
-                                                    batch_media(media, idx))))
+      got = self._score(params, *self._host(tokens_BS, targets_BS, lengths_B,
+                                            batch_media(media, idx)), top=top)
+      lp_BS, ids_BSK, top_BSK = (fetch(got), *none) if not top else map(fetch, got)
       for b, i in enumerate(idx):
-        first = len(prompts[i]) - 1
-        out[i] = lp_BS[b, first:first + len(completions[i])].astype(np.float32)
+        at = slice(len(prompts[i]) - 1, len(prompts[i]) - 1 + len(completions[i]))
+        out[i] = (lp_BS[b, at].astype(np.float32),
+                  *((ids_BSK[b, at], top_BSK[b, at].astype(np.float32)) if top else none))
     return out
