@@ -7,7 +7,12 @@ Parameters: `load_parameters_path` (a run's checkpoints/, a step, a converter's 
 `hf_path=HF_DIR` (a Hugging Face folder, converted in memory). Prompts, one of: `prompt="..."`,
 `prompt_ids=1,5,9` (token ids: no tokenizer needed), `prompt_file=F` (one prompt per line, or
 .jsonl lines with "prompt", "prompt_ids" or chat "messages"); `chat=true` renders text prompts as a
-user message with the tokenizer's own chat template. Sampling: `temperature` (0 = greedy),
+user message with the tokenizer's own chat template. Images and audio (a model whose family takes
+them): `image=chart.png` / `audio=clip.wav` (repeat the key for several) go with the one prompt
+(placed as MaxText/data/multimodal/prompts.py says: before the text, or where it holds the
+placeholder tokens), a prompt_file's .jsonl line takes its own "images" / "audio" lists or chat
+messages with {"type": "image", "image": path} / {"type": "audio", "audio": path} parts, all
+prepared by the model's processor as transformers' is. Sampling: `temperature` (0 = greedy),
 `top_k`, `top_p`, `min_p`, `seed`; stopping: `max_new_tokens`, `eos_ids` ([] = the tokenizer's
 eos), `stop='["\\n\\n"]'` strings. The tokenizer: `tokenizer_path`, else the checkpoint's or the
 Hugging Face folder's. Every decoding key: configs/base.yml, section "decoding".
@@ -19,10 +24,13 @@ with its weights' integer width when the checkpoint is quantized. `decode_output
 writes one JSON line per prompt (the exact text): prompt_ids, output_ids, output_logprobs (of the chosen tokens
 under the unmodified distribution), text, finish_reason. Exit 0; 2 on a bad config or request
 (an empty prompt, a prompt longer than the cache or the model's positions, max_new_tokens that
-overflows them, no chat template, no tokenizer for text); 4 on a damaged checkpoint.
+overflows them, no chat template, no tokenizer for text, an image or clip for a model without that
+tower, more soft tokens than the positions leave room for); 3 on an image or audio file that
+cannot be read; 4 on a damaged checkpoint.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -32,6 +40,9 @@ from typing import Any, Sequence
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
+from MaxText.data.multimodal import audio as audio_lib
+from MaxText.data.multimodal import images as images_lib
+from MaxText.data.multimodal.errors import MediaError
 from MaxText.data.printable import printable
 from MaxText.inference import InferenceError, load
 from MaxText.runtime.exit_codes import EXIT_OK, reported
@@ -78,6 +89,36 @@ def prompts_of(cfg) -> list[Any]:
   return [cfg.prompt_ids] if cfg.prompt_ids else [cfg.prompt]
 
 
+def check_media_files(cfg) -> None:
+  """The image= and audio= files read (MediaError, exit 3, naming one that does not), before the
+  model loads; they go with one prompt."""
+  if (cfg.image or cfg.audio) and cfg.prompt_file:
+    raise ConfigError("image= / audio= go with prompt= or prompt_ids=; a prompt_file's .jsonl "
+                      "lines take their own \"images\" / \"audio\" lists")
+  for i, path in enumerate(cfg.image):
+    images_lib.read_image(path, f"image={path} (image {i})")
+  for i, path in enumerate(cfg.audio):
+    audio_lib.read_wav(path, None, f"audio={path} (clip {i})")
+
+
+def prompt_text(model, ids: Sequence[int]) -> str | None:
+  """The prompt's text, each run of image / audio soft tokens shown once with its count
+  (`<|image|>×280`)."""
+  processor = model.processor if model.tokenizer is not None else None
+  names = {processor.ids[n]: processor.tokens[n] for n in ("image_token", "audio_token")
+           if n in processor.ids} if processor is not None else {}
+  soft = set(names)
+  if not soft & set(ids):
+    return model.text(ids)
+  parts, start = [], 0
+  for (is_soft, token), run in itertools.groupby(
+      ids, key=lambda t: (t in soft, t if t in soft else None)):
+    n = len(list(run))
+    parts.append(f"{names[token]}×{n}" if is_soft else model.text(ids[start:start + n]))
+    start += n
+  return "".join(p for p in parts if p)
+
+
 def shown(text: str | None, ids: Sequence[int], what: str) -> str:
   """`what`, then the text as an indented block (escaped, trailing whitespace left out), or the
   ids without a tokenizer (or when the text is empty or only whitespace)."""
@@ -91,12 +132,15 @@ def main(argv: Sequence[str]) -> int:
   if cli.wants_help(argv):
     print(cli.usage(__doc__, {}, "decode"))
     return EXIT_OK
-  return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
+  return reported(lambda: run(argv), (ConfigError, DataError, InferenceError),
+                  data=(MediaError,))
 
 
 def run(argv: Sequence[str]) -> int:
   # before the model loads: a bad prompt, or a key decoding does not read, fails fast
-  prompts = prompts_of(load_config(argv, tool="decode"))
+  first = load_config(argv, tool="decode")
+  prompts = prompts_of(first)
+  check_media_files(first)
   model = load(argv)
   cfg = model.cfg
   weights = (f"int{cfg.weight_bits} weights (quantized checkpoint"
@@ -105,13 +149,13 @@ def run(argv: Sequence[str]) -> int:
   print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}, "
         f"{weights}); {model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
   t0 = time.perf_counter()
-  outs = model.generate(prompts)
+  outs = model.generate(prompts, images=first.image or None, audio=first.audio or None)
   seconds = time.perf_counter() - t0
   new = sum(len(g.output_ids) for g in outs)
   print(f"{new} tokens in {seconds:.2f} s (compilation included)", file=sys.stderr)
   for i, g in enumerate(outs):
     print(f"--- {i}: {len(g.output_ids)} tokens ({g.finish_reason}) ---")
-    print(shown(model.text(g.prompt_ids), g.prompt_ids, "prompt"))
+    print(shown(prompt_text(model, g.prompt_ids), g.prompt_ids, "prompt"))
     print(shown(g.text, g.output_ids, "continued by the model"))
   if cfg.decode_output:
     with open(os.path.expanduser(cfg.decode_output), "w", encoding="utf-8") as f:

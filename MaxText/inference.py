@@ -16,6 +16,21 @@ with the tokenizer's bos when `add_bos`; with `chat=true` a user message), token
 with "prompt", "prompt_ids" or chat "messages" (rendered with the tokenizer's own template,
 MaxText/data/chat_template.py). A request that cannot run raises `InferenceError` (exit 2 in the
 tools) naming the prompt, key or number.
+
+Images and audio (a model whose family takes them, `Family.media`): `generate`, `score` and
+`prepare` take `images=` / `audio=` (files, PIL images, uint8 arrays / WAV files, float
+waveforms; per prompt, MaxText/data/multimodal/prompts.py says where they go), chat messages with
+{"type": "image", "image": path} / {"type": "audio", "audio": path} parts, or the processor's own
+tensors by transformers' names (`pixel_values=`, `image_position_ids=`, `input_features=`,
+`input_features_mask=`, NumPy) with prompts that already hold the expanded placeholders. They are
+prepared by the model folder's processor (MaxText/data/multimodal/processor.py), exactly as
+transformers' does. An image or clip for a model without that tower, or more soft tokens than
+the positions leave room for, is an InferenceError (exit 2); an unreadable file a MediaError
+(exit 3).
+
+  model.generate(["What is the highest bar?"], images=["chart.png"], chat=True)
+  model.generate([{"messages": [{"role": "user", "content": [
+      {"type": "audio", "audio": "clip.wav"}, {"type": "text", "text": "Transcribe."}]}]}])
 """
 from __future__ import annotations
 
@@ -33,10 +48,13 @@ from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
 from MaxText.data import chat_template
 from MaxText.data.errors import DataError
+from MaxText.data.multimodal import prompts as media_prompts
+from MaxText.data.multimodal.processor import Batch, Processor
 from MaxText.data.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
 from MaxText.decoding.engine import DecodeError, Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_family
 from MaxText.resolve import lora_base
 from MaxText.resolve.config_checks import validate
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
@@ -45,6 +63,7 @@ from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
 
 Prompt = str | Sequence[int] | dict
+TOWERS = {"image": "vision tower", "audio": "audio tower"}
 
 
 class InferenceError(ValueError):
@@ -63,6 +82,17 @@ class Generation:
     return {"prompt_ids": self.prompt_ids, "output_ids": self.output_ids,
             "output_logprobs": self.output_logprobs, "text": self.text,
             "finish_reason": self.finish_reason}
+
+
+@dataclass
+class Prepared:
+  """A call's prompts as the model takes them: token ids (placeholders expanded), each prompt's
+  image / audio tensors by transformers' names (None: a text call), `mm_token_type_ids` and each
+  image's patch grid (rows, columns) per prompt."""
+  ids: list[list[int]]
+  media: list[dict[str, np.ndarray]] | None = None
+  mm_token_type_ids: list[list[int]] | None = None
+  image_grids: list[list[tuple[int, int]]] | None = None
 
 
 def model_tokenizer(cfg: Config) -> tuple[Config, str]:
@@ -99,6 +129,7 @@ class InferenceModel:
     self.tokenizer, self.tokenizer_source = tokenizer, tokenizer_source
     default_eos = [] if tokenizer is None or tokenizer.eos_id is None else [tokenizer.eos_id]
     self.eos_ids = list(cfg.eos_ids or eos_ids or default_eos)
+    self._processor: Processor | None | bool = False     # False: not read yet
 
   # ---- prompts -----------------------------------------------------------------------------------
   def _need_tokenizer(self, what: str) -> Tokenizer:
@@ -112,9 +143,11 @@ class InferenceModel:
       raise InferenceError(f"chat=true needs a Hugging Face tokenizer with a chat template; the "
                            f"tokenizer is {tok!r}")
     folder = os.path.dirname(tok.path)
+    processor = self.processor
+    names = processor.tokens if processor is not None else {}
     try:
       text = chat_template.render(chat_template.find_template(folder), messages,
-                                  chat_template.special_tokens(folder))
+                                  {**names, **chat_template.special_tokens(folder)})
     except DataError as e:
       raise InferenceError(str(e)) from None
     return tok.encode(text)
@@ -145,43 +178,181 @@ class InferenceModel:
   def text(self, ids: Sequence[int]) -> str | None:
     return None if self.tokenizer is None else self.tokenizer.decode(ids)
 
+  # ---- images and audio ----------------------------------------------------------------------
+  @property
+  def processor(self) -> Processor | None:
+    """The processor beside the model's tokenizer (processor_config.json), None without one."""
+    if self._processor is False:
+      try:
+        self._processor = Processor.for_tokenizer(self.tokenizer)
+      except DataError as e:
+        raise InferenceError(str(e)) from None
+    return self._processor if isinstance(self._processor, Processor) else None
+
+  def _taking(self, modalities: set[str]) -> Processor:
+    """The processor, after checking that the model and it take `modalities`."""
+    takes = get_family(self.cfg.decoder_block).media(self.engine.mcfg)
+    for m in sorted(modalities - set(takes)):
+      raise InferenceError(f"{m} inputs given, but the model ({self.cfg.decoder_block}, "
+                           f"{self.cfg.num_decoder_layers} layers) has no {TOWERS[m]}")
+    processor = self.processor
+    if processor is None:
+      raise InferenceError(f"{' and '.join(sorted(modalities))} inputs need the model's processor "
+                           f"(processor_config.json / preprocessor_config.json beside its "
+                           f"tokenizer): {self.tokenizer_source}")
+    for m in sorted(modalities):
+      problem = processor.takes(m)
+      if problem:
+        raise InferenceError(f"{m} inputs: {problem}")
+    return processor
+
+  def _encode_with_media(self, prompt: Prompt, images: list, clips: list, chat: bool,
+                         processor: Processor | None) -> tuple[list[int], list, list]:
+    """(ids with one placeholder per image and clip, the images, the clips) of one prompt."""
+    if isinstance(prompt, dict):
+      keys = [k for k in ("prompt", "prompt_ids", "messages") if k in prompt]
+      if len(keys) != 1:
+        raise InferenceError(f"a prompt object needs exactly one of prompt, prompt_ids, messages; "
+                             f"got keys {sorted(prompt)}")
+      try:
+        images = [*media_prompts.per_prompt(prompt.get("images"), 1, "images")[0], *images]
+        clips = [*media_prompts.per_prompt(prompt.get("audio"), 1, "audio")[0], *clips]
+        if keys[0] == "messages":
+          messages, images, clips = media_prompts.fill_messages(prompt["messages"], images, clips)
+          return self.render_chat(messages), images, clips
+      except DataError as e:
+        raise InferenceError(str(e)) from None
+      prompt = prompt[keys[0]]
+    if isinstance(prompt, str) and chat and prompt:
+      return self.render_chat(media_prompts.user_message(prompt, images, clips)), images, clips
+    ids = self.encode(prompt, chat)
+    if processor is None or not (images or clips):
+      return ids, images, clips
+    tok = self.tokenizer
+    return media_prompts.with_placeholders(
+        ids, len(images), len(clips), processor.ids.get("image_token"),
+        processor.ids.get("audio_token"), tok.bos_id if tok is not None else None), images, clips
+
+  def prepare(self, prompts: Sequence[Prompt], *, images: Any = None, audio: Any = None,
+              chat: bool | None = None, **tensors: np.ndarray) -> Prepared:
+    """A call's prompts as the model takes them (module docstring): their ids, and with images or
+    audio their tensors (`Prepared`). InferenceError (exit 2) for a request that cannot run,
+    MediaError (exit 3) for an unreadable image or clip."""
+    chat = self.cfg.chat if chat is None else chat
+    unknown = sorted(set(tensors) - {n for ns in media_prompts.TENSOR_NAMES.values() for n in ns})
+    if unknown:
+      raise InferenceError(f"unknown keyword arguments {unknown}; the processor's tensors are "
+                           f"{[n for ns in media_prompts.TENSOR_NAMES.values() for n in ns]}")
+    try:
+      per_images = media_prompts.per_prompt(images, len(prompts), "images")
+      per_clips = media_prompts.per_prompt(audio, len(prompts), "audio")
+    except DataError as e:
+      raise InferenceError(str(e)) from None
+    if tensors and (images is not None or audio is not None):
+      raise InferenceError("give images / audio or the processor's tensors, not both")
+    if tensors:
+      return self._prepare_tensors([self.encode(p, chat) for p in prompts], tensors)
+    wants = {m for m, per in (("image", per_images), ("audio", per_clips)) if any(per)}
+    wants |= {m for p in prompts if isinstance(p, dict) for m, k in (("image", "images"),
+                                                                      ("audio", "audio")) if p.get(k)}
+    for p in prompts:
+      if isinstance(p, dict) and "messages" in p:
+        found_images, found_clips = media_prompts.media_of_messages(p["messages"])
+        wants |= {"image"} if found_images else set()
+        wants |= {"audio"} if found_clips else set()
+    processor = self._taking(wants) if wants else None
+    rows = [self._encode_with_media(p, im, cl, chat, processor)
+            for p, im, cl in zip(prompts, per_images, per_clips)]
+    if processor is None:
+      return Prepared([r[0] for r in rows])
+    try:
+      batch = processor.prepare([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+    except DataError as e:
+      raise InferenceError(str(e)) from None
+    return self._prepared(batch)
+
+  @staticmethod
+  def _prepared(batch: Batch) -> Prepared:
+    n = len(batch.input_ids)
+    grids = [[g for g, r in zip(batch.image_grids, batch.image_rows) if r == i] for i in range(n)]
+    return Prepared(batch.input_ids, [batch.tensors(i) for i in range(n)],
+                    batch.mm_token_type_ids, grids)
+
+  def _prepare_tensors(self, ids: list[list[int]], tensors: dict[str, np.ndarray]) -> Prepared:
+    """Prompts already expanded, with the processor's tensors as they are."""
+    given = {m for m, names in media_prompts.TENSOR_NAMES.items() if set(names) & set(tensors)}
+    processor = self._taking(given)
+    per_image, per_clip = processor.soft_tokens_of(tensors)
+    try:
+      media = media_prompts.split_tensors(
+          tensors, ids, {"image": per_image, "audio": per_clip},
+          {"image": processor.ids.get("image_token"), "audio": processor.ids.get("audio_token")})
+    except DataError as e:
+      raise InferenceError(str(e)) from None
+    grids = [[processor.grid_of(p) for p in m.get("image_position_ids", [])] for m in media]
+    return Prepared(ids, media, [processor.token_types(r) for r in ids], grids)
+
+  def check_room(self, prepared: Prepared, new_tokens: int, limit: int, limit_name: str) -> None:
+    """InferenceError (exit 2) with the counts when a prompt's soft tokens leave no room within
+    `limit` positions for it and `new_tokens` more."""
+    if prepared.media is None:
+      return
+    for i, ids in enumerate(prepared.ids):
+      types = prepared.mm_token_type_ids[i] if prepared.mm_token_type_ids else []
+      image, audio = types.count(1), types.count(3)
+      if limit and len(ids) + new_tokens > limit:
+        n_img = len(prepared.media[i].get("pixel_values", []))
+        n_aud = len(prepared.media[i].get("input_features", []))
+        raise InferenceError(
+            f"prompt {i}: {len(ids) - image - audio} text tokens + {image} image soft tokens "
+            f"({n_img} image(s)) + {audio} audio soft tokens ({n_aud} clip(s)) = {len(ids)} "
+            f"positions" + (f" + max_new_tokens={new_tokens}" if new_tokens else "")
+            + f" overflow {limit_name} ({limit}); give fewer or smaller images / shorter clips, "
+            f"or raise {limit_name}")
+
   # ---- requests ----------------------------------------------------------------------------------
   def generate(self, prompts: Sequence[Prompt], *, max_new_tokens: int | None = None,
                temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                stop: Sequence[str] | None = None, eos_ids: Sequence[int] | None = None,
-               chat: bool | None = None) -> list[Generation]:
-    """Completions of `prompts`, in order; unset arguments take the config's keys."""
+               chat: bool | None = None, images: Any = None, audio: Any = None,
+               **tensors: np.ndarray) -> list[Generation]:
+    """Completions of `prompts`, in order; unset arguments take the config's keys. `images`,
+    `audio` and the processor's tensors: module docstring."""
     cfg = self.cfg
     pick = lambda v, key: getattr(cfg, key) if v is None else v
     sampling = Sampling(pick(temperature, "temperature"), pick(top_k, "top_k"),
                         pick(top_p, "top_p"), pick(min_p, "min_p"), pick(seed, "seed"))
     stop = list(pick(stop, "stop"))
-    ids = []
-    for i, p in enumerate(prompts):
-      encoded = self.encode(p, chat)
+    prepared = self.prepare(prompts, images=images, audio=audio, chat=chat, **tensors)
+    ids = prepared.ids
+    for i, encoded in enumerate(ids):
       if not encoded:
         raise InferenceError(f"prompt {i} is empty")
-      ids.append(encoded)
+    new_tokens = pick(max_new_tokens, "max_new_tokens")
+    limit, name = ((cfg.max_cache_length, "max_cache_length") if cfg.max_cache_length else
+                   (self.engine.mcfg.max_position_embeddings, "the model's max_position_embeddings"))
+    self.check_room(prepared, new_tokens, limit, name)
     if stop:
       self._need_tokenizer("stop strings")
     try:
-      done = self.engine.generate(self.params, ids, max_new_tokens=pick(max_new_tokens,
-                                                                         "max_new_tokens"),
+      done = self.engine.generate(self.params, ids, max_new_tokens=new_tokens,
                                   sampling=sampling, eos_ids=list(pick(eos_ids, "eos_ids") or
                                                                   self.eos_ids),
-                                  stop=stop, detokenize=self.text)
+                                  stop=stop, detokenize=self.text, media=prepared.media)
     except DecodeError as e:
       raise InferenceError(str(e)) from None
     return [Generation(c.prompt_ids, c.output_ids, c.output_logprobs, c.finish_reason,
                        self.text(c.output_ids)) for c in done]
 
   def score(self, prompt_ids: Sequence[Sequence[int]],
-            completion_ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+            completion_ids: Sequence[Sequence[int]],
+            media: Sequence[dict[str, np.ndarray]] | None = None) -> list[np.ndarray]:
     """log p(completion token | prompt, the completion before it), per completion (batched and
-    sharded like decoding)."""
+    sharded like decoding); `media`: each prompt's tensors (`prepare(...).media`), the prompts
+    their expanded ids."""
     try:
-      return self.engine.score(self.params, prompt_ids, completion_ids)
+      return self.engine.score(self.params, prompt_ids, completion_ids, media=media)
     except DecodeError as e:
       raise InferenceError(str(e)) from None
 

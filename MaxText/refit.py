@@ -118,7 +118,7 @@ def _own(x: Any) -> np.ndarray:
 def _to_torch(x: Any, device: Any) -> Any:
   import torch  # pylint: disable=import-outside-toplevel
   if isinstance(x, np.ndarray):
-    return torch.from_numpy(_own(np.ascontiguousarray(x)))
+    return torch.from_numpy(_own(np.asarray(x, order="C")))   # (0-d stays 0-d)
   # one device's copy of the block, handed over without leaving the accelerator
   return torch.utils.dlpack.from_dlpack(jax.device_put(x, device))
 

@@ -15,6 +15,7 @@ from conftest import ROOT
 LAYERS = [
     ("backend",),                             # the hot path's platform choice, library compat
     ("config",),                              # the one schema, loading, the CLI parser
+    ("storage",),                             # paths local or on an object store (gs://, s3://)
     ("data", "metrics", "kernels"),
     ("checkpoint",),
     ("runtime",),                             # the process: exit codes, run dir, preemption, ...
@@ -25,13 +26,13 @@ LAYERS = [
     ("train",),                               # the trainer
     ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
-     "refit", "inspect", "quantize"),                                                    # entry
+     "refit", "inspect", "quantize", "lmeval"),                                          # entry
     ("rl",),                                  # GRPO: drives the decoding API and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 # the tools: none of them imports the trainer's package, not even through another module
-TOOLS = ("checkpoint_conversion", "decode", "inference", "inspect", "launch", "logit_check",
-         "quantization", "quantize", "refit")
+TOOLS = ("checkpoint_conversion", "decode", "inference", "inspect", "launch", "lmeval",
+         "logit_check", "quantization", "quantize", "refit")
 
 
 def is_schema_part(module: str) -> bool:

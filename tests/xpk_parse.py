@@ -6,7 +6,8 @@ stdin: a JSON list of argument lists (without the leading "xpk"); stdout: a JSON
 
 xpk's parser modules import its command implementations, which import cloud client libraries
 (google-cloud-*, kubernetes, docker, requests) that xpk is installed without (requirements.txt).
-Parsing never calls them, so each such module that is not installed is replaced by an empty
+Parsing never calls them, so each such module that is not installed (some are, for the object
+store: google-cloud-storage, google-api-core, requests) is replaced by an empty
 stand-in at import time; xpk's argparse definitions themselves (flags, types, choices, name
 validators) are the real ones.
 """
@@ -44,9 +45,13 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     self.roots = roots
 
   def find_spec(self, name, path, target=None):
-    if any(name == r or name.startswith(r + ".") for r in self.roots):
-      return importlib.machinery.ModuleSpec(name, self, is_package=True)
-    return None
+    if not any(name == r or name.startswith(r + ".") for r in self.roots):
+      return None
+    # an installed module is the real one (google-cloud-storage is installed, its namespace
+    # `google.cloud` then too, but not the other google-cloud clients xpk imports)
+    if importlib.machinery.PathFinder.find_spec(name, path) is not None:
+      return None
+    return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
   def create_module(self, spec):
     return _StandIn(spec.name)
@@ -55,16 +60,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     module.__path__ = []
 
 
-def _missing(name: str) -> bool:
-  try:
-    return importlib.util.find_spec(name) is None
-  except (ImportError, ValueError):
-    return True
-
-
 def xpk_parser():
   import argparse  # pylint: disable=import-outside-toplevel
-  sys.meta_path.insert(0, _Finder([n for n in _CLIENT_LIBS if _missing(n)]))
+  sys.meta_path.insert(0, _Finder(list(_CLIENT_LIBS)))
   from xpk.parser.core import set_parser  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(prog="xpk")
   set_parser(parser)

@@ -1,7 +1,8 @@
 """An Orbax item for the data iterator's position: one JSON file per data shard,
 `shard_<s>-of-<n>.json`, holding that shard's Grain state and the fingerprint of the data config
 and shard layout it belongs to. Every process writes the files of the shards it reads (processes
-that read the same shard write identical files, each by an atomic rename), and a restore reads the
+that read the same shard write identical files, each whole: an atomic rename, or one upload to an
+object store), and a restore reads the
 files of the shards it reads, whichever process wrote them: so a run saved by 2 processes resumes
 on 1 or 4 as long as `data_shards` stays the same. A checkpoint without the files this process
 needs, or with a state from another data config or shard layout, is refused with a DataError
@@ -18,6 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from MaxText.data.errors import DataError
+from MaxText.storage import paths
 
 ITEM = "data"
 _NAME = re.compile(r"shard_(\d+)-of-(\d+)\.json$")
@@ -28,21 +30,22 @@ def filename(shard: int, num_shards: int) -> str:
 
 
 def _listing(item_dir: str) -> list[str]:
-  return sorted(os.listdir(item_dir)) if os.path.isdir(item_dir) else []
+  return sorted(paths.listdir(item_dir))
 
 
 def saved_num_shards(step_dir: str) -> int | None:
   """The `data_shards` a checkpoint step was saved with (None: no data state in it)."""
-  counts = {int(m.group(2)) for m in map(_NAME.match, _listing(os.path.join(step_dir, ITEM))) if m}
+  counts = {int(m.group(2)) for m in map(_NAME.match, _listing(paths.join(step_dir, ITEM))) if m}
   return max(counts) if counts else None
 
 
 def require_state(step_dir: str, step: int, iterator: Any) -> None:
   """DataError unless the checkpoint at `step_dir` holds the state of every shard `iterator`
   reads."""
-  item_dir = os.path.join(step_dir, ITEM)
+  item_dir = paths.join(step_dir, ITEM)
   names = [filename(s, iterator.num_shards) for s in iterator.shard_ids]
-  missing = [n for n in names if not os.path.isfile(os.path.join(item_dir, n))]
+  listed = set(_listing(item_dir))
+  missing = [n for n in names if n not in listed]
   if not missing:
     return
   found = [f for f in _listing(item_dir) if _NAME.match(f)]
@@ -60,10 +63,7 @@ class DataStateHandler(ocp.CheckpointHandler):
     for s in it.shard_ids:
       text = json.dumps({"grain": state["shards"][str(s)], "fingerprint": state["fingerprint"]},
                         sort_keys=True)
-      final = directory / filename(s, it.num_shards)
-      tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-      tmp.write_text(text)
-      os.replace(os.fspath(tmp), os.fspath(final))
+      paths.write_text(paths.join(os.fspath(directory), filename(s, it.num_shards)), text)
 
   def restore(self, directory: epath.Path, args: "DataStateRestore") -> Any:
     it = args.iterator

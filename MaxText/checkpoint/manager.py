@@ -10,7 +10,11 @@
 Crash safety: Orbax writes a step into `<step>.orbax-checkpoint-tmp-*` and renames it once every
 item is written, so a step that `all_steps()` lists is complete; a process killed at any moment
 leaves the previous committed step usable, and the temporary directory of a save that never
-committed is removed when the next run starts (`cleanup_tmp_directories`). Async saves run in the
+committed is removed when the next run starts (`cleanup_tmp_directories`). On an object store
+(`gs://…`: no rename) Orbax writes the step under its final name and commits it by writing
+`commit_success.txt` last; a step without that marker is not listed, and is removed the same way.
+The arrays go through TensorStore's own gcs driver, the rest through etils.epath / fsspec
+(MaxText/storage/paths.py); the manifest is checked the same way on either. Async saves run in the
 background: `check()` (every step) raises `CheckpointError` once one failed or has not committed
 within `save_timeout_s`; `wait()` bounds the wait for the commit the same way.
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import time
 from typing import Any, Callable
 
@@ -31,8 +34,10 @@ from MaxText.checkpoint import checksum, data_state, in_flight, manifest, tokeni
 from MaxText.checkpoint.data_state import DataStateHandler, DataStateRestore, DataStateSave
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.data.errors import DataError
+from MaxText.storage import paths
 
 ARRAY_ITEMS = ("params", "opt_state")
+COMMIT_MARKER = "commit_success.txt"   # Orbax's commit of a step on an object store
 HASHED_ITEMS = (*ARRAY_ITEMS, "meta", "data", tokenizer_files.ITEM)
 
 
@@ -59,7 +64,7 @@ def require_target_shardings(abstract: Any, what: str) -> None:
 class RunCheckpoints:
   def __init__(self, directory: str, *, max_to_keep: int, async_save: bool,
                save_timeout_s: float = 600.0, save_hooks: manifest.SaveHooks | None = None):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.absolute(directory)
     self.save_timeout_s = float(save_timeout_s)
     self._pending: tuple[int, float] | None = None  # (step, start time) of an unconfirmed save
     options = ocp.CheckpointManagerOptions(
@@ -180,7 +185,7 @@ class RunCheckpoints:
 
   # ---- restore -------------------------------------------------------------------------------
   def step_dir(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
+    return paths.join(self.directory, str(step))
 
   def restore(self, step: int, abstract_state: dict, data_iterator: Any, *,
               verify: bool = True, meanwhile: Callable[[], Any] | None = None
@@ -277,9 +282,11 @@ class RunCheckpoints:
     return None, 0
 
   def _set_aside(self, step: int) -> str:
-    aside = os.path.join(self.directory, f"{step}.unusable-{int(time.time())}")
+    aside = paths.join(self.directory, f"{step}.unusable-{int(time.time())}")
     if jax.process_index() == 0:
-      os.rename(self.step_dir(step), aside)
+      if paths.is_url(self.directory):   # no rename there: the step is uncommitted (Orbax's
+        paths.remove(paths.join(self.step_dir(step), COMMIT_MARKER))   # marker) before it moves
+      paths.move_dir(self.step_dir(step), aside)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices(f"maxtext_set_aside_{step}")
@@ -327,7 +334,7 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
   """Restores each array alone to name the ones that cannot be read (the slow, failed path)."""
   bad = []
   for item, tree in abstract.items():
-    item_dir = os.path.join(step_dir, item)
+    item_dir = paths.join(step_dir, item)
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
       single: dict = {}
       node = single
@@ -345,7 +352,7 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
                                         single)))
       except Exception as e:  # pylint: disable=broad-except
         bad.append(f"{item}/{'/'.join(map(str, keys))}: unreadable ({_why(e)})")
-    if not bad and not os.path.isfile(os.path.join(item_dir, "_METADATA")):
+    if not bad and not paths.isfile(paths.join(item_dir, "_METADATA")):
       bad.append(f"{item}/_METADATA: missing")
   return bad
 
@@ -353,25 +360,24 @@ def _unreadable_arrays(step_dir: str, abstract: dict) -> list[str]:
 # ---- parameters only (fine-tuning, converters) -------------------------------------------------
 def resolve_step_dir(path: str) -> str:
   """A run's `checkpoints/` directory (→ its latest committed step) or one step directory."""
-  path = os.path.abspath(path)
-  if not os.path.exists(path):
+  path = paths.absolute(path)
+  if not paths.exists(path):
     raise FileNotFoundError(f"load_parameters_path '{path}' does not exist")
-  if os.path.isdir(os.path.join(path, "params")):
+  if paths.isdir(paths.join(path, "params")):
     return path
-  steps = ocp.utils.checkpoint_steps(path) if os.path.isdir(path) else []
+  steps = ocp.utils.checkpoint_steps(path) if paths.isdir(path) else []
   if not steps:
     raise FileNotFoundError(f"load_parameters_path '{path}' holds no committed checkpoint")
-  return os.path.join(path, str(max(steps)))
+  return paths.join(path, str(max(steps)))
 
 
 def read_meta(path: str) -> dict:
   """The `meta` item ({"step", "config"}, and what its writer added: a LoRA run's `lora_base`, a
   conversion's `hf_source`) of a checkpoint (see `resolve_step_dir`)."""
-  meta = os.path.join(resolve_step_dir(path), "meta", "metadata")
-  if not os.path.isfile(meta):
+  meta = paths.join(resolve_step_dir(path), "meta", "metadata")
+  if not paths.isfile(meta):
     raise FileNotFoundError(f"checkpoint '{path}' has no meta/metadata (config) item")
-  with open(meta, encoding="utf-8") as f:
-    return json.load(f)
+  return json.loads(paths.read_bytes(meta))
 
 
 HF_SOURCE = "hf_source"   # meta entry of a conversion: the Hugging Face folder it came from
@@ -388,7 +394,7 @@ def stored_param_names(path: str) -> set[str]:
   "decoder/runs/0/0/mlp/experts/wi"), from its metadata: no array is read."""
   handler = ocp.PyTreeCheckpointHandler()
   try:
-    tree = handler.metadata(etils.epath.Path(os.path.join(resolve_step_dir(path), "params"))).tree
+    tree = handler.metadata(etils.epath.Path(paths.join(resolve_step_dir(path), "params"))).tree
   finally:
     handler.close()
   return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in keypath)
@@ -400,7 +406,7 @@ def load_params(path: str, abstract_params: Any = None, *, verify: bool = True) 
   carry; None gives host numpy arrays (converters: no devices, any mesh it was saved from).
   A checkpoint with a manifest is verified (unless `verify=False`)."""
   step_dir = resolve_step_dir(path)
-  item_dir = os.path.join(step_dir, "params")
+  item_dir = paths.join(step_dir, "params")
   saved = _read_manifest(step_dir, -1, required=False) if verify else None
   if saved is not None:
     problems = _file_problems(_check_files_in_background(step_dir, saved,
@@ -454,7 +460,7 @@ def save_params_only(directory: str, params: Any, config: dict, step: int = 0,
           "meta": ocp.args.JsonSave({**(meta or {}), "step": step, "config": config})}
   if tokenizer:
     args[tokenizer_files.ITEM] = tokenizer_files.TokenizerFilesSave(tokenizer)
-  with ocp.CheckpointManager(os.path.abspath(directory), options=options,
+  with ocp.CheckpointManager(paths.absolute(directory), options=options,
                              item_handlers=handlers) as mngr:
     mngr.save(step, args=ocp.args.Composite(**args))
     mngr.wait_until_finished()

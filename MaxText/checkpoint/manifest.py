@@ -38,6 +38,7 @@ from etils import epath
 
 from MaxText.checkpoint import checksum
 from MaxText.checkpoint.in_flight import InFlight
+from MaxText.storage import paths
 
 ITEM = "manifest"
 ARRAYS_FILE = "manifest.json"
@@ -94,9 +95,15 @@ HASH = "sha256"   # OpenSSL's, with the CPU's SHA instructions where it has them
 
 def _digest(path: str, algorithm: str = HASH) -> str:
   h = hashlib.sha256() if algorithm == "sha256" else hashlib.blake2b(digest_size=16)
-  with open(path, "rb") as f:
+  with paths.open_file(path, "rb") as f:
     while chunk := f.read(_CHUNK):
       h.update(chunk)
+  return h.hexdigest()
+
+
+def _bytes_digest(data: bytes, algorithm: str = HASH) -> str:
+  h = hashlib.sha256() if algorithm == "sha256" else hashlib.blake2b(digest_size=16)
+  h.update(data)
   return h.hexdigest()
 
 
@@ -114,40 +121,38 @@ def verifier_of(rel: str, num_processes: int) -> int:
   return (writer_of(rel) or 0) % num_processes
 
 
-def _files(step_dir: str, items: tuple[str, ...]) -> list[str]:
-  out = []
+def _files(step_dir: str, items: tuple[str, ...]) -> dict[str, int]:
+  """{path relative to the step: size} of the files of `items` (one listing per item)."""
+  out = {}
   for item in items:
-    for dirpath, _, names in os.walk(os.path.join(step_dir, item)):
-      out.extend(os.path.relpath(os.path.join(dirpath, n), step_dir) for n in names
-                 if n not in _SKIP_FILES)
-  return sorted(out)
+    out.update({f"{item}/{rel}": size
+                for rel, size in paths.files_under(paths.join(step_dir, item)).items()
+                if rel.rsplit("/", 1)[-1] not in _SKIP_FILES})
+  return dict(sorted(out.items()))
 
 
-def _parallel(fn, paths: list[str]) -> list:
+def _parallel(fn, files: list[str]) -> list:
   with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-    return list(pool.map(fn, paths))
+    return list(pool.map(fn, files))
 
 
-def _digests(root: str, rel: list[str], prefix: str = "") -> dict[str, dict]:
-  """{prefix + r: {bytes, sha256}} of the files `root/r`."""
-  paths = [os.path.join(root, r) for r in rel]
-  return {prefix + r: {"bytes": os.path.getsize(p), HASH: d}
-          for r, p, d in zip(rel, paths, _parallel(_digest, paths))}
+def _digests(root: str, sizes: dict[str, int], prefix: str = "") -> dict[str, dict]:
+  """{prefix + r: {bytes, sha256}} of the files `root/r` ({r: its size})."""
+  rel = sorted(sizes)
+  files = [paths.join(root, r) for r in rel]
+  return {prefix + r: {"bytes": sizes[r], HASH: d}
+          for r, d in zip(rel, _parallel(_digest, files))}
 
 
 def write_own_digests(item_dir: str, item: str) -> None:
   """This process's digests of the files it wrote into an array item (called once its writes
   are done); `item_dir` may still carry Orbax's temporary name, the entries use `item`."""
   me = jax.process_index()
-  rel = []
-  for dirpath, _, names in os.walk(item_dir):
-    rel.extend(r for n in names if n not in _SKIP_FILES and writer_of(
-        r := os.path.relpath(os.path.join(dirpath, n), item_dir)) == me)
-  digests = _digests(item_dir, sorted(rel), prefix=f"{item}/")
-  path = os.path.join(item_dir, PROCESS_FILES.format(me))
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(digests, f, sort_keys=True)
-  os.replace(path + ".tmp", path)
+  mine = {r: size for r, size in paths.files_under(item_dir).items()
+          if r.rsplit("/", 1)[-1] not in _SKIP_FILES and writer_of(r) == me}
+  digests = _digests(item_dir, mine, prefix=f"{item}/")
+  paths.write_text(paths.join(item_dir, PROCESS_FILES.format(me)),
+                   json.dumps(digests, sort_keys=True))
 
 
 def _process_digests(step_dir: str, items: tuple[str, ...],
@@ -157,18 +162,18 @@ def _process_digests(step_dir: str, items: tuple[str, ...],
   one that does not hold digests, raises ValueError instead of being trusted."""
   out = {}
   for item in items:
-    folder = os.path.join(step_dir, item)
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    folder = paths.join(step_dir, item)
+    for name in sorted(paths.listdir(folder)):
       if not re.fullmatch(PROCESS_FILES.format(r"\d+").replace(".", r"\."), name):
         continue
-      rel, path = f"{item}/{name}", os.path.join(folder, name)
+      rel, path = f"{item}/{name}", paths.join(folder, name)
+      raw = paths.read_bytes(path)
       if committed is not None and rel in committed:
         entry = committed[rel]
         algorithm = HASH if HASH in entry else "blake2b"
-        if os.path.getsize(path) != entry["bytes"] or _digest(path, algorithm) != entry[algorithm]:
+        if len(raw) != entry["bytes"] or _bytes_digest(raw, algorithm) != entry[algorithm]:
           raise ValueError(f"{rel}: contents changed since the commit ({algorithm} differs)")
-      with open(path, encoding="utf-8") as f:
-        listed = json.load(f)
+      listed = json.loads(raw)
       if not isinstance(listed, dict) or not all(
           isinstance(e, dict) and isinstance(e.get("bytes"), int) and (HASH in e or "blake2b" in e)
           for e in listed.values()):
@@ -180,15 +185,13 @@ def _process_digests(step_dir: str, items: tuple[str, ...],
 def file_digests(step_dir: str, items: tuple[str, ...]) -> dict[str, dict]:
   """Digests of the files of `items` not already digested by the processes that wrote them."""
   done = _process_digests(step_dir, items)
-  return _digests(step_dir, [r for r in _files(step_dir, items) if r not in done])
+  return _digests(step_dir, {r: n for r, n in _files(step_dir, items).items() if r not in done})
 
 
 def read(step_dir: str) -> dict:
   """The manifest of a committed step; raises FileNotFoundError / ValueError when unusable."""
-  with open(os.path.join(step_dir, ITEM, ARRAYS_FILE), encoding="utf-8") as f:
-    manifest = json.load(f)
-  with open(os.path.join(step_dir, ITEM, FILES_FILE), encoding="utf-8") as f:
-    manifest["files"] = json.load(f)
+  manifest = json.loads(paths.read_bytes(paths.join(step_dir, ITEM, ARRAYS_FILE)))
+  manifest["files"] = json.loads(paths.read_bytes(paths.join(step_dir, ITEM, FILES_FILE)))
   if manifest.get("format") != FORMAT or not isinstance(manifest.get("arrays"), dict):
     raise ValueError(f"unknown manifest format {manifest.get('format')!r}")
   items = tuple(sorted({r.split("/", 1)[0] for r in manifest["files"]}))
@@ -202,21 +205,21 @@ def verify_files(step_dir: str, manifest: dict, items: tuple[str, ...], process:
   (`verifier_of`): missing, truncated/grown, changed bytes, not in the manifest."""
   mine = lambda rel: rel.split("/", 1)[0] in items and verifier_of(rel, num_processes) == process
   expected = {r: e for r, e in manifest["files"].items() if mine(r)}
+  found = _files(step_dir, tuple(sorted({r.split("/", 1)[0] for r in expected} | set(items))))
   problems, present = [], []
   for rel, entry in expected.items():
-    path = os.path.join(step_dir, rel)
-    if not os.path.isfile(path):
+    if rel not in found:
       problems.append(f"{rel}: missing")
-    elif os.path.getsize(path) != entry["bytes"]:
-      problems.append(f"{rel}: {os.path.getsize(path)} bytes, {entry['bytes']} when saved "
+    elif found[rel] != entry["bytes"]:
+      problems.append(f"{rel}: {found[rel]} bytes, {entry['bytes']} when saved "
                       "(truncated or overwritten)")
     else:
       present.append(rel)
   algorithm = lambda rel: HASH if HASH in expected[rel] else "blake2b"
-  digests = _parallel(lambda rel: _digest(os.path.join(step_dir, rel), algorithm(rel)), present)
+  digests = _parallel(lambda rel: _digest(paths.join(step_dir, rel), algorithm(rel)), present)
   problems += [f"{rel}: contents changed ({algorithm(rel)} differs)"
                for rel, d in zip(present, digests) if d != expected[rel][algorithm(rel)]]
-  problems += [f"{rel}: not in the manifest" for rel in _files(step_dir, items)
+  problems += [f"{rel}: not in the manifest" for rel in found
                if mine(rel) and rel not in expected]
   return problems
 
@@ -363,7 +366,8 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
       return
     step_dir = os.fspath(epath.Path(directory).parent)
     digests = file_digests(step_dir, self._hashed_items)
-    (epath.Path(directory) / FILES_FILE).write_text(json.dumps(digests, sort_keys=True))
+    paths.write_text(paths.join(os.fspath(directory), FILES_FILE),
+                     json.dumps(digests, sort_keys=True))
     self._hooks.before_commit(self._step)
 
   def restore(self, directory: epath.Path, args: "ManifestRestore" = None) -> dict:

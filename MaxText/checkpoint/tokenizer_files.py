@@ -2,8 +2,10 @@
 
 - A Hugging Face folder's tokenizer files (`NAMES` and any SentencePiece `*.model`: tokenizer.json,
   tokenizer_config.json with its chat template, special_tokens_map.json, chat_template.jinja, ...)
-  are copied into the checkpoint by `to_maxtext`, and back out next to config.json by
-  `to_huggingface`, so `transformers.AutoTokenizer` loads the export.
+  and a multimodal model's processor files (processor_config.json, preprocessor_config.json:
+  MaxText/data/multimodal/processor.py reads them beside the tokenizer) are copied into the
+  checkpoint by `to_maxtext`, and back out next to config.json by `to_huggingface`, so
+  `transformers.AutoTokenizer` (and `AutoProcessor`) loads the export.
 - A training run whose tokenizer is a file saves that file (as `tokenizer.json` for a HuggingFace
   one) and its companions from the same folder into every checkpoint step.
 - `train.py load_parameters_path=CKPT` uses the checkpoint's tokenizer unless `tokenizer_path`
@@ -14,25 +16,26 @@ Files are copied as they are (never parsed here) and are part of the step's mani
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
-import shutil
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from MaxText.storage import paths
+
 ITEM = "tokenizer"
 NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-         "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt")
+         "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt",
+         "processor_config.json", "preprocessor_config.json")
 _ORBAX_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 def files_of(folder: str) -> dict[str, str]:
   """{name: path} of the tokenizer files in a folder (a Hugging Face model or tokenizer folder)."""
-  found = {n: os.path.join(folder, n) for n in NAMES if os.path.isfile(os.path.join(folder, n))}
-  found.update({os.path.basename(p): p
-                for p in sorted(glob.glob(os.path.join(glob.escape(folder), "*.model")))})
+  present = set(paths.listdir(folder))
+  found = {n: paths.join(folder, n) for n in NAMES if n in present}
+  found.update({n: paths.join(folder, n) for n in sorted(present) if n.endswith(".model")})
   return found
 
 
@@ -49,18 +52,17 @@ def files_for(tokenizer_type: str, tokenizer_file: str) -> dict[str, str]:
 
 
 def copy(files: dict[str, str], folder: str) -> list[str]:
-  """Copies {name: source} into `folder` (created); returns the names."""
-  os.makedirs(folder, exist_ok=True)
+  """Copies {name: source} into `folder` (created; either may be on an object store); returns the
+  names."""
+  paths.makedirs(folder)
   for name, src in files.items():
-    tmp = os.path.join(folder, f".{name}.tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, os.path.join(folder, name))
+    paths.copy_file(src, paths.join(folder, name))
   return sorted(files)
 
 
 def in_checkpoint(step_dir: str) -> str | None:
   """The tokenizer folder of a checkpoint step, or None when the step carries no tokenizer."""
-  folder = os.path.join(step_dir, ITEM)
+  folder = paths.join(step_dir, ITEM)
   return folder if files_of(folder) else None
 
 
@@ -69,10 +71,9 @@ def export(step_dir: str, output_dir: str) -> list[str]:
   folder = in_checkpoint(step_dir)
   if folder is None:
     return []
-  names = [n for n in sorted(os.listdir(folder))
-           if os.path.isfile(os.path.join(folder, n)) and n not in _ORBAX_FILES
-           and not n.startswith(".")]
-  return copy({n: os.path.join(folder, n) for n in names}, output_dir)
+  names = [n for n in sorted(paths.files_under(folder))
+           if "/" not in n and n not in _ORBAX_FILES and not n.startswith(".")]
+  return copy({n: paths.join(folder, n) for n in names}, output_dir)
 
 
 class TokenizerFilesHandler(ocp.CheckpointHandler):

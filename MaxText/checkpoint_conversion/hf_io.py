@@ -6,7 +6,8 @@
 - `HFTensors` is a lazy read-only mapping: a tensor is read from its shard when it is asked for,
   so converters hold one tensor at a time, not the whole model.
 - `write_hf_folder` writes shards of at most `max_shard_bytes` to temporary names and renames them
-  (index and config last), so an interrupted export never looks complete.
+  (index and config last), so an interrupted export never looks complete; also into a folder on an
+  object store (`output_path=gs://…`).
 - Both print a progress line about every tenth of the tensors (count, bytes, seconds): a large
   model takes minutes.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import Iterator
@@ -21,6 +24,8 @@ from typing import Iterator
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
+
+from MaxText.storage import paths
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 INDEX = "model.safetensors.index.json"
@@ -119,40 +124,52 @@ def write_hf_folder(folder: str, tensors: Mapping[str, np.ndarray], config: dict
                     max_shard_bytes: int = 5 * 2**30) -> None:
   """Writes `config.json` and `model.safetensors` (or numbered shards + index). Tensors are taken
   from `tensors` one at a time and each shard is written as soon as it is full, so at most one
-  shard is held in memory."""
-  os.makedirs(folder, exist_ok=True)
+  shard is held in memory. `folder` may be on an object store (`gs://…`): each shard is written
+  to a local temporary file, uploaded under a temporary name and deleted here, so the local disk
+  holds one shard at a time; the final names (known once the count is) are given by the store's
+  own copy."""
+  paths.makedirs(folder)
+  remote = paths.is_url(folder)
+  staging = tempfile.mkdtemp(prefix="hf-shard-") if remote else folder
   written: list[tuple[str, list[str], int]] = []   # (temporary path, tensor names, bytes)
   current: dict[str, np.ndarray] = {}
   size = 0
 
   def flush():
-    tmp = os.path.join(folder, f".shard-{len(written):05d}.tmp")
+    name = f".shard-{len(written):05d}.tmp"
+    tmp = os.path.join(staging, name)
     save_file(current, tmp, metadata={"format": "pt"})
+    if remote:
+      paths.copy_file(tmp, paths.join(folder, name))
+      os.remove(tmp)
+      tmp = paths.join(folder, name)
     written.append((tmp, list(current), size))
 
-  progress = Progress(f"writing {folder}", len(tensors))
-  for name in tensors:
-    t = np.ascontiguousarray(tensors[name])
-    progress.add(t.nbytes)
-    if current and size + t.nbytes > max_shard_bytes:
-      flush()
-      current, size = {}, 0
-    current[name] = t
-    size += t.nbytes
-  flush()
+  try:
+    progress = Progress(f"writing {folder}", len(tensors))
+    for name in tensors:
+      t = np.asarray(tensors[name], order="C")   # (ascontiguousarray would make a 0-d tensor 1-d)
+      progress.add(t.nbytes)
+      if current and size + t.nbytes > max_shard_bytes:
+        flush()
+        current, size = {}, 0
+      current[name] = t
+      size += t.nbytes
+    flush()
+  finally:
+    if remote:
+      shutil.rmtree(staging, ignore_errors=True)
   n = len(written)
   final = [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
   for (tmp, _, _), name in zip(written, final):
-    os.replace(tmp, os.path.join(folder, name))
+    paths.move_file(tmp, paths.join(folder, name))
   if n > 1:
     index = {"metadata": {"total_size": int(sum(b for _, _, b in written))},
              "weight_map": {t: name for (_, names, _), name in zip(written, final) for t in names}}
-    write_json(os.path.join(folder, INDEX), index)
-  write_json(os.path.join(folder, "config.json"), config)
+    write_json(paths.join(folder, INDEX), index)
+  write_json(paths.join(folder, "config.json"), config)
 
 
 def write_json(path: str, obj: dict) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  """Replaces `path` (local or on an object store) whole."""
+  paths.write_text(path, json.dumps(obj, indent=2, sort_keys=True))

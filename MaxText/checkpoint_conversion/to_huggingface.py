@@ -52,6 +52,7 @@ from MaxText.quantization import convert
 from MaxText.resolve import lora_base
 from MaxText.resolve.from_checkpoint import check_quantized_layout
 from MaxText.runtime.exit_codes import reported
+from MaxText.storage import paths
 
 ARGS = {
     "output_path": cli.Arg(help="the Hugging Face folder to write (must not exist or be empty)"),
@@ -102,7 +103,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   returns the model_type written."""
   if adapter_format not in ("merged", "peft"):
     raise ConfigError(f"adapter_format={adapter_format!r}: merged or peft")
-  if os.path.exists(output_path) and os.listdir(output_path):
+  if paths.listdir(output_path):
     raise ConfigError(f"output_path '{output_path}' exists and is not empty")
   cfg = checkpoint_config(ckpt)
   if hf_model_type and cfg.hf_model_type and hf_model_type != cfg.hf_model_type:
@@ -118,6 +119,9 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   if cfg.lora_rank:
     base = dataclasses.replace(mcfg, lora_rank=0)
     if adapter_format == "peft":
+      if paths.is_url(output_path):
+        raise ConfigError(f"output_path '{output_path}': adapter_format=peft writes a local "
+                          "folder (copy it to the object store afterwards)")
       peft_adapters.export_peft(output_path, params, family, base, rank=cfg.lora_rank,
                                 alpha=cfg.lora_alpha, base_model=peft_base(ckpt, cfg))
       return model_type
@@ -130,7 +134,7 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   write_hf_folder(output_path, tensors, {**family.config_to_hf(cfg), **ids},
                   max_shard_bytes=max_shard_bytes)
   if ids:
-    write_json(os.path.join(output_path, "generation_config.json"),
+    write_json(paths.join(output_path, "generation_config.json"),
                {**ids, "_from_model_config": True})
   tokenizer_files.export(resolve_step_dir(ckpt), output_path)
   return model_type

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 from typing import Any, Sequence
@@ -68,7 +69,9 @@ def _unknown_key(key: str, where: str) -> ConfigError:
 def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
   """Returns `value` as the schema type of `key`, or raises ConfigError naming the key."""
   kind = KEYS[key].type
-  if from_text and kind is not str:
+  if from_text and KEYS[key].repeat:
+    value = _str_items(key, value)
+  elif from_text and kind is not str:
     try:
       value = yaml.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
@@ -128,6 +131,20 @@ def _bare_list(key: str, value: Any) -> list:
     raise ConfigError(f"{key}={value!r}: cannot parse the value") from None
 
 
+def _str_items(key: str, text: str) -> list:
+  """A `repeat` key's command-line text: a YAML list (`image='["a.png", "b.png"]'`), else the text
+  as its one item (`image=chart.png`; "" is the empty list)."""
+  if not text.lstrip().startswith("["):
+    return [text] if text else []
+  try:
+    value = yaml.safe_load(text)
+  except yaml.YAMLError:
+    raise ConfigError(f"{key}={text!r}: cannot parse the value") from None
+  if not isinstance(value, list):
+    raise ConfigError(f"{key}={text!r}: expected a list")
+  return value
+
+
 def _check_range(key: str, value: Any) -> None:
   spec = KEYS[key]
   if spec.choices is not None and value not in spec.choices:
@@ -141,7 +158,8 @@ def _check_range(key: str, value: Any) -> None:
 
 
 def parse_overrides(args: Sequence[str]) -> dict[str, str]:
-  """`["a=1", "b=x"]` → `{"a": "1", "b": "x"}`; a key given twice with different values is refused."""
+  """`["a=1", "b=x"]` → `{"a": "1", "b": "x"}`; a key given twice with different values is refused,
+  but for a `repeat` key, whose values are collected in order (`image=a.png image=b.png`)."""
   out: dict[str, str] = {}
   for arg in args:
     if "=" not in arg:
@@ -150,7 +168,9 @@ def parse_overrides(args: Sequence[str]) -> dict[str, str]:
     key = key.strip()
     if key not in KEYS:
       raise _unknown_key(key, "command line")
-    if key in out and out[key] != value:
+    if key in out and KEYS[key].repeat:
+      value = json.dumps(_str_items(key, out[key]) + _str_items(key, value))
+    elif key in out and out[key] != value:
       raise ConfigError(f"{key} is given twice with different values: {out[key]!r} and {value!r}")
     out[key] = value
   return out

@@ -70,7 +70,14 @@ _RULES = [
     ["exp", ["expert"]],
     ["layers", None],
     ["norm", None],
-    # Gemma 4's audio tower (MaxText/models/gemma4/audio.py): sharded like the text model
+    # encoder towers (a multimodal family's vision / audio encoders): sharded as the text model
+    ["activation_vision_batch", ["data", "fsdp", "expert"]],
+    ["activation_vision_batch", ["data", "fsdp"]],
+    ["activation_vision_batch", ["data"]],
+    ["vision_embed", ["fsdp"]],
+    ["vision_heads", ["tensor"]],
+    ["vision_kv_heads", ["tensor"]],
+    ["vision_mlp", ["tensor"]],
     ["audio_embed", ["fsdp"]],
     ["audio_heads", ["tensor"]],
     ["audio_mlp", ["tensor"]],
@@ -344,16 +351,22 @@ class Config:
 
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
-      "", "a Hugging Face folder: decode / evaluate / inspect convert it in memory (instead of "
-      "load_parameters_path); to_maxtext converts it; logit_check compares with it",
+      "", "a Hugging Face folder: decode / evaluate / inspect / lm_eval convert it in memory "
+      "(instead of load_parameters_path); to_maxtext converts it; logit_check compares with it",
       section="decoding (python -m MaxText.decode; MaxText.inference)",
-      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", *CONVERT))
+      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", "lm_eval", *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
                     tools=(*DECODERS, "train"))
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
                               tools=(*DECODERS, "train"))
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")
+  image: list[str] = key(
+      [], "image files for the prompt(s) (image=a.png image=b.png: several, in order); a model "
+      "whose family takes images, prepared by its processor (MaxText/data/multimodal/)",
+      repeat=True, tools=DECODERS)
+  audio: list[str] = key([], "WAV clips for the prompt(s), at the feature extractor's rate "
+                         "(audio=a.wav audio=b.wav: several)", repeat=True, tools=DECODERS)
   chat: bool = key(False, "render prompts (and jsonl messages) with the tokenizer's own chat "
                    "template (tokenizer_config.json / chat_template.jinja)")
   max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1,
@@ -369,17 +382,17 @@ class Config:
   stop: list[str] = key([], "stop once the completion text contains one of these strings",
                         tools=(*DECODERS, *TRAINERS))
   eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos",
-                           tools=(*DECODERS, *TRAINERS))
+                           tools=(*DECODERS, *TRAINERS, "lm_eval"))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
                            "output_logprobs, text) to this file", tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
-                               min=1)
+                               min=1, tools=(*DECODERS, "lm_eval"))
   max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "
                               "longest prompt + max_new_tokens, rounded up to a power of two",
-                              min=0)
+                              min=0, tools=(*DECODERS, "lm_eval"))
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
-                         tools=(*DECODERS, *TRAINERS))
+                         tools=(*DECODERS, *TRAINERS, "lm_eval"))
 
   # ---- reinforcement learning (GRPO) -----------------------------------------------------------
   prompts: str = key(

@@ -34,6 +34,7 @@ class Spec:
   data: bool = False
   arch: bool = False
   carried: bool = False
+  repeat: bool = False      # a list of strings given as key=a key=b on the command line
   section: str | None = None
   note: str | None = None
   tools: frozenset[str] = frozenset()
@@ -43,18 +44,20 @@ class Spec:
 def key(default: Any, doc: str, *, choices: tuple | None = None, min: float | None = None,
         max: float | None = None, gt: float | None = None, model: bool = False,
         data: bool = False, arch: bool | None = None, carried: bool = False,
-        section: str | None = None, note: str | None = None,
+        repeat: bool = False, section: str | None = None, note: str | None = None,
         section_tools: tuple[str, ...] | None = None, tools: tuple[str, ...] | None = None) -> Any:
   """A field of `Config` (or of a family's `Keys`) with its schema entry (name and type are taken
   from the annotation). `section_tools` (with `section`): the programs that read the section's
-  keys unless a key names its own `tools`."""
+  keys unless a key names its own `tools`. `repeat` (a list of strings): on the command line each
+  `key=value` is one item, the key given again adds the next (`image=a.png image=b.png`)."""
   unknown = (set(section_tools or ()) | set(tools or ())) - set(TOOLS)
   if unknown:
     raise ValueError(f"unknown tools {sorted(unknown)} (MaxText/config/tools.py: {list(TOOLS)})")
   if (section is None) != (section_tools is None):
     raise ValueError("section and section_tools come together (the section's default readers)")
   meta = dict(default=default, doc=doc, choices=choices, min=min, max=max, gt=gt, model=model,
-              data=data, arch=model if arch is None else arch, carried=carried, section=section,
+              data=data, arch=model if arch is None else arch, carried=carried, repeat=repeat,
+              section=section,
               note=note, section_tools=section_tools, tools=tools)
   if isinstance(default, list):
     return field(default_factory=lambda: copy.deepcopy(default), metadata={"key": meta})

@@ -17,9 +17,11 @@ TOOLS = {
     "to_huggingface": "python -m MaxText.checkpoint_conversion.to_huggingface",
     "logit_check": "python -m MaxText.logit_check",
     "refit": "python -m MaxText.refit",
+    "lm_eval": "python -m MaxText.lmeval",
 }
 
 TRAINERS = ("train", "grpo")                                   # the step loop's programs
-MODEL_TOOLS = (*TRAINERS, "decode", "evaluate", "inspect", "quantize")   # build a model: a config
+MODEL_TOOLS = (*TRAINERS, "decode", "evaluate", "inspect", "quantize",   # build a model: a config
+               "lm_eval")
 CONVERT = ("to_maxtext",)            # takes the architecture from config.json (refuses yours)
 DECODERS = ("decode", "inspect")     # a prompt through the model

@@ -7,6 +7,7 @@ Readers open files lazily and drop open handles when pickled (for Grain workers)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from MaxText.data.errors import DataError
+from MaxText.storage import paths
 
 # File extension -> format, for dataset_format="auto".
 EXTENSION_FORMATS = {
@@ -62,8 +64,7 @@ class TextFileReader(_Reader):
   def __getitem__(self, index: int) -> str:
     if index != 0:
       raise IndexError(index)
-    with open(self.path, "rb") as f:
-      return f.read().decode("utf-8", errors="replace")
+    return paths.read_bytes(self.path).decode("utf-8", errors="replace")
 
 
 class JsonlFileReader(_Reader):
@@ -77,7 +78,7 @@ class JsonlFileReader(_Reader):
     self.text_field = text_field
     offsets, line_numbers = [], []
     pos = 0
-    with open(path, "rb") as f:
+    with paths.open_file(path, "rb") as f:
       for line_number, line in enumerate(f, 1):
         if line.strip():
           offsets.append(pos)
@@ -94,7 +95,7 @@ class JsonlFileReader(_Reader):
     with self._lock:
       handle = self.__dict__.get("_h_file")
       if handle is None:
-        handle = self._h_file = open(self.path, "rb")  # pylint: disable=consider-using-with
+        handle = self._h_file = paths.open_file(self.path, "rb")  # pylint: disable=consider-using-with
       handle.seek(int(self.offsets[index]))
       line = handle.readline()
     where = f"{self.path} line {int(self.line_numbers[index])}"
@@ -125,10 +126,10 @@ class ParquetFileReader(_Reader):
 
   def __init__(self, path: str, text_field: str):
     super().__init__(path)
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     self.text_field = text_field
     try:
-      meta = pq.ParquetFile(path).metadata
+      with _parquet(path) as f:
+        meta = f.metadata
     except (OSError, ValueError) as e:  # not Parquet, truncated footer, unreadable: ArrowInvalid
       raise DataError(f"dataset_path: {path} is not a readable Parquet file: {e}") from e
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
@@ -148,9 +149,9 @@ class ParquetFileReader(_Reader):
     with self._lock:
       cached = self.__dict__.get("_h_group")
       if cached is None or cached[0] != group:
-        import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
         try:
-          table = pq.ParquetFile(self.path).read_row_group(group, columns=[self.text_field])
+          with _parquet(self.path) as f:
+            table = f.read_row_group(group, columns=[self.text_field])
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
           raise DataError(f"dataset_path: {self.path} row group {group} cannot be read: "
                           f"{e}") from e
@@ -160,6 +161,19 @@ class ParquetFileReader(_Reader):
       raise DataError(f"dataset_text_field '{self.text_field}' is not a string in "
                       f"{self.path} row {index}")
     return value
+
+
+@contextlib.contextmanager
+def _parquet(path: str):
+  """pyarrow's ParquetFile of a local path (its own file reads), or of an object on a store
+  through fsspec's file (ranged reads: the footer, then the row group's columns)."""
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  if not paths.is_url(path):
+    with pq.ParquetFile(path) as f:
+      yield f
+    return
+  with paths.open_file(path, "rb") as raw, pq.ParquetFile(raw) as f:
+    yield f
 
 
 class ArrayRecordFileReader(_Reader):
@@ -210,4 +224,7 @@ def make_reader(path: str, fmt: str, text_field: str) -> _Reader:
   """Opens `path` as format `fmt` (a key of READERS)."""
   if fmt not in READERS:
     raise DataError(f"dataset_format '{fmt}' is not one of {['auto', *READERS]}")
+  if fmt == "arrayrecord" and paths.is_url(path):
+    raise DataError(f"dataset_path: {path}: ArrayRecord files are read from local paths only "
+                    "(text, jsonl and parquet also from an object store)")
   return READERS[fmt](path, text_field)

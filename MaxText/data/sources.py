@@ -10,7 +10,6 @@ Both are random access (``len`` + index), so shuffling and checkpointing are exa
 from __future__ import annotations
 
 import bisect
-import glob
 import os
 import sysconfig
 from typing import Sequence
@@ -20,6 +19,7 @@ import grain
 from MaxText.data import bad_records
 from MaxText.data import file_readers
 from MaxText.data.errors import DataError
+from MaxText.storage import paths
 
 EMBEDDED_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib",
                                     "__pycache__"})
@@ -53,7 +53,8 @@ def resolve_dataset_files(dataset_path: str, dataset_format: str) -> list[tuple[
   """Expands the `dataset_path` key into sorted ``(file, format)`` pairs.
 
   `dataset_path` may be a file, a directory (searched recursively; with "auto" only
-  files with a known extension are taken, otherwise all non-hidden files) or a glob.
+  files with a known extension are taken, otherwise all non-hidden files) or a glob, local or
+  on an object store (`gs://bucket/data/*.parquet`: MaxText/storage/paths.py).
   Only file names and sizes are looked at; no data is read.
 
   Raises:
@@ -66,19 +67,20 @@ def resolve_dataset_files(dataset_path: str, dataset_format: str) -> list[tuple[
   if not dataset_path:
     raise DataError("dataset_path is empty but dataset_type 'file' needs a file, directory "
                     "or glob")
-  path = os.path.expanduser(dataset_path)
-  if os.path.isfile(path):
-    files = [path]
-  elif os.path.isdir(path):
-    files = _files_under(path, only_known_extensions=dataset_format == "auto")
-    if not files:
-      raise DataError(f"dataset_path '{dataset_path}' is a directory with no dataset files")
-  elif glob.has_magic(path):
-    files = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
-    if not files:
-      raise DataError(f"dataset_path '{dataset_path}' matched no files")
-  else:
+  path = dataset_path if paths.is_url(dataset_path) else os.path.expanduser(dataset_path)
+  try:
+    files = _expand(path, dataset_format)
+  except DataError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # an object store's client errors
+    raise DataError(f"dataset_path '{dataset_path}' cannot be listed ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:300] if str(e) else ''})") from None
+  if files is None:
     raise DataError(f"dataset_path '{dataset_path}' does not exist")
+  if not files:
+    if paths.isdir(path):
+      raise DataError(f"dataset_path '{dataset_path}' is a directory with no dataset files")
+    raise DataError(f"dataset_path '{dataset_path}' matched no files")
 
   resolved = []
   for f in files:
@@ -93,17 +95,27 @@ def resolve_dataset_files(dataset_path: str, dataset_format: str) -> list[tuple[
   return resolved
 
 
+def _expand(path: str, dataset_format: str) -> list[str] | None:
+  """The files a path names (a file; a directory's files; a glob's matches), None: nothing."""
+  if paths.isfile(path):
+    return [path]
+  if paths.isdir(path):
+    return _files_under(path, only_known_extensions=dataset_format == "auto")
+  if paths.has_magic(path):
+    return paths.glob(path)
+  return None
+
+
 def _files_under(directory: str, only_known_extensions: bool) -> list[str]:
+  """The files below `directory`, hidden files and directories aside."""
   out = []
-  for dirpath, dirnames, filenames in os.walk(directory):
-    dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-    for name in filenames:
-      if name.startswith("."):
-        continue
-      path = os.path.join(dirpath, name)
-      if only_known_extensions and file_readers.format_for_extension(path) is None:
-        continue
-      out.append(path)
+  for rel in paths.files_under(directory):
+    if any(part.startswith(".") for part in rel.split("/")):
+      continue
+    path = paths.join(directory, rel)
+    if only_known_extensions and file_readers.format_for_extension(path) is None:
+      continue
+    out.append(path)
   return sorted(out)
 
 

@@ -16,7 +16,13 @@ prefill per (row, prompt-length) bucket and one decoding program per row bucket.
 
 score: log-probabilities of given completions after given prompts (a teacher-forced `extend`
 without a cache; the head applied `SCORE_CHUNK` positions at a time so the [B, S, V] logits never
-exist whole).
+exist whole); `score_top` also gives the `top` most likely tokens at each completion position and
+their log-probabilities (is the completion what greedy decoding writes: lm-eval's `is_greedy`).
+
+Images and audio (a family whose `media` names them): each prompt's tensors (transformers' names,
+MaxText/data/multimodal/processor.py) go with it; a batch's are concatenated in row order and
+handed to the model's `extend` as `media=` in the prefill and in scoring (the decoding steps see
+only the cache), so the soft tokens are computed once per prompt.
 
 Requests that cannot run (an empty prompt, ids outside the vocabulary, a prompt plus
 max_new_tokens longer than the cache or the model's positions) raise `DecodeError` naming the
@@ -71,6 +77,16 @@ def fetch(x) -> np.ndarray:
   return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
 
 
+def batch_media(media: Sequence[dict[str, np.ndarray]] | None, rows: Sequence[int]
+                ) -> dict[str, np.ndarray]:
+  """The images and clips of the prompts `rows`, in that order: each tensor concatenated over the
+  rows that have it ({} for text)."""
+  if not media:
+    return {}
+  names = dict.fromkeys(n for i in rows for n in media[i])
+  return {n: np.concatenate([media[i][n] for i in rows if n in media[i]]) for n in names}
+
+
 class Engine:
   """Decoding programs for `mcfg` on `mesh` with `rules` (see the module docstring)."""
 
@@ -89,7 +105,7 @@ class Engine:
     self._prefill = jax.jit(self._counted(self._prefill_fn), static_argnames=("static", "max_len"))
     self._decode = jax.jit(self._counted(self._decode_fn), static_argnames=("static",),
                            donate_argnums=(1,))
-    self._score = jax.jit(self._counted(self._score_fn))
+    self._score = jax.jit(self._counted(self._score_fn), static_argnames=("top",))
 
   def _counted(self, fn: Callable) -> Callable:
     """`fn`, counting its traces (jit traces a function once per program it compiles for it),
@@ -166,14 +182,19 @@ class Engine:
     positions_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (lengths_B.shape[0], S))
     return positions_BS, positions_BS < lengths_B[:, None]
 
-  def _prefill_fn(self, params, tokens_BS, lengths_B, rows_B, values, *, static, max_len):
+  @staticmethod
+  def _media(media: dict) -> dict:
+    """`extend`'s keyword for a batch's images and clips (none for a text batch)."""
+    return {"media": media} if media else {}
+
+  def _prefill_fn(self, params, tokens_BS, lengths_B, rows_B, values, media, *, static, max_len):
     B, S = tokens_BS.shape
     specs = cache_lib.specs(self.mcfg, B, max_len, self.cache_dtype)
     with use_rules(self.mesh, self.rules):
       model = self._model(params)
       cache = cache_lib.constrain_cache(cache_lib.empty(specs), specs, self.mesh, self.rules)
       x_BSD, cache = model.extend(tokens_BS, *self._prompt_positions(lengths_B, S), cache,
-                                  prefill=True)
+                                  prefill=True, **self._media(media))
       last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
       tokens_B, logprobs_B = choose(model.logits(last_B1D)[:, 0], static, values, rows_B,
                                     jnp.zeros_like(rows_B))
@@ -211,32 +232,44 @@ class Engine:
       cache = cache_lib.constrain_cache(cache, specs, self.mesh, self.rules)
     return cache, *self._replicated(state, out_tokens, out_logprobs)
 
-  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B):
-    """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond)."""
+  def _score_fn(self, params, tokens_BS, targets_BS, lengths_B, media, *, top: int = 0):
+    """log p(targets[b, s] | tokens[b, :s+1]) for s < lengths[b] (0 beyond); with `top` also the
+    `top` most likely tokens at each position and their log-probabilities."""
     B, S = tokens_BS.shape
     C = min(S, SCORE_CHUNK)
     with use_rules(self.mesh, self.rules):
       model = self._model(params)
       positions_BS, valid_BS = self._prompt_positions(lengths_B, S)
-      x_BSD, _ = model.extend(tokens_BS, positions_BS, valid_BS, None, prefill=True)
+      x_BSD, _ = model.extend(tokens_BS, positions_BS, valid_BS, None, prefill=True,
+                              **self._media(media))
 
       def chunk_logprobs(xs):
         x_BCD, t_BC = xs
         logp_BCV = jax.nn.log_softmax(model.logits(x_BCD), axis=-1)
-        return jnp.take_along_axis(logp_BCV, t_BC[..., None], axis=-1)[..., 0]
+        lp_BC = jnp.take_along_axis(logp_BCV, t_BC[..., None], axis=-1)[..., 0]
+        if not top:
+          return lp_BC
+        top_lp_BCK, top_ids_BCK = jax.lax.top_k(logp_BCV, top)
+        return lp_BC, top_ids_BCK.astype(jnp.int32), top_lp_BCK
 
       split = lambda a: a.reshape(B, S // C, C, *a.shape[2:]).swapaxes(0, 1)
-      lp_NBC = jax.lax.map(chunk_logprobs, (split(x_BSD), split(targets_BS)))
-      lp_BS = lp_NBC.swapaxes(0, 1).reshape(B, S)
-    return self._replicated(jnp.where(valid_BS, lp_BS, 0.0))[0]
+      merge = lambda a: a.swapaxes(0, 1).reshape(B, S, *a.shape[3:])
+      out = jax.lax.map(chunk_logprobs, (split(x_BSD), split(targets_BS)))
+      if not top:
+        return self._replicated(jnp.where(valid_BS, merge(out), 0.0))[0]
+      lp_NBC, ids_NBCK, top_NBCK = out
+      return self._replicated(jnp.where(valid_BS, merge(lp_NBC), 0.0), merge(ids_NBCK),
+                              merge(top_NBCK))
 
   # ---- requests ----------------------------------------------------------------------------------
   def generate(self, params, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: Sampling = Sampling(), eos_ids: Sequence[int] = (),
                stop: Sequence[str] = (), detokenize: Callable[[list[int]], str] | None = None,
-               row_ids: Sequence[int] | None = None) -> list[Completion]:
+               row_ids: Sequence[int] | None = None,
+               media: Sequence[dict[str, np.ndarray]] | None = None) -> list[Completion]:
     """Completions of `prompts` (token ids), in order. `stop` strings need `detokenize` (ids →
-    text). `row_ids` (default: the prompts' indices) seed each prompt's samples."""
+    text). `row_ids` (default: the prompts' indices) seed each prompt's samples. `media`: each
+    prompt's image / audio tensors (module docstring)."""
     for _, problem in sampling.problems():
       raise DecodeError(problem)
     if len(eos_ids) > MAX_EOS_IDS:
@@ -244,6 +277,8 @@ class Engine:
     if stop and detokenize is None:
       raise DecodeError("stop strings need a tokenizer to read the completions' text")
     prompts = [[int(t) for t in p] for p in prompts]
+    if media is not None and len(media) != len(prompts):
+      raise DecodeError(f"{len(prompts)} prompts but media for {len(media)}")
     if not prompts:
       return []
     max_len = self.cache_length(prompts, max_new_tokens)
@@ -256,13 +291,13 @@ class Engine:
       idx = order[start:start + self.batch_size]
       done = self._generate_batch(params, [prompts[i] for i in idx], [row_ids[i] for i in idx],
                                   max_len, max_new_tokens, sampling, eos_E, tuple(stop),
-                                  detokenize)
+                                  detokenize, batch_media(media, idx))
       for i, c in zip(idx, done):
         out[i] = c
     return cast(list[Completion], out)  # every row filled
 
   def _generate_batch(self, params, prompts, rows, max_len, max_new, sampling, eos_E, stop,
-                      detokenize) -> list[Completion]:
+                      detokenize, media) -> list[Completion]:
     n = len(prompts)
     B = bucket(n)
     S = bucket(max(len(p) for p in prompts), MIN_PROMPT_BUCKET, max_len)
@@ -274,7 +309,7 @@ class Engine:
       lengths_B[b], rows_B[b] = len(p), rows[b]
     values = sampling.values()
     cache, first_B, first_lp_B = self._prefill(params, *self._host(tokens_BS, lengths_B, rows_B,
-                                                                  values),
+                                                                  values, media),
                                                static=sampling.static, max_len=max_len)
     first_B, first_lp_B = fetch(first_B), fetch(first_lp_B)
     results = [Completion(list(p), [int(first_B[b])], [float(first_lp_B[b])])
@@ -319,9 +354,24 @@ class Engine:
     return len(c.output_ids) >= max_new
 
   def score(self, params, prompts: Sequence[Sequence[int]],
-            completions: Sequence[Sequence[int]]) -> list[np.ndarray]:
+            completions: Sequence[Sequence[int]],
+            media: Sequence[dict[str, np.ndarray]] | None = None) -> list[np.ndarray]:
     """Per completion, the log-probability of each of its tokens given the prompt and the
-    completion's earlier tokens (fp32 arrays of len(completion))."""
+    completion's earlier tokens (fp32 arrays of len(completion)); `media` as for `generate`."""
+    return [lp for lp, _, _ in self._scored(params, prompts, completions, 0, media)]
+
+  def score_top(self, params, prompts: Sequence[Sequence[int]],
+                completions: Sequence[Sequence[int]], top: int,
+                media: Sequence[dict[str, np.ndarray]] | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """`score`'s log-probabilities with, at each completion position, the `top` most likely
+    tokens there (the first of equals first, as argmax) and their log-probabilities: (logprobs
+    [C], top ids [C, top], top logprobs [C, top]) per completion."""
+    if not 1 <= top <= self.mcfg.vocab_size:
+      raise DecodeError(f"top={top} must be in [1, {self.mcfg.vocab_size}]")
+    return self._scored(params, prompts, completions, top, media)
+
+  def _scored(self, params, prompts, completions, top: int, media=None):
     if len(prompts) != len(completions):
       raise DecodeError(f"{len(prompts)} prompts but {len(completions)} completions")
     seqs = []
@@ -330,10 +380,13 @@ class Engine:
       if len(c):
         self._check_ids("completion", c, i)
       seqs.append([int(t) for t in p] + [int(t) for t in c])
-      if len(seqs[-1]) > self.mcfg.max_position_embeddings:
+      # the last token is only a target: the model reads the others, one position each
+      if len(seqs[-1]) - 1 > self.mcfg.max_position_embeddings:
         raise DecodeError(f"prompt {i} + completion = {len(seqs[-1])} tokens exceed the model's "
-                          f"max_position_embeddings ({self.mcfg.max_position_embeddings})")
-    out = [np.zeros(0, np.float32)] * len(seqs)
+                          f"max_position_embeddings ({self.mcfg.max_position_embeddings}) + 1 "
+                          f"(the last is only scored)")
+    none = np.zeros((0, top), np.int32), np.zeros((0, top), np.float32)
+    out = [(np.zeros(0, np.float32), *none)] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     for start in range(0, len(order), self.batch_size):
       idx = order[start:start + self.batch_size]
@@ -347,8 +400,11 @@ class Engine:
         s = seqs[i]
         tokens_BS[b, :len(s) - 1], targets_BS[b, :len(s) - 1] = s[:-1], s[1:]
         lengths_B[b] = max(len(s) - 1, 1)
-      lp_BS = fetch(self._score(params, *self._host(tokens_BS, targets_BS, lengths_B)))
+      got = self._score(params, *self._host(tokens_BS, targets_BS, lengths_B,
+                                            batch_media(media, idx)), top=top)
+      lp_BS, ids_BSK, top_BSK = (fetch(got), *none) if not top else map(fetch, got)
       for b, i in enumerate(idx):
-        first = len(prompts[i]) - 1
-        out[i] = lp_BS[b, first:first + len(completions[i])].astype(np.float32)
+        at = slice(len(prompts[i]) - 1, len(prompts[i]) - 1 + len(completions[i]))
+        out[i] = (lp_BS[b, at].astype(np.float32),
+                  *((ids_BSK[b, at], top_BSK[b, at].astype(np.float32)) if top else none))
     return out

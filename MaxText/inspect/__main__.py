@@ -7,7 +7,9 @@
 The model: `hf_path` (a Hugging Face folder, converted in memory) or `load_parameters_path` (a
 run's checkpoints/, a step, a converter's output); any other config key as key=value (a first
 argument ending in .yml replaces configs/base.yml). The prompt: `prompt="..."` (tokenized with the
-model's tokenizer), `prompt_ids=1,5,9`, or a one-prompt `prompt_file`. Attention is computed by the
+model's tokenizer), `prompt_ids=1,5,9`, or a one-prompt `prompt_file`; `image=chart.png` /
+`audio=clip.wav` (repeatable) for a model that takes them, as `python -m MaxText.decode` places
+them (the npz then has `mm_token_type_ids` and `image_grids`). Attention is computed by the
 dot-product path whatever the `attention` key says.
 
 output (npz): `token_ids` [S], `hidden_states` [L+1, S, D] (entry 0 the embeddings, the last after
@@ -17,7 +19,8 @@ softmax attention, `logits` [S, V]; with `layers`, only those layers' entries (a
 (e.g. capture=resid_post.*) under their names. plot=DIR writes attention_layer{l}.png (a heatmap
 per head, token labels) and logit_lens.png (top next token and its probability per hidden state
 and position; it needs the hidden states, which plot= captures).
-Exit 0; 2 on a bad argument, config or prompt; 4 on a damaged checkpoint.
+Exit 0; 2 on a bad argument, config or prompt (an image or clip for a model without that tower);
+3 on an image or audio file that cannot be read; 4 on a damaged checkpoint.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import numpy as np
 from MaxText.config.cli import Arg, parse
 from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
+from MaxText.data.multimodal.errors import MediaError
 from MaxText.inference import InferenceError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 
@@ -60,7 +64,7 @@ def _ints(text: str, key: str) -> list[int] | None:
 def run(argv: Sequence[str]) -> int:
   from MaxText import inference
   from MaxText import inspect as inspect_api
-  from MaxText.decode import prompts_of
+  from MaxText.decode import check_media_files, prompts_of
   parsed = parse(argv, ARGS, __doc__, tool="inspect", config_file=True)
   if parsed is None:
     return EXIT_OK
@@ -72,16 +76,20 @@ def run(argv: Sequence[str]) -> int:
   prompts = prompts_of(cfg)
   if len(prompts) != 1:
     raise ConfigError(f"the inspector takes one prompt; prompt_file holds {len(prompts)}")
+  check_media_files(cfg)
   m = inspect_api.Inspector(inference.load(config_argv))
-  ids = m.tokenize(prompts[0])
-  if not ids:
+  media = dict(images=cfg.image or None, audio=cfg.audio or None)
+  if not m.tokenize(prompts[0]):
     raise ConfigError("the prompt is empty")
-  print(f"model {m.mcfg.decoder_block} ({m.num_layers} layers); {len(ids)} tokens",
-        file=sys.stderr)
   try:
-    trace = m.forward(ids, capture=capture, layers=layers, heads=heads)
+    trace = m.forward(prompts[0], capture=capture, layers=layers, heads=heads, **media)
+  except InferenceError:
+    raise
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  ids = [int(t) for t in trace.tokens]
+  print(f"model {m.mcfg.decoder_block} ({m.num_layers} layers); {len(ids)} tokens",
+        file=sys.stderr)
   out = os.path.expanduser(args["output"])
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   trace.save(out)
@@ -94,7 +102,7 @@ def run(argv: Sequence[str]) -> int:
     written = []
     if trace.attentions:
       written += plots.attention_heatmaps(trace.attentions, trace.attention_layers, labels,
-                                          folder, heads)
+                                          folder, heads, trace.mm_token_type_ids)
     kept = [i for i, h in enumerate(trace.hidden_states) if h is not None]
     inner = [i for i in kept if i < m.num_layers]
     logits = list(m.lens(np.stack([trace.hidden_states[i] for i in inner])))
@@ -108,7 +116,8 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-  return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
+  return reported(lambda: run(argv), (ConfigError, DataError, InferenceError),
+                  data=(MediaError,))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ The forward runs the family's model with the dot-product attention op (the only 
 materialises the probabilities; the parameters are the same whatever op trained them), under the
 mesh and logical-axis rules the model was loaded with. One program is compiled per set of
 interventions (name and function object), captures, heads and input shape, and reused after.
+
+Images and audio (a model whose family takes them): `forward`, `generate`, `logprobs` and `chat`
+take `images=` / `audio=` and the processor's tensors by transformers' names as
+`MaxText.inference` does; the Trace then carries `mm_token_type_ids` and each image's patch grid.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from MaxText.inference import InferenceModel
+from MaxText.decoding.engine import batch_media
+from MaxText.inference import InferenceModel, Prepared
 from MaxText.inspect.trace import Trace
 from MaxText.layers import sites
 from MaxText.models.registry import make_model_def
@@ -49,12 +54,15 @@ class Inspector:
     """`InferenceModel.generate`: completions of text, token-id or chat prompts."""
     return self.inference.generate(prompts, **kwargs)
 
-  def logprobs(self, prompts: Sequence, completions: Sequence) -> list[np.ndarray]:
-    """log p of each completion token given the prompt (text or token ids) and the tokens before."""
+  def logprobs(self, prompts: Sequence, completions: Sequence, *, images=None, audio=None,
+               **tensors) -> list[np.ndarray]:
+    """log p of each completion token given the prompt (text or token ids, with its images and
+    clips) and the tokens before."""
     encode = self.inference.encode
-    return self.inference.score([encode(p) for p in prompts],
+    prepared = self.inference.prepare(prompts, images=images, audio=audio, **tensors)
+    return self.inference.score(prepared.ids,
                                 [self._text_ids(c) if isinstance(c, str) else encode(c)
-                                 for c in completions])
+                                 for c in completions], media=prepared.media)
 
   def _text_ids(self, text: str) -> list[int]:
     """A completion's text as ids (no bos: it continues the prompt)."""
@@ -63,7 +71,8 @@ class Inspector:
     return self.inference.tokenizer.encode(text)
 
   def chat(self, messages: Sequence[dict], **kwargs):
-    """One chat completion: `messages` rendered with the tokenizer's chat template."""
+    """One chat completion: `messages` rendered with the tokenizer's chat template (their image /
+    audio parts, or `images=` / `audio=` for parts without a source)."""
     return self.inference.generate([{"messages": list(messages)}], **kwargs)[0]
 
   def tokenize(self, prompt) -> list[int]:
@@ -119,6 +128,24 @@ class Inspector:
       self._interventions = outer
 
   # ---- the forward ---------------------------------------------------------------------------------
+  def _prepared(self, token_ids, images, audio, tensors) -> tuple[Any, Prepared | None]:
+    """(the token ids to run, the call's prompts as the model takes them when it has images or
+    audio, else None)."""
+    single = isinstance(token_ids, (str, dict)) or (
+        len(token_ids) > 0 and isinstance(token_ids[0], (int, np.integer)))
+    prompts = [token_ids] if single else list(token_ids)
+    has_parts = any(isinstance(p, dict) and any(p.get(k) for k in ("images", "audio"))
+                    for p in prompts)
+    if images is None and audio is None and not tensors and not has_parts and not any(
+        isinstance(p, dict) and "messages" in p for p in prompts):
+      return token_ids, None
+    prepared = self.inference.prepare(prompts, images=images, audio=audio, **tensors)
+    if prepared.media is None:
+      return (prepared.ids[0] if single else prepared.ids), None
+    self.inference.check_room(prepared, 0, self.mcfg.max_position_embeddings,
+                              "the model's max_position_embeddings")
+    return (prepared.ids[0] if single else prepared.ids), prepared
+
   def _inputs(self, token_ids) -> tuple[bool, np.ndarray, np.ndarray]:
     """(batched?, tokens [B, S] right-padded with 0, lengths [B])."""
     if isinstance(token_ids, str) or (isinstance(token_ids, dict)):
@@ -167,12 +194,13 @@ class Inspector:
       return self._programs[key], key
     L, graphdef = self.num_layers, self.model_def.graphdef
 
-    def run(params, tokens_BS, positions_BS, segment_ids_BS, extra: dict):
+    def run(params, tokens_BS, positions_BS, segment_ids_BS, media, extra: dict):
       probe = sites.Probe(L, {**interventions, **extra}, capture, heads)
       with sites.probing(probe), use_rules(self.mesh, self.rules):
         model = nnx.merge(graphdef, params)
         x_BSD, _ = model.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS,
-                                          return_hidden=True)
+                                          return_hidden=True,
+                                          **({"media": media} if media else {}))
         x_BSD = sites.site("final_norm_out", x_BSD)
         logits_BSV = sites.site("logits", model.logits(x_BSD))
       missing = [n for n in interventions if n not in probe.reached and
@@ -184,13 +212,13 @@ class Inspector:
       return logits_BSV, probe.results
 
     if grad_site is None:
-      def forward(params, tokens_BS, positions_BS, segment_ids_BS):
-        return run(params, tokens_BS, positions_BS, segment_ids_BS, {})[1]
+      def forward(params, tokens_BS, positions_BS, segment_ids_BS, media):
+        return run(params, tokens_BS, positions_BS, segment_ids_BS, media, {})[1]
       fn = jax.jit(forward)
     else:
-      def value(delta, params, tokens_BS, positions_BS, segment_ids_BS, unbatched):
+      def value(delta, params, tokens_BS, positions_BS, segment_ids_BS, media, unbatched):
         extra = {grad_site: lambda x, ctx: x + delta.astype(x.dtype)}
-        logits_BSV = run(params, tokens_BS, positions_BS, segment_ids_BS, extra)[0]
+        logits_BSV = run(params, tokens_BS, positions_BS, segment_ids_BS, media, extra)[0]
         return objective(logits_BSV[0] if unbatched else logits_BSV)
       fn = jax.jit(jax.value_and_grad(value), static_argnames=("unbatched",))
     self._programs[key] = fn
@@ -205,28 +233,33 @@ class Inspector:
       raise ValueError(f"heads {bad} are outside the model's {self.mcfg.num_query_heads} heads")
     return heads_
 
-  def _placed(self, tokens: np.ndarray, lengths: np.ndarray):
-    """(tokens, positions, segment ids: 1 on each row's tokens, 0 on its padding) on the mesh."""
+  def _placed(self, tokens: np.ndarray, lengths: np.ndarray, prepared: Prepared | None = None):
+    """(tokens, positions, segment ids: 1 on each row's tokens, 0 on its padding, the rows'
+    image / audio tensors) on the mesh."""
     B, S = tokens.shape
     positions = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S))
     segments = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int32)
+    media = batch_media(prepared.media, range(B)) if prepared is not None else {}
     whole = NamedSharding(self.mesh, PartitionSpec())
-    return jax.device_put((tokens, np.ascontiguousarray(positions), segments), whole)
+    return jax.device_put((tokens, np.ascontiguousarray(positions), segments, media), whole)
 
   def forward(self, token_ids, capture: Iterable[str] = HIGH_LEVEL,
               layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-              interventions: dict[str, Callable] | None = None) -> Trace:
+              interventions: dict[str, Callable] | None = None, *, images=None, audio=None,
+              **tensors) -> Trace:
     """A `Trace` of `token_ids` (one sequence: ids or a prompt; or a batch: a list of id lists,
     right-padded). `capture`: "hidden_states", "attentions", "logits" and/or site names or globs
     ("resid_post.*"); `layers`: the decoder layers whose hidden states and attentions are kept
     (None: all); `heads`: the heads kept at attention sites (None: all). Only what is asked for
-    leaves the compiled program, and only those layers are kept inside it."""
+    leaves the compiled program, and only those layers are kept inside it. `images`, `audio`,
+    the processor's tensors: module docstring (a batch is then a list of prompts)."""
+    token_ids, prepared = self._prepared(token_ids, images, audio, tensors)
     batched, tokens, lengths = self._inputs(token_ids)
     capture = _names(capture)
     names, exact = self._site_names(capture, layers)
     heads_ = self._heads(heads)
     program, key = self._program(names, heads_, {**self._interventions, **(interventions or {})})
-    placed = self._placed(tokens, lengths)
+    placed = self._placed(tokens, lengths, prepared)
     results = {k: np.asarray(v) for k, v in program(self.params, *placed).items()}
     missing = [n for n in exact if n not in results]
     if missing:
@@ -235,6 +268,13 @@ class Inspector:
     unbatch = (lambda a: a[0]) if not batched else (lambda a: a)
     trace = Trace(tokens=unbatch(tokens), lengths=lengths if batched else None,
                   heads=heads_)
+    if prepared is not None and prepared.mm_token_type_ids is not None:
+      types = np.zeros(tokens.shape, np.int32)
+      for i, row in enumerate(prepared.mm_token_type_ids):
+        types[i, :len(row)] = row
+      trace.mm_token_type_ids = unbatch(types)
+      trace.image_grids = (prepared.image_grids or [[]])[0] if not batched else \
+          prepared.image_grids
     L = self.num_layers
     chosen = set(range(L) if layers is None else layers)
     if "hidden_states" in capture:
@@ -266,20 +306,22 @@ class Inspector:
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                          sharding=getattr(a, "sharding", None)),
                           self.params)
-    analysis = program.lower(params, ids, ids, ids).compile().memory_analysis()
+    analysis = program.lower(params, ids, ids, ids, {}).compile().memory_analysis()
     return {"argument": int(analysis.argument_size_in_bytes),
             "output": int(analysis.output_size_in_bytes),
             "temp": int(analysis.temp_size_in_bytes)}
 
   # ---- gradients -----------------------------------------------------------------------------------
-  def grad(self, site: str, objective: Callable, token_ids) -> tuple[float, np.ndarray]:
+  def grad(self, site: str, objective: Callable, token_ids, *, images=None, audio=None,
+           **tensors) -> tuple[float, np.ndarray]:
     """(objective, d objective / d the value at `site`): `objective(logits)` a scalar JAX function
     of the logits ([S, V] for one sequence, [B, S, V] for a batch) of the forward with the active
     interventions; the gradient has the site's shape ([S, D] for a residual site of one sequence)."""
     if len(sites.expand(site, self.num_layers)) != 1 or "*" in site:
       raise ValueError(f"grad needs one site, got {site!r}")
+    token_ids, prepared = self._prepared(token_ids, images, audio, tensors)
     batched, tokens, lengths = self._inputs(token_ids)
-    placed = self._placed(tokens, lengths)
+    placed = self._placed(tokens, lengths, prepared)
     shape_prog, _ = self._program((site,), None, dict(self._interventions))
     shapes = jax.eval_shape(shape_prog, self.params, *placed)
     if site not in shapes:

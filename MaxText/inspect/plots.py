@@ -2,7 +2,8 @@
 
   attention_layer{l}.png   one heatmap per head of layer l's attention probabilities (the heads
                            wrapped into a grid of up to 4 columns, one colour bar for all), query
-                           tokens down, key tokens across, labelled with the tokens' text
+                           tokens down, key tokens across, labelled with the tokens' text; each
+                           image's (audio clip's) soft tokens framed in red (orange) on both axes
   logit_lens.png           the logit lens: for each hidden state (rows: the embeddings, then each
                            layer's output) and position (columns), the top next token under the
                            model's final norm and head, coloured by its probability
@@ -22,6 +23,18 @@ import numpy as np
 from MaxText.data.printable import visible_spaces
 
 LABEL_SIZE = 9     # points: tick labels and the logit lens's cells
+SPAN_COLOURS = {1: ("image", "red"), 3: ("audio", "orange")}    # by mm_token_type_ids
+
+
+def media_spans(mm_token_type_ids: Sequence[int] | None) -> list[tuple[int, int, int]]:
+  """(type id, first, last + 1) of each run of image / audio soft tokens."""
+  spans: list[tuple[int, int, int]] = []
+  for i, t in enumerate([] if mm_token_type_ids is None else list(map(int, mm_token_type_ids))):
+    if t in SPAN_COLOURS and spans and spans[-1][0] == t and spans[-1][2] == i:
+      spans[-1] = (t, spans[-1][1], i + 1)
+    elif t in SPAN_COLOURS:
+      spans.append((t, i, i + 1))
+  return spans
 
 def _pyplot():
   import matplotlib
@@ -31,14 +44,16 @@ def _pyplot():
 
 
 def attention_heatmaps(attentions: Sequence, layers: Sequence[int], labels: Sequence[str],
-                       folder: str, heads: Sequence[int] | None = None) -> list[str]:
-  """One PNG per captured layer (entries None are skipped); returns the paths written."""
+                       folder: str, heads: Sequence[int] | None = None,
+                       mm_token_type_ids: Sequence[int] | None = None) -> list[str]:
+  """One PNG per captured layer (entries None are skipped); returns the paths written.
+  `mm_token_type_ids`: the image / audio spans to frame."""
   plt = _pyplot()
   paths = []
   for layer, a_HSS in zip(layers, attentions):
     if a_HSS is None:
       continue
-    fig = attention_figure(a_HSS, layer, labels, heads)
+    fig = attention_figure(a_HSS, layer, labels, heads, media_spans(mm_token_type_ids))
     path = os.path.join(folder, f"attention_layer{layer}.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -47,8 +62,10 @@ def attention_heatmaps(attentions: Sequence, layers: Sequence[int], labels: Sequ
 
 
 def attention_figure(a_HSS: np.ndarray, layer: int, labels: Sequence[str],
-                     heads: Sequence[int] | None = None):
-  """The figure of one layer's heads: a grid of heatmaps and one colour bar."""
+                     heads: Sequence[int] | None = None,
+                     spans: Sequence[tuple[int, int, int]] = ()):
+  """The figure of one layer's heads: a grid of heatmaps and one colour bar; `spans` (type id,
+  first, end) framed on both axes."""
   plt = _pyplot()
   labels = [visible_spaces(t) for t in labels]
   H, S = a_HSS.shape[0], a_HSS.shape[1]
@@ -70,7 +87,15 @@ def attention_figure(a_HSS: np.ndarray, layer: int, labels: Sequence[str],
     ax.set_yticks(range(S), labels, fontsize=LABEL_SIZE)
     ax.set_xlabel("key")
     ax.set_ylabel("query")
-  fig.suptitle(f"layer {layer}: attention probabilities (row: query token, column: key token)")
+    for t, first, end in spans:
+      colour = SPAN_COLOURS[t][1]
+      ax.axvspan(first - 0.5, end - 0.5, fill=False, edgecolor=colour, linewidth=1.5)
+      ax.axhspan(first - 0.5, end - 0.5, fill=False, edgecolor=colour, linewidth=1.5)
+  kinds = sorted({t for t, _, _ in spans})
+  framed = "; " + ", ".join(f"{SPAN_COLOURS[t][1]}: {SPAN_COLOURS[t][0]} tokens"
+                             for t in kinds) if kinds else ""
+  fig.suptitle(f"layer {layer}: attention probabilities (row: query token, column: key "
+               f"token{framed})")
   fig.colorbar(image, ax=axes.ravel().tolist(), label="attention probability", shrink=0.8)
   return fig
 

@@ -12,12 +12,19 @@ transformers' `output_hidden_states=True, output_attentions=True`.
                     of the dot-product path; None where not asked for; H the heads asked for
   logits            [S, V] fp32
   sites             any other captured site by name ("resid_post.3", "mlp_out.0", ...)
+  mm_token_type_ids with images or audio: [S] (or [B, S]) per position 0 text, 1 image, 2 video,
+                    3 audio soft token, as transformers' processor gives them (`token_types()`:
+                    their names); None for a text prompt
+  image_grids       with images: each image's patch grid (rows, columns) before pooling, in
+                    order (a list per row for a batch)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+TOKEN_TYPES = ("text", "image", "video", "audio")     # by mm_token_type_ids
 
 
 @dataclass
@@ -30,11 +37,20 @@ class Trace:
   sites: dict[str, np.ndarray] = field(default_factory=dict)
   lengths: np.ndarray | None = None          # batched: the real tokens of each row
   heads: tuple[int, ...] | None = None       # the heads of `attentions` (None: all)
+  mm_token_type_ids: np.ndarray | None = None
+  image_grids: list | None = None
+
+  def token_types(self) -> np.ndarray:
+    """Each position's kind ("text", "image", "video", "audio"), shaped like `tokens`."""
+    types = np.zeros(np.shape(self.tokens), np.int32) if self.mm_token_type_ids is None \
+        else self.mm_token_type_ids
+    return np.asarray(TOKEN_TYPES, dtype=object)[types]
 
   def arrays(self) -> dict[str, np.ndarray]:
     """The npz layout of the CLI: `token_ids`, `hidden_states` [L+1, S, D] (only the captured
-    entries, then with `hidden_states_index`), `attentions_{l}` [H, S, S], `logits` [S, V], and
-    every other captured site under its name."""
+    entries, then with `hidden_states_index`), `attentions_{l}` [H, S, S], `logits` [S, V],
+    `mm_token_type_ids` [S] and `image_grids` [I, 2] with images or audio, and every other
+    captured site under its name."""
     out = {"token_ids": self.tokens}
     if self.hidden_states is not None:
       index = [i for i, h in enumerate(self.hidden_states) if h is not None]
@@ -50,6 +66,10 @@ class Trace:
       out["lengths"] = self.lengths
     if self.heads is not None:
       out["heads"] = np.asarray(self.heads)
+    if self.mm_token_type_ids is not None:
+      out["mm_token_type_ids"] = self.mm_token_type_ids
+    if self.image_grids and not isinstance(self.image_grids[0], list):
+      out["image_grids"] = np.asarray(self.image_grids, np.int64).reshape(-1, 2)
     out.update(self.sites)
     return out
 

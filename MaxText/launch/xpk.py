@@ -15,7 +15,8 @@ The processes find each other without flags: on TPU JAX reads the slice's enviro
 sets `JAX_COORDINATOR_ADDRESS`/`JAX_COORDINATOR_PORT`/`NNODES`/`NODE_RANK`, on CPU node pools
 `JAX_COORDINATOR_ADDRESS`/`JAX_PROCESS_COUNT`/`JOB_COMPLETION_INDEX` (plus the port we add), which
 `MaxText/runtime/distributed.py` reads. Checkpoints need a path every host shares
-(`base_output_directory` on a mounted bucket or Filestore volume): a relative path is refused.
+(`base_output_directory=gs://BUCKET/runs`, or a mounted bucket or Filestore volume): a relative
+path is refused.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import Config
 from MaxText.resolve.config_checks import validate
 from MaxText.runtime.exit_codes import EXIT_PREEMPTED
+from MaxText.storage import paths
 
 CPU_COORDINATOR_PORT = 8476  # CPU node pools: XPK gives the coordinator's host, not a port
 
@@ -92,11 +94,12 @@ def check(w: Workload) -> tuple[Config, Accelerator | None]:
     raise ConfigError(f"num_slices={w.num_slices}: must be at least 1")
   cfg = load_config(w.train_argv()[2:], tool="train")
   out = os.path.expanduser(cfg.base_output_directory)
-  if not os.path.isabs(out):
+  if not paths.is_url(out) and not os.path.isabs(out):
     raise ConfigError(
         f"base_output_directory={cfg.base_output_directory!r}: on a cluster every host must write "
-        "checkpoints to one shared path (e.g. a bucket mounted with GCS FUSE or a Filestore "
-        "volume: xpk storage attach, then storage=NAME); give its absolute mount path")
+        "checkpoints to one shared path (a bucket, gs://BUCKET/runs; or one mounted with GCS FUSE "
+        "or a Filestore volume: xpk storage attach, then storage=NAME); give its URL or absolute "
+        "mount path")
   acc = accelerator(w.tpu_type, w.device_type)
   if acc is not None:
     # the devices JAX will see: TPU slices carry slice_index (dcn_* splits them); GPU/CPU hosts

@@ -68,8 +68,11 @@ def _plain_attention(q_BKQE, k_BKTE, v_BKTE, mask_BQT, scale, blocks, probe):
 
 
 def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float,
-                          causal: bool = True, sliding_window: int | None = None) -> jax.Array:
+                          causal: bool = True, sliding_window: int | None = None,
+                          blocks_BS: jax.Array | None = None) -> jax.Array:
   """Materialises the scores: softmax in fp32, masks for causality and packed documents.
+  `blocks_BS` (causal only; S = T): tokens of one block id >= 0 also attend to each other both
+  ways (an image's soft tokens; transformers' blockwise overlay), the window's lower bound kept.
 
   Heads-major layout: the G = H/K query heads that share one kv head are folded into the query
   length (Q = S·G rows per kv head, row s·G + g), so both matmuls are plain batched [Q,E]x[E,T]
@@ -83,12 +86,17 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   k_BKTE, v_BKTE = k_BTKE.transpose(0, 2, 1, 3), v_BTKE.transpose(0, 2, 1, 3)
   mask_BST = segment_ids_BS[:, :, None] == segment_ids_BS[:, None, :]
   if causal:
-    mask_BST &= jnp.tril(jnp.ones((S, T), jnp.bool_))[None]
+    causal_BST = jnp.tril(jnp.ones((S, T), jnp.bool_))[None]
+    if blocks_BS is not None:
+      causal_BST = causal_BST | ((blocks_BS[:, :, None] == blocks_BS[:, None, :])
+                                 & (blocks_BS[:, :, None] >= 0))
+    mask_BST &= causal_BST
   if sliding_window is not None:                                # keys q - W < k (<= q if causal)
     mask_BST &= (jnp.arange(T)[None, :] > jnp.arange(S)[:, None] - sliding_window)[None]
   mask_BQT = jnp.repeat(mask_BST, G, axis=1)                    # row s*G + g ↔ (query s, head g)
   probed = sites.active() is not None
-  blocks = causal_query_blocks(S, T, G, sliding_window) if causal and not probed else None
+  blocks = (causal_query_blocks(S, T, G, sliding_window)
+            if causal and not probed and blocks_BS is None else None)
   # bf16 on the XLA:CPU-tuned hot path: every dot in bf16 (attention_lowp.py); on the plain path
   # (GPU, TPU) and under a probe (its sites) the autodiff path below
   if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed and hot_path.tuned():

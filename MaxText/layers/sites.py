@@ -191,6 +191,16 @@ def probing(probe: Probe):
     _PROBE.reset(token)
 
 
+@contextlib.contextmanager
+def unprobed():
+  """Makes `site` a no-op inside (e.g. an encoder tower whose layers are no decoder layers)."""
+  token = _PROBE.set(None)
+  try:
+    yield
+  finally:
+    _PROBE.reset(token)
+
+
 def active() -> Probe | None:
   return _PROBE.get()
 

@@ -22,7 +22,8 @@ scores cost twice their forward FLOPs backward, so per step of `global_batch` se
 
     matmul_flops    = 6 * matmul_params * T
     attention_flops = 3 * global_batch * attention_per_sequence
-    total           = matmul_flops + attention_flops
+    towers_flops    = global_batch * towers_per_sequence   (a multimodal family's encoders)
+    total           = matmul_flops + attention_flops + towers_flops
 
 Activation recomputation (remat) is deliberately NOT counted: it is extra work the hardware does,
 not useful model FLOPs, so MFU stays comparable across remat policies. The result is per step for
@@ -38,6 +39,9 @@ from dataclasses import dataclass
 class FlopCount:
   matmul_params: int
   attention_per_sequence: float
+  # a step's FLOPs per sequence outside its tokens' layers, counted as given (an encoder tower's
+  # forward over the media a sequence carries, and its backward when it is trained)
+  towers_per_sequence: float = 0.0
 
 
 def attention_pairs(seq_len: int, *, window: int = 0, causal: bool = True) -> float:
@@ -86,6 +90,7 @@ def training_flops_per_step(count: FlopCount, *, seq_len: int, global_batch: int
   tokens = global_batch * seq_len
   matmul = 6.0 * count.matmul_params * tokens
   attention = 3.0 * global_batch * count.attention_per_sequence
-  total = matmul + attention
-  return {"total": total, "matmul": matmul, "attention": attention,
+  towers = global_batch * count.towers_per_sequence
+  total = matmul + attention + towers
+  return {"total": total, "matmul": matmul, "attention": attention, "towers": towers,
           "matmul_params": count.matmul_params, "tokens": tokens, "tflops": total / 1e12}

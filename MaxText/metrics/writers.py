@@ -6,6 +6,12 @@ everything it logged) and mirrors the numeric values as TensorBoard scalars
 under ``<run_dir>/tensorboard/``.  Only the primary process writes files;
 the others may still call every method, which then does nothing.
 
+On an object store (`base_output_directory=gs://…`; no appends there) the rows are kept in memory
+and the whole ``metrics.jsonl`` object is uploaded again at most every ``upload_period_s`` (30 s)
+and on ``flush``/``close``: a run killed with -9 loses at most the rows of that period (rows after
+its last checkpoint are recomputed anyway). TensorBoard's writer uploads its event file the same
+way itself (tensorboardX's gs:// / s3:// writers).
+
 Resuming: a writer opened with ``start_step=k`` (the step the run restored; 0 for a fresh
 start) first moves the rows of ``metrics.jsonl`` for steps after k — written by the interrupted
 run after its last checkpoint, and about to be recomputed — to ``metrics.superseded.jsonl``
@@ -24,12 +30,15 @@ Steps count completed optimizer steps (1-based, as in ``metrics.jsonl``): step `
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import numbers
-import os
 import sys
+import time
 from typing import Sequence
+
+from MaxText.storage import paths
 
 REQUIRED_KEYS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s",
                  "tflops_per_device", "mfu")
@@ -179,7 +188,7 @@ class MetricsWriter:
                start_step: int = 0):
     self.run_dir = run_dir
     self.is_primary = is_primary
-    self.jsonl_path = os.path.join(run_dir, self.JSONL_NAME)
+    self.jsonl_path = paths.join(run_dir, self.JSONL_NAME)
     self.superseded = 0   # rows moved to metrics.superseded.jsonl when opening
     self.superseded_steps: list[int] = []   # the steps of those rows (unparseable lines aside)
     self.earlier_losses: list[float | None] = []   # the kept rows' losses, in step order
@@ -187,44 +196,42 @@ class MetricsWriter:
     self._tb = None
     if not is_primary:
       return
-    os.makedirs(run_dir, exist_ok=True)
+    paths.makedirs(run_dir)
     self.superseded = self._supersede_after(start_step)
-    self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+    self._jsonl = (ObjectLines(self.jsonl_path) if paths.is_url(self.jsonl_path)
+                   else open(self.jsonl_path, "a", encoding="utf-8"))  # pylint: disable=consider-using-with
     if enable_tensorboard:
       SummaryWriter = summary_writer_class()  # pylint: disable=invalid-name
 
       # a resumed writer's file must not replace the one of a run interrupted the same second
-      self._tb = SummaryWriter(logdir=os.path.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30,
+      self._tb = SummaryWriter(logdir=paths.join(run_dir, self.TENSORBOARD_DIR), flush_secs=30,
                                purge_step=start_step + 1,
                                filename_suffix=f".from-step-{start_step}")
 
   def _supersede_after(self, start_step: int) -> int:
     """Moves the rows after `start_step` to metrics.superseded.jsonl; returns how many."""
-    if not os.path.exists(self.jsonl_path):
+    if not paths.exists(self.jsonl_path):
       return 0
     keep, drop = [], []
-    with open(self.jsonl_path, encoding="utf-8") as f:
-      for line in f:
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-          step = row.get("step")
-        except (ValueError, AttributeError):
-          row, step = {}, None
-        kept = isinstance(step, int) and step <= start_step
-        (keep if kept else drop).append(line if line.endswith("\n") else line + "\n")
-        if kept:
-          self.earlier_losses.append(row.get("loss"))
-        elif isinstance(step, int):
-          self.superseded_steps.append(step)
+    for line in io.StringIO(paths.read_text(self.jsonl_path), newline="\n"):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        step = row.get("step")
+      except (ValueError, AttributeError):
+        row, step = {}, None
+      kept = isinstance(step, int) and step <= start_step
+      (keep if kept else drop).append(line if line.endswith("\n") else line + "\n")
+      if kept:
+        self.earlier_losses.append(row.get("loss"))
+      elif isinstance(step, int):
+        self.superseded_steps.append(step)
     if drop:
-      with open(os.path.join(self.run_dir, self.SUPERSEDED_NAME), "a", encoding="utf-8") as f:
-        f.writelines(drop)
-      tmp = self.jsonl_path + ".tmp"
-      with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(keep)
-      os.replace(tmp, self.jsonl_path)
+      superseded = paths.join(self.run_dir, self.SUPERSEDED_NAME)
+      earlier = paths.read_text(superseded) if paths.exists(superseded) else ""
+      paths.write_text(superseded, earlier + "".join(drop))
+      paths.write_text(self.jsonl_path, "".join(keep))
     return len(drop)
 
   def write(self, step: int, metrics: dict) -> None:
@@ -246,9 +253,12 @@ class MetricsWriter:
   format_line = staticmethod(format_line)
 
   def flush(self) -> None:
-    """Push buffered TensorBoard events to disk (the jsonl is always flushed)."""
+    """Push buffered TensorBoard events to disk (the jsonl is flushed line by line locally; on
+    an object store uploaded now)."""
     if self._tb is not None:
       self._tb.flush()
+    if isinstance(self._jsonl, ObjectLines):
+      self._jsonl.upload()
 
   def close(self) -> None:
     """Flush and close the files; safe to call more than once."""
@@ -265,3 +275,34 @@ class MetricsWriter:
   def __exit__(self, *exc):
     self.close()
     return False
+
+
+class ObjectLines:
+  """`metrics.jsonl` on an object store: the file's lines in memory, the whole object uploaded
+  again when `upload_period_s` has passed since the last upload, on `upload()` and on `close()`
+  (an object cannot be appended to)."""
+
+  def __init__(self, url: str, upload_period_s: float = 30.0):
+    self.url = url
+    self.upload_period_s = upload_period_s
+    self._text = [paths.read_text(url)] if paths.exists(url) else []
+    self._dirty = False
+    self._last = time.monotonic()
+
+  def write(self, text: str) -> None:
+    self._text.append(text)
+    self._dirty = True
+
+  def flush(self) -> None:
+    if time.monotonic() - self._last >= self.upload_period_s:
+      self.upload()
+
+  def upload(self) -> None:
+    if self._dirty:
+      self._text = ["".join(self._text)]
+      paths.write_text(self.url, self._text[0])
+      self._dirty = False
+    self._last = time.monotonic()
+
+  def close(self) -> None:
+    self.upload()

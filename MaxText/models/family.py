@@ -20,6 +20,11 @@ nothing) and its module has
                                        dict (the chunked losses take their gradient by this name)
 The cache is the dict of groups of arrays the decoding code allocated from `decode_cache`, each
 stacked on a leading axis of the group's layers; the model reads and writes its layers' rows.
+
+A multimodal family's module also takes `media=` — its encoder towers' inputs, a dict of arrays by
+the processor's names (Gemma 4: MaxText/models/gemma4/towers.py) — in `forward_with_aux` and in
+`extend(prefill=True)`; generic code hands it through as it is (`ModelDef.apply*` keywords, the
+decoding engine's prefill).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from MaxText.metrics.flops import FlopCount
 from MaxText.models.model_config import ModelConfig
 
 Problems = list[tuple[str, str]]   # [(config key, what is wrong)]
+MEDIA = ("image", "audio")         # what `Family.media` may name
 
 # Model keys every transformer family is expected to honour (a family adds its own features to
 # these in `supports`; any model key it does not list is refused when set away from its default).
@@ -144,6 +150,10 @@ def _no_activation_bytes(mcfg: ModelConfig, sequences: float, seq_len: int) -> i
   return 0
 
 
+def _text_only(mcfg: ModelConfig) -> frozenset[str]:
+  return frozenset()
+
+
 @dataclass(frozen=True)
 class Family:
   """A model family, as generic code sees it."""
@@ -164,6 +174,13 @@ class Family:
   # check adds to the state (e.g. recurrent states kept for the backward pass); heads are
   # counted whole (a tensor-parallel mesh divides them as it multiplies the sequences)
   activation_bytes: Callable[[ModelConfig, float, int], int] = _no_activation_bytes
+  # the inputs besides token ids its model takes, of MEDIA ("image": pixel_values and
+  # image_position_ids; "audio": input_features and input_features_mask, transformers' names and
+  # layouts, as MaxText/data/multimodal/processor.py makes them); its module's `extend` (prefill
+  # and scoring) and `forward_with_aux` then take `media={name: array}` (a call's images and clips
+  # in prompt order, the prompts holding their expanded placeholder tokens). Empty: text only, and
+  # an image or a clip for it is refused (exit 2)
+  media: Callable[[ModelConfig], frozenset[str]] = _text_only
   # its decoding cache groups (module docstring); None: the family does not decode
   decode_cache: Callable[[ModelConfig], Mapping[str, CacheGroup]] | None = None
   # Hugging Face model_type → its name map (a module with hf_to_params, params_to_hf,

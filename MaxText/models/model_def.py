@@ -54,19 +54,21 @@ class ModelDef:
   hot_path: str = "auto"   # the layers' path when traced (`ModelConfig.hot_path`)
   head_paths: tuple[Path, ...] = ()   # the model's `head_params()`: what its `logits` reads
 
-  def apply(self, params, *args):
-    return self.apply_with_aux(params, *args)[0]
+  def apply(self, params, *args, **kwargs):
+    return self.apply_with_aux(params, *args, **kwargs)[0]
 
-  def apply_with_aux(self, params, *args):
-    """(logits, auxiliary outputs, e.g. {"moe_stats": …}): the family's `forward_with_aux`."""
+  def apply_with_aux(self, params, *args, **kwargs):
+    """(logits, auxiliary outputs, e.g. {"moe_stats": …}): the family's `forward_with_aux`
+    (keyword arguments, e.g. a multimodal family's `media`, go to it as they are)."""
     with hot_path.use(self.hot_path):
-      return nnx.merge(self.graphdef, params).forward_with_aux(*args)
+      return nnx.merge(self.graphdef, params).forward_with_aux(*args, **kwargs)
 
-  def apply_hidden(self, params, *args):
+  def apply_hidden(self, params, *args, **kwargs):
     """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
     (`head`) chunk by chunk (`losses/chunked.py`); the family's `forward_with_aux(return_hidden=True)`."""
     with hot_path.use(self.hot_path):
-      return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True)
+      return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True,
+                                                               **kwargs)
 
   @functools.cached_property
   def head(self) -> Head:

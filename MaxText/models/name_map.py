@@ -152,6 +152,15 @@ def self_attention_rules(layer: str) -> tuple[Rule, ...]:
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+  """Another stack of layers beside the decoder's (an encoder tower's): its per-layer rules, where
+  its layer i lives (`location(mcfg, i)`: path prefix, stacked index) and how many it has."""
+  rules: tuple[Rule, ...]
+  location: Callable[[ModelConfig, int], tuple[tuple, int | None]]
+  count: Callable[[ModelConfig], int]
+
+
+@dataclass(frozen=True)
 class NameMap:
   """`check(mcfg)` runs before every conversion (an architecture's `config_to_hf`: ValueError
   when it cannot hold the model); HF names ending with `ignored_suffixes` (non-parameter buffers
@@ -167,9 +176,12 @@ class NameMap:
   # our parameters with no HF counterpart and a neutral value of zero (e.g. an MoE selection bias):
   # imported as zeros; exporting one that is not all zero is refused (HF would compute otherwise)
   ours_only: tuple[str, ...] = ()
-  # how many layers the layer rules run over (None: the decoder's, `num_decoder_layers`; a
-  # tower's map gives its own)
-  num_layers: Callable[[ModelConfig], int] | None = None
+  # stacks of layers besides the decoder's ("{i}" in their rules is their own layer index)
+  more_layers: tuple[LayerGroup, ...] = ()
+
+  def layer_groups(self, mcfg: ModelConfig) -> list[tuple[tuple[Rule, ...], Callable, int]]:
+    return [(self.layer_rules, self.layer_location, mcfg.num_decoder_layers),
+            *((g.rules, g.location, g.count(mcfg)) for g in self.more_layers)]
 
   def specs(self, mcfg: ModelConfig) -> dict[tuple, Any]:
     """Our parameters (path → ShapeDtypeStruct) of the model of `mcfg`."""
@@ -193,18 +205,8 @@ class NameMap:
           sources.setdefault(path, []).append(
               (rule.hf.format(e=e) if rule.expert else rule.hf,
                _index(rule, None, e, specs[path].shape)))
-    layers = mcfg.num_decoder_layers if self.num_layers is None else self.num_layers(mcfg)
-    for i in range(layers):
-      prefix, layer_index = self.layer_location(mcfg, i)
-      for rule in self.layer_rules:
-        path = (*prefix, *split_path(rule.ours))
-        if path not in specs:
-          continue
-        rules[path] = rule
-        stacked.setdefault(path, []).append(layer_index)
-        for e in (range(mcfg.num_experts) if rule.expert else [None]):
-          sources.setdefault(path, []).append(
-              (rule.hf.format(i=i, e=e), _index(rule, layer_index, e, specs[path].shape)))
+    for layer_rules, layer_location, count in self.layer_groups(mcfg):
+      self._plan_layers(mcfg, specs, layer_rules, layer_location, count, rules, sources, stacked)
     missing = sorted(_name(p) for p in set(specs) - set(sources))
     if missing:
       raise ValueError(f"no HF name for our parameters: {missing}")
@@ -214,6 +216,20 @@ class NameMap:
         raise ValueError(f"{_name(path)}: layers map to stacked indices {idx}")
     for path, src in sources.items():
       yield Entry(path, rules[path], tuple(src), specs[path])
+
+  @staticmethod
+  def _plan_layers(mcfg, specs, layer_rules, layer_location, count, rules, sources, stacked):
+    for i in range(count):
+      prefix, layer_index = layer_location(mcfg, i)
+      for rule in layer_rules:
+        path = (*prefix, *split_path(rule.ours))
+        if path not in specs:
+          continue
+        rules[path] = rule
+        stacked.setdefault(path, []).append(layer_index)
+        for e in (range(mcfg.num_experts) if rule.expert else [None]):
+          sources.setdefault(path, []).append(
+              (rule.hf.format(i=i, e=e), _index(rule, layer_index, e, specs[path].shape)))
 
   def hf_names(self, mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
     """Every HF tensor name the model of `mcfg` maps to."""

@@ -18,18 +18,17 @@ and `eval_dataset_path` is a held-out source of its own: none of these is checke
 """
 from __future__ import annotations
 
-import os
-
 from MaxText.checkpoint.manager import hf_source, read_meta
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import KEYS, Config
+from MaxText.storage import paths
 
 DATA_KEYS = ("dataset_type", "dataset_path", "dataset_format", "dataset_text_field", "sft")
 
 
 def _same(key: str, saved, now) -> bool:
   if key == "dataset_path":
-    norm = lambda p: os.path.abspath(os.path.expanduser(p)) if p else ""
+    norm = lambda p: paths.absolute(p) if p else ""
     return norm(saved) == norm(now)
   return saved == now
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 import jax
@@ -30,6 +29,7 @@ from MaxText.checkpoint.manager import load_params, load_params_host, read_meta,
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params
+from MaxText.storage import paths
 
 META_KEY = "lora_base"
 
@@ -95,7 +95,7 @@ def load(path: str, mcfg: ModelConfig, abstract: Any, *, verify: bool = True) ->
   adapters_abstract, base_abstract = lora.split(abstract)
   adapters = load_params(path, adapters_abstract, verify=verify)
   return lora.join(adapters, base_of(ref, mcfg, base_abstract, host=False, verify=verify,
-                                   source=os.path.abspath(path)))
+                                   source=paths.absolute(path)))
 
 
 def load_host(path: str, mcfg: ModelConfig, abstract: Any) -> Any:
@@ -106,4 +106,4 @@ def load_host(path: str, mcfg: ModelConfig, abstract: Any) -> Any:
   adapters_abstract, base_abstract = lora.split(abstract)
   adapters = load_params_host(path, adapters_abstract)
   return lora.join(adapters, base_of(ref, mcfg, base_abstract, host=True, verify=True,
-                                   source=os.path.abspath(path)))
+                                   source=paths.absolute(path)))

@@ -2,7 +2,9 @@
 compiles, and the lock that keeps two runs from sharing it.
 
 The lock is the file `run.lock` (JSON: host, pid, the process's start time, when, the command),
-created with O_EXCL by process 0 of a run and removed when the run ends, whatever its exit status.
+created only if absent by process 0 of a run and removed when the run ends, whatever its exit
+status: locally with O_EXCL; on an object store (`base_output_directory=gs://…`) as an object
+uploaded with a generation precondition (`storage.paths.create_new`), atomic there too.
 A second run with the same directory exits 2 naming the holder. A lock left by a process that no
 longer runs (kill -9, a crash of the machine's power aside: same host, pid gone or reused by a
 later process) is taken over and the take-over is logged; `RunLock.taken_over` keeps that holder
@@ -17,13 +19,14 @@ import json
 import os
 import socket
 import sys
-import tempfile
+import uuid
 from typing import Callable
 
 import psutil
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
+from MaxText.storage import paths
 
 LOCK_NAME = "run.lock"
 
@@ -32,20 +35,23 @@ def run_dir_of(cfg: Config) -> str:
   name = cfg.run_name
   if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
     raise ConfigError(f"run_name={name!r}: must be a plain directory name (no path separators)")
-  return os.path.join(os.path.expanduser(cfg.base_output_directory), name)
+  return paths.join(paths.absolute(cfg.base_output_directory), name)
 
 
 def check_writable(cfg: Config) -> None:
   """Creates the run directory and writes (and removes) a file in it; ConfigError naming
-  base_output_directory when that fails."""
+  base_output_directory when that fails (on an object store: a bucket that does not exist, no
+  permission to write, credentials missing, the store unreachable)."""
   run_dir = run_dir_of(cfg)
+  probe = paths.join(run_dir, f".write-check-{uuid.uuid4().hex}")
   try:
-    os.makedirs(run_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-check-"):
-      pass
-  except OSError as e:
+    paths.makedirs(run_dir)
+    paths.write_bytes(probe, b"")
+    paths.remove(probe)
+  except Exception as e:  # pylint: disable=broad-except  # each store's client has its own errors
+    why = getattr(e, "strerror", None) or str(e).split("\n", 1)[0][:300] or type(e).__name__
     raise ConfigError(f"base_output_directory={cfg.base_output_directory!r}: cannot write the run "
-                      f"directory {run_dir} ({type(e).__name__}: {e.strerror or e})") from None
+                      f"directory {run_dir} ({type(e).__name__}: {why})") from None
 
 
 def _this_process() -> dict:
@@ -78,8 +84,7 @@ def holder_alive(holder: dict) -> bool | None:
 
 def _read(path: str) -> tuple[str, dict]:
   try:
-    with open(path, encoding="utf-8") as f:
-      raw = f.read()
+    raw = paths.read_text(path)
   except FileNotFoundError:
     return "", {}
   try:
@@ -93,18 +98,17 @@ class RunLock:
   """`RunLock(run_dir, log).acquire()` → the lock, or ConfigError naming the holder; `release()`."""
 
   def __init__(self, run_dir: str, log: Callable[[str], None]):
-    self.path = os.path.join(run_dir, LOCK_NAME)
+    self.path = paths.join(run_dir, LOCK_NAME)
     self.log = log
     self._content: str | None = None
     # the holder of a stale lock this run took over: a run that died without releasing it
     self.taken_over: dict | None = None
 
   def acquire(self) -> "RunLock":
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    paths.makedirs(paths.parent(self.path))
     for _ in range(3):
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
+      content = json.dumps(_this_process(), sort_keys=True)
+      if not paths.create_new(self.path, content.encode("utf-8")):
         raw, holder = _read(self.path)
         alive = holder_alive(holder)
         if alive is False:
@@ -112,28 +116,21 @@ class RunLock:
                    "process is no longer running")
           self.taken_over = holder
           if _read(self.path)[0] == raw:  # not replaced meanwhile by another run's fresh lock
-            try:
-              os.remove(self.path)
-            except FileNotFoundError:
-              pass
+            paths.remove(self.path)
           continue
         who = describe(holder) if holder else "a run whose lock file is still being written"
         dead_hint = ("; if that run is dead (it is on another host, so this cannot be checked "
                      f"here), delete {self.path}" if alive is None else "")
         raise ConfigError(
-            f"run_name: the run directory {os.path.dirname(self.path)} is in use by {who} "
+            f"run_name: the run directory {paths.parent(self.path)} is in use by {who} "
             f"(lock {self.path}): two runs there would write the same checkpoints and "
             f"metrics.jsonl; wait for it, stop it, or choose another run_name{dead_hint}") from None
-      self._content = json.dumps(_this_process(), sort_keys=True)
-      with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(self._content)
-        f.flush()
-        os.fsync(f.fileno())
+      self._content = content
       return self
     raise ConfigError(f"run_name: could not take the run lock {self.path} (other runs keep "
                       "taking it)")
 
   def release(self) -> None:
     if self._content is not None and _read(self.path)[0] == self._content:
-      os.remove(self.path)
+      paths.remove(self.path)
     self._content = None

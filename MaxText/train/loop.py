@@ -41,6 +41,7 @@ from MaxText.runtime.run_dir import RunLock, run_dir_of
 from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import batch_sharding, parse_rules, sharding_report
+from MaxText.storage import paths
 from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.periodic import Periodic
@@ -206,13 +207,12 @@ class Trainer:
     log(hot_path.describe(cfg.hot_path, self.mcfg.hot_path, platform))
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
     if jax.process_index() == 0:
-      os.makedirs(self.run_dir, exist_ok=True)
-      with open(os.path.join(self.run_dir, "config.yml"), "w", encoding="utf-8") as f:
-        f.write(to_yaml(cfg))
+      paths.makedirs(self.run_dir)
+      paths.write_text(paths.join(self.run_dir, "config.yml"), to_yaml(cfg))
     ckpts = data_iter = saved_shards = None
     try:
       if cfg.enable_checkpointing:
-        ckpts = RunCheckpoints(os.path.join(self.run_dir, "checkpoints"),
+        ckpts = RunCheckpoints(paths.join(self.run_dir, "checkpoints"),
                                max_to_keep=cfg.max_checkpoints_to_keep,
                                async_save=cfg.async_checkpointing,
                                save_timeout_s=cfg.checkpoint_save_timeout_s, save_hooks=faults)

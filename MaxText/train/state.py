@@ -70,5 +70,7 @@ def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
             "opt_state": tx.init(trained(params, adapters_only))}
 
   if params is None:
-    return jax.jit(lambda: make(None), out_shardings=shardings)()
+    def fresh():   # named: compile logs show "fresh", not "<lambda>"
+      return make(None)
+    return jax.jit(fresh, out_shardings=shardings)()
   return jax.jit(make, out_shardings=shardings)(params)

@@ -133,6 +133,7 @@ class StepLoop:
         return code
       if save_now:   # first: nothing after a finished step can cost its checkpoint
         ckpts.save(step, state)
+        self.writer.flush()   # the rows so far reach an object store with the step's checkpoint
       if periodic_now:   # a failure there is logged, never fatal (train/periodic.py)
         parts.rows.exclude(parts.periodic.after_step(step, state["params"]))  # no step's time
       if stop:

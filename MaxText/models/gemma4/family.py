@@ -1,12 +1,15 @@
-"""The `gemma4` family (Gemma 4 text): what generic code knows of it (MaxText/models/family.py)."""
+"""The `gemma4` family (Gemma 4: the text model and its encoder towers, towers.py): what generic
+code knows of it (MaxText/models/family.py)."""
 from __future__ import annotations
+
+import jax.numpy as jnp
 
 from MaxText.layers.moe import MoETerms, active_matmul_params
 from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
                                    routed_expert_problems)
-from MaxText.models.gemma4 import hf_map
+from MaxText.models.gemma4 import gemma4_hf_map, hf_map, towers, vision
 from MaxText.models.gemma4.model import (Transformer, attention_types, decode_cache,
                                          first_kv_shared_layer, head_dim_of, kv_heads_of,
                                          layer_kinds)
@@ -51,7 +54,79 @@ def check(cfg: ModelConfig) -> Problems:
     for t in sorted(set(types[first:]) - set(types[:first])):
       problems.append(("num_kv_shared_layers", f"the shared tail has {t} layers but no earlier "
                        f"{t} layer produces their K/V"))
+  return problems + vision_problems(cfg)
+
+
+def vision_problems(cfg: ModelConfig) -> Problems:
+  if not vision.has_vision(cfg):
+    return []
+  problems = []
+  if cfg.vision_num_heads % cfg.vision_num_kv_heads:
+    problems.append(("vision_num_kv_heads", f"vision_num_heads={cfg.vision_num_heads} is not a "
+                     f"multiple of vision_num_kv_heads={cfg.vision_num_kv_heads}"))
+  if cfg.vision_head_dim % 4:
+    problems.append(("vision_head_dim", f"{cfg.vision_head_dim}: 2-D RoPE rotates two halves of "
+                     f"even width, so it must be a multiple of 4"))
+  ids = [cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id]
+  outside = [i for i in ids if i >= cfg.vocab_size]
+  if outside:
+    problems.append(("image_token_id", f"placeholder ids {outside} are outside the vocabulary of "
+                     f"{cfg.vocab_size}"))
   return problems
+
+
+def vision_patches(cfg: ModelConfig) -> int:
+  """The patches of one image as the tower runs it (the processor pads to its budget)."""
+  return cfg.image_soft_tokens * cfg.vision_pooling_kernel ** 2
+
+
+def vision_forward_flops(cfg: ModelConfig) -> float:
+  """One image through the tower and its embedder, forward: patch projection, every layer's
+  projections and MLP over the padded patches, attention over all patch pairs, the embedder over
+  the soft tokens (pooling and norms are elementwise)."""
+  P, M = vision_patches(cfg), cfg.image_soft_tokens
+  Dv, H, K, E = (cfg.vision_emb_dim, cfg.vision_num_heads, cfg.vision_num_kv_heads,
+                 cfg.vision_head_dim)
+  per_layer = attention_params(Dv, H, K, E) + gated_mlp_params(Dv, cfg.vision_mlp_dim)
+  matmul = 3 * cfg.vision_patch_size ** 2 * Dv + cfg.vision_layers * per_layer
+  attention = cfg.vision_layers * attention_score_flops(float(P) * P, H, E)
+  return 2.0 * P * matmul + attention + 2.0 * M * Dv * cfg.emb_dim
+
+
+def towers_flops(cfg: ModelConfig) -> float:
+  """A training step's tower FLOPs per sequence (`images_per_sequence` images): forward, and the
+  backward (twice the forward) when the tower is trained; a frozen tower's soft tokens carry no
+  gradient, so it runs forward only."""
+  if not vision.has_vision(cfg) or not cfg.images_per_sequence:
+    return 0.0
+  return cfg.images_per_sequence * vision_forward_flops(cfg) * (
+      1 if cfg.freeze_vision_encoder else 3)
+
+
+def frozen(cfg: ModelConfig) -> tuple[str, ...]:
+  """The frozen towers and their embedders (freeze_vision_encoder, ...: towers.py)."""
+  return tuple(name for t in towers.towers_of(cfg) if t.frozen(cfg)
+               for name in (t.name, "embed_" + t.name))
+
+
+def activation_bytes(cfg: ModelConfig, sequences: float, seq_len: int) -> int:
+  """The vision tower's activations for `images_per_sequence` images per sequence: frozen, one
+  layer's fp32 working set (nothing is kept for a backward pass); trained, also every layer's
+  input and (without remat) its intermediates, as the text layers are counted."""
+  if not vision.has_vision(cfg) or not cfg.images_per_sequence:
+    return 0
+  images = sequences * cfg.images_per_sequence
+  P, Dv, H, E, F = (vision_patches(cfg), cfg.vision_emb_dim, cfg.vision_num_heads,
+                    cfg.vision_head_dim, cfg.vision_mlp_dim)
+  scores = images * H * P * P if cfg.attention == "dot_product" else 0
+  working = images * P * (4 * Dv + 4 * H * E + 3 * F) * 4 + 3 * scores * 4
+  if cfg.freeze_vision_encoder:
+    return int(working)
+  c = jnp.dtype(cfg.compute_dtype).itemsize
+  kept = images * P * Dv * c
+  if cfg.remat_policy == "none":
+    kept += images * P * (4 * Dv + 4 * H * E + 3 * F) * c + scores * (4 + c)
+  return int(cfg.vision_layers * kept + working)
 
 
 def flops(cfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:
@@ -74,7 +149,8 @@ def flops(cfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:
       params += active_matmul_params(D, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_mlp_dim)
     window = 0 if full else cfg.sliding_window
     attention += attention_score_flops(attention_pairs(seq_len, window=window, causal=causal), H, E)
-  return FlopCount(matmul_params=params, attention_per_sequence=attention)
+  return FlopCount(matmul_params=params, attention_per_sequence=attention,
+                   towers_per_sequence=towers_flops(cfg))
 
 
 def attention_head_dims(cfg: ModelConfig) -> tuple[int, ...]:
@@ -98,6 +174,10 @@ FAMILY = Family(
     check=check,
     attention_head_dims=attention_head_dims,
     aux_terms=aux_terms,
+    frozen=frozen,
+    activation_bytes=activation_bytes,
     decode_cache=decode_cache,
-    hf_maps={"gemma4_text": hf_map, "gemma4": hf_map},   # gemma4: multimodal, the text model only
+    media=towers.modalities,      # the towers' modalities: the tools take images for them
+    # gemma4_text: the text model (Gemma4ForCausalLM); gemma4: with its towers
+    hf_maps={"gemma4_text": hf_map, "gemma4": gemma4_hf_map},
 )

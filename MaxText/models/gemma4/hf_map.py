@@ -13,9 +13,9 @@ Rows of the name map (layouts: `in_rank`, see MaxText/models/name_map.py):
 Norm weights are plain `w` (Gemma 4 is not Gemma 1-3's `1 + w`) and copy as they are.
 
 Hub checkpoints of KV-sharing models may still carry k/v projections and norms for the shared
-layers; transformers ignores them on load, and so does `hf_to_params`. Multimodal checkpoints:
-the vision/audio towers and their embedders are skipped (the export writes a text-only
-`gemma4_text` model). The additive MoE block (`enable_moe_block`, 26B-A4B):
+layers; transformers ignores them on load, and so does `hf_to_params`. A multimodal checkpoint
+read for a text model (a config without towers): the towers and their embedders are skipped (the
+export writes a text-only `gemma4_text` model); with its towers it is gemma4_hf_map.py's. The additive MoE block (`enable_moe_block`, 26B-A4B):
   router.proj.weight [E, D] ↔ router/proj/kernel [D, E]; router.scale, router.per_expert_scale
   experts.gate_up_proj [E, 2F, D] ↔ experts/wi [E, D, 2F]; experts.down_proj [E, D, F] ↔ experts/wo
   pre_/post_feedforward_layernorm_2, post_feedforward_layernorm_1 ↔ mlp_norm_2, post_mlp_norm_2/_1

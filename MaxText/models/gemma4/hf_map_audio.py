@@ -28,7 +28,7 @@ import numpy as np
 from MaxText.models.gemma4.audio import AudioTower, has_audio, layer_location, problems
 from MaxText.models.gemma4.keys import Keys
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import NameMap, Rule
+from MaxText.models.name_map import LayerGroup, NameMap, Rule
 
 TOWER = "model.audio_tower."
 _BOUNDS = ("input_min", "input_max", "output_min", "output_max")
@@ -90,8 +90,9 @@ def _check(mcfg: ModelConfig) -> None:
     raise ValueError("; ".join(f"{k}: {p}" for k, p in bad))
 
 
-NAME_MAP = NameMap(GLOBAL_RULES, LAYER_RULES, layer_location, AudioTower, check=_check,
-                   num_layers=lambda mcfg: mcfg.audio_num_layers)
+NAME_MAP = NameMap(GLOBAL_RULES, (), layer_location, AudioTower, check=_check,
+                   more_layers=(LayerGroup(LAYER_RULES, layer_location,
+                                           lambda mcfg: mcfg.audio_num_layers),))
 hf_names, params_to_hf = NAME_MAP.hf_names, NAME_MAP.params_to_hf
 
 

@@ -40,6 +40,52 @@ class Keys:
   final_logit_softcap: float = key(0.0, "logits = c * tanh(logits / c) before the loss; 0 = off",
                                    min=0, model=True)
 
+  vision_layers: int = key(
+      0, "vision encoder layers; 0 = no vision tower (a text model)", min=0, model=True,
+      section="model: gemma4 vision tower and multimodal inputs (MaxText/models/gemma4/vision.py, "
+      "towers.py; HF vision_config)", section_tools=(*MODEL_TOOLS, *CONVERT))
+  vision_emb_dim: int = key(768, "vision encoder width", min=1, model=True)
+  vision_mlp_dim: int = key(3072, "vision encoder MLP width", min=1, model=True)
+  vision_num_heads: int = key(12, "vision encoder query heads", min=1, model=True)
+  vision_num_kv_heads: int = key(12, "vision encoder kv heads", min=1, model=True)
+  vision_head_dim: int = key(64, "vision encoder head width (2-D RoPE: a multiple of 4)", min=4,
+                             model=True)
+  vision_patch_size: int = key(16, "image patch side in pixels", min=1, model=True)
+  vision_position_embedding_size: int = key(10240, "rows of each axis of the learned 2-D patch "
+                                            "position table", min=1, model=True)
+  vision_pooling_kernel: int = key(3, "k: soft tokens are means of k x k patch blocks", min=1,
+                                   model=True)
+  vision_rope_theta: float = key(100.0, "RoPE base of the vision encoder (axial 2-D)", gt=0,
+                                 model=True)
+  vision_norm_epsilon: float = key(1e-6, "RMSNorm epsilon of the vision encoder and its "
+                                   "embedder", gt=0, model=True)
+  vision_standardize: bool = key(False, "soft tokens standardized by frozen std_bias / std_scale",
+                                 model=True)
+  vision_clipped_linears: bool = key(False, "vision projections clamp inputs and outputs to "
+                                     "bounds carried with their weights", model=True)
+  mm_bidirectional_vision: bool = key(False, "an image's tokens attend to each other both ways on "
+                                      "sliding layers (transformers' "
+                                      'use_bidirectional_attention="vision")', model=True)
+  freeze_vision_encoder: bool = key(True, "training leaves the vision tower and its embedder "
+                                    "unchanged", model=True, arch=False)
+  mm_pad_token_id: int = key(0, "the id placeholders are embedded as (the text config's "
+                             "pad_token_id)", min=0, model=True)
+  image_token_id: int = key(258880, "image soft-token placeholder id", min=0, model=True)
+  boi_token_id: int = key(255999, "begin-of-image id", min=0, model=True)
+  eoi_token_id: int = key(258882, "end-of-image id", min=0, model=True)
+  video_token_id: int = key(258884, "video soft-token placeholder id (embedded as pad)", min=0,
+                            model=True)
+  audio_token_id: int = key(258881, "audio soft-token placeholder id", min=0, model=True)
+  boa_token_id: int = key(256000, "begin-of-audio id", min=0, model=True)
+  eoa_token_id: int = key(258883, "end-of-audio id (transformers: eoa_token_index)", min=0,
+                          model=True)
+  image_soft_tokens: int = key(280, "soft tokens per image at most (the processor's "
+                               "max_soft_tokens: its patch budget is this x k^2)", min=1,
+                               model=True, arch=False)
+  images_per_sequence: float = key(0.0, "images a training sequence carries on average: what "
+                                   "FLOPs / MFU and the memory pre-flight count of the vision "
+                                   "tower", min=0, model=True, arch=False)
+
   # ---- the audio tower (MaxText/models/gemma4/audio.py; HF `audio_config`) ----------------------
   audio_hidden_size: int = key(
       0, "audio tower (conformer) width; 0 = no audio tower", min=0, model=True,

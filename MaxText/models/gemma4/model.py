@@ -27,6 +27,11 @@ the router reading the raw residual h: softmax(proj(rms(h) * scale * D^-0.5)) �
 renormalise → times per_expert_scale of the chosen experts (fp32). Routing statistics travel with
 the layers and are returned by `forward_with_aux` as `moe_stats`; a selection bias `router_bias` [L, E] as in the llama family.
 
+With encoder towers (`vision_layers` > 0: towers.py, vision.py) the embedding step merges their
+soft tokens at the placeholder ids (`media=` of forward_with_aux and of the prefill's extend), and
+with `mm_bidirectional_vision` the sliding layers let an image's tokens attend to each other both
+ways (the dot-product op, which takes the image blocks; full layers stay causal).
+
 The layers run as a pattern stack (MaxText/layers/stack.py) of their kinds (attention kind,
 kv-shared or not): scanned, that is a repeating block (e.g. 4 sliding + 1 full) over the
 non-shared layers, then the same block with shared K/V over the tail; K/V for the shared tail
@@ -45,7 +50,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers import embed, sites, stack
-from MaxText.layers.attention_ops import attention_op
+from MaxText.layers.attention_ops import attention_op, dot_product_attention
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
@@ -53,6 +58,7 @@ from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load
                                 record, route)
 from MaxText.layers.norms import RMSNorm, rms_normalize
 from MaxText.layers.rope import apply_rope
+from MaxText.models.gemma4 import towers
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
 
@@ -173,17 +179,25 @@ class Attention(nnx.Module):
     k_BSKE = apply_rope(self.key_norm(raw_BSKE), positions_BS, self.rope_theta, self.rope_fraction)
     return k_BSKE, self.value_norm(v_BSKE)
 
-  def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None):
+  def _attend(self, q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, blocks_BS):
+    """The training op; on a sliding layer with image blocks (bidirectional within an image) the
+    dot-product op, the one that takes them."""
+    if blocks_BS is not None and self.window is not None:
+      return dot_product_attention(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
+                                   sliding_window=self.window, blocks_BS=blocks_BS)
+    return self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
+                   sliding_window=self.window)
+
+  def __call__(self, x_BSD, positions_BS, segment_ids_BS, shared_kv=None, blocks_BS=None):
     """Returns (output, (k, v)); a kv-shared layer takes its (k, v) from `shared_kv`."""
     q_BSHE = self._q(x_BSD, positions_BS)
     k_BSKE, v_BSKE = (shared_kv if self.kv_shared  # pyright: ignore[reportGeneralTypeIssues]
                       else self._kv(x_BSD, positions_BS))  # (the stack passes shared_kv to such a layer)
-    o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale,
-                     sliding_window=self.window)
+    o_BSHE = self._attend(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, blocks_BS)
     return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), (k_BSKE, v_BSKE)
 
   def extend(self, x_BSD, positions_BS, valid_BS, prefill: bool, shared_kv, group: dict | None,
-             index):
+             index, blocks_BS=None):
     """Decoding (`valid_BS`: the real tokens of right-padded rows). A layer with K/V stores the
     new tokens' in row `index` of its cache `group` (None: no cache); a kv-shared layer stores
     nothing: in a prefill it takes the producer's new K/V from `shared_kv` (as in training), in a
@@ -199,8 +213,7 @@ class Attention(nnx.Module):
     if prefill:
       if self.kv_shared:
         k_BSKE, v_BSKE = shared_kv
-      o_BSHE = self.op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=self.scale,
-                       sliding_window=self.window)
+      o_BSHE = self._attend(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), blocks_BS)
     else:
       o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
     out_BSD = constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD)
@@ -282,18 +295,20 @@ class DecoderLayer(nnx.Module):
       kv = {**kv, self.kind.attention: new_kv}
     return kv
 
-  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer):
+  def __call__(self, carry, positions_BS, segment_ids_BS, blocks_BS, per_layer):
     """carry = (x_BSD, {attention kind: (k, v)} handed to the kv-shared tail, MoE statistics);
-    per_layer = {"index": layer, "ple": its per-layer input, "bias": its router bias}."""
+    blocks_BS: image blocks (towers.vision_blocks) or None; per_layer = {"index": layer, "ple":
+    its per-layer input, "bias": its router bias}."""
     x_BSD, kv, stats = carry
     shared = kv[self.kind.attention] if self.kind.kv_shared else None
-    a_BSD, new_kv = self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS, shared)
+    a_BSD, new_kv = self.attn(self.attn_norm(x_BSD), positions_BS, segment_ids_BS, shared,
+                              blocks_BS)
     x_BSD, terms = self._after_attention(x_BSD, a_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
       stats = record(stats, per_layer["index"], *terms)
     return x_BSD, self._hand_on(kv, new_kv), stats
 
-  def extend(self, carry, positions_BS, valid_BS, prefill, per_layer):
+  def extend(self, carry, positions_BS, valid_BS, prefill, blocks_BS, per_layer):
     """Decoding: carry = (x_BSD, K/V for the kv-shared tail (prefill), the cache);
     per_layer["cache_index"]: the row of its attention kind's cache group it writes (a kv-shared
     layer: the producer's row, which it reads)."""
@@ -302,7 +317,7 @@ class DecoderLayer(nnx.Module):
     shared = kv[name] if self.kind.kv_shared and prefill else None
     a_BSD, new_kv, group = self.attn.extend(
         self.attn_norm(x_BSD), positions_BS, valid_BS, prefill, shared,
-        None if cache is None else cache[name], per_layer["cache_index"])
+        None if cache is None else cache[name], per_layer["cache_index"], blocks_BS)
     x_BSD, _ = self._after_attention(x_BSD, a_BSD, valid_BS, per_layer)
     if cache is not None and not self.kind.kv_shared:
       cache = {**cache, name: group}
@@ -333,6 +348,9 @@ class Transformer(nnx.Module):
     if cfg.num_experts:
       self.router_bias = nnx.Param(jnp.zeros((L, cfg.num_experts), cfg.param_dtype),
                                    logical_axes=("layers", "exp"))
+    for tower in towers.towers_of(cfg):     # the encoder towers and their embedders (towers.py)
+      setattr(self, tower.name, tower.build(cfg, rngs=rngs))
+      setattr(self, "embed_" + tower.name, towers.Embedder(cfg, tower, rngs=rngs))
 
   def _per_layer_inputs(self, tokens_BS, x_BSD):
     """PLE: (token table lookup * sqrt(P) + RMSNorm(x0 @ W * D^-0.5)) * 2^-0.5 → [L, B, S, P]."""
@@ -347,22 +365,31 @@ class Transformer(nnx.Module):
     ple_BSLP = (self.ple_proj_norm(proj_BSLP) + tok_BSLP) * jnp.asarray(2.0 ** -0.5, dtype)
     return ple_BSLP.transpose(2, 0, 1, 3)
 
-  def __call__(self, tokens_BS, positions_BS, segment_ids_BS):
-    return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
+  def __call__(self, tokens_BS, positions_BS, segment_ids_BS, *, media=None):
+    return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS, media=media)[0]
 
-  def _inputs(self, tokens_BS):
-    """(the scaled embeddings x_BSD, per-layer inputs: index, PLE, router bias)."""
+  def _inputs(self, tokens_BS, media=None):
+    """(the scaled embeddings x_BSD with the towers' soft tokens merged in (towers.py), per-layer
+    inputs: index, PLE, router bias; the image blocks of bidirectional attention or None)."""
     cfg = self.cfg
     table = self.embedding[...]
-    x_BSD = embed.lookup(table, tokens_BS, ("vocab", "embed"), ACT_BSD)
-    x_BSD = x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
-    x_BSD = sites.site("embed_out", constrain(x_BSD.astype(cfg.compute_dtype), ACT_BSD))
+    ids = towers.placeholder_ids(cfg)
+    ids_BS = (jnp.where(jnp.isin(tokens_BS, jnp.asarray(ids)), cfg.mm_pad_token_id, tokens_BS)
+              if ids else tokens_BS)
+    x_BSD = embed.lookup(table, ids_BS, ("vocab", "embed"), ACT_BSD)
+    x_BSD = constrain((x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
+                       ).astype(cfg.compute_dtype), ACT_BSD)
+    if media:
+      x_BSD = constrain(towers.merge(cfg, self, x_BSD, tokens_BS, media), ACT_BSD)
+    x_BSD = sites.site("embed_out", x_BSD)
     xs = {"index": jnp.arange(cfg.num_decoder_layers)}
     if cfg.per_layer_input_dim:
-      xs["ple"] = self._per_layer_inputs(tokens_BS, x_BSD)
+      xs["ple"] = self._per_layer_inputs(ids_BS, x_BSD)
     if cfg.num_experts:
       xs["bias"] = self.router_bias[...]
-    return x_BSD, xs
+    blocks_BS = (towers.vision_blocks(cfg, tokens_BS)
+                 if cfg.mm_bidirectional_vision and towers.has_images(media) else None)
+    return x_BSD, xs, blocks_BS
 
   def _shared_kv(self, B: int, S: int) -> dict:
     """Zero K/V of each kind the kv-shared tail reads (replaced by its producer's)."""
@@ -370,14 +397,17 @@ class Transformer(nnx.Module):
     return {t: (jnp.zeros((B, S, kv_heads_of(cfg, t), head_dim_of(cfg, t)), cfg.compute_dtype),) * 2
             for t in shared_kv_kinds(cfg)}
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False,
+                       media=None):
     """(logits, {"moe_stats": …} for MoE models, else {}); with `return_hidden` the final-norm
-    hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk)."""
+    hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by chunk).
+    `media`: the towers' inputs by transformers' names (towers.py), or None."""
     cfg = self.cfg
-    x_BSD, xs = self._inputs(tokens_BS)
+    x_BSD, xs, blocks_BS = self._inputs(tokens_BS, media)
     stats = empty_stats(cfg.num_decoder_layers, cfg.num_experts) if cfg.num_experts else {}
     kv = self._shared_kv(*tokens_BS.shape)
-    x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, xs=xs)
+    x_BSD, _, stats = self.decoder((x_BSD, kv, stats), positions_BS, segment_ids_BS, blocks_BS,
+                                   xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if cfg.num_experts else {}
     x_BSD = self.final_norm(x_BSD)
     return (x_BSD if return_hidden else self.logits(x_BSD)), aux
@@ -408,13 +438,16 @@ class Transformer(nnx.Module):
     return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
-  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):
+  def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool, media=None):
     """Decoding: new tokens at `positions_BS` (`valid_BS`: the real ones of right-padded rows) →
     (final-norm hidden states [B, S, D], the cache with their K/V; None: no cache). `prefill`:
-    the prompts (positions 0..S-1) over an empty cache; else one token per row."""
-    x_BSD, xs = self._inputs(tokens_BS)
+    the prompts (positions 0..S-1) over an empty cache, with the towers' inputs `media` (their
+    soft tokens are computed here, once per prompt); else one token per row."""
+    if media and not prefill:
+      raise ValueError("media go with the prompt's prefill, not a decoding step")
+    x_BSD, xs, blocks_BS = self._inputs(tokens_BS, media)
     xs["cache_index"] = jnp.asarray(cache_rows(self.cfg))
     kv = self._shared_kv(*tokens_BS.shape) if prefill else {}
-    x_BSD, _, cache = self.decoder((x_BSD, kv, cache), positions_BS, valid_BS, prefill, xs=xs,
-                                   method="extend")
+    x_BSD, _, cache = self.decoder((x_BSD, kv, cache), positions_BS, valid_BS, prefill, blocks_BS,
+                                   xs=xs, method="extend")
     return self.final_norm(x_BSD), cache
