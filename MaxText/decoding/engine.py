@@ -386,7 +386,7 @@ class Engine:
                           f"max_position_embeddings ({self.mcfg.max_position_embeddings}) + 1 "
                           f"(the last is only scored)")
     none = np.zeros((0, top), np.int32), np.zeros((0, top), np.float32)
-    out = [(np.zeros(0, np.float32), *none)] * len(seqs)
+    out: list[tuple] = [(np.zeros(0, np.float32), *none)] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     for start in range(0, len(order), self.batch_size):
       idx = order[start:start + self.batch_size]
