@@ -53,6 +53,7 @@ class _MissKeys(logging.Handler):
 
 def _listen() -> None:
   import jax  # pylint: disable=import-outside-toplevel
+  from MaxText.backend import compat  # pylint: disable=import-outside-toplevel
 
   def on_duration(event, secs, **kw):
     if event == "/jax/core/compile/backend_compile_duration":
@@ -77,7 +78,7 @@ def _listen() -> None:
 
   jax.monitoring.register_event_duration_secs_listener(on_duration)
   jax.monitoring.register_event_listener(on_event)
-  compiler_log = logging.getLogger("jax._src.compiler")
+  compiler_log = logging.getLogger(compat.COMPILER_LOGGER)
   compiler_log.addHandler(_MissKeys(logging.DEBUG))
   compiler_log.setLevel(logging.DEBUG)
   compiler_log.propagate = False   # the keys only reach the handler above, not the test's output

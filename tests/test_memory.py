@@ -54,7 +54,7 @@ def test_refusal_suggests_what_would_fit(monkeypatch, capsys):
       (float(m.group(1)) + 0.005) / (float(m.group(3)) - 0.005)
   assert m and math.ceil(lo) <= int(m.group(2)) <= math.ceil(hi), err
   named = re.findall(r"model_name=([\w-]+) \(([\d.]+) (MiB|GiB) per device\)", err)
-  assert {n for n, _, _ in named} == {"gemma4-tiny", "gemma4-moe-tiny"}, err
+  assert {n for n, _, _ in named} == {"gemma4-tiny", "gemma4-moe-tiny", "gemma4-mm-tiny"}, err
   assert all(float(size) <= (2 if unit == "GiB" else 2048) for _, size, unit in named)
   # fp32 weights: bfloat16 is suggested with the devices it would need (halving alone is too little)
   code, _ = run([*args[:2], *args[3:]])
