@@ -12,6 +12,9 @@ step's compile time is the sum of the three for its program (ours `step`, MaxTex
 Cold: a fresh, empty persistent compilation cache; warm: the same run again on the cache the cold
 run filled (a new process: tracing and lowering are paid again, the XLA compile is a cache load).
 
+The verdict (ours ≤ 0.5× MaxText's cold compile) is taken on XLA's CPU seconds, which the load of
+a shared machine barely changes; the wall seconds are printed too, with the load average.
+
 Each repetition runs the families in turn and, per family, both trainers cold then warm, the
 trainers' order reversed on every other repetition (the machine is shared: its load average is
 printed with every run); the table gives the medians over the repetitions and their [min–max].
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -134,6 +138,68 @@ def spread(values: list[float]) -> str:
   return f"{statistics.median(values):.1f} [{min(values):.1f}–{max(values):.1f}]"
 
 
+def table(results: dict[tuple[str, str, str], list[dict]], families: list[str],
+          trainers: list[str], failed: set[tuple[str, str]], loads: list[float]) -> None:
+  """Prints the table (medians over the repetitions, [min–max]) and the cold phases."""
+  med = lambda family, trainer, phase: statistics.median(
+      r["total"] for r in results[(family, trainer, phase)])
+  if loads:
+    print(f"\nload average over the runs: median {statistics.median(loads):.1f}, "
+          f"max {max(loads):.1f} ({os.cpu_count()} cores)\n")
+  cols = [f"{t} {p} s" for t in trainers for p in ("cold", "warm")]
+  head = "| family | " + " | ".join(cols)
+  if "maxtext" in trainers:
+    head += " | ours / MaxText cold (wall) | XLA CPU-s cold ours / MaxText | ≤ 0.5× (CPU-s)"
+  print(head + " |\n|" + "---|" * (head.count("|")))
+  for family in families:
+    if any((family, t) in failed for t in trainers):
+      print(f"| {family} | " + " | ".join(
+          "failed" if (family, t) in failed else spread([r["total"] for r in results[(family, t, p)]])
+          for t in trainers for p in ("cold", "warm")) + " |")
+      continue
+    line = f"| {family} | " + " | ".join(
+        spread([r["total"] for r in results[(family, t, p)]]) for t in trainers
+        for p in ("cold", "warm"))
+    if "maxtext" in trainers:
+      ratio = med(family, "ours", "cold") / med(family, "maxtext", "cold")
+      cpu = [statistics.median(r["compile_cpu"] for r in results[(family, t, "cold")])
+             for t in ("ours", "maxtext")]
+      line += (f" | {ratio:.2f}× | {cpu[0]:.1f} / {cpu[1]:.1f} (**{cpu[0] / cpu[1]:.2f}×**) | "
+               f"{'yes' if cpu[0] / cpu[1] <= 0.5 else 'no'}")
+    print(line + " |")
+  print("\nthe step, cold, median seconds by phase (trace / lower / XLA compile; XLA's CPU-s):")
+  for family in families:
+    if any((family, t) in failed for t in trainers):
+      continue
+    rs = results[(family, "ours", "cold")]
+    parts = " / ".join(f"{statistics.median(r[k] for r in rs):.1f}"
+                       for k in ("trace", "lower", "compile", "compile_cpu"))
+    line = f"  {family:11s} ours {parts}"
+    if "maxtext" in trainers:
+      rs = results[(family, "maxtext", "cold")]
+      line += "   MaxText " + " / ".join(f"{statistics.median(r[k] for r in rs):.1f}"
+                                         for k in ("trace", "lower", "compile", "compile_cpu"))
+    print(line)
+
+
+def from_folder(out: str) -> int:
+  """The table of an earlier run's folder (--table-from): every repetition that finished."""
+  results: dict[tuple[str, str, str], list[dict]] = {}
+  for name in sorted(os.listdir(out)):
+    m = re.fullmatch(r"(ours|maxtext)-(.+)-(\d+)-(cold|warm)\.events", name)
+    if m:
+      trainer, family, _, phase = m.groups()
+      try:
+        results.setdefault((family, trainer, phase), []).append(
+            step_seconds(os.path.join(out, name), trainer))
+      except RuntimeError:
+        pass   # a run that did not get as far as its step's compile
+  families = [f for f in FAMILIES if all((f, t, p) in results for t in ("ours", "maxtext")
+                                         for p in ("cold", "warm"))]
+  table(results, families, ["ours", "maxtext"], set(), [])
+  return 0
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--maxtext-python", default="", help="python of a venv with maxtext installed "
@@ -141,7 +207,11 @@ def main() -> int:
   ap.add_argument("--families", default=",".join(FAMILIES))
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--out", default="", help="work directory (default: a temporary one)")
+  ap.add_argument("--table-from", default="", help="only the table of an earlier run's --out "
+                  "folder (the repetitions that finished)")
   args = ap.parse_args()
+  if args.table_from:
+    return from_folder(args.table_from)
   out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="compile_time_")
   os.makedirs(out, exist_ok=True)
   families = args.families.split(",")
@@ -177,44 +247,7 @@ def main() -> int:
                 f"compile {s['compile']:5.1f} = {s['total']:5.1f} s; XLA CPU {s['compile_cpu']:5.1f} s  "
                 f"({load()})", flush=True)
 
-  med = lambda family, trainer, phase: statistics.median(
-      r["total"] for r in results[(family, trainer, phase)])
-  print(f"\nload average over the runs: median {statistics.median(loads):.1f}, "
-        f"max {max(loads):.1f} ({os.cpu_count()} cores)\n")
-  cols = [f"{t} {p} s" for t in trainers for p in ("cold", "warm")]
-  head = "| family | " + " | ".join(cols)
-  if "maxtext" in trainers:
-    head += " | ours / MaxText cold | ≤ 0.5× | XLA CPU-s cold ours / MaxText"
-  print(head + " |\n|" + "---|" * (head.count("|")))
-  for family in families:
-    if any((family, t) in failed for t in trainers):
-      print(f"| {family} | " + " | ".join(
-          "failed" if (family, t) in failed else spread([r["total"] for r in results[(family, t, p)]])
-          for t in trainers for p in ("cold", "warm")) + " |")
-      continue
-    line = f"| {family} | " + " | ".join(
-        spread([r["total"] for r in results[(family, t, p)]]) for t in trainers
-        for p in ("cold", "warm"))
-    if "maxtext" in trainers:
-      ratio = med(family, "ours", "cold") / med(family, "maxtext", "cold")
-      cpu = [statistics.median(r["compile_cpu"] for r in results[(family, t, "cold")])
-             for t in ("ours", "maxtext")]
-      line += (f" | **{ratio:.2f}×** | {'yes' if ratio <= 0.5 else 'no'} | "
-               f"{cpu[0]:.1f} / {cpu[1]:.1f} ({cpu[0] / cpu[1]:.2f}×)")
-    print(line + " |")
-  print("\nthe step, cold, median seconds by phase (trace / lower / XLA compile; XLA's CPU-s):")
-  for family in families:
-    if any((family, t) in failed for t in trainers):
-      continue
-    rs = results[(family, "ours", "cold")]
-    parts = " / ".join(f"{statistics.median(r[k] for r in rs):.1f}"
-                       for k in ("trace", "lower", "compile", "compile_cpu"))
-    line = f"  {family:11s} ours {parts}"
-    if "maxtext" in trainers:
-      rs = results[(family, "maxtext", "cold")]
-      line += "   MaxText " + " / ".join(f"{statistics.median(r[k] for r in rs):.1f}"
-                                         for k in ("trace", "lower", "compile", "compile_cpu"))
-    print(line)
+  table(results, families, trainers, failed, loads)
   return 0
 
 
