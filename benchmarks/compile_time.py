@@ -182,10 +182,11 @@ def table(results: dict[tuple[str, str, str], list[dict]], families: list[str],
     print(line)
 
 
-def from_folder(out: str) -> int:
-  """The table of an earlier run's folder (--table-from): every repetition that finished."""
+def from_folders(outs: list[str]) -> int:
+  """The table of earlier runs' folders (--table-from A,B: runs of the same families at the same
+  time, each a repetition of its own): every repetition that finished."""
   results: dict[tuple[str, str, str], list[dict]] = {}
-  for name in sorted(os.listdir(out)):
+  for out, name in sorted((folder, f) for folder in outs for f in os.listdir(folder)):
     m = re.fullmatch(r"(ours|maxtext)-(.+)-(\d+)-(cold|warm)\.events", name)
     if m:
       trainer, family, _, phase = m.groups()
@@ -207,11 +208,11 @@ def main() -> int:
   ap.add_argument("--families", default=",".join(FAMILIES))
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--out", default="", help="work directory (default: a temporary one)")
-  ap.add_argument("--table-from", default="", help="only the table of an earlier run's --out "
-                  "folder (the repetitions that finished)")
+  ap.add_argument("--table-from", default="", help="only the table of earlier runs' --out "
+                  "folders, comma-separated (the repetitions that finished)")
   args = ap.parse_args()
   if args.table_from:
-    return from_folder(args.table_from)
+    return from_folders(args.table_from.split(","))
   out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="compile_time_")
   os.makedirs(out, exist_ok=True)
   families = args.families.split(",")
