@@ -191,10 +191,10 @@ def from_folders(outs: list[str]) -> int:
     if m:
       trainer, family, _, phase = m.groups()
       try:
-        results.setdefault((family, trainer, phase), []).append(
-            step_seconds(os.path.join(out, name), trainer))
+        seconds = step_seconds(os.path.join(out, name), trainer)
       except RuntimeError:
-        pass   # a run that did not get as far as its step's compile
+        continue   # a run that did not get as far as its step's compile
+      results.setdefault((family, trainer, phase), []).append(seconds)
   families = [f for f in FAMILIES if all((f, t, p) in results for t in ("ours", "maxtext")
                                          for p in ("cold", "warm"))]
   table(results, families, ["ours", "maxtext"], set(), [])
