@@ -407,6 +407,9 @@ class Config:
                               min=1)
   num_iterations: int = key(1, "GRPO: optimizer passes over each rollout batch (1 = on-policy)",
                             min=1)
+  microbatch_size: int = key(0, "GRPO / the policy API: rows per micro-batch; the batch's "
+                             "gradients are accumulated over them in one update (0 = the whole "
+                             "batch at once)", min=0)
   advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
                                  "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
   epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)

@@ -321,40 +321,50 @@ class Trainer:
                                layout.shard_batch, self.tokenizer)
 
 
+def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+          trainer_class: type[Trainer] = Trainer, clock: StartupClock | None = None) -> Trainer:
+  """The Trainer of `argv` (base.yml path, then key=value): config loaded and checked, processes
+  joined, mesh, abstract state and the memory pre-flight — nothing compiled or loaded yet. Raises
+  ConfigError / DataError (exit 2) or CheckpointError (exit 4). Also what MaxText/rl/policy.py
+  loads a policy with."""
+  clock = clock or StartupClock()
+  # dtype=auto resolved for training below; keys the trainer does not read refused
+  cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
+  if cfg.load_parameters_path:
+    cfg = adopt_checkpoint_architecture(cfg, argv)
+  cfg, tokenizer_line = choose_tokenizer(cfg)
+  setup_jax(cfg)
+  plan = distributed.initialize(cfg)  # before anything touches a device
+  cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
+                  if plan is None and devices is None else None)
+  log(tokenizer_line)
+  training = auto_settings.for_training(cfg)   # the one resolution of the auto values
+  cfg = training.cfg
+  tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
+  cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
+                                                 hot_path=cfg.hot_path)
+  clock.mark("config + devices")
+  trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
+  trainer.clock = clock
+  trainer.distributed = plan
+  trainer.cpu_defaults = cpu_defaults
+  est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
+  if est.needed > est.available:
+    raise ConfigError(memory.check_fits(est, memory.advice(
+        est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices),
+        trainer.trained_params())))
+  if tight := memory.warning(est):
+    log_error(f"warning: {tight}")
+  clock.mark("mesh")
+  return trainer
+
+
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
         trainer_class: type[Trainer] = Trainer) -> tuple[int, Trainer | None]:
   """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer).
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
-  clock = StartupClock()
   try:
-    # dtype=auto resolved for training below; keys the trainer does not read refused
-    cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
-    if cfg.load_parameters_path:
-      cfg = adopt_checkpoint_architecture(cfg, argv)
-    cfg, tokenizer_line = choose_tokenizer(cfg)
-    setup_jax(cfg)
-    plan = distributed.initialize(cfg)  # before anything touches a device
-    cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
-                    if plan is None and devices is None else None)
-    log(tokenizer_line)
-    training = auto_settings.for_training(cfg)   # the one resolution of the auto values
-    cfg = training.cfg
-    tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
-    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
-                                                   hot_path=cfg.hot_path)
-    clock.mark("config + devices")
-    trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
-    trainer.clock = clock
-    trainer.distributed = plan
-    trainer.cpu_defaults = cpu_defaults
-    est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
-    if est.needed > est.available:
-      raise ConfigError(memory.check_fits(est, memory.advice(
-          est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices),
-          trainer.trained_params())))
-    if tight := memory.warning(est):
-      log_error(f"warning: {tight}")
-    clock.mark("mesh")
+    trainer = build(argv, devices, trainer_class, StartupClock())
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
