@@ -102,6 +102,8 @@ def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
     (["max_new_tokens=6", "LONG"], "line 9: the prompt has 12 tokens, more than the 10 allowed "
                                    "(max_target_length=16 - max_new_tokens=6)"),
     (["temperature=0"], "temperature=0 decodes greedily"),
+    (["microbatch_size=5"], "microbatch_size=5 does not divide the rollout batch's 16 rows"),
+    (["gradient_accumulation_steps=2"], "set microbatch_size (rows per micro-batch) instead"),
 ])
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, capsys, overrides, expected):
   prompts = write_prompts(tmp_path / "p.jsonl", long_line=11 if "LONG" in overrides else None)
