@@ -410,6 +410,10 @@ class Config:
   microbatch_size: int = key(0, "GRPO / the policy API: rows per micro-batch; the batch's "
                              "gradients are accumulated over them in one update (0 = the whole "
                              "batch at once)", min=0)
+  rollout_placement: str = key(
+      "colocated", "GRPO: colocated (the engine on the training mesh, no weight copy) | separate "
+      "(the engine on the second half of the devices, the weights shipped by the refit stream "
+      "after each update; weight_shipping_s)", choices=("colocated", "separate"))
   advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
                                  "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
   epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)

@@ -41,13 +41,13 @@ from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
-from MaxText.decoding.engine import Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
 from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
+from MaxText.rl.placement import Rollouts, split_devices
 from MaxText.rl.policy import Policy
 from MaxText.rl.rewards import RewardScorer, load_rewards
 from MaxText.rl.step import batch_shardings
@@ -96,6 +96,7 @@ class GRPOTrainer(Trainer):
     cfg = training.cfg
     for key, problem in grpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
+    devices, engine_devices = split_devices(cfg, jax.devices() if devices is None else devices)
     super().__init__(training, devices, tokenizer)
     self.group = cfg.num_generations
     self.global_batch = cfg.prompts_per_step * cfg.num_generations
@@ -104,8 +105,9 @@ class GRPOTrainer(Trainer):
     self.rows = process_rows(self.batch_sharding, (self.global_batch, S))
     self.scorer = RewardScorer(load_rewards(cfg.reward, cfg.reward_weights), cfg.max_bad_rewards,
                                log_error)   # scoring runs on process 0 only
-    self.engine = Engine(self.mcfg, self.mesh, self.rules, cache_dtype=cfg.cache_dtype,
-                         batch_size=self.global_batch, max_cache_length=S)
+    self.rollouts = Rollouts(cfg, self.mcfg, self.mesh, self.rules, engine_devices,
+                             batch_size=self.global_batch, max_cache_length=S)
+    self.engine = self.rollouts.engine
     self.io = InferenceModel(cfg, self.engine, None, tokenizer, "the run's tokenizer")
     budget = S - cfg.max_new_tokens
     hint = f"max_target_length={S} - max_new_tokens={cfg.max_new_tokens}"
@@ -150,6 +152,7 @@ class GRPOTrainer(Trainer):
     training with the same keys at every evaluation (`eval_reward`: what GRPO maximises), and of
     one greedy completion each (`eval_reward_greedy`)."""
     cfg, ev = self.cfg, self.eval_set
+    params = self.rollouts.params_for_engine(params)
     idx = list(range(len(ev.rows)))
     out: dict[str, float] = {"eval_prompts": len(idx)}
     for name, copies, sampling in (("eval_reward", self.group, self.sampling()),
@@ -190,9 +193,10 @@ class GRPOTrainer(Trainer):
     rewards and advantages, the old (and reference) log-probabilities → (device arrays, what the
     step's row reports of the rollout)."""
     cfg, N = self.cfg, self.global_batch
+    engine_params = self.rollouts.params_for_engine(state["params"])   # separate: shipped
     t0 = time.perf_counter()
     idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed)
-    ro = rollout_lib.rollout(self.engine, state["params"], self.prompts, idx, self.scorer,
+    ro = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
                              copies=self.group, sampling=self.sampling(), first_row=(step - 1) * N,
                              max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
                              stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
@@ -204,8 +208,11 @@ class GRPOTrainer(Trainer):
     batch["old_logprobs"] = policy.token_logprobs(params, batch)
     batch["reference_logprobs"] = (policy.token_logprobs(params, batch, reference=True)
                                    if self.use_reference else jnp.zeros_like(batch["old_logprobs"]))
-    return batch, {"step": step, "rollout": ro, "advantages": advantages,
-                   "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad)}
+    report = {"step": step, "rollout": ro, "advantages": advantages,
+              "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad)}
+    if self.rollouts.separate:
+      report["weight_shipping_s"] = self.rollouts.shipping_s
+    return batch, report
 
   def dispatch(self, state: dict, batch: tuple[dict, dict]) -> tuple[dict, tuple]:
     """`num_iterations` updates on one rollout batch (dispatched; no host wait) → (state, the
@@ -284,6 +291,8 @@ class RolloutRows:
         optimizer_steps=float(report["step"] * self.num_iterations))
     for f, r in enumerate(self.scorer.rewards):
       row[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
+    if "weight_shipping_s" in report:
+      row["weight_shipping_s"] = report["weight_shipping_s"]
     return row
 
 
