@@ -10,7 +10,9 @@ process (tests/test_rl_driver.py).
         prompts_per_step=8 num_generations=8 steps=3 run_name=driver
 
 prints one JSON line per step (step, reward_mean, reward_std, loss, kl, grad_norm) and saves the
-policy at the end (train.py's checkpoint format). A step:
+policy at the end (train.py's checkpoint format); a rerun resumes from it. `--offload` (first):
+the optimizer state leaves the devices while the engine samples (`policy.offload()`). SIGTERM:
+the step in progress ends, is saved, and the driver exits 42, as train.py does. A step:
   1. the step's prompts: positions (step-1)·P … step·P-1 of the epochs' permutations seeded by
      (seed, epoch) (the order `MaxText.rl.grpo` documents, docs/rl.md);
   2. G completions of each from the engine on the policy's mesh and current parameters
@@ -36,7 +38,7 @@ if ROOT not in sys.path:
 
 from MaxText.decoding.engine import Engine  # noqa: E402
 from MaxText.decoding.sampling import Sampling  # noqa: E402
-from MaxText.rl.policy import Policy, exit_status, group_advantages  # noqa: E402
+from MaxText.rl.policy import EXIT_PREEMPTED, Policy, exit_status, group_advantages  # noqa: E402
 
 
 def reward_function(spec: str):
@@ -60,8 +62,8 @@ def batch_of(prompts: list[list[int]], completions, seq: int) -> dict[str, np.nd
   return out
 
 
-def run(argv: list[str], on_step=print) -> list[dict]:
-  """The loop on `argv` (MaxText.rl.grpo's command line) → one dict per step."""
+def run(argv: list[str], on_step=print, offload: bool = False) -> tuple[int, list[dict]]:
+  """The loop on `argv` (MaxText.rl.grpo's command line) → (exit status, one dict per step)."""
   policy = Policy.load(argv)
   try:
     cfg = policy.cfg
@@ -79,48 +81,60 @@ def run(argv: list[str], on_step=print) -> list[dict]:
     eos = list(policy.io.eos_ids)
     with_reference = cfg.kl_beta > 0 or cfg.lora_rank > 0
     out = []
-    for step in range(1, cfg.steps + 1):
-      idx = [i for i in prompts_of_step(len(rows), cfg.seed, step, cfg.prompts_per_step)
-             for _ in range(G)]
-      prompts = [ids[i] for i in idx]
-      done = engine.generate(policy.params, prompts, max_new_tokens=cfg.max_new_tokens,
-                             sampling=sampling, eos_ids=eos, stop=list(cfg.stop),
-                             detokenize=policy.io.text,
-                             row_ids=range((step - 1) * N, step * N))
-      completions = [policy.io.text(c.output_ids[:-1] if c.finish_reason == "eos" and
-                                    c.output_ids[-1] in eos else c.output_ids) for c in done]
-      rewards = np.array([float(reward(texts[i], c, rows[i])) for i, c in zip(idx, completions)],
-                         np.float32)
-      batch = batch_of(prompts, done, S)
-      batch["advantages"] = np.asarray(group_advantages(rewards, G, cfg.advantage_estimator))
-      batch["old_logprobs"] = policy.logprobs(batch)
-      if with_reference:
-        batch["reference_logprobs"] = policy.reference_logprobs(batch)
-      passes = [policy.train(batch) for _ in range(cfg.num_iterations)]
-      row = {"step": step, "reward_mean": float(rewards.mean()),
-             "reward_std": float(rewards.std()),
-             **{k: float(np.mean([p[k] for p in passes])) for k in ("loss", "grad_norm")}}
-      if "kl" in passes[0]:
-        row["kl"] = float(np.mean([p["kl"] for p in passes]))
-      on_step(json.dumps(row))
-      out.append(row)
-    if cfg.enable_checkpointing:
+    with policy.preemption() as watch:
+      for step in range((policy.latest_checkpoint() or 0) + 1, cfg.steps + 1):
+        idx = [i for i in prompts_of_step(len(rows), cfg.seed, step, cfg.prompts_per_step)
+               for _ in range(G)]
+        prompts = [ids[i] for i in idx]
+        if offload:
+          policy.offload()
+        done = engine.generate(policy.params, prompts, max_new_tokens=cfg.max_new_tokens,
+                               sampling=sampling, eos_ids=eos, stop=list(cfg.stop),
+                               detokenize=policy.io.text,
+                               row_ids=range((step - 1) * N, step * N))
+        if offload:
+          policy.onload()
+        completions = [policy.io.text(c.output_ids[:-1] if c.finish_reason == "eos" and
+                                      c.output_ids[-1] in eos else c.output_ids) for c in done]
+        rewards = np.array([float(reward(texts[i], c, rows[i]))
+                            for i, c in zip(idx, completions)], np.float32)
+        batch = batch_of(prompts, done, S)
+        batch["advantages"] = np.asarray(group_advantages(rewards, G, cfg.advantage_estimator))
+        batch["old_logprobs"] = policy.logprobs(batch)
+        if with_reference:
+          batch["reference_logprobs"] = policy.reference_logprobs(batch)
+        passes = [policy.train(batch) for _ in range(cfg.num_iterations)]
+        row = {"step": step, "reward_mean": float(rewards.mean()),
+               "reward_std": float(rewards.std()),
+               **{k: float(np.mean([p[k] for p in passes])) for k in ("loss", "grad_norm")}}
+        if "kl" in passes[0]:
+          row["kl"] = float(np.mean([p["kl"] for p in passes]))
+        on_step(json.dumps(row))
+        out.append(row)
+        if watch.should_stop(step) and step < cfg.steps:
+          if cfg.enable_checkpointing:
+            policy.save(step)   # the update count is the step: num_iterations per step
+          print(f"preempted ({watch.signal_name}): step {step} saved; exit {EXIT_PREEMPTED}",
+                file=sys.stderr)
+          return EXIT_PREEMPTED, out
+    if cfg.enable_checkpointing and out:
       policy.save(cfg.steps)
-    return out
+    return 0, out
   finally:
     policy.close()
 
 
 def main() -> int:
+  args = sys.argv[1:]
+  offload = args[:1] == ["--offload"]
   try:
-    run(sys.argv[1:])
+    return run(args[offload:], offload=offload)[0]
   except Exception as e:  # pylint: disable=broad-except
     code = exit_status(e)
     if code == 1:
       raise
     print(f"error: {e}", file=sys.stderr)
     return code
-  return 0
 
 
 if __name__ == "__main__":

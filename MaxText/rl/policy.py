@@ -49,13 +49,16 @@ from MaxText.inference import InferenceModel
 from MaxText.rl import batch as batch_lib
 from MaxText.rl.losses import group_advantages
 from MaxText.rl.step import batch_shardings, grpo_loss, jit_update, make_logprob_fn, make_update
-from MaxText.runtime.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE
+from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
+                                        EXIT_PREEMPTED)
+from MaxText.runtime.preemption import PreemptionWatch
 from MaxText.runtime.run_dir import RunLock
 from MaxText.storage import paths
 from MaxText.train.loop import Trainer, build
 from MaxText.train.state import init_state
 
-__all__ = ["BatchError", "NonFiniteUpdate", "Policy", "exit_status", "group_advantages"]
+__all__ = ["EXIT_PREEMPTED", "BatchError", "NonFiniteUpdate", "Policy", "exit_status",
+           "group_advantages"]
 BatchError = batch_lib.BatchError
 LossFn = Callable[[jax.Array, dict], tuple[jax.Array, dict]]
 
@@ -299,6 +302,13 @@ class Policy:
     state, start = self.trainer.checkpointed.initial_state(self._ckpts, None)
     self.state, self.offloaded = state, ()
     return start
+
+  @staticmethod
+  def preemption() -> PreemptionWatch:
+    """train.py's preemption watch, for a loop's `with`: SIGTERM / SIGINT are noted (not fatal);
+    `watch.should_stop(step)` after each step (every process agrees) says to save and end with
+    EXIT_PREEMPTED (42), as train.py does."""
+    return PreemptionWatch()
 
   def latest_checkpoint(self) -> int | None:
     return None if self._ckpts is None else self._ckpts.latest_step()
