@@ -449,3 +449,12 @@ def test_a_failed_evaluation_after_the_last_step_keeps_its_checkpoint(tmp_path, 
   assert len(calls) == 2 and os.path.isdir(tmp_path / "evalfail" / "checkpoints" / "2")
   assert ("warning: the evaluation after step 2 failed and was skipped (RuntimeError: forced "
           "evaluation failure)") in err
+
+
+def test_memory_preflight_counts_one_micro_batch_of_activations(tmp_path):
+  """With microbatch_size the update's activations are one micro-batch's: fewer than the whole
+  rollout batch's."""
+  _, whole = _trainer(tmp_path)
+  _, micro = _trainer(tmp_path, "microbatch_size=4")
+  assert micro.micro_batches() == 4 and whole.micro_batches() == 1
+  assert micro.memory_estimate().activations < whole.memory_estimate().activations

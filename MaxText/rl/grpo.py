@@ -118,6 +118,9 @@ class GRPOTrainer(Trainer):
     self.use_reference = cfg.kl_beta > 0 or self.adapters_only   # with LoRA the KL is free to log
     self.policy = Policy(self)   # the programs of the policy API (MaxText/rl/policy.py)
 
+  def micro_batches(self) -> int:
+    return self.global_batch // (self.cfg.microbatch_size or self.global_batch)
+
   def memory_estimate(self) -> memory.MemoryEstimate:
     """train.py's estimate for the rollout rows, plus the engine's cache of a rollout batch (held
     between the updates, in the activations' place) and, with `kl_beta` > 0 and no LoRA, the

@@ -135,6 +135,10 @@ class Trainer:
                       for k in BATCH_KEYS}
     return jitted.lower(self.abstract, abstract_batch).compile()
 
+  def micro_batches(self) -> int:
+    """Micro-batches of a step (their activations live one at a time)."""
+    return self.cfg.gradient_accumulation_steps
+
   def rows_per_device(self) -> int:
     """Sequences of each global batch one device holds (its block of the batch sharding)."""
     return self.batch_sharding.shard_shape((self.global_batch, self.cfg.max_target_length))[0]
@@ -142,7 +146,7 @@ class Trainer:
   def activation_bytes(self) -> int:
     """The memory pre-flight's estimate of one micro-batch step's activations per device, plus
     what the family keeps beyond a generic decoder layer (e.g. recurrent states)."""
-    rows = self.rows_per_device() / self.cfg.gradient_accumulation_steps
+    rows = self.rows_per_device() / self.micro_batches()
     return (memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
                                     loss_chunk=self.cfg.loss_chunk_length)
             + self.family.activation_bytes(self.mcfg, rows, self.cfg.max_target_length))
