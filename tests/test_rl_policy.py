@@ -199,6 +199,20 @@ def test_a_bad_batch_names_the_key_and_the_expected_shape(policy, change, expect
   assert expected in str(e.value)
 
 
+def test_reference_logprobs_left_out_are_the_policys_own(tmp_path):
+  runs = []
+  for given in (True, False):
+    p = with_hf_weights(Policy.load(argv(tmp_path / str(given), *LOSS,
+                                         "enable_checkpointing=false")))
+    batch = a_batch(p.model_config.vocab_size, seed=7)
+    batch["old_logprobs"] = p.logprobs(batch) + np.float32(0.05) * batch["generation_mask"]
+    if given:
+      batch["reference_logprobs"] = p.reference_logprobs(batch)
+    runs.append([p.train(batch) for _ in range(2)])
+    p.close()
+  assert runs[0] == runs[1] and runs[0][1]["kl"] > 0
+
+
 def test_save_restore_offload_and_weights(policy):
   batch = a_batch(policy.model_config.vocab_size, seed=5)
   batch["old_logprobs"] = policy.logprobs(batch)

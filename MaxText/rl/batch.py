@@ -13,7 +13,8 @@ One batch is a dict of host arrays (NumPy, or anything `np.asarray` takes), B ro
   advantages           [B] or [B, S]  float          per row, or per token
   old_logprobs         [B, S]         float          log p of input_ids[:, t] under the policy that
                                                      sampled them (train)
-  reference_logprobs   [B, S]         float          the reference's (train with kl_beta > 0)
+  reference_logprobs   [B, S]         float          the reference's (train with kl_beta > 0;
+                                                     absent: the policy computes them)
   sample_weight        [B]            float >= 0     optional: each row's tokens count this much in
                                                      the loss and its token means (0: left out)
 

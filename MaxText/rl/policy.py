@@ -257,14 +257,12 @@ class Policy:
     loss's own: for GRPO pg_loss, kl, clip_frac_low / _high, ratio_mean / _min / _max, entropy;
     with MoE the expert-load metrics). `loss`: "grpo" (the clipped policy loss with the config's
     settings) or a JAX function fn(logprobs [b, S], batch) -> (loss, aux) of one micro-batch
-    (rl/step.py). Raises NonFiniteUpdate (not applied)."""
-    need = ("generation_mask", "advantages", "old_logprobs")
-    if loss == "grpo" and (self.keeps_reference_copy or (self.trainer.adapters_only and
-                                                        self.cfg.kl_beta > 0)):
-      need += ("reference_logprobs",)
+    (rl/step.py). Without `reference_logprobs` in the batch the GRPO loss's reference term uses
+    the policy's own (`reference_logprobs(batch)`). Raises NonFiniteUpdate (not applied)."""
     self._require_on_device("params", "opt_state")
-    arrays = self.arrays(batch, need)
-    if loss == "grpo" and self.trainer.adapters_only and "reference_logprobs" not in batch:
+    arrays = self.arrays(batch, ("generation_mask", "advantages", "old_logprobs"))
+    uses_reference = self.keeps_reference_copy or self.trainer.adapters_only
+    if loss == "grpo" and uses_reference and "reference_logprobs" not in batch:
       arrays["reference_logprobs"] = self.token_logprobs(self.params, arrays, reference=True)
     state, metrics = self.update(self.state, arrays, loss)
     self.state = {**state, "step": state["step"] + 1}
