@@ -19,7 +19,7 @@ from hf_parity import build_hf_model, hf_state  # noqa: E402
 from test_rl_losses import torch_policy_loss  # noqa: E402
 from MaxText.config.load import load_config  # noqa: E402
 from MaxText.models.llama import qwen3_hf_map as hf_map  # noqa: E402
-from MaxText.rl.policy import BatchError, Policy  # noqa: E402
+from MaxText.rl.policy import BatchError, Policy, exit_status  # noqa: E402
 
 GRPO_YML = os.path.join(ROOT, "configs", "grpo.yml")
 S = 16
@@ -197,6 +197,7 @@ def test_a_bad_batch_names_the_key_and_the_expected_shape(policy, change, expect
   with pytest.raises(BatchError) as e:
     policy.train(batch)
   assert expected in str(e.value)
+  assert exit_status(e.value) == 3          # a command's exit status for bad data, as train.py
 
 
 def test_reference_logprobs_left_out_are_the_policys_own(tmp_path):
