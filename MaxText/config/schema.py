@@ -101,7 +101,8 @@ class Config:
                   "random token ids", min=0,
                   tools=(*TRAINERS, "decode", "logit_check"))
   jax_cache_dir: str = key("~/.cache/maxtext_jax",
-                           'persistent XLA compilation cache; "" turns it off')
+                           'persistent XLA compilation cache; "" turns it off',
+                           tools=(*TRAINERS, "serve"))
 
   # ---- model -----------------------------------------------------------------------------------
   model_name: str = key("default", '"default" or a file configs/models/<model_name>.yml to overlay',

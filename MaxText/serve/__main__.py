@@ -15,8 +15,10 @@ in flight finish, then exit 0. Exit 2 on a bad config, 4 on a damaged checkpoint
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 from contextlib import asynccontextmanager
@@ -26,6 +28,23 @@ from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
+
+
+def server_class():
+  """uvicorn's Server, but a SIGTERM / SIGINT that stopped it cleanly is not raised again on the
+  way out (uvicorn re-raises it, so the process would die of the signal): exit 0."""
+  import uvicorn  # pylint: disable=import-outside-toplevel
+
+  class Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+      previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+      try:
+        yield
+      finally:
+        for s, handler in previous.items():
+          signal.signal(s, handler)
+  return Server
 
 
 def model_name(cfg) -> str:
@@ -50,6 +69,7 @@ def run(argv: Sequence[str]) -> int:
       first.api_key
   import uvicorn
 
+  Server = server_class()
   from MaxText.decoding.slots import Slots
   from MaxText.inference import load
   from MaxText.serve.app import Served, build_app, running
@@ -64,6 +84,9 @@ def run(argv: Sequence[str]) -> int:
   served_log.addHandler(handler)
   served_log.setLevel(logging.INFO)
   served_log.propagate = False
+  if first.jax_cache_dir:     # a restarted server finds its programs compiled
+    import jax
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(first.jax_cache_dir))
   model = load(argv)
   cfg = model.cfg
   room = cfg.max_cache_length or model.engine.mcfg.max_position_embeddings
@@ -85,7 +108,7 @@ def run(argv: Sequence[str]) -> int:
   guarded = Guard(app, api_key, cfg.serve_max_body_bytes, metrics)
   config = uvicorn.Config(guarded, host=cfg.host, port=cfg.port, log_level="info",
                           access_log=False, lifespan="on")
-  server = uvicorn.Server(config)
+  server = Server(config)
   family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
   sock = socket.socket(family, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from MaxText.inference import InferenceError, InferenceModel
 from MaxText.serve import errors
@@ -72,14 +73,14 @@ def build_app(served: Served) -> FastAPI:
   async def _invalid(_request, e: RequestValidationError):
     return errors.validation_response(e)
 
-  @app.exception_handler(404)
-  async def _not_found(request: Request, _e):
-    return JSONResponse(errors.body(404, f"no route {request.url.path}", "path"), 404)
-
-  @app.exception_handler(405)
-  async def _method(request: Request, _e):
-    return JSONResponse(errors.body(405, f"{request.method} is not allowed on "
-                                    f"{request.url.path}", "method"), 405)
+  @app.exception_handler(StarletteHTTPException)
+  async def _http(request: Request, e: StarletteHTTPException):
+    if e.status_code == 404:
+      return JSONResponse(errors.body(404, f"no route {request.url.path}", "path"), 404)
+    if e.status_code == 405:
+      return JSONResponse(errors.body(405, f"{request.method} is not allowed on "
+                                      f"{request.url.path}", "method"), 405)
+    return JSONResponse(errors.body(e.status_code, str(e.detail), "body"), e.status_code)
 
   @app.get("/health")
   async def health():
