@@ -44,7 +44,7 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 2
 
 
 @pytest.fixture(scope="module")
-def folder(setup, tmp_path_factory):
+def folder(setup, tmp_path_factory):  # noqa: F811  (the fixture imported above)
   """The tiny Hugging Face folder with a chat template that reads tools and `hint`."""
   path = str(tmp_path_factory.mktemp("serve") / "hf")
   shutil.copytree(setup[0], path)
@@ -394,8 +394,8 @@ def test_the_key_is_needed(server):
   assert KEY not in server.log() and PROMPTS[0] not in server.log()
 
 
-def test_lm_eval_local_completions_gives_hf_per_item_results(server, setup, hf_results,
-                                                             monkeypatch):
+def test_lm_eval_local_completions_equals_hf(server, setup, hf_results,  # noqa: F811
+                                              monkeypatch):
   monkeypatch.setenv("OPENAI_API_KEY", KEY)
   got = evaluate("local-completions", setup[2], ("tiny_mc", "tiny_gen"), model_args={
       "base_url": server.url + "/v1/completions", "model": NAME, "tokenizer": setup[0],

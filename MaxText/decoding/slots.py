@@ -18,6 +18,8 @@ tokens to report (`top`) are static, so a bucket compiles at most four programs.
 is the one `MaxText.decode` draws for the same seed, prompt index (`row`) and step: the same
 filters, in the same order, and the same key (MaxText/decoding/sampling.py).
 """
+# Slots extends the Engine (its model, placement and counted jit): its underscored helpers.
+# pylint: disable=protected-access
 from __future__ import annotations
 
 from typing import Any
@@ -93,9 +95,9 @@ class Slots:
   def __init__(self, engine: Engine, slots: int, max_len: int, chunk: int = 8):
     self.engine, self.slots, self.max_len, self.chunk = engine, slots, max_len, chunk
     self.specs = cache_lib.specs(engine.mcfg, slots, max_len, engine.cache_dtype)
-    self._prefill = jax.jit(engine._counted(self._prefill_fn),   # pylint: disable=protected-access
+    self._prefill = jax.jit(engine._counted(self._prefill_fn),
                             static_argnames=("sampled", "top"), donate_argnums=(1,))
-    self._step = jax.jit(engine._counted(self._step_fn),         # pylint: disable=protected-access
+    self._step = jax.jit(engine._counted(self._step_fn),
                          static_argnames=("sampled", "top"), donate_argnums=(1,))
     self.cache = jax.jit(self._empty_fn)()
 
@@ -129,16 +131,16 @@ class Slots:
     B, S = tokens_BS.shape
     new_specs = cache_lib.specs(e.mcfg, B, self.max_len, e.cache_dtype)
     with use_rules(e.mesh, e.rules):
-      model = e._model(params)   # pylint: disable=protected-access
+      model = e._model(params)
       new = cache_lib.constrain_cache(cache_lib.empty(new_specs), new_specs, e.mesh, e.rules)
-      x_BSD, new = model.extend(tokens_BS, *e._prompt_positions(lengths_B, S), new,   # pylint: disable=protected-access
+      x_BSD, new = model.extend(tokens_BS, *e._prompt_positions(lengths_B, S), new,
                                 prefill=True)
       last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
       picked = sample_rows(model.logits(last_B1D)[:, 0], sampled, values, rows_B,
                            jnp.zeros_like(rows_B), top)
       cache = cache_lib.constrain_cache(self._insert(cache, new, slots_B), self.specs, e.mesh,
                                         e.rules)
-    return cache, *e._replicated(*picked)   # pylint: disable=protected-access
+    return cache, *e._replicated(*picked)
 
   def _step_fn(self, params, cache, state, eos_E, values, *, sampled, top):
     """Up to `chunk` steps of every slot. state: per slot the token it feeds next, its position,
@@ -146,7 +148,7 @@ class Slots:
     e = self.engine
     B, C = state["token"].shape[0], self.chunk
     with use_rules(e.mesh, e.rules):
-      model = e._model(params)   # pylint: disable=protected-access
+      model = e._model(params)
 
       def step(carry):
         i, cache, st, out = carry
@@ -173,7 +175,7 @@ class Slots:
       _, cache, state, out = jax.lax.while_loop(
           lambda c: (c[0] < C) & ~jnp.all(c[2]["done"]), step, (jnp.int32(0), cache, state, out))
       cache = cache_lib.constrain_cache(cache, self.specs, e.mesh, e.rules)
-    return cache, *e._replicated(state, out)   # pylint: disable=protected-access
+    return cache, *e._replicated(state, out)
 
   # ---- calls -------------------------------------------------------------------------------------
   def prefill(self, params, prompts: list[list[int]], slots: list[int], rows: list[int],
@@ -192,7 +194,7 @@ class Slots:
       lengths_B[b], slots_B[b], rows_B[b] = len(p), slots[b], rows[b]
     values = row_values(sampling, B)
     e = self.engine
-    self.cache, *got = self._prefill(params, self.cache, *e._host(   # pylint: disable=protected-access
+    self.cache, *got = self._prefill(params, self.cache, *e._host(
         tokens_BS, lengths_B, slots_B, rows_B, values), sampled=bool(values["temperature"].any()),
                                      top=top)
     return tuple(np.asarray(fetch(g))[:n] for g in got)
@@ -207,7 +209,7 @@ class Slots:
     e = self.engine
     active = ~state["done"]
     self.cache, new_state, out = self._step(
-        params, self.cache, *e._host(state, eos_E, sampling),   # pylint: disable=protected-access
+        params, self.cache, *e._host(state, eos_E, sampling),
         sampled=bool((sampling["temperature"][active] > 0).any()), top=top)
     return ({k: fetch(v) for k, v in new_state.items()},
             {k: fetch(v) for k, v in out.items()})

@@ -120,7 +120,7 @@ class ChatRequest(Sampled):
     extra = dict(self.chat_template_kwargs or {})
     for name in RESERVED_TEMPLATE_VARIABLES:
       if name in extra:
-        raise ApiError(400, f"chat_template_kwargs.{name}: set by the server", 
+        raise ApiError(400, f"chat_template_kwargs.{name}: set by the server",
                        f"chat_template_kwargs.{name}")
     if self.tools is not None:
       extra["tools"] = self.tools
