@@ -7,7 +7,7 @@ static batches on the same weights and requests, side by side in one run.
 The model is Qwen3-shaped, random weights (transformers' init, seed 0), fp32, saved as a Hugging
 Face folder without a tokenizer (requests are token ids, so nothing stops at an eos: every
 request runs its max_tokens). Requests: seeded, prompt lengths 16-256 tokens, max_tokens 8-128,
-greedy. Phases, each after an untimed warm-up of the same shapes (compiles):
+greedy. Phases, each after an untimed warm-up with the same clients (its compiles):
 - solo: one client, the first --clients requests one after another: each one's latency alone;
 - 4 clients: the same requests 4 at a time; each request's latency / its solo latency;
 - K clients (`--clients`), --requests each, all at once: throughput (generated tokens / wall
@@ -154,7 +154,8 @@ def main() -> None:
   rows = []
   try:
     solo_reqs = reqs[:args.clients]
-    asyncio.run(run_clients(server.url, solo_reqs, args.clients))           # warm-up: compiles
+    for clients in (1, 4, args.clients):     # warm-up: each phase's programs compile
+      asyncio.run(run_clients(server.url, solo_reqs, clients))
     solo, _ = asyncio.run(run_clients(server.url, solo_reqs, 1))
     four, _ = asyncio.run(run_clients(server.url, solo_reqs, 4))
     ratios = [f["latency"] / s["latency"] for f, s in zip(four, solo)]

@@ -416,6 +416,21 @@ def test_lm_eval_local_completions_equals_hf(server, setup, hf_results,  # noqa:
   assert any(want_gen)
 
 
+def test_lm_eval_local_chat_completions_gives_hf_chat_generations(server, setup, monkeypatch):  # noqa: F811
+  """--apply_chat_template: the server renders the messages with the tokenizer's template (no
+  tools, no hint: the tiny template's text) as lm-eval's hf model renders them."""
+  monkeypatch.setenv("OPENAI_API_KEY", KEY)
+  # max_length: lm-eval's hf model would cut the rendered prompt to max_length - max_gen_toks
+  # tokens; the chat API has no such cut (the server takes the whole conversation)
+  want = evaluate("hf", setup[2], ("tiny_gen",), model_args={**hf_args(setup), "max_length": ROOM},
+                  batch_size=1, apply_chat_template=True)
+  got = evaluate("local-chat-completions", setup[2], ("tiny_gen",), apply_chat_template=True,
+                 model_args={"base_url": server.url + "/v1/chat/completions", "model": NAME,
+                             "max_gen_toks": 12, "max_retries": 1})
+  texts = lambda r: [s["filtered_resps"][0] for s in per_item(r, "tiny_gen")]
+  assert texts(got) == texts(want) and any(texts(want))
+
+
 def test_sigterm_answers_the_request_in_flight_then_exits_0(server, client, ours):
   """Last: it stops the module's server."""
   prompt, g = runs_long(ours, 60)
