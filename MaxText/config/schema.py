@@ -398,16 +398,8 @@ class Config:
                          tools=(*DECODERS, *TRAINERS, "lm_eval", "serve"))
 
   # ---- serving ---------------------------------------------------------------------------------
-  host: str = key("127.0.0.1", "the address the server binds (0.0.0.0: every interface; give it "
-                  "an api_key)", section="serving (python -m MaxText.serve)",
-                  section_tools=("serve",))
-  port: int = key(8000, "the server's TCP port (0 = a free one, printed when it listens)", min=0,
-                  max=65535)
-  api_key: str = key("", "every request needs Authorization: Bearer <this> (401 otherwise); "
-                     "\"\" = the api_key_env variable's value, if set")
-  api_key_env: str = key("MAXTEXT_API_KEY", "the environment variable holding the key when "
-                         "api_key is \"\" (keeps it off the command line)")
-  serve_slots: int = key(8, "decode slots: requests decoded together (continuous batching)", min=1)
+  serve_slots: int = key(8, "decode slots: requests decoded together (continuous batching)", min=1,
+                         section="serving (python -m MaxText.serve)", section_tools=("serve",))
   serve_queue: int = key(64, "requests waiting for a slot at most; more get 503 + Retry-After",
                          min=1)
   serve_chunk: int = key(8, "decoding steps per engine call; requests join and leave between "

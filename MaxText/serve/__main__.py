@@ -6,12 +6,12 @@
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (`stream: true`: server-
 sent events), GET /health, GET /metrics (Prometheus). The model loads as for `MaxText.decode`
 (load_parameters_path or hf_path, the mesh and tokenizer keys); the server's keys are in
-configs/base.yml, section "serving": it binds 127.0.0.1 unless `host=` says otherwise; with
-`api_key=` (or the variable `api_key_env` names, MAXTEXT_API_KEY) every request needs
-`Authorization: Bearer <key>`; `serve_slots` requests decode together, each slot holding
-`max_cache_length` positions (0: the model's max_position_embeddings). Prints one line when it
-listens: "serving MODEL on http://HOST:PORT". SIGTERM / Ctrl-C: no new connections, the requests
-in flight finish, then exit 0. Exit 2 on a bad config, 4 on a damaged checkpoint.
+configs/base.yml, section "serving", and its own arguments below: it binds 127.0.0.1 unless
+`host=` says otherwise; with `api_key=` (or the variable `api_key_env` names, MAXTEXT_API_KEY)
+every request needs `Authorization: Bearer <key>`; `serve_slots` requests decode together, each
+slot holding `max_cache_length` positions (0: the model's max_position_embeddings). Prints one
+line when it listens: "serving MODEL on http://HOST:PORT". SIGTERM / Ctrl-C: no new connections,
+the requests in flight finish, then exit 0. Exit 2 on a bad config, 4 on a damaged checkpoint.
 """
 from __future__ import annotations
 
@@ -25,9 +25,21 @@ from contextlib import asynccontextmanager
 from typing import Sequence
 
 from MaxText.config import cli
-from MaxText.config.load import ConfigError, load_config
+from MaxText.config.cli import Arg
+from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
+
+
+ARGS = {
+    "host": Arg(str, "127.0.0.1",
+                "the address to bind (0.0.0.0: every interface; then set a key)"),
+    "port": Arg(int, 8000, "the TCP port (0: a free one, printed when the server listens)"),
+    "api_key": Arg(str, "", "every request needs Authorization: Bearer <this> (401 otherwise); "
+                   "\"\": the api_key_env variable's value, if set"),
+    "api_key_env": Arg(str, "MAXTEXT_API_KEY", "the environment variable holding the key when "
+                       "api_key is \"\" (keeps it off the command line)"),
+}
 
 
 def server_class():
@@ -56,7 +68,7 @@ def model_name(cfg) -> str:
 
 def main(argv: Sequence[str]) -> int:
   if cli.wants_help(argv):
-    print(cli.usage(__doc__, {}, "serve"))
+    print(cli.usage(__doc__, ARGS, "serve"))
     return EXIT_OK
   from MaxText.inference import InferenceError   # pylint: disable=import-outside-toplevel
   return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))
@@ -64,9 +76,14 @@ def main(argv: Sequence[str]) -> int:
 
 def run(argv: Sequence[str]) -> int:
   # pylint: disable=import-outside-toplevel  (--help and a bad key answer before jax loads)
-  first = load_config(argv, tool="serve")
-  api_key = first.api_key or os.environ.get(first.api_key_env, "") if first.api_key_env else \
-      first.api_key
+  parsed = cli.parse(argv, ARGS, __doc__ or "", tool="serve", config_file=True)
+  assert parsed is not None     # --help answered in main
+  args, first, config_argv = parsed
+  host, port = args["host"], args["port"]
+  if not 0 <= port <= 65535:
+    raise ConfigError(f"port={port}: a TCP port is 0..65535")
+  api_key = args["api_key"] or (os.environ.get(args["api_key_env"], "")
+                                if args["api_key_env"] else "")
   import uvicorn
 
   Server = server_class()
@@ -87,7 +104,7 @@ def run(argv: Sequence[str]) -> int:
   if first.jax_cache_dir:     # a restarted server finds its programs compiled
     import jax
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(first.jax_cache_dir))
-  model = load(argv)
+  model = load(config_argv)
   cfg = model.cfg
   room = cfg.max_cache_length or model.engine.mcfg.max_position_embeddings
   metrics = Metrics()
@@ -106,20 +123,19 @@ def run(argv: Sequence[str]) -> int:
       yield
   app.router.lifespan_context = lifespan
   guarded = Guard(app, api_key, cfg.serve_max_body_bytes, metrics)
-  config = uvicorn.Config(guarded, host=cfg.host, port=cfg.port, log_level="info",
+  config = uvicorn.Config(guarded, host=host, port=port, log_level="info",
                           access_log=False, lifespan="on")
   server = Server(config)
-  family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
   sock = socket.socket(family, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
-    sock.bind((cfg.host, cfg.port))
+    sock.bind((host, port))
   except OSError as e:
-    raise ConfigError(f"host={cfg.host} port={cfg.port}: cannot listen there: {e}") from None
+    raise ConfigError(f"host={host} port={port}: cannot listen there: {e}") from None
   sock.listen(128)
-  port = sock.getsockname()[1]
-  print(f"serving {name} on http://{cfg.host}:{port} ({cfg.serve_slots} slots of {room} "
-        f"positions{'; API key required' if api_key else ''})", file=sys.stderr, flush=True)
+  print(f"serving {name} on http://{host}:{sock.getsockname()[1]} ({cfg.serve_slots} slots of "
+        f"{room} positions{'; API key required' if api_key else ''})", file=sys.stderr, flush=True)
   server.run(sockets=[sock])   # SIGTERM / SIGINT: stops taking connections, drains, returns
   return EXIT_OK
 
