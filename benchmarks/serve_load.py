@@ -15,7 +15,9 @@ greedy. Phases, each after an untimed warm-up with the same clients (its compile
   p99, read from the stream (`stream: true`) by the official `openai` async client;
 - the same requests as static batches of K: our engine (`Engine.generate`, in this process) and
   transformers' `generate(do_sample=False)` (left-padded, CPU torch): each batch runs to its
-  longest max_tokens; throughput counts only the tokens the requests asked for.
+  longest max_tokens; throughput counts only the tokens the requests asked for;
+- with --transformers-cb, transformers' own continuous batching (`init_continuous_batching`:
+  every request queued at once, each with its max_tokens).
 The server runs in its own process on 127.0.0.1 (a free port), stopped at the end.
 """
 from __future__ import annotations
@@ -137,6 +139,24 @@ def static_batches(generate, reqs, k: int) -> tuple[float, int]:
   return time.perf_counter() - t0, sum(n for _, n in reqs)
 
 
+def transformers_cb(hf, reqs) -> tuple[float, int]:
+  """(seconds, tokens) of `reqs` through transformers' continuous-batching manager, all queued
+  at once (after an untimed warm-up request)."""
+  import transformers
+  config = transformers.GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in reqs),
+                                         eos_token_id=None, pad_token_id=0)
+  manager = hf.init_continuous_batching(generation_config=config)
+  manager.start()
+  try:
+    manager.get_result(manager.add_request(reqs[0][0], max_new_tokens=2), timeout=600)
+    t0 = time.perf_counter()
+    ids = [manager.add_request(p, max_new_tokens=n) for p, n in reqs]
+    made = sum(len(manager.get_result(i, timeout=3600).generated_tokens) for i in ids)
+    return time.perf_counter() - t0, made
+  finally:
+    manager.stop()
+
+
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--clients", type=int, default=16)
@@ -146,6 +166,8 @@ def main() -> None:
   ap.add_argument("--vocab", type=int, default=8192)
   ap.add_argument("--slots", type=int, default=16)
   ap.add_argument("--no-transformers", action="store_true")
+  ap.add_argument("--transformers-cb", action="store_true",
+                  help="also transformers' continuous-batching manager (slow on a CPU)")
   args = ap.parse_args()
   reqs = requests_of(args)
   folder = tempfile.mkdtemp(prefix="serve_load_")
@@ -189,6 +211,10 @@ def main() -> None:
     seconds, asked = static_batches(theirs, reqs, args.clients)
     rows.append(("transformers generate, static batches", asked / seconds, None, None, None,
                  None))
+  if args.transformers_cb:
+    seconds, made = transformers_cb(hf, reqs)
+    rows.append(("transformers continuous batching (init_continuous_batching)", made / seconds,
+                 None, None, None, None))
   print(f"{len(reqs)} requests ({args.clients} clients x {args.requests}), prompts "
         f"{min(len(p) for p, _ in reqs)}-{max(len(p) for p, _ in reqs)} tokens, max_tokens "
         f"{min(n for _, n in reqs)}-{max(n for _, n in reqs)}; Qwen3-shaped {args.layers} layers, "

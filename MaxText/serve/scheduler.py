@@ -2,7 +2,7 @@
 decode slots (MaxText/decoding/slots.py).
 
 Between two decoding calls the thread takes waiting requests into free slots (prefilled together,
-their prompt-length bucket the longest's), then runs up to `chunk` steps of every busy slot. A
+one call per prompt-length bucket), then runs up to `chunk` steps of every busy slot. A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
@@ -178,26 +178,32 @@ class Scheduler:
 
   def _admit(self, new: list[tuple[int, Job]]) -> None:
     model = self.model
-    for _, job in new:
-      if job.echo_logprobs:
-        [got] = model.engine.score_top(model.params, [job.prompt_ids[:1]],
-                                       [job.prompt_ids[1:]], top=max(1, job.top))
+    echo = [j for _, j in new if j.echo_logprobs]
+    if echo:                          # the prompts' own log-probabilities, scored together
+      scored = model.engine.score_top(model.params, [j.prompt_ids[:1] for j in echo],
+                                      [j.prompt_ids[1:] for j in echo],
+                                      top=max(1, *(j.top for j in echo)))
+      for job, got in zip(echo, scored):
         job.sink(Delta(prompt_logprobs=got))
     if self.metrics is not None:
       self.metrics.prompt_tokens.inc(sum(len(j.prompt_ids) for _, j in new))
-    generating = [(s, j) for s, j in new if j.max_tokens > 0]
+    groups: dict[int, list[tuple[int, Job]]] = {}
     for s, j in new:
       if j.max_tokens == 0:
         j.sink(Delta(finish_reason="length"))
         self._release(s)
-    if not generating:
-      return
-    top = self.top_max if any(j.top for _, j in generating) else 0
+      else:   # one prefill per prompt-length bucket: a short prompt is not padded to a long one
+        groups.setdefault(self.slots.prompt_bucket(len(j.prompt_ids)), []).append((s, j))
+    for _, group in sorted(groups.items()):
+      self._prefill(group)
+
+  def _prefill(self, group: list[tuple[int, Job]]) -> None:
+    top = self.top_max if any(j.top for _, j in group) else 0
     first, first_lp, top_ids, top_lps = self.slots.prefill(
-        model.params, [j.prompt_ids for _, j in generating], [s for s, _ in generating],
-        [j.row for _, j in generating], [j.sampling() for _, j in generating], top)
+        self.model.params, [j.prompt_ids for _, j in group], [s for s, _ in group],
+        [j.row for _, j in group], [j.sampling() for _, j in group], top)
     now = time.perf_counter()
-    for b, (s, j) in enumerate(generating):
+    for b, (s, j) in enumerate(group):
       if self.metrics is not None:
         self.metrics.ttft.observe(now - j.submitted)
       self.streams[s] = self.text_stream(j.stop) if self.text_stream else None
