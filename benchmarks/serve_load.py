@@ -148,10 +148,21 @@ def transformers_cb(hf, reqs) -> tuple[float, int]:
   manager = hf.init_continuous_batching(generation_config=config)
   manager.start()
   try:
-    manager.get_result(manager.add_request(reqs[0][0], max_new_tokens=2), timeout=600)
+    def collect(n: int) -> int:
+      made = {}
+      while len(made) < n:
+        r = manager.get_result(timeout=3600)
+        if r is None:
+          raise RuntimeError("transformers' continuous-batching manager stopped")
+        if r.is_finished():
+          made[r.request_id] = len(r.generated_tokens)
+      return sum(made.values())
+    manager.add_request(reqs[0][0], max_new_tokens=2)
+    collect(1)
     t0 = time.perf_counter()
-    ids = [manager.add_request(p, max_new_tokens=n) for p, n in reqs]
-    made = sum(len(manager.get_result(i, timeout=3600).generated_tokens) for i in ids)
+    for p, n in reqs:
+      manager.add_request(p, max_new_tokens=n)
+    made = collect(len(reqs))
     return time.perf_counter() - t0, made
   finally:
     manager.stop()
@@ -212,9 +223,12 @@ def main() -> None:
     rows.append(("transformers generate, static batches", asked / seconds, None, None, None,
                  None))
   if args.transformers_cb:
-    seconds, made = transformers_cb(hf, reqs)
-    rows.append(("transformers continuous batching (init_continuous_batching)", made / seconds,
-                 None, None, None, None))
+    try:
+      seconds, made = transformers_cb(hf, reqs)
+      rows.append(("transformers continuous batching (init_continuous_batching)",
+                   made / seconds, None, None, None, None))
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+      print(f"transformers' continuous batching failed: {type(e).__name__}: {e}")
   print(f"{len(reqs)} requests ({args.clients} clients x {args.requests}), prompts "
         f"{min(len(p) for p, _ in reqs)}-{max(len(p) for p, _ in reqs)} tokens, max_tokens "
         f"{min(n for _, n in reqs)}-{max(n for _, n in reqs)}; Qwen3-shaped {args.layers} layers, "

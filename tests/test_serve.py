@@ -37,6 +37,7 @@ KEY = "test-key-7c1e"
 NAME = "tiny"
 SLOTS = 4
 ROOM = 128
+QUEUE = 20
 # the tiny template with the variables a request can set: tools and a chat_template_kwargs value
 TOOLS_TEMPLATE = ("{% if tools %}[tools: {% for t in tools %}{{ t['function']['name'] }} "
                   "{% endfor %}] {% endif %}{% if hint %}[hint: {{ hint }}] {% endif %}" + TEMPLATE)
@@ -105,7 +106,7 @@ class Server:
 @pytest.fixture(scope="module")
 def server(folder):
   s = Server([*config_args(folder), "port=0", f"serve_slots={SLOTS}", f"serve_model_name={NAME}",
-              "serve_chunk=4", "serve_max_tokens=512", "serve_max_body_bytes=100000",
+              "serve_chunk=4", "serve_max_tokens=2000", f"serve_queue={QUEUE}", "serve_max_body_bytes=100000",
               f"jax_cache_dir={CACHE_DIR}"])
   yield s
   if s.proc.poll() is None:
@@ -332,7 +333,8 @@ def malformed(url):
       ("/v1/completions", {**good, "model": "other"}, 404, "model"),
       ("/v1/chat/completions", {**chat, "model": "other"}, 404, "model"),
       ("/v1/completions", {**good, "max_tokens": ROOM}, 400, "max_tokens"),
-      ("/v1/completions", {**good, "max_tokens": 100, "n": 6}, 400, "max_tokens"),
+      ("/v1/completions", {**good, "max_tokens": 100, "n": 21}, 400, "max_tokens"),
+      ("/v1/completions", {**good, "max_tokens": 1, "n": QUEUE + 1}, 400, "n"),
       ("/v1/completions", {**good, "prompt": "x" * (ROOM + 5)}, 400, "prompt"),
       ("/v1/completions", {**good, "prompt": ""}, 400, "prompt"),
       ("/v1/completions", {**good, "prompt": []}, 400, "prompt"),
@@ -353,7 +355,6 @@ def malformed(url):
           {"type": "text", "text": 5}]}]}, 400, "messages[0].content[0].text"),
       ("/v1/completions", {**good, "prompt": "y" * 120000}, 413, None),
       ("/v1/nothing", good, 404, "path"),
-      ("/v1/embeddings", good, 404, "path"),
   ]
   return cases
 
@@ -375,6 +376,24 @@ def test_malformed_requests_get_their_4xx_and_the_server_keeps_serving(server, c
   r = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0)
   assert r.choices[0].text == g.text
   assert server.proc.poll() is None and "Traceback" not in server.log()
+
+
+def test_a_full_queue_answers_503_with_retry_after(client, ours):
+  """4 slots busy with 4 of a request's 20 choices, its other 16 waiting: a request of 5 more
+  does not fit the queue of 20 (503, Retry-After); the first is still answered whole."""
+  stream = client.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=100, n=QUEUE,
+                                     temperature=0, stream=True)
+  it = iter(stream)
+  first = next(it)                   # its first 4 choices hold the slots, 16 wait
+  with pytest.raises(openai.APIStatusError) as e:
+    client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=4, n=5, temperature=0)
+  assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
+  assert "serve_queue" in e.value.message
+  texts = [""] * QUEUE
+  for chunk in [first, *it]:
+    texts[chunk.choices[0].index] += chunk.choices[0].text
+  [g] = ours.generate([PROMPTS[2]], max_new_tokens=100, temperature=0.0)
+  assert texts == [g.text] * QUEUE
 
 
 def test_the_key_is_needed(server):

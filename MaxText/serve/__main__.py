@@ -101,10 +101,13 @@ def run(argv: Sequence[str]) -> int:
   served_log.addHandler(handler)
   served_log.setLevel(logging.INFO)
   served_log.propagate = False
+  import jax
   if first.jax_cache_dir:     # a restarted server finds its programs compiled
-    import jax
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(first.jax_cache_dir))
   model = load(config_argv)
+  if jax.process_count() > 1:
+    raise ConfigError(f"the server runs in one process ({jax.process_count()} here): its engine "
+                      f"thread would step alone; serve from one host (its devices: any mesh)")
   cfg = model.cfg
   room = cfg.max_cache_length or model.engine.mcfg.max_position_embeddings
   metrics = Metrics()

@@ -135,6 +135,9 @@ def build_app(served: Served) -> FastAPI:
     return jobs
 
   def submit(jobs: list[Job]) -> None:
+    if len(jobs) > scheduler.queue_size:
+      raise errors.ApiError(400, f"{len(jobs)} completions (n x prompts) never fit the queue of "
+                            f"{scheduler.queue_size} (serve_queue)", "n")
     try:
       scheduler.submit(jobs)
     except QueueFull as e:
