@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,6 +241,7 @@ def main() -> None:
     print(f"| {name} | {tps:.1f} | " + " | ".join(ms(x) for x in lat) + " |")
   print(f"4 clients: latency / solo latency per request: max {max(ratios):.2f}, median "
         f"{float(np.median(ratios)):.2f}")
+  shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
