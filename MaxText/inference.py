@@ -137,7 +137,9 @@ class InferenceModel:
       raise InferenceError(f"{what} needs a tokenizer: {self.tokenizer_source}")
     return self.tokenizer
 
-  def render_chat(self, messages: Sequence[dict]) -> list[int]:
+  def render_chat(self, messages: Sequence[dict], variables: dict | None = None) -> list[int]:
+    """The token ids of `messages` through the tokenizer's chat template; `variables`: more of the
+    template's variables (`tools`, a server's `chat_template_kwargs`)."""
     tok = self._need_tokenizer("chat")
     if not isinstance(tok, HFTokenizer):
       raise InferenceError(f"chat=true needs a Hugging Face tokenizer with a chat template; the "
@@ -147,7 +149,8 @@ class InferenceModel:
     names = processor.tokens if processor is not None else {}
     try:
       text = chat_template.render(chat_template.find_template(folder), messages,
-                                  {**names, **chat_template.special_tokens(folder)})
+                                  {**names, **chat_template.special_tokens(folder),
+                                   **(variables or {})})
     except DataError as e:
       raise InferenceError(str(e)) from None
     return tok.encode(text)
