@@ -170,6 +170,38 @@ def test_a_chat_encoding_equals_apply_chat_template_with_tools_and_thinking(setu
   assert t.encoding.ids == list(t.tokens) and t.encoding.spans[1].role == "user"
 
 
+def test_sft_renders_tools_and_thinking_as_apply_chat_template(setup):
+  """SFT records with `tools` and `chat_template_kwargs`: transformers' ids and assistant mask,
+  with the template's {% generation %} blocks and without them (prefix spans)."""
+  from MaxText.data import sft, tokenizers
+  folder, hf_tok, _, _ = setup
+  tok = tokenizers.HFTokenizer(os.path.join(folder, "tokenizer.json"))
+  tagged = sft.ChatFormat.for_tokenizer(os.path.join(folder, "tokenizer.json"))
+  untagged = TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+  plain = sft.ChatFormat(untagged, tagged.tokens)
+  conversation = MESSAGES[:3]
+  # (without tags, the spans need the generation prompt to be a prefix: enable_thinking=True)
+  for fmt, thinking in ((tagged, False), (plain, True)):
+    record = {"messages": conversation, "tools": TOOLS,
+              "chat_template_kwargs": {"enable_thinking": thinking}}
+    want = hf_tok.apply_chat_template(conversation, tools=TOOLS, enable_thinking=thinking,
+                                      tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+    ids, mask = sft.tokenize_chat(fmt, tok, sft.messages_of(record), sft.options_of(record))
+    assert ids.tolist() == list(want["input_ids"])
+    content = np.asarray(want["assistant_masks"], bool)
+    if fmt is tagged:
+      assert mask.tolist() == content.astype(int).tolist() and content.any()
+    else:   # the content and the template's end-of-turn token after it
+      extra = np.nonzero(mask.astype(bool) & ~content)[0]
+      assert (mask.astype(bool) >= content).all() and len(extra) == 1
+      assert hf_tok.convert_ids_to_tokens(int(ids[extra[0]])) == "<|end|>"
+  plain_ids, _ = sft.tokenize_chat(tagged, tok, conversation)
+  assert plain_ids.tolist() != list(want["input_ids"])          # the options matter
+  with pytest.raises(sft.DataError, match="tools"):
+    sft.options_of({"messages": conversation, "tools": "get_weather"})
+
+
 # ---- log-probabilities, sampling, threads --------------------------------------------------------
 def test_top_k_logprobs_equal_torch_log_softmax(setup):
   _, hf_tok, model, m = setup
