@@ -379,3 +379,36 @@ def test_final_norm_params_rebuild_the_lens_and_equal_transformers(family):
   assert p["softcap"] == (getattr(config, "final_logit_softcapping", None) or 0.0)
   assert p["zero_centered"] == (family == "qwen3_next")
   assert (p["softcap"] > 0) == (family == "gemma4")
+
+
+# ---- contrastive decoding ------------------------------------------------------------------------
+def numpy_contrastive_greedy(model, prompt, contrast, alpha, n) -> list[int]:
+  """The oracle: transformers' logits of both streams, fused in NumPy, argmax, token by token."""
+  out = []
+  for _ in range(n):
+    with torch.no_grad():
+      pos = model(torch.tensor([prompt + out]), use_cache=False).logits[0, -1].numpy()
+      neg = model(torch.tensor([contrast + out]), use_cache=False).logits[0, -1].numpy()
+    fused = (1 + alpha) * pos.astype(np.float64) - alpha * neg.astype(np.float64)
+    out.append(int(np.argmax(fused)))
+  return out
+
+
+def test_contrastive_greedy_equals_a_numpy_fusion_of_the_two_streams(setup):
+  _, hf_tok, model, m = setup
+  pairs = [("Answer: the sea is", "Ignore this: the sea is"), ("on a mat the", "the"),
+           ("is the cat on", "is the sea on a")]
+  prompts = [hf_tok(p)["input_ids"] for p, _ in pairs]
+  contrasts = [hf_tok(c)["input_ids"] for _, c in pairs]
+  got = m.contrastive_generate(prompts, contrasts, alpha=1.5, max_new_tokens=8)
+  plain = m.generate(prompts, max_new_tokens=8, temperature=0.0)
+  for p, c, g in zip(prompts, contrasts, got):
+    assert g.output_ids == numpy_contrastive_greedy(model, p, c, 1.5, 8)
+    assert len(g.output_ids) == 8 and g.finish_reason == "length"
+  assert [g.output_ids for g in got] != [g.output_ids for g in plain]   # the contrast matters
+  zero = m.contrastive_generate(prompts, contrasts, alpha=0.0, max_new_tokens=8)
+  assert [g.output_ids for g in zero] == [g.output_ids for g in plain]   # alpha 0: the prompt
+  for a, b in zip(zero, plain):
+    np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=TOL)
+  with pytest.raises(ValueError, match="alpha"):
+    m.contrastive_generate(prompts, contrasts, alpha=-1.0, max_new_tokens=2)

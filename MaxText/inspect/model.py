@@ -36,8 +36,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from MaxText.data.multimodal import prompts as media_prompts
 from MaxText.data.tokenizers import HFTokenizer
-from MaxText.decoding.engine import batch_media, bucket
-from MaxText.inference import InferenceModel, Prepared
+from MaxText.decoding.engine import DecodeError, batch_media, bucket
+from MaxText.inference import InferenceError, InferenceModel, Prepared
 from MaxText.inspect import capabilities as caps
 from MaxText.inspect import encoding as enc_lib
 from MaxText.inspect import scoring
@@ -82,6 +82,7 @@ class Inspector:
     self._traces = 0                            # forward programs traced (so compiled)
     self._jitted = self._lens_pieces()
     self.last_seed: int | None = None           # the seed of the last `generate`
+    self._contrastive = None                    # decoding/contrastive.py, built on first use
 
   @property
   def _interventions(self) -> dict[str, Callable]:
@@ -141,6 +142,35 @@ class Inspector:
     if top_k < 0:
       raise ValueError(f"top_k={top_k} must be >= 0")
     return scoring.step_logprobs(self.inference, prepared.ids, ids, top_k, prepared.media)
+
+  @locked
+  def contrastive_generate(self, prompts: Sequence, contrasts: Sequence, *, alpha: float = 1.0,
+                           max_new_tokens: int | None = None, temperature: float = 0.0,
+                           seed: int | None = None, images=None, audio=None,
+                           contrast_images=None, contrast_audio=None):
+    """Contrastive decoding (MaxText/decoding/contrastive.py): each prompt beside its contrast
+    (instruction-contrastive: the prompt with a perturbed instruction; visual-contrastive: the
+    same prompt with `contrast_images`, a distorted image), the next token from (1 + alpha) *
+    logits(prompt) - alpha * logits(contrast); `Generation`s as `generate` gives them."""
+    from MaxText.decoding.contrastive import ContrastiveDecoder
+    from MaxText.decoding.sampling import Sampling
+    from MaxText.inference import Generation
+    inf = self.inference
+    if getattr(self, "_contrastive", None) is None:
+      self._contrastive = ContrastiveDecoder(inf.engine)
+    pos = inf.prepare(prompts, images=images, audio=audio)
+    neg = inf.prepare(contrasts, images=contrast_images, audio=contrast_audio)
+    self.last_seed = scoring.fresh_seed() if seed is None else int(seed)
+    sampling = Sampling(temperature=temperature, seed=self.last_seed)
+    try:
+      done = self._contrastive.generate(
+          self.params, pos.ids, neg.ids, alpha=alpha, sampling=sampling,
+          max_new_tokens=inf.cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
+          eos_ids=inf.eos_ids, media=pos.media, contrast_media=neg.media)
+    except DecodeError as e:
+      raise InferenceError(str(e)) from None
+    return [Generation(c.prompt_ids, c.output_ids, c.output_logprobs, c.finish_reason,
+                       inf.text(c.output_ids)) for c in done]
 
   def _text_ids(self, text: str) -> list[int]:
     """A completion's text as ids (no bos: it continues the prompt)."""
