@@ -412,3 +412,33 @@ def test_contrastive_greedy_equals_a_numpy_fusion_of_the_two_streams(setup):
     np.testing.assert_allclose(a.output_logprobs, b.output_logprobs, atol=TOL)
   with pytest.raises(ValueError, match="alpha"):
     m.contrastive_generate(prompts, contrasts, alpha=-1.0, max_new_tokens=2)
+
+
+# ---- LoRA repair -------------------------------------------------------------------------------
+def test_lora_repair_in_process_and_its_peft_export(setup, tmp_path):
+  """lora_finetune lowers the pool's loss, leaves m as it was, and m2's PEFT export on
+  transformers + peft gives m2's logits."""
+  peft = pytest.importorskip("peft")
+  folder, hf_tok, _, m = setup
+  pool = [("the sea is", " blue"), ("the cat is", " on the mat"), ("is the sky", " blue"),
+          ("on a", " mat")]
+  ids = hf_tok("the cat is on a mat")["input_ids"]
+  before = m.forward(ids, capture=["logits"]).logits
+  base_nll = -sum(lp.sum() for lp in m.logprobs([p for p, _ in pool], [t for _, t in pool]))
+  m2 = m.lora_finetune(pool, rank=4, steps=25, learning_rate=1e-2)
+  nll = -sum(lp.sum() for lp in m2.logprobs([p for p, _ in pool], [t for _, t in pool]))
+  assert nll < 0.5 * base_nll, (base_nll, nll)
+  assert m2.lora_losses[-1] < m2.lora_losses[0]
+  np.testing.assert_array_equal(m.forward(ids, capture=["logits"]).logits, before)   # m unchanged
+  assert m.inference.cfg.lora_rank == 0 and m2.inference.cfg.lora_rank == 4
+  modules = m2.save_peft(str(tmp_path / "peft"))
+  assert modules and os.path.isfile(tmp_path / "peft" / "adapter_config.json")
+  base = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+  hf2 = peft.PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
+  with torch.no_grad():
+    want = hf2(torch.tensor([ids]), use_cache=False).logits[0].numpy()
+  got = m2.forward(ids, capture=["logits"]).logits
+  assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
+  assert np.abs(got - before).max() > 1e-2                        # the adapters changed them
+  print(f"LoRA repair: pool NLL {base_nll:.2f} -> {nll:.2f}; |ours - peft| = "
+        f"{np.abs(got - want).max():.1e}")
