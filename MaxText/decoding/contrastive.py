@@ -136,7 +136,9 @@ class ContrastiveDecoder:
     active[:n] = True
     counts = np.zeros(B, np.int32)
     while True:
-      tok_B, lp_B = fetch(tok_B), fetch(lp_B)
+      # host arrays handed to a call may be aliased by it (CPU device_put is zero-copy) while it
+      # runs asynchronously: each step works on fresh arrays, never on ones already sent
+      tok_B, lp_B, active = fetch(tok_B), fetch(lp_B), active.copy()
       for b in np.nonzero(active)[0]:
         c = results[b]
         c.output_ids.append(int(tok_B[b]))
@@ -147,8 +149,8 @@ class ContrastiveDecoder:
           active[b] = False
       if not active.any():
         return results
-      counts += active
+      counts = counts + active
       cache, tok_B, lp_B = self._step(
           params, cache, *eng._host(tok_B.astype(np.int32), positions, active, rows_B, counts,
                                     alpha32, values), static=static)
-      positions += np.concatenate([active, active])
+      positions = positions + np.concatenate([active, active])

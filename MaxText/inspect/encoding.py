@@ -20,6 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from MaxText.data.multimodal import prompts as media_prompts
+from MaxText.data.tokenizers import HFTokenizer
+from MaxText.inference import InferenceModel, Prepared
 from MaxText.inspect.trace import TOKEN_TYPES
 
 
@@ -118,3 +121,49 @@ def message_spans(messages: Sequence[dict], text: str,
     if len(hit):
       spans.append(Span(str(m.get("role")), i, int(hit[0]), int(hit[-1]) + 1))
   return spans
+
+
+def encode(inf: InferenceModel, prompt, *, images=None, audio=None, chat: bool | None = None,
+           tools=None, template_kwargs=None, tensors=None) -> tuple[Encoding, Prepared]:
+  """(the Encoding of one prompt, the Prepared the model runs: ids, media tensors)."""
+  if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+    prompt = {"messages": list(prompt)}
+  if isinstance(prompt, dict) and "messages" in prompt and (tools or template_kwargs):
+    prompt = {**prompt, "tools": tools, "chat_template_kwargs": template_kwargs}
+  prepared = inf.prepare([prompt], images=images, audio=audio, chat=chat, **(tensors or {}))
+  ids = prepared.ids[0]
+  chat = inf.cfg.chat if chat is None else chat
+  messages = None
+  if isinstance(prompt, dict) and "messages" in prompt:
+    messages = prompt["messages"]
+    text = inf.chat_text(messages, *inf.chat_options(prompt))
+  elif isinstance(prompt, dict) and "prompt" in prompt or isinstance(prompt, str):
+    text = prompt if isinstance(prompt, str) else prompt["prompt"]
+    if chat:
+      messages = media_prompts.user_message(
+          text, media_prompts.per_prompt(images, 1, "images")[0],
+          media_prompts.per_prompt(audio, 1, "audio")[0])
+      text = inf.chat_text(messages)
+  else:
+    text = inf.text(ids) or ""
+  tok = inf.tokenizer
+  from_text = not (isinstance(prompt, (list, tuple, np.ndarray)) or
+                   isinstance(prompt, dict) and "prompt_ids" in prompt)
+  offsets: list = [None] * len(ids)
+  if isinstance(tok, HFTokenizer) and text and from_text:
+    encoded = tok.impl.encode(text, add_special_tokens=False)
+    offsets = align(encoded.ids, encoded.offsets, ids)
+  tokens = [text[o[0]:o[1]] if o is not None else token_text(tok, t)
+            for o, t in zip(offsets, ids)]
+  types = np.asarray(prepared.mm_token_type_ids[0] if prepared.mm_token_type_ids
+                     else np.zeros(len(ids)), np.int32)
+  spans = message_spans(messages, text, offsets) if messages else []
+  grids = [tuple(g) for g in prepared.image_grids[0]] if prepared.image_grids else []
+  return Encoding(list(ids), text, offsets, tokens, types, grids, spans), prepared
+
+
+def token_text(tok, t: int) -> str:
+  """A token's own text (special tokens by name), `<id>` without a tokenizer."""
+  if isinstance(tok, HFTokenizer):
+    return tok.impl.decode([int(t)], skip_special_tokens=False)
+  return tok.decode([int(t)]) if tok is not None else f"<{int(t)}>"

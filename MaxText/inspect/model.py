@@ -34,7 +34,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from MaxText.data.multimodal import prompts as media_prompts
 from MaxText.data.tokenizers import HFTokenizer
 from MaxText.decoding.engine import DecodeError, batch_media, bucket
 from MaxText.inference import InferenceError, InferenceModel, Prepared
@@ -233,41 +232,8 @@ class Inspector:
 
   def _encode(self, prompt, images, audio, chat, tools, template_kwargs, tensors
               ) -> tuple[enc_lib.Encoding, Prepared]:
-    inf = self.inference
-    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
-      prompt = {"messages": list(prompt)}
-    if isinstance(prompt, dict) and "messages" in prompt and (tools or template_kwargs):
-      prompt = {**prompt, "tools": tools, "chat_template_kwargs": template_kwargs}
-    prepared = inf.prepare([prompt], images=images, audio=audio, chat=chat, **tensors)
-    ids = prepared.ids[0]
-    chat = inf.cfg.chat if chat is None else chat
-    messages = None
-    if isinstance(prompt, dict) and "messages" in prompt:
-      messages = prompt["messages"]
-      text = inf.chat_text(messages, *inf.chat_options(prompt))
-    elif isinstance(prompt, dict) and "prompt" in prompt or isinstance(prompt, str):
-      text = prompt if isinstance(prompt, str) else prompt["prompt"]
-      if chat:
-        messages = media_prompts.user_message(
-            text, media_prompts.per_prompt(images, 1, "images")[0],
-            media_prompts.per_prompt(audio, 1, "audio")[0])
-        text = inf.chat_text(messages)
-    else:
-      text = inf.text(ids) or ""
-    tok = inf.tokenizer
-    from_text = not (isinstance(prompt, (list, tuple, np.ndarray)) or
-                     isinstance(prompt, dict) and "prompt_ids" in prompt)
-    offsets: list = [None] * len(ids)
-    if isinstance(tok, HFTokenizer) and text and from_text:
-      encoded = tok.impl.encode(text, add_special_tokens=False)
-      offsets = enc_lib.align(encoded.ids, encoded.offsets, ids)
-    tokens = [text[o[0]:o[1]] if o is not None else _token_text(tok, t)
-              for o, t in zip(offsets, ids)]
-    types = np.asarray(prepared.mm_token_type_ids[0] if prepared.mm_token_type_ids
-                       else np.zeros(len(ids)), np.int32)
-    spans = enc_lib.message_spans(messages, text, offsets) if messages else []
-    grids = [tuple(g) for g in prepared.image_grids[0]] if prepared.image_grids else []
-    return enc_lib.Encoding(list(ids), text, offsets, tokens, types, grids, spans), prepared
+    return enc_lib.encode(self.inference, prompt, images=images, audio=audio, chat=chat,
+                          tools=tools, template_kwargs=template_kwargs, tensors=tensors)
 
   def token_text(self, ids: Iterable[int]) -> list[str]:
     """Each id's own text (for labels); `<id>` without a tokenizer or for an empty text."""
@@ -581,13 +547,6 @@ class Inspector:
     value, g = program(delta, self.params, *placed, unbatched=not batched)
     g = np.asarray(g)
     return float(value), (g if batched else g[0])
-
-
-def _token_text(tok, t: int) -> str:
-  """A token's own text (special tokens by name), `<id>` without a tokenizer."""
-  if isinstance(tok, HFTokenizer):
-    return tok.impl.decode([int(t)], skip_special_tokens=False)
-  return tok.decode([int(t)]) if tok is not None else f"<{int(t)}>"
 
 
 def _unpadded(name: str, x: np.ndarray, B: int, S: int) -> np.ndarray:
