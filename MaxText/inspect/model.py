@@ -82,7 +82,6 @@ class Inspector:
     self._jitted = self._lens_pieces()
     self.last_seed: int | None = None           # the seed of the last `generate`
     self._contrastive = None                    # decoding/contrastive.py, built on first use
-    self.lora_losses: list[float] = []          # lora_finetune's pool loss per step
 
   @property
   def _interventions(self) -> dict[str, Callable]:
@@ -172,36 +171,23 @@ class Inspector:
     return [Generation(c.prompt_ids, c.output_ids, c.output_logprobs, c.finish_reason,
                        inf.text(c.output_ids)) for c in done]
 
-  @locked
-  def lora_finetune(self, pool: Sequence, *, rank: int = 8, alpha: float | None = None,
-                    steps: int = 50, learning_rate: float = 1e-3, targets: str = "",
-                    seed: int = 0) -> "Inspector":
-    """A copy of this model with LoRA adapters (`rank`, `alpha`: default 2 x rank, `targets`:
-    the lora_targets regex) trained for `steps` on `pool`, a list of (prompt, target) pairs
-    (prompt: text, ids or a prompt object; target: text or ids), in this process with the
-    trainer's step (lora_repair.py). This model is unchanged; the new one's `lora_losses` are the
-    pool's loss before each step."""
-    from MaxText.inspect import lora_repair
-    pairs = []
-    for i, pair in enumerate(pool):
-      if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-        raise ValueError(f"pool item {i} is not a (prompt, target) pair: {pair!r:.100}")
-      prompt, target = pair
-      pairs.append((self.inference.encode(prompt),
-                    self._text_ids(target) if isinstance(target, str) else
-                    self.inference.encode(target)))
-    model, losses = lora_repair.finetune(
-        self.inference, pairs, rank=rank, alpha=2.0 * rank if alpha is None else alpha,
-        steps=steps, learning_rate=learning_rate, targets=targets, seed=seed)
-    repaired = Inspector(model, self.attention)
-    repaired.lora_losses = losses
-    return repaired
-
   def save_peft(self, folder: str) -> list[str]:
-    """This model's adapters (from `lora_finetune`) as a PEFT folder for transformers + peft."""
-    from MaxText.inspect import lora_repair
+    """This model's LoRA adapters (MaxText/repair/: `lora_finetune`) as a PEFT folder
+    (adapter_config.json, adapter_model.safetensors) for transformers + peft; returns the adapted
+    modules' names."""
+    from MaxText.checkpoint_conversion.peft_adapters import export_peft
+    from MaxText.models.registry import get_hf_map
+    cfg = self.inference.cfg
+    if not cfg.lora_rank:
+      raise ValueError("save_peft: this model has no adapters (repair.lora_finetune makes one)")
+    if not cfg.hf_model_type:
+      raise ValueError("save_peft: the model has no hf_model_type (a Hugging Face architecture "
+                       "to name its modules by)")
     with self._lock:
-      return lora_repair.save_peft(self.inference, folder)
+      host: Any = jax.device_get(self.params)
+    base = dataclasses.replace(self.inference.engine.mcfg, lora_rank=0)
+    return export_peft(folder, host, get_hf_map(cfg.hf_model_type), base, rank=cfg.lora_rank,
+                       alpha=cfg.lora_alpha, base_model=cfg.hf_path or cfg.load_parameters_path)
 
   def _text_ids(self, text: str) -> list[int]:
     """A completion's text as ids (no bos: it continues the prompt)."""

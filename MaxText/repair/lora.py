@@ -1,9 +1,8 @@
 """LoRA repair in-process: adapters trained on a pool of (prompt, target) pairs with the trainer's
 own machinery (the model with `lora_rank` adapters, train/state.py's init on the loaded base,
 train/optimizer.py's AdamW, train/step.py's step with the adapters alone trained), no subprocess
-and no files; the result is a new inspection model with the adapters in its parameters, the
-original untouched. `save_peft` writes the adapters as a PEFT folder
-(checkpoint_conversion/peft_adapters.py) for transformers + peft.
+and no files; the result is a new model with the adapters in its parameters, the original
+untouched (its `save_peft` writes them as a PEFT folder).
 
 The pool is one batch: each pair is a row (prompt ids, then the target's ids), padded to a power
 of two of rows and of length; the loss is the cross-entropy of the target tokens only (the
@@ -13,7 +12,7 @@ warmup), weight decay off: a repair is a few dozen steps on a handful of example
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -85,20 +84,3 @@ def finetune(inference: InferenceModel, pairs: Sequence[tuple[list[int], list[in
   model = InferenceModel(cfg2, engine2, state["params"], inference.tokenizer,
                          inference.tokenizer_source, inference.eos_ids)
   return model, losses
-
-
-def save_peft(inference: InferenceModel, folder: str) -> list[str]:
-  """The adapters of a LoRA model as a PEFT folder (adapter_config.json and
-  adapter_model.safetensors); returns the adapted modules' names."""
-  from MaxText.checkpoint_conversion.peft_adapters import export_peft
-  from MaxText.models.registry import get_hf_map
-  cfg = inference.cfg
-  if not cfg.lora_rank:
-    raise ValueError("save_peft: this model has no adapters (lora_finetune makes one)")
-  if not cfg.hf_model_type:
-    raise ValueError("save_peft: the model has no hf_model_type (a Hugging Face architecture to "
-                     "name its modules by)")
-  host: Any = jax.device_get(inference.params)
-  base = dataclasses.replace(inference.engine.mcfg, lora_rank=0)
-  return export_peft(folder, host, get_hf_map(cfg.hf_model_type), base, rank=cfg.lora_rank,
-                     alpha=cfg.lora_alpha, base_model=cfg.hf_path or cfg.load_parameters_path)
