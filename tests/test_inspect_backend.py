@@ -443,3 +443,51 @@ def test_lora_repair_in_process_and_its_peft_export(setup, tmp_path):
   assert np.abs(got - before).max() > 1e-2                        # the adapters changed them
   print(f"LoRA repair: pool NLL {base_nll:.2f} -> {nll:.2f}; |ours - peft| = "
         f"{np.abs(got - want).max():.1e}")
+
+
+def test_visual_contrastive_greedy_equals_a_numpy_fusion(tmp_path):
+  """Visual-contrastive decoding on a tiny Gemma 4 with its vision tower: the same chat message
+  with an image and with another (the contrast); each greedy token is the argmax of transformers'
+  two teacher-forced logit streams (the processor's tensors) fused in NumPy."""
+  import test_multimodal_inputs as mm
+  from test_gemma4_vision import BOI, EOI, IMAGE as IMAGE_ID, hf_model
+  model = hf_model()
+  special = {376: mm.TOKENS["boa_token"], 377: mm.TOKENS["eoa_token"], BOI: mm.TOKENS["boi_token"],
+             EOI: mm.TOKENS["eoi_token"], IMAGE_ID: mm.TOKENS["image_token"], 381: "<|video|>",
+             382: mm.TOKENS["audio_token"]}
+  rest = [w for w in mm.WORDS if w not in special.values()]
+  words = [special.get(i) or (rest[i] if i < len(rest) else f"w{i}")
+           for i in range(model.config.text_config.vocab_size)]
+  hf_dir = tmp_path / "hf"
+  model.save_pretrained(hf_dir)
+  oracle = mm.build_processor_folder(hf_dir, words=tuple(words), image=dict(
+      patch_size=2, max_soft_tokens=70, pooling_kernel_size=2))
+  images = mm.write_images(tmp_path)
+  chat = lambda image: [{"role": "user", "content": [{"type": "image", "image": image},
+                                                     {"type": "text", "text": "what is this"}]}]
+  m = mi.load(hf_path=str(hf_dir), devices=jax.devices()[:1])
+  alpha, n = 1.0, 6
+  [g] = m.contrastive_generate([{"messages": chat(images[0])}], [{"messages": chat(images[1])}],
+                               alpha=alpha, max_new_tokens=n, eos_ids=[])
+  streams = [oracle.apply_chat_template(chat(im), add_generation_prompt=True, tokenize=True,
+                                        return_dict=True, return_tensors="pt")
+             for im in images[:2]]
+  assert g.prompt_ids == streams[0]["input_ids"][0].tolist()
+  want: list[int] = []
+  for _ in range(n):
+    logits = []
+    for inputs in streams:
+      inputs = dict(inputs)
+      extra = torch.tensor([want], dtype=inputs["input_ids"].dtype)
+      for k in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"):
+        if k in inputs:
+          fill = extra if k == "input_ids" else (torch.ones_like(extra) if k == "attention_mask"
+                                                 else torch.zeros_like(extra))
+          inputs[k] = torch.cat([inputs[k], fill], dim=1)
+      with torch.no_grad():
+        logits.append(model(**inputs, use_cache=False).logits[0, -1].double().numpy())
+    want.append(int(np.argmax((1 + alpha) * logits[0] - alpha * logits[1])))
+  assert g.output_ids == want
+  [plain] = m.generate([{"messages": chat(images[0])}], max_new_tokens=n, eos_ids=[-1],
+                       temperature=0.0)
+  assert plain.output_ids != want                                   # the contrast matters

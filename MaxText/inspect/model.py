@@ -145,8 +145,8 @@ class Inspector:
   @locked
   def contrastive_generate(self, prompts: Sequence, contrasts: Sequence, *, alpha: float = 1.0,
                            max_new_tokens: int | None = None, temperature: float = 0.0,
-                           seed: int | None = None, images=None, audio=None,
-                           contrast_images=None, contrast_audio=None):
+                           seed: int | None = None, eos_ids: Sequence[int] | None = None,
+                           images=None, audio=None, contrast_images=None, contrast_audio=None):
     """Contrastive decoding (MaxText/decoding/contrastive.py): each prompt beside its contrast
     (instruction-contrastive: the prompt with a perturbed instruction; visual-contrastive: the
     same prompt with `contrast_images`, a distorted image), the next token from (1 + alpha) *
@@ -165,7 +165,8 @@ class Inspector:
       done = self._contrastive.generate(
           self.params, pos.ids, neg.ids, alpha=alpha, sampling=sampling,
           max_new_tokens=inf.cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
-          eos_ids=inf.eos_ids, media=pos.media, contrast_media=neg.media)
+          eos_ids=inf.eos_ids if eos_ids is None else list(eos_ids), media=pos.media,
+          contrast_media=neg.media)
     except DecodeError as e:
       raise InferenceError(str(e)) from None
     return [Generation(c.prompt_ids, c.output_ids, c.output_logprobs, c.finish_reason,
