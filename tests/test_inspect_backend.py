@@ -15,7 +15,6 @@ and `{% generation %}`:
   - forward(to="torch") is bit-exact in bf16, and torch is not imported otherwise;
   - final_norm_params rebuild the lens (every family of test_inspect) and equal transformers'.
 """
-import dataclasses
 import json
 import os
 import subprocess
@@ -112,18 +111,20 @@ def test_capabilities_from_the_config_alone_equal_the_loaded_models(setup):
 
 
 def test_an_attention_capture_the_setting_cannot_give_fails_before_any_work(setup):
+  """A model configured with the flash kernel, inspected with its own op (attention="model"):
+  no attention probabilities, declared before loading; asking for them fails before anything is
+  traced. The reference setting (the default) gives them whatever the model trained with."""
   folder, _, _, m = setup
-  # a model configured with the flash kernel, inspected with its own op ("model")
-  flash_cfg = dataclasses.replace(m.inference.engine.mcfg, attention="flash")
-  caps = mi.capabilities_of(flash_cfg, attention="model")
+  flash = ["attention=flash"]
+  caps = mi.capabilities(hf_path=folder, overrides=flash, attention="model")
   assert not caps.attentions and caps.attention_op == "flash" and caps.hidden_states
-  assert mi.capabilities_of(flash_cfg).attentions          # the reference op gives them
-  flash = mi.Inspector(m.inference, attention="model")
-  flash.__dict__["capabilities"] = caps      # (what `capabilities` computes for that config)
+  assert mi.capabilities(hf_path=folder, overrides=flash).attentions
+  f = mi.load(hf_path=folder, overrides=flash, attention="model", devices=jax.devices()[:1])
+  assert f.capabilities == caps
   for capture in (["attentions"], ["attn_pattern.1"], ["attn_scores.*", "logits"]):
-    with pytest.raises(ValueError, match="reference"):
-      flash.forward([1, 5, 9], capture=capture)
-  assert flash.compiled_programs() == m.inference.engine.compiled_programs()   # nothing traced
+    with pytest.raises(ValueError, match="attention='flash'"):
+      f.forward([1, 5, 9], capture=capture)
+  assert f.compiled_programs() == 0                               # nothing was traced
   with pytest.raises(ValueError, match="attention="):
     mi.load(hf_path=folder, attention="fast")
 
