@@ -129,6 +129,20 @@ def test_an_attention_capture_the_setting_cannot_give_fails_before_any_work(setu
     mi.load(hf_path=folder, attention="fast")
 
 
+@pytest.mark.parametrize("model_name,takes,want", [
+    ("qwen3-tiny", ("image", "audio"), {"images": False, "audio": False}),
+    ("qwen3-next-tiny", (), {"images": False, "audio": False}),
+    ("gemma4-tiny", ("image",), {"images": False, "audio": False}),     # no tower: no images
+    ("gemma4-mm-tiny", ("image",), {"images": True, "audio": False}),   # its processor: images
+    ("gemma4-mm-tiny", (), {"images": False, "audio": False})])         # no processor: none
+def test_capabilities_per_family(model_name, takes, want):
+  from MaxText.models.model_config import ModelConfig
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model_name}"]))
+  caps = mi.capabilities_of(mcfg, chat=True, processor_takes=takes)
+  assert {k: getattr(caps, k) for k in want} == want
+  assert caps.generate and caps.logprobs and caps.attentions and caps.gradients
+
+
 # ---- encodings ---------------------------------------------------------------------------------
 def test_a_text_encoding_equals_the_tokenizers(setup):
   _, hf_tok, _, m = setup
@@ -474,6 +488,13 @@ def test_visual_contrastive_greedy_equals_a_numpy_fusion(tmp_path):
                                         return_dict=True, return_tensors="pt")
              for im in images[:2]]
   assert g.prompt_ids == streams[0]["input_ids"][0].tolist()
+  # the Encoding of the image prompt: the processor's ids and token types, the image's grid
+  e = m.encode(chat(images[0]))
+  assert e.ids == g.prompt_ids
+  assert e.token_types.tolist() == streams[0]["mm_token_type_ids"][0].tolist()
+  assert e.select(kind="image").sum() == (streams[0]["mm_token_type_ids"][0] == 1).sum() > 0
+  assert len(e.image_grids) == 1 and e.spans[0].role == "user"
+  assert e.tokens[e.spans[0].start:e.spans[0].end][-3:] == ["what", "is", "this"]   # word-level
   want: list[int] = []
   for _ in range(n):
     logits = []

@@ -8,7 +8,8 @@
   token_types  per token 0 text, 1 image, 2 video, 3 audio (`type_names()`: their names)
   image_grids  each image's patch grid (rows, columns) before pooling, in order
   spans        the chat's turns: Span(role, message index, first token, end token) covering the
-               message's content as the template wrote it (role headers excluded)
+               message's text as the template wrote it (role headers excluded; of a message with
+               parts, from its first text part to its last; its images are `select(kind=...)`)
 
 `select(role=...)` / `select(kind=...)` give a boolean mask over positions ("the assistant's
 tokens", "the image tokens"). A Trace of an encoded prompt carries its Encoding.
