@@ -198,7 +198,7 @@ def test_chat_completions_render_the_template_with_tools_and_kwargs(client, ours
   messages = [{"role": "user", "content": "Hello"}]
   tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
   plain = ours.render_chat(messages)
-  ids = ours.render_chat(messages, {"tools": tools, "hint": "be brief"})
+  ids = ours.render_chat(messages, tools, {"hint": "be brief"})
   assert len(ids) > len(plain)
   for prompt, extra in ((plain, {}), (ids, {"tools": tools,
                                             "extra_body": {"chat_template_kwargs":

@@ -3,7 +3,10 @@ assistant's tokens.
 
 A record is one jsonl line holding OpenAI-style `messages` ([{"role": "system" | "user" |
 "assistant" | "tool", "content": str}, ...], multi-turn), or `prompt` and `completion` (strings:
-one user and one assistant message; or lists of messages). The tokenizer's own chat template (or
+one user and one assistant message; or lists of messages); optionally `tools` (JSON schemas of
+the functions the model may call) and `chat_template_kwargs` (the template's own variables, e.g.
+enable_thinking), handed to the template as transformers' `apply_chat_template(tools=,
+**kwargs)` hands them. The tokenizer's own chat template (or
 `chat_template_path`) renders it as transformers' `apply_chat_template` does
 (data/chat_template.py), and the text is tokenized once, without added special tokens (the
 template writes them; `add_bos` / `add_eos` do not apply).
@@ -77,10 +80,13 @@ class ChatFormat:
     return cls(template, chat_template.special_tokens(folder))
 
   def render(self, messages: list[dict], add_generation_prompt: bool = False,
-             marks: tuple[str, str] = ("", "")) -> str:
+             marks: tuple[str, str] = ("", ""), options: dict | None = None) -> str:
+    """`options`: the record's {"tools", "chat_template_kwargs"} (`options_of`)."""
+    options = options or {}
     return chat_template.render(self.template, messages, self.tokens,
                                 add_generation_prompt=add_generation_prompt,
-                                generation_marks=marks)
+                                generation_marks=marks, tools=options.get("tools"),
+                                template_kwargs=options.get("chat_template_kwargs"))
 
   def _end_of_turn(self) -> str:
     """What the template writes right after an assistant message's content (trailing white space
@@ -90,19 +96,20 @@ class ChatFormat:
     at = text.find(_PROBE[1])
     return text[at + 1:].rstrip() if at >= 0 else ""
 
-  def render_with_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+  def render_with_spans(self, messages: list[dict], options: dict | None = None
+                        ) -> tuple[str, list[tuple[int, int]]]:
     """(the conversation's text, [(start, end)] character spans of the assistant's text)."""
     for m in messages:
       if any(c in str(m.get("content", "")) for c in (*_MARKS, *_PROBE)):
         raise DataError("a message holds a private-use character U+E000..U+E003")
     if self.tagged:
-      return _cut_marks(self.render(messages, marks=_MARKS))
-    text = self.render(messages)
+      return _cut_marks(self.render(messages, marks=_MARKS, options=options))
+    text = self.render(messages, options=options)
     spans, pos = [], 0
     for i, m in enumerate(messages):
       if m["role"] != "assistant":
         continue
-      prefix = self.render(messages[:i], add_generation_prompt=True)
+      prefix = self.render(messages[:i], add_generation_prompt=True, options=options)
       if not text.startswith(prefix):
         raise DataError(f"the chat template's rendering of the {i} messages before assistant "
                         f"message {i} is not a prefix of the conversation's; give the template "
@@ -166,6 +173,18 @@ def messages_of(record: Any) -> list[dict]:
   return messages
 
 
+def options_of(record: dict) -> dict:
+  """The record's template options: {"tools": [...], "chat_template_kwargs": {...}} as given
+  (DataError when they are not a list of objects / an object)."""
+  tools, kwargs = record.get("tools"), record.get("chat_template_kwargs")
+  if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict)
+                                                                for t in tools)):
+    raise DataError("`tools` must be a list of JSON-schema objects")
+  if kwargs is not None and not isinstance(kwargs, dict):
+    raise DataError("`chat_template_kwargs` must be an object")
+  return {"tools": tools, "chat_template_kwargs": kwargs}
+
+
 def assistant_token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]],
                          length: int) -> np.ndarray:
   """Per token: 1 when any of its characters [a, b) lies in a span."""
@@ -178,9 +197,10 @@ def assistant_token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, 
   return ((cum[b] - cum[a]) > 0).astype(np.int32)
 
 
-def tokenize_chat(fmt: ChatFormat, tokenizer, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-  """(token ids, assistant mask) of a conversation, int32."""
-  text, spans = fmt.render_with_spans(messages)
+def tokenize_chat(fmt: ChatFormat, tokenizer, messages: list[dict], options: dict | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """(token ids, assistant mask) of a conversation, int32 (`options`: `options_of`)."""
+  text, spans = fmt.render_with_spans(messages, options)
   enc = tokenizer.impl.encode(text, add_special_tokens=False)
   return (np.asarray(enc.ids, np.int32),
           assistant_token_mask(enc.offsets, spans, len(text)))
@@ -208,7 +228,8 @@ class ChatToPairs:
       return doc
     record, where = doc
     try:
-      ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages_of(record))
+      ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages_of(record),
+                                options_of(record))
     except DataError as e:
       return BadRecord(where=where, why=str(e))
     if ids.shape[0] < 2:

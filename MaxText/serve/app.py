@@ -261,7 +261,8 @@ def build_app(served: Served) -> FastAPI:
     req.check_penalties()
     messages = req.template_messages()
     try:
-      ids = model.render_chat(messages, req.template_variables())
+      variables = req.template_variables()
+      ids = model.render_chat(messages, variables.pop("tools", None), variables)
     except InferenceError as e:
       raise errors.ApiError(400, f"messages: {e}", "messages") from None
     max_tokens = req.new_tokens() or served.room - len(ids)
