@@ -227,6 +227,14 @@ class Config:
   sft_overlong: str = key("truncate", "sft: a conversation longer than max_target_length is "
                           "truncated | dropped (either is counted)",
                           choices=("truncate", "drop"), data=True, tools=("train",))
+  max_num_images_per_example: int = key(
+      0, "sft: images a conversation may hold (its user turns' image parts), each row's image "
+      "slots; 0 = conversations are text", min=0, data=True, tools=("train",))
+  max_num_audio_per_example: int = key(
+      0, "sft: audio clips a conversation may hold, each row's clip slots; 0 = no audio", min=0,
+      data=True, tools=("train",))
+  max_audio_seconds: float = key(30.0, "sft: the longest clip (seconds; the feature frames of a "
+                                 "clip slot)", gt=0, data=True, tools=("train",))
   chat_template_path: str = key("", 'sft: a jinja chat template file; "" = the tokenizer\'s own '
                                 "(chat_template.jinja / tokenizer_config.json)", data=True,
                                 tools=("train",))

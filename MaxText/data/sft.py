@@ -39,11 +39,14 @@ from typing import Any
 import grain
 import numpy as np
 
-from MaxText.data import bad_records, chat_template, file_readers, sources
+from MaxText.data import bad_records, chat_template, file_readers, media_rows, sources
 from MaxText.data.bad_records import BadRecord
+from MaxText.data.batch import MEDIA_KEYS
 from MaxText.data.errors import DataError
+from MaxText.data.multimodal.processor import media_of_messages
 
 ROLES = ("system", "user", "assistant", "tool")
+PART_TYPES = ("text", "image", "audio")   # content parts of a user / system message (media_rows.py)
 _MARKS = ("\ue000", "\ue001")            # around {% generation %} bodies while rendering
 _PROBE = ("\ue002", "\ue003")            # contents of the end-of-turn probe conversation
 
@@ -166,8 +169,16 @@ def messages_of(record: Any) -> list[dict]:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
       role = m.get("role") if isinstance(m, dict) else m
       raise DataError(f"message {i} has role {role!r}; the roles are {', '.join(ROLES)}")
-    if not isinstance(m.get("content", ""), (str, type(None))):
-      raise DataError(f"message {i}'s content is not a string")
+    content = m.get("content", "")
+    if isinstance(content, list) and m["role"] != "assistant":
+      kinds = [p.get("type") if isinstance(p, dict) else None for p in content]
+      if not all(k in PART_TYPES for k in kinds):
+        raise DataError(f"message {i}'s content parts have types {kinds}; the types are "
+                        f"{', '.join(PART_TYPES)}")
+    elif not isinstance(content, (str, type(None))):
+      raise DataError(f"message {i}'s content is not a string" + (
+          "" if m["role"] != "assistant" or not isinstance(content, list) else
+          " (content parts: user and system messages only)"))
   if not any(m["role"] == "assistant" for m in messages):
     raise DataError("the conversation has no assistant message")
   return messages
@@ -219,30 +230,39 @@ class ChatToPairs:
   "truncated"}` pairs, a BadRecord or an Overlong. Picklable (runs in Grain's threads/workers)."""
 
   def __init__(self, fmt: ChatFormat, tokenizer, seq_len: int, completion_only: bool,
-               overlong: str):
+               overlong: str, processor=None, slots: media_rows.MediaSlots | None = None):
     self.fmt, self.tokenizer, self.seq_len = fmt, tokenizer, seq_len
     self.completion_only, self.overlong = completion_only, overlong
+    self.processor, self.slots = processor, slots   # media rows (media_rows.py), or None
 
   def __call__(self, doc: Any):
     if isinstance(doc, BadRecord):
       return doc
     record, where = doc
+    media = None
     try:
-      ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages_of(record),
-                                options_of(record))
+      messages = messages_of(record)
+      ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages, options_of(record))
+      if self.slots is not None:
+        ids, mask, media = media_rows.expand(self.processor, self.slots, messages, ids, mask,
+                                             where)
+      elif any(media_of_messages(messages)):
+        raise DataError("the conversation holds image / audio parts: set "
+                        "max_num_images_per_example / max_num_audio_per_example")
     except DataError as e:
       return BadRecord(where=where, why=str(e))
     if ids.shape[0] < 2:
       return Overlong(where, "fewer than 2 tokens")
     loss = mask[1:] if self.completion_only else np.ones(ids.shape[0] - 1, np.int32)
     truncated = ids.shape[0] - 1 > self.seq_len
-    if truncated and self.overlong == "drop":
-      return Overlong(where, f"{ids.shape[0] - 1} pairs > max_target_length={self.seq_len}")
+    if truncated and (self.overlong == "drop" or media is not None):
+      return Overlong(where, f"{ids.shape[0] - 1} pairs > max_target_length={self.seq_len}" + (
+          " (a row with media is never cut)" if media is not None else ""))
     inputs, targets, loss = ids[:-1][:self.seq_len], ids[1:][:self.seq_len], loss[:self.seq_len]
     if not loss.any():
       return Overlong(where, "no assistant token within max_target_length")
     return {"inputs": inputs, "targets": targets, "loss_mask": loss.astype(np.int32),
-            "truncated": np.int32(truncated)}
+            "truncated": np.int32(truncated), **(media or {})}
 
 
 class _CountIterator(grain.DatasetIterator):
@@ -302,7 +322,8 @@ class _Rows:
       pos = np.pad(np.arange(n, dtype=np.int32), (0, pad))
       inputs, targets, loss = (np.pad(row[k], (0, pad)) for k in ("inputs", "targets", "loss_mask"))
     padding = seg == 0
-    return {"inputs": np.where(padding, self.pad_id, inputs).astype(np.int32),
+    media = {k: row[k] for k in row if k in MEDIA_KEYS}
+    return {**media, "inputs": np.where(padding, self.pad_id, inputs).astype(np.int32),
             "targets": np.where(padding, self.pad_id, targets).astype(np.int32),
             "inputs_segmentation": seg.astype(np.int32),
             "inputs_position": np.where(padding, 0, pos).astype(np.int32),

@@ -18,10 +18,10 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
-from MaxText.data.batch import BATCH_KEYS
+from MaxText.data.batch import BATCH_KEYS, row_specs
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.pipeline import make_shard_iterator
+from MaxText.data.pipeline import make_shard_iterator, media_slots, validate_data_config
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import stack
 from MaxText.metrics.peaks import device_peak_tflops
@@ -40,7 +40,7 @@ from MaxText.runtime.preemption import PreemptionWatch
 from MaxText.runtime.run_dir import RunLock, run_dir_of
 from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
-from MaxText.sharding.rules import batch_sharding, parse_rules, sharding_report
+from MaxText.sharding.rules import batch_sharding, parse_rules, rows_like, sharding_report
 from MaxText.storage import paths
 from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
@@ -110,6 +110,11 @@ class Trainer:
     self.global_batch = cfg.global_batch_size(n)
     self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
                                          cfg.max_target_length)
+    # every key of a row (the token arrays; SFT with images / audio: their slots) and its sharding
+    self.row_specs = row_specs(cfg.max_target_length, self._media_specs())
+    self.batch_shardings = {k: self.batch_sharding if k in BATCH_KEYS else
+                            rows_like(self.batch_sharding, len(shape) + 1)
+                            for k, (shape, _) in self.row_specs.items()}
     # the rows of each global batch this process feeds (its devices' part of the batch sharding)
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
@@ -117,6 +122,22 @@ class Trainer:
     # set by run(): the holder of a stale run lock this run took over (a run that died)
     self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
+
+  def _media_specs(self) -> dict:
+    """The SFT rows' media slots (data/media_rows.py) for a model whose towers take them;
+    ConfigError naming the key for media the model has no tower for."""
+    dcfg = self.data_config
+    if not dcfg.sft or not (dcfg.max_num_images_per_example or dcfg.max_num_audio_per_example):
+      return {}
+    takes = self.family.media(self.mcfg)
+    for key, modality in (("max_num_images_per_example", "image"),
+                          ("max_num_audio_per_example", "audio")):
+      if getattr(dcfg, key) and modality not in takes:
+        raise ConfigError(f"{key}={getattr(dcfg, key)}: model {self.cfg.model_name} has no "
+                          f"{'vision' if modality == 'image' else 'audio'} tower")
+    tokenizer = self.tokenizer or validate_data_config(dcfg)
+    slots = media_slots(dcfg, tokenizer)
+    return slots.specs() if slots is not None else {}
 
   def trained_params(self) -> Any:
     """The abstract parameters that get gradients and optimizer state (LoRA: the adapters)."""
@@ -129,10 +150,10 @@ class Trainer:
                               aux_terms=self.aux_terms,
                               loss_chunk_length=self.cfg.loss_chunk_length,
                               adapters_only=self.adapters_only)
-    jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
-    shape = (self.global_batch, self.cfg.max_target_length)
-    abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
-                      for k in BATCH_KEYS}
+    jitted = jit_train_step(step_fn, self.shardings, self.batch_shardings, self.mesh)
+    abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
+                                              sharding=self.batch_shardings[k])
+                      for k, (shape, dtype) in self.row_specs.items()}
     return jitted.lower(self.abstract, abstract_batch).compile()
 
   def micro_batches(self) -> int:
@@ -156,9 +177,9 @@ class Trainer:
                            self.trained_params())
 
   def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    shape = (self.global_batch, self.cfg.max_target_length)
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, host_batch[k], shape)
-            for k in BATCH_KEYS}
+    return {k: jax.make_array_from_process_local_data(self.batch_shardings[k], host_batch[k],
+                                                      (self.global_batch, *shape))
+            for k, (shape, _) in self.row_specs.items()}
 
   # ---- the run (its loop over steps: train/step_loop.py) -----------------------------------------
   def _log_processes(self) -> None:
