@@ -59,7 +59,8 @@ FAMILIES: dict[str, tuple[list[str], list[str]]] = {
     # 12 layers: two runs of MaxText's fixed pattern (5 sliding, 1 full), the last 6 KV-shared
     "gemma4": (["model_name=gemma4-tiny", "num_decoder_layers=12", "attention_pattern=sssssf",
                 "num_kv_shared_layers=6", "attention_k_eq_v=false", "global_num_kv_heads=0"],
-               ["decoder_block=gemma4_small", "base_num_decoder_layers=12", "head_dim=16",
+               ["decoder_block=gemma4_small", "scan_layers=false",   # it refuses a scan
+                "base_num_decoder_layers=12", "head_dim=16",
                 "global_head_dim=32", "base_mlp_dim=128", 'mlp_activations=["gelu","linear"]',
                 "logits_via_embedding=true", "use_post_attn_norm=true", "use_post_ffw_norm=true",
                 "sliding_window_size=16", "v_norm_with_scale=false",
