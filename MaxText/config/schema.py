@@ -351,10 +351,12 @@ class Config:
 
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
-      "", "a Hugging Face folder: decode / evaluate / inspect / lm_eval convert it in memory "
+      "", "a Hugging Face folder (local or gs://): train / grpo read it straight onto the mesh, "
+      "each process its own slices; decode / evaluate / inspect / lm_eval convert it in memory "
       "(instead of load_parameters_path); to_maxtext converts it; logit_check compares with it",
       section="decoding (python -m MaxText.decode; MaxText.inference)",
-      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", "lm_eval", *CONVERT))
+      section_tools=DECODERS,
+      tools=(*DECODERS, *TRAINERS, "evaluate", "logit_check", "lm_eval", *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
                     tools=(*DECODERS, "train"))
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
