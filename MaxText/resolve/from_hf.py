@@ -3,7 +3,8 @@
 - The architecture comes from DIR/config.json (the family's `config_from_hf`, and what its map
   reads from the tensor names in the safetensors headers); an architecture key the user set to
   another value is refused naming both, as with load_parameters_path (exit 2); so is a config the
-  family cannot hold (`check_model`), before anything compiles.
+  family cannot hold (`check_model`, in the run's config checks: config_checks.py), before
+  anything compiles. Nothing here touches a device (a multi-process run joins after it).
 - The tokenizer and chat template come along: without `tokenizer_path`, the folder's tokenizer
   files are the run's (a folder on an object store: copied to a local temporary folder first, the
   tokenizer libraries read local files) and its checkpoints carry them.
@@ -22,7 +23,7 @@ from typing import Sequence
 from MaxText.config.load import ConfigError, explicit_keys, replace
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import check_model, get_hf_map, make_model_def
+from MaxText.models.registry import get_hf_map, make_model_def
 from MaxText.resolve import hf_sharded
 from MaxText.storage import paths
 
@@ -72,8 +73,6 @@ def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:
       raise ConfigError(f"{key}={getattr(cfg, key)!r} disagrees with hf_path's config.json "
                         f"({key}={values[key]!r})")
   cfg = replace(cfg, hf_path=folder, **values)
-  for key, problem in check_model(ModelConfig.from_config(cfg), cfg.hf_model_type):
-    raise ConfigError(f"{key}: {problem} (hf_path={folder})")
   if not cfg.tokenizer_path:
     cfg = replace(cfg, tokenizer_path=_local_tokenizer(folder))
   return cfg
