@@ -146,3 +146,36 @@ def test_two_processes_read_half_each_and_train_like_the_converted_checkpoint(hf
   ours, theirs = read_metrics(tmp_path / "mp"), read_metrics(tmp_path / "conv")
   assert [r["loss"] for r in ours] == [r["loss"] for r in theirs]
   assert [r["batch_checksum"] for r in ours] == [r["batch_checksum"] for r in theirs]
+
+
+def test_hf_path_on_the_object_store(hf_dir, tmp_path, capsys):
+  """hf_path=gs://… on the emulator (tests/gcs_emulator.py): the headers and each slice are
+  ranged reads through gcsfs; the parameters are the local folder's bits, the tokenizer comes
+  along, and a run's first loss is the local folder's."""
+  from gcs_emulator import GcsEmulator
+  from MaxText.storage import paths
+  (tmp_path / "gcs").mkdir()
+  with GcsEmulator(str(tmp_path / "gcs")) as emulator:
+    emulator.create_bucket("models")
+    url = "gs://models/qwen3"
+    for name in os.listdir(hf_dir):
+      paths.copy_file(str(hf_dir / name), f"{url}/{name}")
+    cfg, ref = to_maxtext.load_hf(str(hf_dir), [])
+    cfg = replace(cfg, ici_fsdp_parallelism=8)
+    mcfg = ModelConfig.from_config(cfg)
+    md = make_model_def(mcfg)
+    sh = tree_shardings(md.logical_axes, md.abstract_params, create_mesh(cfg, jax.devices()),
+                        parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
+    abstract = jax.tree.map(lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h),
+                            md.abstract_params, sh)
+    got, stats = hf_sharded.load_sharded(url, get_hf_map("qwen3"), mcfg, abstract)
+    _bitwise_equal(got, ref)
+    assert stats.bytes == sum(a.nbytes for a in jax.tree.leaves(ref))
+    steps = ("steps=1", "enable_checkpointing=false")
+    code, _ = run(run_args(tmp_path, "gs", *FSDP8, *steps, f"hf_path={url}"))
+    out = capsys.readouterr().out
+    assert code == 0 and "tokenizer: huggingface " in out and "hf-tokenizer-" in out, out
+    code, _ = run(run_args(tmp_path, "local", *FSDP8, *steps, f"hf_path={hf_dir}"))
+    assert code == 0
+  assert [r["loss"] for r in read_metrics(tmp_path / "gs")] == \
+      [r["loss"] for r in read_metrics(tmp_path / "local")]
