@@ -17,7 +17,11 @@ A LoRA model (`lora_rank > 0`) is streamed merged, W + alpha/r A B, block by blo
 
 Memory: the name map indexes each parameter where it lives before anything is copied, so a
 scanned stack [L, ...] gives one layer's block (gathered from its shards), never the stack; the
-caller holds one tensor at a time (the generator keeps no reference to what it yielded). On the
+caller holds one tensor at a time (the generator keeps no reference to what it yielded). In a
+multi-process run every process calls `stream` (the same parameters, in the same order): a block
+that other processes hold parts of is gathered by one collective, replicated on the mesh, and each
+process receives the whole tensor (process 0 hands it to the engine, or each process to its own);
+no host holds more than that one block. On the
 host (`tensors="numpy"`, the CPU default) each tensor is a NumPy array; `tensors="torch"` gives
 torch tensors: on a GPU/TPU platform the block and its layout change stay on the devices, are put
 on one device and handed over with DLPack (no host copy), on CPU `torch.from_numpy`.
@@ -29,6 +33,7 @@ prints one `name shape dtype` line per tensor, then their count and bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 from typing import Any, Iterator
@@ -36,6 +41,7 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
@@ -54,6 +60,19 @@ def _take(x: jax.Array, ints: jax.Array) -> jax.Array:
   return x[tuple(ints)]
 
 
+@functools.lru_cache(maxsize=None)
+def _take_replicated(sharding: Any) -> Any:
+  """`_take` whose result every process holds whole (`sharding`: replicated over the mesh)."""
+  return jax.jit(lambda x, ints: x[tuple(ints)], out_shardings=sharding)
+
+
+def _gather(x: jax.Array, ints: tuple) -> jax.Array:
+  """x[ints] replicated on x's mesh: a block of an array other processes hold parts of, made
+  whole on every process by one collective (each process calls this in the same order)."""
+  rep = NamedSharding(x.sharding.mesh, PartitionSpec())   # type: ignore[attr-defined]
+  return _take_replicated(rep)(x, np.asarray(ints, np.int32)).addressable_data(0)
+
+
 class _Param:
   """One parameter as the name map reads it (`shape`, `ndim`, `dtype`, `[index]`): a block is
   indexed where the array lives, then brought to the host (NumPy) unless `on_device`; an adapted
@@ -66,7 +85,9 @@ class _Param:
 
   def _block(self, x: Any, ints: tuple) -> Any:
     """x[ints] (leading integer indices: a layer, an expert) where x lives, then here."""
-    if ints and isinstance(x, jax.Array):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      x = _gather(x, ints)
+    elif ints and isinstance(x, jax.Array):
       x = _take(x, np.asarray(ints, np.int32))     # one compiled program per shape, not per index
     elif ints:
       x = x[ints]
@@ -85,7 +106,7 @@ class _Param:
 
   def __array__(self, dtype=None, copy=None):      # the whole parameter (the name map's checks)
     del copy
-    out = np.asarray(self._w)
+    out = np.asarray(self._block(self._w, ()))
     return out if dtype is None else out.astype(dtype)
 
 
