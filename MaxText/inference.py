@@ -383,7 +383,7 @@ def place_hf(hf_params: Any, mcfg: ModelConfig, model_def: Any, shardings: Any) 
   return jax.device_put(hf_params, shardings)
 
 
-def _sharded_hf_config(folder: str, overrides: list[str]) -> tuple[Config, ShardedHF] | None:
+def sharded_hf_config(folder: str, overrides: list[str]) -> tuple[Config, ShardedHF] | None:
   """(the config, the folder to read) without reading any tensor, when the folder's family has
   a NameMap (else None: converted in memory)."""
   hf_config = read_config(folder)
@@ -409,7 +409,7 @@ def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, Any]:
   if cfg.hf_path:
     try:
       folder = os.path.expanduser(cfg.hf_path)
-      sharded = _sharded_hf_config(folder, list(argv[1:]))
+      sharded = sharded_hf_config(folder, list(argv[1:]))
       converted, params = sharded if sharded is not None else load_hf(folder, list(argv[1:]))
       if cfg.tokenizer_type != "auto" or cfg.tokenizer_path:   # the user's choice stands
         converted = replace(converted, tokenizer_type=cfg.tokenizer_type)

@@ -15,7 +15,7 @@ jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"],
 
 from MaxText import refit  # noqa: E402
 from MaxText.config.load import replace  # noqa: E402
-from MaxText.inference import ShardedHF, _sharded_hf_config  # noqa: E402
+from MaxText.inference import ShardedHF, sharded_hf_config  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.registry import make_model_def  # noqa: E402
 from MaxText.sharding.mesh import create_mesh  # noqa: E402
@@ -23,7 +23,7 @@ from MaxText.sharding.rules import parse_rules, tree_shardings  # noqa: E402
 
 
 def main(hf_dir: str, out: str, layout: str) -> None:
-  found = _sharded_hf_config(hf_dir, [])
+  found = sharded_hf_config(hf_dir, [])
   assert found is not None
   cfg, source = found
   assert isinstance(source, ShardedHF)

@@ -11,7 +11,8 @@ without any host holding the model:
   parameters, and how (transposed / reshaped, `name_map.to_ours`). Each parameter is made by
   `jax.make_array_from_callback`: for each slice one of this process's devices holds, the HF box
   that slice comes from is read by ranged reads (one contiguous byte range per row of the box,
-  touching rows merged; devices holding the same slice share one read), laid out as ours, and cast to the parameter's dtype as the in-memory
+  touching rows merged; devices holding the same slice share one read; on an object store the
+  ranges go out concurrently through fsspec's `cat_ranges`), laid out as ours, and cast to the parameter's dtype as the in-memory
   converter casts (NumPy assignment), so both give the same bits.
 - The host holds, beyond its devices' shards, one slice of one tensor at a time.
 - Before anything is read, `check_folder` compares the headers with the plan: a tensor the model
@@ -46,6 +47,7 @@ DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dt
           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
           "BOOL": np.bool_, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
+FETCH_BATCH = 1024   # ranged GETs in flight at once on an object store
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")   # never read
 MERGE_GAP = 0   # rows of a box this close are read as one range (0: only touching rows)
 
@@ -168,22 +170,34 @@ class SafetensorsFolder:
         groups[-1].append(r)
       else:
         groups.append([r])
+    spans = [(info.start + g[0][0], info.start + sum(g[-1])) for g in groups]
     pos = 0
-    with paths.open_file(info.file, "rb", **({"cache_type": "none"}
-                                             if paths.is_url(info.file) else {})) as f:
-      for group in groups:
-        first, end = group[0][0], sum(group[-1])
-        f.seek(info.start + first)
-        buf = f.read(end - first)
-        if len(buf) != end - first:
-          raise HFFolderError(f"{info.file}: short read (the file is truncated)")
-        self.stats.reads += 1
-        self.stats.bytes += end - first
-        view = np.frombuffer(buf, np.uint8)
-        for off, n in group:
-          out[pos:pos + n] = view[off - first:off - first + n]
-          pos += n
+    for group, buf in zip(groups, self._fetch(info.file, spans)):
+      first, end = group[0][0], sum(group[-1])
+      if len(buf) != end - first:
+        raise HFFolderError(f"{info.file}: short read (the file is truncated)")
+      self.stats.reads += 1
+      self.stats.bytes += end - first
+      view = np.frombuffer(buf, np.uint8)
+      for off, n in group:
+        out[pos:pos + n] = view[off - first:off - first + n]
+        pos += n
     return out
+
+  @staticmethod
+  def _fetch(path: str, spans: list[tuple[int, int]]) -> Iterable[bytes]:
+    """The bytes of each [start, end) of `path`: local seeks, or on an object store fsspec's
+    `cat_ranges` (the ranged GETs issued concurrently, a batch at a time)."""
+    if not paths.is_url(path):
+      with open(path, "rb") as f:
+        for start, end in spans:
+          f.seek(start)
+          yield f.read(end - start)
+      return
+    fs, p = paths.filesystem(path)
+    for i in range(0, len(spans), FETCH_BATCH):
+      batch = spans[i:i + FETCH_BATCH]
+      yield from fs.cat_ranges([p] * len(batch), [a for a, _ in batch], [b for _, b in batch])
 
 
 def sharded_map(hf_map: ModuleType) -> NameMap | None:
