@@ -281,7 +281,8 @@ def _fill(st: SafetensorsFolder, e: Entry, want: tuple[slice, ...], dtype) -> np
   return out
 
 
-def _axes_box(sub: list[tuple[int, int]], dims: tuple[int, ...]) -> tuple[slice, slice]:
+def _axes_box(sub: list[tuple[int, int]], dims: tuple[int, ...]
+              ) -> tuple[slice, tuple[slice, ...]]:
   """(the flat range of a group of axes `dims` the sub-box `sub` lies in — whole rows after the
   group's first axis — and the sub-box's slices within that range once reshaped)."""
   rest = math.prod(dims[1:])
