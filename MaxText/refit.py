@@ -15,13 +15,11 @@ The names and layouts are the family's own Hugging Face map (`FAMILY.hf_maps`, t
 A LoRA model (`lora_rank > 0`) is streamed merged, W + alpha/r A B, block by block
 (`lora.merge_kernel`: the same numbers as the merged export).
 
-Memory: the name map indexes each parameter where it lives before anything is copied, so a
+Several processes (a multi-host run, a group of Ray workers): every process streams the same
+tensors in the same order, each block gathered from all of them. Memory: the name map indexes each
+parameter where it lives before anything is copied, so a
 scanned stack [L, ...] gives one layer's block (gathered from its shards), never the stack; the
-caller holds one tensor at a time (the generator keeps no reference to what it yielded). In a
-multi-process run every process calls `stream` (the same parameters, in the same order): a block
-that other processes hold parts of is gathered by one collective, replicated on the mesh, and each
-process receives the whole tensor (process 0 hands it to the engine, or each process to its own);
-no host holds more than that one block. On the
+caller holds one tensor at a time (the generator keeps no reference to what it yielded). On the
 host (`tensors="numpy"`, the CPU default) each tensor is a NumPy array; `tensors="torch"` gives
 torch tensors: on a GPU/TPU platform the block and its layout change stay on the devices, are put
 on one device and handed over with DLPack (no host copy), on CPU `torch.from_numpy`.
@@ -33,7 +31,6 @@ prints one `name shape dtype` line per tensor, then their count and bytes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import sys
 from typing import Any, Iterator
@@ -41,7 +38,6 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 from flax import traverse_util
-from jax.sharding import NamedSharding, PartitionSpec
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
@@ -60,19 +56,6 @@ def _take(x: jax.Array, ints: jax.Array) -> jax.Array:
   return x[tuple(ints)]
 
 
-@functools.lru_cache(maxsize=None)
-def _take_replicated(sharding: Any) -> Any:
-  """`_take` whose result every process holds whole (`sharding`: replicated over the mesh)."""
-  return jax.jit(lambda x, ints: x[tuple(ints)], out_shardings=sharding)
-
-
-def _gather(x: jax.Array, ints: tuple) -> jax.Array:
-  """x[ints] replicated on x's mesh: a block of an array other processes hold parts of, made
-  whole on every process by one collective (each process calls this in the same order)."""
-  rep = NamedSharding(x.sharding.mesh, PartitionSpec())   # type: ignore[attr-defined]
-  return _take_replicated(rep)(x, np.asarray(ints, np.int32)).addressable_data(0)
-
-
 class _Param:
   """One parameter as the name map reads it (`shape`, `ndim`, `dtype`, `[index]`): a block is
   indexed where the array lives, then brought to the host (NumPy) unless `on_device`; an adapted
@@ -85,13 +68,11 @@ class _Param:
 
   def _block(self, x: Any, ints: tuple) -> Any:
     """x[ints] (leading integer indices: a layer, an expert) where x lives, then here."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      x = _gather(x, ints)
-    elif ints and isinstance(x, jax.Array):
+    if ints and isinstance(x, jax.Array):
       x = _take(x, np.asarray(ints, np.int32))     # one compiled program per shape, not per index
     elif ints:
       x = x[ints]
-    return x if self._on_device else np.asarray(x)
+    return x if self._on_device else _host(x)
 
   def __getitem__(self, index: Any) -> Any:
     index = index if isinstance(index, tuple) else (index,)
@@ -106,8 +87,17 @@ class _Param:
 
   def __array__(self, dtype=None, copy=None):      # the whole parameter (the name map's checks)
     del copy
-    out = np.asarray(self._block(self._w, ()))
+    out = _host(self._w)
     return out if dtype is None else out.astype(dtype)
+
+
+def _host(x: Any) -> np.ndarray:
+  """`x` whole on this host; a global array of several processes is gathered (a collective: every
+  process streams the same tensors in the same order)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
 
 
 def _views(params: Any, scale: float, on_device: bool) -> dict:
