@@ -27,7 +27,7 @@ LAYERS = [
     ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
      "refit", "inspect", "quantize", "lmeval"),                                          # entry
-    ("rl",),                                  # GRPO: drives the decoding API and the trainer
+    ("rl", "dpo"),                            # GRPO, DPO: drive the decoding API and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 # the tools: none of them imports the trainer's package, not even through another module

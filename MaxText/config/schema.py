@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
-from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, TRAINERS
+from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TRAINERS
 
 
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
@@ -226,9 +226,9 @@ class Config:
   sft_overlong: str = key("truncate", "sft: a conversation longer than max_target_length is "
                           "truncated | dropped (either is counted)",
                           choices=("truncate", "drop"), data=True, tools=("train",))
-  chat_template_path: str = key("", 'sft: a jinja chat template file; "" = the tokenizer\'s own '
-                                "(chat_template.jinja / tokenizer_config.json)", data=True,
-                                tools=("train",))
+  chat_template_path: str = key("", 'sft, dpo: a jinja chat template file; "" = the tokenizer\'s '
+                                "own (chat_template.jinja / tokenizer_config.json)", data=True,
+                                tools=("train", "dpo"))
   eval_split_fraction: float = key(
       0.0, "hold out this share of the documents for evaluation; training never reads them",
       min=0, max=0.5, data=True)
@@ -332,7 +332,7 @@ class Config:
   # ---- evaluation and samples ------------------------------------------------------------------
   eval_period: int = key(0, "every N steps (and after the last) log eval_loss on held-out data; "
                          "0 = off", min=0, section="evaluation and samples during training",
-                         section_tools=("train",))
+                         section_tools=("train",), tools=("train", "dpo"))
   eval_steps: int = key(10, "batches per evaluation (fewer when the held-out data ends first)",
                         min=1, tools=("train", "evaluate"))
   eval_dataset_path: str = key(
@@ -370,19 +370,19 @@ class Config:
   chat: bool = key(False, "render prompts (and jsonl messages) with the tokenizer's own chat "
                    "template (tokenizer_config.json / chat_template.jinja)")
   max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1,
-                            tools=(*DECODERS, *TRAINERS))
+                            tools=(*DECODERS, *SAMPLERS))
   temperature: float = key(0.0, "0 = greedy; else sample from softmax(logits / temperature)",
                            min=0, tools=("decode", "grpo"))
   top_k: int = key(0, "sample among the k most likely tokens only; 0 = off", min=0,
                    tools=("decode", "grpo"))
   top_p: float = key(1.0, "sample from the smallest set holding probability >= p; 1 = off",
-                     gt=0, max=1, tools=(*DECODERS, *TRAINERS))
+                     gt=0, max=1, tools=(*DECODERS, *SAMPLERS))
   min_p: float = key(0.0, "drop tokens less likely than min_p x the most likely; 0 = off", min=0,
-                     max=1, tools=(*DECODERS, *TRAINERS))
+                     max=1, tools=(*DECODERS, *SAMPLERS))
   stop: list[str] = key([], "stop once the completion text contains one of these strings",
-                        tools=(*DECODERS, *TRAINERS))
+                        tools=(*DECODERS, *SAMPLERS))
   eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos",
-                           tools=(*DECODERS, *TRAINERS, "lm_eval"))
+                           tools=(*DECODERS, *SAMPLERS, "lm_eval"))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
                            "output_logprobs, text) to this file", tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
@@ -392,7 +392,7 @@ class Config:
                               min=0, tools=(*DECODERS, "lm_eval"))
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
-                         tools=(*DECODERS, *TRAINERS, "lm_eval"))
+                         tools=(*DECODERS, *SAMPLERS, "lm_eval"))
 
   # ---- reinforcement learning (GRPO) -----------------------------------------------------------
   prompts: str = key(
@@ -429,6 +429,23 @@ class Config:
                           "(eval_reward_greedy)")
   eval_reward_period: int = key(0, "GRPO: evaluate eval_prompts every N steps (0 = only before the "
                                 "first step and after the last)", min=0)
+
+  # ---- preference optimization (DPO) -----------------------------------------------------------
+  preferences: str = key(
+      "", "DPO: .jsonl preference pairs, one object a line: prompt, chosen, rejected (text, or chat "
+      "messages rendered with the tokenizer's chat template)",
+      section="preference optimization (python -m MaxText.dpo)", section_tools=("dpo",))
+  eval_preferences: str = key("", "DPO: held-out .jsonl pairs; their rewards/* and logps/* "
+                              "(eval/...) before the first step, every eval_period steps and after "
+                              "the last")
+  dpo_loss: str = key("sigmoid", "sigmoid | ipo | hinge | robust (against the reference: the "
+                      "loaded parameters; with LoRA the base) | orpo | simpo (reference-free)",
+                      choices=("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo"))
+  beta: float = key(0.1, "DPO: the reward scale beta (ipo: the regularisation tau; orpo: the "
+                    "odds-ratio weight lambda)", gt=0)
+  label_smoothing: float = key(0.0, "DPO: the probability a label is flipped (robust, simpo; must "
+                               "be < 0.5)", min=0, max=0.5)
+  simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma", min=0)
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",
