@@ -60,6 +60,26 @@ def make_sums_fn(model_def: ModelDef, mesh: Mesh, rules: Rules, chunk: int, shar
   return lambda params, batch: jitted(params, {s: batch[s] for s in SIDES})
 
 
+def batch_loss(model_def: ModelDef, params, batch: dict, *, chunk: int, loss_kwargs: dict,
+               pairs, nll_tokens) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(this batch's share of the loss, its metric sums) with `params`: the per-pair losses summed
+  over the batch's pairs / `pairs` (the step's pairs), plus with orpo the chosen rows' summed
+  cross-entropy / `nll_tokens` (the step's chosen tokens) — so micro-batches add up to the step's
+  loss exactly."""
+  lc, lr = side_logps(model_def, params, batch, chunk)
+  c, r = batch["chosen"], batch["rejected"]
+  total, metrics = pair_sums((lc * c["mask"]).sum(-1), (lr * r["mask"]).sum(-1),
+                             c["mask"].sum(-1), r["mask"].sum(-1), batch["ref"]["chosen"],
+                             batch["ref"]["rejected"], jnp.ones_like(c["mask"][:, 0]),
+                             **loss_kwargs)
+  loss = total / pairs
+  if loss_kwargs["loss"] == "orpo":
+    nll = -(lc * c["real"]).sum() / nll_tokens
+    loss = loss + nll
+    metrics["nll_loss"] = jax.lax.stop_gradient(nll) * pairs   # the step divides by pairs
+  return loss, metrics
+
+
 def make_dpo_step(model_def: ModelDef, tx, *, mesh: Mesh, rules: Rules,
                   lr_schedule: optax.Schedule, chunk: int, adapters_only: bool, grad_accum: int,
                   loss_kwargs: dict) -> Callable:
@@ -67,21 +87,10 @@ def make_dpo_step(model_def: ModelDef, tx, *, mesh: Mesh, rules: Rules,
   pairs of preference.METRICS, nll_loss with orpo). Non-finite updates are never applied."""
   split, join = (lora.split, lora.join) if adapters_only else ((lambda p: (p, {})),
                                                                (lambda t, _: t))
-  orpo = loss_kwargs["loss"] == "orpo"
 
   def micro_loss(trained, frozen, micro, pairs, nll_tokens):
-    lc, lr = side_logps(model_def, join(trained, frozen), micro, chunk)
-    c, r = micro["chosen"], micro["rejected"]
-    total, metrics = pair_sums((lc * c["mask"]).sum(-1), (lr * r["mask"]).sum(-1),
-                               c["mask"].sum(-1), r["mask"].sum(-1), micro["ref"]["chosen"],
-                               micro["ref"]["rejected"], jnp.ones_like(c["mask"][:, 0]),
-                               **loss_kwargs)
-    loss = total / pairs
-    if orpo:   # the chosen rows' mean cross-entropy over the whole batch's chosen tokens
-      nll = -(lc * c["real"]).sum() / nll_tokens
-      loss = loss + nll
-      metrics["nll_loss"] = jax.lax.stop_gradient(nll) * pairs   # divided by pairs below
-    return loss, metrics
+    return batch_loss(model_def, join(trained, frozen), micro, chunk=chunk,
+                      loss_kwargs=loss_kwargs, pairs=pairs, nll_tokens=nll_tokens)
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
