@@ -332,7 +332,7 @@ class Config:
   # ---- evaluation and samples ------------------------------------------------------------------
   eval_period: int = key(0, "every N steps (and after the last) log eval_loss on held-out data; "
                          "0 = off", min=0, section="evaluation and samples during training",
-                         section_tools=("train",), tools=("train", "dpo"))
+                         section_tools=("train",))
   eval_steps: int = key(10, "batches per evaluation (fewer when the held-out data ends first)",
                         min=1, tools=("train", "evaluate"))
   eval_dataset_path: str = key(
@@ -436,8 +436,10 @@ class Config:
       "messages rendered with the tokenizer's chat template)",
       section="preference optimization (python -m MaxText.dpo)", section_tools=("dpo",))
   eval_preferences: str = key("", "DPO: held-out .jsonl pairs; their rewards/* and logps/* "
-                              "(eval/...) before the first step, every eval_period steps and after "
-                              "the last")
+                              "(eval/...) before the first step, every eval_preferences_period "
+                              "steps and after the last")
+  eval_preferences_period: int = key(0, "DPO: evaluate eval_preferences every N steps (0 = only "
+                                     "before the first step and after the last)", min=0)
   dpo_loss: str = key("sigmoid", "sigmoid | ipo | hinge | robust (against the reference: the "
                       "loaded parameters; with LoRA the base) | orpo | simpo (reference-free)",
                       choices=("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo"))

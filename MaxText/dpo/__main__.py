@@ -5,14 +5,14 @@
 
 Each line of the preferences file: {"prompt": ..., "chosen": ..., "rejected": ...} as text, or as
 chat messages (TRL's conversational format) rendered with the tokenizer's chat template; the loss
-counts the responses' tokens only (MaxText/dpo/data.py). Each step: per_device_batch_size x devices
-pairs, chosen and rejected run through the model together, the loss of `dpo_loss`
-(MaxText/losses/preference.py: TRL's formulas) against the reference — the loaded checkpoint: with
+counts the responses' tokens only (MaxText/dpo/data.py). Each step: per_device_batch_size x
+devices x gradient_accumulation_steps pairs, chosen and rejected run through the model together,
+the loss of `dpo_loss` (MaxText/losses/preference.py: TRL's formulas) against the reference — the loaded checkpoint: with
 LoRA the base under the adapters, else a frozen copy; ORPO and SimPO have none — and one optimizer
 update (MaxText/dpo/step.py). Logged per step: loss, rewards/chosen, rewards/rejected,
 rewards/margins, rewards/accuracies, logps/chosen, logps/rejected (and nll_loss with orpo);
-eval_preferences: the same of held-out pairs (eval/...) before the first step, every eval_period
-steps and after the last.
+eval_preferences: the same of held-out pairs (eval/...) before the first step, every
+eval_preferences_period steps and after the last.
 
 The rest is train.py's machinery (`train/loop.py: Trainer`, of which `DPOTrainer` is a kind): config
 (base.yml + configs/dpo.yml + key=value; architecture and tokenizer from the checkpoint), mesh,

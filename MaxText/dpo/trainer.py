@@ -35,7 +35,7 @@ from MaxText.train.state import init_state
 from MaxText.train.step_loop import LoopParts
 
 
-def dpo_problems(cfg: Config, devices: int) -> list[tuple[str, str]]:
+def dpo_problems(cfg: Config) -> list[tuple[str, str]]:
   """Cross-key refusals of a DPO run: (key, why)."""
   out = []
   if not cfg.preferences:
@@ -49,19 +49,16 @@ def dpo_problems(cfg: Config, devices: int) -> list[tuple[str, str]]:
   if cfg.simpo_gamma != 0.5 and cfg.dpo_loss != "simpo":
     out.append(("simpo_gamma", f"simpo_gamma is read by dpo_loss=simpo only (dpo_loss="
                 f"{cfg.dpo_loss})"))
-  pairs = cfg.global_batch_size(devices)
-  if pairs % cfg.gradient_accumulation_steps:
-    out.append(("gradient_accumulation_steps", f"{pairs} pairs per step (per_device_batch_size x "
-                f"{devices} devices) do not split into gradient_accumulation_steps="
-                f"{cfg.gradient_accumulation_steps} equal micro-batches"))
-  if cfg.eval_period and not cfg.eval_preferences:
-    out.append(("eval_period", "eval_period needs eval_preferences=FILE.jsonl (held-out pairs)"))
+  if cfg.eval_preferences_period and not cfg.eval_preferences:
+    out.append(("eval_preferences_period", "eval_preferences_period needs "
+                "eval_preferences=FILE.jsonl (held-out pairs)"))
   return out
 
 
 class DPOTrainer(Trainer):
   """A Trainer whose batches are preference pairs (module docstring). `per_device_batch_size`
-  counts pairs: a step holds per_device_batch_size x devices pairs, twice as many rows."""
+  counts pairs: a step holds per_device_batch_size x devices x gradient_accumulation_steps pairs
+  (twice as many rows), a micro-batch per_device_batch_size x devices."""
 
   tool = "dpo"
 
@@ -69,8 +66,7 @@ class DPOTrainer(Trainer):
                devices: Sequence[jax.Device] | None = None, tokenizer=None):
     training = auto_settings.for_training(cfg)
     cfg = training.cfg
-    n = len(jax.devices() if devices is None else devices)
-    for key, problem in dpo_problems(cfg, n):
+    for key, problem in dpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
     super().__init__(training, devices, tokenizer)
     self.pairs = cfg.global_batch_size(len(self.devices))
@@ -199,13 +195,14 @@ class DPOTrainer(Trainer):
 
 class HeldOutPairs:
   """The loop's evaluation for DPO (`step_loop.Periodic`): the held-out pairs' metrics every
-  `eval_period` steps and after the last (after that step's save; a failure is logged)."""
+  `eval_preferences_period` steps and after the last (after that step's save; a failure is logged)."""
 
   def __init__(self, trainer: DPOTrainer, writer: MetricsWriter):
     self.trainer, self.writer, self.cfg = trainer, writer, trainer.cfg
 
   def due(self, step: int) -> bool:
-    return step == self.cfg.steps or bool(self.cfg.eval_period and step % self.cfg.eval_period == 0)
+    every = self.cfg.eval_preferences_period
+    return step == self.cfg.steps or bool(every and step % every == 0)
 
   def evaluate(self, step: int, params) -> None:
     m = self.trainer.evaluate(params)
