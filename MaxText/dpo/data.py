@@ -27,6 +27,7 @@ import numpy as np
 
 from MaxText.data import sft
 from MaxText.data.errors import DataError
+from MaxText.rl.prompts import epoch_order
 
 FIELDS = ("prompt", "chosen", "rejected")
 ROW_KEYS = ("inputs", "targets", "positions", "segments", "mask", "real")
@@ -46,7 +47,6 @@ class PreferenceSet:
 
   def for_step(self, step: int, per_step: int, seed: int) -> list[int]:
     """Indices of the pairs of step `step` (1-based)."""
-    from MaxText.rl.prompts import epoch_order   # pylint: disable=import-outside-toplevel
     n = len(self.lines)
     return [int(epoch_order(n, seed, k // n)[k % n])
             for k in range((step - 1) * per_step, step * per_step)]

@@ -37,10 +37,12 @@ def batch_shardings(mesh: Mesh, rules: Rules, pairs: int, seq: int) -> dict:
   return {"chosen": rows, "rejected": dict(rows), "ref": {s: per_pair for s in SIDES}}
 
 
-def side_logps(model_def: ModelDef, params, batch: dict, chunk: int) -> tuple[jax.Array, ...]:
+def side_logps(model_def: ModelDef, params, batch: dict, chunk: int
+               ) -> tuple[jax.Array, jax.Array]:
   """(chosen's token log-probabilities [P, S], rejected's [P, S]) in one forward."""
   rows = {k: jnp.concatenate([batch["chosen"][k], batch["rejected"][k]]) for k in TOKEN_KEYS}
   logp = token_logprobs(model_def, params, rows, chunk)
+  assert isinstance(logp, jax.Array)   # no entropy asked for
   pairs = batch["chosen"]["inputs"].shape[0]
   return logp[:pairs], logp[pairs:]
 

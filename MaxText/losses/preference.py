@@ -53,6 +53,8 @@ def per_pair(logps_c: jax.Array, logps_r: jax.Array, n_c: jax.Array, n_r: jax.Ar
   sg = jax.lax.stop_gradient
   ls = label_smoothing
   if loss in DPO_LOSSES:
+    if ref_c is None or ref_r is None:
+      raise ValueError(f"dpo_loss={loss} needs the reference's log-probabilities")
     lr_c, lr_r = logps_c - ref_c, logps_r - ref_r
     delta = lr_c - lr_r
     if loss == "sigmoid":
