@@ -168,6 +168,7 @@ def test_reference_free_losses_hold_no_reference(tmp_path, loss):
     (("preferences={good}", "label_smoothing=0.1"), 2, "label_smoothing: .*robust and simpo"),
     (("preferences={good}", "dpo_loss=robust", "label_smoothing=0.5"), 2, "label_smoothing"),
     ((), 2, "preferences: DPO needs"),
+    (("preferences={good}", "z_loss_weight=0.1"), 2, "z_loss_weight: the preference losses"),
     (("preferences={good}", "temperature=1.0"), 2, "temperature=1.0: python -m MaxText.dpo does "
                                                    "not read temperature"),
     (("preferences={long}",), 3, r"line 1, field `chosen`: prompt \+ response are .* tokens"),

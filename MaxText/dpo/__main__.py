@@ -1,4 +1,4 @@
-"""Preference optimization on pairs of responses (DPO and its variants, ORPO, SimPO):
+r"""Preference optimization on pairs of responses (DPO and its variants, ORPO, SimPO):
 
   python -m MaxText.dpo configs/dpo.yml load_parameters_path=CKPT preferences=prefs.jsonl \
       [dpo_loss=sigmoid|ipo|hinge|robust|orpo|simpo] [beta=0.1] [key=value ...]

@@ -49,6 +49,8 @@ def dpo_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.simpo_gamma != 0.5 and cfg.dpo_loss != "simpo":
     out.append(("simpo_gamma", f"simpo_gamma is read by dpo_loss=simpo only (dpo_loss="
                 f"{cfg.dpo_loss})"))
+  if cfg.z_loss_weight:
+    out.append(("z_loss_weight", "the preference losses have no z-loss term; set z_loss_weight=0"))
   if cfg.eval_preferences_period and not cfg.eval_preferences:
     out.append(("eval_preferences_period", "eval_preferences_period needs "
                 "eval_preferences=FILE.jsonl (held-out pairs)"))
