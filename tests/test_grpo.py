@@ -447,3 +447,16 @@ def test_a_failed_evaluation_after_the_last_step_keeps_its_checkpoint(tmp_path, 
   assert len(calls) == 2 and os.path.isdir(tmp_path / "evalfail" / "checkpoints" / "2")
   assert ("warning: the evaluation after step 2 failed and was skipped (RuntimeError: forced "
           "evaluation failure)") in err
+
+
+def test_gspo_run_clips_whole_sequences(tmp_path):
+  """importance_sampling=sequence (GSPO) through the GRPO loop: a run of two passes per rollout
+  batch finishes, and on the second (off-policy) pass the ratio moves off 1."""
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  code, rows, _ = grpo(tmp_path, "gspo", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                       "importance_sampling=sequence", "num_iterations=2", "steps=2",
+                       "enable_checkpointing=false")
+  assert code == 0
+  steps = [r for r in rows if "reward_mean" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  assert steps[-1]["ratio_max"] > 1.0 or steps[-1]["ratio_min"] < 1.0

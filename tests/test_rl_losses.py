@@ -33,9 +33,12 @@ CLIPS = {"symmetric": dict(epsilon_low=0.2, epsilon_high=0.2),
 # ---- the torch reference ------------------------------------------------------------------------
 def torch_policy_loss(logp, old, ref, adv, mask, *, epsilon_low, epsilon_high, dual_clip=None,
                       beta=0.0, kl_estimator="k3", aggregation="token-mean",
-                      max_response_len=None):
+                      max_response_len=None, importance_sampling="token"):
   adv = adv[:, None] if adv.dim() == 1 else adv
-  ratio = torch.exp(torch.clamp(logp - old.detach(), -20.0, 20.0))
+  log_ratio = logp - old.detach()
+  if importance_sampling == "sequence":   # GSPO, as TRL's importance_sampling_level="sequence"
+    log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+  ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
   pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high))
   if dual_clip is not None:
     pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
@@ -102,6 +105,35 @@ def test_loss_and_grad_equal_torch(estimator, aggregation, clip):
   assert float(metrics["ratio_min"]) == pytest.approx(ratio.min(), rel=1e-6)
   assert float(metrics["kl"]) == pytest.approx(
       float(losses.kl_penalty(logp, ref, estimator)[mask > 0].mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("aggregation,clip", list(itertools.product(losses.AGGREGATIONS, CLIPS)))
+def test_gspo_sequence_ratio_loss_and_grad_equal_torch(aggregation, clip):
+  """GSPO (importance_sampling="sequence"): one ratio per row, exp of its masked mean log-ratio,
+  clipped as a whole; rows shifted so that some are clipped below, some above, some not."""
+  logp, old, ref, adv, mask = inputs(seed=5)
+  shift = np.array([0.6, -0.6, -0.2, -0.4, 0.0, 0.5], np.float32)[:, None]   # per-row drift
+  old = (old - shift).astype(np.float32)
+  kw = dict(CLIPS[clip], beta=0.05, aggregation=aggregation, importance_sampling="sequence",
+            max_response_len=16 if aggregation == "seq-mean-token-scale" else None)
+  (loss, metrics), grad = jax.value_and_grad(
+      lambda lp: losses.policy_loss(lp, old, ref, adv, mask, **kw), has_aux=True)(
+          jnp.asarray(logp))
+  t = {k: torch.tensor(v, dtype=torch.float64) for k, v in
+       dict(logp=logp, old=old, ref=ref, adv=adv, mask=mask).items()}
+  t["logp"].requires_grad_(True)
+  want = torch_policy_loss(t["logp"], t["old"], t["ref"], t["adv"], t["mask"], **kw)
+  want.backward()
+  assert abs(float(loss) - want.item()) <= 1e-6 * max(1.0, abs(want.item())), (float(loss), want)
+  assert rel(grad, t["logp"].grad.numpy()) <= 1e-6
+  seq_ratio = np.exp((((logp - old) * mask).sum(-1) / np.maximum(mask.sum(-1), 1)))[mask.sum(-1) > 0]
+  assert (seq_ratio < 0.8).any() and (seq_ratio > 1.3).any() and \
+      ((seq_ratio > 0.8) & (seq_ratio < 1.2)).any()
+  assert float(metrics["ratio_min"]) == pytest.approx(seq_ratio.min(), rel=1e-5)
+  assert float(metrics["ratio_max"]) == pytest.approx(seq_ratio.max(), rel=1e-5)
+  token = losses.policy_loss(jnp.asarray(logp), old, ref, adv, mask,
+                             **{**kw, "importance_sampling": "token"})[0]
+  assert abs(float(token) - float(loss)) > 1e-3   # the sequence ratio is not the token one
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.1])

@@ -413,6 +413,9 @@ class Config:
   epsilon_high: float = key(0.2, "PPO clip: above at 1 + epsilon_high", min=0)
   dual_clip: float = key(0.0, "dual clip: for negative advantages the loss is at most dual_clip x "
                          "|A|; 0 = off, else > 1", min=0)
+  importance_sampling: str = key("token", "GRPO: token (a ratio per token, PPO / GRPO) | sequence "
+                                 "(GSPO: one ratio per completion, the exp of its tokens' mean "
+                                 "log-ratio, clipped as a whole)", choices=("token", "sequence"))
   kl_beta: float = key(0.0, "weight of the KL penalty to the reference (the loaded parameters; "
                        "with LoRA the base without adapters)", min=0)
   kl_estimator: str = key("k3", "KL estimator: k1 (logp - ref), k2 (half its square), k3",

@@ -110,7 +110,8 @@ class GRPOTrainer(Trainer):
     self.loss_kwargs = dict(epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                             dual_clip=cfg.dual_clip or None, beta=cfg.kl_beta,
                             kl_estimator=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
-                            max_response_len=cfg.max_new_tokens)
+                            max_response_len=cfg.max_new_tokens,
+                            importance_sampling=cfg.importance_sampling)
 
   def memory_estimate(self) -> memory.MemoryEstimate:
     """train.py's estimate for the rollout rows, plus the engine's cache of a rollout batch (held
