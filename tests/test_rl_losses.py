@@ -300,3 +300,41 @@ def test_loss_gradient_wrt_parameters_equals_transformers_plus_torch_loss():
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert abs(float(loss) - want.item()) <= 1e-4 * max(1.0, abs(want.item()))
   compare_grads(grads, want_grads)
+
+
+# ---- DAPO: dynamic sampling and overlong shaping ---------------------------------------------------
+def test_overlong_penalty_is_dapos_piecewise_formula():
+  """DAPO (Yu et al. 2025, eq. 13): 0 for |y| <= L_max - L_cache, (L_max - L_cache - |y|) / L_cache
+  up to L_max, -1 beyond."""
+  L_max, L_cache = 16, 4
+  lengths = np.arange(0, 20)
+  want = [0.0 if n <= L_max - L_cache else (L_max - L_cache - n) / L_cache if n <= L_max else -1.0
+          for n in lengths]
+  np.testing.assert_allclose(losses.overlong_penalty(lengths, L_max, L_cache), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_dynamic_sampling_equals_the_loss_over_the_informative_groups_only(aggregation):
+  """Masking out the groups whose rewards are all equal gives the loss (value and gradient) of the
+  batch without those groups, computed by the torch reference on the kept rows alone."""
+  logp, old, ref, _, mask = inputs(seed=7)
+  rewards = np.array([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], np.float32)   # groups of 2: one all-equal
+  keep = losses.informative_rows(rewards, 2)
+  assert keep.tolist() == [False, False, True, True, False, False]
+  adv = np.asarray(losses.group_advantages(rewards, 2))
+  kw = dict(epsilon_low=0.2, epsilon_high=0.28, beta=0.05, aggregation=aggregation,
+            max_response_len=16 if aggregation == "seq-mean-token-scale" else None)
+  dropped = mask * keep[:, None]
+  (loss, _), grad = jax.value_and_grad(
+      lambda lp: losses.policy_loss(lp, old, ref, adv, dropped, **kw), has_aux=True)(
+          jnp.asarray(logp))
+  t = {k: torch.tensor(v[keep], dtype=torch.float64) for k, v in
+       dict(logp=logp, old=old, ref=ref, adv=adv, mask=mask).items()}
+  t["logp"].requires_grad_(True)
+  want = torch_policy_loss(t["logp"], t["old"], t["ref"], t["adv"], t["mask"], **kw)
+  want.backward()
+  assert abs(float(loss) - want.item()) <= 1e-6 * max(1.0, abs(want.item())), (float(loss), want)
+  assert rel(np.asarray(grad)[keep], t["logp"].grad.numpy()) <= 1e-6
+  assert not np.asarray(grad)[~keep].any()
+  whole = losses.policy_loss(jnp.asarray(logp), old, ref, adv, mask, **kw)[0]
+  assert abs(float(whole) - float(loss)) > 1e-4   # without dropping, the equal groups dilute it

@@ -413,6 +413,12 @@ class Config:
   epsilon_high: float = key(0.2, "PPO clip: above at 1 + epsilon_high", min=0)
   dual_clip: float = key(0.0, "dual clip: for negative advantages the loss is at most dual_clip x "
                          "|A|; 0 = off, else > 1", min=0)
+  dynamic_sampling: bool = key(False, "GRPO: DAPO's dynamic sampling: groups whose rewards are "
+                               "all equal are dropped from the loss (their rows masked out) and "
+                               "counted (groups_dropped)")
+  overlong_buffer: int = key(0, "GRPO: DAPO's overlong shaping: a completion longer than "
+                             "max_new_tokens - this loses up to 1 reward, linearly to -1 at "
+                             "max_new_tokens; 0 = off", min=0)
   importance_sampling: str = key("token", "GRPO: token (a ratio per token, PPO / GRPO) | sequence "
                                  "(GSPO: one ratio per completion, the exp of its tokens' mean "
                                  "log-ratio, clipped as a whole)", choices=("token", "sequence"))

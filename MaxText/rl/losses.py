@@ -16,6 +16,9 @@ then aggregated over the masked tokens:
 With `importance_sampling="sequence"` (GSPO, Zheng et al. 2025; TRL's importance_sampling_level)
 every token of a row takes the row's one ratio r = exp(clamp(mean over its masked tokens of
 (logp − old))): the clip acts on the whole sequence.
+DAPO's dynamic sampling (`informative_rows`: the groups whose rewards are all equal taken out of
+the loss, as if dropped) and overlong reward shaping (`overlong_penalty`) act on the rollout before
+the loss.
 "mean over rows" counts the rows with at least one response token (a row without any, e.g. a
 padding row, neither adds nor dilutes); `max_response_len` None means T. The log-ratio is clamped
 before `exp` so a far-off-policy token cannot overflow the ratio to inf (its gradient is then 0,
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 LOG_RATIO_CLAMP = 20.0
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -154,3 +158,18 @@ def group_advantages(rewards_B: jax.Array, group_size: int, estimator: str = "gr
   else:
     raise ValueError(f"advantage_estimator={estimator!r}: one of {ADVANTAGE_ESTIMATORS}")
   return adv_GN.reshape(-1)
+
+
+def informative_rows(rewards_B, group_size: int) -> np.ndarray:
+  """[B] bool: the rows of the groups whose rewards are not all equal (std >= ZERO_STD). DAPO's
+  dynamic sampling keeps only these: a group of equal rewards has advantage 0 everywhere and would
+  only dilute a token- or row-mean of the loss."""
+  r_GN = np.asarray(rewards_B, np.float64).reshape(-1, group_size)
+  return np.repeat(r_GN.std(axis=1) >= ZERO_STD, group_size)
+
+
+def overlong_penalty(lengths_B, max_len: int, buffer: int) -> np.ndarray:
+  """DAPO's soft overlong punishment, added to the reward: 0 for a completion of at most
+  max_len − buffer tokens, then falling linearly to −1 at max_len tokens (and −1 beyond)."""
+  over = np.asarray(lengths_B, np.float64) - (max_len - buffer)
+  return -np.clip(over / buffer, 0.0, 1.0)
