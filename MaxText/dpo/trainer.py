@@ -182,8 +182,8 @@ class DPOTrainer(Trainer):
       weight[:len(idx)] = 1
       host = ev.take(idx + [idx[-1]] * (P - len(idx)))
       batch = self.device_arrays(host)
-      pol = jax.device_get(self.policy_sums(params, batch))
-      ref = jax.device_get(self.reference_sums(params, batch))
+      pol = jax.tree.map(whole, self.policy_sums(params, batch))
+      ref = jax.tree.map(whole, self.reference_sums(params, batch))
       n = {s: host[s]["mask"].sum(-1) for s in dpo_step.SIDES}
       loss, sums = preference.pair_sums(pol["chosen"], pol["rejected"], n["chosen"],
                                         n["rejected"], ref["chosen"], ref["rejected"], weight,
@@ -193,6 +193,14 @@ class DPOTrainer(Trainer):
     out = {f"eval/{k}": v / len(ev) for k, v in totals.items()}
     out["eval/pairs"] = float(len(ev))
     return out
+
+
+def whole(x: jax.Array) -> np.ndarray:
+  """A sharded global array whole on every process."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 class HeldOutPairs:
