@@ -103,6 +103,8 @@ def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
                                    "(max_target_length=16 - max_new_tokens=6)"),
     (["temperature=0"], "temperature=0 decodes greedily"),
     (["overlong_buffer=7"], "overlong_buffer=7 exceeds max_new_tokens=6"),
+    (["microbatch_size=5"], "microbatch_size=5 does not divide the rollout batch's 16 rows"),
+    (["gradient_accumulation_steps=2"], "set microbatch_size (rows per micro-batch) instead"),
 ])
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, capsys, overrides, expected):
   prompts = write_prompts(tmp_path / "p.jsonl", long_line=11 if "LONG" in overrides else None)
@@ -475,3 +477,12 @@ def test_dapo_dynamic_sampling_and_overlong_shaping_are_logged(tmp_path):
     assert 0 <= r["groups_dropped"] <= 4 and r["groups_dropped"] == int(r["groups_dropped"])
     assert -1.0 <= r["overlong_penalty_mean"] <= 0.0
   assert any(r["overlong_penalty_mean"] < 0 for r in steps)   # 6 new tokens, buffer 3: some pay
+
+
+def test_memory_preflight_counts_one_micro_batch_of_activations(tmp_path):
+  """With microbatch_size the update's activations are one micro-batch's: fewer than the whole
+  rollout batch's."""
+  _, whole = _trainer(tmp_path)
+  _, micro = _trainer(tmp_path, "microbatch_size=4")
+  assert micro.micro_batches() == 4 and whole.micro_batches() == 1
+  assert micro.memory_estimate().activations < whole.memory_estimate().activations
