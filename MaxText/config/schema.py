@@ -446,7 +446,7 @@ class Config:
   dual_clip: float = key(0.0, "dual clip: for negative advantages the loss is at most dual_clip x "
                          "|A|; 0 = off, else > 1", min=0)
   dynamic_sampling: bool = key(False, "GRPO: DAPO's dynamic sampling: groups whose rewards are "
-                               "all equal are dropped from the loss (their rows masked out) and "
+                               "all equal are dropped from the loss (their rows weighted 0) and "
                                "counted (groups_dropped)")
   overlong_buffer: int = key(0, "GRPO: DAPO's overlong shaping: a completion longer than "
                              "max_new_tokens - this loses up to 1 reward, linearly to -1 at "
