@@ -178,3 +178,13 @@ def test_media_settings_refused(setup, capsys):
                     "ici_fsdp_parallelism=1", "max_bad_records=0"), devices=one)
   err = capsys.readouterr().err
   assert code == 3 and "max_num_images_per_example" in err
+  # an image that cannot be read: a bad record naming the file (exit 3 beyond max_bad_records)
+  broken = d / "broken.jsonl"
+  broken.write_text(json.dumps({"messages": [
+      {"role": "user", "content": [{"type": "image", "image": "missing.png"},
+                                   {"type": "text", "text": "what is this"}]},
+      {"role": "assistant", "content": "hello"}]}) + "\n")
+  code, _ = run(sft_argv(d, "broken", f"dataset_path={broken}", "ici_fsdp_parallelism=1",
+                         "max_bad_records=0"), devices=one)
+  err = capsys.readouterr().err
+  assert code == 3 and "missing.png" in err and "Traceback" not in err, err[-2000:]
