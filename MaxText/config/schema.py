@@ -496,7 +496,9 @@ class Config:
                              section="mesh and sharding", section_tools=MODEL_TOOLS)
   ici_data_parallelism: int = key(1, 'within a slice; at most one -1 ("the rest") per level')
   ici_fsdp_parallelism: int = key(-1, "parameters and batch sharded over this axis (ZeRO-3 style)")
-  ici_context_parallelism: int = key(1, "sequence sharding of activations")
+  ici_context_parallelism: int = key(
+      1, "sequence sharding of activations (context parallelism: attention=flash or dot_product; "
+      "the sequence length a multiple of 2 x the context axis with flash)")
   ici_expert_parallelism: int = key(1, "MoE experts")
   ici_tensor_parallelism: int = key(1, "heads / mlp / vocab sharding")
   dcn_data_parallelism: int = key(-1, "across slices (multi-slice hybrid mesh)")
@@ -504,6 +506,11 @@ class Config:
   dcn_context_parallelism: int = key(1, "across slices")
   dcn_expert_parallelism: int = key(1, "across slices")
   dcn_tensor_parallelism: int = key(1, "across slices")
+  context_parallel_strategy: str = key(
+      "all_gather", "attention=flash over the context axis: all_gather (K/V gathered, each shard "
+      "its own queries) | ring (K/V blocks passed around the axis, online-softmax merge); the "
+      "batch runs in a load-balanced token order (each shard an early and a late chunk)",
+      choices=("all_gather", "ring"), **_COMPUTE, tools=MODEL_TOOLS)
   logical_axis_rules: list = key(
       _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
       note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "

@@ -20,34 +20,33 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 
 from MaxText.kernels.flash_attention_bwd import backward
-from MaxText.kernels.flash_common import (M_INIT, SQ, KernelConfig, check_inputs, compiler_params,
-                                          dot, kv_block_range, masked_scores, q_block_range,
-                                          seg_args)
+from MaxText.kernels.flash_common import (M_INIT, MASK_VALUE, SQ, KernelConfig, check_inputs, compiler_params,
+                                          dot, kernel_refs, kv_block_range, masked_scores,
+                                          off_args, q_block_range, seg_args, start_positions)
 
-__all__ = ["check_inputs", "flash_attention", "flash_attention_debug_counts", "kv_block_range",
-           "q_block_range"]
+__all__ = ["check_inputs", "flash_attention", "flash_attention_debug_counts", "flash_block_backward",
+           "flash_block_forward", "kv_block_range", "q_block_range"]
 
 
 # ----------------------------------------------------------------------------- forward kernel
 def _fwd_kernel(*refs, cfg: KernelConfig, has_seg: bool):
-  if has_seg:
-    q_ref, k_ref, v_ref, qs_ref, ks_ref, *outs = refs
-  else:
-    (q_ref, k_ref, v_ref, *outs), qs_ref, ks_ref = refs, None, None
+  (q_ref, k_ref, v_ref), qs_ref, ks_ref, off_ref, outs = kernel_refs(
+      refs, n_in=3, has_seg=has_seg, has_off=cfg.offsets)
   o_ref, lse_ref = outs[0], outs[1]
   bq, bk = cfg.block_q, cfg.block_kv
   qi = pl.program_id(2)
   q = q_ref[...]
-  q_pos = qi * bq + lax.broadcasted_iota(jnp.int32, (bq,), 0)
+  q0, k0 = start_positions(off_ref)
+  q_pos = q0 + qi * bq + lax.broadcasted_iota(jnp.int32, (bq,), 0)
   q_seg = qs_ref[...] if has_seg else None
 
   def body(j, carry):
     acc, m, l, count = carry
     k = k_ref[pl.ds(j * bk, bk), :]
     v = v_ref[pl.ds(j * bk, bk), :]
-    k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
+    k_pos = k0 + j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
     k_seg = ks_ref[pl.ds(j * bk, bk)] if has_seg else None
-    s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg)
+    s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg, k0)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[:, None])
@@ -56,20 +55,21 @@ def _fwd_kernel(*refs, cfg: KernelConfig, has_seg: bool):
     return acc, m_new, l, count + 1.0
 
   lo, hi = kv_block_range(qi, block_q=bq, block_kv=bk, num_kv_blocks=cfg.num_kv_blocks,
-                          causal=cfg.causal, window=cfg.window)
+                          causal=cfg.causal, window=cfg.window, shift=q0 - k0)
   init = (jnp.zeros((bq, q.shape[-1]), jnp.float32), jnp.full((bq,), M_INIT, jnp.float32),
           jnp.zeros((bq,), jnp.float32), jnp.zeros((bq,), jnp.float32))
   acc, m, l, count = lax.fori_loop(lo, hi, body, init)
   empty = l == 0.0                              # rows with no visible key (padding only)
   l_safe = jnp.where(empty, 1.0, l)
   o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
-  lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(l_safe))
+  lse_ref[...] = jnp.where(empty, cfg.empty_lse, m + jnp.log(l_safe))
   if cfg.debug_counts:
     outs[2][...] = count
 
 
-def _forward(q, k, v, q_seg, kv_seg, cfg: KernelConfig):
-  """Padded inputs → (o [B,Sp,H,E], lse [B,H,Sp] fp32[, kv-block iteration counts [B,H,Sp]])."""
+def _forward(q, k, v, q_seg, kv_seg, cfg: KernelConfig, offsets=None):
+  """Padded inputs → (o [B,Sp,H,E], lse [B,H,Sp] fp32[, kv-block iteration counts [B,H,Sp]]);
+  `offsets` (cfg.offsets): int32 [2], the first query's and the first key's positions."""
   B, Sp, H, E = q.shape
   Tp = k.shape[1]
   bq, G = cfg.block_q, cfg.groups
@@ -80,6 +80,8 @@ def _forward(q, k, v, q_seg, kv_seg, cfg: KernelConfig):
   if has_seg:
     in_specs += [pl.BlockSpec((SQ, bq), lambda b, h, i: (b, i)),
                  pl.BlockSpec((SQ, Tp), lambda b, h, i: (b, 0))]
+  if cfg.offsets:
+    in_specs.append(pl.BlockSpec((2,), lambda b, h, i: (0,)))
   row_spec = pl.BlockSpec((SQ, SQ, bq), lambda b, h, i: (b, h, i))
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct((B, H, Sp), jnp.float32)]
@@ -92,26 +94,26 @@ def _forward(q, k, v, q_seg, kv_seg, cfg: KernelConfig):
       grid=(B, H, cfg.num_q_blocks), in_specs=in_specs, out_specs=out_specs,
       out_shape=out_shape, compiler_params=compiler_params(E), interpret=cfg.interpret,
       name="flash_attention_fwd",
-  )(q, k, v, *seg_args(q_seg, kv_seg))
+  )(q, k, v, *seg_args(q_seg, kv_seg), *off_args(offsets))
 
 
 # ----------------------------------------------------------------------------- custom vjp
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash(q, k, v, q_seg, kv_seg, cfg: KernelConfig):
-  return _forward(q, k, v, q_seg, kv_seg, cfg)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, q_seg, kv_seg, offsets, cfg: KernelConfig):
+  return _forward(q, k, v, q_seg, kv_seg, cfg, offsets)[0]
 
 
-def _flash_fwd(q, k, v, q_seg, kv_seg, cfg: KernelConfig):
-  o, lse = _forward(q, k, v, q_seg, kv_seg, cfg)[:2]
+def _flash_fwd(q, k, v, q_seg, kv_seg, offsets, cfg: KernelConfig):
+  o, lse = _forward(q, k, v, q_seg, kv_seg, cfg, offsets)[:2]
   o = checkpoint_name(o, "flash_out")
   lse = checkpoint_name(lse, "flash_lse")
-  return o, (q, k, v, q_seg, kv_seg, o, lse)
+  return o, (q, k, v, q_seg, kv_seg, offsets, o, lse)
 
 
 def _flash_bwd(cfg: KernelConfig, res, do):
-  q, k, v, q_seg, kv_seg, o, lse = res
-  dq, dk, dv = backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg)
-  return dq, dk, dv, None, None
+  q, k, v, q_seg, kv_seg, offsets, o, lse = res
+  dq, dk, dv = backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg, offsets)
+  return dq, dk, dv, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -123,11 +125,18 @@ def _next_pow2(n: int) -> int:
 
 
 def _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal, sliding_window,
-             block_q, block_kv, interpret, debug_counts=False):
+             block_q, block_kv, interpret, debug_counts=False, kv_segment_ids_BT=None,
+             offsets=None, empty_lse=0.0):
   """Pads sequence lengths to block multiples and the head dim to a power of two."""
-  check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window)
   B, S, H, E = q_BSHE.shape
   T, K = k_BTKE.shape[1], k_BTKE.shape[2]
+  if kv_segment_ids_BT is None:
+    check_inputs(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, sliding_window)
+    kv_segment_ids_BT = segment_ids_BS
+  else:
+    check_inputs(q_BSHE, k_BTKE, v_BTKE, None, sliding_window)
+    if segment_ids_BS is None or segment_ids_BS.shape != (B, S) or kv_segment_ids_BT.shape != (B, T):
+      raise ValueError("kv_segment_ids_BT [B, T] needs segment_ids_BS [B, S] with it")
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
   bq = min(block_q, max(16, _next_pow2(S)))     # short sequences: one block (>= 16 for Triton dots)
@@ -139,31 +148,75 @@ def _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal, sliding_w
   v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E)))
   q_seg = kv_seg = None
   if segment_ids_BS is not None:   # padded positions get ids that never match (keys: also kv_len)
-    seg = segment_ids_BS.astype(jnp.int32)
-    q_seg = jnp.pad(seg, ((0, 0), (0, Sp - S)), constant_values=-1)
-    kv_seg = jnp.pad(seg, ((0, 0), (0, Tp - T)), constant_values=-2)
+    q_seg = jnp.pad(segment_ids_BS.astype(jnp.int32), ((0, 0), (0, Sp - S)), constant_values=-1)
+    kv_seg = jnp.pad(kv_segment_ids_BT.astype(jnp.int32), ((0, 0), (0, Tp - T)),
+                     constant_values=-2)
+  if offsets is not None:
+    offsets = jnp.asarray(offsets, jnp.int32).reshape(2)
   cfg = KernelConfig(scale=float(scale), causal=bool(causal),
              window=None if sliding_window is None else int(sliding_window),
              block_q=bq, block_kv=bk, num_q_blocks=nq, num_kv_blocks=nk, kv_len=T,
-             kv_padded=Tp != T, groups=H // K, interpret=bool(interpret), debug_counts=debug_counts)
-  return q, k, v, q_seg, kv_seg, cfg
+             kv_padded=Tp != T, groups=H // K, interpret=bool(interpret), debug_counts=debug_counts,
+             offsets=offsets is not None, empty_lse=float(empty_lse))
+  return q, k, v, q_seg, kv_seg, offsets, cfg
 
 
 def flash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: float,
                     causal: bool = True, sliding_window: int | None = None,
-                    block_q: int = 128, block_kv: int = 128, interpret: bool | None = None):
+                    block_q: int = 128, block_kv: int = 128, interpret: bool | None = None,
+                    kv_segment_ids_BT=None, offsets=None):
   """Flash attention; same contract as `attention_ops.dot_product_attention` plus options.
 
   sliding_window=W: query i sees keys j > i - W (with causal: i - W < j <= i).
   interpret=None: interpret mode when the default backend is CPU.
+  kv_segment_ids_BT: the keys' segment ids when they are not the queries' (S != T allowed).
+  offsets: int32 [2] (may be traced), the first query's and the first key's positions in the
+  sequence (the masks compare positions; default both 0) — a chunk of a longer sequence.
   Returns [B, S, H, E] in q's dtype. Differentiable w.r.t. q, k, v (custom VJP, Pallas kernels).
   """
   S, E = q_BSHE.shape[1], q_BSHE.shape[3]
-  q, k, v, q_seg, kv_seg, cfg = _prepare(
+  q, k, v, q_seg, kv_seg, offsets, cfg = _prepare(
       q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, scale=scale, causal=causal,
-      sliding_window=sliding_window, block_q=block_q, block_kv=block_kv, interpret=interpret)
-  o = _flash(q, k, v, q_seg, kv_seg, cfg)
+      sliding_window=sliding_window, block_q=block_q, block_kv=block_kv, interpret=interpret,
+      kv_segment_ids_BT=kv_segment_ids_BT, offsets=offsets)
+  o = _flash(q, k, v, q_seg, kv_seg, offsets, cfg)
   return o[:, :S, :, :E]  # pyright: ignore[reportIndexIssue] (jax.custom_vjp's result is untyped)
+
+
+def flash_block_forward(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, kv_segment_ids_BT, offsets, *,
+                        scale: float, causal: bool, sliding_window: int | None, block_q: int,
+                        block_kv: int, interpret: bool | None = None):
+  """One block of a blockwise (ring) attention, not differentiable: (o [B,S,H,E] in q's dtype,
+  lse [B,H,S] fp32), rows that see no key of this block with o = 0 and lse = MASK_VALUE (so that
+  merging blocks by their lse weighs them 0). Arguments as `flash_attention`'s."""
+  S, E = q_BSHE.shape[1], q_BSHE.shape[3]
+  q, k, v, q_seg, kv_seg, offsets, cfg = _prepare(
+      q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, scale=scale, causal=causal,
+      sliding_window=sliding_window, block_q=block_q, block_kv=block_kv, interpret=interpret,
+      kv_segment_ids_BT=kv_segment_ids_BT, offsets=offsets, empty_lse=MASK_VALUE)
+  o, lse = _forward(q, k, v, q_seg, kv_seg, cfg, offsets)[:2]
+  return o[:, :S, :, :E], lse[:, :, :S]
+
+
+def flash_block_backward(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, kv_segment_ids_BT, offsets,
+                         o_BSHE, lse_BHS, do_BSHE, *, scale: float, causal: bool,
+                         sliding_window: int | None, block_q: int, block_kv: int,
+                         interpret: bool | None = None):
+  """The (dq, dk, dv) of one block given the whole attention's output `o` and `lse` (the merged
+  ones; 0 for rows that see no key at all) and the output cotangent `do`: summed over the blocks,
+  these are the gradients of the whole attention."""
+  S, E = q_BSHE.shape[1], q_BSHE.shape[3]
+  T = k_BTKE.shape[1]
+  q, k, v, q_seg, kv_seg, offsets, cfg = _prepare(
+      q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, scale=scale, causal=causal,
+      sliding_window=sliding_window, block_q=block_q, block_kv=block_kv, interpret=interpret,
+      kv_segment_ids_BT=kv_segment_ids_BT, offsets=offsets)
+  Sp, Ep = q.shape[1], q.shape[3]
+  pad = ((0, 0), (0, Sp - S), (0, 0), (0, Ep - E))
+  o, do = jnp.pad(o_BSHE, pad), jnp.pad(do_BSHE, pad)
+  lse = jnp.pad(lse_BHS, ((0, 0), (0, 0), (0, Sp - S)))
+  dq, dk, dv = backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg, offsets)
+  return dq[:, :S, :, :E], dk[:, :T, :, :E], dv[:, :T, :, :E]
 
 
 def flash_attention_debug_counts(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, **kwargs):
@@ -173,7 +226,7 @@ def flash_attention_debug_counts(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, **
   for name, default in (("sliding_window", None), ("block_q", 128), ("block_kv", 128),
                         ("interpret", None)):
     kwargs.setdefault(name, default)
-  q, k, v, q_seg, kv_seg, cfg = _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS,
-                                         debug_counts=True, **kwargs)
-  o, _, counts = _forward(q, k, v, q_seg, kv_seg, cfg)
+  q, k, v, q_seg, kv_seg, offsets, cfg = _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS,
+                                                  debug_counts=True, **kwargs)
+  o, _, counts = _forward(q, k, v, q_seg, kv_seg, cfg, offsets)
   return o[:, :S, :, :E], counts[:, :, :S]

@@ -13,6 +13,7 @@ from MaxText.backend import hot_path
 from MaxText.kernels import splash as splash_kernel
 from MaxText.layers import sites
 from MaxText.kernels.flash_attention import flash_attention
+from MaxText.layers.context_parallel import flash_context_parallel
 from MaxText.layers.attention_lowp import attention_core
 from MaxText.layers.linear import row_major
 from MaxText.sharding.rules import current_context, logical_to_spec
@@ -110,11 +111,13 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   return out_BKQE.reshape(B, K, S, G, E).transpose(0, 2, 1, 3, 4).reshape(B, S, H, E)
 
 
-def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS) -> jax.Array:
+def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS,
+               context_parallel=None) -> jax.Array:
   """Runs `run(q, k, v, segment_ids)` (a kernel that sees whole arrays) once per shard under a mesh
   (`use_rules`), through `shard_map`: batch over the `activation_batch` axes, heads over the
-  `activation_heads` axes when the kv heads split the same way (else heads stay whole); the
-  sequence is not split (context parallelism needs a ring schedule, not provided here; config
+  `activation_heads` axes when the kv heads split the same way (else heads stay whole). A sequence
+  split over the context axis goes to `context_parallel(q, k, v, segment_ids, ctx=, batch=,
+  heads=, kv_heads=)` (flash: layers/context_parallel.py); the other kernels refuse it (config
   validation refuses it first). Outside a mesh: `run` on the whole arrays."""
   ctx = current_context()
   if ctx is None:
@@ -129,20 +132,29 @@ def _per_shard(name: str, run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS) -> jax.Ar
   length = spec(("activation_batch", "activation_length"), (B, S))[1]
   length = () if length is None else (length,) if isinstance(length, str) else length
   if any(ctx.mesh.shape[a] > 1 for a in length):
-    raise ValueError(f"attention={name} does not support a sharded sequence (context parallelism)")
+    if context_parallel is None:
+      raise ValueError(f"attention={name} does not support a sharded sequence (context "
+                       f"parallelism)")
+    return context_parallel(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, ctx=ctx, batch=batch,
+                            heads=heads, kv_heads=kv_heads)
   q_spec, kv_spec = P(batch, None, heads, None), P(batch, None, kv_heads, None)
   return jax.shard_map(run, mesh=ctx.mesh, in_specs=(q_spec, kv_spec, kv_spec, P(batch, None)),
                        out_specs=q_spec, check_vma=False)(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
 
 
 def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
-          sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
-  """Our Pallas flash-attention kernel (MaxText/kernels/flash_attention.py), per shard."""
-  def run(q, k, v, seg):
-    return flash_attention(q, k, v, seg, scale=scale, causal=causal, sliding_window=sliding_window,
-                           block_q=block_q, block_kv=block_kv)
+          sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512,
+          context_strategy: str = "all_gather") -> jax.Array:
+  """Our Pallas flash-attention kernel (MaxText/kernels/flash_attention.py), per shard; a sequence
+  split over the context axis by `context_strategy` (layers/context_parallel.py)."""
+  kw = dict(scale=scale, causal=causal, sliding_window=sliding_window, block_q=block_q,
+            block_kv=block_kv)
 
-  return _per_shard("flash", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
+  def run(q, k, v, seg):
+    return flash_attention(q, k, v, seg, **kw)
+
+  cp = functools.partial(flash_context_parallel, strategy=context_strategy, **kw)
+  return _per_shard("flash", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, context_parallel=cp)
 
 
 def splash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
@@ -206,6 +218,8 @@ def attention_op(mcfg):
   op = ATTENTION_OPS[mcfg.attention]
   if mcfg.attention in BLOCK_SIZED_OPS:
     op = functools.partial(op, block_q=mcfg.flash_block_q, block_kv=mcfg.flash_block_kv)
+  if mcfg.attention == "flash":
+    op = functools.partial(op, context_strategy=mcfg.context_parallel_strategy)
   return op
 
 
@@ -237,11 +251,11 @@ def attention_problems(requested: str, resolved: str, *, device, dtype: str, hea
                        sequence_sharded: bool) -> list[tuple[str, str]]:
   """Config-time refusals of the resolved op (→ ConfigError, exit 2, before anything compiles)."""
   problems = []
-  if resolved in ("flash", "splash", "cudnn") and sequence_sharded:
+  if resolved in ("splash", "cudnn") and sequence_sharded:
     how = "" if requested == resolved else f" (attention={requested} on {device.platform})"
     problems.append(("attention", f"the {resolved} kernel{how} runs on whole sequences per "
                      f"shard; a sequence sharded over the context axis (context parallelism) "
-                     f"needs attention=dot_product"))
+                     f"needs attention=flash (our Pallas kernel, on GPU / CPU) or dot_product"))
   if resolved == "cudnn":
     problem = _cudnn_problem(device, dtype, head_dims)
     if problem:

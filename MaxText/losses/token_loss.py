@@ -3,12 +3,33 @@
 state and its head chunk by chunk (`chunked.py`)."""
 from __future__ import annotations
 
+import contextlib
+
 import jax
 
+from MaxText.layers.context_parallel import balanced_layout, context_size, to_balanced
 from MaxText.losses.chunked import chunked_cross_entropy_sums
 from MaxText.losses.token_stats import cross_entropy_sums
 from MaxText.data.batch import MEDIA_KEYS
 from MaxText.models.model_def import ModelDef
+from MaxText.sharding.rules import BATCH_AXES, constrain, current_context
+
+TOKEN_KEYS = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_segmentation")
+
+
+def context_layout(model_def: ModelDef, micro: dict):
+  """(the micro-batch, a context for the model's call): under a mesh that splits the sequence
+  over the context axis and a model that runs it in the load-balanced order
+  (`ModelDef.balance_context`), the token arrays in that order (positions and segment ids with
+  their tokens; the masked token sums are unchanged) and `balanced_layout()`; else as they are.
+  Rows with media keep the natural order (their soft tokens are placed in sequence order)."""
+  B, S = micro["inputs"].shape
+  n = context_size(current_context(), B, S)
+  if n == 1 or not model_def.balance_context or S % (2 * n) or media_of(micro):
+    return micro, contextlib.nullcontext()
+  micro = {k: constrain(to_balanced(x, n), BATCH_AXES) if k in TOKEN_KEYS else x
+           for k, x in micro.items()}
+  return micro, balanced_layout()
 
 
 def media_of(micro: dict) -> dict:
@@ -20,6 +41,12 @@ def media_of(micro: dict) -> dict:
 def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,
                     chunk: int) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
   """(loss sum, z-loss sum, token count, the model's auxiliary outputs) of one micro-batch."""
+  micro, layout = context_layout(model_def, micro)
+  with layout:
+    return _sums(model_def, params, micro, z_loss_weight=z_loss_weight, chunk=chunk)
+
+
+def _sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float, chunk: int):
   args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
   mask_BS = micro["targets_segmentation"] != 0
   kwargs = {"media": media} if (media := media_of(micro)) else {}

@@ -54,7 +54,7 @@ COMMON_KEYS = frozenset({
 # quantized projections, the hot path its layers are traced on).
 GENERIC_KEYS = frozenset({"lora_rank", "lora_alpha", "lora_targets", "quantization",
                           "quantization_exclude", "weight_bits", "weight_group_size",
-                          "weight_quant_exclude", "hot_path"})
+                          "weight_quant_exclude", "hot_path", "context_parallel_strategy"})
 # Routed experts as MaxText/layers/moe.py implements them (with the balancing terms of
 # `moe.MoETerms`).
 ROUTED_EXPERT_KEYS = frozenset({

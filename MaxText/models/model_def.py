@@ -53,6 +53,9 @@ class ModelDef:
   logical_axes: Any      # pure dict of tuples of logical names
   hot_path: str = "auto"   # the layers' path when traced (`ModelConfig.hot_path`)
   head_paths: tuple[Path, ...] = ()   # the model's `head_params()`: what its `logits` reads
+  # a sequence split over the context axis runs in the load-balanced token order (attention=flash:
+  # layers/context_parallel.py); the loss permutes the batch (losses/token_loss.py)
+  balance_context: bool = False
 
   def apply(self, params, *args, **kwargs):
     return self.apply_with_aux(params, *args, **kwargs)[0]
@@ -109,7 +112,8 @@ def model_def_of(build: Build, mcfg: ModelConfig,
   head = getattr(abstract_model, "head_params", None)   # a family without `logits` has none
   return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes),
                   hot_path=mcfg.hot_path,
-                  head_paths=tuple(tuple(p) for p in head()) if head is not None else ())
+                  head_paths=tuple(tuple(p) for p in head()) if head is not None else (),
+                  balance_context=mcfg.attention == "flash")
 
 
 def init_params_of(build: Build, mcfg: ModelConfig, seed: int):

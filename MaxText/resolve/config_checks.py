@@ -91,6 +91,11 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
   if cfg.max_target_length % sizes["context"]:
     raise ConfigError(f"max_target_length={cfg.max_target_length} does not divide over "
                       f"ici/dcn_context_parallelism={sizes['context']}")
+  if sequence_sharded and mcfg.attention == "flash" and cfg.max_target_length % (2 * sizes["context"]):
+    raise ConfigError(f"max_target_length={cfg.max_target_length}: attention=flash over "
+                      f"ici/dcn_context_parallelism={sizes['context']} holds two chunks per shard "
+                      f"(the load-balanced order), so the length must be a multiple of "
+                      f"{2 * sizes['context']}")
   global_batch = cfg.global_batch_size(n)
   if cfg.data_shards and global_batch % cfg.data_shards:
     raise ConfigError(f"data_shards={cfg.data_shards} does not divide the global batch of "
