@@ -111,7 +111,6 @@ FAMILY = Family(
     check=check,
     aux_terms=aux_terms,
     frozen=frozen,
-    context_parallel=False,
     activation_bytes=recurrent_state_bytes,
     decode_cache=decode_cache,
     hf_maps={"qwen3_next": hf_map},

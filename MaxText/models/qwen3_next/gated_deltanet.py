@@ -41,7 +41,10 @@ from MaxText.layers.kv_cache import ArraySpec
 from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.norms import GatedRMSNorm
 from MaxText.models.model_config import ModelConfig
-from MaxText.sharding.rules import constrain
+from MaxText.layers.context_parallel import context_size
+from MaxText.layers.context_parallel_linear import (conv_over_chunks, gated_delta_over_chunks,
+                                                    resets_over_chunks)
+from MaxText.sharding.rules import constrain, current_context
 
 ACT_BSHX = ("activation_batch", "activation_length", "activation_heads", None)
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
@@ -133,6 +136,15 @@ class GatedDeltaNet(nnx.Module):
   def __call__(self, x_BSD, segment_ids_BS):
     qkv, z, b, a = self._project(x_BSD)
     qkv = constrain(qkv, ACT_BSHX)
+    ctx = current_context()
+    n = context_size(ctx, *segment_ids_BS.shape)
+    if n > 1:   # the sequence split over the context axis: the state handed along it
+      assert ctx is not None
+      mixed = conv_over_chunks(qkv, self.conv[...], segment_ids_BS, n)
+      q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+      o = gated_delta_over_chunks(q, k, v, g, beta, resets_over_chunks(segment_ids_BS, n),
+                                  ctx=ctx, chunk_size=self.chunk_size)
+      return constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
     mixed = causal_conv(qkv, self.conv[...], document_starts(segment_ids_BS))
     q, k, v, g, beta = self._rule_inputs(mixed, b, a)
     o = gated_delta_rule(q, k, v, g, beta, segment_ids_BS, chunk_size=self.chunk_size,
