@@ -10,7 +10,12 @@ the published model's DeltaNet head widths of 128, where the rule is most of the
 
   .venv/bin/python benchmarks/long_context.py [--seqs 1024,2048,4096,8192,16384] [--batch 1]
       [--models next,next-dense,dense] [--rounds 3] [--scan-seq 4096] [--scan-model next]
-      [--mem-fraction 0.5] [--out FILE]
+      [--cp 1,2,4] [--cp-seq 2048] [--cp-models dense,next-dense] [--mem-fraction 0.5] [--out FILE]
+
+`--cp 1,2,4`: context parallelism rows at `--cp-seq` (attention=flash, the Pallas kernel; on CPU
+in the interpreter) on as many fake CPU devices (`--xla_force_host_platform_device_count=8` is
+set when XLA_FLAGS has no device count): CP 1 on one device, then CP n on n devices with the same
+global batch for each strategy (all_gather, ring); the compiled step's memory is per device.
 
 One sequence length at a time (so that only its programs are held): every configuration is
 compiled once (cold: no persistent cache), then `--rounds` rounds each run every configuration's
@@ -41,6 +46,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+if "--cp" in sys.argv and "device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8").strip()
 
 COMMON = ["vocab_size=384", "emb_dim=64", "num_decoder_layers=4", "num_query_heads=4",
           "num_kv_heads=2", "head_dim=16", "mlp_dim=128", "ici_fsdp_parallelism=1",
@@ -79,6 +87,9 @@ def main() -> int:
   ap.add_argument("--scan-seq", type=int, default=4096)
   ap.add_argument("--scan-model", default="next", help=f"the model of the chunked vs token "
                   f"comparison, one of {', '.join(MODELS)}")
+  ap.add_argument("--cp", default="", help="context parallelism sizes, e.g. 1,2,4")
+  ap.add_argument("--cp-seq", type=int, default=2048)
+  ap.add_argument("--cp-models", default="dense,next-dense")
   ap.add_argument("--out", default="")
   ap.add_argument("--mem-fraction", type=float, default=0.5,
                   help="skip a step whose compiled peak exceeds this part of the free memory")
@@ -96,10 +107,10 @@ def main() -> int:
   devices = jax.devices()[:1]
   base = os.path.join(ROOT, "configs", "base.yml")
 
-  def build(name, overrides, S):
-    cfg = load_config([base, *overrides, *COMMON, f"max_target_length={S}",
-                       f"per_device_batch_size={args.batch}"])
-    t = Trainer(cfg, devices)
+  def build(name, overrides, S, n=1):
+    cfg = load_config([base, *COMMON, *overrides, f"max_target_length={S}",
+                       f"per_device_batch_size={args.batch / n:g}"])
+    t = Trainer(cfg, jax.devices()[:n])
     t0 = time.perf_counter()
     compiled = t.compile_step()
     compile_s = time.perf_counter() - t0
@@ -151,6 +162,14 @@ def main() -> int:
     groups.append([(f"{label}, {kind}", [*overrides,
                                                  f"linear_recurrence={kind}"], args.scan_seq)
                    for kind in ("chunked", "token")])
+  cp_sizes = [int(n) for n in args.cp.split(",") if n]
+  for m in (m for m in args.cp_models.split(",") if m and cp_sizes):
+    label, overrides = MODELS[m]
+    groups.append([(f"{label}, flash, CP {n}" + (f" {strategy}" if n > 1 else ""),
+                    [*overrides, "attention=flash", f"ici_context_parallelism={n}",
+                     f"context_parallel_strategy={strategy}"], args.cp_seq, n)
+                   for n in cp_sizes for strategy in (("all_gather",) if n == 1 else
+                                                      ("all_gather", "ring"))])
   load_before = uptime()
   done_groups = []
   for group in groups:   # one length at a time: its models compiled, then run alternately
@@ -181,8 +200,12 @@ def main() -> int:
            f"; one training step (fwd + bwd + AdamW), median of {args.rounds} alternating rounds",
            f"load before: {load_before}", f"load after:  {load_after}", "", head,
            *(row(r) for runs in done_groups[:len(seqs)] for r in runs)]
+  if cp_sizes:
+    lines += ["", f"Context parallelism at S = {args.cp_seq}, attention=flash (the memory columns "
+              f"per device; the same global batch on n devices)", "", head,
+              *(row(r) for runs in done_groups for r in runs if ", CP " in r["name"])]
   if args.scan_seq:
-    scan = done_groups[-1]
+    scan = done_groups[len(seqs)]
     lines += ["", f"Gated delta rule at S = {args.scan_seq}: chunked (chunk 64) vs token by token "
               f"({MODELS[args.scan_model][0]})",
               "", head, *map(row, scan)]

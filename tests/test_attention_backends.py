@@ -175,9 +175,14 @@ def test_select_attention(name, platform, op):
   assert op in attention_ops.ATTENTION_OPS
 
 
-def test_kernels_refused_with_a_sharded_sequence():
-  msg = _config_error("attention=flash", "ici_fsdp_parallelism=4", "ici_context_parallelism=2",
-                      "per_device_batch_size=1")
-  assert "context parallelism" in msg and "attention=dot_product" in msg
-  validate(load_config([BASE_YML, "attention=dot_product", "ici_fsdp_parallelism=4",
-                        "ici_context_parallelism=2", "per_device_batch_size=1"]), jax.devices())
+def test_a_sharded_sequence_takes_flash_and_refuses_splash_and_cudnn():
+  """Context parallelism runs with our flash kernel (tests/test_context_parallel.py) and with
+  dot_product; splash (TPU) and cuDNN run whole sequences per shard and are refused."""
+  for attention in ("flash", "dot_product"):
+    validate(load_config([BASE_YML, f"attention={attention}", "ici_fsdp_parallelism=4",
+                          "ici_context_parallelism=2", "per_device_batch_size=1"]), jax.devices())
+  for resolved in ("splash", "cudnn"):
+    problems = attention_ops.attention_problems("flash", resolved, device=jax.devices()[0],
+                                                dtype="bfloat16", head_dims=[16],
+                                                sequence_sharded=True)
+    assert any("context parallelism" in msg for _, msg in problems)

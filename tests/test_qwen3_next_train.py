@@ -1,7 +1,8 @@
 """Training the qwen3_next family: 5 steps on 1 device equal 5 on 8 (fsdp 2, expert 2, tensor 2:
 the batch over fsdp and expert, the experts over expert, the DeltaNet and attention heads over
-tensor — one run for both, one compile fewer); the carried MTP block never moves (bit for bit, signed zeros included); context parallelism and a
-recurrent state that cannot fit are refused before anything compiles."""
+tensor — one run for both, one compile fewer); the carried MTP block never moves (bit for bit, signed zeros included); a
+recurrent state that cannot fit is refused before anything compiles (context parallelism:
+tests/test_context_parallel.py)."""
 import jax
 import numpy as np
 
@@ -51,15 +52,6 @@ def test_one_device_equals_eight_and_mtp_stays_frozen(tmp_path):
                                                                          ["A_log"]))
   for got, want in zip(jax.tree.leaves(trained["mtp"]), jax.tree.leaves(initial["mtp"])):
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
-
-
-def test_context_parallelism_is_refused(tmp_path, capsys):
-  code, _, _ = train(tmp_path, "cp", *QWEN3_NEXT, "per_device_batch_size=1",
-                     "ici_fsdp_parallelism=4", "ici_context_parallelism=2",
-                     "attention=dot_product")
-  assert code == 2
-  err = capsys.readouterr().err
-  assert "context parallelism is not supported" in err and "qwen3_next" in err
 
 
 def test_preflight_counts_the_recurrent_state():
