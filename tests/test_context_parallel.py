@@ -29,7 +29,7 @@ FAMILIES = {
     "gemma4": ("model_name=gemma4-tiny", "num_decoder_layers=4", "attention_pattern=sf",
                "num_kv_shared_layers=2", "sliding_window=16", "flash_block_q=32",
                "flash_block_kv=32", "learning_rate=3e-4"),
-    "qwen3_next": ("model_name=qwen3-next-tiny", "num_decoder_layers=2", "attention_pattern=lf",
+    "qwen3_next": ("model_name=qwen3-next-tiny", "num_decoder_layers=4", "attention_pattern=lf",
                    "linear_chunk_size=16", "num_experts_per_tok=8", "learning_rate=3e-4"),
 }
 COMMON = ("steps=3", "log_period=1", "dtype=float32", "attention=flash", "enable_checkpointing=false",

@@ -243,7 +243,7 @@ class Config(RunKeys):
       "all_gather", "attention=flash over the context axis: all_gather (K/V gathered, each shard "
       "its own queries) | ring (K/V blocks passed around the axis, online-softmax merge); the "
       "batch runs in a load-balanced token order (each shard an early and a late chunk)",
-      choices=("all_gather", "ring"), **_COMPUTE, tools=MODEL_TOOLS)
+      choices=("all_gather", "ring"), model=True, arch=False, tools=MODEL_TOOLS)
   logical_axis_rules: list = key(
       _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
       note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "
