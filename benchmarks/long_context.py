@@ -108,7 +108,9 @@ def main() -> int:
   base = os.path.join(ROOT, "configs", "base.yml")
 
   def build(name, overrides, S, n=1):
-    cfg = load_config([base, *COMMON, *overrides, f"max_target_length={S}",
+    given = {o.split("=", 1)[0] for o in overrides}
+    common = [c for c in COMMON if c.split("=", 1)[0] not in given]   # e.g. attention=flash
+    cfg = load_config([base, *overrides, *common, f"max_target_length={S}",
                        f"per_device_batch_size={args.batch / n:g}"])
     t = Trainer(cfg, jax.devices()[:n])
     t0 = time.perf_counter()
@@ -198,8 +200,9 @@ def main() -> int:
   lines = [f"{devices[0].platform} ({devices[0].device_kind}), jax {jax.__version__}; batch "
            f"{args.batch}, {'; '.join(sorted({r['setting'] for g in done_groups for r in g}))}"
            f"; one training step (fwd + bwd + AdamW), median of {args.rounds} alternating rounds",
-           f"load before: {load_before}", f"load after:  {load_after}", "", head,
-           *(row(r) for runs in done_groups[:len(seqs)] for r in runs)]
+           f"load before: {load_before}", f"load after:  {load_after}"]
+  if seqs:
+    lines += ["", head, *(row(r) for runs in done_groups[:len(seqs)] for r in runs)]
   if cp_sizes:
     lines += ["", f"Context parallelism at S = {args.cp_seq}, attention=flash (the memory columns "
               f"per device; the same global batch on n devices)", "", head,
