@@ -43,8 +43,15 @@ from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, ke
 from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TRAINERS
 
 
-MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parallelism_key(level: str, axis: str) -> str:
+  """The key sizing mesh axis `axis` at `level` (ici | dcn): `ici_data_parallelism`, …; the
+  `stage` axis is sized by `ici_pipeline_parallelism` / `dcn_pipeline_parallelism`."""
+  return f"{level}_{'pipeline' if axis == 'stage' else axis}_parallelism"
+
 AUTO = "auto"                    # dtype: resolved by MaxText.config.load.resolve_dtype
 AUTO_TRAINING_DTYPE = "bfloat16"   # what dtype=auto computes in when training
 AUTO_TOOL_DTYPE = "float32"        # ... and in the tools (Hugging Face parity is exact in fp32)
@@ -52,7 +59,7 @@ AUTO_LOSS_CHUNK = -1             # loss_chunk_length: resolved by resolve/auto_s
 _COMPUTE = dict(model=True, arch=False)   # read by the model, but the parameters mean the same
 
 _RULES = [
-    ["activation_batch", ["data", "fsdp", "expert"]],
+    ["activation_batch", ["data", "stage", "fsdp", "expert"]],
     ["activation_length", ["context"]],
     ["activation_embed", None],
     ["activation_heads", ["tensor"]],
@@ -68,7 +75,7 @@ _RULES = [
     ["mlp", ["tensor"]],
     ["vocab", ["tensor"]],
     ["exp", ["expert"]],
-    ["layers", None],
+    ["layers", ["stage"]],
     ["norm", None],
     # encoder towers (a multimodal family's vision / audio encoders): sharded as the text model
     ["activation_vision_batch", ["data", "fsdp", "expert"]],
@@ -504,6 +511,16 @@ class Config:
   dcn_context_parallelism: int = key(1, "across slices")
   dcn_expert_parallelism: int = key(1, "across slices")
   dcn_tensor_parallelism: int = key(1, "across slices")
+  ici_pipeline_parallelism: int = key(1, "pipeline stages (the `stage` axis): the decoder layers "
+                                      "split into consecutive groups, one per stage")
+  dcn_pipeline_parallelism: int = key(1, "across slices")
+  num_pipeline_microbatches: int = key(
+      0, "microbatches each (gradient accumulation) micro-batch is cut into for the pipeline; "
+      "0 = as many as stages", min=0)
+  num_pipeline_repeats: int = key(
+      1, "circular pipeline: each stage holds this many non-adjacent groups of layers, a "
+      "microbatch passes every stage this many times (smaller bubble; needs microbatches >= "
+      "stages)", min=1)
   logical_axis_rules: list = key(
       _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
       note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "
@@ -527,10 +544,10 @@ class Config:
 
   # ---- derived values (methods, never stored) ----------------------------------------------------
   def ici_parallelism(self) -> list[int]:
-    return [getattr(self, f"ici_{a}_parallelism") for a in self.mesh_axes]
+    return [getattr(self, parallelism_key("ici", a)) for a in self.mesh_axes]
 
   def dcn_parallelism(self) -> list[int]:
-    return [getattr(self, f"dcn_{a}_parallelism") for a in self.mesh_axes]
+    return [getattr(self, parallelism_key("dcn", a)) for a in self.mesh_axes]
 
   def global_batch_size(self, num_devices: int) -> int:
     """Sequences per optimizer step (all micro-batches of all devices)."""
