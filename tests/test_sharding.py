@@ -39,10 +39,10 @@ def spec(logical, shape, *overrides):
 
 # ---- the mesh itself ----------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides,shape", [
-    (MESH_222, {"data": 2, "fsdp": 2, "context": 1, "expert": 1, "tensor": 2}),
-    (MESH_F8, {"data": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),
-    (MESH_E4F2, {"data": 1, "fsdp": 2, "context": 1, "expert": 4, "tensor": 1}),
-    ((), {"data": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),  # fsdp -1 fills
+    (MESH_222, {"data": 2, "stage": 1, "fsdp": 2, "context": 1, "expert": 1, "tensor": 2}),
+    (MESH_F8, {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),
+    (MESH_E4F2, {"data": 1, "stage": 1, "fsdp": 2, "context": 1, "expert": 4, "tensor": 1}),
+    ((), {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),  # fsdp -1 fills
 ])
 def test_create_mesh_shape(overrides, shape):
   mesh, _, _ = mesh_and_rules(*overrides)
@@ -57,19 +57,19 @@ def test_create_mesh_shape(overrides, shape):
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
         "attn": P(None, EMBED_ALL, "tensor", None),
-        "act": P(("data", "fsdp", "expert"), "context", None),
+        "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
     (MESH_F8, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
         "attn": P(None, EMBED_ALL, "tensor", None),
-        "act": P(("data", "fsdp", "expert"), "context", None),
+        "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
     (MESH_E4F2, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
         "attn": P(None, EMBED_ALL, "tensor", None),
-        "act": P(("data", "fsdp", "expert"), "context", None),
+        "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
 ])
 def test_base_rules_map_to_expected_specs(overrides, expected):
@@ -97,7 +97,8 @@ def test_embed_falls_back_when_axis_already_used():
   # "exp" takes the expert axis, so the first embed rule (which includes expert) is skipped
   assert spec(("exp", "embed"), (4, 64), *MESH_E4F2) == P("expert", ("fsdp", "context"))
   # data 2 fsdp 2 tensor 2: activation_batch uses fsdp; every embed rule needs fsdp → replicated
-  assert spec(("activation_batch", "embed"), (8, 64), *MESH_222) == P(("data", "fsdp", "expert"), None)
+  assert spec(("activation_batch", "embed"), (8, 64), *MESH_222) == P(
+      ("data", "stage", "fsdp", "expert"), None)
   # one mesh axis is never used twice in a spec, even for two dimensions of the same name
   assert spec(("mlp", "mlp"), (4, 4), *MESH_222) == P("tensor", None)
 
@@ -175,14 +176,22 @@ def test_sharding_report_numbers_are_exact():
                "b": NamedSharding(mesh, P()),
                "c": {"d": NamedSharding(mesh, P(None, "tensor"))}}
   assert sharding_report(shapes, shardings) == (
-      "parameters: 6.0 MiB in all, 2.50 MiB per device; 83.3% of parameter bytes sharded")
+      "parameters: 6.0 MiB in all, 2.50 MiB per device; 83.3% of parameter bytes sharded "
+      "(split over data 66.7%, fsdp 66.7%, tensor 16.7%)")
   # a spec over size-1 axes only is not sharding anything
   f8, _, _ = mesh_and_rules(*MESH_F8)
   only = {"a": jax.ShapeDtypeStruct((1024, 1024), jnp.float32)}
   assert sharding_report(only, {"a": NamedSharding(f8, P("tensor", "context"))}) == (
       "parameters: 4.0 MiB in all, 4.00 MiB per device; 0.0% of parameter bytes sharded")
   assert sharding_report(only, {"a": NamedSharding(f8, P("fsdp"))}) == (
-      "parameters: 4.0 MiB in all, 0.50 MiB per device; 100.0% of parameter bytes sharded")
+      "parameters: 4.0 MiB in all, 0.50 MiB per device; 100.0% of parameter bytes sharded "
+      "(split over fsdp 100.0%)")
+  # the stacked layers over 4 stages x fsdp 2
+  s4, _, _ = mesh_and_rules("ici_pipeline_parallelism=4", "ici_fsdp_parallelism=2")
+  layers = {"a": jax.ShapeDtypeStruct((4, 1024, 1024), jnp.float32)}
+  assert sharding_report(layers, {"a": NamedSharding(s4, P("stage", "fsdp"))}) == (
+      "parameters: 16.0 MiB in all, 2.00 MiB per device; 100.0% of parameter bytes sharded "
+      "(split over stage 100.0%, fsdp 100.0%)")
 
 
 # ---- constrain ----------------------------------------------------------------------------------
@@ -204,7 +213,7 @@ def test_constrain_applies_the_rule_inside_use_rules():
   with use_rules(mesh, rules):
     assert "sharding_constraint" in str(jax.make_jaxpr(f)(x))
     out = jax.jit(f)(x)
-  expected = P(("data", "fsdp", "expert"), "context", None)
+  expected = P(("data", "stage", "fsdp", "expert"), "context", None)
   assert out.sharding.is_equivalent_to(NamedSharding(mesh, expected), 3)
   assert out.sharding.shard_shape(out.shape) == (2, 16, 4)
   assert seen and seen[-1].is_equivalent_to(NamedSharding(mesh, expected), 3)

@@ -383,8 +383,9 @@ def _gather(sources: dict, ids: list[int]):
   pieces, order = [], []
   for state, rows, positions in groups.values():
     n = jax.tree.leaves(state)[0].shape[0]
+    index = np.asarray(rows)
     pieces.append(state if rows == list(range(n)) else
-                  jax.tree.map(lambda a, r=np.asarray(rows): a[r], state))
+                  jax.tree.map(lambda a, index=index: a[index], state))
     order += positions
   out = pieces[0] if len(pieces) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
   if order != list(range(len(ids))):
