@@ -56,19 +56,19 @@ def test_create_mesh_shape(overrides, shape):
     (MESH_222, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
-        "attn": P(None, EMBED_ALL, "tensor", None),
+        "attn": P("stage", EMBED_ALL, "tensor", None),   # stage 1: the layers whole
         "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
     (MESH_F8, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
-        "attn": P(None, EMBED_ALL, "tensor", None),
+        "attn": P("stage", EMBED_ALL, "tensor", None),   # stage 1: the layers whole
         "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
     (MESH_E4F2, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
-        "attn": P(None, EMBED_ALL, "tensor", None),
+        "attn": P("stage", EMBED_ALL, "tensor", None),   # stage 1: the layers whole
         "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
 ])
@@ -135,35 +135,38 @@ def test_parse_rules_errors():
 
 # ---- fill_parallelism ---------------------------------------------------------------------------
 def test_fill_parallelism_fills_the_hole():
-  assert fill_parallelism([1, -1, 1, 1, 2], 8, "ici", MESH_AXES) == [1, 4, 1, 1, 2]
-  assert fill_parallelism([-1, 1, 1, 1, 1], 1, "dcn", MESH_AXES) == [1, 1, 1, 1, 1]
-  assert fill_parallelism([2, 2, 1, 1, 2], 8, "ici", MESH_AXES) == [2, 2, 1, 1, 2]
+  assert fill_parallelism([1, 1, -1, 1, 1, 2], 8, "ici", MESH_AXES) == [1, 1, 4, 1, 1, 2]
+  assert fill_parallelism([-1, 1, 1, 1, 1, 1], 1, "dcn", MESH_AXES) == [1, 1, 1, 1, 1, 1]
+  assert fill_parallelism([2, 1, 2, 1, 1, 2], 8, "ici", MESH_AXES) == [2, 1, 2, 1, 1, 2]
 
 
 def test_fill_parallelism_rejects_two_holes():
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([-1, 1, 1, 1, -1], 8, "ici", MESH_AXES)
+    fill_parallelism([-1, 1, 1, 1, 1, -1], 8, "ici", MESH_AXES)
   assert "ici_data_parallelism" in str(e.value) and "ici_tensor_parallelism" in str(e.value)
   assert "ici_fsdp_parallelism" not in str(e.value)
 
 
 def test_fill_parallelism_rejects_wrong_products():
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, 3, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([1, 1, 3, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=3" in str(e.value) and "8" in str(e.value)
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, 1, 1, 2, 1], 1, "dcn", MESH_AXES)
+    fill_parallelism([1, 1, 1, 1, 2, 1], 1, "dcn", MESH_AXES)
   assert "dcn_expert_parallelism=2" in str(e.value)
   with pytest.raises(ConfigError) as e:  # fixed sizes 3 do not divide 8: the keys are named
-    fill_parallelism([3, -1, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([3, 1, -1, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_data_parallelism=3 = 3 does not divide the 8 devices" in str(e.value)
   assert "ici_fsdp_parallelism=-1" in str(e.value)
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, 0, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([1, 1, 0, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=0" in str(e.value)
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, -2, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([1, 1, -2, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=-2" in str(e.value)
+  with pytest.raises(ConfigError) as e:  # the stage axis is sized by the pipeline keys
+    fill_parallelism([1, 3, -1, 1, 1, 1], 8, "ici", MESH_AXES)
+  assert "ici_pipeline_parallelism=3 = 3 does not divide the 8 devices" in str(e.value)
 
 
 # ---- sharding_report ----------------------------------------------------------------------------
@@ -239,7 +242,7 @@ def test_optimizer_moments_follow_the_parameters(extra):
   # the parameters really are sharded (otherwise the comparison below would be vacuous)
   q = params["decoder"]["runs"][0][0]["attn"]["query"]["kernel"] if cfg.scan_layers else \
       params["decoder"]["layers"][0]["attn"]["query"]["kernel"]
-  assert q.spec == (P(None, EMBED_ALL, "tensor", None) if cfg.scan_layers
+  assert q.spec == (P("stage", EMBED_ALL, "tensor", None) if cfg.scan_layers
                     else P(EMBED_ALL, "tensor", None))
   assert params["embedding"].spec == P("tensor", EMBED_ALL)
 
@@ -267,12 +270,17 @@ def test_multi_slice_hybrid_grid_puts_dcn_outermost():
   devices = [types.SimpleNamespace(id=i, slice_index=i // 4, process_index=i // 4, platform="cpu",
                                    device_kind="cpu") for i in range(8)]
   cfg = load_config([BASE_YML])
-  assert mesh_shape(cfg, devices) == ([1, 4, 1, 1, 1], [2, 1, 1, 1, 1])
+  assert mesh_shape(cfg, devices) == ([1, 1, 4, 1, 1, 1], [2, 1, 1, 1, 1, 1])
   grid = device_grid(cfg, devices)
-  assert grid.shape == (2, 4, 1, 1, 1)
+  assert grid.shape == (2, 1, 4, 1, 1, 1)
   assert [{d.slice_index for d in row.ravel()} for row in grid] == [{0}, {1}]
   with pytest.raises(ConfigError, match="dcn"):
     mesh_shape(load_config([BASE_YML, "dcn_data_parallelism=1", "dcn_fsdp_parallelism=1"]), devices)
+  # pipeline stages across the slices: each stage's devices lie within one slice
+  staged = load_config([BASE_YML, "dcn_data_parallelism=1", "dcn_pipeline_parallelism=2"])
+  assert mesh_shape(staged, devices) == ([1, 1, 4, 1, 1, 1], [1, 2, 1, 1, 1, 1])
+  grid = device_grid(staged, devices)
+  assert [{d.slice_index for d in grid[:, s].ravel()} for s in range(2)] == [{0}, {1}]
 
 
 # ---- every shipped model shards its large parameters under fsdp ------------------------------------
