@@ -188,3 +188,16 @@ def test_bad_combination_exits_2(tmp_path, capsys):
                      "ici_fsdp_parallelism=1", devices=jax.devices()[:2])
   assert code == 2
   assert "num_decoder_layers=3 does not split into 2 stages" in capsys.readouterr().err
+
+
+def test_memory_estimate_counts_the_schedule():
+  """A stage keeps its layers' residuals for every iteration, the bubble's included: 2 stages x 2
+  microbatches keep (2 + 1) / 2 times the layers' part; the rest (working set of one microbatch of
+  the stage's doubled rows, logits) is unchanged."""
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.train.memory import activation_bytes
+  mcfg = lambda n: ModelConfig.from_config(load_config([BASE_YML, f"num_decoder_layers={n}"]))
+  plain = {n: activation_bytes(mcfg(n), rows=4, seq=64) for n in (2, 4)}
+  piped = activation_bytes(mcfg(4), rows=4, seq=64, schedule=pipeline.Schedule(2, 2))
+  layers_part = 2 * (plain[4] - plain[2])            # L = 4 layers' residuals
+  assert abs(piped - (plain[4] + layers_part // 2)) <= 2
