@@ -136,6 +136,19 @@ def test_circular_pipeline_with_expert_parallelism_matches_one_device(runs, tmp_
   np.testing.assert_allclose(_losses(got), _losses(ref), rtol=0, atol=1e-5)
 
 
+def test_unscanned_layers_tensor_parallel_full_remat_match_one_device(runs, tmp_path):
+  """2 stages x tensor 2, the layers unscanned (each stage gathers its layers one by one), full
+  remat."""
+  unscanned = ("scan_layers=false", "remat_policy=full")
+  ref, _, _ = runs(unscanned, "one")
+  code, got, _ = train(tmp_path, "tp", *BASE, *unscanned, "ici_pipeline_parallelism=2",
+                       "ici_tensor_parallelism=2", "ici_fsdp_parallelism=1",
+                       "per_device_batch_size=2", "enable_checkpointing=false",
+                       devices=jax.devices()[:4])
+  assert code == 0
+  np.testing.assert_allclose(_losses(got), _losses(ref), rtol=0, atol=1e-5)
+
+
 def test_stage_boundary_inside_a_run_matches_one_device(tmp_path):
   """Gemma 4's [sliding, full] then the same with shared K/V: on 2 stages the positions of the
   two stages differ in kind (both branches run), and the K/V go from stage 0 to stage 1."""
