@@ -12,12 +12,13 @@ without any host holding the model:
   of our parameters, and how (transposed / reshaped, `name_map.to_ours`). Every family's maps are
   read this way.
 - For each parameter, each slice this process's devices hold is cut into the boxes of the HF
-  tensors it comes from; the boxes' byte ranges are fetched a window at a time (`READ_WINDOW`
-  bytes), ranges that touch read as one (`SafetensorsFolder.fetch`: the slices of one tensor held
-  side by side by the process's devices, consecutive tensors read whole), laid out as ours and
-  cast to the parameter's dtype as the in-memory converter casts (NumPy assignment), so both give
-  the same bits. The parameter is then made by `jax.make_array_from_callback`. The host holds,
-  beyond its devices' shards, one window of reads.
+  tensors it comes from; the boxes' byte ranges are fetched one source tensor (for all the
+  slices) or a window of smaller ones (`READ_WINDOW` bytes) at a time, ranges that touch read as
+  one (`SafetensorsFolder.fetch`: the slices of one tensor held side by side by the process's
+  devices, consecutive tensors read whole), laid out as ours and cast to the parameter's dtype as
+  the in-memory converter casts (NumPy assignment), so both give the same bits. The parameter is
+  then made by `jax.make_array_from_callback`. The host holds, beyond its devices' shards, the
+  boxes of one source tensor (or of one window) and one read (at most READ_SPAN bytes).
 - Before anything is read, `check_folder` compares the headers with the plan: a tensor the model
   needs and no shard holds, a wrong shape, or a tensor with no place in the model raise
   HFFolderError naming it (the tools exit 4 before compiling).
@@ -45,7 +46,7 @@ from MaxText.resolve.safetensors_reads import (HFFolderError, ReadStats, Request
 
 __all__ = ["HFFolderError", "ReadStats", "SafetensorsFolder", "check_folder", "flatten",
            "folder_map", "load_sharded", "reads_sharded"]
-READ_WINDOW = 64 << 20   # bytes of ranges fetched (and held) at once
+READ_WINDOW = 64 << 20   # bytes of ranges fetched together (more when one source tensor's are)
 
 
 def _one_map(hf_map: ModuleType) -> NameMap | None:
@@ -204,36 +205,35 @@ def _source_box(st: SafetensorsFolder, fm: FolderMap, fname: str, rule: Rule,
   return tuple(slice(0, n) for n in info.shape), lambda w: post(relay(w)[box])
 
 
-def _slice_jobs(st: SafetensorsFolder, fm: FolderMap, e: Entry, lo_hi: list[tuple[int, int]],
-                out: np.ndarray, tied: tuple[str, str] | None, verdict: list[bool]
-                ) -> list[_Job]:
-  """The reads filling `out`, this process's slice `lo_hi` of parameter `e`."""
+def _source_jobs(st: SafetensorsFolder, fm: FolderMap, e: Entry, source: tuple[str, tuple],
+                 held: dict[tuple, np.ndarray], tied: tuple[str, str] | None, verdict: list[bool]
+                 ) -> list[_Job]:
+  """The reads filling, from one of parameter `e`'s sources, each of this process's slices of it
+  (`held`: slice's (start, stop) per axis → its array)."""
   shape = e.spec.shape
+  name, index = source
+  fname = fm.rename(name)
+  region = _block(index, shape)
+  block_shape = tuple(rb - ra for ra, rb, drop in region if not drop)
   jobs = []
-  for name, index in e.sources:
-    fname = fm.rename(name)
-    region = _block(index, shape)
+  for lo_hi, out in held.items():
     inter = [(max(a, ra), min(b, rb)) for (a, b), (ra, rb, _) in zip(lo_hi, region)]
     if any(b <= a for a, b in inter):
       continue
     # the part of the source's block this slice needs, in the block's own axes
     sub = [(a - ra, b - ra) for (a, b), (ra, _, drop) in zip(inter, region) if not drop]
-    block_shape = tuple(rb - ra for ra, rb, drop in region if not drop)
     box, post = _source_box(st, fm, fname, e.rule, block_shape, sub)
-    request = st.box_request(fname, box)
-    dst = tuple(slice(a - wa, b - wa) for (a, b), (wa, _) in zip(inter, lo_hi))
-
-    def put(arrays, post=post, dst=dst):
-      out[dst] = post(arrays[0]).reshape(out[dst].shape)
-    jobs.append(_Job((request,), put, e.path))
+    requests = (st.box_request(fname, box),)
     if tied is not None and fname == tied[1]:
       # the same box of the head, compared raw with the embedding's as the converter compares
-      head = st.box_request(tied[0], box)
+      requests += (st.box_request(tied[0], box),)
+    dst = tuple(slice(a - wa, b - wa) for (a, b), (wa, _) in zip(inter, lo_hi))
 
-      def compare(arrays):
-        if not np.array_equal(arrays[0], arrays[1]):
-          verdict.append(False)
-      jobs.append(_Job((request, head), compare, e.path))
+    def put(arrays, post=post, dst=dst, out=out):
+      out[dst] = post(arrays[0]).reshape(out[dst].shape)
+      if len(arrays) > 1 and not np.array_equal(arrays[0], arrays[1]):
+        verdict.append(False)
+    jobs.append(_Job(requests, put, e.path))
   return jobs
 
 
@@ -280,20 +280,23 @@ def load_sharded(folder: str, hf_map: ModuleType, mcfg: ModelConfig, abstract_pa
     t = flat_abs[e.path]
     shape = tuple(t.shape)
     held = slices[e.path] = {}   # devices holding the same slice share it (and its reads)
-    jobs = []
     for idx in t.sharding.addressable_devices_indices_map(shape).values():
       key = tuple(_lo_hi(idx, shape))
       if key not in held:
         held[key] = np.empty(tuple(b - a for a, b in key), t.dtype)
-        jobs += _slice_jobs(st, fm, e, list(key), held[key], tied, verdict)
-    left[e.path] = len(jobs)
-    if not jobs:
-      finish(e.path)
-    for job in jobs:
-      pending.append(job)
-      window[0] += job.nbytes
+    # one source tensor's reads for all the slices at a time, so that the slices' touching
+    # ranges are in one window; a window closes between sources
+    left[e.path] = 1   # until its last source's jobs are made
+    for source in e.sources:
+      unit = _source_jobs(st, fm, e, source, held, tied, verdict)
+      left[e.path] += len(unit)
+      pending.extend(unit)
+      window[0] += sum(job.nbytes for job in unit)
       if window[0] >= READ_WINDOW:
         flush()
+    left[e.path] -= 1
+    if not left[e.path]:
+      finish(e.path)
   if pending:
     flush()
   for name in fm.name_map.ours_only:

@@ -9,7 +9,8 @@
 - `fetch(requests)` reads many boxes together: their ranges are grouped by shard file, sorted, and
   ranges that touch or overlap are read as one (the slices of one tensor a process's devices hold
   side by side, consecutive tensors read whole); locally by seeks, on an object store as ranged
-  GETs issued concurrently through fsspec's `cat_ranges`, a batch at a time. `stats` counts the
+  GETs issued concurrently through fsspec's `cat_ranges`, a batch at a time. A read is at most
+  READ_SPAN bytes (a batch too) and is copied out and dropped as it arrives. `stats` counts the
   reads and their bytes.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dt
           "BOOL": np.bool_, "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
 FETCH_BATCH = 1024   # ranged GETs in flight at once on an object store
+READ_SPAN = 64 << 20   # touching ranges are merged into reads of at most this many bytes
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")   # never read
 
 
@@ -144,45 +146,48 @@ class SafetensorsFolder:
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     run = (hi[k] - lo[k]) * strides[k]
     base = sum(low * s for low, s in zip(lo[:k + 1], strides[:k + 1]))
-    starts = [base + sum(i * s for i, s in zip(idx, strides)) for idx in np.ndindex(*out_shape[:k])]
-    return Request(info.file, tuple((info.start + st * item, run * item) for st in starts),
-                   info.dtype, out_shape)
+    # the rows' first elements, in the box's row-major order
+    starts = base + sum(np.ix_(*(np.arange(n, dtype=np.int64) * st
+                                 for n, st in zip(out_shape[:k], strides[:k]))), np.int64(0))
+    offsets = (info.start + np.ravel(starts) * item).tolist()
+    return Request(info.file, tuple((a, run * item) for a in offsets), info.dtype, out_shape)
 
   def fetch(self, requests: Sequence[Request]) -> list[np.ndarray]:
     """The arrays of `requests`, their ranges read together: per file, ranges that touch or
-    overlap are one read."""
+    overlap are one read of at most READ_SPAN bytes (unless one range is longer); each read is
+    copied out and dropped as it arrives."""
     by_file: dict[str, list[tuple[int, int]]] = {}
     for r in requests:
       by_file.setdefault(r.file, []).extend((a, a + n) for a, n in r.ranges)
       self.stats.ranges += len(r.ranges)
-    spans: dict[str, list[tuple[int, int]]] = {}
-    data: dict[str, list[bytes]] = {}
+    out = [np.empty(sum(n for _, n in r.ranges), np.uint8) for r in requests]
     for file, ranges in by_file.items():
       merged: list[list[int]] = []
       for a, b in sorted(ranges):
-        if merged and a <= merged[-1][1]:
+        if merged and a <= merged[-1][1] and max(b, merged[-1][1]) - merged[-1][0] <= READ_SPAN:
           merged[-1][1] = max(merged[-1][1], b)
         else:
           merged.append([a, b])
-      spans[file] = [(a, b) for a, b in merged]
-      data[file] = list(_fetch(file, spans[file]))
-      for (a, b), buf in zip(spans[file], data[file]):
+      starts = np.array([a for a, _ in merged], np.int64)
+      # per read: (request, position in its array, offset in the read, length) of each range
+      copies: list[list[tuple[int, int, int, int]]] = [[] for _ in merged]
+      for k, r in enumerate(requests):
+        if r.file != file or not r.ranges:
+          continue
+        begins = np.array([a for a, _ in r.ranges], np.int64)
+        which = np.searchsorted(starts, begins, side="right") - 1   # the last read starting before
+        pos = 0
+        for i, a, (_, n) in zip(which.tolist(), begins.tolist(), r.ranges):
+          copies[i].append((k, pos, a - merged[i][0], n))
+          pos += n
+      for (a, b), buf, todo in zip(merged, _fetch(file, [(a, b) for a, b in merged]), copies):
         if len(buf) != b - a:
           raise HFFolderError(f"{file}: short read (the file is truncated)")
         self.stats.reads += 1
         self.stats.bytes += b - a
-    out = []
-    for r in requests:
-      starts = [a for a, _ in spans[r.file]]
-      arr = np.empty(sum(n for _, n in r.ranges), np.uint8)
-      pos = 0
-      for a, n in r.ranges:
-        i = int(np.searchsorted(starts, a, side="right")) - 1
-        view = memoryview(data[r.file][i])
-        arr[pos:pos + n] = np.frombuffer(view[a - starts[i]:a - starts[i] + n], np.uint8)
-        pos += n
-      out.append(arr.view(r.dtype).reshape(r.shape))
-    return out
+        for k, pos, off, n in todo:
+          out[k][pos:pos + n] = np.frombuffer(buf, np.uint8, n, off)
+    return [arr.view(r.dtype).reshape(r.shape) for arr, r in zip(out, requests)]
 
   def read(self, name: str, box: Sequence[slice]) -> np.ndarray:
     """Box `box` of tensor `name` (one slice per axis, steps of 1)."""
@@ -199,6 +204,11 @@ def _fetch(path: str, spans: list[tuple[int, int]]) -> Iterable[bytes]:
         yield f.read(end - start)
     return
   fs, p = paths.filesystem(path)
-  for i in range(0, len(spans), FETCH_BATCH):
-    batch = spans[i:i + FETCH_BATCH]
+  i = 0
+  while i < len(spans):   # a batch: at most FETCH_BATCH reads and READ_SPAN bytes (or one read)
+    j, size = i + 1, spans[i][1] - spans[i][0]
+    while j < len(spans) and j - i < FETCH_BATCH and size + spans[j][1] - spans[j][0] <= READ_SPAN:
+      size += spans[j][1] - spans[j][0]
+      j += 1
+    batch, i = spans[i:j], j
     yield from fs.cat_ranges([p] * len(batch), [a for a, _ in batch], [b for _, b in batch])
