@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import ROOT, argv  # noqa: E402
+from conftest import ROOT, argv, read_metrics  # noqa: E402
 from hf_parity import hf_state  # noqa: E402
 from MaxText.checkpoint_conversion import to_maxtext  # noqa: E402
 from MaxText.config.load import replace  # noqa: E402
@@ -60,6 +60,8 @@ def folders(tmp_path_factory):
   os.remove(single)
   from safetensors.numpy import save_file
   save_file(tensors, single, metadata={"format": "pt"})
+  from end_to_end.tiny_hf import save_tiny_tokenizer
+  save_tiny_tokenizer(out["qwen3_next"])
   test_gemma4_mm_audio.hf_model().save_pretrained(out["gemma4"])   # vision + audio towers
   return out
 
@@ -127,6 +129,29 @@ def test_two_processes_load_every_family_as_one_process_and_to_maxtext(folders, 
       assert stats["reads"] < stats["ranges"], (name, i, stats)
 
 
+def _run_args(out, name, *overrides):
+  """conftest's argv without the architecture keys (they come from config.json)."""
+  return [a for a in argv(out, name, *overrides) if a.split("=")[0] not in ARCH]
+
+
+def test_train_from_a_qwen3_next_folder_as_from_its_conversion(folders, tmp_path):
+  """train.py hf_path= on a family whose map is more than one NameMap (Qwen3-Next: conv weights
+  laid out anew, the MTP layers counted from the tensor names): the first step's loss is that of
+  the same step from to_maxtext's checkpoint."""
+  folder = folders["qwen3_next"]
+  steps = ("per_device_batch_size=1", "ici_data_parallelism=1", "ici_fsdp_parallelism=8",
+           "ici_tensor_parallelism=1", "steps=1", "enable_checkpointing=false")
+  code, _ = run(_run_args(tmp_path, "hf", *steps, f"hf_path={folder}"))
+  assert code == 0
+  ckpt = tmp_path / "ckpt"
+  assert to_maxtext.main([f"hf_path={folder}", f"output_path={ckpt}"]) == 0
+  code, _ = run(_run_args(tmp_path, "conv", *steps, f"load_parameters_path={ckpt}"))
+  assert code == 0
+  ours, theirs = read_metrics(tmp_path / "hf"), read_metrics(tmp_path / "conv")
+  assert len(ours) == 1 and [r["loss"] for r in ours] == [r["loss"] for r in theirs]
+  assert [r["batch_checksum"] for r in ours] == [r["batch_checksum"] for r in theirs]
+
+
 def _tied_folder(src, dst, head=None):
   """A copy of tied Qwen3 folder `src` with `head` (or none) as lm_head.weight."""
   from safetensors.numpy import load_file
@@ -173,9 +198,9 @@ def test_tied_embeddings_as_the_converter(tmp_path, capsys):
     with pytest.raises(hf_sharded.HFFolderError,
                        match="tie_word_embeddings=true but lm_head.weight differs"):
       _load(cases[name], cfg, 2, 2, 2)
-  code, _ = run([a for a in argv(tmp_path, "run", "per_device_batch_size=1", "steps=1",
-                                 "ici_fsdp_parallelism=8", "enable_checkpointing=false",
-                                 f"hf_path={cases['differs']}") if a.split("=")[0] not in ARCH])
+  code, _ = run(_run_args(tmp_path, "run", "per_device_batch_size=1", "steps=1",
+                          "ici_fsdp_parallelism=8", "enable_checkpointing=false",
+                          f"hf_path={cases['differs']}"))
   err = capsys.readouterr().err
   assert code == 4 and "lm_head.weight differs from the embedding" in err, err
   assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
