@@ -491,6 +491,13 @@ class Config:
   label_smoothing: float = key(0.0, "DPO: the probability a label is flipped (robust, simpo; must "
                                "be < 0.5)", min=0, max=0.5)
   simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma", min=0)
+  precompute_ref_log_probs: bool = key(
+      False, "DPO: the reference's log-probabilities of every pair computed once before the first "
+      "step (written to the run directory's reference_logps/) instead of by a frozen copy held "
+      "all along")
+  reference_logps: str = key("", "DPO: a reference_logps folder written by a run with "
+                             "precompute_ref_log_probs (one file per pairs file): read, nothing "
+                             "computed, no reference held")
 
   # ---- distillation ----------------------------------------------------------------------------
   teacher_path: str = key(
