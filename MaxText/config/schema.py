@@ -450,6 +450,10 @@ class Config:
   dynamic_sampling: bool = key(False, "GRPO: DAPO's dynamic sampling: groups whose rewards are "
                                "all equal are dropped from the loss (their rows weighted 0) and "
                                "counted (groups_dropped)")
+  dynamic_sampling_rounds: int = key(0, "GRPO: with dynamic_sampling, up to this many more "
+                                     "rounds replace the groups of equal rewards by groups of new "
+                                     "prompts (groups_resampled) before the rest are dropped; 0 = "
+                                     "drop only", min=0)
   overlong_buffer: int = key(0, "GRPO: DAPO's overlong shaping: a completion longer than "
                              "max_new_tokens - this loses up to 1 reward, linearly to -1 at "
                              "max_new_tokens; 0 = off", min=0)
