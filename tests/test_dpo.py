@@ -191,6 +191,26 @@ def test_precomputed_reference_equals_the_frozen_copy_and_is_read_back(learning_
   assert code == 3 and f"reference_logps={folder}: preferences.jsonl" in err, err
 
 
+def test_packed_pairs_equal_padded_pairs(tmp_path):
+  """preference_packing: a pair's two sequences in one row (half the rows) give the padded rows'
+  losses, metrics and held-out metrics, with a frozen reference and with gradient accumulation."""
+  pairs = write_pairs(tmp_path / "p.jsonl")
+  args = (f"preferences={pairs}", f"eval_preferences={pairs}", "steps=3", "max_target_length=24",
+          "gradient_accumulation_steps=2", "enable_checkpointing=false")
+  code, padded, _ = dpo(tmp_path, "padded", *args)
+  assert code == 0
+  code, packed, trainer = dpo(tmp_path, "packed", *args, "preference_packing=true")
+  assert code == 0 and trainer.global_batch == trainer.pairs
+  keys = lambda r: [k for k in r if k in ("loss", "grad_norm", *METRICS) or k.startswith("eval/")]
+  want = {(r["step"], k): r[k] for r in padded for k in keys(r)}
+  got = {(r["step"], k): r[k] for r in packed for k in keys(r)}
+  assert got.keys() == want.keys() and len(want) > 3 * 8
+  for key, v in want.items():
+    if key[1].endswith("accuracies") and abs(want[(key[0], key[1][:-10] + "margins")]) < 1e-4:
+      continue   # the policy is the reference: the sign of rounding noise
+    assert got[key] == pytest.approx(v, abs=1e-5), key
+
+
 @pytest.mark.parametrize("overrides,code_,expected", [
     (("preferences={bad}",), 3, r"line 3: missing field `chosen`"),
     (("preferences={missing}",), 3, r"preferences=.*nope.jsonl: no such file"),
@@ -202,6 +222,8 @@ def test_precomputed_reference_equals_the_frozen_copy_and_is_read_back(learning_
                                                    "not read temperature"),
     (("preferences={good}", "dpo_loss=orpo", "precompute_ref_log_probs=true"), 2,
      "precompute_ref_log_probs: dpo_loss=orpo has no reference"),
+    (("preferences={good}", "preference_packing=true"), 3,
+     r"line \d+: packed, prompt \+ chosen and prompt \+ rejected are 1\d positions"),
     (("preferences={long}",), 3, r"line 1, field `chosen`: prompt \+ response are .* tokens"),
 ])
 def test_bad_input_is_refused_naming_the_culprit(tmp_path, capsys, overrides, code_, expected):

@@ -495,6 +495,9 @@ class Config:
   label_smoothing: float = key(0.0, "DPO: the probability a label is flipped (robust, simpo; must "
                                "be < 0.5)", min=0, max=0.5)
   simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma", min=0)
+  preference_packing: bool = key(False, "DPO: both sequences of a pair (prompt + chosen, prompt "
+                                 "+ rejected) packed into one row, apart by segment ids: half the "
+                                 "rows when a pair fits max_target_length")
   precompute_ref_log_probs: bool = key(
       False, "DPO: the reference's log-probabilities of every pair computed once before the first "
       "step (written to the run directory's reference_logps/) instead of by a frozen copy held "

@@ -83,9 +83,12 @@ class DPOTrainer(Trainer):
       raise ConfigError(f"{key}: {problem}")
     super().__init__(training, devices, tokenizer)
     self.pairs = cfg.global_batch_size(len(self.devices))
-    self.global_batch = 2 * self.pairs   # rows: the activations' estimate and the row count
+    self.packed = cfg.preference_packing   # both sequences of a pair in one row
+    # rows: the activations' estimate and the row count
+    self.global_batch = self.pairs if self.packed else 2 * self.pairs
     S = cfg.max_target_length
-    self.shardings_dpo = dpo_step.batch_shardings(self.mesh, self.rules, self.pairs, S)
+    self.shardings_dpo = dpo_step.batch_shardings(self.mesh, self.rules, self.pairs, S,
+                                                  self.packed)
     self.batch_sharding = jax.sharding.NamedSharding(
         self.mesh, dpo_step.logical_to_spec(dpo_step.ROW_AXES, (self.global_batch, S), self.rules,
                                             self.mesh))
@@ -117,7 +120,8 @@ class DPOTrainer(Trainer):
                       lambda: sft.ChatFormat.for_tokenizer(cfg.tokenizer_path,
                                                            cfg.chat_template_path))
     pad = tok.pad_id if getattr(tok, "pad_id", None) is not None else 0
-    read = lambda path, key: read_preferences(path, key, encoder, cfg.max_target_length, pad)
+    read = lambda path, key: read_preferences(path, key, encoder, cfg.max_target_length, pad,
+                                              self.packed)
     self.train_set = read(cfg.preferences, "preferences")
     self.eval_set = read(cfg.eval_preferences, "eval_preferences") if cfg.eval_preferences \
         else None
