@@ -152,10 +152,18 @@ def distill(out, name, *overrides):
   return code, rows
 
 
-def test_a_student_of_another_architecture_distills_on_the_mesh(teacher_ckpt, tmp_path):
-  """A Qwen3-shaped student (q/k norm, another width and depth) from the llama teacher, the chunked
-  loss per batch shard on 8 devices, with gradient accumulation: finite, the divergence falls."""
-  code, rows = distill(tmp_path, "student", f"teacher_path={teacher_ckpt}", "model_name=qwen3-tiny",
+STUDENTS = {"qwen3": ["model_name=qwen3-tiny"],
+            "gemma4": ["model_name=gemma4-tiny", "num_decoder_layers=5", "num_kv_shared_layers=0",
+                       "per_layer_input_vocab_size=264"]}
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_a_student_of_another_architecture_distills_on_the_mesh(teacher_ckpt, tmp_path, student):
+  """A student of another shape (Qwen3: q/k norm, another width and depth) or family (Gemma 4:
+  sliding and full layers, tied soft-capped head, per-layer inputs) from the llama teacher, the
+  chunked loss per batch shard on 8 devices, with gradient accumulation: finite, the divergence
+  falls."""
+  code, rows = distill(tmp_path, "student", f"teacher_path={teacher_ckpt}", *STUDENTS[student],
                        "vocab_size=264", "max_target_length=64", "steps=6", "log_period=1",
                        "distill_loss=jsd", "distill_beta=0.3", "distill_temperature=2.0",
                        "loss_chunk_length=16", "gradient_accumulation_steps=2",
