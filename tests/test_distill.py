@@ -134,6 +134,40 @@ def test_the_chunked_loss_does_not_hold_both_models_logits():
   assert chunked < both / 2, (whole, chunked, both)
 
 
+def test_the_chunked_loss_per_batch_shard_under_a_mesh_equals_one_device():
+  """fsdp 8 (the loop per batch shard: shard_map, the teacher's head weights gathered once): the
+  value and gradients of the one-device loss."""
+  from conftest import BASE_YML   # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import load_config   # pylint: disable=import-outside-toplevel
+  from MaxText.sharding.mesh import create_mesh   # pylint: disable=import-outside-toplevel
+  from MaxText.sharding.rules import parse_rules, use_rules   # pylint: disable=import-outside-toplevel
+  params, teacher, hidden, t_hidden, targets, mask = inputs(seed=4)
+  tile = lambda x: np.concatenate([x] * 3)[:8]   # 8 rows over 8 batch shards
+  hidden, t_hidden, targets, mask = map(tile, (hidden, t_hidden, targets, mask))
+  spec = DistillSpec("jsd", beta=0.4, temperature=1.5, alpha=0.6)
+
+  def mean_loss(p, h):
+    loss, _, n = distill_sums(make_head("head"), p, h, make_head("lm"), teacher, t_hidden,
+                              targets, mask, spec, 3)
+    return loss / n
+
+  want, want_g = jax.jit(jax.value_and_grad(mean_loss, argnums=(0, 1)))(params, hidden)
+  cfg = load_config([BASE_YML, "ici_fsdp_parallelism=8"])
+  mesh = create_mesh(cfg, jax.devices())
+  rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
+
+  def sharded(p, h):
+    with use_rules(mesh, rules):
+      return jax.value_and_grad(mean_loss, argnums=(0, 1))(p, h)
+
+  got, got_g = jax.jit(sharded)(params, hidden)
+  assert abs(float(got) - float(want)) <= 1e-6
+  for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+  text = jax.jit(sharded).lower(params, hidden).as_text()
+  assert "manual_computation" in text or "shard_map" in text   # the per-batch-shard loop ran
+
+
 # ---- python -m MaxText.distill ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def teacher_ckpt(tmp_path_factory):
