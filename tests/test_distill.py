@@ -178,12 +178,35 @@ def teacher_ckpt(tmp_path_factory):
   return os.path.join(str(out), "teacher", "checkpoints")
 
 
-def distill(out, name, *overrides):
-  from MaxText.distill.__main__ import main
-  code = main(argv(out, name, *overrides))
+def distill(out, name, *overrides, trainer_out=None):
+  from MaxText.distill.trainer import DistillTrainer
+  from MaxText.train.loop import run
+  code, trainer = run(argv(out, name, *overrides), trainer_class=DistillTrainer)
+  if trainer_out is not None:
+    trainer_out.append(trainer)
   run_dir = os.path.join(str(out), name)
   rows = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
   return code, rows
+
+
+def test_resume_is_bitwise(teacher_ckpt, tmp_path):
+  """A run resumed from its step-2 checkpoint (the teacher loaded again) ends bit for bit where
+  the uninterrupted one did."""
+  import shutil   # pylint: disable=import-outside-toplevel
+  args = (f"teacher_path={teacher_ckpt}", "steps=4", "checkpoint_period=2", "loss_chunk_length=16",
+          "max_checkpoints_to_keep=3", "distill_loss=reverse_kl")
+  whole, resumed = [], []
+  code, rows = distill(tmp_path / "a", "run", *args, trainer_out=whole)
+  assert code == 0
+  shutil.copytree(tmp_path / "a" / "run", tmp_path / "b" / "run")
+  shutil.rmtree(tmp_path / "b" / "run" / "checkpoints" / "4")
+  code, again = distill(tmp_path / "b", "run", *args, trainer_out=resumed)
+  assert code == 0
+  last = lambda rs: [r for r in rs if r.get("step") == 4 and "distill_divergence" in r][-1]
+  assert last(again)["loss"] == last(rows)["loss"]
+  for a, b in zip(jax.tree.leaves(whole[0].final_state["params"]),
+                  jax.tree.leaves(resumed[0].final_state["params"])):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
 STUDENTS = {"qwen3": ["model_name=qwen3-tiny"],
