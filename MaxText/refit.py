@@ -24,6 +24,11 @@ host (`tensors="numpy"`, the CPU default) each tensor is a NumPy array; `tensors
 torch tensors: on a GPU/TPU platform the block and its layout change stay on the devices, are put
 on one device and handed over with DLPack (no host copy), on CPU `torch.from_numpy`.
 
+The other end, for an engine of ours (rollout_placement=separate, a Ray engine actor):
+`Receiver(mcfg, engine_shardings, model_type).load(stream(...), previous)` writes each tensor into
+its parameter on the engine's devices as it arrives (each device its slice), so neither end puts
+the model together on one host.
+
 The command line lists what an engine would receive from a checkpoint (a LoRA one merged):
   python -m MaxText.refit load_parameters_path=runs/sft/checkpoints [layout=state_dict]
 prints one `name shape dtype` line per tensor, then their count and bytes.
@@ -217,6 +222,8 @@ class Receiver:
     self.specs = specs
     # our parameters HF has no counterpart of (a MoE selection bias): zeros, as on import
     self.zeros = [p for p in map(split_path, nm.ours_only) if p in specs]
+    self._flat: dict[tuple, Any] = {}
+    self._seen: set[str] = set()
 
   def _block_sharding(self, path: tuple, shape: tuple[int, ...], skip: int) -> Any:
     """The parameter's sharding for a block without its first `skip` axes (an axis the block
@@ -233,32 +240,48 @@ class Receiver:
   def load(self, tensors: Iterator[tuple[str, Any]], into: Any = None) -> Any:
     """The parameters (on the engine's shardings) of the streamed `tensors`; `into`: parameters
     this receiver returned before, overwritten in place (donated)."""
-    flat = dict(traverse_util.flatten_dict(into)) if into is not None else {}
-    seen: set[str] = set()
+    self.begin(into)
     for name, tensor in tensors:
-      if name not in self.targets:
-        raise ValueError(f"refit: {name} has no place in the engine's model")
-      path, rule, index, spec = self.targets[name]
-      ints = tuple(i for i in index if isinstance(i, (int, np.integer)))
-      block = to_ours(np.asarray(tensor), block_shape(spec.shape, index), rule, name)
+      self.put(name, tensor)
       del tensor
-      start = [*ints] + [0] * (len(spec.shape) - len(ints))
-      if index and isinstance(index[-1], slice):      # part j of the last axis
-        start[-1] = index[-1].start
-      block = jax.device_put(block.astype(spec.dtype, copy=False),
-                             self._block_sharding(path, block.shape, len(ints)))
-      if path not in flat:
-        flat[path] = self._zeros(path)
-      flat[path] = _put(flat[path], block, np.asarray(start, np.int32))
-      del block            # (on CPU it may alias the tensor's memory) before the next is pulled
-      seen.add(name)
-    missing = sorted(set(self.targets) - seen)
+    return self.finish()
+
+  # the same, one call per tensor (an engine that is sent the tensors: a Ray actor)
+  def begin(self, into: Any = None) -> None:
+    self._flat = dict(traverse_util.flatten_dict(into)) if into is not None else {}
+    self._seen = set()
+
+  def put(self, name: str, tensor: Any) -> None:
+    """Writes one streamed tensor into its parameter on the engine's devices."""
+    if name not in self.targets:
+      raise ValueError(f"refit: {name} has no place in the engine's model")
+    flat = self._flat
+    path, rule, index, spec = self.targets[name]
+    ints = tuple(i for i in index if isinstance(i, (int, np.integer)))
+    host = to_ours(np.asarray(tensor), block_shape(spec.shape, index), rule, name)
+    del tensor
+    start = [*ints] + [0] * (len(spec.shape) - len(ints))
+    if index and isinstance(index[-1], slice):      # part j of the last axis
+      start[-1] = index[-1].start
+    block = jax.device_put(host.astype(spec.dtype, copy=False),
+                           self._block_sharding(path, host.shape, len(ints)))
+    del host
+    if path not in flat:
+      flat[path] = self._zeros(path)
+    flat[path] = _put(flat[path], block, np.asarray(start, np.int32))
+    self._seen.add(name)
+
+  def finish(self) -> Any:
+    """The parameters, once every tensor was put (ValueError naming those that were not)."""
+    flat = self._flat
+    missing = sorted(set(self.targets) - self._seen)
     if missing:
       raise ValueError(f"refit: the stream ended without {missing[:3]}"
                        f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}")
     for path in self.zeros:
       if path not in flat:
         flat[path] = self._zeros(path)
+    self._flat = {}
     return traverse_util.unflatten_dict(flat)
 
   def _zeros(self, path: tuple) -> jax.Array:

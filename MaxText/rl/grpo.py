@@ -83,6 +83,11 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.overlong_buffer > cfg.max_new_tokens:
     out.append(("overlong_buffer", f"overlong_buffer={cfg.overlong_buffer} exceeds max_new_tokens="
                 f"{cfg.max_new_tokens}"))
+  if cfg.rollout_placement == "separate" and cfg.router_bias_update_rate > 0 \
+      and not cfg.lora_rank:
+    out.append(("router_bias_update_rate", "rollout_placement=separate ships the weights by the "
+                "refit stream, under Hugging Face names, and a Hugging Face model has no router "
+                "selection bias to ship: set router_bias_update_rate=0 or use colocated"))
   if cfg.temperature == 0:
     out.append(("temperature", "temperature=0 decodes greedily: every completion of a prompt is "
                 "the same and no advantage is ever non-zero; sample (e.g. temperature=1)"))
