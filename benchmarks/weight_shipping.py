@@ -7,6 +7,11 @@ CPU seconds of a shipment (interleaved repetitions after one warm-up each), and 
 bytes held during one (tracemalloc: NumPy's buffers are traced; the CPU devices' are not).
 
     .venv/bin/python benchmarks/weight_shipping.py [--reps 5]
+    .venv/bin/python benchmarks/weight_shipping.py --ray [--reps 5]
+
+`--ray`: across processes instead — a RayPolicy of 2 workers x 2 fake devices (the toy model)
+ships to a RayEngine actor on 2 devices of its own (`ship_weights`: worker 0 → engine through
+Ray's object store, tensor by tensor); the median seconds of a shipment after one warm-up.
 """
 from __future__ import annotations
 
@@ -41,10 +46,37 @@ MODELS = {   # the toy task's model (benchmarks/RESULTS.md, rollout placement), 
 }
 
 
+def across_processes(reps: int) -> None:
+  import tempfile  # pylint: disable=import-outside-toplevel
+  import ray  # pylint: disable=import-outside-toplevel
+  from MaxText.rl.ray_policy import RayEngine, RayPolicy  # pylint: disable=import-outside-toplevel
+  out = tempfile.mkdtemp()
+  config = [os.path.join(ROOT, "configs", "grpo.yml"), *MODELS["toy (emb 128, 2 layers)"],
+            "dtype=float32", "max_target_length=16", f"base_output_directory={out}",
+            "run_name=ship", "enable_tensorboard=false", "enable_checkpointing=false"]
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+  group = RayPolicy.start(num_workers=2, devices_per_worker=2, config=config)
+  engine = RayEngine.start(devices=2, config=config, batch_size=8, max_cache_length=16)
+  try:
+    group.ship_weights(engine)   # warm-up: compiles
+    times = [group.ship_weights(engine) for _ in range(reps)]
+    print(f"toy model, 2 workers x 2 devices -> engine actor on 2: ship_weights median "
+          f"{statistics.median(times) * 1e3:.1f} ms (min {min(times) * 1e3:.1f})")
+  finally:
+    engine.kill()
+    group.close()
+    ray.shutdown()
+
+
 def main() -> int:
   ap = argparse.ArgumentParser()
   ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--ray", action="store_true")
   args = ap.parse_args()
+  if args.ray:
+    across_processes(args.reps)
+    return 0
   devices = jax.devices()
   for label, keys in MODELS.items():
     cfg = load_config([BASE, *keys, "dtype=float32", "weight_dtype=float32"])
