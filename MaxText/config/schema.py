@@ -179,6 +179,9 @@ class Config(RunKeys):
       "colocated", "GRPO: colocated (the engine on the training mesh, no weight copy) | separate "
       "(the engine on the second half of the devices, the weights shipped by the refit stream "
       "after each update; weight_shipping_s)", choices=("colocated", "separate"))
+  rollout_offload: bool = key(False, "GRPO: the optimizer state moves to host memory while the "
+                              "engine samples (its device memory free for the decoding cache), "
+                              "back before the update")
   advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
                                  "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
   epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)
