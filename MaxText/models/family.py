@@ -130,6 +130,16 @@ def dense_layer_problems(mcfg: ModelConfig, moe_layers: tuple[int, ...],
   return problems
 
 
+def mtp_problems(mcfg: ModelConfig) -> Problems:
+  """Checks of a family that implements the MTP block (MaxText/layers/mtp.py): a loss scale needs
+  depths to train."""
+  if mcfg.mtp_loss_scale > 0 and not mcfg.mtp_num_layers:
+    return [("mtp_loss_scale", f"mtp_loss_scale={mcfg.mtp_loss_scale:g} trains the "
+                               "multi-token-prediction block, but mtp_num_layers=0 (set "
+                               "mtp_num_layers >= 1)")]
+  return []
+
+
 def _no_problems(mcfg: ModelConfig) -> Problems:
   return []
 
