@@ -47,12 +47,18 @@ def mtp_sums(model_def: ModelDef, params, hidden_KBSD: jax.Array, micro: dict, *
   return jnp.stack(nll), jnp.stack(count)
 
 
-class _NoWatch:
+@dataclass(frozen=True)
+class _Watch:
+  """The MTP loss on the progress line, before the family's own part (`inner`)."""
+  inner: object = None
+
   def progress(self, metrics: dict) -> str:
-    return ""
+    own = f"mtp {metrics['mtp_loss']:.4f}" if "mtp_loss" in metrics else ""
+    theirs = self.inner.progress(metrics) if self.inner is not None else ""
+    return " | ".join(p for p in (own, theirs) if p)
 
   def update(self, step: int, metrics: dict) -> str | None:
-    return None
+    return self.inner.update(step, metrics) if self.inner is not None else None
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ class MTPTerms:
     return out
 
   def watch(self):
-    return _NoWatch() if self.inner is None else self.inner.watch()
+    return _Watch(None if self.inner is None else self.inner.watch())
 
 
 def with_mtp(inner: AuxTerms | None, scale: float, depths: int) -> AuxTerms | None:
