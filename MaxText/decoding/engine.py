@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from dataclasses import dataclass, field
 from typing import Callable, Sequence, cast
 
 import jax
@@ -48,38 +46,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.backend import hot_path
 from MaxText.decoding import cache as cache_lib
+from MaxText.decoding.requests import MIN_PROMPT_BUCKET, Completion, bucket, fetch
 from MaxText.decoding.sampling import Sampling, choose
 from MaxText.decoding.speculative import Speculative
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.sharding.rules import Rules, tree_shardings, use_rules
 
-MIN_PROMPT_BUCKET = 16
 SCORE_CHUNK = 256
 MAX_EOS_IDS = 8      # eos ids go in as a fixed-size array (padded with -1): no recompile per count
 
 
 class DecodeError(ValueError):
   """A request that cannot be decoded; the message names the prompt and the numbers."""
-
-
-@dataclass
-class Completion:
-  prompt_ids: list[int]
-  output_ids: list[int] = field(default_factory=list)
-  output_logprobs: list[float] = field(default_factory=list)
-  finish_reason: str = "length"     # "eos" | "stop" | "length"
-
-
-def bucket(n: int, minimum: int = 1, cap: int | None = None) -> int:
-  """The next power of two >= max(n, minimum), at most `cap`."""
-  size = 1 << max(0, math.ceil(math.log2(max(n, minimum, 1))))
-  return size if cap is None else min(size, cap)
-
-
-def fetch(x) -> np.ndarray:
-  """A replicated result on the host (its local copy: works in a multi-process run too)."""
-  return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
 
 
 def batch_media(media: Sequence[dict[str, np.ndarray]] | None, rows: Sequence[int]

@@ -23,18 +23,16 @@ drafted and accepted tokens (`stats`) give the acceptance rate.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from MaxText.decoding import cache as cache_lib
+from MaxText.decoding.requests import MIN_PROMPT_BUCKET, Completion, bucket, fetch
 from MaxText.layers.mtp import shifted
 from MaxText.sharding.rules import use_rules
-
-if TYPE_CHECKING:
-  from MaxText.decoding.engine import Completion, Engine
 
 
 def rolls_back_by_position(mcfg) -> bool:
@@ -46,7 +44,9 @@ def rolls_back_by_position(mcfg) -> bool:
 class Speculative:
   """The speculative programs of an `Engine` (module docstring); `k` drafted tokens per round."""
 
-  def __init__(self, engine: "Engine", k: int, rounds: int = 8):
+  def __init__(self, engine: Any, k: int, rounds: int = 8):
+    """`engine`: the decoding Engine these programs belong to (its model, mesh, rules, cache
+    dtype and helpers)."""
     self.engine, self.k, self.rounds = engine, k, rounds
     self.depths = engine.mcfg.mtp_num_layers
     self.positional = rolls_back_by_position(engine.mcfg)
@@ -154,9 +154,8 @@ class Speculative:
 
   # ---- a batch of prompts ------------------------------------------------------------------------
   def generate_batch(self, params, prompts, max_len, max_new, eos_E, stop,
-                     detokenize) -> list["Completion"]:
+                     detokenize) -> list[Completion]:
     """The engine's `_generate_batch` for greedy decoding, speculatively (module docstring)."""
-    from MaxText.decoding.engine import MIN_PROMPT_BUCKET, Completion, bucket, fetch
     e = self.engine
     n = len(prompts)
     B = bucket(n)
