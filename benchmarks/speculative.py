@@ -6,8 +6,9 @@ one run on the same trained weights and prompts (MaxText/decoding/speculative.py
                                              [--rows 1] [--prompts 8] [--new 128] [--repeats 3]
 
 --train runs train.py (the command is printed) on the embedded data (the Python standard
-library's source, byte tokenizer): a 6-layer llama-family model (D 256, 4 heads, MLP 1024)
-with one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 250 steps of 16 x 128 tokens.
+library's source, byte tokenizer): a 12-layer llama-family model (D 128, 4 heads, MLP 512)
+with one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 400 steps of 16 x 128 tokens (2 CPU
+devices). Decoding runs on one device (fp32).
 Prompts: the first 48 bytes of --prompts standard-library modules. Each engine (plain, then
 speculative_tokens=k for each k) generates with max_new_tokens = 1 and = --new after an untimed
 warm-up; decode tokens/s = rows x (new - 1) / (t(new) - t(1)), the median of --repeats rounds
@@ -26,10 +27,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODEL = ["emb_dim=256", "num_decoder_layers=6", "num_query_heads=4", "num_kv_heads=4",
-         "head_dim=64", "mlp_dim=1024", "mtp_num_layers=1"]
-TRAIN = ["max_target_length=128", "per_device_batch_size=8", "steps=250", "warmup_steps=20",
-         "mtp_loss_scale=0.3", "log_period=10", "sample_at_end=false", "checkpoint_period=250"]
+MODEL = ["emb_dim=128", "num_decoder_layers=12", "num_query_heads=4", "num_kv_heads=4",
+         "head_dim=32", "mlp_dim=512", "mtp_num_layers=1"]
+TRAIN = ["max_target_length=128", "per_device_batch_size=8", "steps=400", "warmup_steps=20",
+         "mtp_loss_scale=0.3", "log_period=10", "sample_at_end=false", "checkpoint_period=400"]
 MODULES = ["argparse", "json/decoder", "csv", "textwrap", "string", "shlex", "glob", "fnmatch",
            "base64", "calendar", "difflib", "heapq", "bisect", "copy", "pprint", "queue"]
 
@@ -73,9 +74,11 @@ def main() -> None:
   checkpoint = train(args.train) if args.train else args.checkpoint
   from MaxText import inference
   from MaxText.decoding.engine import Engine
+  import jax
   model = inference.load([os.path.join(ROOT, "configs/base.yml"), *MODEL,
                           f"load_parameters_path={checkpoint}", "dtype=float32",
-                          f"decode_batch_size={args.rows}"])
+                          "ici_fsdp_parallelism=1", f"decode_batch_size={args.rows}"],
+                         devices=jax.devices()[:1])
   ids = [model.encode(p.decode()) for p in prompts(args.prompts)]
   base = model.engine
   engines = {0: base}
@@ -91,6 +94,8 @@ def main() -> None:
     assert got == want, f"speculative_tokens={k}: output differs from plain greedy decoding"
     if e.speculative is not None:
       e.speculative.stats.update(drafted=0, accepted=0)
+  for i in range(min(2, len(ids))):
+    print(f"prompt {i}: {model.text(ids[i])!r}\n  greedy: {model.text(want[i])!r}")
   wall = {k: [] for k in engines}
   cpu = {k: [] for k in engines}
   for _ in range(args.repeats):
