@@ -6,9 +6,10 @@ one run on the same trained weights and prompts (MaxText/decoding/speculative.py
                                              [--rows 1] [--prompts 8] [--new 128] [--repeats 3]
 
 --train runs train.py (the command is printed) on the embedded data (the Python standard
-library's source, byte tokenizer): a 12-layer llama-family model (D 128, 4 heads, MLP 512)
-with one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 400 steps of 16 x 128 tokens (2 CPU
-devices). Decoding runs on one device (fp32).
+library's source, byte tokenizer): a 12-layer llama-family model (D 128, 4 heads, MLP 512) with
+one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 400 steps of 16 x 128 tokens (2 CPU
+devices); --family qwen3_next: an 8-layer Qwen3-Next ([3 Gated DeltaNet + 1 gated attention] x 2,
+dense MLPs), 300 steps. Decoding runs on one device (fp32).
 Prompts: the first 48 bytes of --prompts standard-library modules. Each engine (plain, then
 speculative_tokens=k for each k) generates with max_new_tokens = 1 and = --new after an untimed
 warm-up; decode tokens/s = rows x (new - 1) / (t(new) - t(1)), the median of --repeats rounds
@@ -29,15 +30,21 @@ sys.path.insert(0, ROOT)
 
 MODEL = ["emb_dim=128", "num_decoder_layers=12", "num_query_heads=4", "num_kv_heads=4",
          "head_dim=32", "mlp_dim=512", "mtp_num_layers=1"]
-TRAIN = ["max_target_length=128", "per_device_batch_size=8", "steps=400", "warmup_steps=20",
-         "mtp_loss_scale=0.3", "log_period=10", "sample_at_end=false", "checkpoint_period=400"]
+TRAIN = ["max_target_length=128", "per_device_batch_size=8", "warmup_steps=20",
+         "mtp_loss_scale=0.3", "log_period=10", "sample_at_end=false"]
+# --family qwen3_next: [3 Gated DeltaNet + 1 gated attention] x 2, dense MLPs, 300 steps
+QWEN3_NEXT = ["model_name=qwen3-next-tiny", "num_decoder_layers=8", "emb_dim=128",
+              "num_query_heads=4", "num_kv_heads=2", "head_dim=32", "num_experts=0",
+              "moe_mlp_dim=0", "shared_expert_mlp_dim=0", "moe_aux_loss_weight=0", "mlp_dim=512",
+              "mtp_num_layers=1"]
 MODULES = ["argparse", "json/decoder", "csv", "textwrap", "string", "shlex", "glob", "fnmatch",
            "base64", "calendar", "difflib", "heapq", "bisect", "copy", "pprint", "queue"]
 
 
-def train(runs: str) -> str:
+def train(runs: str, model: list[str], steps: int) -> str:
   cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs/base.yml"),
-         f"base_output_directory={runs}", "run_name=mtp", *MODEL, *TRAIN]
+         f"base_output_directory={runs}", "run_name=mtp", *model, *TRAIN, f"steps={steps}",
+         f"checkpoint_period={steps}"]
   print(" ".join(cmd[1:]), flush=True)
   subprocess.run(cmd, check=True)
   return os.path.join(runs, "mtp", "checkpoints")
@@ -64,6 +71,7 @@ def timed(engine, params, ids, new):
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--train", default="")
+  ap.add_argument("--family", default="llama", choices=("llama", "qwen3_next"))
   ap.add_argument("--checkpoint", default="")
   ap.add_argument("--k", default="1,2,3,4")
   ap.add_argument("--rows", type=int, default=1)
@@ -71,11 +79,13 @@ def main() -> None:
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
   args = ap.parse_args()
-  checkpoint = train(args.train) if args.train else args.checkpoint
+  model_keys = MODEL if args.family == "llama" else QWEN3_NEXT
+  checkpoint = (train(args.train, model_keys, 400 if args.family == "llama" else 300)
+                if args.train else args.checkpoint)
   from MaxText import inference
   from MaxText.decoding.engine import Engine
   import jax
-  model = inference.load([os.path.join(ROOT, "configs/base.yml"), *MODEL,
+  model = inference.load([os.path.join(ROOT, "configs/base.yml"), *model_keys,
                           f"load_parameters_path={checkpoint}", "dtype=float32",
                           "ici_fsdp_parallelism=1", f"decode_batch_size={args.rows}"],
                          devices=jax.devices()[:1])
