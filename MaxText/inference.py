@@ -467,7 +467,8 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
   try:
     engine = Engine(mcfg, create_mesh(cfg, devices),
                     parse_rules(cfg.logical_axis_rules, cfg.mesh_axes), cache_dtype=cfg.cache_dtype,
-                    batch_size=cfg.decode_batch_size, max_cache_length=cfg.max_cache_length)
+                    batch_size=cfg.decode_batch_size, max_cache_length=cfg.max_cache_length,
+                    speculative_tokens=cfg.speculative_tokens)
   except ValueError as e:
     raise InferenceError(str(e)) from None
   tokenizer, source = tokenizer_for(cfg)

@@ -59,6 +59,15 @@ class RunKeys:
   use_qk_norm: bool = key(False, "per-head RMSNorm on q and k before RoPE (Qwen3 style)",
                           model=True)
   tie_word_embeddings: bool = key(False, "LM head shares the embedding table", model=True)
+  mtp_num_layers: int = key(
+      0, "multi-token-prediction depths (HF mtp.* / num_nextn_predict_layers): depth k predicts "
+      "the token k+1 ahead from depth k-1's hidden state and the embedding of the token k ahead, "
+      "through one transformer layer of its own and the shared head (llama, qwen3_next)", min=0,
+      model=True)
+  mtp_loss_scale: float = key(
+      0.0, "weight of the multi-token-prediction loss (the mean over mtp_num_layers depths of "
+      "each depth's token cross-entropy); 0 = the MTP block is carried unchanged, not trained",
+      min=0, **_COMPUTE, tools=("train",))
   rope_theta: float = key(10000.0, "RoPE base wavelength", gt=0, model=True)
   max_position_embeddings: int = key(
       8192, "longest sequence the model is meant for (max_target_length <= it)", min=1, model=True)

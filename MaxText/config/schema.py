@@ -135,6 +135,10 @@ class Config(RunKeys):
                            tools=(*DECODERS, *SAMPLERS, "lm_eval", "serve"))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
                            "output_logprobs, text) to this file", tools=("decode",))
+  speculative_tokens: int = key(
+      0, "greedy decoding drafts this many tokens per step with the model's MTP head "
+      "(mtp_num_layers > 0) and verifies them in one forward: the same output as plain greedy "
+      "decoding; 0 = off", min=0, tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
                                min=1, tools=(*DECODERS, "lm_eval"))
   max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "

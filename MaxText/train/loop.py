@@ -25,6 +25,7 @@ from MaxText.data.pipeline import make_shard_iterator, media_slots, validate_dat
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import stack
 from MaxText.layers.pipeline import schedule_of as pipeline_schedule
+from MaxText.losses.mtp import with_mtp
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.models.model_config import ModelConfig
@@ -90,7 +91,8 @@ class Trainer:
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
-    self.aux_terms = self.family.aux_terms(self.mcfg)   # None: cross-entropy (+ z-loss) only
+    self.aux_terms = with_mtp(self.family.aux_terms(self.mcfg), self.mcfg.mtp_loss_scale,
+                              self.mcfg.mtp_num_layers)   # None: cross-entropy (+ z-loss) only
     try:
       self.model_def = make_model_def(self.mcfg)
     except (ValueError, re.error) as e:   # lora_targets selects nothing / is no regex
