@@ -2,9 +2,19 @@
 and a `train` helper that runs the trainer in-process on a tiny model."""
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+# The suite compiles hundreds of tiny programs and runs each a few times: compiling is most of its
+# time, so XLA:CPU's backend (LLVM) runs its cheap pipeline. XLA's HLO passes are the default
+# build's (the programs' shapes, shardings and buffers), and LLVM keeps float arithmetic as written
+# while fast-math is off (XLA:CPU's default). Subprocesses the tests start inherit the flags;
+# tests/test_flash_attention.py passes the same two per program.
+SUITE_XLA_FLAGS = ("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
+                   "--xla_llvm_disable_expensive_passes=true")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the persistent cache keeps every program, however quick to compile (jax reads this variable; the
+# trainer keeps it, and subprocesses inherit it): a warm run compiles nothing, and a program that
+# two test files share compiles once in a cold run
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 CACHE_DIR = os.path.expanduser(os.environ.get("MAXTEXT_TEST_JAX_CACHE", "~/.cache/maxtext_jax_tests"))
 
 import json  # noqa: E402
@@ -14,7 +24,6 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

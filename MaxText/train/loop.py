@@ -59,7 +59,8 @@ __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXI
 def setup_jax(cfg: Config) -> None:
   if cfg.jax_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:   # jax's own variable
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 class Trainer:
