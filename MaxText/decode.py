@@ -6,7 +6,8 @@
 Parameters: `load_parameters_path` (a run's checkpoints/, a step, a converter's output) or
 `hf_path=HF_DIR` (a Hugging Face folder, converted in memory). Prompts, one of: `prompt="..."`,
 `prompt_ids=1,5,9` (token ids: no tokenizer needed), `prompt_file=F` (one prompt per line, or
-.jsonl lines with "prompt", "prompt_ids" or chat "messages"); `chat=true` renders text prompts as a
+.jsonl lines with "prompt", "prompt_ids" or chat "messages", these with "tools" and
+"chat_template_kwargs" as transformers' apply_chat_template takes them); `chat=true` renders text prompts as a
 user message with the tokenizer's own chat template. Images and audio (a model whose family takes
 them): `image=chart.png` / `audio=clip.wav` (repeat the key for several) go with the one prompt
 (placed as MaxText/data/multimodal/prompts.py says: before the text, or where it holds the

@@ -14,7 +14,8 @@ with it) or of `hf_path` (a Hugging Face folder converted in memory), the mesh a
 rules of training, and the decoding keys as `generate`'s defaults. A prompt is text (tokenized,
 with the tokenizer's bos when `add_bos`; with `chat=true` a user message), token ids, or a dict
 with "prompt", "prompt_ids" or chat "messages" (rendered with the tokenizer's own template,
-MaxText/data/chat_template.py). A request that cannot run raises `InferenceError` (exit 2 in the
+MaxText/data/chat_template.py; with "messages" also "tools" and "chat_template_kwargs", as
+transformers' `apply_chat_template(tools=, **kwargs)` takes them). A request that cannot run raises `InferenceError` (exit 2 in the
 tools) naming the prompt, key or number.
 
 Images and audio (a model whose family takes them, `Family.media`): `generate`, `score` and
@@ -137,20 +138,34 @@ class InferenceModel:
       raise InferenceError(f"{what} needs a tokenizer: {self.tokenizer_source}")
     return self.tokenizer
 
-  def render_chat(self, messages: Sequence[dict]) -> list[int]:
+  def chat_text(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                template_kwargs: dict | None = None) -> str:
+    """`messages` rendered by the tokenizer's chat template (with the generation prompt), `tools`
+    and `template_kwargs` as transformers' `apply_chat_template(tools=, **kwargs)` takes them."""
     tok = self._need_tokenizer("chat")
     if not isinstance(tok, HFTokenizer):
       raise InferenceError(f"chat=true needs a Hugging Face tokenizer with a chat template; the "
                            f"tokenizer is {tok!r}")
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+      raise InferenceError(f"chat_template_kwargs must be an object, got {template_kwargs!r:.100}")
     folder = os.path.dirname(tok.path)
     processor = self.processor
     names = processor.tokens if processor is not None else {}
     try:
-      text = chat_template.render(chat_template.find_template(folder), messages,
-                                  {**names, **chat_template.special_tokens(folder)})
+      return chat_template.render(chat_template.find_template(folder), messages,
+                                  {**names, **chat_template.special_tokens(folder)}, tools=tools,
+                                  template_kwargs=template_kwargs)
     except DataError as e:
       raise InferenceError(str(e)) from None
-    return tok.encode(text)
+
+  def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                  template_kwargs: dict | None = None) -> list[int]:
+    return self._need_tokenizer("chat").encode(self.chat_text(messages, tools, template_kwargs))
+
+  @staticmethod
+  def chat_options(prompt: dict) -> tuple[Any, Any]:
+    """(tools, chat_template_kwargs) of a prompt object with "messages"."""
+    return prompt.get("tools"), prompt.get("chat_template_kwargs")
 
   def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
     """The token ids of one prompt (module docstring)."""
@@ -161,7 +176,7 @@ class InferenceModel:
         raise InferenceError(f"a prompt object needs exactly one of prompt, prompt_ids, messages; "
                              f"got keys {sorted(prompt)}")
       if keys[0] == "messages":
-        return self.render_chat(prompt["messages"])
+        return self.render_chat(prompt["messages"], *self.chat_options(prompt))
       return self.encode(prompt[keys[0]], chat)
     if isinstance(prompt, str):
       if not prompt:
@@ -219,7 +234,7 @@ class InferenceModel:
         clips = [*media_prompts.per_prompt(prompt.get("audio"), 1, "audio")[0], *clips]
         if keys[0] == "messages":
           messages, images, clips = media_prompts.fill_messages(prompt["messages"], images, clips)
-          return self.render_chat(messages), images, clips
+          return self.render_chat(messages, *self.chat_options(prompt)), images, clips
       except DataError as e:
         raise InferenceError(str(e)) from None
       prompt = prompt[keys[0]]

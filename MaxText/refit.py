@@ -15,7 +15,9 @@ The names and layouts are the family's own Hugging Face map (`FAMILY.hf_maps`, t
 A LoRA model (`lora_rank > 0`) is streamed merged, W + alpha/r A B, block by block
 (`lora.merge_kernel`: the same numbers as the merged export).
 
-Memory: the name map indexes each parameter where it lives before anything is copied, so a
+Several processes (a multi-host run, a group of Ray workers): every process streams the same
+tensors in the same order, each block gathered from all of them. Memory: the name map indexes each
+parameter where it lives before anything is copied, so a
 scanned stack [L, ...] gives one layer's block (gathered from its shards), never the stack; the
 caller holds one tensor at a time (the generator keeps no reference to what it yielded). On the
 host (`tensors="numpy"`, the CPU default) each tensor is a NumPy array; `tensors="torch"` gives
@@ -70,7 +72,7 @@ class _Param:
       x = _take(x, np.asarray(ints, np.int32))     # one compiled program per shape, not per index
     elif ints:
       x = x[ints]
-    return x if self._on_device else np.asarray(x)
+    return x if self._on_device else _host(x)
 
   def __getitem__(self, index: Any) -> Any:
     index = index if isinstance(index, tuple) else (index,)
@@ -85,8 +87,17 @@ class _Param:
 
   def __array__(self, dtype=None, copy=None):      # the whole parameter (the name map's checks)
     del copy
-    out = np.asarray(self._w)
+    out = _host(self._w)
     return out if dtype is None else out.astype(dtype)
+
+
+def _host(x: Any) -> np.ndarray:
+  """`x` whole on this host; a global array of several processes is gathered (a collective: every
+  process streams the same tensors in the same order)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
 
 
 def _views(params: Any, scale: float, on_device: bool) -> dict:

@@ -123,29 +123,31 @@ def synthetic_batch(trainer, seed: int = 0) -> dict:
 
 
 def grpo_step(trainer):
-  """GRPO's optimizer step (`MaxText/rl/step.py`, with a reference KL term) on the trainer's
-  model, optimizer and mesh, compiled for a rollout batch of the global batch's rows; and that
-  batch (random tokens, every target a completion token, random advantages)."""
+  """GRPO's optimizer step (`MaxText/rl/step.py: make_update` with the GRPO loss and a reference
+  KL term) on the trainer's model, optimizer and mesh, compiled for a rollout batch of the global
+  batch's rows; and that batch (random tokens, every token after the first a completion token,
+  random advantages)."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+  from MaxText.rl.batch import model_arrays  # pylint: disable=import-outside-toplevel
   from MaxText.rl.step import (  # pylint: disable=import-outside-toplevel
-      batch_shardings, jit_grpo_step, make_grpo_step)
+      batch_shardings, grpo_loss, jit_update, make_update)
   cfg, (B, S) = trainer.cfg, (trainer.global_batch, trainer.cfg.max_target_length)
   shardings = batch_shardings(trainer.mesh, trainer.rules, B, S)
-  step = make_grpo_step(trainer.model_def, trainer.tx, mesh=trainer.mesh, rules=trainer.rules,
-                        lr_schedule=trainer.lr_schedule, chunk=cfg.loss_chunk_length,
-                        adapters_only=trainer.adapters_only, use_reference=True,
-                        loss_kwargs=dict(beta=0.04))
+  step = make_update(trainer.model_def, trainer.tx, mesh=trainer.mesh, rules=trainer.rules,
+                     lr_schedule=trainer.lr_schedule, chunk=cfg.loss_chunk_length,
+                     adapters_only=trainer.adapters_only,
+                     loss_fn=grpo_loss(dict(beta=0.04), use_reference=True), micro_batches=1,
+                     aux_terms=None)
   rng = np.random.default_rng(0)
-  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
-          for k in ("inputs", "targets")}
-  host.update(positions=np.tile(np.arange(S, dtype=np.int32), (B, 1)),
-              segments=np.ones((B, S), np.int32), mask=np.ones((B, S), np.float32),
-              old_logprobs=np.full((B, S), -9.0, np.float32),
-              ref_logprobs=np.full((B, S), -9.0, np.float32),
-              advantages=rng.normal(size=B).astype(np.float32))
+  host = model_arrays({
+      "input_ids": rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32),
+      "token_mask": np.ones((B, S), np.float32), "generation_mask": np.ones((B, S), np.float32),
+      "old_logprobs": np.full((B, S), -9.0, np.float32),
+      "reference_logprobs": np.full((B, S), -9.0, np.float32),
+      "advantages": rng.normal(size=B).astype(np.float32)})
   batch = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
-  return jit_grpo_step(step, trainer.shardings, shardings, trainer.mesh).lower(
+  return jit_update(step, trainer.shardings, shardings, trainer.mesh).lower(
       trainer.abstract, batch).compile(), batch
 
 

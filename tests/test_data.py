@@ -228,7 +228,8 @@ def test_data_config_is_the_schemas_data_keys():
       "tokenizer_path", "add_bos", "add_eos", "packing", "shuffle", "data_shuffle_seed",
       "grain_worker_count", "max_bad_records", "max_target_length", "vocab_size",
       "eval_split_fraction", "sft", "sft_train_on_completion_only", "sft_overlong",
-      "chat_template_path"}
+      "chat_template_path", "max_num_images_per_example", "max_num_audio_per_example",
+      "max_audio_seconds"}
   # the implementation tables of allowed values are the schema's choices
   assert set(file_readers.READERS) == set(choices("dataset_format")) - {"auto"}
   assert set(tokenizers.TOKENIZER_TYPES) == set(choices("tokenizer_type"))

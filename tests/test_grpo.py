@@ -102,6 +102,8 @@ def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
     (["max_new_tokens=6", "LONG"], "line 9: the prompt has 12 tokens, more than the 10 allowed "
                                    "(max_target_length=16 - max_new_tokens=6)"),
     (["temperature=0"], "temperature=0 decodes greedily"),
+    (["microbatch_size=5"], "microbatch_size=5 does not divide the rollout batch's 16 rows"),
+    (["gradient_accumulation_steps=2"], "set microbatch_size (rows per micro-batch) instead"),
 ])
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, capsys, overrides, expected):
   prompts = write_prompts(tmp_path / "p.jsonl", long_line=11 if "LONG" in overrides else None)
@@ -447,3 +449,12 @@ def test_a_failed_evaluation_after_the_last_step_keeps_its_checkpoint(tmp_path, 
   assert len(calls) == 2 and os.path.isdir(tmp_path / "evalfail" / "checkpoints" / "2")
   assert ("warning: the evaluation after step 2 failed and was skipped (RuntimeError: forced "
           "evaluation failure)") in err
+
+
+def test_memory_preflight_counts_one_micro_batch_of_activations(tmp_path):
+  """With microbatch_size the update's activations are one micro-batch's: fewer than the whole
+  rollout batch's."""
+  _, whole = _trainer(tmp_path)
+  _, micro = _trainer(tmp_path, "microbatch_size=4")
+  assert micro.micro_batches() == 4 and whole.micro_batches() == 1
+  assert micro.memory_estimate().activations < whole.memory_estimate().activations

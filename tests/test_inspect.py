@@ -203,7 +203,7 @@ def test_interventions_match_torch_hooks(family):
 def test_identity_interventions_change_nothing_bitwise():
   m = inspector("gemma4")
   capture = ["logits", "hidden_states", "attentions"]
-  plain = m.forward(ROWS, capture=capture)
+  plain = m.forward(ROWS, capture=capture, buckets=False)   # the shape interventions run at
   ident = lambda x, ctx: x
   every = {"embed_out": ident, "final_norm_out": ident, "logits": ident,
            **{f"{b}.*": ident for b in ("resid_pre", "attn_scores", "attn_pattern", "attn_out",
@@ -218,6 +218,9 @@ def test_identity_interventions_change_nothing_bitwise():
   np.testing.assert_array_equal(same.logits, plain.logits)
   for a, b in zip(same.hidden_states + same.attentions, plain.hidden_states + plain.attentions):
     np.testing.assert_array_equal(a, b)
+  with m.intervene(every):                   # in the padded buckets too
+    padded = m.forward(ROWS, capture=capture, buckets=True)
+  np.testing.assert_array_equal(padded.logits, m.forward(ROWS, capture=capture).logits)
 
 
 def _stacked_patterns(m: Inspector, ids, **kw) -> list[tuple[int, ...]]:

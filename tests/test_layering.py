@@ -26,13 +26,13 @@ LAYERS = [
     ("train",),                               # the trainer
     ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
-     "refit", "inspect", "quantize", "lmeval"),                                          # entry
-    ("rl",),                                  # GRPO: drives the decoding API and the trainer
+     "refit", "inspect", "quantize", "lmeval", "serve"),                                 # entry
+    ("rl", "repair"),                         # GRPO; LoRA repair: drive the tools and the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 # the tools: none of them imports the trainer's package, not even through another module
 TOOLS = ("checkpoint_conversion", "decode", "inference", "inspect", "launch", "lmeval",
-         "logit_check", "quantization", "quantize", "refit")
+         "logit_check", "quantization", "quantize", "refit", "serve")
 
 
 def is_schema_part(module: str) -> bool:

@@ -62,7 +62,8 @@ class Oracle(transformers.Gemma4Processor):
     return super().check_argument_for_proper_class(argument_name, argument)
 
 
-def build_processor_folder(folder, layout="processor_config", words=tuple(WORDS), image=None):
+def build_processor_folder(folder, layout="processor_config", words=tuple(WORDS), image=None,
+                           audio=None):
   """The tiny tokenizer (placeholders, bos added like Gemma's), its chat template and the
   processor's files; returns transformers' processor over the same folder."""
   from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -78,7 +79,7 @@ def build_processor_folder(folder, layout="processor_config", words=tuple(WORDS)
   fast.save_pretrained(folder)
   hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
   image_processor = Gemma4ImageProcessorPil(**(image or IMAGE))
-  extractor = Gemma4AudioFeatureExtractor(**AUDIO)
+  extractor = Gemma4AudioFeatureExtractor(**(audio or AUDIO))
   plain = lambda d: json.loads(json.dumps(d, default=lambda o: np.asarray(o).tolist()))
   if layout == "processor_config":
     files = {"processor_config.json": {

@@ -129,7 +129,7 @@ def test_every_program_answers_a_bare_help_with_exit_0():
 TOOL_MODULES = ["MaxText.logit_check", "MaxText.quantize", "MaxText.refit", "MaxText.inspect.__main__",
                 "MaxText.checkpoint_conversion.to_maxtext",
                 "MaxText.checkpoint_conversion.to_huggingface", "MaxText.launch.__main__",
-                "MaxText.launch.local"]
+                "MaxText.launch.local", "MaxText.serve.__main__"]
 
 
 @pytest.mark.parametrize("module", TOOL_MODULES)

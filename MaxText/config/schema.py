@@ -101,7 +101,8 @@ class Config:
                   "random token ids", min=0,
                   tools=(*TRAINERS, "decode", "logit_check"))
   jax_cache_dir: str = key("~/.cache/maxtext_jax",
-                           'persistent XLA compilation cache; "" turns it off')
+                           'persistent XLA compilation cache; "" turns it off',
+                           tools=(*TRAINERS, "serve"))
 
   # ---- model -----------------------------------------------------------------------------------
   model_name: str = key("default", '"default" or a file configs/models/<model_name>.yml to overlay',
@@ -226,6 +227,14 @@ class Config:
   sft_overlong: str = key("truncate", "sft: a conversation longer than max_target_length is "
                           "truncated | dropped (either is counted)",
                           choices=("truncate", "drop"), data=True, tools=("train",))
+  max_num_images_per_example: int = key(
+      0, "sft: images a conversation may hold (its user turns' image parts), each row's image "
+      "slots; 0 = conversations are text", min=0, data=True, tools=("train",))
+  max_num_audio_per_example: int = key(
+      0, "sft: audio clips a conversation may hold, each row's clip slots; 0 = no audio", min=0,
+      data=True, tools=("train",))
+  max_audio_seconds: float = key(30.0, "sft: the longest clip (seconds; the feature frames of a "
+                                 "clip slot)", gt=0, data=True, tools=("train",))
   chat_template_path: str = key("", 'sft: a jinja chat template file; "" = the tokenizer\'s own '
                                 "(chat_template.jinja / tokenizer_config.json)", data=True,
                                 tools=("train",))
@@ -354,7 +363,8 @@ class Config:
       "", "a Hugging Face folder: decode / evaluate / inspect / lm_eval convert it in memory "
       "(instead of load_parameters_path); to_maxtext converts it; logit_check compares with it",
       section="decoding (python -m MaxText.decode; MaxText.inference)",
-      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", "lm_eval", *CONVERT))
+      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", "lm_eval", "serve",
+                                       *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
                     tools=(*DECODERS, "train"))
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
@@ -382,17 +392,32 @@ class Config:
   stop: list[str] = key([], "stop once the completion text contains one of these strings",
                         tools=(*DECODERS, *TRAINERS))
   eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos",
-                           tools=(*DECODERS, *TRAINERS, "lm_eval"))
+                           tools=(*DECODERS, *TRAINERS, "lm_eval", "serve"))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
                            "output_logprobs, text) to this file", tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
                                min=1, tools=(*DECODERS, "lm_eval"))
   max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "
-                              "longest prompt + max_new_tokens, rounded up to a power of two",
-                              min=0, tools=(*DECODERS, "lm_eval"))
+                              "longest prompt + max_new_tokens, rounded up to a power of two "
+                              "(serve: per slot; 0 = max_position_embeddings)",
+                              min=0, tools=(*DECODERS, "lm_eval", "serve"))
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
-                         tools=(*DECODERS, *TRAINERS, "lm_eval"))
+                         tools=(*DECODERS, *TRAINERS, "lm_eval", "serve"))
+
+  # ---- serving ---------------------------------------------------------------------------------
+  serve_slots: int = key(8, "decode slots: requests decoded together (continuous batching)", min=1,
+                         section="serving (python -m MaxText.serve)", section_tools=("serve",))
+  serve_queue: int = key(64, "requests waiting for a slot at most; more get 503 + Retry-After",
+                         min=1)
+  serve_chunk: int = key(8, "decoding steps per engine call; requests join and leave between "
+                         "calls", min=1)
+  serve_max_tokens: int = key(16384, "a request's n x max_tokens at most (400 beyond)", min=1)
+  serve_max_body_bytes: int = key(8 << 20, "a request body's bytes at most (413 beyond)", min=1)
+  serve_model_name: str = key("", "the model's name in /v1/models and requests; \"\" = the "
+                              "checkpoint's or hf_path's folder name")
+  log_prompts: bool = key(False, "log each request's prompt and completion text (off: only "
+                          "their token counts)")
 
   # ---- reinforcement learning (GRPO) -----------------------------------------------------------
   prompts: str = key(
@@ -407,6 +432,13 @@ class Config:
                               min=1)
   num_iterations: int = key(1, "GRPO: optimizer passes over each rollout batch (1 = on-policy)",
                             min=1)
+  microbatch_size: int = key(0, "GRPO / the policy API: rows per micro-batch; the batch's "
+                             "gradients are accumulated over them in one update (0 = the whole "
+                             "batch at once)", min=0)
+  rollout_placement: str = key(
+      "colocated", "GRPO: colocated (the engine on the training mesh, no weight copy) | separate "
+      "(the engine on the second half of the devices, the weights shipped by the refit stream "
+      "after each update; weight_shipping_s)", choices=("colocated", "separate"))
   advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
                                  "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
   epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)

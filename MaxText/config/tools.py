@@ -18,10 +18,11 @@ TOOLS = {
     "logit_check": "python -m MaxText.logit_check",
     "refit": "python -m MaxText.refit",
     "lm_eval": "python -m MaxText.lmeval",
+    "serve": "python -m MaxText.serve",
 }
 
 TRAINERS = ("train", "grpo")                                   # the step loop's programs
 MODEL_TOOLS = (*TRAINERS, "decode", "evaluate", "inspect", "quantize",   # build a model: a config
-               "lm_eval")
+               "lm_eval", "serve")
 CONVERT = ("to_maxtext",)            # takes the architecture from config.json (refuses yours)
 DECODERS = ("decode", "inspect")     # a prompt through the model

@@ -10,8 +10,23 @@ Each is int32 of length S = max_target_length (a batch: [rows, S]):
                            SFT a token outside the assistant turns)
 
 Producers (`packing.py`, `sft.py`, `eval_data.py`) write exactly these keys; consumers (the train
-step's shardings, evaluation) read them from here.
+step's shardings, evaluation) read them from here. SFT rows with images or audio also hold their
+media slots (`media_rows.py`); `row_specs` gives every key a row holds with its shape and dtype.
 """
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
 
 BATCH_KEYS = ("inputs", "targets", "inputs_segmentation", "inputs_position",
               "targets_segmentation")
+
+# the media slots an SFT row with images / audio holds (media_rows.py), by transformers' names
+MEDIA_KEYS = ("pixel_values", "image_position_ids", "input_features", "input_features_mask")
+
+
+def row_specs(seq_len: int, media: dict[str, tuple[tuple[int, ...], Any]] | None = None
+              ) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """{key: (per-row shape, dtype)}: the token arrays, then any media slots (MediaSlots.specs)."""
+  return {**{k: ((seq_len,), np.int32) for k in BATCH_KEYS}, **(media or {})}

@@ -85,10 +85,13 @@ def _environment(marks: tuple[str, str] = ("", "")):
 
 
 def render(template: str, messages: Sequence[dict[str, Any]], tokens: dict[str, str], *,
-           add_generation_prompt: bool = True, generation_marks: tuple[str, str] = ("", "")
+           add_generation_prompt: bool = True, generation_marks: tuple[str, str] = ("", ""),
+           tools: Sequence[dict] | None = None, template_kwargs: dict[str, Any] | None = None
            ) -> str:
-  """The template applied to `messages` ([{"role", "content"}, ...]); DataError when the template
-  does not parse or refuses the messages (its raise_exception)."""
+  """The template applied to `messages` ([{"role", "content"}, ...]), with `tools` (JSON schemas
+  of the functions the model may call) and `template_kwargs` (the template's own variables, e.g.
+  enable_thinking) as transformers' `apply_chat_template(tools=, **kwargs)` hands them; DataError
+  when the template does not parse or refuses the messages (its raise_exception)."""
   import jinja2  # pylint: disable=import-outside-toplevel
   if not isinstance(messages, (list, tuple)) or not all(
       isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
@@ -96,7 +99,11 @@ def render(template: str, messages: Sequence[dict[str, Any]], tokens: dict[str, 
                     f"got {messages!r:.200}")
   try:
     compiled = _environment(generation_marks).from_string(template)
-    return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                           **tokens)
+    if tools is not None and not (isinstance(tools, (list, tuple)) and
+                                  all(isinstance(t, dict) for t in tools)):
+      raise DataError(f"tools must be a list of JSON-schema objects, got {tools!r:.200}")
+    return compiled.render(messages=list(messages), tools=None if tools is None else list(tools),
+                           documents=None, add_generation_prompt=add_generation_prompt,
+                           **{**tokens, **(template_kwargs or {})})
   except jinja2.exceptions.TemplateError as e:
     raise DataError(f"the chat template cannot render these messages: {e}") from e

@@ -18,7 +18,7 @@ from MaxText.data import sources
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.batch import BATCH_KEYS
-from MaxText.data.pipeline import row_dataset
+from MaxText.data.pipeline import media_slots, row_dataset
 from MaxText.data.tokenizers import Tokenizer
 
 
@@ -85,9 +85,11 @@ class EvalBatches:
     rows = {s: iter(row_dataset(self.dcfg, self.tokenizer, s, self.num_shards, split=self.split,
                                 endless=False)) for s in self.shard_ids}
     pad = padding_row(self.dcfg.max_target_length, self.tokenizer.pad_id)
+    slots = media_slots(self.dcfg, self.tokenizer)   # SFT rows with images / audio
+    pad.update(slots.empty() if slots is not None else {})
     for _ in range(self.steps):
       block = []
       for s in self.shard_ids:
         for _ in range(self.shard_batch):
           block.append(next(rows[s], pad))
-      yield {k: np.stack([r[k] for r in block]).astype(np.int32) for k in BATCH_KEYS}
+      yield {k: np.stack([r[k] for r in block]).astype(v.dtype) for k, v in pad.items()}

@@ -33,11 +33,13 @@ import numpy as np
 
 from MaxText.config.schema import DATA_KEYS, KEYS, default
 from MaxText.data import bad_records
+from MaxText.data import media_rows
 from MaxText.data import packing
 from MaxText.data import sft
 from MaxText.data import sources
 from MaxText.data import synthetic
 from MaxText.data.config import DataConfig
+from MaxText.data.multimodal.processor import Processor
 from MaxText.data.errors import DataError
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
@@ -160,6 +162,19 @@ def _decode_state(value: Any) -> Any:
   return value
 
 
+def media_slots(dcfg: DataConfig, tokenizer: Tokenizer) -> media_rows.MediaSlots | None:
+  """Each SFT row's image / audio slots (media_rows.py); None for text rows. DataError naming the
+  key when the tokenizer's folder has no processor for them, or with packing."""
+  if not dcfg.sft or not (dcfg.max_num_images_per_example or dcfg.max_num_audio_per_example):
+    return None
+  if dcfg.packing:
+    raise DataError("max_num_images_per_example / max_num_audio_per_example: rows with images "
+                    "or audio are not packed; set packing=false")
+  return media_rows.slots_for(Processor.for_tokenizer(tokenizer),
+                              dcfg.max_num_images_per_example, dcfg.max_num_audio_per_example,
+                              dcfg.max_audio_seconds)
+
+
 def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: int, *,
                 split: str = "train", endless: bool = True) -> grain.IterDataset:
   """Unbatched rows of one data shard (see the module docstring for the graph). `split`: the
@@ -186,10 +201,11 @@ def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: 
       docs = docs.shuffle(seed=seed)
     docs = docs.repeat()
   if dcfg.sft:
+    slots = media_slots(dcfg, tokenizer)
     to_pairs = sft.ChatToPairs(sft.ChatFormat.for_tokenizer(dcfg.tokenizer_path,
                                                             dcfg.chat_template_path),
                                tokenizer, seq_len, dcfg.sft_train_on_completion_only,
-                               dcfg.sft_overlong)
+                               dcfg.sft_overlong, Processor.for_tokenizer(tokenizer), slots)
   else:
     to_pairs = packing.TokenizeToPairs(tokenizer, dcfg.add_bos, dcfg.add_eos)
   pairs = docs.map(to_pairs).to_iter_dataset(_READ_OPTIONS)  # Drops None (too-short docs).

@@ -3,7 +3,10 @@ assistant's tokens.
 
 A record is one jsonl line holding OpenAI-style `messages` ([{"role": "system" | "user" |
 "assistant" | "tool", "content": str}, ...], multi-turn), or `prompt` and `completion` (strings:
-one user and one assistant message; or lists of messages). The tokenizer's own chat template (or
+one user and one assistant message; or lists of messages); optionally `tools` (JSON schemas of
+the functions the model may call) and `chat_template_kwargs` (the template's own variables, e.g.
+enable_thinking), handed to the template as transformers' `apply_chat_template(tools=,
+**kwargs)` hands them. The tokenizer's own chat template (or
 `chat_template_path`) renders it as transformers' `apply_chat_template` does
 (data/chat_template.py), and the text is tokenized once, without added special tokens (the
 template writes them; `add_bos` / `add_eos` do not apply).
@@ -36,11 +39,14 @@ from typing import Any
 import grain
 import numpy as np
 
-from MaxText.data import bad_records, chat_template, file_readers, sources
+from MaxText.data import bad_records, chat_template, file_readers, media_rows, sources
 from MaxText.data.bad_records import BadRecord
+from MaxText.data.batch import MEDIA_KEYS
 from MaxText.data.errors import DataError
+from MaxText.data.multimodal.processor import media_of_messages
 
 ROLES = ("system", "user", "assistant", "tool")
+PART_TYPES = ("text", "image", "audio")   # content parts of a user / system message (media_rows.py)
 _MARKS = ("\ue000", "\ue001")            # around {% generation %} bodies while rendering
 _PROBE = ("\ue002", "\ue003")            # contents of the end-of-turn probe conversation
 
@@ -77,10 +83,13 @@ class ChatFormat:
     return cls(template, chat_template.special_tokens(folder))
 
   def render(self, messages: list[dict], add_generation_prompt: bool = False,
-             marks: tuple[str, str] = ("", "")) -> str:
+             marks: tuple[str, str] = ("", ""), options: dict | None = None) -> str:
+    """`options`: the record's {"tools", "chat_template_kwargs"} (`options_of`)."""
+    options = options or {}
     return chat_template.render(self.template, messages, self.tokens,
                                 add_generation_prompt=add_generation_prompt,
-                                generation_marks=marks)
+                                generation_marks=marks, tools=options.get("tools"),
+                                template_kwargs=options.get("chat_template_kwargs"))
 
   def _end_of_turn(self) -> str:
     """What the template writes right after an assistant message's content (trailing white space
@@ -90,19 +99,20 @@ class ChatFormat:
     at = text.find(_PROBE[1])
     return text[at + 1:].rstrip() if at >= 0 else ""
 
-  def render_with_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+  def render_with_spans(self, messages: list[dict], options: dict | None = None
+                        ) -> tuple[str, list[tuple[int, int]]]:
     """(the conversation's text, [(start, end)] character spans of the assistant's text)."""
     for m in messages:
       if any(c in str(m.get("content", "")) for c in (*_MARKS, *_PROBE)):
         raise DataError("a message holds a private-use character U+E000..U+E003")
     if self.tagged:
-      return _cut_marks(self.render(messages, marks=_MARKS))
-    text = self.render(messages)
+      return _cut_marks(self.render(messages, marks=_MARKS, options=options))
+    text = self.render(messages, options=options)
     spans, pos = [], 0
     for i, m in enumerate(messages):
       if m["role"] != "assistant":
         continue
-      prefix = self.render(messages[:i], add_generation_prompt=True)
+      prefix = self.render(messages[:i], add_generation_prompt=True, options=options)
       if not text.startswith(prefix):
         raise DataError(f"the chat template's rendering of the {i} messages before assistant "
                         f"message {i} is not a prefix of the conversation's; give the template "
@@ -159,11 +169,31 @@ def messages_of(record: Any) -> list[dict]:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
       role = m.get("role") if isinstance(m, dict) else m
       raise DataError(f"message {i} has role {role!r}; the roles are {', '.join(ROLES)}")
-    if not isinstance(m.get("content", ""), (str, type(None))):
-      raise DataError(f"message {i}'s content is not a string")
+    content = m.get("content", "")
+    if isinstance(content, list) and m["role"] != "assistant":
+      kinds = [p.get("type") if isinstance(p, dict) else None for p in content]
+      if not all(k in PART_TYPES for k in kinds):
+        raise DataError(f"message {i}'s content parts have types {kinds}; the types are "
+                        f"{', '.join(PART_TYPES)}")
+    elif not isinstance(content, (str, type(None))):
+      raise DataError(f"message {i}'s content is not a string" + (
+          "" if m["role"] != "assistant" or not isinstance(content, list) else
+          " (content parts: user and system messages only)"))
   if not any(m["role"] == "assistant" for m in messages):
     raise DataError("the conversation has no assistant message")
   return messages
+
+
+def options_of(record: dict) -> dict:
+  """The record's template options: {"tools": [...], "chat_template_kwargs": {...}} as given
+  (DataError when they are not a list of objects / an object)."""
+  tools, kwargs = record.get("tools"), record.get("chat_template_kwargs")
+  if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict)
+                                                                for t in tools)):
+    raise DataError("`tools` must be a list of JSON-schema objects")
+  if kwargs is not None and not isinstance(kwargs, dict):
+    raise DataError("`chat_template_kwargs` must be an object")
+  return {"tools": tools, "chat_template_kwargs": kwargs}
 
 
 def assistant_token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]],
@@ -178,9 +208,10 @@ def assistant_token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, 
   return ((cum[b] - cum[a]) > 0).astype(np.int32)
 
 
-def tokenize_chat(fmt: ChatFormat, tokenizer, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-  """(token ids, assistant mask) of a conversation, int32."""
-  text, spans = fmt.render_with_spans(messages)
+def tokenize_chat(fmt: ChatFormat, tokenizer, messages: list[dict], options: dict | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """(token ids, assistant mask) of a conversation, int32 (`options`: `options_of`)."""
+  text, spans = fmt.render_with_spans(messages, options)
   enc = tokenizer.impl.encode(text, add_special_tokens=False)
   return (np.asarray(enc.ids, np.int32),
           assistant_token_mask(enc.offsets, spans, len(text)))
@@ -199,29 +230,39 @@ class ChatToPairs:
   "truncated"}` pairs, a BadRecord or an Overlong. Picklable (runs in Grain's threads/workers)."""
 
   def __init__(self, fmt: ChatFormat, tokenizer, seq_len: int, completion_only: bool,
-               overlong: str):
+               overlong: str, processor=None, slots: media_rows.MediaSlots | None = None):
     self.fmt, self.tokenizer, self.seq_len = fmt, tokenizer, seq_len
     self.completion_only, self.overlong = completion_only, overlong
+    self.processor, self.slots = processor, slots   # media rows (media_rows.py), or None
 
   def __call__(self, doc: Any):
     if isinstance(doc, BadRecord):
       return doc
     record, where = doc
+    media = None
     try:
-      ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages_of(record))
+      messages = messages_of(record)
+      ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages, options_of(record))
+      if self.slots is not None:
+        ids, mask, media = media_rows.expand(self.processor, self.slots, messages, ids, mask,
+                                             where)
+      elif any(media_of_messages(messages)):
+        raise DataError("the conversation holds image / audio parts: set "
+                        "max_num_images_per_example / max_num_audio_per_example")
     except DataError as e:
       return BadRecord(where=where, why=str(e))
     if ids.shape[0] < 2:
       return Overlong(where, "fewer than 2 tokens")
     loss = mask[1:] if self.completion_only else np.ones(ids.shape[0] - 1, np.int32)
     truncated = ids.shape[0] - 1 > self.seq_len
-    if truncated and self.overlong == "drop":
-      return Overlong(where, f"{ids.shape[0] - 1} pairs > max_target_length={self.seq_len}")
+    if truncated and (self.overlong == "drop" or media is not None):
+      return Overlong(where, f"{ids.shape[0] - 1} pairs > max_target_length={self.seq_len}" + (
+          " (a row with media is never cut)" if media is not None else ""))
     inputs, targets, loss = ids[:-1][:self.seq_len], ids[1:][:self.seq_len], loss[:self.seq_len]
     if not loss.any():
       return Overlong(where, "no assistant token within max_target_length")
     return {"inputs": inputs, "targets": targets, "loss_mask": loss.astype(np.int32),
-            "truncated": np.int32(truncated)}
+            "truncated": np.int32(truncated), **(media or {})}
 
 
 class _CountIterator(grain.DatasetIterator):
@@ -281,7 +322,8 @@ class _Rows:
       pos = np.pad(np.arange(n, dtype=np.int32), (0, pad))
       inputs, targets, loss = (np.pad(row[k], (0, pad)) for k in ("inputs", "targets", "loss_mask"))
     padding = seg == 0
-    return {"inputs": np.where(padding, self.pad_id, inputs).astype(np.int32),
+    media = {k: row[k] for k in row if k in MEDIA_KEYS}
+    return {**media, "inputs": np.where(padding, self.pad_id, inputs).astype(np.int32),
             "targets": np.where(padding, self.pad_id, targets).astype(np.int32),
             "inputs_segmentation": seg.astype(np.int32),
             "inputs_position": np.where(padding, 0, pos).astype(np.int32),

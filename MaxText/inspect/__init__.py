@@ -10,7 +10,13 @@ forward (scanned layers included), gradients with respect to a site, the logit l
     t = m.forward(ids, capture={"logits", "resid_post.*"})
   value, g = m.grad("resid_post.2", lambda logits: logits[-1, 7], ids)
   m.unembed_weight(), m.final_norm(h), m.lens(h)                 # the logit lens
+  m.final_norm_params()                      # scale, eps, zero-centred, soft-cap: as data
   m.generate(["def f("]), m.logprobs([[1, 5]], [[9]]), m.chat([{"role": "user", "content": "Hi"}])
+  e = m.encode([{"role": "user", "content": "Hi"}])   # ids, tokens, text, token types, chat spans
+  m.logprobs(["def f("], top_k=5, max_new_tokens=8)   # greedy, then scored: top-5 per step
+  m.capabilities, m.compiled_programs()                # capabilities.py; forward buckets lengths
+  m.forward(ids, to="torch")                 # CPU torch tensors (torch imported only then)
+  m = mi.wrap(params, cfg)                   # parameters already in memory (a training run's)
 
 Sites: MaxText/layers/sites.py. CLI: `python -m MaxText.inspect --help`.
 """
@@ -19,22 +25,73 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from MaxText.inspect.capabilities import Capabilities, capabilities_of
+from MaxText.inspect.encoding import Encoding, Span
 from MaxText.inspect.model import Inspector
+from MaxText.inspect.scoring import StepLogprobs
 from MaxText.inspect.trace import Trace
 
 BASE_YML = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs", "base.yml")
 
-__all__ = ["Inspector", "Trace", "load"]
+__all__ = ["Capabilities", "Encoding", "Inspector", "Span", "StepLogprobs", "Trace",
+           "capabilities", "capabilities_of", "load", "wrap"]
+
+
+def _source(hf_path, load_parameters_path) -> str:
+  if (hf_path is None) == (load_parameters_path is None):
+    raise ValueError("give one of hf_path=... or load_parameters_path=...")
+  return f"hf_path={hf_path}" if hf_path else f"load_parameters_path={load_parameters_path}"
 
 
 def load(*, hf_path: str | None = None, load_parameters_path: str | None = None,
-         overrides: Sequence[str] = (), config: str = BASE_YML, devices=None) -> Inspector:
+         overrides: Sequence[str] = (), config: str = BASE_YML, devices=None,
+         attention: str = "reference") -> Inspector:
   """A model ready to inspect: the parameters of a Hugging Face folder (`hf_path`, converted in
   memory) or of a checkpoint (`load_parameters_path`: a run's checkpoints/, a step, a converter's
-  output), with `overrides` (key=value config keys: the mesh, the tokenizer, ...) on `config`."""
+  output), with `overrides` (key=value config keys: the mesh, the tokenizer, ...) on `config`.
+  `attention`: capabilities.py."""
   from MaxText import inference
-  if (hf_path is None) == (load_parameters_path is None):
-    raise ValueError("give one of hf_path=... or load_parameters_path=...")
-  source = f"hf_path={hf_path}" if hf_path else f"load_parameters_path={load_parameters_path}"
-  return Inspector(inference.load([config, source, *overrides], devices=devices))
+  capabilities_of_attention(attention)
+  source = _source(hf_path, load_parameters_path)
+  return Inspector(inference.load([config, source, *overrides], devices=devices), attention)
+
+
+def wrap(params, cfg, *, devices=None, attention: str = "reference") -> Inspector:
+  """An inspection model around parameters already in memory (host or device arrays of the
+  model `cfg`, a Config, describes: a training run's), placed on the mesh of `cfg` — no
+  checkpoint round trip."""
+  from MaxText import inference
+  capabilities_of_attention(attention)
+  return Inspector(inference.load(cfg, devices=devices, params=params), attention)
+
+
+def capabilities(*, hf_path: str | None = None, load_parameters_path: str | None = None,
+                 overrides: Sequence[str] = (), config: str = BASE_YML,
+                 attention: str = "reference") -> Capabilities:
+  """A model's capabilities from its config, tokenizer and processor files alone (no parameters
+  are read, nothing compiles)."""
+  from MaxText import inference
+  from MaxText.checkpoint_conversion.hf_io import read_config
+  from MaxText.checkpoint_conversion.to_maxtext import config_for_hf
+  from MaxText.config.load import replace
+  from MaxText.data.multimodal.processor import Processor
+  from MaxText.data.tokenizers import HFTokenizer
+  from MaxText.models.model_config import ModelConfig
+  source = _source(hf_path, load_parameters_path)
+  if hf_path:
+    cfg = replace(config_for_hf(read_config(hf_path), list(overrides)), hf_path=hf_path)
+  else:
+    cfg, _ = inference.load_config_for_decoding([config, source, *overrides])
+  tokenizer, _ = inference.tokenizer_for(cfg)
+  chat = isinstance(tokenizer, HFTokenizer)
+  processor = Processor.for_tokenizer(tokenizer) if tokenizer is not None else None
+  takes = [m for m in ("image", "audio") if processor is not None and not processor.takes(m)]
+  return capabilities_of(ModelConfig.from_config(cfg), attention=attention, chat=chat,
+                         processor_takes=takes)
+
+
+def capabilities_of_attention(attention: str) -> None:
+  from MaxText.inspect.capabilities import ATTENTION_SETTINGS
+  if attention not in ATTENTION_SETTINGS:
+    raise ValueError(f"attention={attention!r}: one of {ATTENTION_SETTINGS}")

@@ -17,10 +17,13 @@ transformers' `output_hidden_states=True, output_attentions=True`.
                     their names); None for a text prompt
   image_grids       with images: each image's patch grid (rows, columns) before pooling, in
                     order (a list per row for a batch)
+  encoding          a single prompt's `Encoding` (MaxText/inspect/encoding.py: text, token strings,
+                    token types, chat turns), None for a batch of ids
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +42,7 @@ class Trace:
   heads: tuple[int, ...] | None = None       # the heads of `attentions` (None: all)
   mm_token_type_ids: np.ndarray | None = None
   image_grids: list | None = None
+  encoding: Any = None                       # encoding.Encoding of a single prompt
 
   def token_types(self) -> np.ndarray:
     """Each position's kind ("text", "image", "video", "audio"), shaped like `tokens`."""

@@ -7,7 +7,14 @@ import jax
 
 from MaxText.losses.chunked import chunked_cross_entropy_sums
 from MaxText.losses.token_stats import cross_entropy_sums
+from MaxText.data.batch import MEDIA_KEYS
 from MaxText.models.model_def import ModelDef
+
+
+def media_of(micro: dict) -> dict:
+  """A batch's media slots ([B, N, ...] per row, data/media_rows.py) as the towers take them:
+  every row's items in row order, [B·N, ...] (empty slots yield no soft token)."""
+  return {k: v.reshape(-1, *v.shape[2:]) for k, v in micro.items() if k in MEDIA_KEYS}
 
 
 def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float,
@@ -15,9 +22,10 @@ def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: 
   """(loss sum, z-loss sum, token count, the model's auxiliary outputs) of one micro-batch."""
   args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
   mask_BS = micro["targets_segmentation"] != 0
+  kwargs = {"media": media} if (media := media_of(micro)) else {}
   if chunk <= 0:
-    logits_BSV, aux = model_def.apply_with_aux(params, *args)
+    logits_BSV, aux = model_def.apply_with_aux(params, *args, **kwargs)
     return (*cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight), aux)
-  hidden_BSD, aux = model_def.apply_hidden(params, *args)
+  hidden_BSD, aux = model_def.apply_hidden(params, *args, **kwargs)
   return (*chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
                                       mask_BS, z_loss_weight, chunk, model_def.logical_axes), aux)

@@ -11,7 +11,10 @@ weighted by `reward_weights`), advantages per group (`advantage_estimator`), the
 log-probabilities recomputed by the trainer (the engine's own are compared with them and the
 difference logged), the reference's (`kl_beta` > 0: the loaded parameters, kept as a copy; with
 LoRA the base under the adapters, no copy), then `num_iterations` optimizer updates on the clipped
-policy loss (MaxText/rl/losses.py, MaxText/rl/step.py).
+policy loss (MaxText/rl/losses.py), split into micro-batches of `microbatch_size` rows whose
+gradients are accumulated in the one update. Those pieces are the policy API's
+(MaxText/rl/policy.py: its batch format and compiled programs, on this trainer's mesh and state):
+an outside loop driving `Policy` does what this loop does (end_to_end/rl_driver.py).
 
 The rest is train.py's machinery (`train/loop.py: Trainer`, of which `GRPOTrainer` is a kind):
 config (base.yml + configs/grpo.yml + key=value; architecture and tokenizer from the checkpoint),
@@ -20,7 +23,8 @@ mesh and rules, the pre-flight memory check, the run directory and its lock, che
 functions of (seed, step)), SIGTERM → save → exit 42, metrics.jsonl / TensorBoard / stdout, and the
 exit statuses (2 config — including a prompt over the budget, group size 1, a reward module that
 does not import —, 3 more than `max_bad_rewards` bad rewards, 4 checkpoint, 5 non-finite).
-The family's auxiliary loss (MoE balancing) is not part of the GRPO loss.
+The family's auxiliary loss (MoE balancing) is not part of the GRPO loss; its changes outside the
+gradient (the MoE router's selection bias) follow every update as in pre-training.
 """
 from __future__ import annotations
 
@@ -33,26 +37,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
-from MaxText.decoding.engine import Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
 from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
+from MaxText.rl.placement import Rollouts, split_devices
+from MaxText.rl.policy import Policy
 from MaxText.rl.rewards import RewardScorer, load_rewards
-from MaxText.rl.step import (batch_shardings, jit_grpo_step, make_grpo_step, make_logprob_fn)
+from MaxText.rl.step import batch_shardings
 from MaxText.runtime.exit_codes import exit_process
 from MaxText.runtime.host_data import process_rows
 from MaxText.train import memory
 from MaxText.train.loop import Trainer, main as train_main
 from MaxText.train.periodic import log_failure
 from MaxText.train.run_log import log, log_error
-from MaxText.train.state import init_state
 from MaxText.train.step_loop import LoopParts
 
 
@@ -64,8 +68,12 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
                 "relative to the other completions of the same prompt, so a group needs at least "
                 "2"))
   if cfg.gradient_accumulation_steps != 1:
-    out.append(("gradient_accumulation_steps", "GRPO updates on the whole rollout batch at once; "
-                "set gradient_accumulation_steps=1 (fewer prompts_per_step for less memory)"))
+    out.append(("gradient_accumulation_steps", "GRPO splits its rollout batch by rows: set "
+                "microbatch_size (rows per micro-batch) instead"))
+  rows = cfg.prompts_per_step * cfg.num_generations
+  if cfg.microbatch_size and rows % cfg.microbatch_size:
+    out.append(("microbatch_size", f"microbatch_size={cfg.microbatch_size} does not divide the "
+                f"rollout batch's {rows} rows (prompts_per_step x num_generations)"))
   if cfg.dual_clip and cfg.dual_clip <= 1:
     out.append(("dual_clip", f"dual_clip={cfg.dual_clip} must be > 1 (or 0 = off)"))
   if cfg.max_new_tokens >= cfg.max_target_length:
@@ -88,17 +96,18 @@ class GRPOTrainer(Trainer):
     cfg = training.cfg
     for key, problem in grpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
+    devices, engine_devices = split_devices(cfg, jax.devices() if devices is None else devices)
     super().__init__(training, devices, tokenizer)
     self.group = cfg.num_generations
     self.global_batch = cfg.prompts_per_step * cfg.num_generations
     S = cfg.max_target_length
-    self.shardings_rl = batch_shardings(self.mesh, self.rules, self.global_batch, S)
-    self.batch_sharding = self.shardings_rl["inputs"]
+    self.batch_sharding = batch_shardings(self.mesh, self.rules, self.global_batch, S)["inputs"]
     self.rows = process_rows(self.batch_sharding, (self.global_batch, S))
     self.scorer = RewardScorer(load_rewards(cfg.reward, cfg.reward_weights), cfg.max_bad_rewards,
                                log_error)   # scoring runs on process 0 only
-    self.engine = Engine(self.mcfg, self.mesh, self.rules, cache_dtype=cfg.cache_dtype,
-                         batch_size=self.global_batch, max_cache_length=S)
+    self.rollouts = Rollouts(cfg, self.mcfg, self.mesh, self.rules, engine_devices,
+                             batch_size=self.global_batch, max_cache_length=S)
+    self.engine = self.rollouts.engine
     self.io = InferenceModel(cfg, self.engine, None, tokenizer, "the run's tokenizer")
     budget = S - cfg.max_new_tokens
     hint = f"max_target_length={S} - max_new_tokens={cfg.max_new_tokens}"
@@ -107,10 +116,10 @@ class GRPOTrainer(Trainer):
     self.eval_set: PromptSet | None = read(cfg.eval_prompts, "eval_prompts") \
         if cfg.eval_prompts else None
     self.use_reference = cfg.kl_beta > 0 or self.adapters_only   # with LoRA the KL is free to log
-    self.loss_kwargs = dict(epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                            dual_clip=cfg.dual_clip or None, beta=cfg.kl_beta,
-                            kl_estimator=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
-                            max_response_len=cfg.max_new_tokens)
+    self.policy = Policy(self)   # the programs of the policy API (MaxText/rl/policy.py)
+
+  def micro_batches(self) -> int:
+    return self.global_batch // (self.cfg.microbatch_size or self.global_batch)
 
   def memory_estimate(self) -> memory.MemoryEstimate:
     """train.py's estimate for the rollout rows, plus the engine's cache of a rollout batch (held
@@ -133,24 +142,6 @@ class GRPOTrainer(Trainer):
     return None   # the prompts are chosen per step (MaxText/rl/prompts.py): no iterator to save
 
   # ---- pieces of a step --------------------------------------------------------------------------
-  def device_arrays(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Host arrays every process holds whole → global arrays with the rollout shardings."""
-    return {k: jax.make_array_from_callback(v.shape, self.shardings_rl[k],
-                                            lambda idx, v=v: v[idx])
-            for k, v in host.items()}
-
-  def reference_params(self, state: dict, fresh: bool) -> Any:
-    """The reference's parameters without LoRA (`kl_beta` > 0): the loaded (or initial)
-    parameters — a copy of the state's at a fresh start, loaded again after a resume."""
-    if not (self.cfg.kl_beta > 0 and not self.adapters_only):
-      return None
-    if fresh:
-      return jax.tree.map(jnp.copy, state["params"])
-    if self.cfg.load_parameters_path:
-      return load_params(self.cfg.load_parameters_path, self.abstract["params"],
-                         verify=self.cfg.checkpoint_verify)
-    return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings)["params"]
-
   def sampling(self, greedy: bool = False) -> Sampling:
     cfg = self.cfg
     return Sampling() if greedy else Sampling(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p,
@@ -164,6 +155,7 @@ class GRPOTrainer(Trainer):
     training with the same keys at every evaluation (`eval_reward`: what GRPO maximises), and of
     one greedy completion each (`eval_reward_greedy`)."""
     cfg, ev = self.cfg, self.eval_set
+    params = self.rollouts.params_for_engine(params)
     idx = list(range(len(ev.rows)))
     out: dict[str, float] = {"eval_prompts": len(idx)}
     for name, copies, sampling in (("eval_reward", self.group, self.sampling()),
@@ -179,21 +171,10 @@ class GRPOTrainer(Trainer):
 
   # ---- the step plugged into the loop (train/step_loop.py) ----------------------------------------
   def prepare(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
-    """(the state to start from, its step); the reference's parameters and the jitted programs."""
+    """(the state to start from, its step), held by the policy with its reference."""
     del data_iter
-    cfg = self.cfg
     state, start = self.checkpointed.initial_state(ckpts, None)
-    self.reference = self.reference_params(state, fresh=start == 0)
-    self.update_fn = jit_grpo_step(
-        make_grpo_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
-                       lr_schedule=self.lr_schedule, chunk=cfg.loss_chunk_length,
-                       adapters_only=self.adapters_only, use_reference=self.use_reference,
-                       loss_kwargs=self.loss_kwargs),
-        self.shardings, self.shardings_rl, self.mesh)
-    self.policy_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
-                                     self.shardings_rl, reference_base=False)
-    self.ref_lp = make_logprob_fn(self.model_def, self.mesh, self.rules, cfg.loss_chunk_length,
-                                  self.shardings_rl, reference_base=self.adapters_only)
+    self.policy.start(state, fresh=start == 0)
     self.clock.mark("init")
     return state, start
 
@@ -215,24 +196,26 @@ class GRPOTrainer(Trainer):
     rewards and advantages, the old (and reference) log-probabilities → (device arrays, what the
     step's row reports of the rollout)."""
     cfg, N = self.cfg, self.global_batch
+    engine_params = self.rollouts.params_for_engine(state["params"])   # separate: shipped
     t0 = time.perf_counter()
     idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed)
-    ro = rollout_lib.rollout(self.engine, state["params"], self.prompts, idx, self.scorer,
+    ro = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
                              copies=self.group, sampling=self.sampling(), first_row=(step - 1) * N,
                              max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
                              stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
     rollout_time = time.perf_counter() - t0
     advantages = np.asarray(losses.group_advantages(ro.rewards, self.group,
                                                     cfg.advantage_estimator))
-    batch = self.device_arrays({**ro.arrays, "advantages": advantages})
-    batch["old_logprobs"] = self.policy_lp(state["params"], batch)
-    if self.use_reference:
-      batch["ref_logprobs"] = self.ref_lp(
-          self.reference if self.reference is not None else state["params"], batch)
-    else:
-      batch["ref_logprobs"] = jnp.zeros_like(batch["old_logprobs"])
-    return batch, {"step": step, "rollout": ro, "advantages": advantages,
-                   "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad)}
+    policy, params = self.policy, state["params"]
+    batch = policy.arrays({**ro.arrays, "advantages": advantages})
+    batch["old_logprobs"] = policy.token_logprobs(params, batch)
+    batch["reference_logprobs"] = (policy.token_logprobs(params, batch, reference=True)
+                                   if self.use_reference else jnp.zeros_like(batch["old_logprobs"]))
+    report = {"step": step, "rollout": ro, "advantages": advantages,
+              "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad)}
+    if self.rollouts.separate:
+      report["weight_shipping_s"] = self.rollouts.shipping_s
+    return batch, report
 
   def dispatch(self, state: dict, batch: tuple[dict, dict]) -> tuple[dict, tuple]:
     """`num_iterations` updates on one rollout batch (dispatched; no host wait) → (state, the
@@ -240,7 +223,7 @@ class GRPOTrainer(Trainer):
     arrays, report = batch
     passes = []
     for _ in range(self.cfg.num_iterations):
-      state, m = self.update_fn(state, arrays)
+      state, m = self.policy.update(state, arrays)
       passes.append(m)
     state = {**state, "step": state["step"] + 1}
     return state, (passes, arrays["old_logprobs"], report)
@@ -294,7 +277,7 @@ class RolloutRows:
     passes, old_logprobs, report = metrics
     ro, advantages = report["rollout"], report["advantages"]
     passes = [{k: float(v) for k, v in jax.device_get(m).items()} for m in passes]
-    diff = np.abs(_gather(old_logprobs) - ro.rollout_logprobs)[ro.arrays["mask"] > 0]
+    diff = np.abs(_gather(old_logprobs) - ro.rollout_logprobs)[ro.arrays["generation_mask"] > 0]
     now = time.perf_counter()
     step_time, self._last_done = now - self._last_done, now
     row = {k: float(np.mean([p[k] for p in passes])) for k in passes[0]}
@@ -311,6 +294,8 @@ class RolloutRows:
         optimizer_steps=float(report["step"] * self.num_iterations))
     for f, r in enumerate(self.scorer.rewards):
       row[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
+    if "weight_shipping_s" in report:
+      row["weight_shipping_s"] = report["weight_shipping_s"]
     return row
 
 

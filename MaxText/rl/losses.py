@@ -43,14 +43,17 @@ def kl_penalty(logprobs_BT: jax.Array, ref_logprobs_BT: jax.Array, estimator: st
 
 
 def aggregate(loss_BT: jax.Array, mask_BT: jax.Array, aggregation: str,
-              max_response_len: int | None = None) -> jax.Array:
-  """One scalar from per-token values (module docstring)."""
+              max_response_len: int | None = None, totals: dict | None = None) -> jax.Array:
+  """One scalar from per-token values (module docstring). `totals` ({"tokens", "rows"}, of a
+  whole batch of which these rows are a micro-batch: `batch_totals`): the denominators of the
+  means, so that the micro-batches' results add up to the whole batch's."""
   mask_BT = mask_BT.astype(jnp.float32)
   total_B = jnp.sum(loss_BT * mask_BT, axis=-1)
   count_B = jnp.sum(mask_BT, axis=-1)
+  totals = totals or batch_totals(mask_BT)
   if aggregation == "token-mean":
-    return jnp.sum(total_B) / jnp.maximum(jnp.sum(count_B), 1.0)
-  rows = jnp.maximum(jnp.sum(count_B > 0), 1)
+    return jnp.sum(total_B) / jnp.maximum(totals["tokens"], 1.0)
+  rows = jnp.maximum(totals["rows"], 1.0)
   if aggregation == "seq-mean-token-mean":
     per_row_B = total_B / jnp.maximum(count_B, 1.0)
   elif aggregation == "seq-mean-token-sum":
@@ -62,14 +65,23 @@ def aggregate(loss_BT: jax.Array, mask_BT: jax.Array, aggregation: str,
   return jnp.sum(per_row_B) / rows
 
 
+def batch_totals(mask_BT: jax.Array) -> dict[str, jax.Array]:
+  """The denominators of a batch's means: its (weighted) response tokens and the rows with any."""
+  mask_BT = mask_BT.astype(jnp.float32)
+  return {"tokens": jnp.sum(mask_BT),
+          "rows": jnp.sum(jnp.sum(mask_BT, axis=-1) > 0).astype(jnp.float32)}
+
+
 def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsilon_low=0.2,
                 epsilon_high=0.2, dual_clip=None, beta=0.0, kl_estimator="k3",
-                aggregation="token-mean", max_response_len=None):
+                aggregation="token-mean", max_response_len=None, totals=None):
   """(loss, metrics) of one batch: arrays [B, T] (advantages [B] or [B, T]); `ref_logprobs` may
   be None when beta is 0 (no KL term, no KL metric). Gradients flow through `logprobs` only.
   Metrics (token means over the mask, no gradient): clip_frac_low (A < 0 and r below
   1 − epsilon_low), clip_frac_high (A > 0 and r above 1 + epsilon_high), dual_clip_frac, kl,
-  ratio_mean / ratio_min / ratio_max, pg_loss (the aggregated surrogate without the KL term)."""
+  ratio_mean / ratio_min / ratio_max, pg_loss (the aggregated surrogate without the KL term).
+  `totals`: the whole batch's denominators when these rows are one micro-batch of it (`aggregate`):
+  the loss and every metric but ratio_min / ratio_max then add up over the micro-batches."""
   if kl_estimator not in KL_ESTIMATORS:
     raise ValueError(f"kl_estimator={kl_estimator!r}: one of {KL_ESTIMATORS}")
   if dual_clip is not None and dual_clip <= 1.0:
@@ -98,10 +110,12 @@ def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsil
                        kl_estimator)
     if beta:
       loss_BT = pg_BT + beta * kl_BT
-  loss = aggregate(loss_BT, mask_BT, aggregation, max_response_len)
+  totals = totals or batch_totals(mask_BT)
+  loss = aggregate(loss_BT, mask_BT, aggregation, max_response_len, totals)
 
   sg = jax.lax.stop_gradient
-  token_mean = lambda x_BT: aggregate(sg(x_BT).astype(jnp.float32), mask_BT, "token-mean")
+  token_mean = lambda x_BT: aggregate(sg(x_BT).astype(jnp.float32), mask_BT, "token-mean",
+                                      totals=totals)
   ratio = sg(ratio_BT)
   on = mask_BT > 0
   metrics = {
@@ -110,7 +124,7 @@ def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsil
       "ratio_mean": token_mean(ratio),
       "ratio_min": jnp.min(jnp.where(on, ratio, jnp.inf)),
       "ratio_max": jnp.max(jnp.where(on, ratio, -jnp.inf)),
-      "pg_loss": sg(aggregate(pg_BT, mask_BT, aggregation, max_response_len)),
+      "pg_loss": sg(aggregate(pg_BT, mask_BT, aggregation, max_response_len, totals)),
   }
   if dual_clip is not None:
     metrics["dual_clip_frac"] = token_mean((adv_BT < 0) & (ratio > dual_clip))

@@ -1,6 +1,6 @@
 """One rollout batch: G completions of each of the step's prompts from the decoding engine with the
 current parameters (co-located: the training mesh and the parameters as they are sharded for
-training), their rewards, and the [N, S] arrays the GRPO step trains on (MaxText/rl/step.py).
+training), their rewards, and the [N, S] policy batch the GRPO step trains on (MaxText/rl/batch.py).
 
 The sampler's key of completion j of step s is (seed, (s − 1)·N + j, tokens generated before)
 (`decoding/sampling.py`): a function of the step, so a resumed run draws the same completions bit
@@ -21,8 +21,8 @@ from MaxText.rl.rewards import RewardScorer
 
 @dataclass
 class Rollout:
-  arrays: dict[str, np.ndarray]      # TOKEN_KEYS + mask [N, S]
-  rollout_logprobs: np.ndarray       # [N, S]: the engine's log-probabilities at the mask
+  arrays: dict[str, np.ndarray]      # the policy batch's tokens and masks [N, S] (rl/batch.py)
+  rollout_logprobs: np.ndarray       # [N, S]: the engine's log-probabilities of the completions
   rewards_NF: np.ndarray             # per reward function, unweighted
   rewards: np.ndarray                # [N] weighted sum
   lengths: np.ndarray                # [N] completion tokens
@@ -37,20 +37,19 @@ def completion_text(c: Completion, eos_ids: Sequence[int], decode: Callable) -> 
 
 def arrays_of(prompts: Sequence[Sequence[int]], completions: Sequence[Completion], seq: int
               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-  """The [N, S] training arrays of prompt + completion rows (right-padded), and the engine's
-  log-probabilities placed where the mask is 1 (the targets that are completion tokens)."""
+  """The policy batch (rl/batch.py: input_ids, token_mask, generation_mask; [N, S], right-padded)
+  of prompt + completion rows, and the engine's log-probabilities aligned with the tokens (0
+  outside the completions)."""
   N = len(prompts)
-  out = {k: np.zeros((N, seq), np.int32) for k in ("inputs", "targets", "positions", "segments")}
-  out["mask"] = np.zeros((N, seq), np.float32)
+  out = {"input_ids": np.zeros((N, seq), np.int32), "token_mask": np.zeros((N, seq), np.int32),
+         "generation_mask": np.zeros((N, seq), np.int32)}
   logprobs = np.zeros((N, seq), np.float32)
   for j, (p, c) in enumerate(zip(prompts, completions)):
     row = list(p) + list(c.output_ids)
-    n = len(row) - 1
-    out["inputs"][j, :n], out["targets"][j, :n] = row[:-1], row[1:]
-    out["positions"][j, :n] = np.arange(n)
-    out["segments"][j, :n] = 1
-    out["mask"][j, len(p) - 1:n] = 1.0
-    logprobs[j, len(p) - 1:n] = c.output_logprobs
+    out["input_ids"][j, :len(row)] = row
+    out["token_mask"][j, :len(row)] = 1
+    out["generation_mask"][j, len(p):len(row)] = 1
+    logprobs[j, len(p):len(row)] = c.output_logprobs
   return out, logprobs
 
 

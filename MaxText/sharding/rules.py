@@ -109,6 +109,13 @@ def batch_sharding(mesh: Mesh, rules: Rules, global_batch: int, seq_len: int) ->
   return NamedSharding(mesh, logical_to_spec(BATCH_AXES, (global_batch, seq_len), rules, mesh))
 
 
+def rows_like(token_sharding: NamedSharding, ndim: int) -> NamedSharding:
+  """The sharding of a batch array of `ndim` dimensions whose rows go as the token batch's
+  (`batch_sharding`): its first axis split the same way, the rest whole (e.g. a row's media)."""
+  first = token_sharding.spec[0] if len(token_sharding.spec) else None
+  return NamedSharding(token_sharding.mesh, PartitionSpec(first, *([None] * (ndim - 1))))
+
+
 # ---- parameters --------------------------------------------------------------------------------
 def tree_shardings(logical_tree: Any, shape_tree: Any, mesh: Mesh, rules: Rules) -> Any:
   """NamedShardings for a tree of logical-axis tuples (leaves) and a matching tree of shapes."""

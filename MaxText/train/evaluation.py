@@ -19,7 +19,7 @@ from MaxText.data.eval_data import EvalBatches, eval_source
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.losses.token_loss import token_loss_sums
 from MaxText.models.model_def import ModelDef
-from MaxText.sharding.rules import Rules, use_rules
+from MaxText.sharding.rules import Rules, rows_like, use_rules
 
 
 def format_eval(step: int | None, result: dict[str, float]) -> str:
@@ -59,8 +59,9 @@ class Evaluator:
     t0 = time.perf_counter()
     nll = tokens = 0.0
     for host in self.batches:
-      batch = {k: jax.make_array_from_process_local_data(self.batch_sharding, host[k], self.shape)
-               for k in BATCH_KEYS}
+      batch = {k: jax.make_array_from_process_local_data(
+          self.batch_sharding if k in BATCH_KEYS else rows_like(self.batch_sharding, v.ndim), v,
+          (self.shape[0], *v.shape[1:])) for k, v in host.items()}
       s, n = jax.device_get(self._sums(params, batch))
       nll, tokens = nll + float(s), tokens + float(n)
     loss = nll / tokens if tokens else float("nan")

@@ -18,10 +18,10 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
-from MaxText.data.batch import BATCH_KEYS
+from MaxText.data.batch import BATCH_KEYS, row_specs
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.pipeline import make_shard_iterator
+from MaxText.data.pipeline import make_shard_iterator, media_slots, validate_data_config
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import stack
 from MaxText.metrics.peaks import device_peak_tflops
@@ -40,7 +40,7 @@ from MaxText.runtime.preemption import PreemptionWatch
 from MaxText.runtime.run_dir import RunLock, run_dir_of
 from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
-from MaxText.sharding.rules import batch_sharding, parse_rules, sharding_report
+from MaxText.sharding.rules import batch_sharding, parse_rules, rows_like, sharding_report
 from MaxText.storage import paths
 from MaxText.train import memory
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
@@ -111,6 +111,11 @@ class Trainer:
     self.global_batch = cfg.global_batch_size(n)
     self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
                                          cfg.max_target_length)
+    # every key of a row (the token arrays; SFT with images / audio: their slots) and its sharding
+    self.row_specs = row_specs(cfg.max_target_length, self._media_specs())
+    self.batch_shardings = {k: self.batch_sharding if k in BATCH_KEYS else
+                            rows_like(self.batch_sharding, len(shape) + 1)
+                            for k, (shape, _) in self.row_specs.items()}
     # the rows of each global batch this process feeds (its devices' part of the batch sharding)
     self.rows = process_rows(self.batch_sharding, (self.global_batch, cfg.max_target_length))
     self.distributed: distributed.Plan | None = None  # set by run(): how the processes joined
@@ -118,6 +123,22 @@ class Trainer:
     # set by run(): the holder of a stale run lock this run took over (a run that died)
     self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
+
+  def _media_specs(self) -> dict:
+    """The SFT rows' media slots (data/media_rows.py) for a model whose towers take them;
+    ConfigError naming the key for media the model has no tower for."""
+    dcfg = self.data_config
+    if not dcfg.sft or not (dcfg.max_num_images_per_example or dcfg.max_num_audio_per_example):
+      return {}
+    takes = self.family.media(self.mcfg)
+    for key, modality in (("max_num_images_per_example", "image"),
+                          ("max_num_audio_per_example", "audio")):
+      if getattr(dcfg, key) and modality not in takes:
+        raise ConfigError(f"{key}={getattr(dcfg, key)}: model {self.cfg.model_name} has no "
+                          f"{'vision' if modality == 'image' else 'audio'} tower")
+    tokenizer = self.tokenizer or validate_data_config(dcfg)
+    slots = media_slots(dcfg, tokenizer)
+    return slots.specs() if slots is not None else {}
 
   def trained_params(self) -> Any:
     """The abstract parameters that get gradients and optimizer state (LoRA: the adapters)."""
@@ -130,11 +151,15 @@ class Trainer:
                               aux_terms=self.aux_terms,
                               loss_chunk_length=self.cfg.loss_chunk_length,
                               adapters_only=self.adapters_only)
-    jitted = jit_train_step(step_fn, self.shardings, self.batch_sharding, self.mesh)
-    shape = (self.global_batch, self.cfg.max_target_length)
-    abstract_batch = {k: jax.ShapeDtypeStruct(shape, np.int32, sharding=self.batch_sharding)
-                      for k in BATCH_KEYS}
+    jitted = jit_train_step(step_fn, self.shardings, self.batch_shardings, self.mesh)
+    abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
+                                              sharding=self.batch_shardings[k])
+                      for k, (shape, dtype) in self.row_specs.items()}
     return jitted.lower(self.abstract, abstract_batch).compile()
+
+  def micro_batches(self) -> int:
+    """Micro-batches of a step (their activations live one at a time)."""
+    return self.cfg.gradient_accumulation_steps
 
   def rows_per_device(self) -> int:
     """Sequences of each global batch one device holds (its block of the batch sharding)."""
@@ -143,7 +168,7 @@ class Trainer:
   def activation_bytes(self) -> int:
     """The memory pre-flight's estimate of one micro-batch step's activations per device, plus
     what the family keeps beyond a generic decoder layer (e.g. recurrent states)."""
-    rows = self.rows_per_device() / self.cfg.gradient_accumulation_steps
+    rows = self.rows_per_device() / self.micro_batches()
     return (memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
                                     loss_chunk=self.cfg.loss_chunk_length)
             + self.family.activation_bytes(self.mcfg, rows, self.cfg.max_target_length))
@@ -153,9 +178,9 @@ class Trainer:
                            self.trained_params())
 
   def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    shape = (self.global_batch, self.cfg.max_target_length)
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, host_batch[k], shape)
-            for k in BATCH_KEYS}
+    return {k: jax.make_array_from_process_local_data(self.batch_shardings[k], host_batch[k],
+                                                      (self.global_batch, *shape))
+            for k, (shape, _) in self.row_specs.items()}
 
   # ---- the run (its loop over steps: train/step_loop.py) -----------------------------------------
   def _log_processes(self) -> None:
@@ -322,40 +347,50 @@ class Trainer:
                                layout.shard_batch, self.tokenizer)
 
 
+def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+          trainer_class: type[Trainer] = Trainer, clock: StartupClock | None = None) -> Trainer:
+  """The Trainer of `argv` (base.yml path, then key=value): config loaded and checked, processes
+  joined, mesh, abstract state and the memory pre-flight — nothing compiled or loaded yet. Raises
+  ConfigError / DataError (exit 2) or CheckpointError (exit 4). Also what MaxText/rl/policy.py
+  loads a policy with."""
+  clock = clock or StartupClock()
+  # dtype=auto resolved for training below; keys the trainer does not read refused
+  cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
+  if cfg.load_parameters_path:
+    cfg = adopt_checkpoint_architecture(cfg, argv)
+  cfg, tokenizer_line = choose_tokenizer(cfg)
+  setup_jax(cfg)
+  plan = distributed.initialize(cfg)  # before anything touches a device
+  cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
+                  if plan is None and devices is None else None)
+  log(tokenizer_line)
+  training = auto_settings.for_training(cfg)   # the one resolution of the auto values
+  cfg = training.cfg
+  tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
+  cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
+                                                 hot_path=cfg.hot_path)
+  clock.mark("config + devices")
+  trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
+  trainer.clock = clock
+  trainer.distributed = plan
+  trainer.cpu_defaults = cpu_defaults
+  est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
+  if est.needed > est.available:
+    raise ConfigError(memory.check_fits(est, memory.advice(
+        est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices),
+        trainer.trained_params())))
+  if tight := memory.warning(est):
+    log_error(f"warning: {tight}")
+  clock.mark("mesh")
+  return trainer
+
+
 def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
         trainer_class: type[Trainer] = Trainer) -> tuple[int, Trainer | None]:
   """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer).
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
-  clock = StartupClock()
   try:
-    # dtype=auto resolved for training below; keys the trainer does not read refused
-    cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
-    if cfg.load_parameters_path:
-      cfg = adopt_checkpoint_architecture(cfg, argv)
-    cfg, tokenizer_line = choose_tokenizer(cfg)
-    setup_jax(cfg)
-    plan = distributed.initialize(cfg)  # before anything touches a device
-    cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
-                    if plan is None and devices is None else None)
-    log(tokenizer_line)
-    training = auto_settings.for_training(cfg)   # the one resolution of the auto values
-    cfg = training.cfg
-    tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
-    cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
-                                                   hot_path=cfg.hot_path)
-    clock.mark("config + devices")
-    trainer = trainer_class(training, devices, tokenizer)  # abstract shapes and shardings only
-    trainer.clock = clock
-    trainer.distributed = plan
-    trainer.cpu_defaults = cpu_defaults
-    est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
-    if est.needed > est.available:
-      raise ConfigError(memory.check_fits(est, memory.advice(
-          est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices),
-          trainer.trained_params())))
-    if tight := memory.warning(est):
-      log_error(f"warning: {tight}")
-    clock.mark("mesh")
+    trainer = build(argv, devices, trainer_class, StartupClock())
   except (ConfigError, DataError) as e:
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None

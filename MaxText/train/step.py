@@ -105,7 +105,9 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
             batch)
 
         def accumulate(carry, micro):
-          micro = jax.tree.map(lambda x: constrain(x, BATCH_AXES), micro)
+          micro = {k: constrain(x, BATCH_AXES if x.ndim == 2 else
+                                (BATCH_AXES[0], *[None] * (x.ndim - 1)))
+                   for k, x in micro.items()}   # token arrays [B, S]; media slots [B, N, ...]
           (l, (zz, nn, mm)), g = grad_fn(params, frozen, micro)
           acc_g, acc_l, acc_z, acc_n, acc_m = carry
           return (jax.tree.map(jnp.add, acc_g, g), acc_l + l, acc_z + zz, acc_n + nn,
@@ -140,10 +142,12 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
   return step
 
 
-def jit_train_step(step_fn: Callable, state_shardings: TrainState, batch_shard: NamedSharding,
-                   mesh: Mesh):
+def jit_train_step(step_fn: Callable, state_shardings: TrainState,
+                   batch_shardings: NamedSharding | dict[str, NamedSharding], mesh: Mesh):
+  """`batch_shardings`: per batch key (the trainer's row keys), or one for the token arrays."""
   replicated = NamedSharding(mesh, PartitionSpec())   # every metric (a prefix of the dict)
-  batch_shardings = {k: batch_shard for k in BATCH_KEYS}
+  if isinstance(batch_shardings, NamedSharding):
+    batch_shardings = {k: batch_shardings for k in BATCH_KEYS}
   step_fn = functools.partial(step_fn, shardings=state_shardings)
   return jax.jit(step_fn, in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))

@@ -9,7 +9,7 @@ from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
                                    routed_expert_problems)
-from MaxText.models.gemma4 import gemma4_hf_map, hf_map, towers, vision
+from MaxText.models.gemma4 import audio, audio_layers, gemma4_hf_map, hf_map, towers, vision
 from MaxText.models.gemma4.model import (Transformer, attention_types, decode_cache,
                                          first_kv_shared_layer, head_dim_of, kv_heads_of,
                                          layer_kinds)
@@ -54,7 +54,7 @@ def check(cfg: ModelConfig) -> Problems:
     for t in sorted(set(types[first:]) - set(types[:first])):
       problems.append(("num_kv_shared_layers", f"the shared tail has {t} layers but no earlier "
                        f"{t} layer produces their K/V"))
-  return problems + vision_problems(cfg)
+  return problems + vision_problems(cfg) + audio.problems(cfg) + placeholder_problems(cfg)
 
 
 def vision_problems(cfg: ModelConfig) -> Problems:
@@ -67,12 +67,16 @@ def vision_problems(cfg: ModelConfig) -> Problems:
   if cfg.vision_head_dim % 4:
     problems.append(("vision_head_dim", f"{cfg.vision_head_dim}: 2-D RoPE rotates two halves of "
                      f"even width, so it must be a multiple of 4"))
-  ids = [cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id]
-  outside = [i for i in ids if i >= cfg.vocab_size]
-  if outside:
-    problems.append(("image_token_id", f"placeholder ids {outside} are outside the vocabulary of "
-                     f"{cfg.vocab_size}"))
   return problems
+
+
+def placeholder_problems(cfg: ModelConfig) -> Problems:
+  """A model with a tower: its placeholder ids inside the vocabulary."""
+  outside = [i for i in towers.placeholder_ids(cfg) if i >= cfg.vocab_size]
+  if outside:
+    return [("image_token_id", f"placeholder ids {outside} are outside the vocabulary of "
+             f"{cfg.vocab_size}")]
+  return []
 
 
 def vision_patches(cfg: ModelConfig) -> int:
@@ -93,14 +97,41 @@ def vision_forward_flops(cfg: ModelConfig) -> float:
   return 2.0 * P * matmul + attention + 2.0 * M * Dv * cfg.emb_dim
 
 
-def towers_flops(cfg: ModelConfig) -> float:
-  """A training step's tower FLOPs per sequence (`images_per_sequence` images): forward, and the
-  backward (twice the forward) when the tower is trained; a frozen tower's soft tokens carry no
-  gradient, so it runs forward only."""
-  if not vision.has_vision(cfg) or not cfg.images_per_sequence:
+AUDIO_FRAMES_PER_SECOND = 100     # the feature extractor's 10 ms hop
+AUDIO_SUBSAMPLING = 4             # two stride-2 convolutions: 25 soft tokens a second
+
+
+def audio_forward_flops(cfg: ModelConfig, seconds: float) -> float:
+  """`seconds` of audio through the audio tower and its embedder, forward: the two subsampling
+  convolutions (3x3, over frames x mel bins) and the projection to the tower's width, every
+  conformer layer's projections (two 4x feed-forwards, q/k/v/out, the light convolution's gated
+  start and end) and its depthwise convolution, the chunked attention (each query against its
+  context's W keys, and the relative-position term), the output projection and the embedder."""
+  if not audio.has_audio(cfg) or not seconds:
     return 0.0
-  return cfg.images_per_sequence * vision_forward_flops(cfg) * (
-      1 if cfg.freeze_vision_encoder else 3)
+  c0, c1 = cfg.audio_subsampling_channels
+  D, O, K, W = (cfg.audio_hidden_size, cfg.audio_output_dim, cfg.audio_conv_kernel_size,
+                audio_layers.context_width(cfg))
+  S = seconds * AUDIO_FRAMES_PER_SECOND          # frames in
+  T = S / AUDIO_SUBSAMPLING                      # soft tokens out
+  M = c0                                         # mel bins in (c0 / 4 left after subsampling)
+  subsample = 2 * 9 * c0 * (S / 2) * (M / 2) + 2 * 9 * c0 * c1 * T * (M / 4)
+  subsample += 2 * T * (M // 4) * c1 * D
+  per_layer = 2 * T * (23 * D * D + K * D) + 2 * T * (2 * W + W // 2 + 1) * D
+  return subsample + cfg.audio_num_layers * per_layer + 2 * T * D * O + 2 * T * O * cfg.emb_dim
+
+
+def towers_flops(cfg: ModelConfig) -> float:
+  """A training step's tower FLOPs per sequence (`images_per_sequence` images,
+  `audio_seconds_per_sequence` of audio): forward, and the backward (twice the forward) when the
+  tower is trained; a frozen tower's soft tokens carry no gradient, so it runs forward only."""
+  total = 0.0
+  if vision.has_vision(cfg) and cfg.images_per_sequence:
+    total += cfg.images_per_sequence * vision_forward_flops(cfg) * (
+        1 if cfg.freeze_vision_encoder else 3)
+  total += audio_forward_flops(cfg, cfg.audio_seconds_per_sequence) * (
+      1 if cfg.freeze_audio_encoder else 3)
+  return total
 
 
 def frozen(cfg: ModelConfig) -> tuple[str, ...]:
@@ -110,6 +141,34 @@ def frozen(cfg: ModelConfig) -> tuple[str, ...]:
 
 
 def activation_bytes(cfg: ModelConfig, sequences: float, seq_len: int) -> int:
+  """The towers' activations: the vision tower's and the audio tower's (below)."""
+  return (vision_activation_bytes(cfg, sequences)
+          + audio_activation_bytes(cfg, sequences))
+
+
+def audio_activation_bytes(cfg: ModelConfig, sequences: float) -> int:
+  """The audio tower's activations for `audio_seconds_per_sequence`: frozen, the subsampling's
+  first feature map and one conformer layer's fp32 working set (projections, the 4x
+  feed-forward, the chunked scores); trained, also every layer's input and (without remat) its
+  intermediates."""
+  if not audio.has_audio(cfg) or not cfg.audio_seconds_per_sequence:
+    return 0
+  c0, _ = cfg.audio_subsampling_channels
+  D, H, W = cfg.audio_hidden_size, cfg.audio_num_heads, audio_layers.context_width(cfg)
+  S = sequences * cfg.audio_seconds_per_sequence * AUDIO_FRAMES_PER_SECOND
+  T = S / AUDIO_SUBSAMPLING
+  scores = T * H * W
+  working = (S / 2) * (c0 / 2) * c0 * 4 + T * 12 * D * 4 + 3 * scores * 4
+  if cfg.freeze_audio_encoder:
+    return int(working)
+  c = jnp.dtype(cfg.compute_dtype).itemsize
+  kept = T * D * c
+  if cfg.remat_policy == "none":
+    kept += T * 12 * D * c + scores * (4 + c)
+  return int(cfg.audio_num_layers * kept + working)
+
+
+def vision_activation_bytes(cfg: ModelConfig, sequences: float) -> int:
   """The vision tower's activations for `images_per_sequence` images per sequence: frozen, one
   layer's fp32 working set (nothing is kept for a backward pass); trained, also every layer's
   input and (without remat) its intermediates, as the text layers are counted."""

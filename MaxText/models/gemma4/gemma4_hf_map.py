@@ -14,9 +14,11 @@ LM head stays `lm_head.weight` (tied: left out, as save_pretrained does). The vi
     .../<projection>/input_min ... (frozen)
   model.vision_tower.std_bias / std_scale [Dv]    vision/std_bias / std_scale   (standardize)
   model.embed_vision.embedding_projection.weight [D, Dv]    embed_vision/proj/kernel [Dv, D]
-A tower the config does not have is skipped on import (the text model alone, or the towers of
-this version: the audio tower's rows come with MaxText/models/gemma4/audio*.py), and the export
-then writes `vision_config` / `audio_config` null. `config_from_hf` reads the vision config, the
+The audio tower's rows are hf_map_audio.py's under `audio/` (`model.audio_tower.*`), and its
+embedder:
+  model.embed_audio.embedding_projection.weight [D, O]      embed_audio/proj/kernel [O, D]
+A tower the config does not have is skipped on import, and the export then writes its
+`vision_config` / `audio_config` null. `config_from_hf` reads the vision and audio configs, the
 placeholder and marker ids, `use_bidirectional_attention` ("vision" or null) and the text
 config's `pad_token_id`; without any tower the model is the text model (`hf_model_type` =
 `gemma4_text`, as before).
@@ -29,7 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from MaxText.models.gemma4 import hf_map
+from MaxText.models.gemma4 import audio, hf_map, hf_map_audio
 from MaxText.models.gemma4.model import Transformer, layer_kinds, layer_location
 from MaxText.models.gemma4.towers import towers_of
 from MaxText.models.gemma4 import vision
@@ -73,13 +75,34 @@ VISION_LAYER_RULES: tuple[Rule, ...] = (
 TOWER_PREFIXES = {"vision": (_V, "model.embed_vision."),
                   "audio": ("model.audio_tower.", "model.embed_audio.")}
 
+
+
+def _under_audio(rule: Rule) -> Rule:
+  return dataclasses.replace(rule, ours="audio/" + rule.ours)
+
+
+# the audio tower's rows (hf_map_audio.py, relative to the tower's root) under `audio/` (its
+# layers' through `_audio_location`), and its embedder's projection
+AUDIO_GLOBAL_RULES: tuple[Rule, ...] = (
+    *(_under_audio(r) for r in hf_map_audio.GLOBAL_RULES),
+    Rule("embed_audio/proj/kernel", "model.embed_audio.embedding_projection.weight", in_rank=1),
+)
+
+
+def _audio_location(mcfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
+  path, index = audio.layer_location(mcfg, i)
+  return ("audio", *path), index
+
+
 NAME_MAP = NameMap(
-    tuple(_prefixed(r) for r in hf_map.GLOBAL_RULES) + VISION_GLOBAL_RULES,
+    tuple(_prefixed(r) for r in hf_map.GLOBAL_RULES) + VISION_GLOBAL_RULES + AUDIO_GLOBAL_RULES,
     tuple(_prefixed(r) for r in hf_map.LAYER_RULES), layer_location, Transformer,
     ours_only=("router_bias",), check=lambda mcfg: config_to_hf(mcfg),
     embedding_name=PREFIX + "embed_tokens.weight", tied_head_name="lm_head.weight",
     more_layers=(LayerGroup(VISION_LAYER_RULES, vision.layer_location,
-                            lambda c: c.vision_layers),))
+                            lambda c: c.vision_layers),
+                 LayerGroup(hf_map_audio.LAYER_RULES, _audio_location,
+                            lambda c: c.audio_num_layers if audio.has_audio(c) else 0)))
 _SHARED_KV = re.compile(re.escape(PREFIX) +
                         r"layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.weight$")
 
@@ -114,8 +137,8 @@ VISION_KEYS = ("vision_layers", "vision_emb_dim", "vision_mlp_dim", "vision_num_
                "vision_num_kv_heads", "vision_head_dim", "vision_patch_size",
                "vision_position_embedding_size", "vision_pooling_kernel", "vision_rope_theta",
                "vision_norm_epsilon", "vision_standardize", "vision_clipped_linears")
-REPRESENTS = hf_map.REPRESENTS | set(VISION_KEYS) | set(_IDS) | {"mm_bidirectional_vision",
-                                                                 "mm_pad_token_id"}
+REPRESENTS = (hf_map.REPRESENTS | set(VISION_KEYS) | set(_IDS) | set(hf_map_audio.AUDIO_KEYS)
+              | {"mm_bidirectional_vision", "mm_pad_token_id"})
 
 
 def _vision_from_hf(v: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,10 +179,11 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     raise ValueError(f"use_bidirectional_attention={bidirectional!r} is not supported (only "
                      f"'vision' or null)")
   out = hf_map.config_from_hf({**text, "model_type": "gemma4_text"})
-  vision_cfg = hf_config.get("vision_config")
-  if not vision_cfg:
-    return out          # no tower of this version: the text model (towers skipped on import)
-  out.update(_vision_from_hf(vision_cfg))
+  vision_cfg, audio_cfg = hf_config.get("vision_config"), hf_config.get("audio_config")
+  if not vision_cfg and not audio_cfg:
+    return out          # no tower: the text model
+  out.update(_vision_from_hf(vision_cfg) if vision_cfg else {"vision_layers": 0})
+  out.update(hf_map_audio.config_from_hf(hf_config))
   out.update({ours: int(hf_config.get(theirs) if hf_config.get(theirs) is not None
                         else _ID_DEFAULTS[ours]) for ours, theirs in _IDS.items()})
   out.update(hf_model_type="gemma4", mm_bidirectional_vision=bidirectional == "vision",
@@ -204,7 +228,7 @@ def config_to_hf(cfg: Any) -> dict[str, Any]:
       "model_type": "gemma4",
       "text_config": text,
       "vision_config": vision_cfg,
-      "audio_config": None,
+      "audio_config": hf_map_audio.config_to_hf(cfg),
       **{theirs: int(get(ours)) for ours, theirs in _IDS.items()},
       "tie_word_embeddings": bool(get("tie_word_embeddings")),
   }

@@ -124,3 +124,9 @@ class Keys:
                               "embedder projects to emb_dim)", min=1, model=True)
   audio_activation: str = key("silu", "activation of the conformer's feed-forward and light "
                               "convolution", choices=("silu", "gelu_tanh"), model=True)
+  freeze_audio_encoder: bool = key(True, "training leaves the audio tower and its embedder "
+                                   "unchanged", model=True, arch=False)
+  audio_seconds_per_sequence: float = key(
+      0.0, "seconds of audio a training sequence carries on average: what FLOPs / MFU and the "
+      "memory pre-flight count of the audio tower (100 feature frames a second, 25 soft tokens)",
+      min=0, model=True, arch=False)

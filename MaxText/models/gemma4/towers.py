@@ -11,8 +11,8 @@ them — returning `(soft_NMd, valid_NM)`: every item's soft tokens in order (ro
 image's pooled grid, time order for a clip) and which of the M rows are real. A `Tower` row below
 declares it: its parameter subtree (`name`; its embedder is `embed_<name>`), the inputs it reads,
 its placeholder token id, whether the config has it, its output width and its norm epsilon. The
-text model (model.py) holds every tower the config has; a tower of another modality (the audio
-conformer) plugs in by adding one row to `TOWERS` — nothing else in the text model changes.
+text model (model.py) holds every tower the config has: the vision encoder (vision.py) and the
+audio conformer (audio.py) are one row each of `TOWERS`; a new tower is one more row.
 
 The embedding step (`Transformer._inputs`), as transformers computes it:
   ids = tokens with every placeholder id (image, video, audio) replaced by `mm_pad_token_id`
@@ -48,7 +48,7 @@ from flax import nnx
 from MaxText.layers import sites
 from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.norms import rms_normalize
-from MaxText.models.gemma4 import vision
+from MaxText.models.gemma4 import audio, vision
 from MaxText.models.model_config import ModelConfig
 
 
@@ -61,7 +61,7 @@ class Tower:
   build: Callable[..., nnx.Module]                # build(mcfg, rngs=rngs)
   width: Callable[[ModelConfig], int]             # d: its soft tokens' width
   eps: Callable[[ModelConfig], float]             # the embedder's norm epsilon
-  axis: str                                       # the logical axis of its width
+  axis: str | None                                # the logical axis of its width
   frozen: Callable[[ModelConfig], bool]           # training leaves it (and its embedder) as is
   modality: str                                   # what it reads: "image" | "audio"
 
@@ -71,6 +71,9 @@ TOWERS: tuple[Tower, ...] = (
           vision.has_vision, vision.VisionTower, lambda c: c.vision_emb_dim,
           lambda c: c.vision_norm_epsilon, "vision_embed", lambda c: c.freeze_vision_encoder,
           "image"),
+    Tower("audio", ("input_features", "input_features_mask"), lambda c: c.audio_token_id,
+          audio.has_audio, audio.AudioTower, lambda c: c.audio_output_dim,
+          lambda c: c.audio_norm_epsilon, None, lambda c: c.freeze_audio_encoder, "audio"),
 )
 MEDIA_KEYS = frozenset(k for t in TOWERS for k in t.inputs)
 

@@ -1,0 +1,216 @@
+"""Continuous batching's compiled programs: one cache of `slots` rows, each row a request's, that
+requests enter and leave between decoding calls (the scheduler is MaxText/serve/scheduler.py).
+
+The cache is the family's own (MaxText/decoding/cache.py, every kind: full attention, sliding
+rings, KV-shared layers, the Gated DeltaNet state), `slots` rows of `max_len` positions; a row is
+found by the logical axis "activation_batch" of each array, so nothing here knows a kind.
+
+`prefill`: new prompts (right-padded to a power-of-two length bucket >= 16, rows to a power of
+two) run through the family's `extend(prefill=True)` into a fresh cache of their own, which is
+then written into their slots of the shared cache (rows padded in go to slot `slots`: dropped);
+each row's first token is chosen. `step`: up to `chunk` decoding steps of every slot (`extend`
+over the shared cache), a `while_loop` that ends as soon as every slot is done; a slot that is
+done (empty, or its request finished) writes nothing and produces -1.
+
+Sampling is per row (`sample_rows`): each row has its own temperature (0 = greedy), top-k, top-p,
+min-p and seed, so one program serves any mix; whether any row samples and how many most likely
+tokens to report (`top`) are static, so a bucket compiles at most four programs. A row's sample
+is the one `MaxText.decode` draws for the same seed, prompt index (`row`) and step: the same
+filters, in the same order, and the same key (MaxText/decoding/sampling.py).
+"""
+# Slots extends the Engine (its model, placement and counted jit): its underscored helpers.
+# pylint: disable=protected-access
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from MaxText.decoding import cache as cache_lib
+from MaxText.decoding.engine import MAX_EOS_IDS, MIN_PROMPT_BUCKET, Engine, bucket, fetch
+from MaxText.sharding.rules import use_rules
+
+BATCH_AXIS = "activation_batch"
+NEG_INF = -jnp.inf
+
+
+def sample_rows(logits_BV: jax.Array, sampled: bool, values: dict, rows_B: jax.Array,
+                steps_B: jax.Array, top: int) -> tuple[jax.Array, ...]:
+  """(next token [B], its log-probability under the unmodified distribution [B], the `top` most
+  likely tokens [B, top] and their log-probabilities [B, top]) with each row's own sampling
+  values ([B] arrays: temperature (0 = greedy), top_k (0 = off), top_p (1 = off), min_p (0 =
+  off), seed). The filters are sampling.filtered_logits', row by row."""
+  logits_BV = logits_BV.astype(jnp.float32)
+  tokens_B = jnp.argmax(logits_BV, axis=-1)
+  if sampled:
+    temperature_B = values["temperature"]
+    z_BV = logits_BV / jnp.where(temperature_B > 0, temperature_B, 1.0)[:, None]
+    V = z_BV.shape[-1]
+    k_B = values["top_k"]
+    desc_BV = -jnp.sort(-z_BV, axis=-1)
+    kth_B1 = jnp.take_along_axis(desc_BV, (jnp.clip(k_B, 1, V) - 1)[:, None], axis=-1)
+    z_BV = jnp.where((k_B[:, None] > 0) & (z_BV < kth_B1), NEG_INF, z_BV)
+    p_B1 = values["top_p"][:, None]
+    probs_BV = jax.nn.softmax(z_BV, axis=-1)
+    desc_BV = -jnp.sort(-probs_BV, axis=-1)
+    before_BV = jnp.cumsum(desc_BV, axis=-1) - desc_BV
+    least_B1 = jnp.min(jnp.where(before_BV < p_B1, desc_BV, jnp.inf), axis=-1, keepdims=True)
+    z_BV = jnp.where((p_B1 < 1) & (probs_BV < least_B1), NEG_INF, z_BV)
+    m_B1 = values["min_p"][:, None]
+    probs_BV = jax.nn.softmax(z_BV, axis=-1)
+    floor_B1 = m_B1 * jnp.max(probs_BV, axis=-1, keepdims=True)
+    z_BV = jnp.where((m_B1 > 0) & (probs_BV < floor_B1), NEG_INF, z_BV)
+    keys_B = jax.vmap(lambda s, r, t: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), r),
+                                                          t))(values["seed"], rows_B, steps_B)
+    gumbel_BV = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(keys_B)
+    tokens_B = jnp.where(temperature_B > 0, jnp.argmax(z_BV + gumbel_BV, axis=-1), tokens_B)
+  tokens_B = tokens_B.astype(jnp.int32)
+  logp_BV = jax.nn.log_softmax(logits_BV, axis=-1)
+  logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
+  if top:
+    top_lp_BK, top_ids_BK = jax.lax.top_k(logp_BV, top)
+  else:
+    top_lp_BK, top_ids_BK = jnp.zeros((logits_BV.shape[0], 0)), jnp.zeros((logits_BV.shape[0], 0))
+  return tokens_B, logprobs_B, top_ids_BK.astype(jnp.int32), top_lp_BK.astype(jnp.float32)
+
+
+def row_values(rows: list[dict[str, Any]], n: int) -> dict[str, np.ndarray]:
+  """The sampling values of `rows` (dicts of temperature, top_k, top_p, min_p, seed) as [n]
+  arrays; rows beyond them greedy."""
+  out = {"temperature": np.zeros(n, np.float32), "top_k": np.zeros(n, np.int32),
+         "top_p": np.ones(n, np.float32), "min_p": np.zeros(n, np.float32),
+         "seed": np.zeros(n, np.uint32)}
+  for i, r in enumerate(rows):
+    for k, a in out.items():
+      a[i] = r[k]
+  return out
+
+
+class Slots:
+  """The shared cache of `slots` rows of `max_len` positions and the programs that fill and decode
+  it, for the model of `engine` (module docstring). Not thread-safe: one thread calls it."""
+
+  def __init__(self, engine: Engine, slots: int, max_len: int, chunk: int = 8):
+    self.engine, self.slots, self.max_len, self.chunk = engine, slots, max_len, chunk
+    self.specs = cache_lib.specs(engine.mcfg, slots, max_len, engine.cache_dtype)
+    self._prefill = jax.jit(engine._counted(self._prefill_fn),
+                            static_argnames=("sampled", "top"), donate_argnums=(1,))
+    self._step = jax.jit(engine._counted(self._step_fn),
+                         static_argnames=("sampled", "top"), donate_argnums=(1,))
+    self.cache = jax.jit(self._empty_fn)()
+
+  def _empty_fn(self):
+    e = self.engine
+    with use_rules(e.mesh, e.rules):
+      return cache_lib.constrain_cache(cache_lib.empty(self.specs), self.specs, e.mesh, e.rules)
+
+  def prompt_bucket(self, length: int) -> int:
+    """The padded length of a prefill whose longest prompt has `length` tokens."""
+    return bucket(length, MIN_PROMPT_BUCKET, self.max_len)
+
+  def compiled_programs(self) -> int:
+    return self.engine.compiled_programs()
+
+  # ---- programs ----------------------------------------------------------------------------------
+  def _insert(self, cache: dict, new: dict, slots_B) -> dict:
+    """`cache` with the rows of `new` written into rows `slots_B` (a row >= slots: dropped)."""
+    out = {}
+    for name, arrays in cache.items():
+      out[name] = {}
+      for k, x in arrays.items():
+        axis = self.specs[name][k].logical_axes.index(BATCH_AXIS)
+        at = (slice(None),) * axis + (slots_B,)
+        out[name][k] = x.at[at].set(new[name][k].astype(x.dtype), mode="drop")
+    return out
+
+  def _prefill_fn(self, params, cache, tokens_BS, lengths_B, slots_B, rows_B, values, *,
+                  sampled, top):
+    e = self.engine
+    B, S = tokens_BS.shape
+    new_specs = cache_lib.specs(e.mcfg, B, self.max_len, e.cache_dtype)
+    with use_rules(e.mesh, e.rules):
+      model = e._model(params)
+      new = cache_lib.constrain_cache(cache_lib.empty(new_specs), new_specs, e.mesh, e.rules)
+      x_BSD, new = model.extend(tokens_BS, *e._prompt_positions(lengths_B, S), new,
+                                prefill=True)
+      last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
+      picked = sample_rows(model.logits(last_B1D)[:, 0], sampled, values, rows_B,
+                           jnp.zeros_like(rows_B), top)
+      cache = cache_lib.constrain_cache(self._insert(cache, new, slots_B), self.specs, e.mesh,
+                                        e.rules)
+    return cache, *e._replicated(*picked)
+
+  def _step_fn(self, params, cache, state, eos_E, values, *, sampled, top):
+    """Up to `chunk` steps of every slot. state: per slot the token it feeds next, its position,
+    tokens generated (`count`), its `max_new`, `done` and `row` (its prompt index)."""
+    e = self.engine
+    B, C = state["token"].shape[0], self.chunk
+    with use_rules(e.mesh, e.rules):
+      model = e._model(params)
+
+      def step(carry):
+        i, cache, st, out = carry
+        active_B = ~st["done"]
+        x_B1D, cache = model.extend(st["token"][:, None], st["position"][:, None],
+                                    active_B[:, None], cache, prefill=False)
+        tokens_B, lp_B, ids_BK, top_BK = sample_rows(model.logits(x_B1D)[:, 0], sampled, values,
+                                                     st["row"], st["count"], top)
+        out = {"tokens": out["tokens"].at[:, i].set(jnp.where(active_B, tokens_B, -1)),
+               "logprobs": out["logprobs"].at[:, i].set(jnp.where(active_B, lp_B, 0.0)),
+               "top_ids": out["top_ids"].at[:, i].set(ids_BK),
+               "top_logprobs": out["top_logprobs"].at[:, i].set(top_BK)}
+        count_B = st["count"] + active_B
+        finished_B = (jnp.any(tokens_B[:, None] == eos_E[None, :], axis=1)
+                      | (count_B >= st["max_new"]))
+        st = {**st, "token": jnp.where(active_B, tokens_B, st["token"]),
+              "position": st["position"] + active_B, "count": count_B,
+              "done": st["done"] | (active_B & finished_B)}
+        return i + 1, cache, st, out
+
+      out = {"tokens": jnp.full((B, C), -1, jnp.int32), "logprobs": jnp.zeros((B, C), jnp.float32),
+             "top_ids": jnp.zeros((B, C, top), jnp.int32),
+             "top_logprobs": jnp.zeros((B, C, top), jnp.float32)}
+      _, cache, state, out = jax.lax.while_loop(
+          lambda c: (c[0] < C) & ~jnp.all(c[2]["done"]), step, (jnp.int32(0), cache, state, out))
+      cache = cache_lib.constrain_cache(cache, self.specs, e.mesh, e.rules)
+    return cache, *e._replicated(state, out)
+
+  # ---- calls -------------------------------------------------------------------------------------
+  def prefill(self, params, prompts: list[list[int]], slots: list[int], rows: list[int],
+              sampling: list[dict[str, Any]], top: int) -> tuple[np.ndarray, ...]:
+    """Prefills `prompts` into `slots`; (first tokens, their log-probabilities, top ids, top
+    log-probabilities), one row per prompt."""
+    n = len(prompts)
+    B = bucket(n)
+    S = self.prompt_bucket(max(len(p) for p in prompts))
+    tokens_BS = np.zeros((B, S), np.int32)
+    lengths_B = np.ones(B, np.int32)
+    slots_B = np.full(B, self.slots, np.int32)
+    rows_B = np.zeros(B, np.int32)
+    for b, p in enumerate(prompts):
+      tokens_BS[b, :len(p)] = p
+      lengths_B[b], slots_B[b], rows_B[b] = len(p), slots[b], rows[b]
+    values = row_values(sampling, B)
+    e = self.engine
+    self.cache, *got = self._prefill(params, self.cache, *e._host(
+        tokens_BS, lengths_B, slots_B, rows_B, values), sampled=bool(values["temperature"].any()),
+                                     top=top)
+    return tuple(np.asarray(fetch(g))[:n] for g in got)
+
+  def step(self, params, state: dict[str, np.ndarray], eos_ids: list[int],
+           sampling: dict[str, np.ndarray], top: int) -> tuple[dict[str, np.ndarray], dict]:
+    """Up to `chunk` steps of every slot from the host `state` ([slots] arrays: token, position,
+    count, max_new, done, row); (the state after, {tokens, logprobs [slots, chunk] (-1 / 0 where
+    a slot made none), top_ids, top_logprobs [slots, chunk, top]})."""
+    eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
+    eos_E[:len(eos_ids)] = eos_ids[:MAX_EOS_IDS]
+    e = self.engine
+    active = ~state["done"]
+    self.cache, new_state, out = self._step(
+        params, self.cache, *e._host(state, eos_E, sampling),
+        sampled=bool((sampling["temperature"][active] > 0).any()), top=top)
+    return ({k: fetch(v) for k, v in new_state.items()},
+            {k: fetch(v) for k, v in out.items()})
+

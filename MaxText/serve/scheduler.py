@@ -1,0 +1,274 @@
+"""Continuous batching: the engine's own thread, a queue of waiting requests and a fixed number of
+decode slots (MaxText/decoding/slots.py).
+
+Between two decoding calls the thread takes waiting requests into free slots (prefilled together,
+one call per prompt-length bucket), then runs up to `chunk` steps of every busy slot. A
+request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
+`max_tokens` — or is cancelled (its client went away), so a short request never waits for the
+longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
+(called on this thread; the HTTP side hands it to its event loop) a `Delta` per decoding call:
+the new text released, the new tokens with their log-probabilities, and at the end the finish
+reason. A request with `echo` and `logprobs` first gets its prompt's log-probabilities
+(`Engine.score_top`, on this thread too). A full queue refuses a request (`QueueFull`); `stop`
+lets the queued and running requests finish, then ends the thread.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from MaxText.decoding.slots import Slots, row_values
+
+log = logging.getLogger("MaxText.serve")
+GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+
+
+class QueueFull(RuntimeError):
+  """The queue holds `serve_queue` requests: come back later (503, Retry-After)."""
+
+
+@dataclass
+class Delta:
+  """What one decoding call added to a request."""
+  text: str = ""
+  ids: list[int] = field(default_factory=list)
+  logprobs: list[float] = field(default_factory=list)
+  top: list[list[tuple[int, float]]] = field(default_factory=list)   # per token: (id, logprob)
+  finish_reason: str | None = None        # "stop" | "length" | "cancelled" | "error" at the end
+  prompt_logprobs: Any = None             # echo: (logprobs [P-1], top ids [P-1, k], top lps)
+  error: str = ""
+
+
+@dataclass
+class Job:
+  """One completion: a prompt's ids, its sampling values, where its deltas go."""
+  prompt_ids: list[int]
+  max_tokens: int
+  sink: Callable[[Delta], None]
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  min_p: float = 0.0
+  seed: int = 0
+  row: int = 0                   # the prompt index of the sampling key (choice i of n: i)
+  stop: list[str] = field(default_factory=list)
+  top: int = 0                   # most likely tokens reported per position (0: none)
+  logprobs: bool = False         # report the chosen tokens' log-probabilities
+  echo_logprobs: bool = False    # report the prompt's log-probabilities first
+  cancelled: bool = False        # set by the HTTP side (a client that went away)
+  submitted: float = field(default_factory=time.perf_counter)
+
+  def sampling(self) -> dict[str, Any]:
+    return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+            "min_p": self.min_p, "seed": self.seed % (1 << 32)}
+
+
+class Scheduler:
+  """The engine thread over `slots` (module docstring). `model`: a MaxText.inference model (its
+  parameters, engine, tokenizer and eos ids); `metrics`: MaxText/serve/metrics.Metrics or None."""
+
+  def __init__(self, model, slots: Slots, queue_size: int, metrics=None,
+               text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20):
+    self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
+    self.text_stream = text_stream
+    self.top_max = top_max
+    n = slots.slots
+    self.jobs: list[Job | None] = [None] * n
+    self.streams: list[Any] = [None] * n
+    self.state = {"token": np.zeros(n, np.int32), "position": np.zeros(n, np.int32),
+                  "count": np.zeros(n, np.int32), "max_new": np.ones(n, np.int32),
+                  "done": np.ones(n, bool), "row": np.zeros(n, np.int32)}
+    self.waiting: collections.deque[Job] = collections.deque()
+    self.cv = threading.Condition()
+    self.stopping = False
+    self.failed: str = ""
+    self.thread = threading.Thread(target=self._run, name="maxtext-engine", daemon=True)
+
+  # ---- the HTTP side -----------------------------------------------------------------------------
+  def start(self) -> None:
+    self.thread.start()
+
+  def submit(self, jobs: list[Job]) -> None:
+    """Queues `jobs` (all of one request, together); QueueFull when they do not fit."""
+    with self.cv:
+      if self.stopping or self.failed:
+        raise QueueFull("the server is stopping" if self.stopping else self.failed)
+      if len(self.waiting) + len(jobs) > self.queue_size:
+        raise QueueFull(f"the queue holds {len(self.waiting)} requests (serve_queue="
+                        f"{self.queue_size})")
+      self.waiting.extend(jobs)
+      self._gauges()
+      self.cv.notify()
+
+  def cancel(self, jobs: list[Job]) -> None:
+    with self.cv:
+      for j in jobs:
+        j.cancelled = True
+      self.cv.notify()
+
+  def stop(self, timeout: float | None = None) -> None:
+    """Lets the queued and running requests finish, then ends the thread."""
+    with self.cv:
+      self.stopping = True
+      self.cv.notify()
+    self.thread.join(timeout)
+
+  def busy(self) -> int:
+    return sum(j is not None for j in self.jobs)
+
+  # ---- the engine thread -------------------------------------------------------------------------
+  def _run(self) -> None:
+    try:
+      while True:
+        with self.cv:
+          while not self.waiting and not self.busy() and not self.stopping:
+            self.cv.wait()
+          if self.stopping and not self.waiting and not self.busy():
+            return
+          new = self._take()
+        if new:
+          self._admit(new)
+        if self.busy():
+          self._step()
+    except Exception as e:   # pylint: disable=broad-except  (every request is answered)
+      log.exception("the engine thread failed")
+      self._fail(f"the engine failed: {type(e).__name__}: {e}")
+
+  def _fail(self, message: str) -> None:
+    with self.cv:
+      self.failed = message
+      jobs = [j for j in self.jobs if j is not None] + list(self.waiting)
+      self.waiting.clear()
+      self.jobs = [None] * len(self.jobs)
+    for j in jobs:
+      j.sink(Delta(finish_reason="error", error=message))
+
+  def _take(self) -> list[tuple[int, Job]]:
+    """Waiting jobs for the free slots (cancelled ones answered and dropped)."""
+    free = [s for s, j in enumerate(self.jobs) if j is None]
+    out = []
+    while free and self.waiting:
+      job = self.waiting.popleft()
+      if job.cancelled:
+        job.sink(Delta(finish_reason="cancelled"))
+        continue
+      slot = free.pop(0)
+      self.jobs[slot] = job
+      out.append((slot, job))
+    self._gauges()
+    return out
+
+  def _gauges(self) -> None:
+    if self.metrics is not None:
+      self.metrics.queue.set(len(self.waiting))
+      self.metrics.slots_busy.set(self.busy())
+
+  def _release(self, slot: int) -> None:
+    with self.cv:
+      self.jobs[slot] = None
+      self.streams[slot] = None
+      self.state["done"][slot] = True
+      self._gauges()
+
+  def _admit(self, new: list[tuple[int, Job]]) -> None:
+    model = self.model
+    echo = [j for _, j in new if j.echo_logprobs]
+    if echo:                          # the prompts' own log-probabilities, scored together
+      scored = model.engine.score_top(model.params, [j.prompt_ids[:1] for j in echo],
+                                      [j.prompt_ids[1:] for j in echo],
+                                      top=max(1, *(j.top for j in echo)))
+      for job, got in zip(echo, scored):
+        job.sink(Delta(prompt_logprobs=got))
+    if self.metrics is not None:
+      self.metrics.prompt_tokens.inc(sum(len(j.prompt_ids) for _, j in new))
+    groups: dict[int, list[tuple[int, Job]]] = {}
+    for s, j in new:
+      if j.max_tokens == 0:
+        j.sink(Delta(finish_reason="length"))
+        self._release(s)
+      else:   # one prefill per prompt-length bucket: a short prompt is not padded to a long one
+        groups.setdefault(self.slots.prompt_bucket(len(j.prompt_ids)), []).append((s, j))
+    for _, group in sorted(groups.items()):
+      self._prefill(group)
+
+  def _prefill(self, group: list[tuple[int, Job]]) -> None:
+    top = self.top_max if any(j.top for _, j in group) else 0
+    first, first_lp, top_ids, top_lps = self.slots.prefill(
+        self.model.params, [j.prompt_ids for _, j in group], [s for s, _ in group],
+        [j.row for _, j in group], [j.sampling() for _, j in group], top)
+    now = time.perf_counter()
+    for b, (s, j) in enumerate(group):
+      if self.metrics is not None:
+        self.metrics.ttft.observe(now - j.submitted)
+      self.streams[s] = self.text_stream(j.stop) if self.text_stream else None
+      st = self.state
+      st["token"][s], st["position"][s], st["count"][s] = first[b], len(j.prompt_ids), 1
+      st["max_new"][s], st["done"][s], st["row"][s] = j.max_tokens, False, j.row
+      self._emit(s, j, np.asarray([first[b]]), np.asarray([first_lp[b]]), top_ids[b:b + 1],
+                 top_lps[b:b + 1])
+
+  def _step(self) -> None:
+    st = self.state
+    for s, j in enumerate(self.jobs):
+      if j is not None and j.cancelled:
+        j.sink(Delta(finish_reason="cancelled"))
+        self._release(s)
+    if not self.busy():
+      return
+    jobs = list(self.jobs)
+    values = row_values([j.sampling() if j is not None else GREEDY for j in jobs], len(jobs))
+    top = self.top_max if any(j is not None and j.top for j in jobs) else 0
+    t0 = time.perf_counter()
+    new_state, out = self.slots.step(self.model.params, st, list(self.model.eos_ids), values, top)
+    seconds = time.perf_counter() - t0
+    made = 0
+    for k in ("token", "position", "count"):
+      st[k][:] = new_state[k]
+    for s, j in enumerate(jobs):
+      if j is None:
+        continue
+      keep = out["tokens"][s] >= 0
+      made += int(keep.sum())
+      self._emit(s, j, out["tokens"][s, keep], out["logprobs"][s, keep],
+                 out["top_ids"][s, keep], out["top_logprobs"][s, keep])
+    if self.metrics is not None and seconds > 0:
+      self.metrics.tokens_per_second.set(made / seconds)
+
+  def _emit(self, slot: int, job: Job, ids: np.ndarray, logprobs: np.ndarray, top_ids: np.ndarray,
+            top_lps: np.ndarray) -> None:
+    """Hands `job` the tokens of a call; finishes it (eos, stop string, max_tokens)."""
+    eos = set(self.model.eos_ids)
+    ids_l = [int(t) for t in ids]
+    finish = None
+    cut = next((i for i, t in enumerate(ids_l) if t in eos), None)
+    if cut is not None:
+      ids_l, finish = ids_l[:cut], "stop"
+    stream = self.streams[slot]
+    text = ""
+    if stream is not None:
+      if stream.stop:
+        text, taken = stream.push_each(ids_l)
+        ids_l = ids_l[:taken]
+      else:
+        text = stream.push(ids_l)
+      if stream.stopped:
+        finish = "stop"
+    n = len(ids_l)
+    if finish is None and int(self.state["count"][slot]) >= job.max_tokens:
+      finish = "length"
+    if finish is not None and stream is not None:
+      text += stream.finish()
+    if self.metrics is not None:
+      self.metrics.generated_tokens.inc(n + (cut is not None))
+    job.sink(Delta(text=text, ids=ids_l, logprobs=[float(x) for x in logprobs[:n]],
+                   top=[[(int(a), float(b)) for a, b in zip(top_ids[i], top_lps[i])]
+                        for i in range(n)] if job.top else [],
+                   finish_reason=finish))
+    if finish is not None:
+      self._release(slot)

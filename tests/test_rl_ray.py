@@ -1,0 +1,77 @@
+"""The policy on Ray (MaxText/rl/ray_policy.py): a local Ray (started on 127.0.0.1 by the test and
+shut down by it) with 2 actors x 4 fake CPU devices, joined by jax.distributed, equals this process
+with 8 devices — log-probabilities within 1e-6, three `train` steps' metrics within 1e-6, the
+same weights(); a worker killed with SIGKILL makes the next call raise naming the worker and the
+last committed checkpoint (no hang), and a group started again resumes from it bit for bit."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from conftest import ROOT  # noqa: E402
+from test_rl_policy import LOSS, SHOW_GRAD, a_batch, argv  # noqa: E402
+from MaxText.rl.policy import Policy  # noqa: E402
+from MaxText.rl.ray_policy import RayPolicy, WorkerDied  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT,
+                                                                                     "tests")])}})
+  yield
+  ray.shutdown()
+
+
+def steps(policy, batch):
+  out = []
+  for _ in range(3):
+    batch = {**batch, "old_logprobs": policy.logprobs(batch),
+             "reference_logprobs": policy.reference_logprobs(batch)}
+    out.append(policy.train(batch))
+  return out
+
+
+def test_two_actors_equal_one_process_and_a_killed_worker_is_named(local_ray, tmp_path):
+  one = Policy.load(argv(tmp_path / "one", *LOSS, *SHOW_GRAD[1:], "learning_rate=1e-2"))
+  batch = a_batch(one.model_config.vocab_size)
+  want_lp, want_steps = one.logprobs(batch), steps(one, batch)
+  want_weights = dict(one.weights())
+  one.close()
+
+  config = argv(tmp_path / "ray", *LOSS, *SHOW_GRAD[1:], "learning_rate=1e-2")
+  group = RayPolicy.start(num_workers=2, devices_per_worker=4, config=config)
+  try:
+    lp = group.logprobs(batch)
+    np.testing.assert_allclose(lp, want_lp, rtol=0, atol=1e-6)
+    for got, want in zip(steps(group, batch), want_steps):
+      assert set(got) == set(want)
+      for k in want:
+        assert abs(got[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])), (k, got[k], want[k])
+    weights = dict(group.weights())
+    assert set(weights) == set(want_weights)
+    # adam_eps=1 (SHOW_GRAD): an update is ~ lr x g, so the gradients' rounding (sums in another
+    # order across processes) stays rounding; with eps=1e-8 Adam's g / |g| turns it into up to
+    # ~1e-4 of a step where a gradient is near 0
+    for k, v in want_weights.items():
+      assert weights[k].shape == v.shape and weights[k].dtype == v.dtype, k
+      np.testing.assert_allclose(weights[k], v, rtol=0, atol=1e-6, err_msg=k)
+    assert group.save(3) == 3
+    after_save = group.logprobs(batch)
+    os.kill(group.pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerDied) as e:
+      group.train({**batch, "old_logprobs": after_save, "reference_logprobs": after_save})
+    message = str(e.value)
+    assert f"policy worker 1 (pid {group.pids[1]}) died" in message
+    assert "the last committed checkpoint is step 3" in message, message
+  finally:
+    group.kill()
+
+  again = RayPolicy.start(num_workers=2, devices_per_worker=4, config=config)
+  try:
+    np.testing.assert_array_equal(again.logprobs(batch), after_save)   # resumed bit for bit
+  finally:
+    again.close()
