@@ -96,8 +96,10 @@ def check_logits(model_def, params, hf_model, vocab: int, *, tol_logit=TOL_LOGIT
   print(f"max|Δlogit|={err:.2e} (max|logit|={scale:.2f}) max KL={div:.2e}")
   assert err <= tol_logit * scale, (err, scale)
   assert div <= tol_kl, div
-  # it is a real test: the packed row run as one long document would not match
-  merged = our_logits(model_def, params, tokens[1:], np.arange(S)[None], np.ones((1, S), int))
+  # it is a real test: the packed row run as one long document would not match (run as both rows
+  # of a batch of the same [2, S] shape: the program above, not a second one to compile)
+  merged = our_logits(model_def, params, tokens[[1, 1]], np.broadcast_to(np.arange(S), (2, S)),
+                      np.ones((2, S), int))
   assert np.abs(merged[0, DOC1:] - want[1, DOC1:]).max() > 100 * TOL_LOGIT * scale
   return err, div
 
