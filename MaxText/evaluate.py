@@ -27,7 +27,7 @@ from MaxText.config.load import ConfigError, load_config
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
 from MaxText.data.eval_data import eval_problems
-from MaxText.inference import load_config_for_decoding, model_tokenizer
+from MaxText.inference import load_config_for_decoding, model_tokenizer, place_hf
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.resolve import held_out, lora_base
@@ -58,7 +58,7 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   model_def = make_model_def(ModelConfig.from_config(cfg))
   shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
   if hf_params is not None:
-    params = jax.device_put(hf_params, shardings)
+    params = place_hf(hf_params, ModelConfig.from_config(cfg), model_def, shardings)
   else:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             model_def.abstract_params, shardings)

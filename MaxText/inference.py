@@ -44,7 +44,8 @@ import jax
 import numpy as np
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint_conversion.to_maxtext import load_hf
+from MaxText.checkpoint_conversion.hf_io import read_config
+from MaxText.checkpoint_conversion.to_maxtext import config_for_hf, load_hf
 from MaxText.config.load import ConfigError, load_config, replace
 from MaxText.config.schema import Config
 from MaxText.data import chat_template
@@ -55,8 +56,8 @@ from MaxText.data.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
 from MaxText.decoding.engine import DecodeError, Engine
 from MaxText.decoding.sampling import Sampling
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family
-from MaxText.resolve import lora_base
+from MaxText.models.registry import get_family, get_hf_map, make_model_def
+from MaxText.resolve import hf_sharded, lora_base
 from MaxText.resolve.config_checks import validate
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.resolve.tokenizer_setup import MissingTokenizer, choose_tokenizer
@@ -372,15 +373,59 @@ class InferenceModel:
       raise InferenceError(str(e)) from None
 
 
-def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, dict | None]:
+class ShardedHF:
+  """A Hugging Face folder not read yet: `place` reads each process's slices of every parameter
+  straight onto the mesh (resolve/hf_sharded.py); the families whose map is one NameMap."""
+
+  def __init__(self, folder: str, hf_model_type: str):
+    self.folder, self.hf_model_type = folder, hf_model_type
+
+  def place(self, mcfg: ModelConfig, abstract: Any) -> Any:
+    params, stats = hf_sharded.load_sharded(self.folder, get_hf_map(self.hf_model_type), mcfg,
+                                            abstract)
+    print(f"[process {jax.process_index()}/{jax.process_count()}] read {stats.bytes} bytes of "
+          f"{self.folder} in {stats.reads} ranged reads", flush=True)
+    return params
+
+
+def place_hf(hf_params: Any, mcfg: ModelConfig, model_def: Any, shardings: Any) -> Any:
+  """`load_config_for_decoding`'s parameters on the mesh: host arrays put there, a ShardedHF
+  read there."""
+  if isinstance(hf_params, ShardedHF):
+    return hf_params.place(mcfg, jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        model_def.abstract_params, shardings))
+  return jax.device_put(hf_params, shardings)
+
+
+def sharded_hf_config(folder: str, overrides: list[str]) -> tuple[Config, ShardedHF] | None:
+  """(the config, the folder to read) without reading any tensor, when the folder's family has
+  a NameMap (else None: converted in memory)."""
+  hf_config = read_config(folder)
+  if hf_sharded.sharded_map(get_hf_map(hf_config["model_type"])) is None:
+    return None
+  st = hf_sharded.SafetensorsFolder(folder)
+  tokenizer = tokenizer_files.files_of(folder)
+  cfg = replace(config_for_hf(hf_config, overrides, st.tensors), tokenizer_type="huggingface" if
+                "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
+  mcfg = ModelConfig.from_config(cfg)
+  hf_sharded.check_folder(st, hf_sharded.sharded_map(get_hf_map(cfg.hf_model_type)), mcfg,
+                          hf_sharded.flatten(make_model_def(mcfg).abstract_params))
+  return cfg, ShardedHF(folder, cfg.hf_model_type)
+
+
+def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, Any]:
   """The config (architecture from the checkpoint or the Hugging Face folder) and, for hf_path,
-  the converted host parameters."""
+  its parameters: a ShardedHF (read onto the mesh by `place_hf`) or, for a family whose map reads
+  whole tensors, the converted host parameters."""
   cfg = load_config(argv)
   if cfg.hf_path and cfg.load_parameters_path:
     raise ConfigError("hf_path and load_parameters_path both set: give one of them")
   if cfg.hf_path:
     try:
-      converted, params = load_hf(os.path.expanduser(cfg.hf_path), list(argv[1:]))
+      folder = os.path.expanduser(cfg.hf_path)
+      sharded = sharded_hf_config(folder, list(argv[1:]))
+      converted, params = sharded if sharded is not None else load_hf(folder, list(argv[1:]))
       if cfg.tokenizer_type != "auto" or cfg.tokenizer_path:   # the user's choice stands
         converted = replace(converted, tokenizer_type=cfg.tokenizer_type)
       return converted, params
@@ -429,8 +474,8 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
     raise InferenceError(f"the tokenizer ({source}) has {tokenizer.vocab_size} ids but the model's "
                          f"vocab_size is {cfg.vocab_size}")
   if params is None and hf_params is not None:
-    params = hf_params
-  if params is None:
+    params = place_hf(hf_params, mcfg, engine.model_def, engine.param_shardings)
+  elif params is None:
     if not cfg.load_parameters_path:
       raise ConfigError("decoding needs parameters: set load_parameters_path or hf_path")
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),

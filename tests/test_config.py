@@ -440,7 +440,7 @@ def test_help_prints_usage_examples_and_every_key_train_reads(args):
   shown = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+) = (.*)$", p.stdout, re.M)}
   # (a new process: a family a test registered here is not in it)
   assert set(shown) == {k for k, spec in rendered().items() if "train" in spec.tools}
-  assert "hf_path" not in shown and "num_generations" not in shown   # refused by train.py
+  assert "hf_path" in shown and "num_generations" not in shown   # read by train.py; refused
   assert shown["steps"].startswith("300    # optimizer steps")
   assert shown["logical_axis_rules"].startswith("[...]    # logical axis -> mesh axes")
 

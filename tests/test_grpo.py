@@ -102,6 +102,7 @@ def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
     (["max_new_tokens=6", "LONG"], "line 9: the prompt has 12 tokens, more than the 10 allowed "
                                    "(max_target_length=16 - max_new_tokens=6)"),
     (["temperature=0"], "temperature=0 decodes greedily"),
+    (["overlong_buffer=7"], "overlong_buffer=7 exceeds max_new_tokens=6"),
     (["microbatch_size=5"], "microbatch_size=5 does not divide the rollout batch's 16 rows"),
     (["gradient_accumulation_steps=2"], "set microbatch_size (rows per micro-batch) instead"),
 ])
@@ -372,7 +373,7 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   from test_loss import rel   # pylint: disable=import-outside-toplevel
   lp = jax.jit(split)(params)
   assert rel(lp, ref_lp) < 1e-6, rel(lp, ref_lp)
-  hlo = jax.jit(split).lower(params).compile().as_text()   # the head's slices only, never gathered
+  hlo = jax.jit(split).lower(params).compile().as_text() or ""   # the head's slices only, never gathered
   gathered = set(re.findall(r"= (\w+\[[\d,]*\])\S* all-gather\(", hlo))
   assert gathered and not {"f32[32,264]", "f32[36,264]", "f32[4,264]"} & gathered, gathered
   v, g = jax.jit(split_grad)(*lora.split(params))
@@ -449,6 +450,33 @@ def test_a_failed_evaluation_after_the_last_step_keeps_its_checkpoint(tmp_path, 
   assert len(calls) == 2 and os.path.isdir(tmp_path / "evalfail" / "checkpoints" / "2")
   assert ("warning: the evaluation after step 2 failed and was skipped (RuntimeError: forced "
           "evaluation failure)") in err
+
+
+def test_gspo_run_clips_whole_sequences(tmp_path):
+  """importance_sampling=sequence (GSPO) through the GRPO loop: a run of two passes per rollout
+  batch finishes, and on the second (off-policy) pass the ratio moves off 1."""
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  code, rows, _ = grpo(tmp_path, "gspo", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                       "importance_sampling=sequence", "num_iterations=2", "steps=2",
+                       "enable_checkpointing=false")
+  assert code == 0
+  steps = [r for r in rows if "reward_mean" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  assert steps[-1]["ratio_max"] > 1.0 or steps[-1]["ratio_min"] < 1.0
+
+
+def test_dapo_dynamic_sampling_and_overlong_shaping_are_logged(tmp_path):
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  code, rows, _ = grpo(tmp_path, "dapo", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                       "dynamic_sampling=true", "overlong_buffer=3", "steps=2",
+                       "enable_checkpointing=false")
+  assert code == 0
+  steps = [r for r in rows if "reward_mean" in r]
+  assert len(steps) == 2
+  for r in steps:
+    assert 0 <= r["groups_dropped"] <= 4 and r["groups_dropped"] == int(r["groups_dropped"])
+    assert -1.0 <= r["overlong_penalty_mean"] <= 0.0
+  assert any(r["overlong_penalty_mean"] < 0 for r in steps)   # 6 new tokens, buffer 3: some pay
 
 
 def test_memory_preflight_counts_one_micro_batch_of_activations(tmp_path):

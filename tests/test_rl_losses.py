@@ -33,9 +33,12 @@ CLIPS = {"symmetric": dict(epsilon_low=0.2, epsilon_high=0.2),
 # ---- the torch reference ------------------------------------------------------------------------
 def torch_policy_loss(logp, old, ref, adv, mask, *, epsilon_low, epsilon_high, dual_clip=None,
                       beta=0.0, kl_estimator="k3", aggregation="token-mean",
-                      max_response_len=None):
+                      max_response_len=None, importance_sampling="token"):
   adv = adv[:, None] if adv.dim() == 1 else adv
-  ratio = torch.exp(torch.clamp(logp - old.detach(), -20.0, 20.0))
+  log_ratio = logp - old.detach()
+  if importance_sampling == "sequence":   # GSPO, as TRL's importance_sampling_level="sequence"
+    log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+  ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
   pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high))
   if dual_clip is not None:
     pg = torch.where(adv < 0, torch.minimum(pg, -adv * dual_clip), pg)
@@ -102,6 +105,35 @@ def test_loss_and_grad_equal_torch(estimator, aggregation, clip):
   assert float(metrics["ratio_min"]) == pytest.approx(ratio.min(), rel=1e-6)
   assert float(metrics["kl"]) == pytest.approx(
       float(losses.kl_penalty(logp, ref, estimator)[mask > 0].mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("aggregation,clip", list(itertools.product(losses.AGGREGATIONS, CLIPS)))
+def test_gspo_sequence_ratio_loss_and_grad_equal_torch(aggregation, clip):
+  """GSPO (importance_sampling="sequence"): one ratio per row, exp of its masked mean log-ratio,
+  clipped as a whole; rows shifted so that some are clipped below, some above, some not."""
+  logp, old, ref, adv, mask = inputs(seed=5)
+  shift = np.array([0.6, -0.6, -0.2, -0.4, 0.0, 0.5], np.float32)[:, None]   # per-row drift
+  old = (old - shift).astype(np.float32)
+  kw = dict(CLIPS[clip], beta=0.05, aggregation=aggregation, importance_sampling="sequence",
+            max_response_len=16 if aggregation == "seq-mean-token-scale" else None)
+  (loss, metrics), grad = jax.value_and_grad(
+      lambda lp: losses.policy_loss(lp, old, ref, adv, mask, **kw), has_aux=True)(
+          jnp.asarray(logp))
+  t = {k: torch.tensor(v, dtype=torch.float64) for k, v in
+       dict(logp=logp, old=old, ref=ref, adv=adv, mask=mask).items()}
+  t["logp"].requires_grad_(True)
+  want = torch_policy_loss(t["logp"], t["old"], t["ref"], t["adv"], t["mask"], **kw)
+  want.backward()
+  assert abs(float(loss) - want.item()) <= 1e-6 * max(1.0, abs(want.item())), (float(loss), want)
+  assert rel(grad, t["logp"].grad.numpy()) <= 1e-6
+  seq_ratio = np.exp((((logp - old) * mask).sum(-1) / np.maximum(mask.sum(-1), 1)))[mask.sum(-1) > 0]
+  assert (seq_ratio < 0.8).any() and (seq_ratio > 1.3).any() and \
+      ((seq_ratio > 0.8) & (seq_ratio < 1.2)).any()
+  assert float(metrics["ratio_min"]) == pytest.approx(seq_ratio.min(), rel=1e-5)
+  assert float(metrics["ratio_max"]) == pytest.approx(seq_ratio.max(), rel=1e-5)
+  token = losses.policy_loss(jnp.asarray(logp), old, ref, adv, mask,
+                             **{**kw, "importance_sampling": "token"})[0]
+  assert abs(float(token) - float(loss)) > 1e-3   # the sequence ratio is not the token one
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.1])
@@ -268,3 +300,41 @@ def test_loss_gradient_wrt_parameters_equals_transformers_plus_torch_loss():
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert abs(float(loss) - want.item()) <= 1e-4 * max(1.0, abs(want.item()))
   compare_grads(grads, want_grads)
+
+
+# ---- DAPO: dynamic sampling and overlong shaping ---------------------------------------------------
+def test_overlong_penalty_is_dapos_piecewise_formula():
+  """DAPO (Yu et al. 2025, eq. 13): 0 for |y| <= L_max - L_cache, (L_max - L_cache - |y|) / L_cache
+  up to L_max, -1 beyond."""
+  L_max, L_cache = 16, 4
+  lengths = np.arange(0, 20)
+  want = [0.0 if n <= L_max - L_cache else (L_max - L_cache - n) / L_cache if n <= L_max else -1.0
+          for n in lengths]
+  np.testing.assert_allclose(losses.overlong_penalty(lengths, L_max, L_cache), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("aggregation", losses.AGGREGATIONS)
+def test_dynamic_sampling_equals_the_loss_over_the_informative_groups_only(aggregation):
+  """Masking out the groups whose rewards are all equal gives the loss (value and gradient) of the
+  batch without those groups, computed by the torch reference on the kept rows alone."""
+  logp, old, ref, _, mask = inputs(seed=7)
+  rewards = np.array([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], np.float32)   # groups of 2: one all-equal
+  keep = losses.informative_rows(rewards, 2)
+  assert keep.tolist() == [False, False, True, True, False, False]
+  adv = np.asarray(losses.group_advantages(rewards, 2))
+  kw = dict(epsilon_low=0.2, epsilon_high=0.28, beta=0.05, aggregation=aggregation,
+            max_response_len=16 if aggregation == "seq-mean-token-scale" else None)
+  dropped = mask * keep[:, None]
+  (loss, _), grad = jax.value_and_grad(
+      lambda lp: losses.policy_loss(lp, old, ref, adv, dropped, **kw), has_aux=True)(
+          jnp.asarray(logp))
+  t = {k: torch.tensor(v[keep], dtype=torch.float64) for k, v in
+       dict(logp=logp, old=old, ref=ref, adv=adv, mask=mask).items()}
+  t["logp"].requires_grad_(True)
+  want = torch_policy_loss(t["logp"], t["old"], t["ref"], t["adv"], t["mask"], **kw)
+  want.backward()
+  assert abs(float(loss) - want.item()) <= 1e-6 * max(1.0, abs(want.item())), (float(loss), want)
+  assert rel(np.asarray(grad)[keep], t["logp"].grad.numpy()) <= 1e-6
+  assert not np.asarray(grad)[~keep].any()
+  whole = losses.policy_loss(jnp.asarray(logp), old, ref, adv, mask, **kw)[0]
+  assert abs(float(whole) - float(loss)) > 1e-4   # without dropping, the equal groups dilute it

@@ -101,13 +101,14 @@ def test_what_a_model_file_sets_is_never_refused(model, tool):
 
 def test_train_py_refuses_hf_path_instead_of_training_a_random_model(tmp_path):
   """issue 38: `train.py configs/base.yml hf_path=/nonexistent/folder` trained a random model and
-  exited 0; it is refused before anything starts, naming the key and the tools that read it."""
+  exited 0; train.py now reads hf_path (issue 31: the folder read onto the mesh), and a folder
+  that is not there is refused before anything starts, naming the key and the file."""
   r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), BASE_YML,
                       "hf_path=/nonexistent/folder", f"base_output_directory={tmp_path}"],
                      capture_output=True, text=True, cwd=ROOT, check=False)
   assert r.returncode == 2, (r.stdout, r.stderr)
-  assert "hf_path='/nonexistent/folder': train.py does not read hf_path" in r.stderr, r.stderr
-  assert "python -m MaxText.decode" in r.stderr and "Traceback" not in r.stderr
+  assert "hf_path: /nonexistent/folder/config.json does not exist" in r.stderr, r.stderr
+  assert "Traceback" not in r.stderr
   assert not os.listdir(tmp_path)      # no run directory: nothing was trained
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
-from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, TRAINERS
+from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TRAINERS
 
 
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
@@ -235,9 +235,9 @@ class Config:
       data=True, tools=("train",))
   max_audio_seconds: float = key(30.0, "sft: the longest clip (seconds; the feature frames of a "
                                  "clip slot)", gt=0, data=True, tools=("train",))
-  chat_template_path: str = key("", 'sft: a jinja chat template file; "" = the tokenizer\'s own '
-                                "(chat_template.jinja / tokenizer_config.json)", data=True,
-                                tools=("train",))
+  chat_template_path: str = key("", 'sft, dpo: a jinja chat template file; "" = the tokenizer\'s '
+                                "own (chat_template.jinja / tokenizer_config.json)", data=True,
+                                tools=("train", "dpo"))
   eval_split_fraction: float = key(
       0.0, "hold out this share of the documents for evaluation; training never reads them",
       min=0, max=0.5, data=True)
@@ -360,11 +360,12 @@ class Config:
 
   # ---- decoding --------------------------------------------------------------------------------
   hf_path: str = key(
-      "", "a Hugging Face folder: decode / evaluate / inspect / lm_eval convert it in memory "
+      "", "a Hugging Face folder (local or gs://): train / grpo read it straight onto the mesh, "
+      "each process its own slices; decode / evaluate / inspect / lm_eval convert it in memory "
       "(instead of load_parameters_path); to_maxtext converts it; logit_check compares with it",
       section="decoding (python -m MaxText.decode; MaxText.inference)",
-      section_tools=DECODERS, tools=(*DECODERS, "evaluate", "logit_check", "lm_eval", "serve",
-                                       *CONVERT))
+      section_tools=DECODERS,
+      tools=(*DECODERS, *TRAINERS, "evaluate", "logit_check", "lm_eval", "serve", *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
                     tools=(*DECODERS, "train"))
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
@@ -380,19 +381,19 @@ class Config:
   chat: bool = key(False, "render prompts (and jsonl messages) with the tokenizer's own chat "
                    "template (tokenizer_config.json / chat_template.jinja)")
   max_new_tokens: int = key(64, "tokens generated per prompt (at most)", min=1,
-                            tools=(*DECODERS, *TRAINERS))
+                            tools=(*DECODERS, *SAMPLERS))
   temperature: float = key(0.0, "0 = greedy; else sample from softmax(logits / temperature)",
                            min=0, tools=("decode", "grpo"))
   top_k: int = key(0, "sample among the k most likely tokens only; 0 = off", min=0,
                    tools=("decode", "grpo"))
   top_p: float = key(1.0, "sample from the smallest set holding probability >= p; 1 = off",
-                     gt=0, max=1, tools=(*DECODERS, *TRAINERS))
+                     gt=0, max=1, tools=(*DECODERS, *SAMPLERS))
   min_p: float = key(0.0, "drop tokens less likely than min_p x the most likely; 0 = off", min=0,
-                     max=1, tools=(*DECODERS, *TRAINERS))
+                     max=1, tools=(*DECODERS, *SAMPLERS))
   stop: list[str] = key([], "stop once the completion text contains one of these strings",
-                        tools=(*DECODERS, *TRAINERS))
+                        tools=(*DECODERS, *SAMPLERS))
   eos_ids: list[int] = key([], "stop at these token ids; [] = the tokenizer's eos",
-                           tools=(*DECODERS, *TRAINERS, "lm_eval", "serve"))
+                           tools=(*DECODERS, *SAMPLERS, "lm_eval", "serve"))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
                            "output_logprobs, text) to this file", tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
@@ -403,7 +404,7 @@ class Config:
                               min=0, tools=(*DECODERS, "lm_eval", "serve"))
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
-                         tools=(*DECODERS, *TRAINERS, "lm_eval", "serve"))
+                         tools=(*DECODERS, *SAMPLERS, "lm_eval", "serve"))
 
   # ---- serving ---------------------------------------------------------------------------------
   serve_slots: int = key(8, "decode slots: requests decoded together (continuous batching)", min=1,
@@ -445,6 +446,15 @@ class Config:
   epsilon_high: float = key(0.2, "PPO clip: above at 1 + epsilon_high", min=0)
   dual_clip: float = key(0.0, "dual clip: for negative advantages the loss is at most dual_clip x "
                          "|A|; 0 = off, else > 1", min=0)
+  dynamic_sampling: bool = key(False, "GRPO: DAPO's dynamic sampling: groups whose rewards are "
+                               "all equal are dropped from the loss (their rows weighted 0) and "
+                               "counted (groups_dropped)")
+  overlong_buffer: int = key(0, "GRPO: DAPO's overlong shaping: a completion longer than "
+                             "max_new_tokens - this loses up to 1 reward, linearly to -1 at "
+                             "max_new_tokens; 0 = off", min=0)
+  importance_sampling: str = key("token", "GRPO: token (a ratio per token, PPO / GRPO) | sequence "
+                                 "(GSPO: one ratio per completion, the exp of its tokens' mean "
+                                 "log-ratio, clipped as a whole)", choices=("token", "sequence"))
   kl_beta: float = key(0.0, "weight of the KL penalty to the reference (the loaded parameters; "
                        "with LoRA the base without adapters)", min=0)
   kl_estimator: str = key("k3", "KL estimator: k1 (logp - ref), k2 (half its square), k3",
@@ -461,6 +471,25 @@ class Config:
                           "(eval_reward_greedy)")
   eval_reward_period: int = key(0, "GRPO: evaluate eval_prompts every N steps (0 = only before the "
                                 "first step and after the last)", min=0)
+
+  # ---- preference optimization (DPO) -----------------------------------------------------------
+  preferences: str = key(
+      "", "DPO: .jsonl preference pairs, one object a line: prompt, chosen, rejected (text, or chat "
+      "messages rendered with the tokenizer's chat template)",
+      section="preference optimization (python -m MaxText.dpo)", section_tools=("dpo",))
+  eval_preferences: str = key("", "DPO: held-out .jsonl pairs; their rewards/* and logps/* "
+                              "(eval/...) before the first step, every eval_preferences_period "
+                              "steps and after the last")
+  eval_preferences_period: int = key(0, "DPO: evaluate eval_preferences every N steps (0 = only "
+                                     "before the first step and after the last)", min=0)
+  dpo_loss: str = key("sigmoid", "sigmoid | ipo | hinge | robust (against the reference: the "
+                      "loaded parameters; with LoRA the base) | orpo | simpo (reference-free)",
+                      choices=("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo"))
+  beta: float = key(0.1, "DPO: the reward scale beta (ipo: the regularisation tau; orpo: the "
+                    "odds-ratio weight lambda)", gt=0)
+  label_smoothing: float = key(0.0, "DPO: the probability a label is flipped (robust, simpo; must "
+                               "be < 0.5)", min=0, max=0.5)
+  simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma", min=0)
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",

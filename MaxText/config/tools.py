@@ -9,6 +9,7 @@ no setting is silently ignored. Imports nothing.
 TOOLS = {
     "train": "train.py",
     "grpo": "python -m MaxText.rl.grpo",
+    "dpo": "python -m MaxText.dpo",
     "decode": "python -m MaxText.decode",
     "evaluate": "python -m MaxText.evaluate",
     "inspect": "python -m MaxText.inspect",
@@ -21,7 +22,8 @@ TOOLS = {
     "serve": "python -m MaxText.serve",
 }
 
-TRAINERS = ("train", "grpo")                                   # the step loop's programs
+TRAINERS = ("train", "grpo", "dpo")                            # the step loop's programs
+SAMPLERS = ("train", "grpo")         # trainers that decode (samples, rollouts)
 MODEL_TOOLS = (*TRAINERS, "decode", "evaluate", "inspect", "quantize",   # build a model: a config
                "lm_eval", "serve")
 CONVERT = ("to_maxtext",)            # takes the architecture from config.json (refuses yours)

@@ -79,6 +79,9 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.max_new_tokens >= cfg.max_target_length:
     out.append(("max_new_tokens", f"max_new_tokens={cfg.max_new_tokens} leaves no room for a "
                 f"prompt in max_target_length={cfg.max_target_length}"))
+  if cfg.overlong_buffer > cfg.max_new_tokens:
+    out.append(("overlong_buffer", f"overlong_buffer={cfg.overlong_buffer} exceeds max_new_tokens="
+                f"{cfg.max_new_tokens}"))
   if cfg.temperature == 0:
     out.append(("temperature", "temperature=0 decodes greedily: every completion of a prompt is "
                 "the same and no advantage is ever non-zero; sample (e.g. temperature=1)"))
@@ -204,15 +207,23 @@ class GRPOTrainer(Trainer):
                              max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
                              stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
     rollout_time = time.perf_counter() - t0
-    advantages = np.asarray(losses.group_advantages(ro.rewards, self.group,
-                                                    cfg.advantage_estimator))
+    rewards, arrays, extra = ro.rewards, dict(ro.arrays), {}
+    if cfg.overlong_buffer:   # DAPO's overlong shaping, before the advantages
+      penalty = losses.overlong_penalty(ro.lengths, cfg.max_new_tokens, cfg.overlong_buffer)
+      rewards = rewards + penalty
+      extra["overlong_penalty_mean"] = float(penalty.mean())
+    advantages = np.asarray(losses.group_advantages(rewards, self.group, cfg.advantage_estimator))
+    if cfg.dynamic_sampling:   # DAPO: groups of equal rewards out of the loss, counted
+      keep = losses.informative_rows(rewards, self.group)
+      arrays["sample_weight"] = keep.astype(np.float32)   # weight 0: the rows left out
+      extra["groups_dropped"] = float((~keep).sum() // self.group)
     policy, params = self.policy, state["params"]
-    batch = policy.arrays({**ro.arrays, "advantages": advantages})
+    batch = policy.arrays({**arrays, "advantages": advantages})
     batch["old_logprobs"] = policy.token_logprobs(params, batch)
     batch["reference_logprobs"] = (policy.token_logprobs(params, batch, reference=True)
                                    if self.use_reference else jnp.zeros_like(batch["old_logprobs"]))
     report = {"step": step, "rollout": ro, "advantages": advantages,
-              "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad)}
+              "rollout_time_s": rollout_time, "bad_rewards": float(self.scorer.bad), **extra}
     if self.rollouts.separate:
       report["weight_shipping_s"] = self.rollouts.shipping_s
     return batch, report
@@ -292,6 +303,7 @@ class RolloutRows:
         bad_rewards=report["bad_rewards"], rollout_time_s=report["rollout_time_s"],
         train_time_s=max(step_time - report["rollout_time_s"], 0.0), step_time_s=step_time,
         optimizer_steps=float(report["step"] * self.num_iterations))
+    row.update({k: report[k] for k in ("groups_dropped", "overlong_penalty_mean") if k in report})
     for f, r in enumerate(self.scorer.rewards):
       row[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
     if "weight_shipping_s" in report:

@@ -13,6 +13,12 @@ then aggregated over the masked tokens:
     seq-mean-token-mean   mean over rows of (Σ_t loss·mask / Σ_t mask)        (GRPO's paper)
     seq-mean-token-sum    mean over rows of Σ_t loss·mask
     seq-mean-token-scale  mean over rows of Σ_t loss·mask / max_response_len  (Dr. GRPO: no length bias)
+With `importance_sampling="sequence"` (GSPO, Zheng et al. 2025; TRL's importance_sampling_level)
+every token of a row takes the row's one ratio r = exp(clamp(mean over its masked tokens of
+(logp − old))): the clip acts on the whole sequence.
+DAPO's dynamic sampling (`informative_rows`: the groups whose rewards are all equal taken out of
+the loss, as if dropped) and overlong reward shaping (`overlong_penalty`) act on the rollout before
+the loss.
 "mean over rows" counts the rows with at least one response token (a row without any, e.g. a
 padding row, neither adds nor dilutes); `max_response_len` None means T. The log-ratio is clamped
 before `exp` so a far-off-policy token cannot overflow the ratio to inf (its gradient is then 0,
@@ -22,11 +28,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 LOG_RATIO_CLAMP = 20.0
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-scale")
 ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+IMPORTANCE_SAMPLING = ("token", "sequence")
 ZERO_STD = 1e-6     # a group whose rewards' std is below this has no signal: advantage 0
 
 
@@ -74,7 +82,8 @@ def batch_totals(mask_BT: jax.Array) -> dict[str, jax.Array]:
 
 def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsilon_low=0.2,
                 epsilon_high=0.2, dual_clip=None, beta=0.0, kl_estimator="k3",
-                aggregation="token-mean", max_response_len=None, totals=None):
+                aggregation="token-mean", max_response_len=None, totals=None,
+                importance_sampling="token"):
   """(loss, metrics) of one batch: arrays [B, T] (advantages [B] or [B, T]); `ref_logprobs` may
   be None when beta is 0 (no KL term, no KL metric). Gradients flow through `logprobs` only.
   Metrics (token means over the mask, no gradient): clip_frac_low (A < 0 and r below
@@ -88,6 +97,8 @@ def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsil
     raise ValueError(f"dual_clip={dual_clip} must be > 1 (or None)")
   if beta and ref_logprobs is None:
     raise ValueError(f"beta={beta} needs ref_logprobs")
+  if importance_sampling not in IMPORTANCE_SAMPLING:
+    raise ValueError(f"importance_sampling={importance_sampling!r}: one of {IMPORTANCE_SAMPLING}")
   logprobs = logprobs.astype(jnp.float32)
   old = jax.lax.stop_gradient(old_logprobs.astype(jnp.float32))
   adv_BT = jnp.asarray(advantages, jnp.float32)
@@ -96,7 +107,12 @@ def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsil
   adv_BT = jnp.broadcast_to(jax.lax.stop_gradient(adv_BT), logprobs.shape)
   mask_BT = mask.astype(jnp.float32)
 
-  log_ratio_BT = jnp.clip(logprobs - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  log_ratio_BT = logprobs - old
+  if importance_sampling == "sequence":   # GSPO: the row's mean log-ratio on every token
+    log_ratio_B = (jnp.sum(log_ratio_BT * mask_BT, axis=-1)
+                   / jnp.maximum(jnp.sum(mask_BT, axis=-1), 1.0))
+    log_ratio_BT = jnp.broadcast_to(log_ratio_B[:, None], log_ratio_BT.shape)
+  log_ratio_BT = jnp.clip(log_ratio_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   unclipped_BT = -adv_BT * ratio_BT
   clipped_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - epsilon_low, 1.0 + epsilon_high)
@@ -157,3 +173,18 @@ def group_advantages(rewards_B: jax.Array, group_size: int, estimator: str = "gr
   else:
     raise ValueError(f"advantage_estimator={estimator!r}: one of {ADVANTAGE_ESTIMATORS}")
   return adv_GN.reshape(-1)
+
+
+def informative_rows(rewards_B, group_size: int) -> np.ndarray:
+  """[B] bool: the rows of the groups whose rewards are not all equal (std >= ZERO_STD). DAPO's
+  dynamic sampling keeps only these: a group of equal rewards has advantage 0 everywhere and would
+  only dilute a token- or row-mean of the loss."""
+  r_GN = np.asarray(rewards_B, np.float64).reshape(-1, group_size)
+  return np.repeat(r_GN.std(axis=1) >= ZERO_STD, group_size)
+
+
+def overlong_penalty(lengths_B, max_len: int, buffer: int) -> np.ndarray:
+  """DAPO's soft overlong punishment, added to the reward: 0 for a completion of at most
+  max_len − buffer tokens, then falling linearly to −1 at max_len tokens (and −1 beyond)."""
+  over = np.asarray(lengths_B, np.float64) - (max_len - buffer)
+  return -np.clip(over / buffer, 0.0, 1.0)

@@ -116,7 +116,8 @@ class Policy:
     self.loss_kwargs = dict(epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                             dual_clip=cfg.dual_clip or None, beta=cfg.kl_beta,
                             kl_estimator=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
-                            max_response_len=cfg.max_new_tokens)
+                            max_response_len=cfg.max_new_tokens,
+                            importance_sampling=cfg.importance_sampling)
     self.keeps_reference_copy = cfg.kl_beta > 0 and not trainer.adapters_only
 
   # ---- opening and closing -------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.resolve import auto_settings
 from MaxText.resolve.config_checks import check_config
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
+from MaxText.resolve.from_hf import adopt_hf_architecture, check_tensors
 from MaxText.resolve.tokenizer_setup import choose_tokenizer
 from MaxText.runtime import cpu_devices, distributed, faults
 from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
@@ -356,7 +357,9 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   clock = clock or StartupClock()
   # dtype=auto resolved for training below; keys the trainer does not read refused
   cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
-  if cfg.load_parameters_path:
+  if cfg.hf_path:
+    cfg = adopt_hf_architecture(cfg, argv)
+  elif cfg.load_parameters_path:
     cfg = adopt_checkpoint_architecture(cfg, argv)
   cfg, tokenizer_line = choose_tokenizer(cfg)
   setup_jax(cfg)
@@ -366,6 +369,8 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   log(tokenizer_line)
   training = auto_settings.for_training(cfg)   # the one resolution of the auto values
   cfg = training.cfg
+  if cfg.hf_path:
+    check_tensors(cfg)   # a missing / misshapen tensor: exit 4 before anything compiles
   tokenizer = check_config(cfg, list(jax.devices() if devices is None else devices))
   cpu_defaults = cpu_devices.apply_host_allocator(cpu_defaults, jax.devices()[0].platform,
                                                  hot_path=cfg.hot_path)

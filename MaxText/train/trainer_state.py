@@ -12,9 +12,10 @@ from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
 from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.resolve import lora_base
+from MaxText.models.registry import get_hf_map
+from MaxText.resolve import hf_sharded, lora_base
 from MaxText.train.optimizer import Optimizer
-from MaxText.train.run_log import log
+from MaxText.train.run_log import log, log_host
 from MaxText.train.state import init_state
 
 
@@ -32,7 +33,8 @@ class CheckpointedState:
   def initial_state(self, ckpts: RunCheckpoints | None, data_iter: Any,
                     meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
     """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
-    are verified), the parameters of `load_parameters_path`, or a fresh init."""
+    are verified), the parameters of `load_parameters_path`, those of `hf_path` (read onto the
+    mesh, each process its own slices: resolve/hf_sharded.py), or a fresh init."""
     cfg = self.cfg
     if ckpts is not None and ckpts.latest_step() is not None:
       # a LoRA run's checkpoints hold the adapters and a reference to the base (resolve/lora_base.py)
@@ -69,6 +71,12 @@ class CheckpointedState:
       else:   # a whole model (or a LoRA checkpoint of the former format, which holds its base)
         params = load_params(path, self.abstract["params"], verify=cfg.checkpoint_verify)
       log(f"loaded parameters from {path}")
+    elif cfg.hf_path:
+      params, stats = hf_sharded.load_sharded(cfg.hf_path, get_hf_map(cfg.hf_model_type),
+                                              self.mcfg, self.abstract["params"])
+      log_host(f"read {stats.bytes} bytes of {cfg.hf_path} in {stats.reads} ranged reads "
+               f"(headers: {stats.header_bytes} bytes), this process's slices only")
+      log(f"loaded parameters from hf_path={cfg.hf_path}")
     state = init_state(self.mcfg, cfg.seed, self.tx, self.shardings, params)
     if self.adapters_only and not cfg.load_parameters_path:
       self.lora_base = lora_base.reference("", cfg.seed, lora.split(state["params"])[1])

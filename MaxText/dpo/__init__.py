@@ -1,0 +1,1 @@
+"""Preference optimization (python -m MaxText.dpo): MaxText/dpo/__main__.py."""

@@ -1,0 +1,265 @@
+"""Preference optimization (DPO, IPO, hinge, robust DPO; ORPO, SimPO) as a trainer of the one step
+loop: a step is one optimizer update on a batch of preference pairs (MaxText/dpo/step.py), its
+data the pairs of the step (MaxText/dpo/data.py), its row the preference metrics.
+
+The reference of the DPO losses is the loaded checkpoint (`load_parameters_path`; without one the
+initial parameters): with LoRA the base under the adapters (no second copy), else a frozen copy of
+the parameters (loaded again when a run resumes). Its summed log-probabilities are computed when a
+batch is made, before the step that uses them. ORPO and SimPO need no reference and hold none.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from MaxText.checkpoint.manager import RunCheckpoints, load_params
+from MaxText.config.load import ConfigError
+from MaxText.config.schema import Config
+from MaxText.data import sft
+from MaxText.data.tokenizers import make_tokenizer
+from MaxText.dpo import step as dpo_step
+from MaxText.dpo.data import Encoder, PreferenceSet, read_preferences
+from MaxText.losses import preference
+from MaxText.metrics.writers import MetricsWriter
+from MaxText.resolve import auto_settings
+from MaxText.train import memory
+from MaxText.train.loop import Trainer
+from MaxText.train.periodic import log_failure
+from MaxText.train.run_log import log
+from MaxText.train.state import init_state
+from MaxText.train.step_loop import LoopParts
+
+
+def dpo_problems(cfg: Config) -> list[tuple[str, str]]:
+  """Cross-key refusals of a DPO run: (key, why)."""
+  out = []
+  if not cfg.preferences:
+    out.append(("preferences", "DPO needs a .jsonl file of preference pairs "
+                "(preferences=FILE.jsonl)"))
+  if cfg.label_smoothing and cfg.dpo_loss not in ("robust", "simpo"):
+    out.append(("label_smoothing", f"label_smoothing={cfg.label_smoothing} is read by "
+                f"dpo_loss=robust and simpo only (dpo_loss={cfg.dpo_loss})"))
+  if cfg.label_smoothing >= 0.5:
+    out.append(("label_smoothing", f"label_smoothing={cfg.label_smoothing} must be < 0.5"))
+  if cfg.simpo_gamma != 0.5 and cfg.dpo_loss != "simpo":
+    out.append(("simpo_gamma", f"simpo_gamma is read by dpo_loss=simpo only (dpo_loss="
+                f"{cfg.dpo_loss})"))
+  if cfg.z_loss_weight:
+    out.append(("z_loss_weight", "the preference losses have no z-loss term; set z_loss_weight=0"))
+  if cfg.eval_preferences_period and not cfg.eval_preferences:
+    out.append(("eval_preferences_period", "eval_preferences_period needs "
+                "eval_preferences=FILE.jsonl (held-out pairs)"))
+  return out
+
+
+class DPOTrainer(Trainer):
+  """A Trainer whose batches are preference pairs (module docstring). `per_device_batch_size`
+  counts pairs: a step holds per_device_batch_size x devices x gradient_accumulation_steps pairs
+  (twice as many rows), a micro-batch per_device_batch_size x devices."""
+
+  tool = "dpo"
+
+  def __init__(self, cfg: Config | auto_settings.Training,
+               devices: Sequence[jax.Device] | None = None, tokenizer=None):
+    training = auto_settings.for_training(cfg)
+    cfg = training.cfg
+    for key, problem in dpo_problems(cfg):
+      raise ConfigError(f"{key}: {problem}")
+    super().__init__(training, devices, tokenizer)
+    self.pairs = cfg.global_batch_size(len(self.devices))
+    self.global_batch = 2 * self.pairs   # rows: the activations' estimate and the row count
+    S = cfg.max_target_length
+    self.shardings_dpo = dpo_step.batch_shardings(self.mesh, self.rules, self.pairs, S)
+    self.batch_sharding = jax.sharding.NamedSharding(
+        self.mesh, dpo_step.logical_to_spec(dpo_step.ROW_AXES, (self.global_batch, S), self.rules,
+                                            self.mesh))
+    self.use_reference = preference.uses_reference(cfg.dpo_loss)
+    self.loss_kwargs = dict(loss=cfg.dpo_loss, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
+                            simpo_gamma=cfg.simpo_gamma)
+    self.train_set: PreferenceSet | None = None
+    self.eval_set: PreferenceSet | None = None
+
+  def memory_estimate(self) -> memory.MemoryEstimate:
+    """train.py's estimate for the pairs' rows, plus the reference's copy of the parameters (a DPO
+    loss without LoRA)."""
+    copy = self.use_reference and not self.adapters_only
+    return dataclasses.replace(
+        super().memory_estimate(),
+        reference=memory.per_device_bytes(self.abstract["params"]) if copy else 0)
+
+  def open_data(self, saved_shards: int | None) -> Any:
+    """Reads the pairs (a DataError here is exit 3); the pairs of a step are a function of (seed,
+    step), so there is no iterator to save."""
+    del saved_shards
+    cfg = self.cfg
+    tok = self.tokenizer or make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_path)
+    encoder = Encoder(tok, cfg.add_bos,
+                      lambda: sft.ChatFormat.for_tokenizer(cfg.tokenizer_path,
+                                                           cfg.chat_template_path))
+    pad = tok.pad_id if getattr(tok, "pad_id", None) is not None else 0
+    read = lambda path, key: read_preferences(path, key, encoder, cfg.max_target_length, pad)
+    self.train_set = read(cfg.preferences, "preferences")
+    self.eval_set = read(cfg.eval_preferences, "eval_preferences") if cfg.eval_preferences \
+        else None
+    log(f"preferences: {len(self.train_set)} pairs from {self.train_set.path}"
+        + (f"; {len(self.eval_set)} held-out pairs" if self.eval_set else "")
+        + f"; {self.pairs} pairs per step, dpo_loss={cfg.dpo_loss} beta={cfg.beta}")
+    return None
+
+  def device_arrays(self, host: dict) -> dict:
+    """Host arrays every process holds whole → global arrays with the pairs' shardings."""
+    return jax.tree.map(lambda v, sh: jax.make_array_from_callback(v.shape, sh,
+                                                                   lambda idx: v[idx]),
+                        host, {s: self.shardings_dpo[s] for s in host})
+
+  def reference_params(self, state: dict, fresh: bool) -> Any:
+    """The reference's parameters of a DPO loss without LoRA: the loaded (or initial) ones — a
+    copy of the state's at a fresh start, loaded again after a resume."""
+    if not (self.use_reference and not self.adapters_only):
+      return None
+    if fresh:
+      return jax.tree.map(jnp.copy, state["params"])
+    if self.cfg.load_parameters_path:
+      return load_params(self.cfg.load_parameters_path, self.abstract["params"],
+                         verify=self.cfg.checkpoint_verify)
+    return init_state(self.mcfg, self.cfg.seed, self.tx, self.shardings)["params"]
+
+  # ---- the step plugged into the loop (train/step_loop.py) ----------------------------------------
+  def prepare(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
+    del data_iter
+    cfg = self.cfg
+    state, start = self.checkpointed.initial_state(ckpts, None)
+    self.reference = self.reference_params(state, fresh=start == 0)
+    self.update_fn = dpo_step.jit_dpo_step(
+        dpo_step.make_dpo_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
+                               lr_schedule=self.lr_schedule, chunk=cfg.loss_chunk_length,
+                               adapters_only=self.adapters_only,
+                               grad_accum=cfg.gradient_accumulation_steps,
+                               loss_kwargs=self.loss_kwargs),
+        self.shardings, self.shardings_dpo, self.mesh)
+    make = lambda base: dpo_step.make_sums_fn(self.model_def, self.mesh, self.rules,
+                                              cfg.loss_chunk_length, self.shardings_dpo, base)
+    self.policy_sums = make(False)
+    self.ref_sums = make(self.adapters_only)
+    self.clock.mark("init")
+    return state, start
+
+  def loop_parts(self, state: dict, start: int, writer: MetricsWriter, data_iter: Any
+                 ) -> LoopParts:
+    del data_iter
+    periodic = HeldOutPairs(self, writer) if self.eval_set is not None else None
+    if periodic is not None and start == 0:
+      periodic.evaluate(0, state["params"])   # before any step: a failure here stops the run
+    return LoopParts(step=self.update_fn, next_batch=self.pairs_batch, rows=PairRows(),
+                     progress=PairProgress(), periodic=periodic)
+
+  def reference_sums(self, state_params, batch: dict) -> dict:
+    if not self.use_reference:
+      return {s: jnp.zeros((self.pairs,), jnp.float32) for s in dpo_step.SIDES}
+    return self.ref_sums(self.reference if self.reference is not None else state_params, batch)
+
+  def pairs_batch(self, step: int, state: dict) -> dict:
+    """The batch of `step`: its pairs as device arrays and the reference's sums on them."""
+    idx = self.train_set.for_step(step, self.pairs, self.cfg.seed)
+    batch = self.device_arrays(self.train_set.take(idx))
+    batch["ref"] = self.reference_sums(state["params"], batch)
+    return batch
+
+  def evaluate(self, params) -> dict[str, float]:
+    """The held-out pairs' preference metrics (eval/rewards/..., eval/logps/..., eval/loss) under
+    `params`, in batches of the step's pairs (the last one padded, the padding weighted 0). ORPO's
+    eval/loss is its odds-ratio term alone (no cross-entropy)."""
+    ev, P = self.eval_set, self.pairs
+    totals: dict[str, float] = {}
+    for first in range(0, len(ev), P):
+      idx = list(range(first, min(first + P, len(ev))))
+      weight = np.zeros(P, np.float32)
+      weight[:len(idx)] = 1
+      host = ev.take(idx + [idx[-1]] * (P - len(idx)))
+      batch = self.device_arrays(host)
+      pol = jax.tree.map(whole, self.policy_sums(params, batch))
+      ref = jax.tree.map(whole, self.reference_sums(params, batch))
+      n = {s: host[s]["mask"].sum(-1) for s in dpo_step.SIDES}
+      loss, sums = preference.pair_sums(pol["chosen"], pol["rejected"], n["chosen"],
+                                        n["rejected"], ref["chosen"], ref["rejected"], weight,
+                                        **self.loss_kwargs)
+      for k, v in {"loss": loss, **sums}.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    out = {f"eval/{k}": v / len(ev) for k, v in totals.items()}
+    out["eval/pairs"] = float(len(ev))
+    return out
+
+
+def whole(x: jax.Array) -> np.ndarray:
+  """A sharded global array whole on every process."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+class HeldOutPairs:
+  """The loop's evaluation for DPO (`step_loop.Periodic`): the held-out pairs' metrics every
+  `eval_preferences_period` steps and after the last (after that step's save; a failure is logged)."""
+
+  def __init__(self, trainer: DPOTrainer, writer: MetricsWriter):
+    self.trainer, self.writer, self.cfg = trainer, writer, trainer.cfg
+
+  def due(self, step: int) -> bool:
+    every = self.cfg.eval_preferences_period
+    return step == self.cfg.steps or bool(every and step % every == 0)
+
+  def evaluate(self, step: int, params) -> None:
+    m = self.trainer.evaluate(params)
+    self.writer.write(step, m)
+    log(f"eval after step {step} | rewards/accuracies {m['eval/rewards/accuracies']:.3f} | "
+        f"margins {m['eval/rewards/margins']:.4f} | loss {m['eval/loss']:.4f} | "
+        f"{int(m['eval/pairs'])} held-out pairs")
+
+  def after_step(self, step: int, params) -> float:
+    t0 = time.perf_counter()
+    try:
+      self.evaluate(step, params)
+    except Exception as e:  # pylint: disable=broad-except
+      log_failure("evaluation", step, e)
+    return time.perf_counter() - t0
+
+
+class PairRows:
+  """A DPO step's row (`step_loop.Rows`), read one step late: the step's metrics as floats and
+  `step_time_s` (from the previous row, less evaluation)."""
+
+  def __init__(self):
+    self._last_done = time.perf_counter()
+
+  def exclude(self, seconds: float) -> None:
+    self._last_done += seconds
+
+  def row(self, metrics: Any) -> dict:
+    row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    now = time.perf_counter()
+    row["step_time_s"], self._last_done = now - self._last_done, now
+    return row
+
+
+class PairProgress:
+  """DPO's progress line (`step_loop.Progress`)."""
+
+  def line(self, step: int, row: dict, steps: int) -> str:
+    parts = [f"step {step}/{steps}", f"loss {row['loss']:.4f}",
+             f"acc {row['rewards/accuracies']:.3f}", f"margin {row['rewards/margins']:.4f}",
+             f"chosen {row['rewards/chosen']:.4f}", f"rejected {row['rewards/rejected']:.4f}",
+             f"logps {row['logps/chosen']:.2f}/{row['logps/rejected']:.2f}"]
+    if "nll_loss" in row:
+      parts.append(f"nll {row['nll_loss']:.4f}")
+    parts += [f"grad norm {row['grad_norm']:.3f}", f"{row['step_time_s']:.2f} s"]
+    return " | ".join(parts)
+
+  def warning(self, step: int, row: dict) -> str | None:
+    del step, row
+    return None

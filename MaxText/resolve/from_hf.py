@@ -1,0 +1,107 @@
+"""`train.py … hf_path=DIR`: the run starts from a Hugging Face folder, with no conversion step.
+
+- The architecture comes from DIR/config.json (the family's `config_from_hf`, and what its map
+  reads from the tensor names in the safetensors headers); an architecture key the user set to
+  another value is refused naming both, as with load_parameters_path (exit 2); so is a config the
+  family cannot hold (`check_model`, in the run's config checks: config_checks.py), before
+  anything compiles. Nothing here touches a device (a multi-process run joins after it).
+- The tokenizer and chat template come along: without `tokenizer_path`, the folder's tokenizer
+  files are the run's (a folder on an object store: copied to a local temporary folder first, the
+  tokenizer libraries read local files) and its checkpoints carry them.
+- `check_tensors` compares the headers with the model before anything compiles: a tensor the
+  model needs that no shard holds, a wrong shape or a tensor with no place exits 4 naming it.
+- The parameters are read onto the mesh by each process, its own slices only
+  (`resolve/hf_sharded.py`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Sequence
+
+from MaxText.config.load import ConfigError, explicit_keys, replace
+from MaxText.config.schema import ARCHITECTURE_KEYS, Config
+from MaxText.models.model_config import ModelConfig
+from MaxText.models.registry import get_hf_map, make_model_def
+from MaxText.resolve import hf_sharded
+from MaxText.storage import paths
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "added_tokens.json")
+
+
+def read_hf_config(folder: str) -> dict:
+  path = paths.join(folder, "config.json")
+  if not paths.isfile(path):
+    raise ConfigError(f"hf_path: {path} does not exist")
+  try:
+    config = json.loads(paths.read_bytes(path))
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"hf_path: {path} is not valid JSON: {e}") from None
+  if "auto_map" in config:
+    raise ConfigError(f"hf_path: {path} has 'auto_map' (custom remote code); refusing to load it")
+  if "model_type" not in config:
+    raise ConfigError(f"hf_path: {path} has no 'model_type'")
+  return config
+
+
+def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:
+  """`cfg` with the architecture of the folder at `cfg.hf_path` and its tokenizer (module
+  docstring). ConfigError (exit 2) naming the key or file."""
+  if cfg.load_parameters_path:
+    raise ConfigError("hf_path and load_parameters_path both set: give one of them")
+  folder = paths.absolute(cfg.hf_path)
+  hf_config = read_hf_config(folder)
+  try:
+    hf_map = get_hf_map(hf_config["model_type"])
+  except ValueError as e:
+    raise ConfigError(f"hf_path: {e}") from None
+  if hf_sharded.sharded_map(hf_map) is None:
+    raise ConfigError(f"hf_path: model_type '{hf_config['model_type']}' is read whole tensors at a "
+                      f"time; convert it first (python -m MaxText.checkpoint_conversion.to_maxtext)"
+                      f" and train with load_parameters_path")
+  if cfg.lora_rank:
+    raise ConfigError("hf_path with lora_rank: convert the folder first (to_maxtext) and train "
+                      "the adapters with load_parameters_path")
+  values = {"hf_model_type": hf_config["model_type"], **hf_map.config_from_hf(hf_config)}
+  if hasattr(hf_map, "config_from_tensor_names"):
+    values.update(hf_map.config_from_tensor_names(hf_sharded.SafetensorsFolder(folder).tensors))
+  explicit = explicit_keys(argv)
+  for key in sorted(set(values) & ARCHITECTURE_KEYS - {"scan_layers"}):
+    if key in explicit and values[key] != getattr(cfg, key):
+      raise ConfigError(f"{key}={getattr(cfg, key)!r} disagrees with hf_path's config.json "
+                        f"({key}={values[key]!r})")
+  cfg = replace(cfg, hf_path=folder, **values)
+  if not cfg.tokenizer_path:
+    cfg = replace(cfg, tokenizer_path=_local_tokenizer(folder))
+  return cfg
+
+
+def _local_tokenizer(folder: str) -> str:
+  """The folder's tokenizer as a local path (a local folder as it is; on an object store its
+  tokenizer files copied to a temporary folder), or "" when it has none."""
+  present = set(paths.listdir(folder))
+  names = [n for n in TOKENIZER_FILES if n in present] + sorted(
+      n for n in present if n.endswith(".model"))
+  if not names or not ("tokenizer.json" in names or any(n.endswith(".model") for n in names)):
+    return ""
+  if not paths.is_url(folder):
+    return folder if "tokenizer.json" in names else os.path.join(
+        folder, next(n for n in names if n.endswith(".model")))
+  local = tempfile.mkdtemp(prefix="hf-tokenizer-")
+  for n in names:
+    paths.copy_file(paths.join(folder, n), os.path.join(local, n))
+  return local if "tokenizer.json" in names else os.path.join(
+      local, next(n for n in names if n.endswith(".model")))
+
+
+def check_tensors(cfg: Config) -> hf_sharded.SafetensorsFolder:
+  """The folder's headers, checked against the model of `cfg` (dtypes resolved): HFFolderError
+  (exit 4) naming a missing, misshapen or extra tensor."""
+  st = hf_sharded.SafetensorsFolder(cfg.hf_path)
+  mcfg = ModelConfig.from_config(cfg)
+  nm = hf_sharded.sharded_map(get_hf_map(cfg.hf_model_type))
+  assert nm is not None   # adopt_hf_architecture refused the others
+  hf_sharded.check_folder(st, nm, mcfg, hf_sharded.flatten(make_model_def(mcfg).abstract_params))
+  return st
