@@ -46,7 +46,9 @@ from MaxText.data.multimodal import images as images_lib
 from MaxText.data.multimodal.errors import MediaError
 from MaxText.data.printable import printable
 from MaxText.inference import InferenceError, load
+from MaxText.runtime import compile_cache
 from MaxText.runtime.exit_codes import EXIT_OK, reported
+from MaxText.runtime.startup import StartupClock
 
 PROMPT_KEYS = ("prompt", "prompt_ids", "prompt_file")
 
@@ -138,11 +140,15 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run(argv: Sequence[str]) -> int:
+  clock = StartupClock()
   # before the model loads: a bad prompt, or a key decoding does not read, fails fast
   first = load_config(argv, tool="decode")
   prompts = prompts_of(first)
   check_media_files(first)
+  print(compile_cache.use(first.jax_cache_dir), file=sys.stderr)
+  clock.mark("config")
   model = load(argv)
+  clock.mark("model")
   cfg = model.cfg
   weights = (f"int{cfg.weight_bits} weights (quantized checkpoint"
              + (f", groups of {cfg.weight_group_size}" if cfg.weight_group_size else "") + ")"
@@ -150,10 +156,13 @@ def run(argv: Sequence[str]) -> int:
   print(f"model {cfg.decoder_block} ({cfg.num_decoder_layers} layers, vocab {cfg.vocab_size}, "
         f"{weights}); {model.tokenizer_source}; {len(prompts)} prompt(s)", file=sys.stderr)
   t0 = time.perf_counter()
-  outs = model.generate(prompts, images=first.image or None, audio=first.audio or None)
+  with compile_cache.CompileMeter() as compiling:
+    outs = model.generate(prompts, images=first.image or None, audio=first.audio or None)
   seconds = time.perf_counter() - t0
+  clock.mark("answer")
   new = sum(len(g.output_ids) for g in outs)
   print(f"{new} tokens in {seconds:.2f} s (compilation included)", file=sys.stderr)
+  print(clock.line("the first answer", f"({compiling.text()})"), file=sys.stderr)
   for i, g in enumerate(outs):
     print(f"--- {i}: {len(g.output_ids)} tokens ({g.finish_reason}) ---")
     print(shown(prompt_text(model, g.prompt_ids), g.prompt_ids, "prompt"))

@@ -32,8 +32,10 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.resolve import held_out, lora_base
 from MaxText.resolve.config_checks import check_config
+from MaxText.runtime import compile_cache
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 from MaxText.runtime.host_data import data_layout, process_rows
+from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import batch_sharding, parse_rules, tree_shardings
 from MaxText.train.evaluation import Evaluator, format_eval
@@ -43,7 +45,8 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
             ) -> tuple[Evaluator, object]:
   """(the evaluator, the parameters on the mesh); ConfigError or DataError before any data is
   read (exit 2), CheckpointError (exit 4)."""
-  load_config(argv, tool="evaluate")    # a key evaluation does not read: refused
+  first = load_config(argv, tool="evaluate")    # a key evaluation does not read: refused
+  print(compile_cache.use(first.jax_cache_dir), file=sys.stderr)
   cfg, hf_params = load_config_for_decoding(argv)
   if not cfg.load_parameters_path and hf_params is None:
     raise ConfigError("evaluate needs parameters: set load_parameters_path or hf_path")
@@ -88,8 +91,17 @@ def main(argv: Sequence[str]) -> int:
     return EXIT_OK
 
   def run() -> int:
+    clock = StartupClock()
     evaluator, params = prepare(argv)    # bad data found here is a bad config: exit 2
-    return reported(lambda: report(evaluator.run(params)), (), data=(DataError,))   # exit 3
+    clock.mark("config + model")
+
+    def evaluate() -> int:
+      with compile_cache.CompileMeter() as compiling:
+        result = evaluator.run(params)
+      clock.mark("answer")
+      print(clock.line("the first answer", f"({compiling.text()})"), file=sys.stderr)
+      return report(result)
+    return reported(evaluate, (), data=(DataError,))   # exit 3
   return reported(run, (ConfigError, DataError))
 
 

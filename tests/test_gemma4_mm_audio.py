@@ -305,17 +305,10 @@ def test_chat_with_a_clip_decodes_as_transformers(tmp_path):
   prompt ids are apply_chat_template's and 20 greedy tokens equal transformers' generate on the
   processor's tensors."""
   from MaxText import inference
-  from test_multimodal_inputs import TOKENS, WORDS, build_processor_folder
+  from test_multimodal_inputs import save_with_processor
   model = hf_model()
-  special = {BOA: TOKENS["boa_token"], EOA: TOKENS["eoa_token"], BOI: TOKENS["boi_token"],
-             EOI: TOKENS["eoi_token"], IMAGE: TOKENS["image_token"], 381: "<|video|>",
-             AUDIO: TOKENS["audio_token"]}
-  rest = [w for w in WORDS if w not in special.values()]
-  words = [special.get(i) or (rest[i] if i < len(rest) else f"w{i}")
-           for i in range(model.config.text_config.vocab_size)]
   hf_dir = tmp_path / "hf"
-  model.save_pretrained(hf_dir)
-  oracle = build_processor_folder(hf_dir, words=tuple(words), audio=dict(feature_size=128))
+  oracle = save_with_processor(model, hf_dir, audio=dict(feature_size=128))
   clip = (0.1 * np.random.default_rng(3).standard_normal(12_000)).astype(np.float32)
   messages = [{"role": "user", "content": [{"type": "audio", "audio": clip},
                                            {"type": "text", "text": "what is this"}]}]

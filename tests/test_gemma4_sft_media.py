@@ -15,9 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import ROOT, read_metrics  # noqa: E402
-from test_gemma4_mm_audio import AUDIO, BOA, BOI, EOA, EOI, IMAGE, hf_model  # noqa: E402
-from test_multimodal_inputs import (TEMPLATE, TOKENS, WORDS, build_processor_folder,  # noqa: E402
-                                    write_wav)
+from test_gemma4_mm_audio import BOI, EOI, IMAGE, hf_model  # noqa: E402
+from test_multimodal_inputs import TEMPLATE, save_with_processor, write_wav  # noqa: E402
 
 # the processor tests' template with Gemma's turn names (the assistant's turn is "model")
 GEMMA_TEMPLATE = TEMPLATE.replace("{{ m['role'] }}",
@@ -34,18 +33,9 @@ def setup(tmp_path_factory):
   import PIL.Image
   from MaxText.checkpoint_conversion import to_maxtext
   d = tmp_path_factory.mktemp("sft_media")
-  model = hf_model()
-  special = {BOA: TOKENS["boa_token"], EOA: TOKENS["eoa_token"], BOI: TOKENS["boi_token"],
-             EOI: TOKENS["eoi_token"], IMAGE: TOKENS["image_token"], 381: "<|video|>",
-             AUDIO: TOKENS["audio_token"]}
-  rest = [w for w in WORDS if w not in special.values()]
-  words = [special.get(i) or (rest[i] if i < len(rest) else f"w{i}")
-           for i in range(model.config.text_config.vocab_size)]
-  model.save_pretrained(d / "hf")
-  oracle = build_processor_folder(d / "hf", words=tuple(words),
-                                  image=dict(patch_size=2, max_soft_tokens=70,
-                                             pooling_kernel_size=2),
-                                  audio=dict(feature_size=128))
+  oracle = save_with_processor(hf_model(), d / "hf",
+                               image=dict(patch_size=2, max_soft_tokens=70, pooling_kernel_size=2),
+                               audio=dict(feature_size=128))
   to_maxtext.convert(str(d / "hf"), str(d / "ck"), [])
   rng = np.random.default_rng(0)
   records = []
@@ -188,3 +178,13 @@ def test_media_settings_refused(setup, capsys):
                     "ici_fsdp_parallelism=1", "max_bad_records=0"), devices=one)
   err = capsys.readouterr().err
   assert code == 3 and "max_num_images_per_example" in err
+  # an image that cannot be read: a bad record naming the file (exit 3 beyond max_bad_records)
+  broken = d / "broken.jsonl"
+  broken.write_text(json.dumps({"messages": [
+      {"role": "user", "content": [{"type": "image", "image": "missing.png"},
+                                   {"type": "text", "text": "what is this"}]},
+      {"role": "assistant", "content": "hello"}]}) + "\n")
+  code, _ = run(sft_argv(d, "broken", f"dataset_path={broken}", "ici_fsdp_parallelism=1",
+                         "max_bad_records=0"), devices=one)
+  err = capsys.readouterr().err
+  assert code == 3 and "missing.png" in err and "Traceback" not in err, err[-2000:]

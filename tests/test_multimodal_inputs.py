@@ -96,6 +96,23 @@ def build_processor_folder(folder, layout="processor_config", words=tuple(WORDS)
                 video_processor=object(), chat_template=TEMPLATE, image_seq_length=70)
 
 
+def save_with_processor(model, folder, **processor):
+  """A transformers Gemma4ForConditionalGeneration saved with a word-level tokenizer over its
+  vocabulary (the placeholder and marker tokens at the config's ids), the chat template and the
+  processor's files (`processor`: build_processor_folder's image= / audio=); returns transformers'
+  processor over the folder."""
+  c = model.config
+  special = {c.boa_token_id: TOKENS["boa_token"], c.eoa_token_index: TOKENS["eoa_token"],
+             c.boi_token_id: TOKENS["boi_token"], c.eoi_token_id: TOKENS["eoi_token"],
+             c.image_token_id: TOKENS["image_token"], c.video_token_id: "<|video|>",
+             c.audio_token_id: TOKENS["audio_token"]}
+  rest = [w for w in WORDS if w not in special.values()]
+  words = [special.get(i) or (rest[i] if i < len(rest) else f"w{i}")
+           for i in range(c.text_config.vocab_size)]
+  model.save_pretrained(folder)
+  return build_processor_folder(folder, words=tuple(words), **processor)
+
+
 def write_images(folder):
   """Images of several sizes and modes: resized up, tall and thin, RGBA, grey, already fitting."""
   import PIL.Image
@@ -356,19 +373,11 @@ def test_gemma4_with_its_vision_tower_decodes_an_image_as_transformers(folder, t
   its Hugging Face folder with the processor's files, a chat message with an image through
   `MaxText.inference` — the prompt ids are apply_chat_template's and 20 greedy tokens equal
   transformers' generate on the processor's tensors."""
-  from test_gemma4_vision import BOI, EOI, IMAGE as IMAGE_ID, hf_model
+  from test_gemma4_vision import hf_model
   model = hf_model()
-  special = {376: TOKENS["boa_token"], 377: TOKENS["eoa_token"], BOI: TOKENS["boi_token"],
-             EOI: TOKENS["eoi_token"], IMAGE_ID: TOKENS["image_token"], 381: "<|video|>",
-             382: TOKENS["audio_token"]}
-  rest = [w for w in WORDS if w not in special.values()]
-  words = [special.get(i) or (rest[i] if i < len(rest) else f"w{i}")
-           for i in range(model.config.text_config.vocab_size)]
   hf_dir = tmp_path / "hf"
-  model.save_pretrained(hf_dir)
-  oracle = build_processor_folder(hf_dir, words=tuple(words),
-                                  image=dict(patch_size=2, max_soft_tokens=70,
-                                             pooling_kernel_size=2))
+  oracle = save_with_processor(model, hf_dir, image=dict(patch_size=2, max_soft_tokens=70,
+                                                        pooling_kernel_size=2))
   _, _, images = folder
   messages = [{"role": "user", "content": [{"type": "image", "image": images[0]},
                                            {"type": "text", "text": "what is this"}]}]

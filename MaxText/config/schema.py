@@ -102,7 +102,7 @@ class Config:
                   tools=(*TRAINERS, "decode", "logit_check"))
   jax_cache_dir: str = key("~/.cache/maxtext_jax",
                            'persistent XLA compilation cache; "" turns it off',
-                           tools=(*TRAINERS, "serve"))
+                           tools=(*TRAINERS, "decode", "evaluate", "inspect", "serve"))
 
   # ---- model -----------------------------------------------------------------------------------
   model_name: str = key("default", '"default" or a file configs/models/<model_name>.yml to overlay',

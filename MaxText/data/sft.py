@@ -43,6 +43,7 @@ from MaxText.data import bad_records, chat_template, file_readers, media_rows, s
 from MaxText.data.bad_records import BadRecord
 from MaxText.data.batch import MEDIA_KEYS
 from MaxText.data.errors import DataError
+from MaxText.data.multimodal.errors import MediaError
 from MaxText.data.multimodal.processor import media_of_messages
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -249,7 +250,7 @@ class ChatToPairs:
       elif any(media_of_messages(messages)):
         raise DataError("the conversation holds image / audio parts: set "
                         "max_num_images_per_example / max_num_audio_per_example")
-    except DataError as e:
+    except (DataError, MediaError) as e:   # MediaError: an image / clip that cannot be read
       return BadRecord(where=where, why=str(e))
     if ids.shape[0] < 2:
       return Overlong(where, "fewer than 2 tokens")

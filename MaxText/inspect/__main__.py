@@ -62,6 +62,9 @@ def _ints(text: str, key: str) -> list[int] | None:
 
 
 def run(argv: Sequence[str]) -> int:
+  from MaxText.runtime import compile_cache
+  from MaxText.runtime.startup import StartupClock
+  clock = StartupClock()
   from MaxText import inference
   from MaxText import inspect as inspect_api
   from MaxText.decode import check_media_files, prompts_of
@@ -77,16 +80,22 @@ def run(argv: Sequence[str]) -> int:
   if len(prompts) != 1:
     raise ConfigError(f"the inspector takes one prompt; prompt_file holds {len(prompts)}")
   check_media_files(cfg)
+  print(compile_cache.use(cfg.jax_cache_dir), file=sys.stderr)
+  clock.mark("config")
   m = inspect_api.Inspector(inference.load(config_argv))
+  clock.mark("model")
   media = dict(images=cfg.image or None, audio=cfg.audio or None)
   if not m.tokenize(prompts[0]):
     raise ConfigError("the prompt is empty")
   try:
-    trace = m.forward(prompts[0], capture=capture, layers=layers, heads=heads, **media)
+    with compile_cache.CompileMeter() as compiling:
+      trace = m.forward(prompts[0], capture=capture, layers=layers, heads=heads, **media)
   except InferenceError:
     raise
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  clock.mark("answer")
+  print(clock.line("the first answer", f"({compiling.text()})"), file=sys.stderr)
   ids = [int(t) for t in trace.tokens]
   print(f"model {m.mcfg.decoder_block} ({m.num_layers} layers); {len(ids)} tokens",
         file=sys.stderr)

@@ -1,7 +1,10 @@
-"""Where the time from the command to the first finished step goes: one line, printed once.
+"""Where the time from the command to the first finished step (a tool: its first answer) goes:
+one line, printed once.
 
     start-up 7.9 s to the first step: imports 3.1 | config + devices 0.6 | mesh 0.4 | data 0.3 |
     init 0.5 | compile 1.9 (cache) | metrics 0.1 | first batch 0.1 | first step 0.9
+    start-up 6.2 s to the first answer: imports 3.0 | config 0.2 | model 1.1 | answer 1.9
+    (compile 1.4 s: 3 programs, 3 from the cache)
 
 The first run in a process counts from the process's start (interpreter and imports included);
 a later run in the same process (tests) from its own start.
@@ -34,7 +37,8 @@ class StartupClock:
     self.parts.append((name, now - self.last))
     self.last = now
 
-  def line(self) -> str:
+  def line(self, until: str = "the first step", note: str = "") -> str:
+    """The phases so far, e.g. until="the first answer", note="(compile 1.4 s: ...)"."""
     total = sum(s for _, s in self.parts)
-    return (f"start-up {total:.1f} s to the first step: "
-            + " | ".join(f"{name} {s:.1f}" for name, s in self.parts))
+    return (f"start-up {total:.1f} s to {until}: "
+            + " | ".join(f"{name} {s:.1f}" for name, s in self.parts) + (f" {note}" if note else ""))

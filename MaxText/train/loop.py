@@ -33,7 +33,7 @@ from MaxText.resolve.config_checks import check_config
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.resolve.from_hf import adopt_hf_architecture, check_tensors
 from MaxText.resolve.tokenizer_setup import choose_tokenizer
-from MaxText.runtime import cpu_devices, distributed, faults
+from MaxText.runtime import compile_cache, cpu_devices, distributed, faults
 from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                         EXIT_OK, EXIT_PREEMPTED)
 from MaxText.runtime.host_data import data_layout, process_rows
@@ -57,11 +57,9 @@ __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXI
            "EXIT_PREEMPTED", "Trainer", "main", "run"]
 
 
-def setup_jax(cfg: Config) -> None:
-  if cfg.jax_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
-    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:   # jax's own variable
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+def setup_jax(cfg: Config) -> str:
+  """The persistent compilation cache (runtime/compile_cache.py); returns the line naming it."""
+  return compile_cache.use(cfg.jax_cache_dir)
 
 
 class Trainer:
@@ -362,11 +360,12 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   elif cfg.load_parameters_path:
     cfg = adopt_checkpoint_architecture(cfg, argv)
   cfg, tokenizer_line = choose_tokenizer(cfg)
-  setup_jax(cfg)
+  cache_line = setup_jax(cfg)
   plan = distributed.initialize(cfg)  # before anything touches a device
   cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path)
                   if plan is None and devices is None else None)
   log(tokenizer_line)
+  log(cache_line)
   training = auto_settings.for_training(cfg)   # the one resolution of the auto values
   cfg = training.cfg
   if cfg.hf_path:
