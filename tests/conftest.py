@@ -60,6 +60,26 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", spec)
 
 
+# The costliest test files from an empty compilation cache (CPU seconds per file:
+# benchmarks/suite_profile.py), the costliest first. pytest.ini's two workers take whole files in
+# collection order (`--dist loadfile --no-loadscope-reorder`): these go first, so the run ends on
+# small files and neither worker waits long for the other's last file. A file not listed runs
+# after them, in its usual order.
+COSTLIEST_FIRST = (
+    "test_qwen3_next_parity.py", "test_grpo.py", "test_decode_parity.py", "test_inspect.py",
+    "test_quantization.py", "test_loss_vocab_split.py", "test_gemma4_parity.py",
+    "test_compile_counts.py", "test_refit.py", "test_loss.py", "test_dpo.py",
+    "test_qwen3_moe_parity.py", "test_tool_keys.py", "test_faults.py", "test_dpo_losses.py",
+    "test_hot_path.py", "test_gated_delta.py", "test_decode_cli.py", "test_attention_backends.py",
+    "test_conversion.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  del session, config
+  rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _absl_flags():
   from absl import flags
