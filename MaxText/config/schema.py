@@ -47,7 +47,7 @@ from MaxText.config.keys_run import AUTO_TOOL_DTYPE as AUTO_TOOL_DTYPE
 from MaxText.config.keys_run import AUTO_TRAINING_DTYPE as AUTO_TRAINING_DTYPE
 from MaxText.config.keys_run import DTYPES, RunKeys
 from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
-from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TRAINERS
+from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TEXT_TRAINERS, TRAINERS
 
 
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
@@ -100,9 +100,9 @@ class Config(RunKeys):
       section_tools=DECODERS,
       tools=(*DECODERS, *TRAINERS, "evaluate", "logit_check", "lm_eval", "serve", *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
-                    tools=(*DECODERS, "train"))
+                    tools=(*DECODERS, *TEXT_TRAINERS))
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
-                              tools=(*DECODERS, "train"))
+                              tools=(*DECODERS, *TEXT_TRAINERS))
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")
   image: list[str] = key(
@@ -182,6 +182,10 @@ class Config(RunKeys):
   dynamic_sampling: bool = key(False, "GRPO: DAPO's dynamic sampling: groups whose rewards are "
                                "all equal are dropped from the loss (their rows weighted 0) and "
                                "counted (groups_dropped)")
+  dynamic_sampling_rounds: int = key(0, "GRPO: with dynamic_sampling, up to this many more "
+                                     "rounds replace the groups of equal rewards by groups of new "
+                                     "prompts (groups_resampled) before the rest are dropped; 0 = "
+                                     "drop only", min=0)
   overlong_buffer: int = key(0, "GRPO: DAPO's overlong shaping: a completion longer than "
                              "max_new_tokens - this loses up to 1 reward, linearly to -1 at "
                              "max_new_tokens; 0 = off", min=0)
@@ -223,6 +227,31 @@ class Config(RunKeys):
   label_smoothing: float = key(0.0, "DPO: the probability a label is flipped (robust, simpo; must "
                                "be < 0.5)", min=0, max=0.5)
   simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma", min=0)
+  preference_packing: bool = key(False, "DPO: both sequences of a pair (prompt + chosen, prompt "
+                                 "+ rejected) packed into one row, apart by segment ids: half the "
+                                 "rows when a pair fits max_target_length")
+  precompute_ref_log_probs: bool = key(
+      False, "DPO: the reference's log-probabilities of every pair computed once before the first "
+      "step (written to the run directory's reference_logps/) instead of by a frozen copy held "
+      "all along")
+  reference_logps: str = key("", "DPO: a reference_logps folder written by a run with "
+                             "precompute_ref_log_probs (one file per pairs file): read, nothing "
+                             "computed, no reference held")
+
+  # ---- distillation ----------------------------------------------------------------------------
+  teacher_path: str = key(
+      "", "distill: the teacher's checkpoint (any family or size; the student's vocabulary)",
+      section="distillation (python -m MaxText.distill)", section_tools=("distill",))
+  distill_loss: str = key("forward_kl", "distill: forward_kl (KL(teacher || student)) | "
+                          "reverse_kl (KL(student || teacher)) | jsd (generalized JSD, "
+                          "distill_beta)", choices=("forward_kl", "reverse_kl", "jsd"))
+  distill_beta: float = key(0.5, "distill: the generalized JSD's beta (the mixture is beta x "
+                            "teacher + (1 - beta) x student; 0 = forward KL, 1 = reverse KL)",
+                            min=0, max=1)
+  distill_temperature: float = key(1.0, "distill: both models' logits are divided by this "
+                                   "before the divergence, which is scaled by its square", gt=0)
+  distill_alpha: float = key(0.5, "distill: loss = alpha x divergence + (1 - alpha) x the hard "
+                             "labels' cross-entropy", min=0, max=1)
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",

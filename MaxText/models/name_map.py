@@ -302,6 +302,34 @@ class NameMap:
     return LazyHF(where, on_device)
 
 
+def _never(name: str) -> bool:
+  return False
+
+
+def _same(name: str) -> str:
+  return name
+
+
+@dataclass(frozen=True)
+class FolderMap:
+  """How the tensors of a Hugging Face folder make our parameters when they are read a box at a
+  time (MaxText/resolve/hf_sharded.py) rather than whole by `hf_to_params`; a family's
+  `folder_map(names, mcfg)` gives it, saying what its `hf_to_params` does to the same folder:
+    name_map   the rows, as `hf_to_params` uses them for a folder with these tensor `names`
+    rename     a name of the map → the folder's (a multimodal folder read as its text model)
+    ignore     folder tensors with no place that `hf_to_params` skips (a tower the config lacks,
+               K/V of kv-shared layers, a part of the folder outside the view it reads)
+    relayout   (folder name, its shape) → (a function of the whole tensor, the shape it gives)
+               for the few small tensors whose layout is not a box of the file's (a channel
+               order regrouped): those are read whole, then laid out, then boxed."""
+  name_map: NameMap
+  rename: Callable[[str], str] = _same
+  ignore: Callable[[str], bool] = _never
+  relayout: Callable[[str, tuple[int, ...]], tuple[Callable[[np.ndarray], np.ndarray],
+                                                    tuple[int, ...]] | None] = (
+      lambda name, shape: None)
+
+
 class LazyHF(Mapping):
   def __init__(self, where: dict[str, tuple[Any, Rule, tuple]], on_device: bool = False):
     self._where, self._on_device = where, on_device
