@@ -68,12 +68,13 @@ def pytest_configure(config):
 # small files and neither worker waits long for the other's last file. A file not listed runs
 # after them, in its usual order.
 COSTLIEST_FIRST = (
-    "test_qwen3_next_parity.py", "test_grpo.py", "test_decode_parity.py", "test_inspect.py",
-    "test_quantization.py", "test_train.py", "test_loss_vocab_split.py", "test_lora.py",
-    "test_gemma4_parity.py", "test_rl_policy.py", "test_serve.py", "test_compile_counts.py",
-    "test_moe.py", "test_refit.py", "test_hf_sharded.py", "test_loss.py", "test_dpo.py",
-    "test_gemma4_mm_audio.py", "test_qwen3_moe_parity.py", "test_tool_keys.py", "test_faults.py",
-    "test_dpo_losses.py", "test_hot_path.py", "test_gemma4_vision.py", "test_gated_delta.py")
+    "test_qwen3_next_parity.py", "test_grpo.py", "test_quant_moe.py", "test_decode_parity.py",
+    "test_inspect.py", "test_quantization.py", "test_train.py", "test_inspect_backend.py",
+    "test_loss_vocab_split.py", "test_lora.py", "test_gemma4_parity.py", "test_rl_policy.py",
+    "test_serve.py", "test_multiprocess.py", "test_compile_counts.py", "test_moe.py",
+    "test_refit.py", "test_hf_sharded.py", "test_loss.py", "test_dpo.py", "test_gemma4_mm_audio.py",
+    "test_qwen3_moe_parity.py", "test_tool_keys.py", "test_faults.py", "test_dpo_losses.py",
+    "test_hot_path.py", "test_gemma4_vision.py", "test_gated_delta.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
