@@ -106,6 +106,9 @@ def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
     (["dynamic_sampling_rounds=2"], "dynamic_sampling_rounds resamples the groups"),
     (["microbatch_size=5"], "microbatch_size=5 does not divide the rollout batch's 16 rows"),
     (["gradient_accumulation_steps=2"], "set microbatch_size (rows per micro-batch) instead"),
+    (["rollout_placement=separate", "router_bias_update_rate=0.01", "num_experts=4",
+      "num_experts_per_tok=2", "moe_mlp_dim=32"],
+     "a Hugging Face model has no router selection bias to ship"),
 ])
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, capsys, overrides, expected):
   prompts = write_prompts(tmp_path / "p.jsonl", long_line=11 if "LONG" in overrides else None)

@@ -50,10 +50,16 @@ from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, ke
 from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TEXT_TRAINERS, TRAINERS
 
 
-MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")
+
+
+def parallelism_key(level: str, axis: str) -> str:
+  """The key sizing mesh axis `axis` at `level` (ici | dcn): `ici_data_parallelism`, …; the
+  `stage` axis is sized by `ici_pipeline_parallelism` / `dcn_pipeline_parallelism`."""
+  return f"{level}_{'pipeline' if axis == 'stage' else axis}_parallelism"
 
 _RULES = [
-    ["activation_batch", ["data", "fsdp", "expert"]],
+    ["activation_batch", ["data", "stage", "fsdp", "expert"]],
     ["activation_length", ["context"]],
     ["activation_embed", None],
     ["activation_heads", ["tensor"]],
@@ -69,7 +75,7 @@ _RULES = [
     ["mlp", ["tensor"]],
     ["vocab", ["tensor"]],
     ["exp", ["expert"]],
-    ["layers", None],
+    ["layers", ["stage"]],
     ["norm", None],
     # encoder towers (a multimodal family's vision / audio encoders): sharded as the text model
     ["activation_vision_batch", ["data", "fsdp", "expert"]],
@@ -173,6 +179,9 @@ class Config(RunKeys):
       "colocated", "GRPO: colocated (the engine on the training mesh, no weight copy) | separate "
       "(the engine on the second half of the devices, the weights shipped by the refit stream "
       "after each update; weight_shipping_s)", choices=("colocated", "separate"))
+  rollout_offload: bool = key(False, "GRPO: the optimizer state moves to host memory while the "
+                              "engine samples (its device memory free for the decoding cache), "
+                              "back before the update")
   advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
                                  "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
   epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)
@@ -266,6 +275,16 @@ class Config(RunKeys):
   dcn_context_parallelism: int = key(1, "across slices")
   dcn_expert_parallelism: int = key(1, "across slices")
   dcn_tensor_parallelism: int = key(1, "across slices")
+  ici_pipeline_parallelism: int = key(1, "pipeline stages (the `stage` axis): the decoder layers "
+                                      "split into consecutive groups, one per stage")
+  dcn_pipeline_parallelism: int = key(1, "across slices")
+  num_pipeline_microbatches: int = key(
+      0, "microbatches each (gradient accumulation) micro-batch is cut into for the pipeline; "
+      "0 = as many as stages", min=0)
+  num_pipeline_repeats: int = key(
+      1, "circular pipeline: each stage holds this many non-adjacent groups of layers, a "
+      "microbatch passes every stage this many times (smaller bubble; needs microbatches >= "
+      "stages)", min=1)
   logical_axis_rules: list = key(
       _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
       note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "
@@ -289,10 +308,10 @@ class Config(RunKeys):
 
   # ---- derived values (methods, never stored) ----------------------------------------------------
   def ici_parallelism(self) -> list[int]:
-    return [getattr(self, f"ici_{a}_parallelism") for a in self.mesh_axes]
+    return [getattr(self, parallelism_key("ici", a)) for a in self.mesh_axes]
 
   def dcn_parallelism(self) -> list[int]:
-    return [getattr(self, f"dcn_{a}_parallelism") for a in self.mesh_axes]
+    return [getattr(self, parallelism_key("dcn", a)) for a in self.mesh_axes]
 
   def global_batch_size(self, num_devices: int) -> int:
     """Sequences per optimizer step (all micro-batches of all devices)."""

@@ -119,7 +119,7 @@ class Entry:
   spec: Any                                   # ShapeDtypeStruct of our parameter
 
 
-def _block_shape(shape: tuple[int, ...], index: tuple) -> tuple[int, ...]:
+def block_shape(shape: tuple[int, ...], index: tuple) -> tuple[int, ...]:
   return np.broadcast_to(np.empty((), np.int8), shape)[index].shape
 
 
@@ -258,7 +258,7 @@ class NameMap:
     for e in self.plan(mcfg, specs):
       value = aligned_empty(e.spec.shape, e.spec.dtype)
       for name, index in e.sources:
-        value[index] = to_ours(take(name), _block_shape(e.spec.shape, index), e.rule, name)
+        value[index] = to_ours(take(name), block_shape(e.spec.shape, index), e.rule, name)
       flat[e.path] = value
     if mcfg.tie_word_embeddings and self.tied_head_name in hf:
       if not np.array_equal(np.asarray(hf_state[self.tied_head_name]),

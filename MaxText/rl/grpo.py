@@ -12,7 +12,8 @@ log-probabilities recomputed by the trainer (the engine's own are compared with 
 difference logged), the reference's (`kl_beta` > 0: the loaded parameters, kept as a copy; with
 LoRA the base under the adapters, no copy), then `num_iterations` optimizer updates on the clipped
 policy loss (MaxText/rl/losses.py), split into micro-batches of `microbatch_size` rows whose
-gradients are accumulated in the one update. Those pieces are the policy API's
+gradients are accumulated in the one update (`rollout_offload`: the optimizer state is in host
+memory while the engine samples, `Policy.offload`). Those pieces are the policy API's
 (MaxText/rl/policy.py: its batch format and compiled programs, on this trainer's mesh and state):
 an outside loop driving `Policy` does what this loop does (end_to_end/rl_driver.py).
 
@@ -82,6 +83,11 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.overlong_buffer > cfg.max_new_tokens:
     out.append(("overlong_buffer", f"overlong_buffer={cfg.overlong_buffer} exceeds max_new_tokens="
                 f"{cfg.max_new_tokens}"))
+  if cfg.rollout_placement == "separate" and cfg.router_bias_update_rate > 0 \
+      and not cfg.lora_rank:
+    out.append(("router_bias_update_rate", "rollout_placement=separate ships the weights by the "
+                "refit stream, under Hugging Face names, and a Hugging Face model has no router "
+                "selection bias to ship: set router_bias_update_rate=0 or use colocated"))
   if cfg.dynamic_sampling_rounds and not cfg.dynamic_sampling:
     out.append(("dynamic_sampling_rounds", "dynamic_sampling_rounds resamples the groups "
                 "dynamic_sampling finds; set dynamic_sampling=true"))
@@ -203,15 +209,23 @@ class GRPOTrainer(Trainer):
     step's row reports of the rollout)."""
     cfg, N = self.cfg, self.global_batch
     engine_params = self.rollouts.params_for_engine(state["params"])   # separate: shipped
+    if cfg.rollout_offload:   # the loop's state: its optimizer state leaves the devices in place
+      self.policy.state = state
+      self.policy.offload()
     t0 = time.perf_counter()
     idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed)
-    ro = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
-                             copies=self.group, sampling=self.sampling(), first_row=(step - 1) * N,
-                             max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
-                             stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
     extra = {}
-    if cfg.dynamic_sampling and cfg.dynamic_sampling_rounds:
-      ro, extra["groups_resampled"] = self.resample_equal_groups(step, ro, engine_params)
+    try:
+      ro = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
+                               copies=self.group, sampling=self.sampling(),
+                               first_row=(step - 1) * N, max_new_tokens=cfg.max_new_tokens,
+                               eos_ids=self.eos_ids(), stop=cfg.stop, decode=self.io.text,
+                               seq=cfg.max_target_length)
+      if cfg.dynamic_sampling and cfg.dynamic_sampling_rounds:
+        ro, extra["groups_resampled"] = self.resample_equal_groups(step, ro, engine_params)
+    finally:
+      if cfg.rollout_offload:
+        self.policy.onload()
     rollout_time = time.perf_counter() - t0
     rewards, arrays = self.shaped_rewards(ro), dict(ro.arrays)
     if cfg.overlong_buffer:   # DAPO's overlong shaping, before the advantages

@@ -159,7 +159,8 @@ class Transformer(nnx.Module):
                            std=cfg.init_std, dtype=cfg.param_dtype)
     self.decoder = stack.PatternStack(lambda kind, r: self.new_layer(cfg, kind, r),
                                       self.kinds_of(cfg), scan=cfg.scan_layers,
-                                      remat_policy=cfg.remat_policy, rngs=rngs)
+                                      remat_policy=cfg.remat_policy, rngs=rngs,
+                                      pipeline=True)
     self.final_norm = self.new_final_norm(cfg, rngs)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)

@@ -44,6 +44,7 @@ _KW = dict(layer_location=layer_location, build=Transformer, ours_only=("router_
            check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=qwen3.IGNORED_SUFFIXES)
 HUB_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + PER_EXPERT_RULES, **_KW)
 FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + FUSED_RULES, **_KW)
+CHECKPOINT_MAP = HUB_MAP   # refit.stream's "checkpoint" layout (refit.Receiver reads it back)
 REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_dim",
                                  "norm_topk_prob", "first_k_dense_layers", "mlp_only_layers",
                                  "decoder_sparse_step"}
