@@ -1,6 +1,8 @@
 """The train step's token loss of a micro-batch (train/step.py, evaluation): masked cross-entropy
 (+ z-loss) over the whole sequence's logits, or with `loss_chunk_length` the model's final hidden
-state and its head chunk by chunk (`chunked.py`)."""
+state and its head chunk by chunk (`chunked.py`). A model that trains an MTP block
+(`ModelDef.mtp_depths` > 0) also gives its depths' hidden states; their sums (`mtp.py`) go back
+in the auxiliary outputs as aux["mtp_sums"]."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +11,7 @@ import jax
 
 from MaxText.layers.context_parallel import balanced_layout, context_size, to_balanced
 from MaxText.losses.chunked import chunked_cross_entropy_sums
+from MaxText.losses.mtp import mtp_sums
 from MaxText.losses.token_stats import cross_entropy_sums
 from MaxText.data.batch import MEDIA_KEYS
 from MaxText.models.model_def import ModelDef
@@ -22,10 +25,12 @@ def context_layout(model_def: ModelDef, micro: dict):
   over the context axis and a model that runs it in the load-balanced order
   (`ModelDef.balance_context`), the token arrays in that order (positions and segment ids with
   their tokens; the masked token sums are unchanged) and `balanced_layout()`; else as they are.
-  Rows with media keep the natural order (their soft tokens are placed in sequence order)."""
+  Rows with media keep the natural order (their soft tokens are placed in sequence order), and
+  so do runs that train MTP depths (their targets are the sequence shifted)."""
   B, S = micro["inputs"].shape
   n = context_size(current_context(), B, S)
-  if n == 1 or not model_def.balance_context or S % (2 * n) or media_of(micro):
+  if (n == 1 or not model_def.balance_context or S % (2 * n) or media_of(micro)
+      or model_def.mtp_depths):
     return micro, contextlib.nullcontext()
   micro = {k: constrain(to_balanced(x, n), BATCH_AXES) if k in TOKEN_KEYS else x
            for k, x in micro.items()}
@@ -50,9 +55,16 @@ def _sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float, chu
   args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
   mask_BS = micro["targets_segmentation"] != 0
   kwargs = {"media": media} if (media := media_of(micro)) else {}
+  if model_def.mtp_depths:
+    kwargs["mtp"] = True
   if chunk <= 0:
     logits_BSV, aux = model_def.apply_with_aux(params, *args, **kwargs)
-    return (*cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight), aux)
-  hidden_BSD, aux = model_def.apply_hidden(params, *args, **kwargs)
-  return (*chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
-                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes), aux)
+    sums = cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight)
+  else:
+    hidden_BSD, aux = model_def.apply_hidden(params, *args, **kwargs)
+    sums = chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
+                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes)
+  if "mtp_hidden" in aux:
+    aux = {**aux, "mtp_sums": mtp_sums(model_def, params, aux.pop("mtp_hidden"), micro,
+                                       chunk=chunk)}
+  return (*sums, aux)
