@@ -10,7 +10,12 @@ two) run through the family's `extend(prefill=True)` into a fresh cache of their
 then written into their slots of the shared cache (rows padded in go to slot `slots`: dropped);
 each row's first token is chosen. `step`: up to `chunk` decoding steps of every slot (`extend`
 over the shared cache), a `while_loop` that ends as soon as every slot is done; a slot that is
-done (empty, or its request finished) writes nothing and produces -1.
+done (empty, or its request finished) writes nothing and produces -1. A call reads only the
+first L positions of every slot (`window`: the least of 64, 96, 128, 192, ... that holds the
+busiest slot after the call), cut from the cache before the loop and written back after it.
+A prompt may also go in pieces (`prefill` with `starts`): a piece after the first is a
+multi-token step over its slot's cache, which a cache of full attention only allows
+(`chunkable`).
 
 Sampling is per row (`sample_rows`): each row has its own temperature (0 = greedy), top-k, top-p,
 min-p and seed, so one program serves any mix; whether any row samples and how many most likely
