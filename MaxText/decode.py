@@ -145,6 +145,9 @@ def run(argv: Sequence[str]) -> int:
   first = load_config(argv, tool="decode")
   prompts = prompts_of(first)
   check_media_files(first)
+  if first.speculative_tokens and first.temperature > 0:
+    raise ConfigError(f"speculative_tokens={first.speculative_tokens} decodes greedily: set "
+                      f"temperature=0 (got {first.temperature:g}) or speculative_tokens=0")
   print(compile_cache.use(first.jax_cache_dir), file=sys.stderr)
   clock.mark("config")
   model = load(argv)
@@ -163,6 +166,11 @@ def run(argv: Sequence[str]) -> int:
   new = sum(len(g.output_ids) for g in outs)
   print(f"{new} tokens in {seconds:.2f} s (compilation included)", file=sys.stderr)
   print(clock.line("the first answer", f"({compiling.text()})"), file=sys.stderr)
+  if model.engine.speculative is not None:
+    spec = model.engine.speculative
+    print(f"speculative decoding: {spec.k} drafted tokens per step, acceptance rate "
+          f"{spec.acceptance_rate():.3f} ({spec.stats['accepted']} of {spec.stats['drafted']} "
+          "drafts)", file=sys.stderr)
   for i, g in enumerate(outs):
     print(f"--- {i}: {len(g.output_ids)} tokens ({g.finish_reason}) ---")
     print(shown(prompt_text(model, g.prompt_ids), g.prompt_ids, "prompt"))

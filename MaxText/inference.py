@@ -375,7 +375,7 @@ class InferenceModel:
 
 class ShardedHF:
   """A Hugging Face folder not read yet: `place` reads each process's slices of every parameter
-  straight onto the mesh (resolve/hf_sharded.py); the families whose map is one NameMap."""
+  straight onto the mesh (resolve/hf_sharded.py)."""
 
   def __init__(self, folder: str, hf_model_type: str):
     self.folder, self.hf_model_type = folder, hf_model_type
@@ -402,15 +402,16 @@ def sharded_hf_config(folder: str, overrides: list[str]) -> tuple[Config, Sharde
   """(the config, the folder to read) without reading any tensor, when the folder's family has
   a NameMap (else None: converted in memory)."""
   hf_config = read_config(folder)
-  if hf_sharded.sharded_map(get_hf_map(hf_config["model_type"])) is None:
+  if not hf_sharded.reads_sharded(get_hf_map(hf_config["model_type"])):
     return None
   st = hf_sharded.SafetensorsFolder(folder)
   tokenizer = tokenizer_files.files_of(folder)
   cfg = replace(config_for_hf(hf_config, overrides, st.tensors), tokenizer_type="huggingface" if
                 "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
   mcfg = ModelConfig.from_config(cfg)
-  hf_sharded.check_folder(st, hf_sharded.sharded_map(get_hf_map(cfg.hf_model_type)), mcfg,
-                          hf_sharded.flatten(make_model_def(mcfg).abstract_params))
+  hf_sharded.check_folder(st, hf_sharded.folder_map(get_hf_map(cfg.hf_model_type), st.tensors,
+                                                    mcfg),
+                          mcfg, hf_sharded.flatten(make_model_def(mcfg).abstract_params))
   return cfg, ShardedHF(folder, cfg.hf_model_type)
 
 
@@ -466,7 +467,8 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
   try:
     engine = Engine(mcfg, create_mesh(cfg, devices),
                     parse_rules(cfg.logical_axis_rules, cfg.mesh_axes), cache_dtype=cfg.cache_dtype,
-                    batch_size=cfg.decode_batch_size, max_cache_length=cfg.max_cache_length)
+                    batch_size=cfg.decode_batch_size, max_cache_length=cfg.max_cache_length,
+                    speculative_tokens=cfg.speculative_tokens)
   except ValueError as e:
     raise InferenceError(str(e)) from None
   tokenizer, source = tokenizer_for(cfg)

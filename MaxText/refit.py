@@ -24,6 +24,11 @@ host (`tensors="numpy"`, the CPU default) each tensor is a NumPy array; `tensors
 torch tensors: on a GPU/TPU platform the block and its layout change stay on the devices, are put
 on one device and handed over with DLPack (no host copy), on CPU `torch.from_numpy`.
 
+The other end, for an engine of ours (rollout_placement=separate, a Ray engine actor):
+`Receiver(mcfg, engine_shardings, model_type).load(stream(...), previous)` writes each tensor into
+its parameter on the engine's devices as it arrives (each device its slice), so neither end puts
+the model together on one host.
+
 The command line lists what an engine would receive from a checkpoint (a LoRA one merged):
   python -m MaxText.refit load_parameters_path=runs/sft/checkpoints [layout=state_dict]
 prints one `name shape dtype` line per tensor, then their count and bytes.
@@ -31,19 +36,23 @@ prints one `name shape dtype` line per tensor, then their count and bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 from typing import Any, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.name_map import block_shape, split_path, to_ours
 from MaxText.models.registry import check_model, get_hf_map, hf_model_type_for
 from MaxText.runtime.exit_codes import reported
 
@@ -161,6 +170,123 @@ def stream(params: Any, cfg: Config, *, layout: str = "checkpoint", tensors: str
   for name in lazy:
     tensor = lazy[name]
     yield name, (_to_torch(tensor, device) if tensors == "torch" else _own(tensor))
+
+
+def stream_map(model_type: str) -> Any:
+  """The `NameMap` the checkpoint layout of `stream` is written with, when the family's map
+  module streams through one (its `params_to_hf` is the map's, or it names it `CHECKPOINT_MAP`);
+  else None (a map with its own layout changes: `Receiver` then refuses)."""
+  hf_map = get_hf_map(model_type)
+  nm = getattr(hf_map, "CHECKPOINT_MAP", None)
+  if nm is not None:
+    return nm
+  nm = getattr(hf_map, "NAME_MAP", None)
+  return nm if nm is not None and getattr(hf_map, "params_to_hf", None) == nm.params_to_hf \
+      else None
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _put(param: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
+  """param with `block` (its trailing axes) written at `start`, in place (donated)."""
+  block = jnp.expand_dims(block, tuple(range(param.ndim - block.ndim)))
+  return jax.lax.dynamic_update_slice(param, block, tuple(start))
+
+
+class Receiver:
+  """The other end of `stream` (layout "checkpoint"): an inference engine of ours that loads the
+  stream's tensors into its own parameters, one tensor at a time. Each tensor is turned into the
+  block of our parameter it is (the name map's rule read backwards), put on the engine's devices
+  with the parameter's sharding (each device gets only its slice) and written into the
+  parameter there — nothing of the model is gathered on the host beyond the one tensor in hand.
+
+      receiver = Receiver(mcfg, engine_shardings, model_type)
+      params = receiver.load(refit.stream(trainer_params, cfg))            # the first time
+      params = receiver.load(refit.stream(trainer_params, cfg), params)    # in place after that
+
+  `mcfg`: the engine's model (`lora_rank=0`: the stream's weights are merged). ValueError when the
+  family's map cannot be read backwards tensor by tensor, a tensor is unknown, has the wrong shape,
+  or the stream ends with a parameter not filled."""
+
+  def __init__(self, mcfg: ModelConfig, shardings: Any, model_type: str):
+    nm = stream_map(model_type)
+    if nm is None:
+      raise ValueError(f"hf_model_type={model_type}: its Hugging Face map changes layouts of its "
+                       f"own, so the refit stream cannot be loaded tensor by tensor")
+    self.mcfg = mcfg
+    self.shardings = traverse_util.flatten_dict(shardings)
+    specs = nm.specs(mcfg)
+    self.targets: dict[str, tuple[tuple, Any, tuple, Any]] = {}
+    for e in nm.plan(mcfg, specs):
+      for name, index in e.sources:
+        self.targets[name] = (e.path, e.rule, index, e.spec)
+    self.specs = specs
+    # our parameters HF has no counterpart of (a MoE selection bias): zeros, as on import
+    self.zeros = [p for p in map(split_path, nm.ours_only) if p in specs]
+    self._flat: dict[tuple, Any] = {}
+    self._seen: set[str] = set()
+
+  def _block_sharding(self, path: tuple, shape: tuple[int, ...], skip: int) -> Any:
+    """The parameter's sharding for a block without its first `skip` axes (an axis the block
+    does not divide evenly: replicated)."""
+    sharding = self.shardings[path]
+    spec = tuple(sharding.spec) + (None,) * (len(self.specs[path].shape) - len(sharding.spec))
+    sizes = dict(zip(sharding.mesh.axis_names, sharding.mesh.devices.shape))
+    out = []
+    for dim, axes in zip(shape, spec[skip:]):
+      names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      out.append(axes if dim % max(1, int(np.prod([sizes[a] for a in names]))) == 0 else None)
+    return NamedSharding(sharding.mesh, PartitionSpec(*out))
+
+  def load(self, tensors: Iterator[tuple[str, Any]], into: Any = None) -> Any:
+    """The parameters (on the engine's shardings) of the streamed `tensors`; `into`: parameters
+    this receiver returned before, overwritten in place (donated)."""
+    self.begin(into)
+    for name, tensor in tensors:
+      self.put(name, tensor)
+      del tensor
+    return self.finish()
+
+  # the same, one call per tensor (an engine that is sent the tensors: a Ray actor)
+  def begin(self, into: Any = None) -> None:
+    self._flat = dict(traverse_util.flatten_dict(into)) if into is not None else {}
+    self._seen = set()
+
+  def put(self, name: str, tensor: Any) -> None:
+    """Writes one streamed tensor into its parameter on the engine's devices."""
+    if name not in self.targets:
+      raise ValueError(f"refit: {name} has no place in the engine's model")
+    flat = self._flat
+    path, rule, index, spec = self.targets[name]
+    ints = tuple(i for i in index if isinstance(i, (int, np.integer)))
+    host = to_ours(np.asarray(tensor), block_shape(spec.shape, index), rule, name)
+    del tensor
+    start = [*ints] + [0] * (len(spec.shape) - len(ints))
+    if index and isinstance(index[-1], slice):      # part j of the last axis
+      start[-1] = index[-1].start
+    block = jax.device_put(host.astype(spec.dtype, copy=False),
+                           self._block_sharding(path, host.shape, len(ints)))
+    del host
+    if path not in flat:
+      flat[path] = self._zeros(path)
+    flat[path] = _put(flat[path], block, np.asarray(start, np.int32))
+    self._seen.add(name)
+
+  def finish(self) -> Any:
+    """The parameters, once every tensor was put (ValueError naming those that were not)."""
+    flat = self._flat
+    missing = sorted(set(self.targets) - self._seen)
+    if missing:
+      raise ValueError(f"refit: the stream ended without {missing[:3]}"
+                       f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}")
+    for path in self.zeros:
+      if path not in flat:
+        flat[path] = self._zeros(path)
+    self._flat = {}
+    return traverse_util.unflatten_dict(flat)
+
+  def _zeros(self, path: tuple) -> jax.Array:
+    spec = self.specs[path]
+    return jnp.zeros(spec.shape, spec.dtype, device=self.shardings[path])
 
 
 ARGS = {

@@ -58,7 +58,8 @@ def load_here(hf: str) -> None:
   jax.block_until_ready(params)
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   held = sum(s.data.nbytes for a in jax.tree.leaves(params) for s in a.addressable_shards)
-  print(f"RESULT process {jax.process_index()}: read {stats.bytes} bytes in {stats.reads} reads; "
+  print(f"RESULT process {jax.process_index()}: read {stats.bytes} bytes in {stats.reads} reads "
+        f"({stats.ranges} ranges); "
         f"shards held {held}; peak RSS before load {before}, after {peak}", flush=True)
 
 
@@ -86,18 +87,19 @@ def main() -> int:
     out = subprocess.run([py, "-m", "MaxText.launch.local", f"processes={processes}",
                           f"devices_per_process={devices}", "--", __file__, "--load", hf],
                          cwd=ROOT, capture_output=True, text=True, check=False)
-    found = re.findall(r"RESULT process (\d+): read (\d+) bytes in (\d+) reads; shards held "
+    found = re.findall(r"RESULT process (\d+): read (\d+) bytes in (\d+) reads \((\d+) ranges\); "
+                       r"shards held "
                        r"(\d+); peak RSS before load (\d+), after (\d+)", out.stdout + out.stderr)
     if out.returncode or len(found) != processes:
       raise SystemExit(out.stdout[-3000:] + out.stderr[-3000:])
     rows += [(f"hf_path= load, {processes} x {devices} devices, process {p}", *map(int, rest))
              for p, *rest in found]
   print(f"\nfolder: {size / G:.2f} GiB (model.safetensors, fp32)")
-  print("| what | bytes read GiB | ranged reads | shards held GiB | peak RSS GiB "
+  print("| what | bytes read GiB | ranged reads (ranges asked) | shards held GiB | peak RSS GiB "
         "(before the load) | peak − before, × one copy |")
   print("|---|---|---|---|---|---|")
-  for name, read, reads, held, before, peak in rows:
-    print(f"| {name} | {read / G:.3f} | {reads} | {held / G:.3f} | {peak / G:.2f} "
+  for name, read, reads, ranges, held, before, peak in rows:
+    print(f"| {name} | {read / G:.3f} | {reads} ({ranges}) | {held / G:.3f} | {peak / G:.2f} "
           f"({before / G:.2f}) | {(peak - before) / size:.2f} |")
   print(f"| to_maxtext (1 process) | {size / G:.3f} | – | – | {to_mt / G:.2f} | – |")
   return 0

@@ -2,9 +2,21 @@
 and a `train` helper that runs the trainer in-process on a tiny model."""
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+# The suite compiles hundreds of tiny programs and runs each a few times: compiling is most of its
+# time, so XLA:CPU's backend (LLVM) skips its expensive passes. XLA's HLO passes are the default
+# build's (the programs' shapes, shardings and buffers), and LLVM keeps float arithmetic as written
+# while fast-math is off (XLA:CPU's default). Not --xla_backend_optimization_level=0: with it a
+# 2-process run's first loss differs in the last bit from the same step on one process
+# (tests/test_hf_sharded.py), where the default level gives the same bits. Subprocesses the tests
+# start inherit the flags.
+SUITE_XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
+                   "--xla_llvm_disable_expensive_passes=true")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the persistent cache keeps every program, however quick to compile (jax reads this variable; the
+# trainer keeps it, and subprocesses inherit it): a warm run compiles nothing, and a program that
+# two test files share compiles once in a cold run
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 CACHE_DIR = os.path.expanduser(os.environ.get("MAXTEXT_TEST_JAX_CACHE", "~/.cache/maxtext_jax_tests"))
 
 import json  # noqa: E402
@@ -14,7 +26,6 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,6 +60,27 @@ ORBAX_UNAWAITED_READS = (
 def pytest_configure(config):
   for spec in ORBAX_UNAWAITED_READS:
     config.addinivalue_line("filterwarnings", spec)
+
+
+# The costliest test files from an empty compilation cache (CPU seconds per file:
+# benchmarks/suite_profile.py), the costliest first. pytest.ini's two workers take whole files in
+# collection order (`--dist loadfile --no-loadscope-reorder`): these go first, so the run ends on
+# small files and neither worker waits long for the other's last file. A file not listed runs
+# after them, in its usual order.
+COSTLIEST_FIRST = (
+    "test_qwen3_next_parity.py", "test_grpo.py", "test_quant_moe.py", "test_decode_parity.py",
+    "test_inspect.py", "test_quantization.py", "test_train.py", "test_inspect_backend.py",
+    "test_loss_vocab_split.py", "test_lora.py", "test_gemma4_parity.py", "test_rl_policy.py",
+    "test_serve.py", "test_multiprocess.py", "test_compile_counts.py", "test_moe.py",
+    "test_refit.py", "test_hf_sharded.py", "test_loss.py", "test_dpo.py", "test_gemma4_mm_audio.py",
+    "test_qwen3_moe_parity.py", "test_tool_keys.py", "test_faults.py", "test_dpo_losses.py",
+    "test_hot_path.py", "test_gemma4_vision.py", "test_gated_delta.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  del session, config
+  rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep order
 
 
 @pytest.fixture(scope="session", autouse=True)

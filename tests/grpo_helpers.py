@@ -1,6 +1,7 @@
 """Reward functions and a prompt file for the GRPO tests (imported by name: reward=grpo_helpers:…;
 the tests folder is on sys.path in pytest, and on PYTHONPATH for the multi-process launch)."""
 import json
+import zlib
 
 
 def digits(prompt, completion, row):
@@ -8,6 +9,13 @@ def digits(prompt, completion, row):
   climb."""
   del prompt, row
   return sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
+
+
+def even_ids_only(prompt, completion, row):
+  """0 for the prompts of odd id (their groups' rewards all equal: DAPO drops or resamples them),
+  else a deterministic value of the completion's text in [0, 1)."""
+  del prompt
+  return 0.0 if row["id"] % 2 else (zlib.crc32(completion.encode()) % 97) / 97
 
 
 def flaky(prompt, completion, row):

@@ -162,6 +162,55 @@ def test_reference_free_losses_hold_no_reference(tmp_path, loss):
   assert ref_trainer.memory_estimate().reference > 0
 
 
+def test_precomputed_reference_equals_the_frozen_copy_and_is_read_back(learning_run, tmp_path,
+                                                                       capsys):
+  """precompute_ref_log_probs: the reference's sums computed once (no copy held, none counted)
+  give the frozen copy's steps and held-out metrics; reference_logps reads them back from that
+  run's folder; a folder computed for other pairs exits 3 naming reference_logps."""
+  out, pairs, rows, _ = learning_run
+  args = (f"preferences={pairs}", f"eval_preferences={pairs}", "steps=4",
+          "enable_checkpointing=false")
+  code, pre, trainer = dpo(tmp_path, "pre", *args, "precompute_ref_log_probs=true")
+  assert code == 0
+  assert trainer.reference is None and trainer.memory_estimate().reference == 0
+  folder = tmp_path / "pre" / "reference_logps"
+  assert sorted(os.listdir(folder)) == ["eval_preferences.jsonl", "preferences.jsonl"]
+  code, read, _ = dpo(tmp_path, "read", *args, f"reference_logps={folder}")
+  assert code == 0
+  want = {(r["step"], k): v for r in rows for k, v in r.items()
+          if r["step"] <= 4 and (k in ("loss", *METRICS) or k.startswith("eval/"))}
+  for got_rows in (pre, read):
+    got = {(r["step"], k): v for r in got_rows for k, v in r.items() if (r["step"], k) in want}
+    assert got.keys() == want.keys() and len(want) > 8 * 4
+    for key, v in want.items():
+      assert got[key] == pytest.approx(v, abs=1e-6), key
+  other = write_pairs(tmp_path / "other.jsonl", n=20, seed=5)
+  code, _, _ = dpo(tmp_path, "bad", f"preferences={other}", "steps=1",
+                   "enable_checkpointing=false", f"reference_logps={folder}")
+  err = capsys.readouterr().err
+  assert code == 3 and f"reference_logps={folder}: preferences.jsonl" in err, err
+
+
+def test_packed_pairs_equal_padded_pairs(tmp_path):
+  """preference_packing: a pair's two sequences in one row (half the rows) give the padded rows'
+  losses, metrics and held-out metrics, with a frozen reference and with gradient accumulation."""
+  pairs = write_pairs(tmp_path / "p.jsonl")
+  args = (f"preferences={pairs}", f"eval_preferences={pairs}", "steps=3", "max_target_length=24",
+          "gradient_accumulation_steps=2", "enable_checkpointing=false")
+  code, padded, _ = dpo(tmp_path, "padded", *args)
+  assert code == 0
+  code, packed, trainer = dpo(tmp_path, "packed", *args, "preference_packing=true")
+  assert code == 0 and trainer.global_batch == trainer.pairs
+  keys = lambda r: [k for k in r if k in ("loss", "grad_norm", *METRICS) or k.startswith("eval/")]
+  want = {(r["step"], k): r[k] for r in padded for k in keys(r)}
+  got = {(r["step"], k): r[k] for r in packed for k in keys(r)}
+  assert got.keys() == want.keys() and len(want) > 3 * 8
+  for key, v in want.items():
+    if key[1].endswith("accuracies") and abs(want[(key[0], key[1][:-10] + "margins")]) < 1e-4:
+      continue   # the policy is the reference: the sign of rounding noise
+    assert got[key] == pytest.approx(v, abs=1e-5), key
+
+
 @pytest.mark.parametrize("overrides,code_,expected", [
     (("preferences={bad}",), 3, r"line 3: missing field `chosen`"),
     (("preferences={missing}",), 3, r"preferences=.*nope.jsonl: no such file"),
@@ -171,6 +220,10 @@ def test_reference_free_losses_hold_no_reference(tmp_path, loss):
     (("preferences={good}", "z_loss_weight=0.1"), 2, "z_loss_weight: the preference losses"),
     (("preferences={good}", "temperature=1.0"), 2, "temperature=1.0: python -m MaxText.dpo does "
                                                    "not read temperature"),
+    (("preferences={good}", "dpo_loss=orpo", "precompute_ref_log_probs=true"), 2,
+     "precompute_ref_log_probs: dpo_loss=orpo has no reference"),
+    (("preferences={good}", "preference_packing=true"), 3,
+     r"line \d+: packed, prompt \+ chosen and prompt \+ rejected are 1\d positions"),
     (("preferences={long}",), 3, r"line 1, field `chosen`: prompt \+ response are .* tokens"),
 ])
 def test_bad_input_is_refused_naming_the_culprit(tmp_path, capsys, overrides, code_, expected):

@@ -81,10 +81,14 @@ def our_loss_and_grads(params, ref_params, model_def, data, loss_kwargs):
   n = float(len(data))
   nll_tokens = batch["chosen"]["real"].sum()
 
-  def f(p):
-    return batch_loss(model_def, p, batch, chunk=5, loss_kwargs=loss_kwargs, pairs=n,
-                      nll_tokens=nll_tokens)
-  (loss, sums), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+  # the numbers (beta, label_smoothing, simpo_gamma) are the program's arguments, so the cases of
+  # one loss share its compiled program; the loss's name chooses the program
+  numbers = {k: jnp.float32(v) for k, v in loss_kwargs.items() if k != "loss"}
+
+  def f(p, numbers):
+    return batch_loss(model_def, p, batch, chunk=5, pairs=n, nll_tokens=nll_tokens,
+                      loss_kwargs={"loss": loss_kwargs["loss"], **numbers})
+  (loss, sums), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params, numbers)
   return float(loss), {k: float(v) / n for k, v in sums.items()}, grads
 
 

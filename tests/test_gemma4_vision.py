@@ -195,7 +195,8 @@ def test_sharded_forward_equals_one_device(our_forward):
   shardings = tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules)
   q = shardings["vision"]["encoder"]["runs"][0][0]["attn"]["query"]["kernel"].spec
   up = shardings["vision"]["encoder"]["runs"][0][0]["mlp"]["up"]["kernel"].spec
-  assert tuple(q) == (None, "fsdp", "tensor", None) and tuple(up) == (None, "fsdp", "tensor")
+  # (the stacked layers' axis: the `stage` rule, of size 1 here)
+  assert tuple(q) == ("stage", "fsdp", "tensor", None) and tuple(up) == ("stage", "fsdp", "tensor")
   tokens, pixels, positions = prompts()
   B, S = tokens.shape
 

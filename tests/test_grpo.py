@@ -103,8 +103,12 @@ def test_bad_rewards_are_counted_then_exit_3(tmp_path, capsys):
                                    "(max_target_length=16 - max_new_tokens=6)"),
     (["temperature=0"], "temperature=0 decodes greedily"),
     (["overlong_buffer=7"], "overlong_buffer=7 exceeds max_new_tokens=6"),
+    (["dynamic_sampling_rounds=2"], "dynamic_sampling_rounds resamples the groups"),
     (["microbatch_size=5"], "microbatch_size=5 does not divide the rollout batch's 16 rows"),
     (["gradient_accumulation_steps=2"], "set microbatch_size (rows per micro-batch) instead"),
+    (["rollout_placement=separate", "router_bias_update_rate=0.01", "num_experts=4",
+      "num_experts_per_tok=2", "moe_mlp_dim=32"],
+     "a Hugging Face model has no router selection bias to ship"),
 ])
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, capsys, overrides, expected):
   prompts = write_prompts(tmp_path / "p.jsonl", long_line=11 if "LONG" in overrides else None)
@@ -477,6 +481,38 @@ def test_dapo_dynamic_sampling_and_overlong_shaping_are_logged(tmp_path):
     assert 0 <= r["groups_dropped"] <= 4 and r["groups_dropped"] == int(r["groups_dropped"])
     assert -1.0 <= r["overlong_penalty_mean"] <= 0.0
   assert any(r["overlong_penalty_mean"] < 0 for r in steps)   # 6 new tokens, buffer 3: some pay
+
+
+def test_dapo_resampling_replaces_the_groups_of_equal_rewards(tmp_path):
+  """dynamic_sampling_rounds: the groups of equal rewards are generated again from other prompts
+  (counted), and fewer groups are dropped than without resampling on the same rollout."""
+  prompts = write_prompts(tmp_path / "p.jsonl")
+  args = (f"prompts={prompts}", "reward=grpo_helpers:even_ids_only", "dynamic_sampling=true",
+          "steps=1", "enable_checkpointing=false")
+  code, rows, _ = grpo(tmp_path, "drop", *args)
+  assert code == 0
+  dropped = [r for r in rows if "reward_mean" in r][0]["groups_dropped"]
+  code, rows, _ = grpo(tmp_path, "resample", *args, "dynamic_sampling_rounds=3")
+  assert code == 0
+  r = [r for r in rows if "reward_mean" in r][0]
+  assert r["groups_resampled"] >= dropped > 0, (dropped, r)   # the odd ids' groups
+  assert r["groups_dropped"] < dropped
+  assert r["groups_resampled"] == int(r["groups_resampled"])
+
+
+def test_rollout_groups_are_replaced_in_place():
+  import numpy as np_   # pylint: disable=import-outside-toplevel,reimported
+  from MaxText.rl import rollout as rl   # pylint: disable=import-outside-toplevel
+  mk = lambda base, n: rl.Rollout({"input_ids": base + np_.arange(n * 3).reshape(n, 3)},
+                                  base + np_.zeros((n, 3)), base + np_.zeros((n, 2)),
+                                  base + np_.arange(n, dtype=float), base + np_.ones(n),
+                                  base + np_.zeros(n))
+  old, new = mk(0, 6), mk(100, 2)   # 3 groups of 2; group 1 replaced by new's only group
+  got = rl.replace_groups(old, [1], new, 2)
+  assert got.rewards.tolist() == [0, 1, 100, 101, 4, 5]
+  assert got.arrays["input_ids"][2:4].tolist() == new.arrays["input_ids"].tolist()
+  assert got.rewards_NF.shape == (6, 2) and got.rewards_NF[2:4].min() == 100
+  assert old.rewards.tolist() == [0, 1, 2, 3, 4, 5]   # the input unchanged
 
 
 def test_memory_preflight_counts_one_micro_batch_of_activations(tmp_path):

@@ -27,7 +27,7 @@ LAYERS = [
     ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",
      "refit", "inspect", "quantize", "lmeval", "serve"),                                 # entry
-    ("rl", "repair", "dpo"),                  # GRPO; LoRA repair; DPO: drive the tools and the trainer
+    ("rl", "repair", "dpo", "distill"),       # GRPO; LoRA repair; DPO; distillation: drive the trainer
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
 # the tools: none of them imports the trainer's package, not even through another module

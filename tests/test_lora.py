@@ -51,12 +51,14 @@ def test_zero_adapters_leave_the_forward_exactly_as_the_base(model, scan):
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
   pos = np.broadcast_to(np.arange(16), (2, 16))
   seg = np.ones((2, 16), np.int32)
-  got = make_model_def(with_lora).apply(params, tokens, pos, seg)
-  want = make_model_def(base_cfg).apply(base, tokens, pos, seg)
+  # jitted, as training and decoding run them (eagerly, every op compiles on its own)
+  forward = jax.jit(make_model_def(with_lora).apply)
+  got = forward(params, tokens, pos, seg)
+  want = jax.jit(make_model_def(base_cfg).apply)(base, tokens, pos, seg)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   # a non-zero B changes it (the adapters are in the computation)
   bumped = lora.join(jax.tree.map(lambda a: a + 0.01, adapters), base)
-  assert not np.allclose(make_model_def(with_lora).apply(bumped, tokens, pos, seg), want)
+  assert not np.allclose(forward(bumped, tokens, pos, seg), want)
 
 
 @pytest.fixture(scope="module")

@@ -116,8 +116,9 @@ def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
   tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, cfg.vocab_size)
   pos = np.broadcast_to(np.arange(32), (2, 32))
   seg = np.ones((2, 32), np.int32)
-  want = np.asarray(make_model_def(mcfg).apply(params, tokens, pos, seg))
-  got = np.asarray(make_model_def(qmcfg).apply(qparams, tokens, pos, seg))
+  # each forward is one jitted program (eagerly, every op of the model compiles on its own)
+  want = np.asarray(jax.jit(make_model_def(mcfg).apply)(params, tokens, pos, seg))
+  got = np.asarray(jax.jit(make_model_def(qmcfg).apply)(qparams, tokens, pos, seg))
   rel = np.linalg.norm(got - want) / np.linalg.norm(want)
   assert 0 < rel < 0.01, rel
 
@@ -190,8 +191,8 @@ def test_quantized_checkpoints_evaluate_decode_and_export(trained, capsys, tmp_p
   cfg = _config(out / "r8")
   mcfg = ModelConfig.from_config(cfg)
   md = make_model_def(mcfg)
-  ours = np.asarray(md.apply(load_params_host(str(out / "r8"), md.abstract_params), tokens,
-                             np.arange(6)[None], np.ones((1, 6), np.int32)))
+  ours = np.asarray(jax.jit(md.apply)(load_params_host(str(out / "r8"), md.abstract_params),
+                                     tokens, np.arange(6)[None], np.ones((1, 6), np.int32)))
   np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
   # refit streams what to_huggingface wrote (dequantized), and its CLI lists floats
   import glob
@@ -261,7 +262,9 @@ def test_qat_rules_quantize_the_projections_of_every_family(model, extra):
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
     pos = np.broadcast_to(np.arange(16), (2, 16))
     params = init_params(mcfg, 0)
-    return np.asarray(make_model_def(mcfg).apply(params, tokens, pos, np.ones((2, 16), np.int32)))
+    # one jitted program per forward (eagerly, every op of the model compiles on its own)
+    return np.asarray(jax.jit(make_model_def(mcfg).apply)(params, tokens, pos,
+                                                          np.ones((2, 16), np.int32)))
 
   want = forward()
   got = forward("quantization=int8")

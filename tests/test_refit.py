@@ -3,6 +3,7 @@ the stream, taken from parameters sharded over 8 fake devices, loads into a fres
 model with `load_state_dict(strict=True)` and that model computes our logits within 1e-4; a LoRA
 model streams exactly its merged export; 8 devices stream what 1 does; the generator holds one
 layer's blocks at a time and no tensor it yielded."""
+import gc
 import weakref
 
 import jax
@@ -208,6 +209,57 @@ def test_generator_holds_one_layer():
   assert count == len(get_hf_map("qwen3").hf_names(ModelConfig.from_config(replace(cfg, lora_rank=0))))
   assert not Spy.too_big, Spy.too_big
   assert 0 < Spy.peak <= bound, (Spy.peak, bound)
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "qwen3"])
+def test_receiver_loads_the_stream_tensor_by_tensor(case):
+  """The other end (refit.Receiver): the stream of parameters on 8 devices, loaded into an
+  engine's parameters on 4 other devices split another way, equals the whole-dict converter's
+  import (`hf_to_params`) bit for bit; each tensor is placed before the next is pulled (the
+  receiver keeps no tensor it was given); a second load overwrites the first in place."""
+  cfg = config(case)
+  mcfg = ModelConfig.from_config(cfg)
+  engine_cfg = config(case, "ici_data_parallelism=1", "ici_fsdp_parallelism=2",
+                      "ici_tensor_parallelism=2")
+  md = make_model_def(mcfg)
+  mesh = create_mesh(engine_cfg, jax.devices()[4:])
+  shardings = tree_shardings(md.logical_axes, md.abstract_params, mesh,
+                             parse_rules(engine_cfg.logical_axis_rules, mesh.axis_names))
+  receiver = refit.Receiver(mcfg, shardings, hf_model_type_for(mcfg, cfg.hf_model_type))
+  hf_map = get_hf_map(hf_model_type_for(mcfg, cfg.hf_model_type))
+  loaded = None
+  for seed in (11, 12):
+    params = jax.tree.map(np.asarray, init_params(mcfg, seed))
+    if "router_bias" in params:
+      params["router_bias"] = np.zeros_like(params["router_bias"])   # HF has none: zero
+    want = hf_map.hf_to_params(dict(refit.stream(params, cfg)), mcfg)
+    def pulled(stream, previous):
+      for name, tensor in stream:
+        gc.collect()   # (jax's host-to-device transfer leaves a reference cycle behind)
+        assert all(r() is None for r in previous), name     # the last one was let go
+        previous[:] = [weakref.ref(tensor)]
+        yield name, tensor
+        del tensor
+
+    first = loaded
+    loaded = receiver.load(pulled(refit.stream(sharded(cfg, params), cfg), []), loaded)
+    if first is not None:   # overwritten in place (the router bias, never streamed, kept)
+      kept = [a is b for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(loaded))]
+      assert all(x.is_deleted() != k for x, k in zip(jax.tree.leaves(first), kept))
+      assert sum(kept) == ("router_bias" in loaded)
+    flat, want_flat = traverse_util.flatten_dict(loaded), traverse_util.flatten_dict(want)
+    assert set(flat) == set(want_flat)
+    for k, v in flat.items():
+      assert v.sharding == traverse_util.flatten_dict(shardings)[k], k
+      assert set(v.sharding.device_set) <= set(jax.devices()[4:]), k
+      assert v.dtype == want_flat[k].dtype and np.array_equal(np.asarray(v), want_flat[k]), k
+
+
+def test_receiver_refuses_a_map_with_layout_changes_of_its_own():
+  cfg = config("qwen3_next")
+  mcfg = ModelConfig.from_config(cfg)
+  with pytest.raises(ValueError, match="cannot be loaded tensor by tensor"):
+    refit.Receiver(mcfg, {}, hf_model_type_for(mcfg, cfg.hf_model_type))
 
 
 def test_command_line_lists_the_stream(tmp_path, capsys):

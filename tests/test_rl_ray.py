@@ -1,10 +1,15 @@
 """The policy on Ray (MaxText/rl/ray_policy.py): a local Ray (started on 127.0.0.1 by the test and
 shut down by it) with 2 actors x 4 fake CPU devices, joined by jax.distributed, equals this process
 with 8 devices — log-probabilities within 1e-6, three `train` steps' metrics within 1e-6, the
-same weights(); a worker killed with SIGKILL makes the next call raise naming the worker and the
+same weights() (streamed); an engine actor of its own sent the weights by the refit stream
+(rollout_placement=separate across processes) samples what a local engine samples from them; a
+worker killed with SIGKILL makes the next call raise naming the worker and the
 last committed checkpoint (no hang), and a group started again resumes from it bit for bit."""
+import dataclasses
 import os
 import signal
+
+import jax
 
 import numpy as np
 import pytest
@@ -12,9 +17,13 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from conftest import ROOT  # noqa: E402
-from test_rl_policy import LOSS, SHOW_GRAD, a_batch, argv  # noqa: E402
+from test_rl_policy import LOSS, SHOW_GRAD, S, a_batch, argv  # noqa: E402
 from MaxText.rl.policy import Policy  # noqa: E402
-from MaxText.rl.ray_policy import RayPolicy, WorkerDied  # noqa: E402
+from MaxText.decoding.engine import Engine  # noqa: E402
+from MaxText.decoding.sampling import Sampling  # noqa: E402
+from MaxText.models.llama import qwen3_hf_map as hf_map  # noqa: E402
+from MaxText.rl.ray_policy import RayEngine, RayPolicy, WorkerDied  # noqa: E402
+from MaxText.sharding.mesh import create_mesh  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +68,24 @@ def test_two_actors_equal_one_process_and_a_killed_worker_is_named(local_ray, tm
     for k, v in want_weights.items():
       assert weights[k].shape == v.shape and weights[k].dtype == v.dtype, k
       np.testing.assert_allclose(weights[k], v, rtol=0, atol=1e-6, err_msg=k)
+    # separate rollouts across processes: an engine actor on 2 devices of its own, sent the
+    # weights by the refit stream, samples what an engine here on 2 devices samples from the
+    # group's weights (the same program on the same parameters: bit for bit)
+    engine = RayEngine.start(devices=2, config=config, batch_size=8, max_cache_length=S)
+    try:
+      assert group.ship_weights(engine) > 0
+      prompts = [list(row[:4]) for row in batch["input_ids"]]
+      sampling = Sampling(1.0, seed=3)
+      got = engine.generate(prompts, max_new_tokens=6, sampling=sampling)
+    finally:
+      engine.kill()
+    mcfg = dataclasses.replace(one.model_config, lora_rank=0)
+    local = Engine(mcfg, create_mesh(one.cfg, jax.devices()[:2]), one.rules, batch_size=8,
+                   max_cache_length=S)
+    params = local.place(hf_map.hf_to_params(weights, mcfg))
+    want = local.generate(params, prompts, max_new_tokens=6, sampling=sampling)
+    assert [c.output_ids for c in got] == [c.output_ids for c in want]
+    assert [c.output_logprobs for c in got] == [c.output_logprobs for c in want]
     assert group.save(3) == 3
     after_save = group.logprobs(batch)
     os.kill(group.pids[1], signal.SIGKILL)

@@ -39,10 +39,10 @@ def spec(logical, shape, *overrides):
 
 # ---- the mesh itself ----------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides,shape", [
-    (MESH_222, {"data": 2, "fsdp": 2, "context": 1, "expert": 1, "tensor": 2}),
-    (MESH_F8, {"data": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),
-    (MESH_E4F2, {"data": 1, "fsdp": 2, "context": 1, "expert": 4, "tensor": 1}),
-    ((), {"data": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),  # fsdp -1 fills
+    (MESH_222, {"data": 2, "stage": 1, "fsdp": 2, "context": 1, "expert": 1, "tensor": 2}),
+    (MESH_F8, {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),
+    (MESH_E4F2, {"data": 1, "stage": 1, "fsdp": 2, "context": 1, "expert": 4, "tensor": 1}),
+    ((), {"data": 1, "stage": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}),  # fsdp -1 fills
 ])
 def test_create_mesh_shape(overrides, shape):
   mesh, _, _ = mesh_and_rules(*overrides)
@@ -56,20 +56,20 @@ def test_create_mesh_shape(overrides, shape):
     (MESH_222, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
-        "attn": P(None, EMBED_ALL, "tensor", None),
-        "act": P(("data", "fsdp", "expert"), "context", None),
+        "attn": P("stage", EMBED_ALL, "tensor", None),   # stage 1: the layers whole
+        "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
     (MESH_F8, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
-        "attn": P(None, EMBED_ALL, "tensor", None),
-        "act": P(("data", "fsdp", "expert"), "context", None),
+        "attn": P("stage", EMBED_ALL, "tensor", None),   # stage 1: the layers whole
+        "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
     (MESH_E4F2, {
         "mlp": P(EMBED_ALL, "tensor"),
         "vocab": P("tensor", EMBED_ALL),
-        "attn": P(None, EMBED_ALL, "tensor", None),
-        "act": P(("data", "fsdp", "expert"), "context", None),
+        "attn": P("stage", EMBED_ALL, "tensor", None),   # stage 1: the layers whole
+        "act": P(("data", "stage", "fsdp", "expert"), "context", None),
     }),
 ])
 def test_base_rules_map_to_expected_specs(overrides, expected):
@@ -97,7 +97,8 @@ def test_embed_falls_back_when_axis_already_used():
   # "exp" takes the expert axis, so the first embed rule (which includes expert) is skipped
   assert spec(("exp", "embed"), (4, 64), *MESH_E4F2) == P("expert", ("fsdp", "context"))
   # data 2 fsdp 2 tensor 2: activation_batch uses fsdp; every embed rule needs fsdp → replicated
-  assert spec(("activation_batch", "embed"), (8, 64), *MESH_222) == P(("data", "fsdp", "expert"), None)
+  assert spec(("activation_batch", "embed"), (8, 64), *MESH_222) == P(
+      ("data", "stage", "fsdp", "expert"), None)
   # one mesh axis is never used twice in a spec, even for two dimensions of the same name
   assert spec(("mlp", "mlp"), (4, 4), *MESH_222) == P("tensor", None)
 
@@ -134,35 +135,38 @@ def test_parse_rules_errors():
 
 # ---- fill_parallelism ---------------------------------------------------------------------------
 def test_fill_parallelism_fills_the_hole():
-  assert fill_parallelism([1, -1, 1, 1, 2], 8, "ici", MESH_AXES) == [1, 4, 1, 1, 2]
-  assert fill_parallelism([-1, 1, 1, 1, 1], 1, "dcn", MESH_AXES) == [1, 1, 1, 1, 1]
-  assert fill_parallelism([2, 2, 1, 1, 2], 8, "ici", MESH_AXES) == [2, 2, 1, 1, 2]
+  assert fill_parallelism([1, 1, -1, 1, 1, 2], 8, "ici", MESH_AXES) == [1, 1, 4, 1, 1, 2]
+  assert fill_parallelism([-1, 1, 1, 1, 1, 1], 1, "dcn", MESH_AXES) == [1, 1, 1, 1, 1, 1]
+  assert fill_parallelism([2, 1, 2, 1, 1, 2], 8, "ici", MESH_AXES) == [2, 1, 2, 1, 1, 2]
 
 
 def test_fill_parallelism_rejects_two_holes():
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([-1, 1, 1, 1, -1], 8, "ici", MESH_AXES)
+    fill_parallelism([-1, 1, 1, 1, 1, -1], 8, "ici", MESH_AXES)
   assert "ici_data_parallelism" in str(e.value) and "ici_tensor_parallelism" in str(e.value)
   assert "ici_fsdp_parallelism" not in str(e.value)
 
 
 def test_fill_parallelism_rejects_wrong_products():
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, 3, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([1, 1, 3, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=3" in str(e.value) and "8" in str(e.value)
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, 1, 1, 2, 1], 1, "dcn", MESH_AXES)
+    fill_parallelism([1, 1, 1, 1, 2, 1], 1, "dcn", MESH_AXES)
   assert "dcn_expert_parallelism=2" in str(e.value)
   with pytest.raises(ConfigError) as e:  # fixed sizes 3 do not divide 8: the keys are named
-    fill_parallelism([3, -1, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([3, 1, -1, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_data_parallelism=3 = 3 does not divide the 8 devices" in str(e.value)
   assert "ici_fsdp_parallelism=-1" in str(e.value)
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, 0, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([1, 1, 0, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=0" in str(e.value)
   with pytest.raises(ConfigError) as e:
-    fill_parallelism([1, -2, 1, 1, 1], 8, "ici", MESH_AXES)
+    fill_parallelism([1, 1, -2, 1, 1, 1], 8, "ici", MESH_AXES)
   assert "ici_fsdp_parallelism=-2" in str(e.value)
+  with pytest.raises(ConfigError) as e:  # the stage axis is sized by the pipeline keys
+    fill_parallelism([1, 3, -1, 1, 1, 1], 8, "ici", MESH_AXES)
+  assert "ici_pipeline_parallelism=3 = 3 does not divide the 8 devices" in str(e.value)
 
 
 # ---- sharding_report ----------------------------------------------------------------------------
@@ -175,14 +179,22 @@ def test_sharding_report_numbers_are_exact():
                "b": NamedSharding(mesh, P()),
                "c": {"d": NamedSharding(mesh, P(None, "tensor"))}}
   assert sharding_report(shapes, shardings) == (
-      "parameters: 6.0 MiB in all, 2.50 MiB per device; 83.3% of parameter bytes sharded")
+      "parameters: 6.0 MiB in all, 2.50 MiB per device; 83.3% of parameter bytes sharded "
+      "(split over data 66.7%, fsdp 66.7%, tensor 16.7%)")
   # a spec over size-1 axes only is not sharding anything
   f8, _, _ = mesh_and_rules(*MESH_F8)
   only = {"a": jax.ShapeDtypeStruct((1024, 1024), jnp.float32)}
   assert sharding_report(only, {"a": NamedSharding(f8, P("tensor", "context"))}) == (
       "parameters: 4.0 MiB in all, 4.00 MiB per device; 0.0% of parameter bytes sharded")
   assert sharding_report(only, {"a": NamedSharding(f8, P("fsdp"))}) == (
-      "parameters: 4.0 MiB in all, 0.50 MiB per device; 100.0% of parameter bytes sharded")
+      "parameters: 4.0 MiB in all, 0.50 MiB per device; 100.0% of parameter bytes sharded "
+      "(split over fsdp 100.0%)")
+  # the stacked layers over 4 stages x fsdp 2
+  s4, _, _ = mesh_and_rules("ici_pipeline_parallelism=4", "ici_fsdp_parallelism=2")
+  layers = {"a": jax.ShapeDtypeStruct((4, 1024, 1024), jnp.float32)}
+  assert sharding_report(layers, {"a": NamedSharding(s4, P("stage", "fsdp"))}) == (
+      "parameters: 16.0 MiB in all, 2.00 MiB per device; 100.0% of parameter bytes sharded "
+      "(split over stage 100.0%, fsdp 100.0%)")
 
 
 # ---- constrain ----------------------------------------------------------------------------------
@@ -204,7 +216,7 @@ def test_constrain_applies_the_rule_inside_use_rules():
   with use_rules(mesh, rules):
     assert "sharding_constraint" in str(jax.make_jaxpr(f)(x))
     out = jax.jit(f)(x)
-  expected = P(("data", "fsdp", "expert"), "context", None)
+  expected = P(("data", "stage", "fsdp", "expert"), "context", None)
   assert out.sharding.is_equivalent_to(NamedSharding(mesh, expected), 3)
   assert out.sharding.shard_shape(out.shape) == (2, 16, 4)
   assert seen and seen[-1].is_equivalent_to(NamedSharding(mesh, expected), 3)
@@ -230,7 +242,7 @@ def test_optimizer_moments_follow_the_parameters(extra):
   # the parameters really are sharded (otherwise the comparison below would be vacuous)
   q = params["decoder"]["runs"][0][0]["attn"]["query"]["kernel"] if cfg.scan_layers else \
       params["decoder"]["layers"][0]["attn"]["query"]["kernel"]
-  assert q.spec == (P(None, EMBED_ALL, "tensor", None) if cfg.scan_layers
+  assert q.spec == (P("stage", EMBED_ALL, "tensor", None) if cfg.scan_layers
                     else P(EMBED_ALL, "tensor", None))
   assert params["embedding"].spec == P("tensor", EMBED_ALL)
 
@@ -258,12 +270,17 @@ def test_multi_slice_hybrid_grid_puts_dcn_outermost():
   devices = [types.SimpleNamespace(id=i, slice_index=i // 4, process_index=i // 4, platform="cpu",
                                    device_kind="cpu") for i in range(8)]
   cfg = load_config([BASE_YML])
-  assert mesh_shape(cfg, devices) == ([1, 4, 1, 1, 1], [2, 1, 1, 1, 1])
+  assert mesh_shape(cfg, devices) == ([1, 1, 4, 1, 1, 1], [2, 1, 1, 1, 1, 1])
   grid = device_grid(cfg, devices)
-  assert grid.shape == (2, 4, 1, 1, 1)
+  assert grid.shape == (2, 1, 4, 1, 1, 1)
   assert [{d.slice_index for d in row.ravel()} for row in grid] == [{0}, {1}]
   with pytest.raises(ConfigError, match="dcn"):
     mesh_shape(load_config([BASE_YML, "dcn_data_parallelism=1", "dcn_fsdp_parallelism=1"]), devices)
+  # pipeline stages across the slices: each stage's devices lie within one slice
+  staged = load_config([BASE_YML, "dcn_data_parallelism=1", "dcn_pipeline_parallelism=2"])
+  assert mesh_shape(staged, devices) == ([1, 1, 4, 1, 1, 1], [1, 2, 1, 1, 1, 1])
+  grid = device_grid(staged, devices)
+  assert [{d.slice_index for d in grid[:, s].ravel()} for s in range(2)] == [{0}, {1}]
 
 
 # ---- every shipped model shards its large parameters under fsdp ------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from MaxText.config.spec import key
-from MaxText.config.tools import CONVERT, MODEL_TOOLS, TRAINERS
+from MaxText.config.tools import CONVERT, MODEL_TOOLS, TEXT_TRAINERS, TRAINERS
 
 DTYPES = ("float32", "bfloat16", "float16")
 AUTO = "auto"                    # dtype: resolved by MaxText.config.load.resolve_dtype
@@ -59,6 +59,15 @@ class RunKeys:
   use_qk_norm: bool = key(False, "per-head RMSNorm on q and k before RoPE (Qwen3 style)",
                           model=True)
   tie_word_embeddings: bool = key(False, "LM head shares the embedding table", model=True)
+  mtp_num_layers: int = key(
+      0, "multi-token-prediction depths (HF mtp.* / num_nextn_predict_layers): depth k predicts "
+      "the token k+1 ahead from depth k-1's hidden state and the embedding of the token k ahead, "
+      "through one transformer layer of its own and the shared head (llama, qwen3_next)", min=0,
+      model=True)
+  mtp_loss_scale: float = key(
+      0.0, "weight of the multi-token-prediction loss (the mean over mtp_num_layers depths of "
+      "each depth's token cross-entropy); 0 = the MTP block is carried unchanged, not trained",
+      min=0, **_COMPUTE, tools=("train",))
   rope_theta: float = key(10000.0, "RoPE base wavelength", gt=0, model=True)
   max_position_embeddings: int = key(
       8192, "longest sequence the model is meant for (max_target_length <= it)", min=1, model=True)
@@ -124,7 +133,7 @@ class RunKeys:
   dataset_type: str = key("embedded", "embedded (the Python standard library's source) | "
                           "synthetic | file", choices=("embedded", "synthetic", "file"),
                           data=True, section="data",
-                          section_tools=("train", "evaluate", "quantize"))
+                          section_tools=(*TEXT_TRAINERS, "evaluate", "quantize"))
   dataset_path: str = key("", "file, directory or glob of the dataset when dataset_type=file",
                           data=True)
   dataset_format: str = key("auto", "auto (by extension) | text | jsonl | parquet | arrayrecord",
@@ -153,24 +162,24 @@ class RunKeys:
                                tools=MODEL_TOOLS)
   sft: bool = key(False, "supervised fine-tuning: jsonl records of chat `messages` (or `prompt` / "
                   "`completion`) rendered with the tokenizer's chat template", data=True,
-                  tools=("train",))
+                  tools=TEXT_TRAINERS)
   sft_train_on_completion_only: bool = key(True, "sft: the loss counts the assistant tokens only "
                                            "(false: every token of the conversation)", data=True,
-                                           tools=("train",))
+                                           tools=TEXT_TRAINERS)
   sft_overlong: str = key("truncate", "sft: a conversation longer than max_target_length is "
                           "truncated | dropped (either is counted)",
-                          choices=("truncate", "drop"), data=True, tools=("train",))
+                          choices=("truncate", "drop"), data=True, tools=TEXT_TRAINERS)
   max_num_images_per_example: int = key(
       0, "sft: images a conversation may hold (its user turns' image parts), each row's image "
-      "slots; 0 = conversations are text", min=0, data=True, tools=("train",))
+      "slots; 0 = conversations are text", min=0, data=True, tools=TEXT_TRAINERS)
   max_num_audio_per_example: int = key(
       0, "sft: audio clips a conversation may hold, each row's clip slots; 0 = no audio", min=0,
-      data=True, tools=("train",))
+      data=True, tools=TEXT_TRAINERS)
   max_audio_seconds: float = key(30.0, "sft: the longest clip (seconds; the feature frames of a "
-                                 "clip slot)", gt=0, data=True, tools=("train",))
+                                 "clip slot)", gt=0, data=True, tools=TEXT_TRAINERS)
   chat_template_path: str = key("", 'sft, dpo: a jinja chat template file; "" = the tokenizer\'s '
                                 "own (chat_template.jinja / tokenizer_config.json)", data=True,
-                                tools=("train", "dpo"))
+                                tools=(*TEXT_TRAINERS, "dpo"))
   eval_split_fraction: float = key(
       0.0, "hold out this share of the documents for evaluation; training never reads them",
       min=0, max=0.5, data=True)
@@ -181,7 +190,7 @@ class RunKeys:
   data_shards: int = key(
       0, "data streams the global batch is cut from (equal blocks of rows; each process reads "
       "only its own); 0 = one per process, or as saved when resuming", min=0,
-      tools=("train", "evaluate"))
+      tools=(*TEXT_TRAINERS, "evaluate"))
 
   # ---- optimizer -------------------------------------------------------------------------------
   learning_rate: float = key(3.0e-3, "peak learning rate", min=0, section="optimizer (optax AdamW)",
@@ -274,12 +283,12 @@ class RunKeys:
   # ---- evaluation and samples ------------------------------------------------------------------
   eval_period: int = key(0, "every N steps (and after the last) log eval_loss on held-out data; "
                          "0 = off", min=0, section="evaluation and samples during training",
-                         section_tools=("train",))
+                         section_tools=TEXT_TRAINERS)
   eval_steps: int = key(10, "batches per evaluation (fewer when the held-out data ends first)",
-                        min=1, tools=("train", "evaluate"))
+                        min=1, tools=(*TEXT_TRAINERS, "evaluate"))
   eval_dataset_path: str = key(
       "", "held-out file, directory or glob (dataset_format, dataset_text_field as for training); "
-      '"" = the eval_split_fraction share of the training documents', tools=("train", "evaluate"))
+      '"" = the eval_split_fraction share of the training documents', tools=(*TEXT_TRAINERS, "evaluate"))
   sample_period: int = key(0, "every N steps print a sample (prompt, max_new_tokens and the "
                            "sampling keys below); 0 = off", min=0)
   sample_at_end: bool = key(True, "print a sample after the last step")

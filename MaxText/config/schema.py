@@ -47,13 +47,19 @@ from MaxText.config.keys_run import AUTO_TOOL_DTYPE as AUTO_TOOL_DTYPE
 from MaxText.config.keys_run import AUTO_TRAINING_DTYPE as AUTO_TRAINING_DTYPE
 from MaxText.config.keys_run import DTYPES, RunKeys
 from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
-from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TRAINERS
+from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TEXT_TRAINERS, TRAINERS
 
 
-MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")
+
+
+def parallelism_key(level: str, axis: str) -> str:
+  """The key sizing mesh axis `axis` at `level` (ici | dcn): `ici_data_parallelism`, …; the
+  `stage` axis is sized by `ici_pipeline_parallelism` / `dcn_pipeline_parallelism`."""
+  return f"{level}_{'pipeline' if axis == 'stage' else axis}_parallelism"
 
 _RULES = [
-    ["activation_batch", ["data", "fsdp", "expert"]],
+    ["activation_batch", ["data", "stage", "fsdp", "expert"]],
     ["activation_length", ["context"]],
     ["activation_embed", None],
     ["activation_heads", ["tensor"]],
@@ -69,7 +75,7 @@ _RULES = [
     ["mlp", ["tensor"]],
     ["vocab", ["tensor"]],
     ["exp", ["expert"]],
-    ["layers", None],
+    ["layers", ["stage"]],
     ["norm", None],
     # encoder towers (a multimodal family's vision / audio encoders): sharded as the text model
     ["activation_vision_batch", ["data", "fsdp", "expert"]],
@@ -100,9 +106,9 @@ class Config(RunKeys):
       section_tools=DECODERS,
       tools=(*DECODERS, *TRAINERS, "evaluate", "logit_check", "lm_eval", "serve", *CONVERT))
   prompt: str = key("", 'the prompt text ("" in a training sample: see sample_prompt_tokens)',
-                    tools=(*DECODERS, "train"))
+                    tools=(*DECODERS, *TEXT_TRAINERS))
   prompt_ids: list[int] = key([], "the prompt as token ids, e.g. 1,5,9 (no tokenizer needed)",
-                              tools=(*DECODERS, "train"))
+                              tools=(*DECODERS, *TEXT_TRAINERS))
   prompt_file: str = key("", "one prompt per line (.txt), or .jsonl lines with prompt, "
                          "prompt_ids or chat messages")
   image: list[str] = key(
@@ -129,6 +135,10 @@ class Config(RunKeys):
                            tools=(*DECODERS, *SAMPLERS, "lm_eval", "serve"))
   decode_output: str = key("", "write one JSON line per prompt (prompt_ids, output_ids, "
                            "output_logprobs, text) to this file", tools=("decode",))
+  speculative_tokens: int = key(
+      0, "greedy decoding drafts this many tokens per step with the model's MTP head "
+      "(mtp_num_layers > 0) and verifies them in one forward: the same output as plain greedy "
+      "decoding; 0 = off", min=0, tools=("decode",))
   decode_batch_size: int = key(8, "prompts decoded together (padded up to a power of two)",
                                min=1, tools=(*DECODERS, "lm_eval"))
   max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "
@@ -176,6 +186,9 @@ class Config(RunKeys):
       "colocated", "GRPO: colocated (the engine on the training mesh, no weight copy) | separate "
       "(the engine on the second half of the devices, the weights shipped by the refit stream "
       "after each update; weight_shipping_s)", choices=("colocated", "separate"))
+  rollout_offload: bool = key(False, "GRPO: the optimizer state moves to host memory while the "
+                              "engine samples (its device memory free for the decoding cache), "
+                              "back before the update")
   advantage_estimator: str = key("grpo", "grpo: (r - mean) / std per group | drgrpo: r - mean | "
                                  "rloo: leave-one-out", choices=("grpo", "drgrpo", "rloo"))
   epsilon_low: float = key(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon_low", min=0)
@@ -185,6 +198,10 @@ class Config(RunKeys):
   dynamic_sampling: bool = key(False, "GRPO: DAPO's dynamic sampling: groups whose rewards are "
                                "all equal are dropped from the loss (their rows weighted 0) and "
                                "counted (groups_dropped)")
+  dynamic_sampling_rounds: int = key(0, "GRPO: with dynamic_sampling, up to this many more "
+                                     "rounds replace the groups of equal rewards by groups of new "
+                                     "prompts (groups_resampled) before the rest are dropped; 0 = "
+                                     "drop only", min=0)
   overlong_buffer: int = key(0, "GRPO: DAPO's overlong shaping: a completion longer than "
                              "max_new_tokens - this loses up to 1 reward, linearly to -1 at "
                              "max_new_tokens; 0 = off", min=0)
@@ -226,6 +243,31 @@ class Config(RunKeys):
   label_smoothing: float = key(0.0, "DPO: the probability a label is flipped (robust, simpo; must "
                                "be < 0.5)", min=0, max=0.5)
   simpo_gamma: float = key(0.5, "SimPO: the target reward margin gamma", min=0)
+  preference_packing: bool = key(False, "DPO: both sequences of a pair (prompt + chosen, prompt "
+                                 "+ rejected) packed into one row, apart by segment ids: half the "
+                                 "rows when a pair fits max_target_length")
+  precompute_ref_log_probs: bool = key(
+      False, "DPO: the reference's log-probabilities of every pair computed once before the first "
+      "step (written to the run directory's reference_logps/) instead of by a frozen copy held "
+      "all along")
+  reference_logps: str = key("", "DPO: a reference_logps folder written by a run with "
+                             "precompute_ref_log_probs (one file per pairs file): read, nothing "
+                             "computed, no reference held")
+
+  # ---- distillation ----------------------------------------------------------------------------
+  teacher_path: str = key(
+      "", "distill: the teacher's checkpoint (any family or size; the student's vocabulary)",
+      section="distillation (python -m MaxText.distill)", section_tools=("distill",))
+  distill_loss: str = key("forward_kl", "distill: forward_kl (KL(teacher || student)) | "
+                          "reverse_kl (KL(student || teacher)) | jsd (generalized JSD, "
+                          "distill_beta)", choices=("forward_kl", "reverse_kl", "jsd"))
+  distill_beta: float = key(0.5, "distill: the generalized JSD's beta (the mixture is beta x "
+                            "teacher + (1 - beta) x student; 0 = forward KL, 1 = reverse KL)",
+                            min=0, max=1)
+  distill_temperature: float = key(1.0, "distill: both models' logits are divided by this "
+                                   "before the divergence, which is scaled by its square", gt=0)
+  distill_alpha: float = key(0.5, "distill: loss = alpha x divergence + (1 - alpha) x the hard "
+                             "labels' cross-entropy", min=0, max=1)
 
   # ---- mesh and sharding -----------------------------------------------------------------------
   mesh_axes: list[str] = key(list(MESH_AXES), "mesh axis order, outermost first",
@@ -240,6 +282,16 @@ class Config(RunKeys):
   dcn_context_parallelism: int = key(1, "across slices")
   dcn_expert_parallelism: int = key(1, "across slices")
   dcn_tensor_parallelism: int = key(1, "across slices")
+  ici_pipeline_parallelism: int = key(1, "pipeline stages (the `stage` axis): the decoder layers "
+                                      "split into consecutive groups, one per stage")
+  dcn_pipeline_parallelism: int = key(1, "across slices")
+  num_pipeline_microbatches: int = key(
+      0, "microbatches each (gradient accumulation) micro-batch is cut into for the pipeline; "
+      "0 = as many as stages", min=0)
+  num_pipeline_repeats: int = key(
+      1, "circular pipeline: each stage holds this many non-adjacent groups of layers, a "
+      "microbatch passes every stage this many times (smaller bubble; needs microbatches >= "
+      "stages)", min=1)
   logical_axis_rules: list = key(
       _RULES, "logical axis -> mesh axes: one [name, mesh axes] row each",
       note="logical axis -> mesh axes. Several rows for one name are ordered fallbacks: the first "
@@ -263,10 +315,10 @@ class Config(RunKeys):
 
   # ---- derived values (methods, never stored) ----------------------------------------------------
   def ici_parallelism(self) -> list[int]:
-    return [getattr(self, f"ici_{a}_parallelism") for a in self.mesh_axes]
+    return [getattr(self, parallelism_key("ici", a)) for a in self.mesh_axes]
 
   def dcn_parallelism(self) -> list[int]:
-    return [getattr(self, f"dcn_{a}_parallelism") for a in self.mesh_axes]
+    return [getattr(self, parallelism_key("dcn", a)) for a in self.mesh_axes]
 
   def global_batch_size(self, num_devices: int) -> int:
     """Sequences per optimizer step (all micro-batches of all devices)."""

@@ -10,6 +10,7 @@ TOOLS = {
     "train": "train.py",
     "grpo": "python -m MaxText.rl.grpo",
     "dpo": "python -m MaxText.dpo",
+    "distill": "python -m MaxText.distill",
     "decode": "python -m MaxText.decode",
     "evaluate": "python -m MaxText.evaluate",
     "inspect": "python -m MaxText.inspect",
@@ -22,8 +23,9 @@ TOOLS = {
     "serve": "python -m MaxText.serve",
 }
 
-TRAINERS = ("train", "grpo", "dpo")                            # the step loop's programs
-SAMPLERS = ("train", "grpo")         # trainers that decode (samples, rollouts)
+TRAINERS = ("train", "grpo", "dpo", "distill")                 # the step loop's programs
+TEXT_TRAINERS = ("train", "distill")   # trainers of train.py's data, evaluation and samples
+SAMPLERS = (*TEXT_TRAINERS, "grpo")  # trainers that decode (samples, rollouts)
 MODEL_TOOLS = (*TRAINERS, "decode", "evaluate", "inspect", "quantize",   # build a model: a config
                "lm_eval", "serve")
 CONVERT = ("to_maxtext",)            # takes the architecture from config.json (refuses yours)

@@ -24,6 +24,10 @@ MaxText/data/multimodal/processor.py) go with it; a batch's are concatenated in 
 handed to the model's `extend` as `media=` in the prefill and in scoring (the decoding steps see
 only the cache), so the soft tokens are computed once per prompt.
 
+With `speculative_tokens` = k > 0 (a model with an MTP head, greedy decoding), each batch decodes
+speculatively instead (MaxText/decoding/speculative.py): k tokens drafted by the MTP head,
+verified in one forward of the model, the same output as plain greedy decoding.
+
 Requests that cannot run (an empty prompt, ids outside the vocabulary, a prompt plus
 max_new_tokens longer than the cache or the model's positions) raise `DecodeError` naming the
 prompt and the numbers, before anything compiles.
@@ -32,8 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from dataclasses import dataclass, field
 from typing import Callable, Sequence, cast
 
 import jax
@@ -44,37 +46,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.backend import hot_path
 from MaxText.decoding import cache as cache_lib
+from MaxText.decoding.requests import MIN_PROMPT_BUCKET, Completion, bucket, fetch
 from MaxText.decoding.sampling import Sampling, choose
+from MaxText.decoding.speculative import Speculative
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.sharding.rules import Rules, tree_shardings, use_rules
 
-MIN_PROMPT_BUCKET = 16
 SCORE_CHUNK = 256
 MAX_EOS_IDS = 8      # eos ids go in as a fixed-size array (padded with -1): no recompile per count
 
 
 class DecodeError(ValueError):
   """A request that cannot be decoded; the message names the prompt and the numbers."""
-
-
-@dataclass
-class Completion:
-  prompt_ids: list[int]
-  output_ids: list[int] = field(default_factory=list)
-  output_logprobs: list[float] = field(default_factory=list)
-  finish_reason: str = "length"     # "eos" | "stop" | "length"
-
-
-def bucket(n: int, minimum: int = 1, cap: int | None = None) -> int:
-  """The next power of two >= max(n, minimum), at most `cap`."""
-  size = 1 << max(0, math.ceil(math.log2(max(n, minimum, 1))))
-  return size if cap is None else min(size, cap)
-
-
-def fetch(x) -> np.ndarray:
-  """A replicated result on the host (its local copy: works in a multi-process run too)."""
-  return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
 
 
 def batch_media(media: Sequence[dict[str, np.ndarray]] | None, rows: Sequence[int]
@@ -91,8 +75,12 @@ class Engine:
   """Decoding programs for `mcfg` on `mesh` with `rules` (see the module docstring)."""
 
   def __init__(self, mcfg: ModelConfig, mesh: Mesh, rules: Rules, *, cache_dtype: str = "auto",
-               batch_size: int = 8, max_cache_length: int = 0, chunk: int = 16):
+               batch_size: int = 8, max_cache_length: int = 0, chunk: int = 16,
+               speculative_tokens: int = 0):
     cache_lib.groups(mcfg)   # refuses a family that does not decode
+    if speculative_tokens and not mcfg.mtp_num_layers:
+      raise DecodeError(f"speculative_tokens={speculative_tokens} drafts with the model's "
+                        "multi-token-prediction head, but this model has none (mtp_num_layers=0)")
     self.mcfg = dataclasses.replace(mcfg, remat_policy="none")   # nothing to differentiate
     self.mesh, self.rules = mesh, rules
     self.model_def = make_model_def(self.mcfg)
@@ -106,6 +94,8 @@ class Engine:
     self._decode = jax.jit(self._counted(self._decode_fn), static_argnames=("static",),
                            donate_argnums=(1,))
     self._score = jax.jit(self._counted(self._score_fn), static_argnames=("top",))
+    self.speculative = (Speculative(self, speculative_tokens, rounds=max(1, chunk // 2))
+                        if speculative_tokens else None)
 
   def _counted(self, fn: Callable) -> Callable:
     """`fn`, counting its traces (jit traces a function once per program it compiles for it),
@@ -272,6 +262,9 @@ class Engine:
     prompt's image / audio tensors (module docstring)."""
     for _, problem in sampling.problems():
       raise DecodeError(problem)
+    if self.speculative is not None and (not sampling.static[0] or any(media or ())):
+      raise DecodeError(f"speculative_tokens={self.speculative.k} decodes greedily and text only: "
+                        "set temperature=0 (and no images or audio), or speculative_tokens=0")
     if len(eos_ids) > MAX_EOS_IDS:
       raise DecodeError(f"at most {MAX_EOS_IDS} eos ids, got {len(eos_ids)}")
     if stop and detokenize is None:
@@ -289,9 +282,14 @@ class Engine:
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     for start in range(0, len(order), self.batch_size):
       idx = order[start:start + self.batch_size]
-      done = self._generate_batch(params, [prompts[i] for i in idx], [row_ids[i] for i in idx],
-                                  max_len, max_new_tokens, sampling, eos_E, tuple(stop),
-                                  detokenize, batch_media(media, idx))
+      if self.speculative is not None:
+        done = self.speculative.generate_batch(params, [prompts[i] for i in idx], max_len,
+                                               max_new_tokens, eos_E, tuple(stop), detokenize)
+      else:
+        done = self._generate_batch(params, [prompts[i] for i in idx],
+                                    [row_ids[i] for i in idx], max_len, max_new_tokens,
+                                    sampling, eos_E, tuple(stop), detokenize,
+                                    batch_media(media, idx))
       for i, c in zip(idx, done):
         out[i] = c
     return cast(list[Completion], out)  # every row filled

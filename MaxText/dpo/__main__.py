@@ -8,7 +8,8 @@ chat messages (TRL's conversational format) rendered with the tokenizer's chat t
 counts the responses' tokens only (MaxText/dpo/data.py). Each step: per_device_batch_size x
 devices x gradient_accumulation_steps pairs, chosen and rejected run through the model together,
 the loss of `dpo_loss` (MaxText/losses/preference.py: TRL's formulas) against the reference — the loaded checkpoint: with
-LoRA the base under the adapters, else a frozen copy; ORPO and SimPO have none — and one optimizer
+LoRA the base under the adapters, else a frozen copy, or its log-probabilities computed once
+(precompute_ref_log_probs=true) or read (reference_logps=DIR); ORPO and SimPO have none — and one optimizer
 update (MaxText/dpo/step.py). Logged per step: loss, rewards/chosen, rewards/rejected,
 rewards/margins, rewards/accuracies, logps/chosen, logps/rejected (and nll_loss with orpo);
 eval_preferences: the same of held-out pairs (eval/...) before the first step, every

@@ -12,9 +12,12 @@ A line is {"prompt": ..., "chosen": ..., "rejected": ...}:
     conversation prompt + response is rendered with the tokenizer's chat template (or
     `chat_template_path`) as SFT renders it (MaxText/data/sft.py) and the response's assistant
     tokens (with the template's end of turn) are the loss mask.
-The rows of a pair are one sequence each (padded to max_target_length; no packing). A line that is
-no JSON object, lacks `prompt`, `chosen` or `rejected`, or whose prompt + response does not fit
-max_target_length + 1 tokens is a DataError naming the file, the line and the field (exit 3).
+The rows of a pair are one sequence each (padded to max_target_length), or with `packed` one row
+holding both (`preference_packing`): prompt + chosen as segment 1, prompt + rejected as segment 2
+(positions restart; attention stays within a segment), half the rows when the pair fits
+max_target_length. A line that is no JSON object, lacks `prompt`, `chosen` or `rejected`, or whose
+prompt + response (packed: both sequences together) does not fit is a DataError naming the file,
+the line and the field (exit 3).
 """
 from __future__ import annotations
 
@@ -31,13 +34,16 @@ from MaxText.rl.prompts import epoch_order
 
 FIELDS = ("prompt", "chosen", "rejected")
 ROW_KEYS = ("inputs", "targets", "positions", "segments", "mask", "real")
+TOKEN_KEYS = ("inputs", "targets", "positions", "segments")
+SIDES = ("chosen", "rejected")
 
 
 @dataclasses.dataclass(frozen=True)
 class PreferenceSet:
   """The pairs of a file as [P, S] arrays per side ("chosen", "rejected"): inputs, targets,
   positions, segments (1 on the sequence's tokens), mask (1 on the response's targets), real (1 on
-  every target of the sequence: ORPO's cross-entropy)."""
+  every target of the sequence: ORPO's cross-entropy). Packed: the token arrays under "packed"
+  (both sequences of a pair in one row) and per side only mask and real, over that row."""
   path: str
   lines: list[int]
   sides: dict[str, dict[str, np.ndarray]]
@@ -113,13 +119,34 @@ def row_arrays(ids: list[int], mask: list[int], seq: int, pad_id: int) -> dict[s
   return out
 
 
-def read_preferences(path: str, key: str, encoder: Encoder, seq: int, pad_id: int
-                     ) -> PreferenceSet:
-  """Reads and tokenizes `path` (config key `key`); DataError naming the line and the field."""
+def packed_row(chosen: dict[str, np.ndarray], rejected: dict[str, np.ndarray], seq: int,
+               pad_id: int) -> dict[str, dict[str, np.ndarray]]:
+  """A pair's two padded rows (`row_arrays`) → one row, chosen's targets first (segment 1), then
+  rejected's (segment 2, positions from 0): {"packed": token arrays, "chosen": {mask, real},
+  "rejected": {mask, real}} with the sides' masks over the packed row."""
+  nc, nr = int(chosen["segments"].sum()), int(rejected["segments"].sum())
+  out = {k: np.zeros(seq, np.int32) for k in TOKEN_KEYS}
+  out["inputs"][:] = pad_id
+  out["targets"][:] = pad_id
+  sides = {s: {k: np.zeros(seq, np.float32) for k in ("mask", "real")} for s in SIDES}
+  for (start, n), row, side, seg in (((0, nc), chosen, "chosen", 1),
+                                     ((nc, nr), rejected, "rejected", 2)):
+    for k in ("inputs", "targets", "positions"):
+      out[k][start:start + n] = row[k][:n]
+    out["segments"][start:start + n] = seg
+    for k in ("mask", "real"):
+      sides[side][k][start:start + n] = row[k][:n]
+  return {"packed": out, **sides}
+
+
+def read_preferences(path: str, key: str, encoder: Encoder, seq: int, pad_id: int,
+                     packed: bool = False) -> PreferenceSet:
+  """Reads and tokenizes `path` (config key `key`); DataError naming the line and the field.
+  `packed`: both sequences of a pair in one row (module docstring)."""
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise DataError(f"{key}={path}: no such file")
-  lines, sides = [], {"chosen": [], "rejected": []}
+  lines, sides, rows = [], {"chosen": [], "rejected": []}, []
   with open(path, encoding="utf-8") as f:
     for n, line in enumerate(f, 1):
       if not line.strip():
@@ -147,9 +174,21 @@ def read_preferences(path: str, key: str, encoder: Encoder, seq: int, pad_id: in
         if not any(mask[1:]):
           raise DataError(f"{where}, field `{side}`: the response has no token")
         sides[side].append(row_arrays(ids, mask, seq, pad_id))
+      if packed:
+        c, r = sides["chosen"].pop(), sides["rejected"].pop()
+        total = int(c["segments"].sum() + r["segments"].sum())
+        if total > seq:
+          raise DataError(f"{where}: packed, prompt + chosen and prompt + rejected are {total} "
+                          f"positions, more than max_target_length = {seq}; raise "
+                          "max_target_length or set preference_packing=false")
+        rows.append(packed_row(c, r, seq, pad_id))
       lines.append(n)
   if not lines:
     raise DataError(f"{key}={path}: no preference pairs in the file")
-  stacked = {side: {k: np.stack([r[k] for r in rows]) for k in ROW_KEYS}
-             for side, rows in sides.items()}
+  if packed:
+    stacked = {part: {k: np.stack([r[part][k] for r in rows]) for k in rows[0][part]}
+               for part in ("packed", *SIDES)}
+  else:
+    stacked = {side: {k: np.stack([r[k] for r in rows_]) for k in ROW_KEYS}
+               for side, rows_ in sides.items()}
   return PreferenceSet(path, lines, stacked)

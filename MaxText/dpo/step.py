@@ -6,7 +6,9 @@ MaxText/rl/step.py: `base_only`), and the optimizer step on the preference loss
 A batch of P pairs: {"chosen": rows, "rejected": rows, "ref": {"chosen": [P], "rejected": [P]}},
 rows being [P, S] inputs, targets, positions, segments (int32) and mask, real (fp32; data.py). One
 forward runs the 2P rows (chosen then rejected) together; the head and the log-probabilities go
-chunk by chunk (`loss_chunk_length`) as in GRPO.
+chunk by chunk (`loss_chunk_length`) as in GRPO. Packed pairs (`preference_packing`): the token
+arrays under "packed" ([P, S], both sequences of a pair in one row, segment ids apart) and per side
+only mask and real over that row: one forward of P rows, each side's sums through its own mask.
 """
 from __future__ import annotations
 
@@ -29,17 +31,32 @@ SIDES = ("chosen", "rejected")
 ROW_AXES = ("activation_batch", "activation_length")
 
 
-def batch_shardings(mesh: Mesh, rules: Rules, pairs: int, seq: int) -> dict:
+def batch_shardings(mesh: Mesh, rules: Rules, pairs: int, seq: int, packed: bool = False
+                    ) -> dict:
   """The shardings of a batch of `pairs` (the tree of the module docstring)."""
   spec = logical_to_spec(ROW_AXES, (pairs, seq), rules, mesh)
-  rows = {k: NamedSharding(mesh, spec) for k in (*TOKEN_KEYS, "mask", "real")}
+  row = NamedSharding(mesh, spec)
   per_pair = NamedSharding(mesh, PartitionSpec(spec[0]))
-  return {"chosen": rows, "rejected": dict(rows), "ref": {s: per_pair for s in SIDES}}
+  side_keys = ("mask", "real") if packed else (*TOKEN_KEYS, "mask", "real")
+  out = {s: {k: row for k in side_keys} for s in SIDES}
+  if packed:
+    out["packed"] = {k: row for k in TOKEN_KEYS}
+  return {**out, "ref": {s: per_pair for s in SIDES}}
+
+
+def row_parts(tree: dict) -> dict:
+  """The parts of a batch (or of its shardings) that hold rows: the sides (and "packed")."""
+  return {k: v for k, v in tree.items() if k != "ref"}
 
 
 def side_logps(model_def: ModelDef, params, batch: dict, chunk: int
                ) -> tuple[jax.Array, jax.Array]:
-  """(chosen's token log-probabilities [P, S], rejected's [P, S]) in one forward."""
+  """(chosen's token log-probabilities [P, S], rejected's [P, S]) in one forward (packed: the
+  same [P, S] for both, each side's own positions picked by its mask)."""
+  if "packed" in batch:
+    logp = token_logprobs(model_def, params, batch["packed"], chunk)
+    assert isinstance(logp, jax.Array)
+    return logp, logp
   rows = {k: jnp.concatenate([batch["chosen"][k], batch["rejected"][k]]) for k in TOKEN_KEYS}
   logp = token_logprobs(model_def, params, rows, chunk)
   assert isinstance(logp, jax.Array)   # no entropy asked for
@@ -57,9 +74,8 @@ def make_sums_fn(model_def: ModelDef, mesh: Mesh, rules: Rules, chunk: int, shar
                           chunk)
       return {"chosen": (lc * sides["chosen"]["mask"]).sum(-1),
               "rejected": (lr * sides["rejected"]["mask"]).sum(-1)}
-  sides_sh = {s: shardings[s] for s in SIDES}
-  jitted = jax.jit(fn, in_shardings=(None, sides_sh), out_shardings=shardings["ref"])
-  return lambda params, batch: jitted(params, {s: batch[s] for s in SIDES})
+  jitted = jax.jit(fn, in_shardings=(None, row_parts(shardings)), out_shardings=shardings["ref"])
+  return lambda params, batch: jitted(params, row_parts(batch))
 
 
 def batch_loss(model_def: ModelDef, params, batch: dict, *, chunk: int, loss_kwargs: dict,

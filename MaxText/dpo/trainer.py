@@ -5,7 +5,9 @@ data the pairs of the step (MaxText/dpo/data.py), its row the preference metrics
 The reference of the DPO losses is the loaded checkpoint (`load_parameters_path`; without one the
 initial parameters): with LoRA the base under the adapters (no second copy), else a frozen copy of
 the parameters (loaded again when a run resumes). Its summed log-probabilities are computed when a
-batch is made, before the step that uses them. ORPO and SimPO need no reference and hold none.
+batch is made, before the step that uses them — or, with `precompute_ref_log_probs` /
+`reference_logps`, once for every pair before the first step (or read from a file) and no copy is
+held (MaxText/dpo/reference.py). ORPO and SimPO need no reference and hold none.
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.data import sft
 from MaxText.data.tokenizers import make_tokenizer
+from MaxText.dpo import reference
 from MaxText.dpo import step as dpo_step
 from MaxText.dpo.data import Encoder, PreferenceSet, read_preferences
 from MaxText.losses import preference
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
+from MaxText.storage import paths
 from MaxText.train import memory
 from MaxText.train.loop import Trainer
 from MaxText.train.periodic import log_failure
@@ -51,6 +55,13 @@ def dpo_problems(cfg: Config) -> list[tuple[str, str]]:
                 f"{cfg.dpo_loss})"))
   if cfg.z_loss_weight:
     out.append(("z_loss_weight", "the preference losses have no z-loss term; set z_loss_weight=0"))
+  if (cfg.precompute_ref_log_probs or cfg.reference_logps) \
+      and not preference.uses_reference(cfg.dpo_loss):
+    key = "reference_logps" if cfg.reference_logps else "precompute_ref_log_probs"
+    out.append((key, f"dpo_loss={cfg.dpo_loss} has no reference"))
+  if cfg.precompute_ref_log_probs and cfg.reference_logps:
+    out.append(("reference_logps", "reference_logps reads the values precompute_ref_log_probs "
+                "would compute: set one of the two"))
   if cfg.eval_preferences_period and not cfg.eval_preferences:
     out.append(("eval_preferences_period", "eval_preferences_period needs "
                 "eval_preferences=FILE.jsonl (held-out pairs)"))
@@ -72,13 +83,20 @@ class DPOTrainer(Trainer):
       raise ConfigError(f"{key}: {problem}")
     super().__init__(training, devices, tokenizer)
     self.pairs = cfg.global_batch_size(len(self.devices))
-    self.global_batch = 2 * self.pairs   # rows: the activations' estimate and the row count
+    self.packed = cfg.preference_packing   # both sequences of a pair in one row
+    # rows: the activations' estimate and the row count
+    self.global_batch = self.pairs if self.packed else 2 * self.pairs
     S = cfg.max_target_length
-    self.shardings_dpo = dpo_step.batch_shardings(self.mesh, self.rules, self.pairs, S)
+    self.shardings_dpo = dpo_step.batch_shardings(self.mesh, self.rules, self.pairs, S,
+                                                  self.packed)
     self.batch_sharding = jax.sharding.NamedSharding(
         self.mesh, dpo_step.logical_to_spec(dpo_step.ROW_AXES, (self.global_batch, S), self.rules,
                                             self.mesh))
     self.use_reference = preference.uses_reference(cfg.dpo_loss)
+    # the reference's sums read from a table per pairs file (dpo/reference.py), no copy held
+    self.precomputed = self.use_reference and bool(cfg.precompute_ref_log_probs
+                                                   or cfg.reference_logps)
+    self.tables: dict[str, dict[str, np.ndarray]] = {}
     self.loss_kwargs = dict(loss=cfg.dpo_loss, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
                             simpo_gamma=cfg.simpo_gamma)
     self.train_set: PreferenceSet | None = None
@@ -87,7 +105,7 @@ class DPOTrainer(Trainer):
   def memory_estimate(self) -> memory.MemoryEstimate:
     """train.py's estimate for the pairs' rows, plus the reference's copy of the parameters (a DPO
     loss without LoRA)."""
-    copy = self.use_reference and not self.adapters_only
+    copy = self.use_reference and not self.adapters_only and not self.precomputed
     return dataclasses.replace(
         super().memory_estimate(),
         reference=memory.per_device_bytes(self.abstract["params"]) if copy else 0)
@@ -102,7 +120,8 @@ class DPOTrainer(Trainer):
                       lambda: sft.ChatFormat.for_tokenizer(cfg.tokenizer_path,
                                                            cfg.chat_template_path))
     pad = tok.pad_id if getattr(tok, "pad_id", None) is not None else 0
-    read = lambda path, key: read_preferences(path, key, encoder, cfg.max_target_length, pad)
+    read = lambda path, key: read_preferences(path, key, encoder, cfg.max_target_length, pad,
+                                              self.packed)
     self.train_set = read(cfg.preferences, "preferences")
     self.eval_set = read(cfg.eval_preferences, "eval_preferences") if cfg.eval_preferences \
         else None
@@ -120,10 +139,14 @@ class DPOTrainer(Trainer):
   def reference_params(self, state: dict, fresh: bool) -> Any:
     """The reference's parameters of a DPO loss without LoRA: the loaded (or initial) ones — a
     copy of the state's at a fresh start, loaded again after a resume."""
-    if not (self.use_reference and not self.adapters_only):
+    if not (self.use_reference and not self.adapters_only) or self.precomputed:
       return None
     if fresh:
       return jax.tree.map(jnp.copy, state["params"])
+    return self.loaded_reference()
+
+  def loaded_reference(self) -> Any:
+    """The reference's parameters loaded again (the checkpoint, or the initial ones)."""
     if self.cfg.load_parameters_path:
       return load_params(self.cfg.load_parameters_path, self.abstract["params"],
                          verify=self.cfg.checkpoint_verify)
@@ -146,8 +169,46 @@ class DPOTrainer(Trainer):
                                               cfg.loss_chunk_length, self.shardings_dpo, base)
     self.policy_sums = make(False)
     self.ref_sums = make(self.adapters_only)
+    if self.precomputed:
+      self.tables = self.reference_tables(state, fresh=start == 0)
     self.clock.mark("init")
     return state, start
+
+  def pair_sets(self) -> dict[str, PreferenceSet]:
+    sets = {"preferences": self.train_set, "eval_preferences": self.eval_set}
+    return {k: v for k, v in sets.items() if v is not None}
+
+  def reference_tables(self, state: dict, fresh: bool) -> dict[str, dict[str, np.ndarray]]:
+    """The reference's sums of every pair (dpo/reference.py): read from `reference_logps`, or
+    from this run's folder when a run before it wrote them, else computed now — with the state's
+    parameters at a fresh start (the reference itself; with LoRA its base), else the reference
+    loaded once — and written there."""
+    cfg = self.cfg
+    if cfg.reference_logps:
+      tables = {k: reference.read(cfg.reference_logps, k, s, "reference_logps")
+                for k, s in self.pair_sets().items()}
+      log(f"reference log-probabilities read from {cfg.reference_logps}")
+      return tables
+    folder = paths.join(self.run_dir, reference.FOLDER)
+    sets = self.pair_sets()
+    if not fresh and all(paths.exists(reference.file_of(folder, k)) for k in sets):
+      return {k: reference.read(folder, k, s, "precompute_ref_log_probs") for k, s in sets.items()}
+    params = state["params"] if fresh or self.adapters_only else self.loaded_reference()
+    sums = lambda host: jax.tree.map(whole, self.ref_sums(params, self.device_arrays(host)))
+    tables = {k: reference.compute(s, self.pairs, sums) for k, s in sets.items()}
+    if jax.process_index() == 0:
+      for k, s in sets.items():
+        reference.write(folder, k, s, tables[k])
+    log(f"reference log-probabilities of {sum(len(s) for s in sets.values())} pairs computed "
+        f"once, written to {folder}")
+    return tables
+
+  def table_batch(self, key: str, idx: list[int]) -> dict:
+    """The reference's sums of the pairs `idx` of pairs file `key` as device arrays."""
+    host = {side: v[idx] for side, v in self.tables[key].items()}
+    return jax.tree.map(lambda v, sh: jax.make_array_from_callback(v.shape, sh,
+                                                                   lambda i: v[i]),
+                        host, self.shardings_dpo["ref"])
 
   def loop_parts(self, state: dict, start: int, writer: MetricsWriter, data_iter: Any
                  ) -> LoopParts:
@@ -167,7 +228,8 @@ class DPOTrainer(Trainer):
     """The batch of `step`: its pairs as device arrays and the reference's sums on them."""
     idx = self.train_set.for_step(step, self.pairs, self.cfg.seed)
     batch = self.device_arrays(self.train_set.take(idx))
-    batch["ref"] = self.reference_sums(state["params"], batch)
+    batch["ref"] = (self.table_batch("preferences", idx) if self.precomputed
+                    else self.reference_sums(state["params"], batch))
     return batch
 
   def evaluate(self, params) -> dict[str, float]:
@@ -180,10 +242,12 @@ class DPOTrainer(Trainer):
       idx = list(range(first, min(first + P, len(ev))))
       weight = np.zeros(P, np.float32)
       weight[:len(idx)] = 1
-      host = ev.take(idx + [idx[-1]] * (P - len(idx)))
+      padded = idx + [idx[-1]] * (P - len(idx))
+      host = ev.take(padded)
       batch = self.device_arrays(host)
       pol = jax.tree.map(whole, self.policy_sums(params, batch))
-      ref = jax.tree.map(whole, self.reference_sums(params, batch))
+      ref = jax.tree.map(whole, self.table_batch("eval_preferences", padded) if self.precomputed
+                         else self.reference_sums(params, batch))
       n = {s: host[s]["mask"].sum(-1) for s in dpo_step.SIDES}
       loss, sums = preference.pair_sums(pol["chosen"], pol["rejected"], n["chosen"],
                                         n["rejected"], ref["chosen"], ref["rejected"], weight,

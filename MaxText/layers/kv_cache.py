@@ -64,6 +64,14 @@ class KVCache:
   head_dim: int
   window: int = 0
 
+  @property
+  def rolls_back_by_position(self) -> bool:
+    """Whether tokens written past a point are undone by writing over them (full attention: slot
+    = position, a query sees only keys at positions <= its own, each rewritten before it is read;
+    not a ring buffer, whose slots hold older positions too). A kind without this property is
+    rolled back by running again from a copy (MaxText/decoding/speculative.py)."""
+    return not self.window
+
   def slots(self, max_len: int) -> int:
     return min(self.window, max_len) if self.window else max_len
 

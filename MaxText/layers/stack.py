@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from MaxText.layers import sites
+from MaxText.layers import pipeline, sites
 
 REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
@@ -172,9 +172,12 @@ class PatternStack(nnx.Module):
   """`make_layer(kind, rngs)` builds one layer of `kind`; see the module docstring."""
 
   def __init__(self, make_layer: Callable[[Hashable, nnx.Rngs], nnx.Module],
-               kinds: Sequence[Hashable], *, scan: bool, remat_policy: str, rngs: nnx.Rngs):
+               kinds: Sequence[Hashable], *, scan: bool, remat_policy: str, rngs: nnx.Rngs,
+               pipeline: bool = False):
     self.scan = scan
     self.remat_policy = remat_policy
+    self.kinds = tuple(kinds)
+    self.pipelined = pipeline   # split over the `stage` axis under a pipeline schedule
     if scan:
       self.plan = plan_runs(tuple(kinds))
       self.runs = nnx.List([nnx.List([_stacked(make_layer, kind, run.repeats, rngs)
@@ -186,6 +189,9 @@ class PatternStack(nnx.Module):
     probe = sites.active()
     if probe is not None:
       return self._probed(probe, carry, args, xs, method)
+    schedule = pipeline.active() if self.pipelined and method is None else None
+    if schedule is not None:
+      return self._pipelined(schedule, carry, args, xs)
     if not self.scan:
       for i, layer in enumerate(self.layers):
         graphdef, state = nnx.split(layer)
@@ -207,6 +213,105 @@ class PatternStack(nnx.Module):
 
       carry, _ = jax.lax.scan(body, carry, (list(states), xs_run), unroll=SCAN_UNROLL)
     return carry
+
+  # ---- pipelined over the `stage` mesh axis (layers/pipeline.py) ---------------------------------
+  def _sources(self) -> dict:
+    """Layer i → (source key, (graphdef, state with a leading layers axis), row in it)."""
+    out = {}
+    if self.scan:
+      for r, (run, members) in enumerate(zip(self.plan, self.runs)):
+        parts = [nnx.split(m) for m in members]
+        for rep in range(run.repeats):
+          for m in range(len(run.block)):
+            out[run.start + rep * len(run.block) + m] = ((r, m), parts[m], rep)
+    else:
+      for i, layer in enumerate(self.layers):
+        graphdef, state = nnx.split(layer)
+        out[i] = ((i,), (graphdef, jax.tree.map(lambda a: a[None], state)), 0)
+    return out
+
+  def _pipelined(self, schedule: pipeline.Schedule, carry, args: tuple, xs):
+    """The layers as S x R virtual stages of equal length, each a pattern stack of its own
+    (`plan_runs` of the per-position kinds, one scan per run). A position whose kind differs
+    between virtual stages (a run of the whole stack crossing a stage boundary) holds one weight
+    set per kind it takes and picks its branch by virtual stage (`lax.switch`; vmapped over the
+    stages, every branch runs and the others' results are dropped). The parameters keep their
+    layout (checkpoints do not depend on the stage count); each step gathers them per virtual
+    stage: a reshape of the stacked layers axis when a stage's layers are one run's rows."""
+    S, M, R = schedule.stages, schedule.microbatches, schedule.repeats
+    kinds, V = self.kinds, schedule.stages * schedule.repeats
+    Lv = len(kinds) // V
+    sources = self._sources()
+    plan = plan_runs(tuple(tuple(kinds[v * Lv + j] for v in range(V)) for j in range(Lv)))
+    weights, graphdefs, branches = [], [], []
+    for run in plan:
+      p = len(run.block)
+      w_run, g_run, b_run = [], [], []
+      for m, mixed in enumerate(run.block):
+        distinct = list(dict.fromkeys(mixed))
+        w_m, g_m = [], []
+        for d in distinct:
+          ids = []
+          for v in range(V):
+            for rep in range(run.repeats):
+              j = run.start + rep * p + m
+              # a virtual stage whose layer here is of another kind takes a stand-in of kind d
+              # (its branch's result is dropped, so the stand-in gets no gradient)
+              v_d = v if kinds[v * Lv + j] == d else mixed.index(d)
+              ids.append(v_d * Lv + j)
+          state = _gather(sources, ids)
+          w_m.append(jax.tree.map(lambda a, n=run.repeats: a.reshape(R, S, n, *a.shape[1:]),
+                                  state))
+          g_m.append(sources[ids[0]][1][0])
+        w_run.append(w_m)
+        g_run.append(g_m)
+        b_run.append(jnp.asarray([distinct.index(k) for k in mixed], jnp.int32).reshape(R, S))
+      weights.append(w_run)
+      graphdefs.append(g_run)
+      branches.append(b_run)
+
+    residual = carry[0] if isinstance(carry, tuple) else carry
+    B, T = residual.shape[:2]
+    carry_batched = pipeline.batched_like(carry, B, T)
+    arg_leaves, arg_def = jax.tree.flatten(args)
+    arg_batched = [bool(f) for f in jax.tree.leaves(pipeline.batched_like(arg_leaves, B, T))]
+    micro = [pipeline.split(a, M) for a, f in zip(arg_leaves, arg_batched) if f]
+    xs_batched = None if xs is None else pipeline.batched_like(xs, B, T, axis=1)
+    xs_staged = None if xs is None else jax.tree.map(
+        lambda a, f: (pipeline.split(a.reshape(R, S, Lv, *a.shape[1:]), M, axis=3) if f else
+                      a.reshape(R, S, Lv, *a.shape[1:])), xs, xs_batched)
+    policy = self.remat_policy
+
+    def stage_fn(per_stage, micro_m, c, mb):
+      ws, branch, xs_v = per_stage
+      it = iter(micro_m)
+      args_m = jax.tree.unflatten(arg_def, [next(it) if f else a
+                                            for a, f in zip(arg_leaves, arg_batched)])
+      if xs_v is not None:
+        xs_v = jax.tree.map(lambda a, f: jax.lax.dynamic_index_in_dim(a, mb, 1, keepdims=False)
+                            if f else a, xs_v, xs_batched)
+      for run, w_run, g_run, b_run in zip(plan, ws, graphdefs, branch):
+        steps = []
+        for g_m, b in zip(g_run, b_run):
+          calls = [remat(lambda s, c_, x, g=g: _call(g, s, c_, args_m, x), policy,
+                         prevent_cse=False) for g in g_m]
+          if len(calls) == 1:
+            steps.append(lambda s, c_, x, f=calls[0]: f(s[0], c_, x))
+          else:
+            branches_m = [lambda s, c_, x, f=f, d=d: f(s[d], c_, x) for d, f in enumerate(calls)]
+            steps.append(lambda s, c_, x, b=b, fs=branches_m: jax.lax.switch(b, fs, s, c_, x))
+
+        def body(c_, inp, steps=steps):
+          states_i, xs_i = inp
+          for m, step in enumerate(steps):
+            c_ = step(states_i[m], c_, _at(xs_i, m))
+          return c_, None
+
+        c, _ = jax.lax.scan(body, c, (w_run, _run_xs(xs_v, run)), unroll=SCAN_UNROLL)
+      return c
+
+    return pipeline.run(schedule, stage_fn, (weights, branches, xs_staged), carry, carry_batched,
+                        micro)
 
   # ---- under an inspection probe (module docstring) ----------------------------------------------
   def _probed(self, probe: sites.Probe, carry, args: tuple, xs, method: str | None):
@@ -265,6 +370,27 @@ class PatternStack(nnx.Module):
           for k, r in enumerate(rows):
             probe.store(b, run.start + r * p + m, buffers[m][b][k])
     return carry
+
+
+def _gather(sources: dict, ids: list[int]):
+  """The states of layers `ids` stacked on a leading axis (one source's rows in order: as is)."""
+  groups: dict = {}
+  for pos, i in enumerate(ids):
+    key, (_, state), row = sources[i]
+    group = groups.setdefault(key, (state, [], []))
+    group[1].append(row)
+    group[2].append(pos)
+  pieces, order = [], []
+  for state, rows, positions in groups.values():
+    n = jax.tree.leaves(state)[0].shape[0]
+    index = np.asarray(rows)
+    pieces.append(state if rows == list(range(n)) else
+                  jax.tree.map(lambda a, index=index: a[index], state))
+    order += positions
+  out = pieces[0] if len(pieces) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *pieces)
+  if order != list(range(len(ids))):
+    out = jax.tree.map(lambda a: a[np.argsort(order)], out)
+  return out
 
 
 def _with_residual(carry, fn: Callable):

@@ -1,11 +1,14 @@
 """The train step's token loss of a micro-batch (train/step.py, evaluation): masked cross-entropy
 (+ z-loss) over the whole sequence's logits, or with `loss_chunk_length` the model's final hidden
-state and its head chunk by chunk (`chunked.py`)."""
+state and its head chunk by chunk (`chunked.py`). A model that trains an MTP block
+(`ModelDef.mtp_depths` > 0) also gives its depths' hidden states; their sums (`mtp.py`) go back
+in the auxiliary outputs as aux["mtp_sums"]."""
 from __future__ import annotations
 
 import jax
 
 from MaxText.losses.chunked import chunked_cross_entropy_sums
+from MaxText.losses.mtp import mtp_sums
 from MaxText.losses.token_stats import cross_entropy_sums
 from MaxText.data.batch import MEDIA_KEYS
 from MaxText.models.model_def import ModelDef
@@ -23,9 +26,16 @@ def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: 
   args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
   mask_BS = micro["targets_segmentation"] != 0
   kwargs = {"media": media} if (media := media_of(micro)) else {}
+  if model_def.mtp_depths:
+    kwargs["mtp"] = True
   if chunk <= 0:
     logits_BSV, aux = model_def.apply_with_aux(params, *args, **kwargs)
-    return (*cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight), aux)
-  hidden_BSD, aux = model_def.apply_hidden(params, *args, **kwargs)
-  return (*chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
-                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes), aux)
+    sums = cross_entropy_sums(logits_BSV, micro["targets"], mask_BS, z_loss_weight)
+  else:
+    hidden_BSD, aux = model_def.apply_hidden(params, *args, **kwargs)
+    sums = chunked_cross_entropy_sums(model_def.head, params, hidden_BSD, micro["targets"],
+                                      mask_BS, z_loss_weight, chunk, model_def.logical_axes)
+  if "mtp_hidden" in aux:
+    aux = {**aux, "mtp_sums": mtp_sums(model_def, params, aux.pop("mtp_hidden"), micro,
+                                       chunk=chunk)}
+  return (*sums, aux)

@@ -21,6 +21,13 @@ nothing) and its module has
 The cache is the dict of groups of arrays the decoding code allocated from `decode_cache`, each
 stacked on a leading axis of the group's layers; the model reads and writes its layers' rows.
 
+A family that implements `mtp_num_layers` (the MTP block, MaxText/layers/mtp.py) also returns its
+depths' hidden states from `forward_with_aux(..., mtp=True)` as aux["mtp_hidden"] [depths, B, S, D]
+(the loss: MaxText/losses/mtp.py) and has
+  `mtp_extend(tokens_BS, hidden_BSD, positions_BS, valid_BS, cache, *, prefill, depth)
+      -> (hidden_BSD, cache)`  one MTP layer in decoding (speculative drafting), its own cache group
+and a cache kind that rolls back by position says so (`rolls_back_by_position`, layers/kv_cache.py).
+
 A multimodal family's module also takes `media=` — its encoder towers' inputs, a dict of arrays by
 the processor's names (Gemma 4: MaxText/models/gemma4/towers.py) — in `forward_with_aux` and in
 `extend(prefill=True)`; generic code hands it through as it is (`ModelDef.apply*` keywords, the
@@ -128,6 +135,16 @@ def dense_layer_problems(mcfg: ModelConfig, moe_layers: tuple[int, ...],
     problems.append(("num_experts", f"num_experts={mcfg.num_experts} but no layer is a MoE layer "
                      f"({', '.join(f'{k}={getattr(mcfg, k)!r}' for k in keys)})"))
   return problems
+
+
+def mtp_problems(mcfg: ModelConfig) -> Problems:
+  """Checks of a family that implements the MTP block (MaxText/layers/mtp.py): a loss scale needs
+  depths to train."""
+  if mcfg.mtp_loss_scale > 0 and not mcfg.mtp_num_layers:
+    return [("mtp_loss_scale", f"mtp_loss_scale={mcfg.mtp_loss_scale:g} trains the "
+                               "multi-token-prediction block, but mtp_num_layers=0 (set "
+                               "mtp_num_layers >= 1)")]
+  return []
 
 
 def _no_problems(mcfg: ModelConfig) -> Problems:

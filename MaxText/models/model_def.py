@@ -53,6 +53,9 @@ class ModelDef:
   logical_axes: Any      # pure dict of tuples of logical names
   hot_path: str = "auto"   # the layers' path when traced (`ModelConfig.hot_path`)
   head_paths: tuple[Path, ...] = ()   # the model's `head_params()`: what its `logits` reads
+  # the MTP depths the loss trains (mtp_num_layers when mtp_loss_scale > 0, else 0): the token
+  # loss then asks `forward_with_aux` for them (`mtp=True`, MaxText/losses/mtp.py)
+  mtp_depths: int = 0
 
   def apply(self, params, *args, **kwargs):
     return self.apply_with_aux(params, *args, **kwargs)[0]
@@ -109,6 +112,7 @@ def model_def_of(build: Build, mcfg: ModelConfig,
   head = getattr(abstract_model, "head_params", None)   # a family without `logits` has none
   return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes),
                   hot_path=mcfg.hot_path,
+                  mtp_depths=mcfg.mtp_num_layers if mcfg.mtp_loss_scale > 0 else 0,
                   head_paths=tuple(tuple(p) for p in head()) if head is not None else ())
 
 

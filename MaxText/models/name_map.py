@@ -119,7 +119,7 @@ class Entry:
   spec: Any                                   # ShapeDtypeStruct of our parameter
 
 
-def _block_shape(shape: tuple[int, ...], index: tuple) -> tuple[int, ...]:
+def block_shape(shape: tuple[int, ...], index: tuple) -> tuple[int, ...]:
   return np.broadcast_to(np.empty((), np.int8), shape)[index].shape
 
 
@@ -258,7 +258,7 @@ class NameMap:
     for e in self.plan(mcfg, specs):
       value = aligned_empty(e.spec.shape, e.spec.dtype)
       for name, index in e.sources:
-        value[index] = to_ours(take(name), _block_shape(e.spec.shape, index), e.rule, name)
+        value[index] = to_ours(take(name), block_shape(e.spec.shape, index), e.rule, name)
       flat[e.path] = value
     if mcfg.tie_word_embeddings and self.tied_head_name in hf:
       if not np.array_equal(np.asarray(hf_state[self.tied_head_name]),
@@ -300,6 +300,34 @@ class NameMap:
     if tied_lm_head and mcfg.tie_word_embeddings:
       where[self.tied_head_name] = where[self.embedding_name]
     return LazyHF(where, on_device)
+
+
+def _never(name: str) -> bool:
+  return False
+
+
+def _same(name: str) -> str:
+  return name
+
+
+@dataclass(frozen=True)
+class FolderMap:
+  """How the tensors of a Hugging Face folder make our parameters when they are read a box at a
+  time (MaxText/resolve/hf_sharded.py) rather than whole by `hf_to_params`; a family's
+  `folder_map(names, mcfg)` gives it, saying what its `hf_to_params` does to the same folder:
+    name_map   the rows, as `hf_to_params` uses them for a folder with these tensor `names`
+    rename     a name of the map → the folder's (a multimodal folder read as its text model)
+    ignore     folder tensors with no place that `hf_to_params` skips (a tower the config lacks,
+               K/V of kv-shared layers, a part of the folder outside the view it reads)
+    relayout   (folder name, its shape) → (a function of the whole tensor, the shape it gives)
+               for the few small tensors whose layout is not a box of the file's (a channel
+               order regrouped): those are read whole, then laid out, then boxed."""
+  name_map: NameMap
+  rename: Callable[[str], str] = _same
+  ignore: Callable[[str], bool] = _never
+  relayout: Callable[[str, tuple[int, ...]], tuple[Callable[[np.ndarray], np.ndarray],
+                                                    tuple[int, ...]] | None] = (
+      lambda name, shape: None)
 
 
 class LazyHF(Mapping):

@@ -15,7 +15,7 @@ from MaxText.data.config import DataConfig
 from MaxText.data.eval_data import eval_problems
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.data.validation import validate_data_config
-from MaxText.layers import quant
+from MaxText.layers import pipeline, quant
 from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_family
@@ -88,6 +88,14 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
         f"per_device_batch_size: the micro-batch of {round(micro)} sequences "
         f"(per_device_batch_size={cfg.per_device_batch_size} x {n} devices) does not divide over "
         f"the {dp}-way data-parallel mesh axes {list(batch_axes)}")
+  schedule = pipeline.schedule_of(cfg, sizes)
+  if schedule is not None:
+    for keys, problem in pipeline.problems(
+        num_layers=cfg.num_decoder_layers, stages=schedule.stages,
+        microbatches=schedule.microbatches, repeats=schedule.repeats, batch=round(micro)):
+      raise ConfigError(f"{keys}: {problem} (ici_pipeline_parallelism="
+                        f"{cfg.ici_pipeline_parallelism} x dcn_pipeline_parallelism="
+                        f"{cfg.dcn_pipeline_parallelism} = {schedule.stages} stages)")
   if cfg.max_target_length % sizes["context"]:
     raise ConfigError(f"max_target_length={cfg.max_target_length} does not divide over "
                       f"ici/dcn_context_parallelism={sizes['context']}")

@@ -57,10 +57,11 @@ def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:
     hf_map = get_hf_map(hf_config["model_type"])
   except ValueError as e:
     raise ConfigError(f"hf_path: {e}") from None
-  if hf_sharded.sharded_map(hf_map) is None:
+  if not hf_sharded.reads_sharded(hf_map):
     raise ConfigError(f"hf_path: model_type '{hf_config['model_type']}' is read whole tensors at a "
-                      f"time; convert it first (python -m MaxText.checkpoint_conversion.to_maxtext)"
-                      f" and train with load_parameters_path")
+                      f"time (its map has no folder_map); convert it first (python -m "
+                      f"MaxText.checkpoint_conversion.to_maxtext) and train with "
+                      f"load_parameters_path")
   if cfg.lora_rank:
     raise ConfigError("hf_path with lora_rank: convert the folder first (to_maxtext) and train "
                       "the adapters with load_parameters_path")
@@ -101,7 +102,6 @@ def check_tensors(cfg: Config) -> hf_sharded.SafetensorsFolder:
   (exit 4) naming a missing, misshapen or extra tensor."""
   st = hf_sharded.SafetensorsFolder(cfg.hf_path)
   mcfg = ModelConfig.from_config(cfg)
-  nm = hf_sharded.sharded_map(get_hf_map(cfg.hf_model_type))
-  assert nm is not None   # adopt_hf_architecture refused the others
-  hf_sharded.check_folder(st, nm, mcfg, hf_sharded.flatten(make_model_def(mcfg).abstract_params))
+  fm = hf_sharded.folder_map(get_hf_map(cfg.hf_model_type), st.tensors, mcfg)
+  hf_sharded.check_folder(st, fm, mcfg, hf_sharded.flatten(make_model_def(mcfg).abstract_params))
   return st

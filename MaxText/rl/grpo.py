@@ -12,7 +12,8 @@ log-probabilities recomputed by the trainer (the engine's own are compared with 
 difference logged), the reference's (`kl_beta` > 0: the loaded parameters, kept as a copy; with
 LoRA the base under the adapters, no copy), then `num_iterations` optimizer updates on the clipped
 policy loss (MaxText/rl/losses.py), split into micro-batches of `microbatch_size` rows whose
-gradients are accumulated in the one update. Those pieces are the policy API's
+gradients are accumulated in the one update (`rollout_offload`: the optimizer state is in host
+memory while the engine samples, `Policy.offload`). Those pieces are the policy API's
 (MaxText/rl/policy.py: its batch format and compiled programs, on this trainer's mesh and state):
 an outside loop driving `Policy` does what this loop does (end_to_end/rl_driver.py).
 
@@ -82,6 +83,14 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.overlong_buffer > cfg.max_new_tokens:
     out.append(("overlong_buffer", f"overlong_buffer={cfg.overlong_buffer} exceeds max_new_tokens="
                 f"{cfg.max_new_tokens}"))
+  if cfg.rollout_placement == "separate" and cfg.router_bias_update_rate > 0 \
+      and not cfg.lora_rank:
+    out.append(("router_bias_update_rate", "rollout_placement=separate ships the weights by the "
+                "refit stream, under Hugging Face names, and a Hugging Face model has no router "
+                "selection bias to ship: set router_bias_update_rate=0 or use colocated"))
+  if cfg.dynamic_sampling_rounds and not cfg.dynamic_sampling:
+    out.append(("dynamic_sampling_rounds", "dynamic_sampling_rounds resamples the groups "
+                "dynamic_sampling finds; set dynamic_sampling=true"))
   if cfg.temperature == 0:
     out.append(("temperature", "temperature=0 decodes greedily: every completion of a prompt is "
                 "the same and no advantage is ever non-zero; sample (e.g. temperature=1)"))
@@ -200,18 +209,27 @@ class GRPOTrainer(Trainer):
     step's row reports of the rollout)."""
     cfg, N = self.cfg, self.global_batch
     engine_params = self.rollouts.params_for_engine(state["params"])   # separate: shipped
+    if cfg.rollout_offload:   # the loop's state: its optimizer state leaves the devices in place
+      self.policy.state = state
+      self.policy.offload()
     t0 = time.perf_counter()
     idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed)
-    ro = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
-                             copies=self.group, sampling=self.sampling(), first_row=(step - 1) * N,
-                             max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
-                             stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
+    extra = {}
+    try:
+      ro = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
+                               copies=self.group, sampling=self.sampling(),
+                               first_row=(step - 1) * N, max_new_tokens=cfg.max_new_tokens,
+                               eos_ids=self.eos_ids(), stop=cfg.stop, decode=self.io.text,
+                               seq=cfg.max_target_length)
+      if cfg.dynamic_sampling and cfg.dynamic_sampling_rounds:
+        ro, extra["groups_resampled"] = self.resample_equal_groups(step, ro, engine_params)
+    finally:
+      if cfg.rollout_offload:
+        self.policy.onload()
     rollout_time = time.perf_counter() - t0
-    rewards, arrays, extra = ro.rewards, dict(ro.arrays), {}
+    rewards, arrays = self.shaped_rewards(ro), dict(ro.arrays)
     if cfg.overlong_buffer:   # DAPO's overlong shaping, before the advantages
-      penalty = losses.overlong_penalty(ro.lengths, cfg.max_new_tokens, cfg.overlong_buffer)
-      rewards = rewards + penalty
-      extra["overlong_penalty_mean"] = float(penalty.mean())
+      extra["overlong_penalty_mean"] = float((rewards - ro.rewards).mean())
     advantages = np.asarray(losses.group_advantages(rewards, self.group, cfg.advantage_estimator))
     if cfg.dynamic_sampling:   # DAPO: groups of equal rewards out of the loss, counted
       keep = losses.informative_rows(rewards, self.group)
@@ -227,6 +245,39 @@ class GRPOTrainer(Trainer):
     if self.rollouts.separate:
       report["weight_shipping_s"] = self.rollouts.shipping_s
     return batch, report
+
+  def shaped_rewards(self, ro: rollout_lib.Rollout) -> np.ndarray:
+    """The rewards of a rollout with DAPO's overlong penalty (`overlong_buffer`) added."""
+    cfg = self.cfg
+    if not cfg.overlong_buffer:
+      return ro.rewards
+    return ro.rewards + losses.overlong_penalty(ro.lengths, cfg.max_new_tokens,
+                                                cfg.overlong_buffer)
+
+  def resample_equal_groups(self, step: int, ro: rollout_lib.Rollout, engine_params
+                            ) -> tuple[rollout_lib.Rollout, float]:
+    """DAPO's dynamic sampling with resampling: up to `dynamic_sampling_rounds` times, the groups
+    whose (shaped) rewards are all equal are replaced by groups of new prompts, sampled from the
+    same parameters → (the rollout, the groups generated again). Round r's prompts are the first
+    of step `step`'s prompts in the order of seed + r, its rows' sampler keys past every step's
+    first rows ((steps·r + step − 1)·N + j): functions of (seed, step), so a resumed run draws the
+    same. The groups still equal after the last round are dropped by the caller."""
+    cfg, N, G = self.cfg, self.global_batch, self.group
+    resampled = 0
+    for r in range(1, cfg.dynamic_sampling_rounds + 1):
+      keep = losses.informative_rows(self.shaped_rewards(ro), G)
+      equal = [int(g) for g in np.flatnonzero(~keep.reshape(-1, G)[:, 0])]
+      if not equal:
+        break
+      idx = self.prompts.for_step(step, cfg.prompts_per_step, cfg.seed + r)[:len(equal)]
+      new = rollout_lib.rollout(self.engine, engine_params, self.prompts, idx, self.scorer,
+                                copies=G, sampling=self.sampling(),
+                                first_row=(cfg.steps * r + step - 1) * N,
+                                max_new_tokens=cfg.max_new_tokens, eos_ids=self.eos_ids(),
+                                stop=cfg.stop, decode=self.io.text, seq=cfg.max_target_length)
+      ro = rollout_lib.replace_groups(ro, equal, new, G)
+      resampled += len(equal)
+    return ro, float(resampled)
 
   def dispatch(self, state: dict, batch: tuple[dict, dict]) -> tuple[dict, tuple]:
     """`num_iterations` updates on one rollout batch (dispatched; no host wait) → (state, the
@@ -303,7 +354,8 @@ class RolloutRows:
         bad_rewards=report["bad_rewards"], rollout_time_s=report["rollout_time_s"],
         train_time_s=max(step_time - report["rollout_time_s"], 0.0), step_time_s=step_time,
         optimizer_steps=float(report["step"] * self.num_iterations))
-    row.update({k: report[k] for k in ("groups_dropped", "overlong_penalty_mean") if k in report})
+    row.update({k: report[k] for k in ("groups_dropped", "groups_resampled",
+                                       "overlong_penalty_mean") if k in report})
     for f, r in enumerate(self.scorer.rewards):
       row[f"reward/{r.name}"] = float(ro.rewards_NF[:, f].mean())
     if "weight_shipping_s" in report:

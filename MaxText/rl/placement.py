@@ -6,8 +6,10 @@
              trainer has the first half), with its own copy of the weights: after each update the
              trainer's parameters are shipped to it by the refit stream (MaxText/refit.py: one
              Hugging Face tensor at a time, LoRA merged — what an inference engine such as vLLM
-             loads) and placed on the engine's shardings. The seconds this takes are a metric
-             (`weight_shipping_s`).
+             loads), each tensor written into the engine's parameter on its shardings as it
+             arrives (`refit.Receiver`: each engine device gets its slice; the model is never put
+             together on the host), the engine's previous copy overwritten in place. The seconds
+             this takes are a metric (`weight_shipping_s`).
 
 Both sample with the same keys, so a seeded run draws the same completions either way when the
 two meshes compute the same numbers (tests/test_rl_placement.py)."""
@@ -24,7 +26,7 @@ from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.decoding.engine import Engine
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_hf_map, hf_model_type_for
+from MaxText.models.registry import hf_model_type_for
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import Rules
 
@@ -56,12 +58,18 @@ class Rollouts:
     if self.separate:
       mesh = create_mesh(cfg, list(engine_devices))
       self.mcfg = dataclasses.replace(mcfg, lora_rank=0)   # the stream's weights are merged
-      self.hf_map = get_hf_map(hf_model_type_for(mcfg, cfg.hf_model_type))
     else:
       mesh, self.mcfg = train_mesh, mcfg
     self.engine = Engine(self.mcfg, mesh, rules, cache_dtype=cfg.cache_dtype,
                          batch_size=batch_size, max_cache_length=max_cache_length)
+    if self.separate:
+      try:
+        self.receiver = refit.Receiver(self.mcfg, self.engine.param_shardings,
+                                       hf_model_type_for(mcfg, cfg.hf_model_type))
+      except ValueError as e:
+        raise ConfigError(f"rollout_placement=separate: {e}") from None
     self.shipping_s = 0.0   # of the last `params_for_engine`
+    self._shipped: Any = None   # the engine's copy (separate), overwritten by the next shipment
 
   def params_for_engine(self, params: Any) -> Any:
     """What the engine samples from: `params` themselves (colocated), or their copy shipped by
@@ -71,9 +79,7 @@ class Rollouts:
       return params
     jax.block_until_ready(params)   # the update in flight is not shipping time
     t0 = time.perf_counter()
-    hf = dict(refit.stream(params, self.cfg))
-    shipped = jax.device_put(self.hf_map.hf_to_params(hf, self.mcfg),
-                             self.engine.param_shardings)
-    jax.block_until_ready(shipped)
+    self._shipped = self.receiver.load(refit.stream(params, self.cfg), self._shipped)
+    jax.block_until_ready(self._shipped)
     self.shipping_s = time.perf_counter() - t0
-    return shipped
+    return self._shipped

@@ -22,9 +22,11 @@ checkpoint (Policy.load's start: the run's latest checkpoint).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
-from typing import Any, Iterator, Mapping, Sequence
+import time
+from typing import Any, Iterator, Mapping, NoReturn, Sequence
 
 from MaxText.storage import paths
 
@@ -39,6 +41,14 @@ def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+def _worker_env(devices: int, env: Mapping[str, str] | None) -> dict[str, str]:
+  """An actor's environment: `devices` fake CPU devices (set before JAX starts), this tree."""
+  return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+          "JAX_PLATFORMS": "cpu",
+          "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+          **(env or {})}
 
 
 class PolicyWorker:
@@ -59,10 +69,20 @@ class PolicyWorker:
     import jax  # pylint: disable=import-outside-toplevel
     return out if jax.process_index() == 0 else None
 
-  def weights(self, tensors: str, layout: str) -> list:
+  def weights(self, tensors: str, layout: str) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) of each tensor, from process 0, one at a time (a Ray streaming generator at
+    most 2 objects ahead of its caller); the other workers run the same collectives (each block
+    gathered from all of them) and yield nothing."""
     import jax  # pylint: disable=import-outside-toplevel
-    out = list(self.policy.weights(tensors=tensors, layout=layout))   # collectives on every worker
-    return out if jax.process_index() == 0 else []
+    first = jax.process_index() == 0
+    for item in self.policy.weights(tensors=tensors, layout=layout):
+      if first:
+        yield item
+      del item
+  # what @ray.method(num_returns="streaming", _generator_backpressure_num_objects=2) sets (ray is
+  # imported only where a group is started)
+  weights.__ray_num_returns__ = "streaming"  # type: ignore[attr-defined]
+  weights.__ray_generator_backpressure_num_objects__ = 2  # type: ignore[attr-defined]
 
   def close(self) -> None:
     self.policy.close()
@@ -80,11 +100,7 @@ class RayPolicy:
     """Starts the workers (ray must be initialised) and loads the policy on them."""
     import ray  # pylint: disable=import-outside-toplevel
     coordinator = f"127.0.0.1:{_free_port()}"
-    worker_env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_worker}",
-                  "JAX_PLATFORMS": "cpu",
-                  "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH"))
-                                                if p),
-                  **(env or {})}
+    worker_env = _worker_env(devices_per_worker, env)
     remote = ray.remote(num_cpus=0, max_restarts=0)(PolicyWorker)
     actors = [remote.options(name=f"policy-worker-{i}", runtime_env={"env_vars": worker_env})
               .remote([*config, f"coordinator_address={coordinator}",
@@ -108,7 +124,7 @@ class RayPolicy:
         self._died(i, what, e)
     return [done[i] for i in range(len(refs))]
 
-  def _died(self, i: int, what: str, e: BaseException) -> None:
+  def _died(self, i: int, what: str, e: BaseException) -> NoReturn:
     pid = f" (pid {self.pids[i]})" if i < len(self.pids) else ""
     last = self.last_checkpoint()
     where = (f"the last committed checkpoint is step {last} in {self.checkpoints}" if last is not None
@@ -150,7 +166,54 @@ class RayPolicy:
 
   def weights(self, tensors: str = "numpy", layout: str = "checkpoint"
               ) -> Iterator[tuple[str, Any]]:
-    yield from self._all([a.weights.remote(tensors, layout) for a in self.actors], "weights")[0]
+    """(Hugging Face name, tensor) of every weight, streamed from the group one at a time."""
+    import ray  # pylint: disable=import-outside-toplevel
+    for ref in self._stream("weights", tensors, layout):
+      try:
+        item: Any = ray.get(ref)
+      except ray.exceptions.RayActorError as e:
+        self._died(0, "weights", e)
+      del ref
+      yield item
+
+  def _stream(self, what: str, tensors: str = "numpy", layout: str = "checkpoint") -> Iterator:
+    """The object refs of worker 0's (name, tensor) items as they come, while the other workers'
+    streams are watched (a dead worker → WorkerDied, never a hang)."""
+    import ray  # pylint: disable=import-outside-toplevel
+    streams = [a.weights.remote(tensors, layout) for a in self.actors]
+    live = list(streams)
+    while live:
+      ready, _ = ray.wait(live, num_returns=1)
+      i = next(k for k, g in enumerate(streams) if g is ready[0])
+      try:
+        ref = next(ready[0])
+      except StopIteration:
+        live = [g for g in live if g is not ready[0]]
+        continue
+      except ray.exceptions.RayActorError as e:
+        self._died(i, what, e)
+      if i == 0:
+        yield ref
+      else:   # the other workers yield nothing; an item here is an error they raised
+        ray.get(ref)
+
+  def ship_weights(self, engine: "RayEngine") -> float:
+    """Ships the weights to `engine` (on actors of its own) by the refit stream: each tensor goes
+    from worker 0 to the engine through Ray's object store (never through this driver), the
+    engine writing it into its parameters on its devices as it comes (`refit.Receiver`).
+    Returns the seconds it took (`weight_shipping_s`)."""
+    t0 = time.perf_counter()
+    engine.call("begin")
+    pending: list = []
+    for ref in self._stream("ship_weights"):
+      pending.append(engine.actor.put.remote(ref))   # the engine reads the object itself
+      del ref
+      if len(pending) > 2:      # at most 2 tensors in flight
+        engine.wait(pending.pop(0), "ship_weights")
+    for ref in pending:
+      engine.wait(ref, "ship_weights")
+    engine.call("finish")
+    return time.perf_counter() - t0
 
   def close(self) -> None:
     """Closes the policies (the last save committed) and ends the workers."""
@@ -163,3 +226,89 @@ class RayPolicy:
     for a in self.actors:
       ray.kill(a, no_restart=True)
     self.actors = []
+
+
+class EngineWorker:
+  """The decoding engine on a Ray actor of its own (a JAX process outside the policy's group, on
+  devices of its own): the policy's model (LoRA merged) on a mesh of its devices, its parameters
+  sent by `RayPolicy.ship_weights` one tensor at a time (`refit.Receiver`)."""
+
+  def __init__(self, config: Sequence[str], batch_size: int, max_cache_length: int):
+    # pylint: disable=import-outside-toplevel
+    from MaxText import refit
+    from MaxText.decoding.engine import Engine
+    from MaxText.models.registry import hf_model_type_for
+    from MaxText.rl.policy import PolicyTrainer
+    from MaxText.train.loop import build
+    t = build(list(config), None, PolicyTrainer)   # config, mesh and rules as the policy's
+    mcfg = dataclasses.replace(t.mcfg, lora_rank=0)
+    self.cfg = t.cfg
+    self.engine = Engine(mcfg, t.mesh, t.rules, cache_dtype=t.cfg.cache_dtype,
+                         batch_size=batch_size, max_cache_length=max_cache_length)
+    self.receiver = refit.Receiver(mcfg, self.engine.param_shardings,
+                                   hf_model_type_for(mcfg, t.cfg.hf_model_type))
+    self.params: Any = None
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def begin(self) -> None:
+    self.receiver.begin(self.params)   # the last copy is overwritten in place
+    self.params = None
+
+  def put(self, item: tuple[str, Any]) -> None:
+    self.receiver.put(*item)
+
+  def finish(self) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    self.params = jax.block_until_ready(self.receiver.finish())
+
+  def generate(self, prompts: Sequence[Sequence[int]], **kwargs) -> list:
+    """Engine.generate on the shipped parameters (Completion objects)."""
+    return self.engine.generate(self.params, prompts, **kwargs)
+
+
+class RayEngine:
+  """An `EngineWorker` actor (rollout_placement=separate across processes): start it beside a
+  RayPolicy, `group.ship_weights(engine)` after each update, `engine.generate(...)`.
+
+      engine = RayEngine.start(devices=4, config=[...], batch_size=64, max_cache_length=S)
+      seconds = group.ship_weights(engine)
+      completions = engine.generate(prompt_ids, max_new_tokens=6, sampling=..., eos_ids=[...])
+  """
+
+  def __init__(self, actor: Any, pid: int):
+    self.actor, self.pid = actor, pid
+
+  @classmethod
+  def start(cls, devices: int, config: Sequence[str], batch_size: int, max_cache_length: int,
+            env: Mapping[str, str] | None = None) -> "RayEngine":
+    import ray  # pylint: disable=import-outside-toplevel
+    remote = ray.remote(num_cpus=0, max_restarts=0)(EngineWorker)
+    actor = remote.options(name=f"rollout-engine-{_free_port()}",
+                           runtime_env={"env_vars": _worker_env(devices, env)}) \
+        .remote(list(config), batch_size, max_cache_length)
+    engine = cls(actor, 0)
+    engine.pid = engine.wait(actor.pid.remote(), "start")
+    return engine
+
+  def wait(self, ref: Any, what: str) -> Any:
+    import ray  # pylint: disable=import-outside-toplevel
+    try:
+      return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+      self.kill()
+      raise WorkerDied(f"the rollout engine (pid {self.pid}) died during {what} "
+                       f"({type(e).__name__})") from None
+
+  def call(self, method: str, *args, **kwargs) -> Any:
+    return self.wait(getattr(self.actor, method).remote(*args, **kwargs), method)
+
+  def generate(self, prompts: Sequence[Sequence[int]], **kwargs) -> list:
+    return self.call("generate", [list(map(int, p)) for p in prompts], **kwargs)
+
+  def kill(self) -> None:
+    import ray  # pylint: disable=import-outside-toplevel
+    if self.actor is not None:
+      ray.kill(self.actor, no_restart=True)
+      self.actor = None

@@ -85,3 +85,20 @@ def rollout(engine: Engine, params, prompts: PromptSet, idx: Sequence[int], scor
   return Rollout(arrays, logprobs, rewards_NF, scorer.total(rewards_NF),
                  np.array([len(c.output_ids) for c in completions], np.float32),
                  np.array([c.finish_reason != "length" for c in completions], np.float32))
+
+
+def replace_groups(ro: Rollout, groups: Sequence[int], new: Rollout, copies: int) -> Rollout:
+  """`ro` with its groups `groups` (group k: rows k·copies … (k + 1)·copies − 1) replaced, in
+  order, by the groups of `new` (DAPO's dynamic sampling: groups of equal rewards resampled)."""
+  rows = np.array([g * copies + j for g in groups for j in range(copies)], np.int64)
+
+  def put(old: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    out = old.copy()
+    out[rows] = fresh
+    return out
+
+  return Rollout({k: put(v, new.arrays[k]) for k, v in ro.arrays.items()},
+                 put(ro.rollout_logprobs, new.rollout_logprobs), put(ro.rewards_NF, new.rewards_NF),
+                 put(ro.rewards, new.rewards), put(ro.lengths, new.lengths),
+                 put(ro.finished, new.finished))
+

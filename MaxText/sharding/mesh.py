@@ -16,13 +16,13 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 from MaxText.config.load import ConfigError
-from MaxText.config.schema import Config
+from MaxText.config.schema import Config, parallelism_key
 
 
 def fill_parallelism(values: Sequence[int], total: int, level: str, axes: Sequence[str]) -> list[int]:
   """Replaces the single -1 in `values` so that the product equals `total`."""
   values = list(values)
-  key = lambda i: f"{level}_{axes[i]}_parallelism"
+  key = lambda i: parallelism_key(level, axes[i])
   unit = "devices per slice" if level == "ici" else "slices"
   for i, v in enumerate(values):
     if v == 0 or v < -1:

@@ -126,8 +126,10 @@ def tree_shardings(logical_tree: Any, shape_tree: Any, mesh: Mesh, rules: Rules)
 
 
 def sharding_report(shape_tree: Any, sharding_tree: Any) -> str:
-  """Parameter bytes per device and the share of parameter bytes that is sharded."""
+  """Parameter bytes per device, the share of parameter bytes that is sharded, and per mesh axis
+  of more than one device the share split over it (e.g. `stage`: the stacked layers)."""
   total = per_device = sharded = 0
+  by_axis: dict[str, int] = {}
   for s, sh in zip(jax.tree.leaves(shape_tree), jax.tree.leaves(sharding_tree)):
     nbytes = math.prod(s.shape) * s.dtype.itemsize
     shard_shape = sh.shard_shape(s.shape)
@@ -136,6 +138,11 @@ def sharding_report(shape_tree: Any, sharding_tree: Any) -> str:
     per_device += local
     if local < nbytes:
       sharded += nbytes
+    for entry in getattr(sh, "spec", ()):
+      for axis in (entry if isinstance(entry, tuple) else (entry,)):
+        if axis is not None and sh.mesh.shape[axis] > 1:
+          by_axis[axis] = by_axis.get(axis, 0) + nbytes
   share = 100.0 * sharded / total if total else 0.0
+  axes = ", ".join(f"{a} {100.0 * n / total:.1f}%" for a, n in by_axis.items())
   return (f"parameters: {total / 2**20:,.1f} MiB in all, {per_device / 2**20:,.2f} MiB per device; "
-          f"{share:.1f}% of parameter bytes sharded")
+          f"{share:.1f}% of parameter bytes sharded" + (f" (split over {axes})" if axes else ""))

@@ -24,6 +24,8 @@ from MaxText.data.errors import DataError
 from MaxText.data.pipeline import make_shard_iterator, media_slots, validate_data_config
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import stack
+from MaxText.layers.pipeline import schedule_of as pipeline_schedule
+from MaxText.losses.mtp import with_mtp
 from MaxText.metrics.peaks import device_peak_tflops
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.models.model_config import ModelConfig
@@ -89,7 +91,8 @@ class Trainer:
     self.rules = parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
     self.mcfg = ModelConfig.from_config(cfg)
     self.family = get_family(self.mcfg.decoder_block)
-    self.aux_terms = self.family.aux_terms(self.mcfg)   # None: cross-entropy (+ z-loss) only
+    self.aux_terms = with_mtp(self.family.aux_terms(self.mcfg), self.mcfg.mtp_loss_scale,
+                              self.mcfg.mtp_num_layers)   # None: cross-entropy (+ z-loss) only
     try:
       self.model_def = make_model_def(self.mcfg)
     except (ValueError, re.error) as e:   # lora_targets selects nothing / is no regex
@@ -108,6 +111,7 @@ class Trainer:
                                           self.adapters_only)
     n = len(self.devices)
     self.global_batch = cfg.global_batch_size(n)
+    self.schedule = pipeline_schedule(cfg, dict(self.mesh.shape))
     self.batch_sharding = batch_sharding(self.mesh, self.rules, self.global_batch,
                                          cfg.max_target_length)
     # every key of a row (the token arrays; SFT with images / audio: their slots) and its sharding
@@ -149,7 +153,7 @@ class Trainer:
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
                               aux_terms=self.aux_terms,
                               loss_chunk_length=self.cfg.loss_chunk_length,
-                              adapters_only=self.adapters_only)
+                              adapters_only=self.adapters_only, schedule=self.schedule)
     jitted = jit_train_step(step_fn, self.shardings, self.batch_shardings, self.mesh)
     abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
                                               sharding=self.batch_shardings[k])
@@ -169,7 +173,8 @@ class Trainer:
     what the family keeps beyond a generic decoder layer (e.g. recurrent states)."""
     rows = self.rows_per_device() / self.micro_batches()
     return (memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
-                                    loss_chunk=self.cfg.loss_chunk_length)
+                                    loss_chunk=self.cfg.loss_chunk_length,
+                                    schedule=self.schedule)
             + self.family.activation_bytes(self.mcfg, rows, self.cfg.max_target_length))
 
   def memory_estimate(self) -> memory.MemoryEstimate:
@@ -231,6 +236,8 @@ class Trainer:
         f"{auto_settings.describe(self.training)}")
     log(hot_path.describe(cfg.hot_path, self.mcfg.hot_path, platform))
     log(sharding_report(self.abstract["params"], self.shardings["params"]))
+    if self.schedule is not None:
+      log(self.schedule.describe())
     if jax.process_index() == 0:
       paths.makedirs(self.run_dir)
       paths.write_text(paths.join(self.run_dir, "config.yml"), to_yaml(cfg))
@@ -327,8 +334,12 @@ class Trainer:
     flops = training_flops(self.mcfg, seq_len=cfg.max_target_length,
                            global_batch=self.global_batch)
     peak = device_peak_tflops(self.devices[0], cfg.peak_tflops_per_device, cfg.dtype)
+    bubble = ("" if self.schedule is None else
+              f"; the pipeline's bubble leaves the stages idle {self.schedule.bubble_fraction:.1%} "
+              f"of the decoder's time, so MFU is at most {1 - self.schedule.bubble_fraction:.1%} "
+              f"of what it would be without")
     log(f"{flops['total'] / 1e12:.4f} TFLOP per step; MFU against {peak.tflops:.3g} TFLOP/s per "
-        f"device ({peak.source})")
+        f"device ({peak.source}){bubble}")
     rows = StepRows(flops["total"], peak.tflops, self.global_batch * cfg.max_target_length,
                     len(self.devices), peak.under_load, writer.earlier_losses)
     return LoopParts(step=self.compiled,

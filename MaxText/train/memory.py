@@ -82,7 +82,7 @@ def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]
   return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
 
 
-def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int:
+def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedule=None) -> int:
   """Estimated activation bytes of one micro-batch step on a device holding `rows` sequences of
   `seq` tokens (generic dense/MoE decoder dimensions; a model with per-layer variants is counted
   with its base layer):
@@ -91,7 +91,11 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int
     `none` every intermediate, the attention scores included;
     one layer's working set in the backward pass (fp32 intermediates; the S x S scores of
     non-flash attention);
-    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) and their gradient."""
+    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) and their gradient.
+  Pipelined (`schedule`, layers/pipeline.py; `rows` then counts the stage axis's split of the
+  batch, as the embedding and the loss see it): a stage keeps its L / S layers' residuals for
+  every iteration of the schedule — (M x R + S - 1) / (M x R) times the layers' share of a run
+  without stages (the bubble's iterations included) — and its working set is one microbatch's."""
   c = jnp.dtype(mcfg.compute_dtype).itemsize
   tokens = rows * seq
   D, H, K, E, L = (mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim,
@@ -110,6 +114,10 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0) -> int
   working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * 4 + 3 * scores * 4
   logit_rows = rows * (min(loss_chunk, seq) if loss_chunk > 0 else seq)
   logits = 2 * logit_rows * mcfg.vocab_size * 4           # the logits and their gradient
+  if schedule is not None:
+    tasks = schedule.microbatches * schedule.repeats
+    per_layer *= (tasks + schedule.stages - 1) / tasks
+    working *= schedule.stages / schedule.microbatches     # one microbatch of the stage's rows
   return int(L * per_layer + working + logits)
 
 

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.checkpoint.checksum import batch_checksum
 from MaxText.data.batch import BATCH_KEYS
-from MaxText.layers import lora
+from MaxText.layers import lora, pipeline
 from MaxText.losses.token_loss import token_loss_sums
 from MaxText.models.family import AuxTerms
 from MaxText.models.model_def import ModelDef
@@ -65,10 +65,12 @@ def guarded_update(tx: Optimizer, grads: Any, opt_state: Any, params: Any,
 def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
                     rules: Rules, grad_accum: int, z_loss_weight: float,
                     lr_schedule: optax.Schedule, aux_terms: AuxTerms | None = None,
-                    loss_chunk_length: int = 0, adapters_only: bool = False) -> Callable:
+                    loss_chunk_length: int = 0, adapters_only: bool = False,
+                    schedule: pipeline.Schedule | None = None) -> Callable:
   """`adapters_only` (LoRA): gradients, the optimizer and updates cover the adapters only
   (layers/lora.py); the rest of the parameters pass through unchanged, and so do the family's
-  updates outside the gradient (they would change the frozen base)."""
+  updates outside the gradient (they would change the frozen base). `schedule`: the pipeline
+  schedule over the `stage` axis (layers/pipeline.py) each micro-batch's decoder runs under."""
   if adapters_only:
     split, join = lora.split, lora.join
   else:
@@ -93,7 +95,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
     zero_shardings = None   # ZeRO-1: (the moments' shardings, the trained parameters')
     if shardings is not None and tx.shard_over_data:
       zero_shardings = (moment_shardings(shardings["opt_state"]), split(shardings["params"])[0])
-    with use_rules(mesh, rules):
+    with use_rules(mesh, rules), pipeline.use_schedule(schedule):
       params, frozen = split(state["params"])   # params: what is trained
       if grad_accum == 1:
         (nll, (z, n, sums)), grads = grad_fn(params, frozen, batch)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from MaxText.models.gemma4.model import Transformer, layer_kinds, layer_location
 from MaxText.models.gemma4.towers import towers_of
 from MaxText.models.gemma4 import vision
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import LayerGroup, NameMap, Rule, check_representable
+from MaxText.models.name_map import FolderMap, LayerGroup, NameMap, Rule, check_representable
 
 PREFIX = "model.language_model."
 
@@ -109,11 +109,9 @@ _SHARED_KV = re.compile(re.escape(PREFIX) +
 hf_names, params_to_hf = NAME_MAP.hf_names, NAME_MAP.params_to_hf
 
 
-def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
-  """HF multimodal tensors → our params: the towers the config has (others skipped); kv-shared
-  layers' extra K/V ignored as transformers does."""
-  if not towers_of(mcfg):
-    return hf_map.hf_to_params(hf_state, mcfg)
+def _ignore(mcfg: ModelConfig) -> Callable[[str], bool]:
+  """The tensors a model with towers skips: the towers the config lacks, and kv-shared layers'
+  extra K/V (ignored as transformers does)."""
   shared = {i for i, k in enumerate(layer_kinds(mcfg)) if k.kv_shared}
   have = {t.name for t in towers_of(mcfg)}
   skipped = tuple(p for name, ps in TOWER_PREFIXES.items() if name not in have for p in ps)
@@ -121,8 +119,22 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   def ignore(name: str) -> bool:
     m = _SHARED_KV.match(name)
     return (bool(m) and int(m.group(1)) in shared) or name.startswith(skipped)
+  return ignore
 
-  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=ignore)
+
+def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
+  """HF multimodal tensors → our params: the towers the config has (others skipped); kv-shared
+  layers' extra K/V ignored as transformers does."""
+  if not towers_of(mcfg):
+    return hf_map.hf_to_params(hf_state, mcfg)
+  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=_ignore(mcfg))
+
+
+def folder_map(names: Iterable[str], mcfg: ModelConfig) -> FolderMap:
+  """What `hf_to_params` reads of a folder holding tensors `names`, a box at a time."""
+  if not towers_of(mcfg):
+    return hf_map.folder_map(names, mcfg)
+  return FolderMap(NAME_MAP, ignore=_ignore(mcfg))
 
 
 # ---- config --------------------------------------------------------------------------------------

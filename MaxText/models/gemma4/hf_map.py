@@ -25,14 +25,14 @@ exporting a non-zero one is refused.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from MaxText.models.gemma4.model import Transformer, layer_kinds, layer_location
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import (CAUSAL_LM_RULES, NameMap, Rule, check_representable,
-                                     self_attention_rules)
+from MaxText.models.name_map import (CAUSAL_LM_RULES, FolderMap, NameMap, Rule,
+                                     check_representable, self_attention_rules)
 
 GLOBAL_RULES: tuple[Rule, ...] = (
     *CAUSAL_LM_RULES,
@@ -104,17 +104,40 @@ class _TextView(Mapping):
 hf_names, params_to_hf = NAME_MAP.hf_names, NAME_MAP.params_to_hf
 
 
-def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
-  """HF tensors (`gemma4_text` names, or a multimodal checkpoint's) → our pure-dict params."""
-  if any(k.startswith(MULTIMODAL_PREFIX) for k in hf_state):
-    hf_state = _TextView(hf_state)
+def shared_kv(mcfg: ModelConfig) -> Callable[[str], bool]:
+  """Whether a (`gemma4_text`) name is K/V of a kv-shared layer: hub checkpoints may carry them;
+  transformers ignores them, and so do we."""
   shared = {i for i, k in enumerate(layer_kinds(mcfg)) if k.kv_shared}
 
   def ignore(name: str) -> bool:
     m = _SHARED_KV.match(name)
     return bool(m) and int(m.group(1)) in shared
+  return ignore
 
-  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=ignore)
+
+def _is_multimodal(names: Iterable[str]) -> bool:
+  return any(k.startswith(MULTIMODAL_PREFIX) for k in names)
+
+
+def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
+  """HF tensors (`gemma4_text` names, or a multimodal checkpoint's) → our pure-dict params."""
+  if _is_multimodal(hf_state):
+    hf_state = _TextView(hf_state)
+  return NAME_MAP.hf_to_params(hf_state, mcfg, ignore=shared_kv(mcfg))
+
+
+def folder_map(names: Iterable[str], mcfg: ModelConfig) -> FolderMap:
+  """What `hf_to_params` reads of a folder holding tensors `names`, a box at a time: a
+  multimodal folder's text tensors under their `gemma4_text` names (everything else unseen)."""
+  skip = shared_kv(mcfg)
+  if not _is_multimodal(names):
+    return FolderMap(NAME_MAP, ignore=skip)
+  n = len(MULTIMODAL_PREFIX)
+  return FolderMap(
+      NAME_MAP,
+      rename=lambda name: MULTIMODAL_PREFIX + name[len("model."):] if name.startswith("model.")
+      else name,
+      ignore=lambda name: not name.startswith(MULTIMODAL_PREFIX) or skip("model." + name[n:]))
 
 
 # ---- config --------------------------------------------------------------------------------------

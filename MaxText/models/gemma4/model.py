@@ -341,7 +341,8 @@ class Transformer(nnx.Module):
       self.ple_proj_norm = RMSNorm(P, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
     self.decoder = stack.PatternStack(lambda kind, r: DecoderLayer(cfg, kind, rngs=r),
                                       layer_kinds(cfg), scan=cfg.scan_layers,
-                                      remat_policy=cfg.remat_policy, rngs=rngs)
+                                      remat_policy=cfg.remat_policy, rngs=rngs,
+                                      pipeline=True)
     self.final_norm = RMSNorm(D, eps=cfg.norm_epsilon, cast_before_scale=False, **kw)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (D,), (cfg.vocab_size,), ("embed", "vocab"), **kw)

@@ -6,7 +6,8 @@ from MaxText.layers.moe import MoETerms, active_matmul_params
 from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
-                                   dense_layer_problems, routed_expert_problems)
+                                   dense_layer_problems, mtp_problems,
+                                   routed_expert_problems)
 from MaxText.models.llama import hf_map as llama_hf
 from MaxText.models.llama.model import MOE, Transformer, decode_cache, layer_kinds, moe_layers
 from MaxText.models.llama.keys import Keys
@@ -25,7 +26,8 @@ def check(cfg: ModelConfig) -> Problems:
                                       f"of num_kv_heads={cfg.num_kv_heads}"))
   if cfg.head_dim % 2:
     problems.append(("head_dim", f"head_dim={cfg.head_dim} must be even for RoPE"))
-  return problems + dense_layer_problems(cfg, moe_layers(cfg), DENSE_LAYER_KEYS)
+  return (problems + dense_layer_problems(cfg, moe_layers(cfg), DENSE_LAYER_KEYS)
+          + mtp_problems(cfg))
 
 
 def flops(cfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:
@@ -48,15 +50,22 @@ def aux_terms(cfg: ModelConfig) -> MoETerms | None:
                   cfg.num_experts_per_tok)
 
 
+def frozen(cfg: ModelConfig) -> tuple[str, ...]:
+  """An MTP block the run does not train (mtp_loss_scale = 0) is carried unchanged."""
+  return ("mtp",) if cfg.mtp_num_layers and not cfg.mtp_loss_scale else ()
+
+
 FAMILY = Family(
     name="llama",
     build=Transformer,
     keys=Keys,
-    supports=COMMON_KEYS | EXPERT_KEYS | {"mlp_activation", "use_qk_norm", "tie_word_embeddings"},
+    supports=COMMON_KEYS | EXPERT_KEYS | {"mlp_activation", "use_qk_norm", "tie_word_embeddings",
+                                          "mtp_num_layers", "mtp_loss_scale"},
     layer_kinds=layer_kinds,
     flops=flops,
     check=check,
     aux_terms=aux_terms,
+    frozen=frozen,
     decode_cache=decode_cache,
     hf_maps={"llama": llama_hf, "qwen3": qwen3_hf, "qwen3_moe": qwen3_moe_hf},
 )

@@ -17,6 +17,13 @@ The MoE layers carry their routing statistics (copies and router probability per
 copies), returned by `forward_with_aux` as `moe_stats` [MoE layers, E] for the load-balancing loss
 and metrics, and read a selection bias `router_bias` [MoE layers, E] (aux-loss-free balancing;
 changed by the family's aux terms after each step, never by gradients).
+
+With mtp_num_layers > 0 the model holds a multi-token-prediction block (`mtp/`,
+MaxText/layers/mtp.py: depth k predicts the token k+1 ahead through one decoder layer of its own
+and the shared head; a layer of the last decoder layer's kind here, Qwen3-Next's its own).
+`forward_with_aux(..., mtp=True)` returns its depths' final-norm hidden states as
+aux["mtp_hidden"] [depths, B, S, D] (the loss: MaxText/losses/mtp.py); `mtp_extend` runs one depth
+in decoding (speculative drafting, MaxText/decoding/speculative.py) over its own cache group MTP.
 """
 from __future__ import annotations
 
@@ -25,11 +32,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers import embed, sites, stack
+from MaxText.layers.mtp import MTPBlock, shifted
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, param
 from MaxText.layers.mlp import GatedMLP
-from MaxText.layers.moe import RoutedMLP, finished_stats, record, stack_inputs
+from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
 from MaxText.models.model_config import ModelConfig
@@ -37,6 +45,7 @@ from MaxText.sharding.rules import constrain
 
 DENSE, MOE = "dense", "moe"
 KV = "kv"   # the decoding cache group of the attention layers
+MTP = "mtp"   # the decoding cache group of the MTP block's layers (one row per depth)
 
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BSHE = ("activation_batch", "activation_length", "activation_heads", None)
@@ -159,7 +168,8 @@ class Transformer(nnx.Module):
                            std=cfg.init_std, dtype=cfg.param_dtype)
     self.decoder = stack.PatternStack(lambda kind, r: self.new_layer(cfg, kind, r),
                                       self.kinds_of(cfg), scan=cfg.scan_layers,
-                                      remat_policy=cfg.remat_policy, rngs=rngs)
+                                      remat_policy=cfg.remat_policy, rngs=rngs,
+                                      pipeline=True)
     self.final_norm = self.new_final_norm(cfg, rngs)
     self.lm_head = None if cfg.tie_word_embeddings else DenseGeneral(
         (cfg.emb_dim,), (cfg.vocab_size,), ("embed", "vocab"), **kw)
@@ -167,10 +177,19 @@ class Transformer(nnx.Module):
     if self.moe_layers:
       self.router_bias = nnx.Param(jnp.zeros((len(self.moe_layers), cfg.num_experts),
                                              cfg.param_dtype), logical_axes=("layers", "exp"))
+    self.mtp = MTPBlock(cfg.emb_dim, lambda: self.new_final_norm(cfg, rngs),
+                        [self.new_mtp_layer(cfg, j, rngs) for j in range(cfg.mtp_num_layers)],
+                        rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype
+                        ) if cfg.mtp_num_layers else None
 
   # ---- the hooks of a family built on this one ----------------------------------------------------
   kinds_of = staticmethod(layer_kinds)     # the layer kinds, one per layer
   moe_layers_of = staticmethod(moe_layers)  # the indices of the MoE layers among them
+  attention_group = KV                      # the cache group its attention layers read
+
+  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> nnx.Module:
+    """The MTP block's layer of depth j + 1: a decoder layer of the last decoder layer's kind."""
+    return self.new_layer(cfg, self.kinds_of(cfg)[-1], rngs)
 
   def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
     return DecoderLayer(cfg, kind, rngs=rngs)
@@ -192,10 +211,11 @@ class Transformer(nnx.Module):
       return {}
     return stack_inputs(self.moe_layers, self.cfg.num_decoder_layers, self.router_bias[...])[1]
 
-  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False):
+  def forward_with_aux(self, tokens_BS, positions_BS, segment_ids_BS, *, return_hidden=False,
+                       mtp=False):
     """(logits, {"moe_stats": …} for models with MoE layers, else {}); with `return_hidden` the
     final-norm hidden state x_BSD instead of the logits (the loss then applies `logits` chunk by
-    chunk)."""
+    chunk); with `mtp` (a model with an MTP block) also aux["mtp_hidden"] [depths, B, S, D]."""
     cfg = self.cfg
     x_BSD = self._embed(tokens_BS)
     stats, xs = {}, None
@@ -204,7 +224,49 @@ class Transformer(nnx.Module):
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
     aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
     x_BSD = self.final_norm(x_BSD)
+    if mtp and self.mtp is not None:
+      aux["mtp_hidden"] = self.mtp_hidden(x_BSD, tokens_BS, positions_BS, segment_ids_BS)
     return (x_BSD if return_hidden else self.logits(x_BSD)), aux
+
+  # ---- multi-token prediction (MaxText/layers/mtp.py) ----------------------------------------
+  def _mtp_layer_inputs(self, j: int):
+    """(the routing statistics a MoE MTP layer records into, its per-layer inputs): its own
+    statistics (not in the balancing loss) and a zero selection bias; nothing for a dense one."""
+    if not getattr(self.mtp.layers[j], "moe", False):
+      return {}, {}
+    E = self.cfg.num_experts
+    return empty_stats(1, E), {"moe_layer": jnp.int32(0),
+                               "bias": jnp.zeros((E,), self.cfg.param_dtype)}
+
+  def mtp_hidden(self, x_BSD, tokens_BS, positions_BS, segment_ids_BS):
+    """Every depth's final-norm hidden state [depths, B, S, D] over a training row: depth k at t
+    reads depth k-1's at t and the token k ahead (the row's tokens shifted; past a document's end
+    the loss masks what it predicts)."""
+    out = []
+    for j in range(len(self.mtp.layers)):
+      u_BSD = self.mtp.combine(self._embed(shifted(tokens_BS, j + 1)), x_BSD)
+      stats, per_layer = self._mtp_layer_inputs(j)
+      u_BSD, _ = self.mtp.layers[j]((u_BSD, stats), positions_BS, segment_ids_BS,
+                                    per_layer or None)
+      x_BSD = self.mtp.norm(u_BSD)
+      out.append(x_BSD)
+    return jnp.stack(out)
+
+  def mtp_extend(self, tokens_BS, hidden_BSD, positions_BS, valid_BS, cache, *, prefill: bool,
+                 depth: int = 0):
+    """Decoding with the MTP block: layer `depth` on the tokens one ahead of `positions_BS`
+    (`tokens_BS`) and the hidden states at them (`hidden_BSD`: the decoder's final-norm output, or
+    the previous depth's) → (its final-norm hidden states, the cache with its K/V in row `depth` of
+    group MTP). `prefill` as `extend`; else any number of tokens continuing the cache."""
+    _, per_layer = self._mtp_layer_inputs(depth)
+    u_BSD = self.mtp.combine(self._embed(tokens_BS), hidden_BSD)
+    groups = None if cache is None else {self.attention_group: cache[MTP]}
+    u_BSD, groups = self.mtp.layers[depth].extend(
+        (u_BSD, groups), positions_BS, valid_BS, prefill,
+        {**per_layer, "cache_index": jnp.int32(depth)})
+    if cache is not None:
+      cache = {**cache, MTP: groups[self.attention_group]}
+    return self.mtp.norm(u_BSD), cache
 
   def logits(self, x_BSD):
     """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V], straight
@@ -239,5 +301,14 @@ class Transformer(nnx.Module):
 
 
 def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
-  """Every layer keeps full-attention K/V (one group, one row per layer)."""
-  return {KV: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), cfg.num_decoder_layers)}
+  """Every layer keeps full-attention K/V (one group, one row per layer); the MTP block's layers
+  theirs (group MTP, one row per depth)."""
+  return {KV: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), cfg.num_decoder_layers),
+          **mtp_cache(cfg)}
+
+
+def mtp_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
+  """The MTP block's decoding cache: full-attention K/V per depth ({} without the block)."""
+  if not cfg.mtp_num_layers:
+    return {}
+  return {MTP: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), cfg.mtp_num_layers)}

@@ -18,7 +18,7 @@ No shared expert.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from MaxText.models.llama import hf_map as llama
 from MaxText.models.llama import qwen3_hf_map as qwen3
 from MaxText.models.llama.model import Transformer, layer_location
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import NameMap, Rule, check_representable
+from MaxText.models.name_map import FolderMap, NameMap, Rule, check_representable
 
 _L = "model.layers.{i}.mlp."
 ROUTER = Rule("mlp/router/kernel", _L + "gate.weight", in_rank=1)
@@ -44,6 +44,7 @@ _KW = dict(layer_location=layer_location, build=Transformer, ours_only=("router_
            check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=qwen3.IGNORED_SUFFIXES)
 HUB_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + PER_EXPERT_RULES, **_KW)
 FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + FUSED_RULES, **_KW)
+CHECKPOINT_MAP = HUB_MAP   # refit.stream's "checkpoint" layout (refit.Receiver reads it back)
 REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_dim",
                                  "norm_topk_prob", "first_k_dense_layers", "mlp_only_layers",
                                  "decoder_sparse_step"}
@@ -52,10 +53,20 @@ REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_
 hf_names = HUB_MAP.hf_names   # the hub's (per-expert) names
 
 
+def is_fused(names: Iterable[str]) -> bool:
+  """Whether a checkpoint's experts are transformers' fused tensors (else the hub's per-expert
+  files)."""
+  return any(k.endswith("mlp.experts.gate_up_proj") for k in names)
+
+
 def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF tensors (hub per-expert files or transformers' fused state dict) → our params."""
-  fused = any(k.endswith("mlp.experts.gate_up_proj") for k in hf_state)
-  return (FUSED_MAP if fused else HUB_MAP).hf_to_params(hf_state, mcfg)
+  return (FUSED_MAP if is_fused(hf_state) else HUB_MAP).hf_to_params(hf_state, mcfg)
+
+
+def folder_map(names: Iterable[str], mcfg: ModelConfig) -> FolderMap:
+  """The rows `hf_to_params` uses for a folder holding tensors `names`, read a box at a time."""
+  return FolderMap(FUSED_MAP if is_fused(names) else HUB_MAP)
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,

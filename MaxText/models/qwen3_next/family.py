@@ -8,7 +8,8 @@ from MaxText.layers.moe import MoETerms, active_matmul_params
 from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_delta_flops, gated_mlp_params)
 from MaxText.models.family import (COMMON_KEYS, ROUTED_EXPERT_KEYS, Family, Problems,
-                                   dense_layer_problems, routed_expert_problems)
+                                   dense_layer_problems, mtp_problems,
+                                   routed_expert_problems)
 from MaxText.models.qwen3_next.keys import Keys
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.qwen3_next import hf_map
@@ -21,7 +22,7 @@ LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_hea
                "linear_value_head_dim")
 # the schema's shared keys it implements; its own (keys.py) are supported through keys=Keys
 QWEN3_NEXT_KEYS = frozenset({"mlp_activation", "tie_word_embeddings", "attention_pattern",
-                             "partial_rotary_factor"})
+                             "partial_rotary_factor", "mtp_num_layers", "mtp_loss_scale"})
 
 
 def check(cfg: ModelConfig) -> Problems:
@@ -47,7 +48,7 @@ def check(cfg: ModelConfig) -> Problems:
       problems.append(("linear_num_value_heads", f"{cfg.linear_num_value_heads} value heads are "
                        f"not a multiple of linear_num_key_heads={cfg.linear_num_key_heads}"))
   problems += dense_layer_problems(cfg, moe_layers(cfg), DENSE_LAYER_KEYS)
-  return problems
+  return problems + mtp_problems(cfg)
 
 
 def _linear_params(cfg: ModelConfig) -> int:
@@ -97,8 +98,8 @@ def aux_terms(cfg: ModelConfig) -> MoETerms | None:
 
 
 def frozen(cfg: ModelConfig) -> tuple[str, ...]:
-  """The MTP block is carried, not trained."""
-  return ("mtp",) if cfg.mtp_num_layers else ()
+  """The MTP block is carried, not trained, unless mtp_loss_scale > 0."""
+  return ("mtp",) if cfg.mtp_num_layers and not cfg.mtp_loss_scale else ()
 
 
 FAMILY = Family(

@@ -150,16 +150,27 @@ class GatedDeltaNet(nnx.Module):
     """Decoding (`valid_BS`: the real tokens of right-padded rows): a prefill runs prompts from a
     zero state (padding neither writes nor decays the state: β = 0, g = 0) and stores in row
     `index` of the cache `group` (None: no cache) the final delta-rule state and each prompt's last
-    W−1 conv inputs; otherwise one token per row through `step` (a row whose token is not valid
-    keeps its state). Returns (output, group)."""
+    W−1 conv inputs; otherwise the new tokens continue the cached state one at a time through
+    `step` (a token that is not valid leaves the state as it was: speculative decoding verifies
+    several, MaxText/decoding/speculative.py). Returns (output, group)."""
     if not prefill:
       state = {name: group[name][index] for name in ("conv", "delta")}
-      y_BD, new = self.step(x_BSD[:, 0], state)
-      keep = lambda a: valid_BS[:, 0].reshape(-1, *(1,) * (a.ndim - 1))
-      group = {name: group[name].at[index].set(
-          jnp.where(keep(new[name]), new[name], state[name]).astype(group[name].dtype))
-          for name in ("conv", "delta")}
-      return y_BD[:, None], group
+
+      def one(state, xs):
+        x_BD, valid_B = xs
+        y_BD, new = self.step(x_BD, state)
+        keep = lambda a: valid_B.reshape(-1, *(1,) * (a.ndim - 1))
+        return {name: jnp.where(keep(new[name]), new[name], state[name]).astype(state[name].dtype)
+                for name in state}, y_BD
+
+      if x_BSD.shape[1] == 1:
+        state, y_BD = one(state, (x_BSD[:, 0], valid_BS[:, 0]))
+        y_BSD = y_BD[:, None]
+      else:
+        state, y_SBD = jax.lax.scan(one, state, (x_BSD.swapaxes(0, 1), valid_BS.swapaxes(0, 1)))
+        y_BSD = y_SBD.swapaxes(0, 1)
+      group = {name: group[name].at[index].set(state[name]) for name in state}
+      return y_BSD, group
     qkv, z, b, a = self._project(x_BSD)
     qkv = constrain(qkv, ACT_BSHX)
     mixed = causal_conv(qkv, self.conv[...], document_starts(valid_BS.astype(jnp.int32)))

@@ -32,8 +32,8 @@ import numpy as np
 
 from MaxText.models.llama import hf_map as llama
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.name_map import (CAUSAL_LM_RULES, NameMap, Rule, check_representable,
-                                     self_attention_rules)
+from MaxText.models.name_map import (CAUSAL_LM_RULES, FolderMap, NameMap, Rule,
+                                     check_representable, self_attention_rules)
 from MaxText.models.llama import qwen3_moe_hf_map as qwen3_moe
 from MaxText.models.qwen3_next.model import Transformer, layer_location, mixer_types
 
@@ -105,6 +105,14 @@ class _ConvLayout(Mapping):
                                   Hk * Dk + head * Dk + np.arange(Dk),
                                   2 * Hk * Dk + head * G * Dv + np.arange(G * Dv)], axis=1).ravel()
 
+  def relayout(self, name: str, shape: tuple[int, ...]):
+    """(HF tensor → ours, the shape it gives) for a conv1d weight of shape [C, 1, W], else None
+    (FolderMap.relayout)."""
+    order = self._order
+    if order is None or not _CONV.search(name) or len(shape) != 3:
+      return None
+    return (lambda w: np.asarray(w)[:, 0][order]), (len(order), shape[2])
+
   def __getitem__(self, name: str):
     value = self._tensors[name]
     if self._order is None or not _CONV.search(name):
@@ -120,8 +128,7 @@ class _ConvLayout(Mapping):
     return len(self._tensors)
 
 
-def _fused(names: Iterable[str]) -> bool:
-  return any(k.endswith("mlp.experts.gate_up_proj") for k in names)
+_fused = qwen3_moe.is_fused
 
 
 def hf_names(mcfg: ModelConfig, *, tied_lm_head: bool = False) -> list[str]:
@@ -133,6 +140,13 @@ def hf_to_params(hf_state: Mapping[str, np.ndarray], mcfg: ModelConfig) -> dict:
   """HF tensors (hub per-expert files or transformers' fused state dict) → our params."""
   nm = name_map(mcfg.mtp_num_layers, _fused(hf_state))
   return nm.hf_to_params(_ConvLayout(hf_state, mcfg, to_ours=True), mcfg)
+
+
+def folder_map(names: Iterable[str], mcfg: ModelConfig) -> FolderMap:
+  """The rows `hf_to_params` uses for a folder holding tensors `names`, read a box at a time; the
+  conv1d weights (channels regrouped per key head) are read whole and laid out as ours."""
+  return FolderMap(name_map(mcfg.mtp_num_layers, _fused(names)),
+                   relayout=_ConvLayout({}, mcfg, to_ours=True).relayout)
 
 
 def params_to_hf(params: Mapping, mcfg: ModelConfig, *, tied_lm_head: bool = False,

@@ -1,5 +1,5 @@
 """The model keys only the Qwen3-Next family reads: its Gated DeltaNet (linear-attention)
-layers and the multi-token-prediction block it carries.
+layers (the multi-token-prediction keys are shared: config/schema.py).
 
 Composed into the one schema like every family's `keys.py` (docs/architecture.md, the family
 section).
@@ -34,6 +34,3 @@ class Keys:
   linear_recurrence: str = key("chunked", "chunked (training) | token (one token at a time: the "
                                "reference form, slow)", choices=("chunked", "token"), **_COMPUTE,
                                tools=MODEL_TOOLS)
-  mtp_num_layers: int = key(0, "multi-token-prediction layers carried with the model (HF mtp.*): "
-                            "loaded, checkpointed and exported unchanged, never trained", min=0,
-                            model=True)

@@ -27,8 +27,13 @@ selection bias `router_bias` [MoE layers, E], as in the llama family. Parameter 
   unscanned  decoder/layers/<i>/...
 With mtp_num_layers > 0 the model also holds the checkpoint's multi-token-prediction block
 (`mtp/`: fc [2D, D], pre_fc_norm_embedding, pre_fc_norm_hidden, layers/<j> (a full-attention
-layer), norm). The forward pass never runs it: it is carried (frozen) so that a fine-tuned model
-exports the released MTP weights unchanged.
+layer, its MLP decided as decoder layer j's), norm; zero-centred norms like the rest), laid out as
+the released checkpoints' `mtp.*` (hf_map.py). transformers' Qwen3NextForCausalLM never runs it;
+our forward is the definition of MaxText/layers/mtp.py (the order vLLM's Qwen3-Next MTP runs:
+[embedding | hidden] into fc, the layer, mtp.norm, the shared head), run by the llama lineage's
+`mtp_hidden` (training, mtp_loss_scale > 0) and `mtp_extend` (speculative decoding). With
+mtp_loss_scale = 0 the block is carried frozen: a fine-tuned model exports the released MTP
+weights unchanged.
 """
 from __future__ import annotations
 
@@ -209,32 +214,18 @@ class DecoderLayer(nnx.Module):
     return x_BSD, None if cache is None else {**cache, name: group}
 
 
-class MultiTokenPrediction(nnx.Module):
-  """The checkpoint's MTP block, carried with the model (never run; see the module docstring)."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    D = cfg.emb_dim
-    self.fc = DenseGeneral((2 * D,), (D,), ("mlp", "embed"), rngs=rngs, dtype=cfg.compute_dtype,
-                           param_dtype=cfg.param_dtype)
-    self.pre_fc_norm_embedding = zero_centered_norm(D, cfg, rngs)
-    self.pre_fc_norm_hidden = zero_centered_norm(D, cfg, rngs)
-    self.layers = nnx.List([DecoderLayer(cfg, mtp_kind(cfg, j), rngs=rngs)
-                            for j in range(cfg.mtp_num_layers)])
-    self.norm = zero_centered_norm(D, cfg, rngs)
-
-
 class Transformer(llama_model.Transformer):
   """`__call__(tokens_BS, positions_BS, segment_ids_BS) -> logits_BSV` (fp32). The embedding
   lookup, the forward, the LM head and the MoE layers' per-layer inputs are the Llama lineage's;
-  the layers (through the parent's hooks), the zero-centred final norm, the MTP block and the
-  decoding cache are this family's."""
+  the layers (through the parent's hooks), the zero-centred final norm, the MTP block's layers
+  and the decoding cache are this family's."""
 
   kinds_of = staticmethod(layer_kinds)
   moe_layers_of = staticmethod(moe_layers)
+  attention_group = FULL
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    super().__init__(cfg, rngs=rngs)
-    self.mtp = MultiTokenPrediction(cfg, rngs=rngs) if cfg.mtp_num_layers else None
+  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> nnx.Module:
+    return DecoderLayer(cfg, mtp_kind(cfg, j), rngs=rngs)
 
   def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
     return DecoderLayer(cfg, kind, rngs=rngs)
@@ -262,8 +253,9 @@ def cache_rows(cfg: ModelConfig) -> np.ndarray:
 
 def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
   """Linear layers keep their conv window and delta-rule state (LINEAR), full layers their K/V
-  (FULL); one row per layer of the kind."""
+  (FULL); one row per layer of the kind; the MTP block's layers theirs (MTP)."""
   kinds = mixer_types(cfg.attention_pattern, cfg.num_decoder_layers)
   groups = {LINEAR: CacheGroup(linear_state(cfg), kinds.count(LINEAR)),
             FULL: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), kinds.count(FULL))}
-  return {name: group for name, group in groups.items() if group.layers}
+  return {**{name: group for name, group in groups.items() if group.layers},
+          **llama_model.mtp_cache(cfg)}

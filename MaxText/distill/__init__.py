@@ -1,0 +1,1 @@
+"""Distillation (python -m MaxText.distill): MaxText/distill/__main__.py."""

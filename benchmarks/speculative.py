@@ -1,0 +1,138 @@
+"""Speculative decoding with the MTP head as the drafter vs plain greedy decoding, side by side in
+one run on the same trained weights and prompts (MaxText/decoding/speculative.py).
+
+  .venv/bin/python benchmarks/speculative.py --train RUNS     # trains the tiny model first
+  .venv/bin/python benchmarks/speculative.py --checkpoint RUNS/mtp/checkpoints [--k 1,2,3,4]
+                                             [--rows 1] [--prompts 8] [--new 128] [--repeats 3]
+
+--train runs train.py (the command is printed) on the embedded data (the Python standard
+library's source, byte tokenizer): a 12-layer llama-family model (D 128, 4 heads, MLP 512) with
+one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 400 steps of 16 x 128 tokens (2 CPU
+devices); --family qwen3_next: an 8-layer Qwen3-Next ([3 Gated DeltaNet + 1 gated attention] x 2,
+dense MLPs), 300 steps. Decoding runs on one device (fp32).
+Prompts: the first 48 bytes of --prompts standard-library modules. Each engine (plain, then
+speculative_tokens=k for each k) generates with max_new_tokens = 1 and = --new after an untimed
+warm-up; decode tokens/s = rows x (new - 1) / (t(new) - t(1)), the median of --repeats rounds
+that interleave the engines (the machine's load moves them alike); CPU seconds of the process
+likewise. Speculative outputs are checked equal to plain greedy's, token for token.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+MODEL = ["emb_dim=128", "num_decoder_layers=12", "num_query_heads=4", "num_kv_heads=4",
+         "head_dim=32", "mlp_dim=512", "mtp_num_layers=1"]
+TRAIN = ["max_target_length=128", "per_device_batch_size=8", "warmup_steps=20",
+         "mtp_loss_scale=0.3", "log_period=10", "sample_at_end=false"]
+# --family qwen3_next: [3 Gated DeltaNet + 1 gated attention] x 2, dense MLPs, 300 steps
+QWEN3_NEXT = ["model_name=qwen3-next-tiny", "num_decoder_layers=8", "emb_dim=128",
+              "num_query_heads=4", "num_kv_heads=2", "head_dim=32", "num_experts=0",
+              "moe_mlp_dim=0", "shared_expert_mlp_dim=0", "moe_aux_loss_weight=0", "mlp_dim=512",
+              "mtp_num_layers=1"]
+MODULES = ["argparse", "json/decoder", "csv", "textwrap", "string", "shlex", "glob", "fnmatch",
+           "base64", "calendar", "difflib", "heapq", "bisect", "copy", "pprint", "queue"]
+
+
+def train(runs: str, model: list[str], steps: int) -> str:
+  cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs/base.yml"),
+         f"base_output_directory={runs}", "run_name=mtp", *model, *TRAIN, f"steps={steps}",
+         f"checkpoint_period={steps}"]
+  print(" ".join(cmd[1:]), flush=True)
+  subprocess.run(cmd, check=True)
+  return os.path.join(runs, "mtp", "checkpoints")
+
+
+def prompts(n: int) -> list[bytes]:
+  import sysconfig
+  lib = sysconfig.get_paths()["stdlib"]
+  out = []
+  for name in MODULES[:n]:
+    path = os.path.join(lib, name + (".py" if os.path.exists(os.path.join(lib, name + ".py"))
+                                     else "/__init__.py"))
+    with open(path, "rb") as f:
+      out.append(f.read()[:48])
+  return out
+
+
+def timed(engine, params, ids, new):
+  t, c = time.perf_counter(), time.process_time()
+  out = engine.generate(params, ids, max_new_tokens=new)
+  return time.perf_counter() - t, time.process_time() - c, out
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--train", default="")
+  ap.add_argument("--family", default="llama", choices=("llama", "qwen3_next"))
+  ap.add_argument("--checkpoint", default="")
+  ap.add_argument("--k", default="1,2,3,4")
+  ap.add_argument("--rows", type=int, default=1)
+  ap.add_argument("--prompts", type=int, default=8)
+  ap.add_argument("--new", type=int, default=128)
+  ap.add_argument("--repeats", type=int, default=3)
+  args = ap.parse_args()
+  model_keys = MODEL if args.family == "llama" else QWEN3_NEXT
+  checkpoint = (train(args.train, model_keys, 400 if args.family == "llama" else 300)
+                if args.train else args.checkpoint)
+  from MaxText import inference
+  from MaxText.decoding.engine import Engine
+  import jax
+  model = inference.load([os.path.join(ROOT, "configs/base.yml"), *model_keys,
+                          f"load_parameters_path={checkpoint}", "dtype=float32",
+                          "ici_fsdp_parallelism=1", f"decode_batch_size={args.rows}"],
+                         devices=jax.devices()[:1])
+  ids = [model.encode(p.decode()) for p in prompts(args.prompts)]
+  base = model.engine
+  engines = {0: base}
+  for k in map(int, args.k.split(",")):
+    engines[k] = Engine(base.mcfg, base.mesh, base.rules, cache_dtype="float32",
+                        batch_size=args.rows, speculative_tokens=k)
+  want = None
+  for k, e in engines.items():   # warm-up: every program compiled; outputs compared
+    timed(e, model.params, ids, 1)
+    _, _, out = timed(e, model.params, ids, args.new)
+    got = [o.output_ids for o in out]
+    want = want or got
+    assert got == want, f"speculative_tokens={k}: output differs from plain greedy decoding"
+    if e.speculative is not None:
+      e.speculative.stats.update(drafted=0, accepted=0)
+  for i in range(min(2, len(ids))):
+    print(f"prompt {i}: {model.text(ids[i])!r}\n  greedy: {model.text(want[i])!r}")
+  wall = {k: [] for k in engines}
+  cpu = {k: [] for k in engines}
+  for _ in range(args.repeats):
+    for k, e in engines.items():
+      w1, c1, _ = timed(e, model.params, ids, 1)
+      wn, cn, _ = timed(e, model.params, ids, args.new)
+      tokens = len(ids) * (args.new - 1)
+      wall[k].append(tokens / max(wn - w1, 1e-9))
+      cpu[k].append((cn - c1) / tokens * 1000)
+  print(f"\n{len(ids)} prompts, {args.rows} per batch, {args.new} new tokens each, greedy; "
+        f"outputs identical to plain greedy decoding for every k")
+  print("| decoding | acceptance rate | tokens per step | decode tokens/s | vs plain | "
+        "CPU ms per token | vs plain |")
+  print("|---|---|---|---|---|---|---|")
+  plain_w, plain_c = statistics.median(wall[0]), statistics.median(cpu[0])
+  for k, e in engines.items():
+    w, c = statistics.median(wall[k]), statistics.median(cpu[k])
+    if e.speculative is None:
+      name, rate, per = "plain greedy", "–", "1"
+    else:
+      s = e.speculative.stats
+      name, rate = f"speculative, k={k}", f"{e.speculative.acceptance_rate():.3f}"
+      rounds = s["drafted"] / k
+      per = f"{(s['accepted'] + rounds) / max(rounds, 1):.2f}"
+    print(f"| {name} | {rate} | {per} | {w:,.0f} | {w / plain_w:.2f}x | {c:.2f} | "
+          f"{plain_c / c:.2f}x |")
+
+
+if __name__ == "__main__":
+  main()
