@@ -348,9 +348,10 @@ def malformed(url):
        "chat_template_kwargs.messages"),
       ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [
           {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}, 400,
-       "messages[0].content[0].type"),
+       "messages[0].content[0].image_url.url"),
       ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [
-          {"type": "image", "image": "/etc/passwd"}]}]}, 400, "messages[0].content[0].type"),
+          {"type": "image_url", "image_url": {"url": "/etc/passwd"}}]}]}, 400,
+       "messages[0].content[0].image_url.url"),
       ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [
           {"type": "text", "text": 5}]}]}, 400, "messages[0].content[0].text"),
       ("/v1/completions", {**good, "prompt": "y" * 120000}, 413, None),

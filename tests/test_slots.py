@@ -2,9 +2,11 @@
 engine, per family (the tiny random models of the decoding parity tests: full attention, MoE,
 Gemma 4's sliding rings and KV-shared tail, Qwen3-Next's Gated DeltaNet state), on 8 fake
 devices (data x expert x tensor) or one: more requests than slots, of different prompt lengths and
-max_tokens, some arriving while others decode, each get the tokens and log-probabilities
-`Engine.generate` gives the same prompt alone in its batch; a sampled request with a seed gets
-generate's sample for that seed; the slots' programs stay within their buckets."""
+max_tokens, some arriving while others decode (their prompts prefilled in pieces of 8 tokens where
+the family's cache is full attention only), and a slot reaching past the shortest cache window,
+each get the tokens and log-probabilities `Engine.generate` gives the same prompt alone in its
+batch; a sampled request with a seed gets generate's sample for that seed; the slots' programs
+stay within their buckets."""
 import threading
 from types import SimpleNamespace
 
@@ -16,8 +18,8 @@ from MaxText.decoding.sampling import Sampling
 from MaxText.decoding.slots import Slots
 from MaxText.serve.scheduler import Job, Scheduler
 
-LENGTHS = (3, 11, 6, 20, 2, 9)
-NEW = (24, 5, 17, 9, 30, 12)
+LENGTHS = (3, 11, 6, 20, 2, 41)
+NEW = (24, 5, 17, 9, 30, 30)      # the last reaches position 70: past the 64-position window
 # the same fp32 numbers summed in another order (another batch, another cache shape): a few 1e-6,
 # more where a random model's RMSNorms amplify rounding (Qwen3-Next: tests/test_decode_parity.py)
 TOL_LOGPROB = 5e-5
@@ -40,17 +42,22 @@ class Collected:
       self.done.set()
 
 
-@pytest.mark.parametrize("family,mesh", [("qwen3", MESH_1), ("qwen3_moe", MESH_8),
-                                         ("gemma4", MESH_8), ("qwen3_next", MESH_8)])
-def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh):
+@pytest.mark.parametrize("family,mesh,chunkable", [
+    ("qwen3", MESH_1, True), ("qwen3_moe", MESH_8, True),
+    ("gemma4", MESH_8, False), ("qwen3_next", MESH_8, False)])   # sliding rings; a recurrence
+def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh, chunkable):
   mcfg, _, params = family_models()[family][1]()
   eng = engine(mcfg, mesh, batch_size=4)
   params = eng.place(params)
   rng = np.random.default_rng(11)
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in LENGTHS]
-  slots = Slots(eng, slots=4, max_len=64, chunk=4)
+  slots = Slots(eng, slots=4, max_len=128, chunk=4)
+  assert slots.lengths == [64, 96, 128] and slots.chunkable == chunkable
   model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
-  scheduler = Scheduler(model, slots, queue_size=16)
+  scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8)
+  pieces = []
+  prefill = slots.prefill
+  slots.prefill = lambda *a, **k: pieces.append(k.get("starts")) or prefill(*a, **k)
   sinks = [Collected() for _ in range(len(prompts) + 1)]
   jobs = [Job(p, n, s, row=0) for p, n, s in zip(prompts, NEW, sinks)]
   jobs.append(Job(prompts[1], 16, sinks[-1], temperature=SAMPLED.temperature, top_k=SAMPLED.top_k,
@@ -72,5 +79,7 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh):
   assert sinks[-1].ids == want.output_ids
   greedy = eng.generate(params, [prompts[1]], max_new_tokens=16)[0].output_ids
   assert sinks[-1].ids != greedy      # really sampled
-  # prefill buckets (rows, prompt length) and step programs (greedy / sampled), nothing per request
-  assert slots.compiled_programs() <= 20
+  assert any(pieces) == chunkable     # pieces that continue a prompt, only where they can
+  # prefill buckets (rows, piece length, window) and step programs (windows, greedy / sampled),
+  # nothing per request
+  assert slots.compiled_programs() <= 30

@@ -5,12 +5,17 @@ The cache is the family's own (MaxText/decoding/cache.py, every kind: full atten
 rings, KV-shared layers, the Gated DeltaNet state), `slots` rows of `max_len` positions; a row is
 found by the logical axis "activation_batch" of each array, so nothing here knows a kind.
 
-`prefill`: new prompts (right-padded to a power-of-two length bucket >= 16, rows to a power of
+`prefill`: new prompts (right-padded to a length bucket: 16, 24, 32, 48, ...; rows to a power of
 two) run through the family's `extend(prefill=True)` into a fresh cache of their own, which is
 then written into their slots of the shared cache (rows padded in go to slot `slots`: dropped);
 each row's first token is chosen. `step`: up to `chunk` decoding steps of every slot (`extend`
 over the shared cache), a `while_loop` that ends as soon as every slot is done; a slot that is
-done (empty, or its request finished) writes nothing and produces -1.
+done (empty, or its request finished) writes nothing and produces -1. A call reads only the
+first L positions of every slot (`window`: the least of 64, 96, 128, 192, ... that holds the
+busiest slot after the call), cut from the cache before the loop and written back after it.
+A prompt may also go in pieces (`prefill` with `starts`): a piece after the first is a
+multi-token step over its slot's cache, which a cache of full attention only allows
+(`chunkable`).
 
 Sampling is per row (`sample_rows`): each row has its own temperature (0 = greedy), top-k, top-p,
 min-p and seed, so one program serves any mix; whether any row samples and how many most likely
@@ -30,6 +35,7 @@ import numpy as np
 
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.engine import MAX_EOS_IDS, MIN_PROMPT_BUCKET, Engine, bucket, fetch
+from MaxText.layers.kv_cache import KVCache
 from MaxText.sharding.rules import use_rules
 
 BATCH_AXIS = "activation_batch"
@@ -76,6 +82,16 @@ def sample_rows(logits_BV: jax.Array, sampled: bool, values: dict, rows_B: jax.A
   return tokens_B, logprobs_B, top_ids_BK.astype(jnp.int32), top_lp_BK.astype(jnp.float32)
 
 
+def length_buckets(max_len: int, minimum: int = 64) -> list[int]:
+  """Padded lengths: `minimum` times powers of two and the halves between them (64, 96, 128,
+  192, 256, ...) below `max_len`, then `max_len`."""
+  out, n = [], minimum
+  while n < max_len:
+    out += [n] + ([n * 3 // 2] if n * 3 // 2 < max_len else [])
+    n *= 2
+  return out + [max_len]
+
+
 def row_values(rows: list[dict[str, Any]], n: int) -> dict[str, np.ndarray]:
   """The sampling values of `rows` (dicts of temperature, top_k, top_p, min_p, seed) as [n]
   arrays; rows beyond them greedy."""
@@ -95,10 +111,17 @@ class Slots:
   def __init__(self, engine: Engine, slots: int, max_len: int, chunk: int = 8):
     self.engine, self.slots, self.max_len, self.chunk = engine, slots, max_len, chunk
     self.specs = cache_lib.specs(engine.mcfg, slots, max_len, engine.cache_dtype)
+    self.lengths = length_buckets(max_len)
+    self.prompt_lengths = length_buckets(max_len, MIN_PROMPT_BUCKET)
+    # a prompt may go in pieces when every cache is full attention: a piece's queries then read
+    # the earlier pieces from the cache (a ring could have dropped what they need; a recurrent
+    # state is only built by a whole-prompt prefill)
+    self.chunkable = all(isinstance(g.kind, KVCache) and not g.kind.window
+                         for g in cache_lib.groups(engine.mcfg).values())
     self._prefill = jax.jit(engine._counted(self._prefill_fn),
-                            static_argnames=("sampled", "top"), donate_argnums=(1,))
+                            static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
     self._step = jax.jit(engine._counted(self._step_fn),
-                         static_argnames=("sampled", "top"), donate_argnums=(1,))
+                         static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
     self.cache = jax.jit(self._empty_fn)()
 
   def _empty_fn(self):
@@ -106,35 +129,81 @@ class Slots:
     with use_rules(e.mesh, e.rules):
       return cache_lib.constrain_cache(cache_lib.empty(self.specs), self.specs, e.mesh, e.rules)
 
+  def window(self, need: int) -> int:
+    """The cache length a call reads to hold `need` positions: the least bucket >= need."""
+    return next((n for n in self.lengths if n >= need), self.max_len)
+
+  def step_length(self, positions: np.ndarray) -> int:
+    """The cache length a decoding call reads: the least bucket that holds every busy slot's
+    positions after `chunk` more tokens."""
+    return self.window(int(positions.max(initial=0)) + self.chunk)
+
   def prompt_bucket(self, length: int) -> int:
-    """The padded length of a prefill whose longest prompt has `length` tokens."""
-    return bucket(length, MIN_PROMPT_BUCKET, self.max_len)
+    """The padded length of a prefill whose longest prompt has `length` tokens: 16, 24, 32, 48,
+    ... (a third of a prefill's work padding at most, not half as with powers of two)."""
+    return next((n for n in self.prompt_lengths if n >= length), self.max_len)
 
   def compiled_programs(self) -> int:
     return self.engine.compiled_programs()
 
   # ---- programs ----------------------------------------------------------------------------------
   def _insert(self, cache: dict, new: dict, slots_B) -> dict:
-    """`cache` with the rows of `new` written into rows `slots_B` (a row >= slots: dropped)."""
+    """`cache` with the rows of `new` written into rows `slots_B` (a row >= slots: dropped); `new`
+    may be shorter along its length axes: it goes into their first positions (the rest of those
+    rows keeps what it held: never read, as attention reads positions up to a query's)."""
     out = {}
     for name, arrays in cache.items():
       out[name] = {}
       for k, x in arrays.items():
+        y = new[name][k]
         axis = self.specs[name][k].logical_axes.index(BATCH_AXIS)
-        at = (slice(None),) * axis + (slots_B,)
-        out[name][k] = x.at[at].set(new[name][k].astype(x.dtype), mode="drop")
+        at = tuple(slots_B if a == axis else slice(0, n) for a, n in enumerate(y.shape))
+        out[name][k] = x.at[at].set(y.astype(x.dtype), mode="drop")
     return out
 
-  def _prefill_fn(self, params, cache, tokens_BS, lengths_B, slots_B, rows_B, values, *,
-                  sampled, top):
+  def _window(self, cache: dict, length: int, rows: int = 0) -> dict:
+    """The first `length` positions of every row (`rows` of them; 0: the slots): each array cut
+    to its shape at that cache length (full attention: the first positions; a ring shorter than
+    its window holds position p at slot p, so the same cut; fixed-size state: whole)."""
+    short = cache_lib.specs(self.engine.mcfg, rows or self.slots, length, self.engine.cache_dtype)
+    return {name: {k: x if x.shape == short[name][k].shape else
+                   jax.lax.slice(x, (0,) * x.ndim, short[name][k].shape)
+                   for k, x in arrays.items()} for name, arrays in cache.items()}
+
+  @staticmethod
+  def _put_back(cache: dict, window: dict) -> dict:
+    return {name: {k: w if w.shape == cache[name][k].shape else
+                   jax.lax.dynamic_update_slice(cache[name][k], w, (0,) * w.ndim)
+                   for k, w in arrays.items()} for name, arrays in window.items()}
+
+  def _rows(self, cache: dict, slots_B) -> dict:
+    """The rows `slots_B` of `cache` (a row >= slots: the last one's copy, dropped on insert)."""
+    at = jnp.minimum(slots_B, self.slots - 1)
+    return {name: {k: jnp.take(x, at, axis=self.specs[name][k].logical_axes.index(BATCH_AXIS))
+                   for k, x in arrays.items()} for name, arrays in cache.items()}
+
+  def _prefill_fn(self, params, cache, tokens_BS, starts_B, lengths_B, slots_B, rows_B, values,
+                  media, *, sampled, top, length):
+    """Prompt pieces (`lengths_B` tokens each, right-padded to S) into their slots. `length` 0:
+    first pieces (positions 0..), the family's prefill over a fresh cache of S positions. Else
+    pieces that continue a prompt at positions `starts_B`..: each row's first `length` positions
+    read from its slot and the piece run as a multi-token step over them (written, then each
+    query attends to the positions up to its own: full attention only, `chunkable`). Each row's
+    next token is chosen after its piece's last token."""
     e = self.engine
     B, S = tokens_BS.shape
-    new_specs = cache_lib.specs(e.mcfg, B, self.max_len, e.cache_dtype)
     with use_rules(e.mesh, e.rules):
       model = e._model(params)
-      new = cache_lib.constrain_cache(cache_lib.empty(new_specs), new_specs, e.mesh, e.rules)
-      x_BSD, new = model.extend(tokens_BS, *e._prompt_positions(lengths_B, S), new,
-                                prefill=True)
+      if not length:
+        new_specs = cache_lib.specs(e.mcfg, B, S, e.cache_dtype)   # the prompts' positions only
+        new = cache_lib.constrain_cache(cache_lib.empty(new_specs), new_specs, e.mesh, e.rules)
+        x_BSD, new = model.extend(tokens_BS, *e._prompt_positions(lengths_B, S), new,
+                                  prefill=True, **e._media(media))
+      else:
+        new = self._window(self._rows(cache, slots_B), length, B)
+        offsets_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+        x_BSD, new = model.extend(tokens_BS, starts_B[:, None] + offsets_BS,
+                                  offsets_BS < lengths_B[:, None], new, prefill=False)
       last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
       picked = sample_rows(model.logits(last_B1D)[:, 0], sampled, values, rows_B,
                            jnp.zeros_like(rows_B), top)
@@ -142,13 +211,15 @@ class Slots:
                                         e.rules)
     return cache, *e._replicated(*picked)
 
-  def _step_fn(self, params, cache, state, eos_E, values, *, sampled, top):
-    """Up to `chunk` steps of every slot. state: per slot the token it feeds next, its position,
-    tokens generated (`count`), its `max_new`, `done` and `row` (its prompt index)."""
+  def _step_fn(self, params, full, state, eos_E, values, *, sampled, top, length):
+    """Up to `chunk` steps of every slot over the first `length` positions of the cache. state:
+    per slot the token it feeds next, its position, tokens generated (`count`), its `max_new`,
+    `done` and `row` (its prompt index)."""
     e = self.engine
     B, C = state["token"].shape[0], self.chunk
     with use_rules(e.mesh, e.rules):
       model = e._model(params)
+      cache = self._window(full, length)
 
       def step(carry):
         i, cache, st, out = carry
@@ -174,29 +245,40 @@ class Slots:
              "top_logprobs": jnp.zeros((B, C, top), jnp.float32)}
       _, cache, state, out = jax.lax.while_loop(
           lambda c: (c[0] < C) & ~jnp.all(c[2]["done"]), step, (jnp.int32(0), cache, state, out))
-      cache = cache_lib.constrain_cache(cache, self.specs, e.mesh, e.rules)
+      cache = cache_lib.constrain_cache(self._put_back(full, cache), self.specs, e.mesh, e.rules)
     return cache, *e._replicated(state, out)
 
   # ---- calls -------------------------------------------------------------------------------------
   def prefill(self, params, prompts: list[list[int]], slots: list[int], rows: list[int],
-              sampling: list[dict[str, Any]], top: int) -> tuple[np.ndarray, ...]:
-    """Prefills `prompts` into `slots`; (first tokens, their log-probabilities, top ids, top
-    log-probabilities), one row per prompt."""
+              sampling: list[dict[str, Any]], top: int, starts: list[int] | None = None,
+              media: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+    """Prefills `prompts` (pieces of prompts beginning at positions `starts`: all 0, or all > 0
+    and then `chunkable`) into `slots`; (next tokens, their log-probabilities, top ids, top
+    log-probabilities), one row per prompt. `media`: the first pieces' images and clips
+    (`batch_media` of theirs, whole prompts)."""
     n = len(prompts)
+    starts = starts or [0] * n
     B = bucket(n)
     S = self.prompt_bucket(max(len(p) for p in prompts))
     tokens_BS = np.zeros((B, S), np.int32)
+    starts_B = np.zeros(B, np.int32)
     lengths_B = np.ones(B, np.int32)
     slots_B = np.full(B, self.slots, np.int32)
     rows_B = np.zeros(B, np.int32)
     for b, p in enumerate(prompts):
       tokens_BS[b, :len(p)] = p
-      lengths_B[b], slots_B[b], rows_B[b] = len(p), slots[b], rows[b]
+      lengths_B[b], slots_B[b], rows_B[b], starts_B[b] = len(p), slots[b], rows[b], starts[b]
+    length = 0
+    if starts_B.any():
+      if not starts_B[:n].all() or not self.chunkable or media:
+        raise ValueError("prompt pieces continue together (full-attention caches, text only)")
+      length = self.window(int((starts_B + lengths_B)[:n].max()))
     values = row_values(sampling, B)
     e = self.engine
     self.cache, *got = self._prefill(params, self.cache, *e._host(
-        tokens_BS, lengths_B, slots_B, rows_B, values), sampled=bool(values["temperature"].any()),
-                                     top=top)
+        tokens_BS, starts_B, lengths_B, slots_B, rows_B, values, media or {}),
+                                     sampled=bool(values["temperature"].any()), top=top,
+                                     length=length)
     return tuple(np.asarray(fetch(g))[:n] for g in got)
 
   def step(self, params, state: dict[str, np.ndarray], eos_ids: list[int],
@@ -210,7 +292,8 @@ class Slots:
     active = ~state["done"]
     self.cache, new_state, out = self._step(
         params, self.cache, *e._host(state, eos_E, sampling),
-        sampled=bool((sampling["temperature"][active] > 0).any()), top=top)
+        sampled=bool((sampling["temperature"][active] > 0).any()), top=top,
+        length=self.step_length(state["position"][active]))
     return ({k: fetch(v) for k, v in new_state.items()},
             {k: fetch(v) for k, v in out.items()})
 

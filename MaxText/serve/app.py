@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from MaxText.data.multimodal.errors import MediaError
 from MaxText.inference import InferenceError, InferenceModel
 from MaxText.serve import errors
 from MaxText.serve.metrics import Metrics
@@ -120,7 +121,7 @@ def build_app(served: Served) -> FastAPI:
                             f"(serve_max_tokens)", "max_tokens")
 
   def jobs_for(pending: Pending, prompts: list[list[int]], req, max_tokens: int, top: int,
-               logprobs: bool, echo_logprobs: bool) -> list[Job]:
+               logprobs: bool, echo_logprobs: bool, media: Any = None) -> list[Job]:
     seed = req.seed if req.seed is not None else secrets.randbits(32)
     top_k = max(req.top_k, 0)
     jobs = []
@@ -130,7 +131,7 @@ def build_app(served: Served) -> FastAPI:
         jobs.append(Job(ids, max_tokens, pending.sink(i), temperature=req.temperature,
                         top_k=top_k, top_p=req.top_p, min_p=req.min_p, seed=seed, row=i,
                         stop=req.stops(), top=top, logprobs=logprobs,
-                        echo_logprobs=echo_logprobs))
+                        echo_logprobs=echo_logprobs, media=media))
     pending.jobs = jobs
     return jobs
 
@@ -259,12 +260,26 @@ def build_app(served: Served) -> FastAPI:
     t0 = time.perf_counter()
     check_model(req.model)
     req.check_penalties()
-    messages = req.template_messages()
-    try:
-      variables = req.template_variables()
-      ids = model.render_chat(messages, variables.pop("tools", None), variables)
-    except InferenceError as e:
-      raise errors.ApiError(400, f"messages: {e}", "messages") from None
+    variables = req.template_variables()
+    tools = variables.pop("tools", None)
+    found = None
+    if req.has_media():     # decoded from their data URLs, then the model's processor
+      processor = model.processor
+      audio = processor.audio if processor is not None else None
+      messages = req.template_messages(audio.sampling_rate if audio is not None else None)
+      try:
+        prepared = model.prepare([{"messages": messages, "tools": tools,
+                                   "chat_template_kwargs": variables}])
+        model.check_room(prepared, req.new_tokens() or 1, served.room, "max_cache_length")
+      except (InferenceError, MediaError) as e:
+        raise errors.ApiError(400, f"messages: {e}", "messages") from None
+      ids, found = prepared.ids[0], (prepared.media or [None])[0]
+    else:
+      messages = req.template_messages()
+      try:
+        ids = model.render_chat(messages, tools, variables)
+      except InferenceError as e:
+        raise errors.ApiError(400, f"messages: {e}", "messages") from None
     max_tokens = req.new_tokens() or served.room - len(ids)
     check_prompt(ids, 0, model.engine.mcfg.vocab_size, served.room, max(max_tokens, 1),
                  "messages")
@@ -272,7 +287,7 @@ def build_app(served: Served) -> FastAPI:
     k = req.top_logprobs or 0
     pending = Pending()
     jobs = jobs_for(pending, [ids], req, max_tokens, top=k, logprobs=req.logprobs,
-                    echo_logprobs=False)
+                    echo_logprobs=False, media=found)
     rid = new_id("chatcmpl")
     submit(jobs)
     if not req.stream:

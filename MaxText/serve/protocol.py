@@ -5,7 +5,8 @@ A field of the wrong type, out of range or unknown is refused by pydantic (422, 
 named: MaxText/serve/errors.py); a request that is well formed but cannot run on this model (an
 unknown model name: 404; an empty prompt, token ids outside the vocabulary, a prompt plus
 max_tokens beyond a slot's cache, n x max_tokens beyond `serve_max_tokens`, a penalty we do not
-implement set away from 0, an image or audio part) is refused with 400 naming the field.
+implement set away from 0, an image or audio part that is not a base64 data URL) is refused with
+400 naming the field.
 Defaults are the OpenAI API's: max_tokens 16 (completions; chat: what the cache leaves),
 temperature 1, top_p 1, n 1; top_k (0 = off) and min_p (0 = off) are vLLM's extensions, as
 `chat_template_kwargs` (variables of the chat template, as `tools`).
@@ -16,6 +17,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from MaxText.serve import media
 from MaxText.serve.errors import ApiError
 
 TOP_LOGPROBS_MAX = 20
@@ -93,27 +95,34 @@ class ChatRequest(Sampled):
   tool_choice: Union[StrictStr, dict[str, Any], None] = None
   chat_template_kwargs: Union[dict[str, Any], None] = None
 
-  def template_messages(self) -> list[dict[str, Any]]:
-    """The messages as the chat template reads them: text parts joined; an image or audio part
-    refused (this server takes text)."""
+  def template_messages(self, sampling_rate: int | None = None) -> list[dict[str, Any]]:
+    """The messages as the chat template reads them: text parts joined (a message with an image
+    or audio part keeps its parts, each decoded from its base64 data URL: MaxText/serve/media.py,
+    `sampling_rate` the feature extractor's)."""
     out = []
     for i, m in enumerate(self.messages):
       d = m.model_dump(exclude_none=True)
       if isinstance(m.content, list):
-        texts = []
+        parts: list[dict[str, Any]] = []
         for j, part in enumerate(m.content):
-          kind = part.get("type")
+          kind, field = part.get("type"), f"messages[{i}].content[{j}]"
+          if kind in media.KINDS:
+            parts.append(media.media_part(part, field, sampling_rate))
+            continue
           if kind != "text":
-            raise ApiError(400, f"messages[{i}].content[{j}].type={kind!r}: this server takes "
-                           f"text parts only (no image or audio input; nothing is read from a "
-                           f"path or URL)", f"messages[{i}].content[{j}].type")
+            raise ApiError(400, f"{field}.type={kind!r}: text, image_url, input_audio or "
+                           f"audio_url", f"{field}.type")
           if not isinstance(part.get("text"), str):
-            raise ApiError(400, f"messages[{i}].content[{j}].text must be a string",
-                           f"messages[{i}].content[{j}].text")
-          texts.append(part["text"])
-        d["content"] = "".join(texts)
+            raise ApiError(400, f"{field}.text must be a string", f"{field}.text")
+          parts.append({"type": "text", "text": part["text"]})
+        d["content"] = parts if any(p["type"] != "text" for p in parts) else \
+            "".join(p["text"] for p in parts)
       out.append(d)
     return out
+
+  def has_media(self) -> bool:
+    return any(isinstance(m.content, list) and any(p.get("type") in media.KINDS for p in m.content)
+               for m in self.messages)
 
   def template_variables(self) -> dict[str, Any]:
     """`tools`, `tool_choice` and `chat_template_kwargs` as the template's variables."""

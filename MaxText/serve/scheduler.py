@@ -1,8 +1,11 @@
 """Continuous batching: the engine's own thread, a queue of waiting requests and a fixed number of
 decode slots (MaxText/decoding/slots.py).
 
-Between two decoding calls the thread takes waiting requests into free slots (prefilled together,
-one call per prompt-length bucket), then runs up to `chunk` steps of every busy slot. A
+Between two decoding calls the thread takes waiting requests into free slots and prefills their
+prompts (together, one call per prompt-length bucket), then runs up to `chunk` steps of every
+slot that decodes. While other slots decode, at most `prefill_chunk` prompt tokens go in per call:
+a long prompt is prefilled in pieces over several calls (chunked prefill, for a family whose
+cache is full attention only), so it never stalls the running requests for long. A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
@@ -23,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from MaxText.decoding.engine import batch_media
 from MaxText.decoding.slots import Slots, row_values
 
 log = logging.getLogger("MaxText.serve")
@@ -62,7 +66,9 @@ class Job:
   logprobs: bool = False         # report the chosen tokens' log-probabilities
   echo_logprobs: bool = False    # report the prompt's log-probabilities first
   cancelled: bool = False        # set by the HTTP side (a client that went away)
+  media: dict[str, Any] | None = None   # the prompt's images and clips (processor tensors)
   submitted: float = field(default_factory=time.perf_counter)
+  prefilled: int = 0             # prompt tokens in its slot's cache so far
 
   def sampling(self) -> dict[str, Any]:
     return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
@@ -74,8 +80,13 @@ class Scheduler:
   parameters, engine, tokenizer and eos ids); `metrics`: MaxText/serve/metrics.Metrics or None."""
 
   def __init__(self, model, slots: Slots, queue_size: int, metrics=None,
-               text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20):
+               text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
+               prefill_chunk: int = 0):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
+    # prompt tokens prefilled per engine call while other slots decode (0 or a family whose
+    # cache cannot take pieces: whole prompts)
+    self.prefill_chunk = prefill_chunk if slots.chunkable else 0
+    self.prefilling: list[int] = []      # slots whose prompt is not all in the cache yet
     self.text_stream = text_stream
     self.top_max = top_max
     n = slots.slots
@@ -134,7 +145,9 @@ class Scheduler:
           new = self._take()
         if new:
           self._admit(new)
-        if self.busy():
+        if self.prefilling:
+          self._prefill_pieces()
+        if self.busy() > len(self.prefilling):
           self._step()
     except Exception as e:   # pylint: disable=broad-except  (every request is answered)
       log.exception("the engine thread failed")
@@ -146,6 +159,7 @@ class Scheduler:
       jobs = [j for j in self.jobs if j is not None] + list(self.waiting)
       self.waiting.clear()
       self.jobs = [None] * len(self.jobs)
+      self.prefilling.clear()
     for j in jobs:
       j.sink(Delta(finish_reason="error", error=message))
 
@@ -173,6 +187,8 @@ class Scheduler:
     with self.cv:
       self.jobs[slot] = None
       self.streams[slot] = None
+      if slot in self.prefilling:
+        self.prefilling.remove(slot)
       self.state["done"][slot] = True
       self._gauges()
 
@@ -187,41 +203,77 @@ class Scheduler:
         job.sink(Delta(prompt_logprobs=got))
     if self.metrics is not None:
       self.metrics.prompt_tokens.inc(sum(len(j.prompt_ids) for _, j in new))
-    groups: dict[int, list[tuple[int, Job]]] = {}
     for s, j in new:
       if j.max_tokens == 0:
         j.sink(Delta(finish_reason="length"))
         self._release(s)
-      else:   # one prefill per prompt-length bucket: a short prompt is not padded to a long one
-        groups.setdefault(self.slots.prompt_bucket(len(j.prompt_ids)), []).append((s, j))
-    for _, group in sorted(groups.items()):
-      self._prefill(group)
+      else:
+        self.prefilling.append(s)
 
-  def _prefill(self, group: list[tuple[int, Job]]) -> None:
-    top = self.top_max if any(j.top for _, j in group) else 0
-    first, first_lp, top_ids, top_lps = self.slots.prefill(
-        self.model.params, [j.prompt_ids for _, j in group], [s for s, _ in group],
-        [j.row for _, j in group], [j.sampling() for _, j in group], top)
+  def _prefill_pieces(self) -> None:
+    """Prefills the waiting prompts: whole when no slot decodes (nobody waits for them), else at
+    most `prefill_chunk` tokens this call (a long prompt goes in pieces over several calls, so the
+    decoding slots keep stepping). One call per kind of piece: first pieces by prompt-length
+    bucket (a short prompt is not padded to a long one), continuing ones together."""
+    for s in list(self.prefilling):
+      job = self.jobs[s]
+      if job is not None and job.cancelled:
+        job.sink(Delta(finish_reason="cancelled"))
+        self._release(s)
+    decoding = self.busy() > len(self.prefilling)
+    budget = self.prefill_chunk if decoding and self.prefill_chunk else None
+    pieces: dict[tuple[bool, int], list[tuple[int, Job, int]]] = {}
+    for s in list(self.prefilling):
+      job = self.jobs[s]
+      assert job is not None
+      if budget is not None and budget <= 0:
+        break
+      left = len(job.prompt_ids) - job.prefilled
+      take = left if budget is None or job.media else min(left, budget)
+      if budget is not None:
+        budget -= take
+      first = job.prefilled == 0
+      key = (first, self.slots.prompt_bucket(take) if first else 0)
+      pieces.setdefault(key, []).append((s, job, take))
+    for (first, _), group in sorted(pieces.items(), key=lambda kv: (not kv[0][0], kv[0][1])):
+      while group:       # calls of power-of-two rows: no row of padding (each would cost a prompt)
+        n = 1 << (len(group).bit_length() - 1)
+        self._prefill(group[:n], first)
+        group = group[n:]
+
+  def _prefill(self, group: list[tuple[int, Job, int]], first: bool) -> None:
+    ends = [j.prefilled + n == len(j.prompt_ids) for _, j, n in group]
+    top = self.top_max if any(j.top for (_, j, _), end in zip(group, ends) if end) else 0
+    media = batch_media([j.media or {} for _, j, _ in group], range(len(group))) if first else {}
+    first_ids, first_lp, top_ids, top_lps = self.slots.prefill(
+        self.model.params, [j.prompt_ids[j.prefilled:j.prefilled + n] for _, j, n in group],
+        [s for s, _, _ in group], [j.row for _, j, _ in group],
+        [j.sampling() if end else GREEDY for (_, j, _), end in zip(group, ends)], top,
+        starts=None if first else [j.prefilled for _, j, _ in group], media=media)
     now = time.perf_counter()
-    for b, (s, j) in enumerate(group):
+    for b, ((s, j, n), end) in enumerate(zip(group, ends)):
+      j.prefilled += n
+      if not end:
+        continue
+      self.prefilling.remove(s)
       if self.metrics is not None:
         self.metrics.ttft.observe(now - j.submitted)
       self.streams[s] = self.text_stream(j.stop) if self.text_stream else None
       st = self.state
-      st["token"][s], st["position"][s], st["count"][s] = first[b], len(j.prompt_ids), 1
+      st["token"][s], st["position"][s], st["count"][s] = first_ids[b], len(j.prompt_ids), 1
       st["max_new"][s], st["done"][s], st["row"][s] = j.max_tokens, False, j.row
-      self._emit(s, j, np.asarray([first[b]]), np.asarray([first_lp[b]]), top_ids[b:b + 1],
+      self._emit(s, j, np.asarray([first_ids[b]]), np.asarray([first_lp[b]]), top_ids[b:b + 1],
                  top_lps[b:b + 1])
 
   def _step(self) -> None:
     st = self.state
     for s, j in enumerate(self.jobs):
-      if j is not None and j.cancelled:
+      if j is not None and j.cancelled and s not in self.prefilling:
         j.sink(Delta(finish_reason="cancelled"))
         self._release(s)
-    if not self.busy():
+    if self.busy() <= len(self.prefilling):
       return
-    jobs = list(self.jobs)
+    jobs = [None if s in self.prefilling else j for s, j in enumerate(self.jobs)]
     values = row_values([j.sampling() if j is not None else GREEDY for j in jobs], len(jobs))
     top = self.top_max if any(j is not None and j.top for j in jobs) else 0
     t0 = time.perf_counter()

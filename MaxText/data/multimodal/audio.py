@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -177,14 +178,20 @@ def as_clip(source: Any, cfg: AudioConfig, what: str = "audio") -> np.ndarray:
 def read_wav(path: str, sampling_rate: int | None, what: str = "audio") -> np.ndarray:
   """A WAV file as a mono float32 waveform in [-1, 1) (module docstring); `sampling_rate` None:
   any rate (a check that the file reads)."""
-  from scipy.io import wavfile  # pylint: disable=import-outside-toplevel
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise MediaError(f"{what} {path} does not exist")
+  return wav_samples(path, sampling_rate, f"{what} {path}")
+
+
+def wav_samples(source: Any, sampling_rate: int | None, what: str) -> np.ndarray:
+  """A WAV file's (a path or a binary file object) samples as a mono float32 waveform in [-1, 1);
+  MediaError naming `what` when it is not one, or at another rate than `sampling_rate`."""
+  from scipy.io import wavfile  # pylint: disable=import-outside-toplevel
   try:
-    rate, data = wavfile.read(path)
-  except (OSError, ValueError, EOFError) as e:
-    raise MediaError(f"{what} {path} cannot be read as a WAV file: {e}") from None
+    rate, data = wavfile.read(source)
+  except (OSError, ValueError, EOFError, struct.error) as e:   # struct: a truncated header
+    raise MediaError(f"{what} cannot be read as a WAV file: {e}") from None
   if data.dtype == np.uint8:
     samples = (data.astype(np.float32) - 128) / 128
   elif np.issubdtype(data.dtype, np.integer):
@@ -194,8 +201,8 @@ def read_wav(path: str, sampling_rate: int | None, what: str = "audio") -> np.nd
   if samples.ndim == 2:     # [samples, channels]
     samples = samples.mean(axis=1) if np.shape(samples)[-1] > 1 else samples[:, 0]
   if sampling_rate is not None and rate != sampling_rate:
-    raise MediaError(f"{what} {path} is sampled at {rate} Hz; the model's feature extractor "
+    raise MediaError(f"{what} is sampled at {rate} Hz; the model's feature extractor "
                      f"takes {sampling_rate} Hz: resample it first (e.g. sox or ffmpeg)")
   if not len(samples):
-    raise MediaError(f"{what} {path} holds no samples")
+    raise MediaError(f"{what} holds no samples")
   return np.ascontiguousarray(samples, dtype=np.float32)
