@@ -95,7 +95,7 @@ def close(got, want, what: str, m: Inspector, passes: int = 1):
                          [("qwen3_next", False, ()), ("gemma4", False, MESH_222)])
 def test_trace_matches_transformers(family, scan, mesh):
   m = inspector(family, scan, mesh)
-  assert dict(m.mesh.shape) == ({"data": 2, "fsdp": 2, "tensor": 2, "context": 1, "expert": 1}
+  assert dict(m.mesh.shape) == ({"data": 2, "fsdp": 2, "tensor": 2, "context": 1, "expert": 1, "stage": 1}
                                 if mesh else {**dict(m.mesh.shape), "fsdp": 8})
   trace = m.forward(ROWS, capture={"hidden_states", "attentions", "logits"})
   L = m.num_layers

@@ -42,15 +42,18 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], ru
                     mesh: Mesh) -> PartitionSpec:
   if len(logical_axes) != len(shape):
     raise ValueError(f"logical axes {tuple(logical_axes)} do not match shape {tuple(shape)}")
+  # A mesh axis shards one dimension at most. One of size 1 shards nothing, so a rule that names
+  # it again (the `stage` axis of `layers` and of `activation_batch` when there is no pipeline)
+  # is not blocked by it: the axis is only left out of the second spec.
   used: set[str] = set()
   spec: list[Any] = []
   for name, size in zip(logical_axes, shape):
     chosen: tuple[str, ...] = ()
     for rule_name, axes in rules:
-      if rule_name != name or used.intersection(axes):
+      if rule_name != name or any(mesh.shape[a] > 1 for a in used.intersection(axes)):
         continue
       if size % math.prod(mesh.shape[a] for a in axes) == 0:
-        chosen = axes
+        chosen = tuple(a for a in axes if a not in used)
         break
     used.update(chosen)
     spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
