@@ -322,18 +322,26 @@ class Engine:
       cache, state, out_tokens, out_logprobs = self._decode(
           params, cache, *self._host(state, eos_E, np.int32(max_new), values),
           static=sampling.static)
-      out_tokens, out_logprobs = fetch(out_tokens), fetch(out_logprobs)
-      # the state goes back as host arrays (as it first went in): one program, not two
-      state = {k: fetch(v) for k, v in state.items()}
-      done_B = state["done"].copy()
-      for b, c in enumerate(results):
-        new = out_tokens[b] >= 0
-        c.output_ids += out_tokens[b, new].tolist()
-        c.output_logprobs += out_logprobs[b, new].tolist()
-        if new.any():
-          done_B[b] = self._finished(c, eos_E, max_new, stop, detokenize, checked[b])
-      state = {**state, "done": done_B}
+      state = self._collect(results, out_tokens, out_logprobs, state, checked,
+                            eos_E, max_new, stop, detokenize)
+      done_B = state["done"]
     return results
+
+  def _collect(self, results, out_tokens, out_logprobs, state, checked, eos_E, max_new, stop,
+               detokenize):
+    """Appends one decoding call's tokens (-1: none) and log-probabilities to each row's
+    Completion and marks the rows that finished (eos, stop string, max_new_tokens); returns the
+    loop state as host arrays (as it first went in: one program, not two)."""
+    out_tokens, out_logprobs = fetch(out_tokens), fetch(out_logprobs)
+    state = {k: fetch(v) for k, v in state.items()}
+    done_B = state["done"].copy()
+    for b, c in enumerate(results):
+      new = out_tokens[b] >= 0
+      c.output_ids += out_tokens[b, new].tolist()
+      c.output_logprobs += out_logprobs[b, new].tolist()
+      if new.any():
+        done_B[b] = self._finished(c, eos_E, max_new, stop, detokenize, checked[b])
+    return {**state, "done": done_B}
 
   @staticmethod
   def _finished(c: Completion, eos_E, max_new, stop, detokenize, checked: int) -> bool:

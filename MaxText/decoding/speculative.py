@@ -181,16 +181,9 @@ class Speculative:
       checked = [len(c.output_ids) for c in results]
       cache, state, out_tokens, out_logprobs = self._decode(
           params, cache, *e._host(state, eos_E, np.int32(max_new)))
-      out_tokens, out_logprobs = fetch(out_tokens), fetch(out_logprobs)
-      state = {key: fetch(v) for key, v in state.items()}
-      done_B = state["done"].copy()
-      for b, c in enumerate(results):
-        new = out_tokens[b] >= 0
-        c.output_ids += out_tokens[b, new].tolist()
-        c.output_logprobs += out_logprobs[b, new].tolist()
-        if new.any():
-          done_B[b] = e._finished(c, eos_E, max_new, stop, detokenize, checked[b])
-      state = {**state, "done": done_B}
+      state = e._collect(results, out_tokens, out_logprobs, state, checked, eos_E, max_new,
+                         stop, detokenize)
+      done_B = state["done"]
     self.stats["drafted"] += int(state["drafted"][:n].sum())
     self.stats["accepted"] += int(state["accepted"][:n].sum())
     return results
