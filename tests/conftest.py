@@ -13,6 +13,10 @@ SUITE_XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
                    "--xla_llvm_disable_expensive_passes=true")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# two XLA:CPU pool threads per fake device, as train.py sets them (MaxText/runtime/cpu_devices.py
+# apply_thread_pools): with XLA's floor of one per device an 8-device step compiled afresh can
+# abort on a collective rendezvous time-out (benchmarks/RESULTS.md, "The 8-device abort")
+os.environ.setdefault("PJRT_NPROC", "16")
 # the persistent cache keeps every program, however quick to compile (jax reads this variable; the
 # trainer keeps it, and subprocesses inherit it): a warm run compiles nothing, and a program that
 # two test files share compiles once in a cold run
