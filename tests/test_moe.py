@@ -3,11 +3,11 @@
 reference, expert parallelism 4 x fsdp 2 against one device (losses and gradients) for a
 Qwen3-MoE-style model with a dense first layer and unnormalised top-k weights, and the
 aux-loss-free bias flattening the expert load."""
+import functools
 import os
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
@@ -58,20 +58,21 @@ def test_padded_all_to_all_has_ragged_all_to_all_semantics():
   n, rows_in, rows_out = 4, 24, 40
   mesh = jax.make_mesh((n,), ("x",), axis_types=(AxisType.Auto,), devices=jax.devices()[:n])
   rng = np.random.default_rng(0)
+
+  def per_device(op, out, io, ss, oo, rs):
+    return moe.padded_ragged_all_to_all(op[0], out[0], io[0], ss[0], oo[0], rs[0],
+                                        axis_name="x")[None]
+
+  # one program for the three trials (the layouts are its arguments)
+  padded = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x")))
   for trial in range(3):
     send, in_off, out_off = random_layout(rng, n, rows_in, rows_out)
     operand = rng.normal(size=(n, rows_in, 3)).astype(np.float32)
     output = rng.normal(size=(n, rows_out, 3)).astype(np.float32)
     want = ragged_all_to_all_numpy(operand, output, in_off, send, out_off)
-
-    def per_device(op, out, io, ss, oo, rs):
-      return moe.padded_ragged_all_to_all(op[0], out[0], io[0], ss[0], oo[0], rs[0],
-                                          axis_name="x")[None]
-
     # device s holds row s of each argument; recv_sizes[r, s] = send[s, r]
     args = (operand, output, in_off, send, out_off, send.T.copy())
-    got = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("x"),) * 6, out_specs=P("x")))(
-        *(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else jnp.float32) for a in args))
+    got = padded(*(np.asarray(a, np.int32 if a.dtype.kind == "i" else np.float32) for a in args))
     np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"trial {trial}")
 
 
@@ -106,17 +107,23 @@ def dense_reference(x, weights, experts, wi, wo, capacity=None):
   return y, T * k - len(kept)
 
 
+@functools.partial(jax.jit, static_argnames=("k", "capacity"))
+def _route_and_experts(x, logits, wi, wo, *, k, capacity):
+  """Routing then the local experts, one program (not op by op)."""
+  w, e, probs = moe.route(logits, k, renormalize=True)
+  got, dropped = moe.experts_local(x, w, e, wi, wo, jax.nn.silu, capacity)
+  return w, e, probs, got, dropped
+
+
 @pytest.mark.parametrize("capacity", [None, 2])
 def test_dropless_experts_match_dense_reference(capacity):
   rng = np.random.default_rng(0)
   T, D, E, F, k = 12, 8, 4, 6, 2
   x = rng.normal(size=(T, D)).astype(np.float32)
   logits = rng.normal(size=(T, E)).astype(np.float32)
-  w, e, probs = moe.route(jnp.asarray(logits), k, renormalize=True)
   wi = (0.3 * rng.normal(size=(E, D, 2 * F))).astype(np.float32)
   wo = (0.3 * rng.normal(size=(E, F, D))).astype(np.float32)
-  got, dropped = moe.experts_local(jnp.asarray(x), w, e, jnp.asarray(wi), jnp.asarray(wo),
-                                   jax.nn.silu, capacity)
+  w, e, probs, got, dropped = _route_and_experts(x, logits, wi, wo, k=k, capacity=capacity)
   want, want_dropped = dense_reference(x, np.asarray(w), np.asarray(e), wi, wo, capacity)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
   assert int(dropped) == want_dropped and (want_dropped > 0) == (capacity is not None)
@@ -203,15 +210,23 @@ def test_shared_expert_adds_its_sigmoid_gated_output():
   from MaxText.models.model_config import ModelConfig
   cfg = ModelConfig.from_config(load_config([BASE_YML, "emb_dim=16", *MOE[:3],
                                              "shared_expert_mlp_dim=24"]))
-  with nnx.use_eager_sharding(False):
-    layer = moe.RoutedMLP(cfg, rngs=nnx.Rngs(params=0))
   x = np.random.default_rng(0).normal(size=(2, 5, 16)).astype(np.float32)
   mask = np.ones((2, 5), bool)
-  y, _ = layer(jnp.asarray(x), mask)
-  shared, gate = layer.shared, layer.shared_gate
-  layer.shared = layer.shared_gate = None
-  routed, _ = layer(jnp.asarray(x), mask)
-  gated = np.asarray(shared(jnp.asarray(x))) / (1 + np.exp(-np.asarray(gate(jnp.asarray(x)))))
+
+  @jax.jit
+  def outputs(x):
+    """The layer built and run in one program (not op by op)."""
+    layer = moe.RoutedMLP(cfg, rngs=nnx.Rngs(params=0))
+    y, _ = layer(x, mask)
+    shared, gate = layer.shared, layer.shared_gate
+    assert shared is not None and gate is not None
+    layer.shared = layer.shared_gate = None
+    routed, _ = layer(x, mask)
+    return y, routed, shared(x), gate(x)
+
+  with nnx.use_eager_sharding(False):
+    y, routed, shared_x, gate_x = outputs(x)
+  gated = np.asarray(shared_x) / (1 + np.exp(-np.asarray(gate_x)))
   assert np.abs(gated).max() > 1e-3
   np.testing.assert_allclose(np.asarray(y), np.asarray(routed) + gated, rtol=1e-5, atol=1e-6)
 
