@@ -75,11 +75,17 @@ def test_aux_loss_matches_hf(variant):
     out = hf_model(variant)(input_ids=torch.tensor(tokens), use_cache=False,
                             output_router_logits=True)
   from MaxText.layers.moe import aux_loss
-  _, sown = model_def.apply_with_aux(params, tokens.astype(np.int32), np.arange(S)[None],
-                                     np.ones((1, S), np.int32))
-  st = sown["moe_stats"]   # over the MoE layers only, as HF's router logits
-  assert float(st["counts"].sum()) == KINDS[variant].count("moe") * S * mcfg.num_experts_per_tok
-  ours_aux = float(aux_loss(st["counts"], st["probs"], st["tokens"]))
+
+  @jax.jit
+  def copies_and_aux(params, tokens, pos, seg):
+    """The forward and the loss on its statistics, one program (not op by op)."""
+    _, sown = model_def.apply_with_aux(params, tokens, pos, seg)
+    st = sown["moe_stats"]   # over the MoE layers only, as HF's router logits
+    return st["counts"].sum(), aux_loss(st["counts"], st["probs"], st["tokens"])
+  copies, ours_aux = copies_and_aux(params, tokens.astype(np.int32), np.arange(S)[None],
+                                    np.ones((1, S), np.int32))
+  assert float(copies) == KINDS[variant].count("moe") * S * mcfg.num_experts_per_tok
+  ours_aux = float(ours_aux)
   print(f"aux loss ours={ours_aux:.6f} hf={out.aux_loss.item():.6f}")
   assert abs(ours_aux - out.aux_loss.item()) <= 1e-5 * out.aux_loss.item()
 
