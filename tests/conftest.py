@@ -72,6 +72,7 @@ def pytest_configure(config):
 # small files and neither worker waits long for the other's last file. A file not listed runs
 # after them, in its usual order.
 COSTLIEST_FIRST = (
+    "test_context_parallel.py", "test_pipeline.py",
     "test_qwen3_next_parity.py", "test_grpo.py", "test_quant_moe.py", "test_decode_parity.py",
     "test_inspect.py", "test_quantization.py", "test_train.py", "test_inspect_backend.py",
     "test_loss_vocab_split.py", "test_lora.py", "test_gemma4_parity.py", "test_rl_policy.py",
