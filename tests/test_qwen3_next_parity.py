@@ -129,10 +129,12 @@ def test_aux_loss_matches_hf():
     out = hf_model("moe")(input_ids=torch.tensor(tokens), use_cache=False,
                           output_router_logits=True)
   from MaxText.layers.moe import aux_loss
-  _, aux = model_def.apply_with_aux(params, tokens.astype(np.int32), np.arange(S)[None],
-                                    np.ones((1, S), np.int32))
-  st = aux["moe_stats"]
-  ours_aux = float(aux_loss(st["counts"], st["probs"], st["tokens"]))
+
+  def forward_aux(p):   # one jitted program, not op by op
+    st = model_def.apply_with_aux(p, tokens.astype(np.int32), np.arange(S, dtype=np.int32)[None],
+                                  np.ones((1, S), np.int32))[1]["moe_stats"]
+    return aux_loss(st["counts"], st["probs"], st["tokens"])
+  ours_aux = float(jax.jit(forward_aux)(params))
   print(f"aux loss ours={ours_aux:.6f} hf={out.aux_loss.item():.6f}")
   assert abs(ours_aux - out.aux_loss.item()) <= 1e-5 * out.aux_loss.item()
 
