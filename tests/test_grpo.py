@@ -206,7 +206,7 @@ def test_lora_reference_is_the_base_without_a_copy():
                                                              "head_dim", "mlp_dim", "vocab_size")]]
   with_lora = ModelConfig.from_config(load_config([*keys, "lora_rank=4"]))
   plain = ModelConfig.from_config(load_config(keys))
-  params = jax.jit(lambda: init_params(with_lora, 0))()   # one program, not op by op
+  params = init_params(with_lora, 0)
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map_with_path(
       lambda p, x: jnp.asarray(rng.normal(0, 0.5, x.shape), x.dtype)
@@ -340,7 +340,7 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   cfg = load_config(keys)
   mcfg = ModelConfig.from_config(cfg)
   model_def = make_model_def(mcfg)
-  params = jax.jit(lambda: init_params(mcfg, 0))()   # one program, not op by op
+  params = init_params(mcfg, 0)
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map_with_path(   # adapters away from their zero init
       lambda p, x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype)
