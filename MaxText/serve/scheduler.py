@@ -4,8 +4,8 @@ decode slots (MaxText/decoding/slots.py).
 Between two decoding calls the thread takes waiting requests into free slots and prefills their
 prompts (together, one call per prompt-length bucket), then runs up to `chunk` steps of every
 slot that decodes. While other slots decode, at most `prefill_chunk` prompt tokens go in per call:
-a long prompt is prefilled in pieces over several calls (chunked prefill, for a family whose
-cache is full attention only), so it never stalls the running requests for long. A
+a long prompt is prefilled in pieces over several calls (chunked prefill, every family; a prompt
+with images or audio goes whole), so it never stalls the running requests for long. A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
@@ -83,9 +83,8 @@ class Scheduler:
                text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
                prefill_chunk: int = 0):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
-    # prompt tokens prefilled per engine call while other slots decode (0 or a family whose
-    # cache cannot take pieces: whole prompts)
-    self.prefill_chunk = prefill_chunk if slots.chunkable else 0
+    # prompt tokens prefilled per engine call while other slots decode (0: whole prompts)
+    self.prefill_chunk = prefill_chunk
     self.prefilling: list[int] = []      # slots whose prompt is not all in the cache yet
     self.text_stream = text_stream
     self.top_max = top_max
