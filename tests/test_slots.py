@@ -8,7 +8,9 @@ and a slot reaching past the shortest cache window, each get the tokens and log-
 generate's sample for that seed; the slots' programs stay within their buckets. Chunked prefill
 on every family: prompts longer than Gemma 4's sliding window, in pieces of several lengths (ones
 that divide no prompt too), into slots a previous request used, decode as `MaxText.decode`'s
-batch does (`Engine.generate`), token for token."""
+batch does (`Engine.generate`), token for token. Prefix caching: a prompt sharing a system prompt
+with a running request (full attention: copied from its row) and a conversation's next turn (every
+family: the finished request's own row) decode as without it, counted in /metrics."""
 import threading
 from types import SimpleNamespace
 
@@ -18,6 +20,8 @@ import pytest
 from decoding_helpers import MESH_1, MESH_8, engine, family_models
 from MaxText.decoding.sampling import Sampling
 from MaxText.decoding.slots import Slots, row_values
+from MaxText.serve.metrics import Metrics
+from MaxText.serve.prefix import common_prefix
 from MaxText.serve.scheduler import GREEDY, Job, Scheduler
 
 LENGTHS = (3, 11, 6, 20, 2, 41)
@@ -147,3 +151,51 @@ def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
     assert got == [w.output_ids for w in want], piece
     np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want],
                                atol=TOL_LOGPROB, rtol=0, err_msg=f"pieces of {piece}")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma4", "qwen3_next"])
+def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
+  mcfg, _, params = family_models()[family][1]()
+  eng = engine(mcfg, MESH_1, batch_size=4)
+  params = eng.place(params)
+  rng = np.random.default_rng(7)
+  draw = lambda n: rng.integers(0, mcfg.vocab_size, n).tolist()
+  system = draw(24)
+  a, b = system + draw(5), system + draw(9)
+  slots = Slots(eng, slots=4, max_len=128, chunk=4)
+  metrics = Metrics()
+  model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
+  scheduler = Scheduler(model, slots, queue_size=8, metrics=metrics, prefill_chunk=8, prefix_min=4)
+  starts, copies = [], []
+  prefill, copy = slots.prefill, slots.copy
+  slots.prefill = lambda *a, **k: starts.append(k.get("starts")) or prefill(*a, **k)
+  slots.copy = lambda *a: copies.append(a) or copy(*a)
+  sa, sb, sc = Collected(), Collected(), Collected()
+  scheduler.start()
+  try:
+    scheduler.submit([Job(a, 40, sa)])     # to position 69: past the 64-position window
+    sa.first.wait()                        # b arrives while a decodes: their system prompt shared
+    scheduler.submit([Job(b, 10, sb)])
+    sa.done.wait()
+    sb.done.wait()
+    # a conversation's next turn: a, its answer (but the last token, never fed back) and more
+    c = a + sa.ids[:-1] + draw(6)
+    scheduler.submit([Job(c, 8, sc)])
+    sc.done.wait()
+  finally:
+    scheduler.stop()
+  for prompt, n, sink in ((a, 40, sa), (b, 10, sb), (c, 8, sc)):
+    [want] = eng.generate(params, [prompt], max_new_tokens=n)
+    assert sink.ids == want.output_ids
+    np.testing.assert_allclose(sink.logprobs, want.output_logprobs, atol=TOL_LOGPROB, rtol=0)
+  positional = family == "qwen3"             # full attention: any common prefix of a row
+  assert slots.positional == positional
+  shared = common_prefix(a, b)
+  value = metrics.registry.get_sample_value
+  assert value("maxtext_prefix_hits_total") == 1 + positional
+  assert value("maxtext_prefix_tokens_total") == len(a) + 39 + positional * shared
+  # b: a's row copied into a free slot while a runs; c: a's own slot, free by then
+  assert copies == ([(0, 1)] if positional else [])
+  # c's prefill began after a's turn; b's after the system prompt where reused, else at 0 (its
+  # pieces of 8 then: 8, 16, ...)
+  assert [len(a) + 39] in starts and [shared] in starts and ([8] in starts) != positional

@@ -38,6 +38,7 @@ import numpy as np
 
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.engine import MAX_EOS_IDS, MIN_PROMPT_BUCKET, Engine, bucket, fetch
+from MaxText.decoding.speculative import rolls_back_by_position
 from MaxText.sharding.rules import use_rules
 
 BATCH_AXIS = "activation_batch"
@@ -119,6 +120,10 @@ class Slots:
                             static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
     self._step = jax.jit(engine._counted(self._step_fn),
                          static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
+    self._copy = jax.jit(engine._counted(self._copy_fn), donate_argnums=(0,))
+    # whether a row's first m positions are its first m tokens' cache whatever followed (full
+    # attention only), or the row is only the state after all its tokens (rings, recurrences)
+    self.positional = rolls_back_by_position(engine.mcfg)
     self.cache = jax.jit(self._empty_fn)()
 
   def _empty_fn(self):
@@ -211,6 +216,19 @@ class Slots:
                                         e.rules)
     return cache, *e._replicated(*picked)
 
+  def _copy_fn(self, cache, source, slot):
+    """`cache` with row `slot` a copy of row `source` (prefix caching, MaxText/serve/prefix.py)."""
+    e = self.engine
+    out = {}
+    for name, arrays in cache.items():
+      out[name] = {}
+      for k, x in arrays.items():
+        axis = self.specs[name][k].logical_axes.index(BATCH_AXIS)
+        row = jax.lax.dynamic_index_in_dim(x, source, axis, keepdims=True)
+        out[name][k] = jax.lax.dynamic_update_index_in_dim(x, row, slot, axis)
+    with use_rules(e.mesh, e.rules):
+      return cache_lib.constrain_cache(out, self.specs, e.mesh, e.rules)
+
   def _step_fn(self, params, full, state, eos_E, values, *, sampled, top, length):
     """Up to `chunk` steps of every slot over the first `length` positions of the cache. state:
     per slot the token it feeds next, its position, tokens generated (`count`), its `max_new`,
@@ -280,6 +298,10 @@ class Slots:
                                      sampled=bool(values["temperature"].any()), top=top,
                                      length=length)
     return tuple(np.asarray(fetch(g))[:n] for g in got)
+
+  def copy(self, source: int, slot: int) -> None:
+    """Row `slot` of the cache becomes a copy of row `source`."""
+    self.cache = self._copy(self.cache, *self.engine._host(np.int32(source), np.int32(slot)))
 
   def step(self, params, state: dict[str, np.ndarray], eos_ids: list[int],
            sampling: dict[str, np.ndarray], top: int) -> tuple[dict[str, np.ndarray], dict]:
