@@ -2,11 +2,15 @@
 engine, per family (the tiny random models of the decoding parity tests: full attention, MoE,
 Gemma 4's sliding rings and KV-shared tail, Qwen3-Next's Gated DeltaNet state), on 8 fake
 devices (data x expert x tensor) or one: more requests than slots, of different prompt lengths and
-max_tokens, some arriving while others decode (their prompts prefilled in pieces of 8 tokens where
-the family's cache is full attention only), and a slot reaching past the shortest cache window,
-each get the tokens and log-probabilities `Engine.generate` gives the same prompt alone in its
-batch; a sampled request with a seed gets generate's sample for that seed; the slots' programs
-stay within their buckets."""
+max_tokens, some arriving while others decode (their prompts prefilled in pieces of 8 tokens),
+and a slot reaching past the shortest cache window, each get the tokens and log-probabilities
+`Engine.generate` gives the same prompt alone in its batch; a sampled request with a seed gets
+generate's sample for that seed; the slots' programs stay within their buckets. Chunked prefill
+on every family: prompts longer than Gemma 4's sliding window, in pieces of several lengths (ones
+that divide no prompt too), into slots a previous request used, decode as `MaxText.decode`'s
+batch does (`Engine.generate`), token for token. Prefix caching: a prompt sharing a system prompt
+with a running request (full attention: copied from its row) and a conversation's next turn (every
+family: the finished request's own row) decode as without it, counted in /metrics."""
 import threading
 from types import SimpleNamespace
 
@@ -15,8 +19,10 @@ import pytest
 
 from decoding_helpers import MESH_1, MESH_8, engine, family_models
 from MaxText.decoding.sampling import Sampling
-from MaxText.decoding.slots import Slots
-from MaxText.serve.scheduler import Job, Scheduler
+from MaxText.decoding.slots import Slots, row_values
+from MaxText.serve.metrics import Metrics
+from MaxText.serve.prefix import common_prefix
+from MaxText.serve.scheduler import GREEDY, Job, Scheduler
 
 LENGTHS = (3, 11, 6, 20, 2, 41)
 NEW = (24, 5, 17, 9, 30, 30)      # the last reaches position 70: past the 64-position window
@@ -42,17 +48,16 @@ class Collected:
       self.done.set()
 
 
-@pytest.mark.parametrize("family,mesh,chunkable", [
-    ("qwen3", MESH_1, True), ("qwen3_moe", MESH_8, True),
-    ("gemma4", MESH_8, False), ("qwen3_next", MESH_8, False)])   # sliding rings; a recurrence
-def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh, chunkable):
+@pytest.mark.parametrize("family,mesh", [
+    ("qwen3", MESH_1), ("qwen3_moe", MESH_8), ("gemma4", MESH_8), ("qwen3_next", MESH_8)])
+def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh):
   mcfg, _, params = family_models()[family][1]()
   eng = engine(mcfg, mesh, batch_size=4)
   params = eng.place(params)
   rng = np.random.default_rng(11)
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in LENGTHS]
   slots = Slots(eng, slots=4, max_len=128, chunk=4)
-  assert slots.lengths == [64, 96, 128] and slots.chunkable == chunkable
+  assert slots.lengths == [64, 96, 128]
   model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
   scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8)
   pieces = []
@@ -79,7 +84,118 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh, c
   assert sinks[-1].ids == want.output_ids
   greedy = eng.generate(params, [prompts[1]], max_new_tokens=16)[0].output_ids
   assert sinks[-1].ids != greedy      # really sampled
-  assert any(pieces) == chunkable     # pieces that continue a prompt, only where they can
+  assert any(pieces)                  # pieces that continue a prompt
   # prefill buckets (rows, piece length, window) and step programs (windows, greedy / sampled),
   # nothing per request
   assert slots.compiled_programs() <= 30
+
+
+PIECE_LENGTHS = (41, 20, 11)      # all longer than Gemma 4's sliding window (4 positions)
+PIECE_NEW = 12
+
+
+def decode_in_pieces(slots: Slots, params, prompts, piece: int, new: int, where: list[int]):
+  """Greedy tokens of `prompts` and their log-probabilities in slots `where`, each prompt prefilled `piece` tokens per call
+  (first pieces together, continuing ones together), the slots whose prompt is in decoding
+  between those calls, as the scheduler interleaves them."""
+  n = slots.slots
+  state = {"token": np.zeros(n, np.int32), "position": np.zeros(n, np.int32),
+           "count": np.zeros(n, np.int32), "max_new": np.ones(n, np.int32),
+           "done": np.ones(n, bool), "row": np.zeros(n, np.int32)}
+  done, out, lps = [0] * len(prompts), [[] for _ in prompts], [[] for _ in prompts]
+  calls = 0
+  while any(len(o) < new for o in out):
+    todo = [i for i, p in enumerate(prompts) if done[i] < len(p)]
+    for first, idx in ((True, [i for i in todo if not done[i]]),
+                       (False, [i for i in todo if done[i]])):
+      if not idx:
+        continue
+      calls += not first
+      ids, lp, _, _ = slots.prefill(params, [prompts[i][done[i]:done[i] + piece] for i in idx],
+                                    [where[i] for i in idx], [0] * len(idx),
+                                    [GREEDY] * len(idx), 0,
+                                    starts=None if first else [done[i] for i in idx])
+      for b, i in enumerate(idx):
+        done[i] = min(done[i] + piece, len(prompts[i]))
+        if done[i] == len(prompts[i]):
+          s = where[i]
+          out[i].append(int(ids[b]))
+          lps[i].append(float(lp[b]))
+          state["token"][s], state["position"][s], state["count"][s] = ids[b], done[i], 1
+          state["max_new"][s], state["done"][s] = new, False
+    if not state["done"].all():
+      state, got = slots.step(params, state, [], row_values([GREEDY] * n, n), 0)
+      state = {k: np.array(v) for k, v in state.items()}
+      for i, s in enumerate(where):
+        keep = got["tokens"][s] >= 0
+        out[i] += got["tokens"][s][keep].tolist()
+        lps[i] += got["logprobs"][s][keep].tolist()
+  assert calls >= -(-max(map(len, prompts)) // piece) - 1   # really in pieces
+  return out, lps
+
+
+@pytest.mark.parametrize("family", ["gemma4", "qwen3_next", "qwen3"])
+def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
+  mcfg, _, params = family_models()[family][1]()
+  eng = engine(mcfg, MESH_1, batch_size=4)
+  params = eng.place(params)
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in PIECE_LENGTHS]
+  want = eng.generate(params, prompts, max_new_tokens=PIECE_NEW)
+  slots = Slots(eng, slots=4, max_len=128, chunk=4)
+  # pieces of 3 and 7 divide no prompt; 16 is the first prompt bucket (11 goes whole). Each round
+  # moves the prompts one slot on: what the previous round left in a slot is another prompt's
+  for turn, piece in enumerate((3, 7, 16)):
+    where = [(i + turn) % slots.slots for i in range(len(prompts))]
+    got, lps = decode_in_pieces(slots, params, prompts, piece, PIECE_NEW, where)
+    assert got == [w.output_ids for w in want], piece
+    np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want],
+                               atol=TOL_LOGPROB, rtol=0, err_msg=f"pieces of {piece}")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma4", "qwen3_next"])
+def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
+  mcfg, _, params = family_models()[family][1]()
+  eng = engine(mcfg, MESH_1, batch_size=4)
+  params = eng.place(params)
+  rng = np.random.default_rng(7)
+  draw = lambda n: rng.integers(0, mcfg.vocab_size, n).tolist()
+  system = draw(24)
+  a, b = system + draw(5), system + draw(9)
+  slots = Slots(eng, slots=4, max_len=128, chunk=4)
+  metrics = Metrics()
+  model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
+  scheduler = Scheduler(model, slots, queue_size=8, metrics=metrics, prefill_chunk=8, prefix_min=4)
+  starts, copies = [], []
+  prefill, copy = slots.prefill, slots.copy
+  slots.prefill = lambda *a, **k: starts.append(k.get("starts")) or prefill(*a, **k)
+  slots.copy = lambda *a: copies.append(a) or copy(*a)
+  sa, sb, sc = Collected(), Collected(), Collected()
+  scheduler.start()
+  try:
+    scheduler.submit([Job(a, 40, sa)])     # to position 69: past the 64-position window
+    sa.first.wait()                        # b arrives while a decodes: their system prompt shared
+    scheduler.submit([Job(b, 10, sb)])
+    sa.done.wait()
+    sb.done.wait()
+    # a conversation's next turn: a, its answer (but the last token, never fed back) and more
+    c = a + sa.ids[:-1] + draw(6)
+    scheduler.submit([Job(c, 8, sc)])
+    sc.done.wait()
+  finally:
+    scheduler.stop()
+  for prompt, n, sink in ((a, 40, sa), (b, 10, sb), (c, 8, sc)):
+    [want] = eng.generate(params, [prompt], max_new_tokens=n)
+    assert sink.ids == want.output_ids
+    np.testing.assert_allclose(sink.logprobs, want.output_logprobs, atol=TOL_LOGPROB, rtol=0)
+  positional = family == "qwen3"             # full attention: any common prefix of a row
+  assert slots.positional == positional
+  shared = common_prefix(a, b)
+  value = metrics.registry.get_sample_value
+  assert value("maxtext_prefix_hits_total") == 1 + positional
+  assert value("maxtext_prefix_tokens_total") == len(a) + 39 + positional * shared
+  # b: a's row copied into a free slot while a runs; c: a's own slot, free by then
+  assert copies == ([(0, 1)] if positional else [])
+  # c's prefill began after a's turn; b's after the system prompt where reused, else at 0 (its
+  # pieces of 8 then: 8, 16, ...)
+  assert [len(a) + 39] in starts and [shared] in starts and ([8] in starts) != positional

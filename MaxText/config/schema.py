@@ -157,8 +157,11 @@ class Config(RunKeys):
   serve_chunk: int = key(8, "decoding steps per engine call; requests join and leave between "
                          "calls", min=1)
   serve_prefill_chunk: int = key(128, "prompt tokens prefilled between two decoding calls while "
-                                 "other slots decode (a longer prompt goes in pieces; families "
-                                 "whose cache is full attention only); 0 = whole prompts", min=0)
+                                 "other slots decode (a longer prompt goes in pieces, every "
+                                 "family); 0 = whole prompts", min=0)
+  serve_prefix_cache: int = key(0, "prefix caching: a prompt that starts with at least this many "
+                                "tokens a slot's cache still holds reuses them instead of "
+                                "prefilling them (docs/decoding.md); 0 = off", min=0)
   serve_max_tokens: int = key(16384, "a request's n x max_tokens at most (400 beyond)", min=1)
   serve_max_body_bytes: int = key(8 << 20, "a request body's bytes at most (413 beyond)", min=1)
   serve_model_name: str = key("", "the model's name in /v1/models and requests; \"\" = the "

@@ -56,6 +56,23 @@ def empty(cache_specs: Specs) -> dict:
           for name, arrays in cache_specs.items()}
 
 
+def widen(mcfg: ModelConfig, cache: dict, extra: int, starts_B) -> dict:
+  """`cache` ready for a prompt piece of up to `extra` tokens beginning at `starts_B`: each group
+  through its kind's `widen` where it has one (a ring: `extra` more slots, MaxText/layers/
+  kv_cache.py), else as it is."""
+  kinds = {name: g.kind for name, g in groups(mcfg).items()}
+  return {name: (kinds[name].widen(arrays, extra, starts_B) if hasattr(kinds[name], "widen")
+                 else arrays) for name, arrays in cache.items()}
+
+
+def narrow(mcfg: ModelConfig, cache: dict, like: Specs) -> dict:
+  """`cache` after a piece, back in the shapes of `like` (each group through its kind's `narrow`
+  where it has one)."""
+  kinds = {name: g.kind for name, g in groups(mcfg).items()}
+  return {name: (kinds[name].narrow(arrays, like[name]) if hasattr(kinds[name], "narrow")
+                 else arrays) for name, arrays in cache.items()}
+
+
 def nbytes(cache_specs: Specs, mesh: Mesh | None = None, rules: Rules | None = None) -> int:
   """The cache's bytes in all, or with `mesh` and `rules` the bytes one device holds (its shard of
   each array, by the shardings `constrain_cache` gives)."""

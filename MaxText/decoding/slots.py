@@ -13,9 +13,12 @@ over the shared cache), a `while_loop` that ends as soon as every slot is done; 
 done (empty, or its request finished) writes nothing and produces -1. A call reads only the
 first L positions of every slot (`window`: the least of 64, 96, 128, 192, ... that holds the
 busiest slot after the call), cut from the cache before the loop and written back after it.
-A prompt may also go in pieces (`prefill` with `starts`): a piece after the first is a
-multi-token step over its slot's cache, which a cache of full attention only allows
-(`chunkable`).
+A prompt may also go in pieces (`prefill` with `starts`), on every family: a piece after the
+first is a multi-token step over its slot's cache (full attention: written, then each query
+attends to the positions up to its own; a sliding ring widened by the piece's length for the
+step and narrowed after it, `cache.widen` / `cache.narrow`, so no key a query needs is
+overwritten; the Gated DeltaNet state continued from the cached conv window and delta-rule
+state). Text only: a prompt with images or audio is prefilled whole.
 
 Sampling is per row (`sample_rows`): each row has its own temperature (0 = greedy), top-k, top-p,
 min-p and seed, so one program serves any mix; whether any row samples and how many most likely
@@ -35,7 +38,7 @@ import numpy as np
 
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.engine import MAX_EOS_IDS, MIN_PROMPT_BUCKET, Engine, bucket, fetch
-from MaxText.layers.kv_cache import KVCache
+from MaxText.decoding.speculative import rolls_back_by_position
 from MaxText.sharding.rules import use_rules
 
 BATCH_AXIS = "activation_batch"
@@ -113,15 +116,14 @@ class Slots:
     self.specs = cache_lib.specs(engine.mcfg, slots, max_len, engine.cache_dtype)
     self.lengths = length_buckets(max_len)
     self.prompt_lengths = length_buckets(max_len, MIN_PROMPT_BUCKET)
-    # a prompt may go in pieces when every cache is full attention: a piece's queries then read
-    # the earlier pieces from the cache (a ring could have dropped what they need; a recurrent
-    # state is only built by a whole-prompt prefill)
-    self.chunkable = all(isinstance(g.kind, KVCache) and not g.kind.window
-                         for g in cache_lib.groups(engine.mcfg).values())
     self._prefill = jax.jit(engine._counted(self._prefill_fn),
                             static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
     self._step = jax.jit(engine._counted(self._step_fn),
                          static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
+    self._copy = jax.jit(engine._counted(self._copy_fn), donate_argnums=(0,))
+    # whether a row's first m positions are its first m tokens' cache whatever followed (full
+    # attention only), or the row is only the state after all its tokens (rings, recurrences)
+    self.positional = rolls_back_by_position(engine.mcfg)
     self.cache = jax.jit(self._empty_fn)()
 
   def _empty_fn(self):
@@ -188,8 +190,8 @@ class Slots:
     first pieces (positions 0..), the family's prefill over a fresh cache of S positions. Else
     pieces that continue a prompt at positions `starts_B`..: each row's first `length` positions
     read from its slot and the piece run as a multi-token step over them (written, then each
-    query attends to the positions up to its own: full attention only, `chunkable`). Each row's
-    next token is chosen after its piece's last token."""
+    query attends to the positions up to its own; rings widened for the step, then narrowed,
+    module docstring). Each row's next token is chosen after its piece's last token."""
     e = self.engine
     B, S = tokens_BS.shape
     with use_rules(e.mesh, e.rules):
@@ -200,16 +202,32 @@ class Slots:
         x_BSD, new = model.extend(tokens_BS, *e._prompt_positions(lengths_B, S), new,
                                   prefill=True, **e._media(media))
       else:
-        new = self._window(self._rows(cache, slots_B), length, B)
+        short = cache_lib.specs(e.mcfg, B, length, e.cache_dtype)
+        new = cache_lib.widen(e.mcfg, self._window(self._rows(cache, slots_B), length, B), S,
+                              starts_B)
         offsets_BS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
         x_BSD, new = model.extend(tokens_BS, starts_B[:, None] + offsets_BS,
                                   offsets_BS < lengths_B[:, None], new, prefill=False)
+        new = cache_lib.narrow(e.mcfg, new, short)
       last_B1D = jnp.take_along_axis(x_BSD, (lengths_B - 1)[:, None, None], axis=1)
       picked = sample_rows(model.logits(last_B1D)[:, 0], sampled, values, rows_B,
                            jnp.zeros_like(rows_B), top)
       cache = cache_lib.constrain_cache(self._insert(cache, new, slots_B), self.specs, e.mesh,
                                         e.rules)
     return cache, *e._replicated(*picked)
+
+  def _copy_fn(self, cache, source, slot):
+    """`cache` with row `slot` a copy of row `source` (prefix caching, MaxText/serve/prefix.py)."""
+    e = self.engine
+    out = {}
+    for name, arrays in cache.items():
+      out[name] = {}
+      for k, x in arrays.items():
+        axis = self.specs[name][k].logical_axes.index(BATCH_AXIS)
+        row = jax.lax.dynamic_index_in_dim(x, source, axis, keepdims=True)
+        out[name][k] = jax.lax.dynamic_update_index_in_dim(x, row, slot, axis)
+    with use_rules(e.mesh, e.rules):
+      return cache_lib.constrain_cache(out, self.specs, e.mesh, e.rules)
 
   def _step_fn(self, params, full, state, eos_E, values, *, sampled, top, length):
     """Up to `chunk` steps of every slot over the first `length` positions of the cache. state:
@@ -252,9 +270,9 @@ class Slots:
   def prefill(self, params, prompts: list[list[int]], slots: list[int], rows: list[int],
               sampling: list[dict[str, Any]], top: int, starts: list[int] | None = None,
               media: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
-    """Prefills `prompts` (pieces of prompts beginning at positions `starts`: all 0, or all > 0
-    and then `chunkable`) into `slots`; (next tokens, their log-probabilities, top ids, top
-    log-probabilities), one row per prompt. `media`: the first pieces' images and clips
+    """Prefills `prompts` (pieces of prompts beginning at positions `starts`: all 0, or all > 0)
+    into `slots`; (next tokens, their log-probabilities, top ids, top log-probabilities), one
+    row per prompt. `media`: the first pieces' images and clips
     (`batch_media` of theirs, whole prompts)."""
     n = len(prompts)
     starts = starts or [0] * n
@@ -270,8 +288,8 @@ class Slots:
       lengths_B[b], slots_B[b], rows_B[b], starts_B[b] = len(p), slots[b], rows[b], starts[b]
     length = 0
     if starts_B.any():
-      if not starts_B[:n].all() or not self.chunkable or media:
-        raise ValueError("prompt pieces continue together (full-attention caches, text only)")
+      if not starts_B[:n].all() or media:
+        raise ValueError("prompt pieces continue together (text only)")
       length = self.window(int((starts_B + lengths_B)[:n].max()))
     values = row_values(sampling, B)
     e = self.engine
@@ -280,6 +298,10 @@ class Slots:
                                      sampled=bool(values["temperature"].any()), top=top,
                                      length=length)
     return tuple(np.asarray(fetch(g))[:n] for g in got)
+
+  def copy(self, source: int, slot: int) -> None:
+    """Row `slot` of the cache becomes a copy of row `source`."""
+    self.cache = self._copy(self.cache, *self.engine._host(np.int32(source), np.int32(slot)))
 
   def step(self, params, state: dict[str, np.ndarray], eos_ids: list[int],
            sampling: dict[str, np.ndarray], top: int) -> tuple[dict[str, np.ndarray], dict]:

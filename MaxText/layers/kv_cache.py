@@ -22,6 +22,14 @@ layers) defines its own kind with the same `arrays` method.
 `write` stores the valid tokens of a call (a prefill keeps only the last R of a long prompt in a
 ring); `attend` lets queries see what the cache holds after that write — a decoding step writes
 its one token first, then attends, so a ring of W slots always holds the window q - W < k <= q.
+
+A prompt prefilled in pieces (chunked prefill: a piece of S tokens as a multi-token step over the
+cache) would overwrite, in a ring of W slots, keys its own first queries still need. A kind's
+optional `widen(group, extra, starts_B)` / `narrow(group, like)` handle that around a piece:
+the ring re-laid as a ring of W + S slots (slot = position mod (W + S), only the positions before
+the piece's start: anything else a slot held is a previous request's), which the piece's write
+then fills without dropping a key any of its queries reads, and afterwards the ring of W slots
+again, holding the latest position of each slot: exactly the ring a whole-prompt prefill leaves.
 """
 from __future__ import annotations
 
@@ -81,6 +89,49 @@ class KVCache:
     out = {"k": kv, "v": kv}
     if self.window:
       out["pos"] = ArraySpec((batch, T), jnp.int32, CACHE_BT, fill=-1)
+    return out
+
+  def widen(self, group: dict, extra: int, starts_B) -> dict:
+    """A ring's stacked `group` (arrays [L, B, ...]) as a ring of `extra` more slots holding the
+    same positions, those before `starts_B` only (module docstring); full attention: unchanged."""
+    if not self.window:
+      return group
+    pos_LBT = group["pos"]
+    L, B, T = pos_LBT.shape
+    keep_LBT = (pos_LBT >= 0) & (pos_LBT < starts_B[None, :, None])
+    return self._relaid(group, jnp.where(keep_LBT, pos_LBT % (T + extra), T + extra), T + extra)
+
+  def narrow(self, group: dict, like: dict[str, ArraySpec]) -> dict:
+    """A ring's stacked `group` as the ring of `like`'s shapes (its slots fewer), each slot
+    holding the latest position of its residue (after a piece: the window the next query reads);
+    full attention: unchanged."""
+    if not self.window:
+      return group
+    slots = like["pos"].shape[-1]
+    pos_LBT = group["pos"]
+    L, B, _ = pos_LBT.shape
+    target_LBT = jnp.where(pos_LBT >= 0, pos_LBT % slots, slots)
+    latest_LBT = jnp.full((L, B, slots), -1, jnp.int32).at[
+        jnp.arange(L)[:, None, None], jnp.arange(B)[None, :, None], target_LBT].max(
+            pos_LBT, mode="drop")
+    held_LBT = jnp.take_along_axis(latest_LBT, jnp.minimum(target_LBT, slots - 1), axis=-1)
+    mine_LBT = (pos_LBT >= 0) & (held_LBT == pos_LBT)
+    return self._relaid(group, jnp.where(mine_LBT, target_LBT, slots), slots)
+
+  @staticmethod
+  def _relaid(group: dict, slot_LBT, slots: int) -> dict:
+    """A ring of `slots` slots with each entry of `group` moved to its `slot_LBT` (>= slots:
+    dropped); slots nothing moves to are empty (position -1)."""
+    k = group["k"]
+    L, B, K, _, E = k.shape
+    l_L111, b_1B11 = jnp.arange(L)[:, None, None, None], jnp.arange(B)[None, :, None, None]
+    h_11K1 = jnp.arange(K)[None, None, :, None]
+    at = (l_L111, b_1B11, h_11K1, slot_LBT[:, :, None, :])
+    out = {name: jnp.zeros((L, B, K, slots, E), group[name].dtype).at[at].set(group[name],
+                                                                               mode="drop")
+           for name in ("k", "v")}
+    out["pos"] = jnp.full((L, B, slots), -1, jnp.int32).at[
+        l_L111[..., 0], b_1B11[..., 0], slot_LBT].set(group["pos"], mode="drop")
     return out
 
   def write(self, group: dict, index, k_BSKE, v_BSKE, positions_BS, valid_BS) -> dict:

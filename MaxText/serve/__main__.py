@@ -116,7 +116,8 @@ def run(argv: Sequence[str]) -> int:
   decode = model.text if model.tokenizer is not None else None
   scheduler = Scheduler(model, slots, cfg.serve_queue, metrics,
                         (lambda stop: TextStream(decode, stop)) if decode else None,
-                        prefill_chunk=cfg.serve_prefill_chunk)
+                        prefill_chunk=cfg.serve_prefill_chunk,
+                        prefix_min=cfg.serve_prefix_cache)
   name = model_name(cfg)
   served = Served(model, scheduler, metrics, name, room, cfg.serve_max_tokens, cfg.log_prompts)
   app = build_app(served)

@@ -1,6 +1,7 @@
 """The server's Prometheus metrics (GET /metrics, text format), in a registry of its own: requests
-by endpoint and status, requests waiting, slots busy, prompt and generated tokens, the last
-decoding call's tokens per second, time to first token and request latency."""
+by endpoint and status, requests waiting, slots busy, prompt and generated tokens, prefix-cache
+hits and the prompt tokens they saved, the last decoding call's tokens per second, time to first
+token and request latency."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -18,6 +19,10 @@ class Metrics:
     self.slots_busy = Gauge("maxtext_slots_busy", "decode slots holding a request", registry=r)
     self.slots = Gauge("maxtext_slots", "decode slots", registry=r)
     self.prompt_tokens = Counter("maxtext_prompt_tokens", "prompt tokens prefilled", registry=r)
+    self.prefix_hits = Counter("maxtext_prefix_hits", "completions that reused a cached prompt "
+                               "prefix (serve_prefix_cache)", registry=r)
+    self.prefix_tokens = Counter("maxtext_prefix_tokens", "prompt tokens not prefilled: reused "
+                                 "from a cached prefix", registry=r)
     self.generated_tokens = Counter("maxtext_generated_tokens", "tokens generated", registry=r)
     self.tokens_per_second = Gauge("maxtext_decode_tokens_per_second",
                                    "tokens per second of the last decoding call", registry=r)

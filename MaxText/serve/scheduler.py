@@ -4,15 +4,17 @@ decode slots (MaxText/decoding/slots.py).
 Between two decoding calls the thread takes waiting requests into free slots and prefills their
 prompts (together, one call per prompt-length bucket), then runs up to `chunk` steps of every
 slot that decodes. While other slots decode, at most `prefill_chunk` prompt tokens go in per call:
-a long prompt is prefilled in pieces over several calls (chunked prefill, for a family whose
-cache is full attention only), so it never stalls the running requests for long. A
+a long prompt is prefilled in pieces over several calls (chunked prefill, every family; a prompt
+with images or audio goes whole), so it never stalls the running requests for long. A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
 (called on this thread; the HTTP side hands it to its event loop) a `Delta` per decoding call:
 the new text released, the new tokens with their log-probabilities, and at the end the finish
 reason. A request with `echo` and `logprobs` first gets its prompt's log-probabilities
-(`Engine.score_top`, on this thread too). A full queue refuses a request (`QueueFull`); `stop`
+(`Engine.score_top`, on this thread too). With prefix caching (`prefix_min` > 0,
+MaxText/serve/prefix.py) a prompt that starts with tokens a slot's row still holds takes that
+row (copied into its slot, or that slot itself when free) and prefills only the rest. A full queue refuses a request (`QueueFull`); `stop`
 lets the queued and running requests finish, then ends the thread.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from MaxText.decoding.engine import batch_media
 from MaxText.decoding.slots import Slots, row_values
+from MaxText.serve.prefix import PrefixIndex
 
 log = logging.getLogger("MaxText.serve")
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
@@ -81,15 +84,17 @@ class Scheduler:
 
   def __init__(self, model, slots: Slots, queue_size: int, metrics=None,
                text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
-               prefill_chunk: int = 0):
+               prefill_chunk: int = 0, prefix_min: int = 0):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
-    # prompt tokens prefilled per engine call while other slots decode (0 or a family whose
-    # cache cannot take pieces: whole prompts)
-    self.prefill_chunk = prefill_chunk if slots.chunkable else 0
+    # prompt tokens prefilled per engine call while other slots decode (0: whole prompts)
+    self.prefill_chunk = prefill_chunk
     self.prefilling: list[int] = []      # slots whose prompt is not all in the cache yet
     self.text_stream = text_stream
     self.top_max = top_max
     n = slots.slots
+    # prefix caching: the tokens each slot's row holds (None: off)
+    self.prefix = PrefixIndex(n, slots.positional, prefix_min) if prefix_min else None
+    self.reuse: dict[int, tuple[int, int]] = {}   # a taken slot: (the row it reuses, tokens)
     self.jobs: list[Job | None] = [None] * n
     self.streams: list[Any] = [None] * n
     self.state = {"token": np.zeros(n, np.int32), "position": np.zeros(n, np.int32),
@@ -172,7 +177,13 @@ class Scheduler:
       if job.cancelled:
         job.sink(Delta(finish_reason="cancelled"))
         continue
-      slot = free.pop(0)
+      if self.prefix is None:
+        slot = free.pop(0)
+      else:
+        slot, source, m = self.prefix.place(None if job.media else job.prompt_ids, free)
+        free.remove(slot)
+        self.prefix.took(slot, m if source == slot else 0)
+        self.reuse[slot] = (source, m)
       self.jobs[slot] = job
       out.append((slot, job))
     self._gauges()
@@ -201,8 +212,19 @@ class Scheduler:
                                       top=max(1, *(j.top for j in echo)))
       for job, got in zip(echo, scored):
         job.sink(Delta(prompt_logprobs=got))
+    for s, j in new:
+      source, m = self.reuse.pop(s, (-1, 0))
+      if m:
+        if source != s:
+          self.slots.copy(source, s)
+          assert self.prefix is not None
+          self.prefix.copied(source, s, m)
+        j.prefilled = m
+        if self.metrics is not None:
+          self.metrics.prefix_hits.inc()
+          self.metrics.prefix_tokens.inc(m)
     if self.metrics is not None:
-      self.metrics.prompt_tokens.inc(sum(len(j.prompt_ids) for _, j in new))
+      self.metrics.prompt_tokens.inc(sum(len(j.prompt_ids) - j.prefilled for _, j in new))
     for s, j in new:
       if j.max_tokens == 0:
         j.sink(Delta(finish_reason="length"))
@@ -252,6 +274,8 @@ class Scheduler:
         starts=None if first else [j.prefilled for _, j, _ in group], media=media)
     now = time.perf_counter()
     for b, ((s, j, n), end) in enumerate(zip(group, ends)):
+      if self.prefix is not None:
+        self.prefix.wrote(s, j.prompt_ids[j.prefilled:j.prefilled + n])
       j.prefilled += n
       if not end:
         continue
@@ -276,6 +300,7 @@ class Scheduler:
     jobs = [None if s in self.prefilling else j for s, j in enumerate(self.jobs)]
     values = row_values([j.sampling() if j is not None else GREEDY for j in jobs], len(jobs))
     top = self.top_max if any(j is not None and j.top for j in jobs) else 0
+    fed = st["token"].copy()
     t0 = time.perf_counter()
     new_state, out = self.slots.step(self.model.params, st, list(self.model.eos_ids), values, top)
     seconds = time.perf_counter() - t0
@@ -287,6 +312,8 @@ class Scheduler:
         continue
       keep = out["tokens"][s] >= 0
       made += int(keep.sum())
+      if self.prefix is not None and keep.any():   # the fed token, then all but the last made
+        self.prefix.wrote(s, [int(fed[s])] + out["tokens"][s, keep][:-1].tolist())
       self._emit(s, j, out["tokens"][s, keep], out["logprobs"][s, keep],
                  out["top_ids"][s, keep], out["top_logprobs"][s, keep])
     if self.metrics is not None and seconds > 0:

@@ -23,7 +23,9 @@ Decoding: `init_state(batch)` → {"conv": the last W−1 inputs of q|k|v [B, W�
 "delta": the delta-rule state [B, Hv, Dk, Dv] fp32}, both zero at a document's start;
 `step(x_BD, state)` → (y_BD, next state). `extend` keeps that state in the decoding cache
 (`LinearState`, one row per linear layer): a prefill runs the chunked rule over the prompts and
-stores its final state and each prompt's last W−1 conv inputs; a decoding step is `step`.
+stores its final state and each prompt's last W−1 conv inputs; a decoding step is `step`; several
+tokens that continue the state (a prompt's piece in chunked prefill) run the prefill's form — the
+conv over the cached window, then the chunked rule from the cached state.
 """
 from __future__ import annotations
 
@@ -162,9 +164,10 @@ class GatedDeltaNet(nnx.Module):
     """Decoding (`valid_BS`: the real tokens of right-padded rows): a prefill runs prompts from a
     zero state (padding neither writes nor decays the state: β = 0, g = 0) and stores in row
     `index` of the cache `group` (None: no cache) the final delta-rule state and each prompt's last
-    W−1 conv inputs; otherwise the new tokens continue the cached state one at a time through
-    `step` (a token that is not valid leaves the state as it was: speculative decoding verifies
-    several, MaxText/decoding/speculative.py). Returns (output, group)."""
+    W−1 conv inputs; otherwise the new tokens continue the cached state: one token through
+    `step`, several (a prompt's piece, speculative decoding's drafts: MaxText/decoding/
+    speculative.py) through `_continue`; a token that is not valid leaves the state as it was.
+    Returns (output, group)."""
     if not prefill:
       state = {name: group[name][index] for name in ("conv", "delta")}
 
@@ -179,8 +182,7 @@ class GatedDeltaNet(nnx.Module):
         state, y_BD = one(state, (x_BSD[:, 0], valid_BS[:, 0]))
         y_BSD = y_BD[:, None]
       else:
-        state, y_SBD = jax.lax.scan(one, state, (x_BSD.swapaxes(0, 1), valid_BS.swapaxes(0, 1)))
-        y_BSD = y_SBD.swapaxes(0, 1)
+        y_BSD, state = self._continue(x_BSD, valid_BS, state)
       group = {name: group[name].at[index].set(state[name]) for name in state}
       return y_BSD, group
     qkv, z, b, a = self._project(x_BSD)
@@ -203,6 +205,31 @@ class GatedDeltaNet(nnx.Module):
     group = {"conv": group["conv"].at[index].set(window.astype(group["conv"].dtype)),
              "delta": group["delta"].at[index].set(delta)}
     return y, group
+
+  def _continue(self, x_BSD, valid_BS, state: dict) -> tuple[jax.Array, dict]:
+    """Several tokens (right-padded rows: a piece of a prompt, speculative decoding's drafts)
+    continuing `state`, in the prefill's form: the conv over the cached window followed by the
+    new inputs, the chunked rule from the cached delta-rule state (padding neither writes nor
+    decays it). Returns (output, the state after each row's valid tokens)."""
+    window = state["conv"]
+    Wm1 = window.shape[1]
+    qkv, z, b, a = self._project(x_BSD)
+    qkv = constrain(qkv, ACT_BSHX)
+    inputs = jnp.concatenate([window.astype(qkv.dtype), qkv], axis=1)   # [B, W−1+S, Hk, X]
+    starts = jnp.zeros(inputs.shape[:2], jnp.bool_).at[:, 0].set(True)
+    mixed = causal_conv(inputs, self.conv[...], starts)[:, Wm1:]
+    q, k, v, g, beta = self._rule_inputs(mixed, b, a)
+    real_BS1 = valid_BS[..., None]
+    o, delta = chunked_gated_delta_rule(q, k, v, jnp.where(real_BS1, g, 0.0),
+                                        jnp.where(real_BS1, beta, 0.0),
+                                        jnp.zeros_like(valid_BS),
+                                        chunk_size=min(self.chunk_size, x_BSD.shape[1]),
+                                        initial_state_BHKV=state["delta"])
+    y = constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
+    at_BW = jnp.sum(valid_BS, axis=1)[:, None] + jnp.arange(Wm1)     # the last W−1 inputs
+    window = jnp.take_along_axis(inputs, at_BW[:, :, None, None], axis=1)
+    return y, {"conv": window.astype(state["conv"].dtype),
+               "delta": delta.astype(state["delta"].dtype)}
 
   def step(self, x_BD, state: dict) -> tuple[jax.Array, dict]:
     qkv, z, b, a = self._project(x_BD)
