@@ -77,10 +77,12 @@ def variant_code(attrs: dict[str, object], files: list[str]):
       undo.append(functools.partial(setattr, module, name, getattr(module, name)))
       setattr(module, name, value)
     for path in files:
-      scope = {"__file__": path, "__name__": "ab_patch"}
+      scope: dict[str, object] = {"__file__": path, "__name__": "ab_patch"}
       with open(path, encoding="utf-8") as f:
         exec(compile(f.read(), path, "exec"), scope)  # pylint: disable=exec-used
-      undo.append(scope["apply"]())
+      apply = scope["apply"]
+      assert callable(apply), f"{path}: apply is not a function"
+      undo.append(apply())
     yield
   finally:
     for u in reversed(undo):
@@ -232,8 +234,8 @@ def main() -> int:
     per_k = cpu * 1e6 / r["tokens"]
     print(f"| {r['label']} | {r['n']} | {cpu:.3f} | {wall:.3f} | {r['tokens']} | {per_k:.1f} | "
           f"{per_k / base:.3f} | {r['tokens'] / wall:,.0f} | {statistics.median(r['faults']):,.0f} | "
-          f"{r['loss']:.4f} -> "
-          f"{r['last_loss']:.4f} |")
+          f"{r['loss']:.9g} -> "
+          f"{r['last_loss']:.9g} |")
   return 0
 
 

@@ -5,7 +5,8 @@ dot-product attention core with custom VJPs (bf16 operands, fp32 accumulation, r
 barriers: `layers/linear.py`, `layers/attention_lowp.py`), the projections of one input fused into
 one matmul (`linear.fused_dense`), 16-bit concatenations and remat saves as raw bits
 (`linear.concat_bits`, `layers/saved.py`), RMSNorm's hand-written VJP (`layers/norms.py`), and in
-the process the depth-first XLA:CPU schedule and the host allocator setting (`cpu_devices`).
+the process the depth-first XLA:CPU schedule and the host allocator setting, and the train
+step's compile at LLVM level 1 (`cpu_devices`).
 
 `plain` (the default on GPU and TPU) runs what XLA compiles well there and what MaxText,
 torchtitan and Levanter run: `jnp.dot(..., preferred_element_type=...)` differentiated by

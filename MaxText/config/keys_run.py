@@ -90,8 +90,9 @@ class RunKeys:
       choices=("autoselected", "dot_product", "flash", "cudnn"), **_COMPUTE, tools=MODEL_TOOLS)
   hot_path: str = key(
       "auto", "the layers' hot path: tuned (XLA:CPU's bf16 matmul and attention cores, RMSNorm "
-      "VJP, 16-bit remat saves as raw bits, CPU schedule and host allocator) | plain (XLA's own "
-      "dot, autodiff attention and norm, named remat saves) | auto (tuned on CPU, plain on GPU/TPU; "
+      "VJP, 16-bit remat saves as raw bits, CPU schedule, host allocator, the step at LLVM level "
+      "1) | plain (XLA's own dot, autodiff attention and norm, named remat saves) | auto (tuned "
+      "on CPU, plain on GPU/TPU; "
       "MaxText/backend/hot_path.py)", choices=("auto", "tuned", "plain"), **_COMPUTE,
       tools=MODEL_TOOLS)
   flash_block_q: int = key(512, "flash attention query block (clipped to the sequence length, "

@@ -24,6 +24,7 @@ from MaxText.metrics.writers import MetricsWriter
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.resolve import auto_settings
+from MaxText.runtime import cpu_devices
 from MaxText.sharding.rules import tree_shardings
 from MaxText.train import memory
 from MaxText.train.loop import Trainer
@@ -108,7 +109,9 @@ class DistillTrainer(Trainer):
     abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
                                               sharding=self.batch_shardings[k])
                       for k, (shape, dtype) in self.row_specs.items()}
-    return jitted.lower(self.abstract, self.teacher_abstract, abstract_batch).compile()
+    return jitted.lower(self.abstract, self.teacher_abstract, abstract_batch).compile(
+        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
+                                                           self.cfg.hot_path))
 
   def prepare(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
     """The teacher's parameters loaded onto the mesh (exit 4: a damaged or misfitting

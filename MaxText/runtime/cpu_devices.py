@@ -41,6 +41,15 @@ tells glibc to serve them from its heap and keep up to
 (`GLIBC_TUNABLES=glibc.malloc.*`, `MALLOC_*` variables) or the C library is not glibc. It acts on
 host memory only; the cost is a higher peak RSS (the heap holds its high-water mark).
 What it saves per step: benchmarks/RESULTS.md, the CPU settings.
+
+The train step's compile (`step_compiler_options`, per jitted program, not process-wide): on the
+tuned path XLA:CPU compiles the step with LLVM's optimisation level STEP_OPT_LEVEL (XLA's default
+is 2). XLA:CPU turns every fusion of the step into its own kernel (MLIR fusion emitters, then LLVM),
+so a cold compile is mostly per-kernel code generation; the matmuls and reductions run in library
+kernels (YNNPACK, Eigen) that this level does not touch, and the elementwise kernels it does
+touch vectorise alike at level 1. The step runs as fast and computes the same losses at either
+level; the compile takes less CPU (benchmarks/RESULTS.md, "Compile time vs MaxText"; level 0, or
+XLA's older emitters, compile faster still but run the step two to three times slower).
 """
 from __future__ import annotations
 
@@ -65,6 +74,8 @@ KEEP_FREED_BYTES = 1 << 30
 # XLA:CPU's thread pools per device of a multi-device run (module docstring: one deadlocks)
 POOL_THREADS_PER_DEVICE = 2
 POOL_ENV = "PJRT_NPROC"                  # read by XLA's DefaultThreadPoolSize(), then NPROC
+# LLVM's optimisation level for the train step's XLA:CPU kernels on the tuned path (XLA's is 2)
+STEP_OPT_LEVEL = 1
 
 
 def usable_cores() -> int:
@@ -227,6 +238,15 @@ def scheduler_note(defaulted: bool, env: Mapping[str, str] | None = None) -> str
         return f"XLA:CPU schedule {value}, by default (set XLA_FLAGS={SCHEDULER_FLAG}=... to choose)"
       return f"XLA:CPU schedule {value}, from XLA_FLAGS"
   return "XLA:CPU schedule: XLA's default"
+
+
+def step_compiler_options(platform: str, hot_path: str = "auto") -> dict[str, int]:
+  """The XLA compile options of the train step (`jax.jit(...).lower(...).compile(compiler_options=
+  ...)`): on the CPU platform's tuned hot path, LLVM's optimisation level STEP_OPT_LEVEL (module
+  docstring); elsewhere none (XLA's defaults). They are part of the compilation cache's key."""
+  if platform != "cpu" or hot.select_hot_path(hot_path, platform) != hot.TUNED:
+    return {}
+  return {"xla_backend_optimization_level": STEP_OPT_LEVEL}
 
 
 def describe(defaults: Defaults | None, platform: str) -> str:

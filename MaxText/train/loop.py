@@ -158,7 +158,9 @@ class Trainer:
     abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
                                               sharding=self.batch_shardings[k])
                       for k, (shape, dtype) in self.row_specs.items()}
-    return jitted.lower(self.abstract, abstract_batch).compile()
+    return jitted.lower(self.abstract, abstract_batch).compile(
+        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
+                                                           self.cfg.hot_path))
 
   def micro_batches(self) -> int:
     """Micro-batches of a step (their activations live one at a time)."""
