@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from MaxText.kernels.flash_attention import (flash_attention, flash_attention_debug_counts,
-                                             kv_block_range, q_block_range)
+from MaxText.kernels.flash_attention import (_prepare, flash_attention, flash_attention_debug_counts,
+                                             kv_block_range, q_block_range, triton_max_block)
 from MaxText.layers.attention_ops import dot_product_attention
 
 
@@ -51,7 +51,11 @@ _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensiv
 
 
 def _compiled(fn, *args):
-  return jax.jit(fn).lower(*args).compile(compiler_options=_FAST_COMPILE)(*args)
+  """fn compiled and run; float32 matmuls at full precision on every platform (a GPU's default
+  would run the XLA reference's in TF32, ~1e-3 relative, beside a kernel that asks for full)."""
+  options = _FAST_COMPILE if jax.default_backend() == "cpu" else {}
+  with jax.default_matmul_precision("highest"):
+    return jax.jit(fn).lower(*args).compile(compiler_options=options)(*args)
 
 
 def _magnitudes(q, k, v, do, segment_ids, *, scale, causal=True, sliding_window=None):
@@ -261,3 +265,16 @@ def test_lowers_to_triton_for_gpu(dtype):
   except ImportError as e:   # a jaxlib without the GPU lowering pieces
     pytest.skip(f"no CUDA lowering available: {e}")
   assert text.count("__gpu$xla.gpu.triton") == 3     # forward, dq, dk/dv
+
+
+@pytest.mark.parametrize("E,cap", [(64, 128), (128, 128), (256, 64)])
+def test_triton_blocks_are_clipped_to_fit_shared_memory(E, cap):
+  """On a GPU (not interpret) the configured 512-row blocks become what fits one program's shared
+  memory; the CPU interpreter keeps them (clipped only to the sequence length)."""
+  q, k, v, _ = _inputs(1, 1024, 1024, 2, 1, E)
+  blocks = lambda interpret: (lambda c: (c.block_q, c.block_kv))(_prepare(
+      q, k, v, None, scale=1.0, causal=True, sliding_window=None, block_q=512, block_kv=512,
+      interpret=interpret)[-1])
+  assert triton_max_block(E) == cap
+  assert blocks(False) == (cap, cap)
+  assert blocks(True) == (512, 512)

@@ -44,12 +44,12 @@ def test_the_mfu_model_is_a_valid_1b_qwen3_shaped_config():
 
 
 def test_the_mfu_model_runs_on_both_hot_paths():
-  """Step 3 trains it on the plain path (the GPU default), step 6 the same run on the tuned one."""
+  """Step 3 trains it on the plain path (the GPU default), step 4 the same run on the tuned one."""
   lines = {l.split(".")[0][-1]: l for l in dry_run().splitlines() if l.startswith("[dry-run] ")
            and l[10].isdigit()}
   keys = lambda step: [w for w in lines[step].split(" (limit")[0].split() if "=" in w
                        and not w.startswith(("base_output", "run_name", "hot_path"))]
-  assert keys("3") == keys("6")
-  assert " hot_path=plain " in lines["3"] and " hot_path=tuned " in lines["6"]
-  names = [re.search(r"run_name=(\S+)", lines[s]).group(1) for s in ("3", "6")]
+  assert keys("3") == keys("4")
+  assert " hot_path=plain " in lines["3"] and " hot_path=tuned " in lines["4"]
+  names = [re.search(r"run_name=(\S+)", lines[s]).group(1) for s in ("3", "4")]
   assert names[0] != names[1], names

@@ -94,7 +94,8 @@ class RunKeys:
       "dot, autodiff attention and norm, named remat saves) | auto (tuned on CPU, plain on GPU/TPU; "
       "MaxText/backend/hot_path.py)", choices=("auto", "tuned", "plain"), **_COMPUTE,
       tools=MODEL_TOOLS)
-  flash_block_q: int = key(512, "flash attention query block (clipped to the sequence length; "
+  flash_block_q: int = key(512, "flash attention query block (clipped to the sequence length, "
+                           "on a GPU to what fits shared memory: 128, 64 for head dims > 128; "
                            "splash: a multiple of 128)", min=8, **_COMPUTE, tools=MODEL_TOOLS)
   flash_block_kv: int = key(512, "flash attention key/value block (same rules)", min=8, **_COMPUTE,
                             tools=MODEL_TOOLS)

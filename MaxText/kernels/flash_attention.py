@@ -120,6 +120,15 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 # ----------------------------------------------------------------------------- public wrapper
+def triton_max_block(head_dim: int) -> int:
+  """The largest query / key block the Triton kernels take for a (padded) head dim: the backward
+  program holds q, k, v, dO tiles and fp32 accumulators of block x head_dim at once, and 512-row
+  blocks of a 128-wide head ask several times an H100/H200's 227 KiB of shared memory. The
+  configured blocks (`flash_block_q` / `flash_block_kv`, sized for the CPU interpreter) are
+  clipped to this on a GPU."""
+  return 128 if head_dim <= 128 else 64
+
+
 def _next_pow2(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
@@ -139,10 +148,13 @@ def _prepare(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal, sliding_w
       raise ValueError("kv_segment_ids_BT [B, T] needs segment_ids_BS [B, S] with it")
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
+  Ep = _next_pow2(E)
+  if not interpret:        # Triton: one program's tiles must fit the GPU's shared memory
+    block_q, block_kv = (min(b, triton_max_block(Ep)) for b in (block_q, block_kv))
   bq = min(block_q, max(16, _next_pow2(S)))     # short sequences: one block (>= 16 for Triton dots)
   bk = min(block_kv, max(16, _next_pow2(T)))
   nq, nk = pl.cdiv(S, bq), pl.cdiv(T, bk)
-  Sp, Tp, Ep = nq * bq, nk * bk, _next_pow2(E)
+  Sp, Tp = nq * bq, nk * bk
   q = jnp.pad(q_BSHE, ((0, 0), (0, Sp - S), (0, 0), (0, Ep - E)))
   k = jnp.pad(k_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E)))
   v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E)))
