@@ -13,6 +13,15 @@ SUITE_XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
                    "--xla_llvm_disable_expensive_passes=true")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a subprocess with `devices` fake CPU devices and the suite's other flags: the
+  persistent cache's key includes the flags (the device count aside), so a subprocess started
+  with other flags compiles every program afresh, and with LLVM's expensive passes."""
+  kept = [f for f in os.environ["XLA_FLAGS"].split()
+          if not f.startswith("--xla_force_host_platform_device_count=")]
+  return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 # two XLA:CPU pool threads per fake device, as train.py sets them (MaxText/runtime/cpu_devices.py
 # apply_thread_pools): with XLA's floor of one per device an 8-device step compiled afresh can
 # abort on a collective rendezvous time-out (benchmarks/RESULTS.md, "The 8-device abort")

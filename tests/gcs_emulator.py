@@ -15,7 +15,6 @@ hand: it prints the settings to export and serves until Ctrl-C.
 """
 from __future__ import annotations
 
-import gc
 import os
 import socket
 import subprocess
@@ -103,9 +102,6 @@ class GcsEmulator:
     storage.Client().create_bucket(name)
 
   def __exit__(self, *exc) -> None:
-    # tensorboardX's gs:// record writer uploads again when it is garbage-collected: while the
-    # server still runs (after it, google-cloud-storage would retry for two minutes)
-    gc.collect()
     for k, v in self._saved.items():
       if v is None:
         os.environ.pop(k, None)

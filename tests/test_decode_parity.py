@@ -50,7 +50,7 @@ def forward_logprobs(model_def, params, seqs: list[np.ndarray], width: int) -> l
   for i, seq in enumerate(seqs):
     tokens[i, :len(seq)], segments[i, :len(seq)] = seq, 1
   positions = np.broadcast_to(np.arange(width, dtype=np.int32), tokens.shape)
-  logits = np.asarray(model_def.apply(params, tokens, positions, segments))
+  logits = np.asarray(jax.jit(model_def.apply)(params, tokens, positions, segments))   # one program
   return [log_softmax(logits[i, :len(seq)]) for i, seq in enumerate(seqs)]
 
 

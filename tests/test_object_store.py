@@ -223,3 +223,31 @@ def test_paths_on_the_store(store):
     assert [remote[i] for i in range(40)] == [here[i] for i in range(40)]
   with pytest.raises(Exception, match="does not exist"):
     sources.resolve_dataset_files(f"gs://{BUCKET}/nothing-here.parquet", "auto")
+
+
+def test_a_closed_tensorboard_event_file_is_not_uploaded_again(store, monkeypatch):
+  """tensorboardX's gs:// event file uploads itself from `__del__` too, and its writer stays
+  alive until the interpreter exits (an atexit hook holds it): once closed with the run
+  (MetricsWriter.close), its `__del__` uploads nothing more (at the exit of a process whose store
+  has gone, such an upload retried for minutes)."""
+  import gc
+  from google.cloud import storage
+  from tensorboardX import record_writer
+  from MaxText.metrics.writers import MetricsWriter
+  from MaxText.storage import paths
+  uploads = []
+  real = storage.Blob.upload_from_string
+  monkeypatch.setattr(storage.Blob, "upload_from_string",
+                      lambda blob, *a, **kw: (uploads.append(blob.name), real(blob, *a, **kw))[1])
+  writer = MetricsWriter(f"{OUT}/tb-once", enable_tensorboard=True, is_primary=True)
+  writer.write(1, {"loss": 2.5})
+  writer.close()
+  assert uploads and all("/tb-once/tensorboard/events.out.tfevents" in n for n in uploads), uploads
+  assert any(n.startswith("events.out.tfevents") for n in paths.listdir(f"{OUT}/tb-once/tensorboard"))
+  closed = len(uploads)
+  live = [o for o in gc.get_objects() if issubclass(type(o), record_writer.GCSRecordWriter)
+          and "/tb-once/" in o.path]
+  assert live   # the atexit hook's
+  for gcs_writer in live:
+    gcs_writer.__del__()   # what the interpreter's exit does
+  assert len(uploads) == closed, uploads

@@ -33,7 +33,7 @@ from hf_parity import (S, TOL_GRAD, batch, build_hf_model, check_logits,  # noqa
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.qwen3_next import hf_map  # noqa: E402
-from MaxText.models.registry import get_family, init_params, make_model_def  # noqa: E402
+from MaxText.models.registry import get_family, make_model_def  # noqa: E402
 
 VARIANTS = {
     "moe": (),
@@ -129,10 +129,12 @@ def test_aux_loss_matches_hf():
     out = hf_model("moe")(input_ids=torch.tensor(tokens), use_cache=False,
                           output_router_logits=True)
   from MaxText.layers.moe import aux_loss
-  _, aux = model_def.apply_with_aux(params, tokens.astype(np.int32), np.arange(S)[None],
-                                    np.ones((1, S), np.int32))
-  st = aux["moe_stats"]
-  ours_aux = float(aux_loss(st["counts"], st["probs"], st["tokens"]))
+
+  def forward_aux(p):   # one jitted program, not op by op
+    st = model_def.apply_with_aux(p, tokens.astype(np.int32), np.arange(S, dtype=np.int32)[None],
+                                  np.ones((1, S), np.int32))[1]["moe_stats"]
+    return aux_loss(st["counts"], st["probs"], st["tokens"])
+  ours_aux = float(jax.jit(forward_aux)(params))
   print(f"aux loss ours={ours_aux:.6f} hf={out.aux_loss.item():.6f}")
   assert abs(ours_aux - out.aux_loss.item()) <= 1e-5 * out.aux_loss.item()
 
@@ -156,7 +158,11 @@ def mtp_tensors(variant: str, seed: int = 3) -> dict[str, np.ndarray]:
   """Random `mtp.*` tensors with a released checkpoint's names for this model (one MTP layer: a
   full-attention layer with the MLP of a decoder layer 0), one of them holding signed zeros."""
   with_mtp = ModelConfig.from_config(replace(our_config(variant), mtp_num_layers=1))
-  exported = hf_map.params_to_hf(init_params(with_mtp, seed), with_mtp)
+  rng = np.random.default_rng(seed)   # host values of the parameters' shapes: no init to compile
+  params = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype),
+                        make_model_def(with_mtp).abstract_params)
+  params["router_bias"] = np.zeros_like(params["router_bias"])   # HF has none: zero, as the init
+  exported = hf_map.params_to_hf(params, with_mtp)
   out = {k: np.asarray(exported[k]) for k in exported if k.startswith("mtp.")}
   out["mtp.norm.weight"] = np.where(np.arange(with_mtp.emb_dim) % 2, -0.0, out["mtp.norm.weight"]
                                     ).astype(np.float32)

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import CACHE_DIR, ROOT
+from conftest import CACHE_DIR, ROOT, xla_flags
 from test_grpo import GRPO_YML, grpo
 
 SCRIPT = os.path.join(ROOT, "end_to_end", "rl_driver.py")
@@ -77,9 +77,12 @@ def test_the_driver_reproduces_grpo_bit_for_bit(grpo_rows, tmp_path, offload):
 
 
 def test_sigterm_saves_exits_42_and_a_rerun_resumes(grpo_rows, tmp_path):
+  # XLA_FLAGS inherited (tests/conftest.py: 8 devices, the suite's compile flags): the driver's
+  # programs are those of the in-process run above, answered by the persistent cache
   env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             XLA_FLAGS=xla_flags(8),
              PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
+  assert "--xla_force_host_platform_device_count=8" in env["XLA_FLAGS"]
   cmd = [sys.executable, SCRIPT, GRPO_YML, *keys(tmp_path), "run_name=driver"]
   proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)

@@ -201,12 +201,14 @@ MODEL = ["emb_dim=32", "num_decoder_layers=1", "num_query_heads=2", "num_kv_head
 
 def test_chunked_gather_value_and_gradient_equal_the_plain_gather():
   mcfg = ModelConfig.from_config(load_config([BASE_YML, *MODEL]))
-  model_def, params = make_model_def(mcfg), init_params(mcfg, 0)
+  model_def = make_model_def(mcfg)
+  params = init_params(mcfg, 0)
   rng = np.random.default_rng(1)
-  tokens = jnp.asarray(rng.integers(0, 300, (2, 24)), jnp.int32)
-  targets = jnp.asarray(rng.integers(0, 300, (2, 24)), jnp.int32)
-  pos, seg = jnp.broadcast_to(jnp.arange(24), (2, 24)), jnp.ones((2, 24), jnp.int32)
-  w = jnp.asarray(rng.normal(size=(2, 24)), jnp.float32)
+  tokens = rng.integers(0, 300, (2, 24)).astype(np.int32)
+  targets = rng.integers(0, 300, (2, 24)).astype(np.int32)
+  pos = np.broadcast_to(np.arange(24, dtype=np.int32), (2, 24))
+  seg = np.ones((2, 24), np.int32)
+  w = rng.normal(size=(2, 24)).astype(np.float32)
 
   def weighted(p, chunk):
     hidden, _ = model_def.apply_hidden(p, tokens, pos, seg)
@@ -232,11 +234,12 @@ def test_chunked_gather_does_not_hold_the_fp32_logits():
   V, S = 16384, 256
   keys = dict(kv.split("=", 1) for kv in [*MODEL, f"vocab_size={V}", f"max_target_length={S}"])
   mcfg = ModelConfig.from_config(load_config([BASE_YML, *(f"{k}={v}" for k, v in keys.items())]))
-  model_def, params = make_model_def(mcfg), init_params(mcfg, 0)
-  z = jnp.zeros((2, S), jnp.int32)
-  batch = {"inputs": z, "targets": z, "positions": jnp.broadcast_to(jnp.arange(S), (2, S)),
+  model_def = make_model_def(mcfg)
+  params = model_def.abstract_params   # lowered and compiled only: the shapes, no values
+  z = np.zeros((2, S), np.int32)
+  batch = {"inputs": z, "targets": z, "positions": np.broadcast_to(np.arange(S, dtype=np.int32), (2, S)),
            "segments": z + 1}
-  f32 = jnp.zeros((2, S), jnp.float32)
+  f32 = np.zeros((2, S), np.float32)
 
   def temp_bytes(chunk):
     def loss(p):

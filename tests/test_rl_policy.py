@@ -201,11 +201,14 @@ def test_a_bad_batch_names_the_key_and_the_expected_shape(policy, change, expect
 
 
 def test_reference_logprobs_left_out_are_the_policys_own(tmp_path):
+  """The settings and batch shape of test_microbatches_equal_one_pass's one-pass policy: the same
+  programs (its compilations reused), another batch."""
   runs = []
   for given in (True, False):
-    p = with_hf_weights(Policy.load(argv(tmp_path / str(given), *LOSS,
+    p = with_hf_weights(Policy.load(argv(tmp_path / str(given), *LOSS, *SHOW_GRAD[1:],
+                                         "learning_rate=0.05", "microbatch_size=0",
                                          "enable_checkpointing=false")))
-    batch = a_batch(p.model_config.vocab_size, seed=7)
+    batch = a_batch(p.model_config.vocab_size, rows=32, seed=7)
     batch["old_logprobs"] = p.logprobs(batch) + np.float32(0.05) * batch["generation_mask"]
     if given:
       batch["reference_logprobs"] = p.reference_logprobs(batch)

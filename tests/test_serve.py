@@ -29,7 +29,7 @@ openai = pytest.importorskip("openai")
 requests = pytest.importorskip("requests")
 pytest.importorskip("lm_eval")
 
-from conftest import BASE_YML, CACHE_DIR, MESH_1, ROOT  # noqa: E402
+from conftest import BASE_YML, CACHE_DIR, MESH_1, ROOT, xla_flags  # noqa: E402
 from test_lmeval import (MAX_LENGTH, PROMPTS, QUESTIONS, TEMPLATE, evaluate,  # noqa: E402,F401
                          hf_args, hf_results, per_item, setup)
 
@@ -69,7 +69,7 @@ class Server:
   """The server process; its stderr read on a thread (the first line names its address)."""
 
   def __init__(self, args, env_key=KEY):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1),
            "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT, "MAXTEXT_API_KEY": env_key}
     self.proc = subprocess.Popen([sys.executable, "-m", "MaxText.serve", BASE_YML, *args],
                                  cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -160,6 +160,7 @@ def summary_writer_class():
   installed"), and torch stays importable afterwards."""
   if "torch" in sys.modules:
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    _close_gcs_event_files_once()
     return SummaryWriter
   sys.modules["torch"] = None
   try:
@@ -167,7 +168,34 @@ def summary_writer_class():
   finally:
     if sys.modules.get("torch", 0) is None:
       del sys.modules["torch"]
+  _close_gcs_event_files_once()
   return SummaryWriter
+
+
+def _close_gcs_event_files_once() -> None:
+  """tensorboardX's gs:// event file (`record_writer.GCSRecordWriter`) uploads the whole file on
+  `close()` and again from `__del__`, closed or not: a writer closed with the run then uploads
+  once more whenever it is garbage-collected, with the client's retries (minutes) if the store has
+  gone. Registered for gs:// in its place (its own `register_writer_factory`), a writer that
+  remembers it was closed: `__del__` uploads only a file never closed."""
+  from tensorboardX import record_writer  # pylint: disable=import-outside-toplevel
+
+  class ClosedOnce(record_writer.GCSRecordWriter):
+    closed = False
+
+    def close(self):
+      if not self.closed:
+        self.closed = True   # first: a failed upload is not tried again from __del__
+        super().close()
+
+    def __del__(self):
+      self.close()
+
+  class Factory(record_writer.GCSRecordWriterFactory):
+    def open(self, path):
+      return ClosedOnce(path)
+
+  record_writer.register_writer_factory("gs", Factory())
 
 
 class MetricsWriter:

@@ -6,6 +6,7 @@ the model on `mcfg.hot_path` (MaxText/backend/hot_path.py)."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -86,7 +87,7 @@ class ModelDef:
     return Head(logits, self.head_paths)
 
 
-def _build(build: Build, mcfg: ModelConfig, seed: int,
+def _build(build: Build, mcfg: ModelConfig, seed: int | jax.Array,
            modify: Callable[[nnx.Module], Any] | None = None) -> nnx.Module:
   """The family's module; with `lora_rank`, its projections carry adapters (layers/lora.py); with
   `quantization` / `weight_bits`, quantized matmuls (layers/quant.py); then `modify(model)`."""
@@ -120,5 +121,43 @@ def model_def_of(build: Build, mcfg: ModelConfig,
                   balance_context=mcfg.attention == "flash")
 
 
+# Initialisation runs once, and on XLA:CPU LLVM's optimisation of its random-number code costs
+# about a second of compile per few parameter arrays, more than running it unoptimised costs for a
+# model under this many parameters: such a model's init program compiles unoptimised
+# (`init_compiler_options`). Its values are that one program's, whichever way they are asked for
+# (`init_params_of`, the trainer's sharded init, a LoRA run's base).
+CPU_UNOPTIMISED_INIT_PARAMS = 1 << 24
+_UNOPTIMISED = {"xla_backend_optimization_level": 0}
+
+
+@functools.lru_cache(maxsize=64)
+def _param_count(build: Build, mcfg: ModelConfig) -> int:
+  state = nnx.state(nnx.eval_shape(lambda: _build(build, mcfg, 0)))
+  return sum(int(math.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(state)))
+
+
+def init_compiler_options(build: Build, mcfg: ModelConfig) -> dict[str, Any] | None:
+  """XLA compile options for a program that initialises this model's parameters (a `jax.jit`'s
+  `compiler_options`): unoptimised for a small model on a CPU, else the default (None)."""
+  if jax.default_backend() == "cpu" and _param_count(build, mcfg) < CPU_UNOPTIMISED_INIT_PARAMS:
+    return _UNOPTIMISED
+  return None
+
+
+def init_traced(build: Build, mcfg: ModelConfig, seed) -> Any:
+  """The parameters of seed `seed` (an int or a traced int32), to trace inside a jitted program
+  (compiled with `init_compiler_options` for `init_params_of`'s values)."""
+  # the key nnx.Rngs makes of an int seed, here of the traced one too
+  return nnx.to_pure_dict(nnx.state(_build(build, mcfg, jax.random.key(seed))))
+
+
+_INIT = jax.jit(init_traced, static_argnums=(0, 1))
+_INIT_UNOPTIMISED = jax.jit(init_traced, static_argnums=(0, 1), compiler_options=_UNOPTIMISED)
+
+
 def init_params_of(build: Build, mcfg: ModelConfig, seed: int):
-  return nnx.to_pure_dict(nnx.state(_build(build, mcfg, seed)))
+  """The parameters of seed `seed`: one jitted program per model, the seed its argument (not one
+  small program per operation, as run eagerly). A program of its own (its compile options are
+  its own): inside another jitted function, `init_traced`."""
+  jitted = _INIT_UNOPTIMISED if init_compiler_options(build, mcfg) else _INIT
+  return jitted(build, mcfg, seed)

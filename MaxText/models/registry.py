@@ -20,7 +20,8 @@ from MaxText.metrics.flops import FlopCount, training_flops_per_step
 from MaxText.models.families import FAMILY_MODULES
 from MaxText.models.family import Family, Problems
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.model_def import ModelDef, init_params_of, model_def_of
+from MaxText.models.model_def import (ModelDef, init_compiler_options, init_params_of, init_traced,
+                                      model_def_of)
 
 _FAMILIES: dict[str, Family] = {}
 
@@ -57,7 +58,19 @@ def make_model_def(mcfg: ModelConfig, modify=None) -> ModelDef:
 
 
 def init_params(mcfg: ModelConfig, seed: int):
+  """The random init of seed `seed`, one program of its own; inside a jitted function (compiled
+  with `init_options(mcfg)`), `init_params_traced`."""
   return init_params_of(get_family(mcfg.decoder_block).build, mcfg, seed)
+
+
+def init_params_traced(mcfg: ModelConfig, seed):
+  return init_traced(get_family(mcfg.decoder_block).build, mcfg, seed)
+
+
+def init_options(mcfg: ModelConfig):
+  """The `compiler_options` of a jitted program that calls `init_params` (model_def.py's
+  `init_compiler_options`): the same values as `init_params` alone gives."""
+  return init_compiler_options(get_family(mcfg.decoder_block).build, mcfg)
 
 
 def model_flops(mcfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:

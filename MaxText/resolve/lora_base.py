@@ -28,7 +28,7 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import load_params, load_params_host, read_meta, resolve_step_dir
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import init_params
+from MaxText.models.registry import init_options, init_params_traced
 from MaxText.storage import paths
 
 META_KEY = "lora_base"
@@ -55,10 +55,11 @@ def checkpoint_reference(path: str) -> dict | None:
 def _init_base(mcfg: ModelConfig, seed: int, shardings: Any) -> Any:
   """The random init's base (what a fresh LoRA run trained on), placed per `shardings` (None:
   host NumPy arrays)."""
-  make = lambda: lora.split(init_params(mcfg, seed))[1]
+  make = lambda: lora.split(init_params_traced(mcfg, seed))[1]
+  options = init_options(mcfg)   # the values the fresh run's init gave
   if shardings is None:
-    return jax.tree.map(np.asarray, jax.jit(make)())
-  return jax.jit(make, out_shardings=shardings)()
+    return jax.tree.map(np.asarray, jax.jit(make, compiler_options=options)())
+  return jax.jit(make, out_shardings=shardings, compiler_options=options)()
 
 
 def base_of(ref: dict, mcfg: ModelConfig, abstract_base: Any, *, verify: bool, source: str,

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef
-from MaxText.models.registry import init_params
+from MaxText.models.registry import init_options, init_params_traced
 from MaxText.sharding.rules import Rules, tree_shardings
 from MaxText.sharding.zero import data_axes, optimizer_shardings
 from MaxText.train.optimizer import Optimizer
@@ -63,14 +63,15 @@ def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
 
   def make(params):
     if params is None:
-      params = init_params(mcfg, seed)
+      params = init_params_traced(mcfg, seed)
     elif adapters_only and not lora.split(params)[0]:   # a base without adapters
-      params = lora.join(lora.split(init_params(mcfg, seed))[0], params)
+      params = lora.join(lora.split(init_params_traced(mcfg, seed))[0], params)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(trained(params, adapters_only))}
 
+  options = init_options(mcfg)   # the values `init_params` alone gives
   if params is None:
     def fresh():   # named: compile logs show "fresh", not "<lambda>"
       return make(None)
-    return jax.jit(fresh, out_shardings=shardings)()
-  return jax.jit(make, out_shardings=shardings)(params)
+    return jax.jit(fresh, out_shardings=shardings, compiler_options=options)()
+  return jax.jit(make, out_shardings=shardings, compiler_options=options)(params)
