@@ -43,12 +43,12 @@ def test_zero_adapters_leave_the_forward_exactly_as_the_base(model, scan):
   with_lora = ModelConfig.from_config(cfg)
   base_cfg = ModelConfig.from_config(load_config([BASE_YML, f"model_name={model}",
                                                   f"scan_layers={scan}"]))
-  params = init_params(with_lora, 0)
+  params = jax.device_get(init_params(with_lora, 0))   # host arrays: every forward's inputs alike
   adapters, base = lora.split(params)
   assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in _flat(adapters))
   assert all(not np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_b"))
   assert any(np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_a"))
-  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16), dtype=np.int32)
   pos = np.broadcast_to(np.arange(16), (2, 16))
   seg = np.ones((2, 16), np.int32)
   # jitted, as training and decoding run them (eagerly, every op compiles on its own)
@@ -57,7 +57,7 @@ def test_zero_adapters_leave_the_forward_exactly_as_the_base(model, scan):
   want = jax.jit(make_model_def(base_cfg).apply)(base, tokens, pos, seg)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   # a non-zero B changes it (the adapters are in the computation)
-  bumped = lora.join(jax.tree.map(lambda a: a + 0.01, adapters), base)
+  bumped = lora.join(jax.tree.map(lambda a: a + np.float32(0.01), adapters), base)
   assert not np.allclose(forward(bumped, tokens, pos, seg), want)
 
 
@@ -242,17 +242,17 @@ def test_a_changed_base_is_refused_with_exit_4(setup, one_device_run, capsys):
                               f"output_path={d}/restored_export"]) == 0
 
 
-def test_lora_from_the_random_init_references_its_seed(tmp_path):
+def test_lora_from_the_random_init_references_its_seed(setup, tmp_path):
   """No load_parameters_path: the base is the random init, referenced by its seed; the checkpoint
-  exports (the base made again and checked against its fingerprint)."""
+  exports (the base made again and checked against its fingerprint). The run's keys but the base
+  are the other runs' here: its train step is theirs (compiled once)."""
   from MaxText.checkpoint_conversion import to_huggingface
-  data = h.write_jsonl(tmp_path / "chats.jsonl", h.conversations(16))
-  h.save_chat_tokenizer(tmp_path / "tok", h.QWEN3_TAGGED)
-  code, _ = run(h.sft_argv(tmp_path, "fresh", *MODEL, *MESH_1, f"dataset_path={data}",
-                           f"tokenizer_path={tmp_path}/tok/tokenizer.json", "steps=2",
-                           "checkpoint_period=2"), devices=jax.devices()[:1])
+  _, common, _ = setup
+  fresh = [k for k in common if not k.startswith("load_parameters_path=")]
+  assert len(fresh) == len(common) - 1
+  code, _ = run(h.sft_argv(tmp_path, "fresh", *fresh, *MESH_1), devices=jax.devices()[:1])
   assert code == 0
-  step = os.path.join(str(tmp_path), "fresh", "checkpoints", "2")
+  step = os.path.join(str(tmp_path), "fresh", "checkpoints", "10")
   ref = read_meta(step)["lora_base"]
   assert ref["path"] == "" and ref["init_seed"] == 0
   assert all(k.endswith(("lora_a", "lora_b")) for k in _flat(load_params(step)))

@@ -1,6 +1,7 @@
 """Chunked cross-entropy (`losses/chunked.py`): loss, z-loss and every gradient equal the whole-sequence
 version (fp32, only the summation order differs), token log-probabilities too, and the compiled
 step's temporary memory shrinks with the chunk."""
+import functools
 import re
 
 import jax
@@ -21,10 +22,15 @@ MODEL = ["emb_dim=32", "num_decoder_layers=2", "num_query_heads=4", "num_kv_head
          "mlp_dim=48", "vocab_size=300", f"max_target_length={S}", "init_std=0.5"]
 
 
+@functools.lru_cache(maxsize=None)
 def build(*overrides):
+  """(model def, its random init as host arrays): built once per `overrides` in a process (the
+  tests here and in test_loss_vocab_split.py share them; the arrays are immutable). Host arrays:
+  placing them on a mesh slices them on the host (a device array's placement compiles a slicing
+  program per shape)."""
   keys = dict(kv.split("=", 1) for kv in [*MODEL, *overrides])   # a later value replaces an earlier
   mcfg = ModelConfig.from_config(load_config([BASE_YML, *(f"{k}={v}" for k, v in keys.items())]))
-  return make_model_def(mcfg), init_params(mcfg, 0)
+  return make_model_def(mcfg), jax.device_get(init_params(mcfg, 0))
 
 
 def batch(vocab=300):
@@ -43,19 +49,27 @@ def rel(a, b):
   return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
+@functools.lru_cache(maxsize=None)
+def _loss_and_grad(*overrides):
+  """The jitted mean loss (with z-loss and count) of `build(*overrides)`'s model and its gradient,
+  the chunk length static."""
+  model_def = build(*overrides)[0]
+
+  def loss(p, micro, c):
+    nll, z, n, _ = token_loss_sums(model_def, p, micro, z_loss_weight=1e-2, chunk=c)
+    return nll / n, (z, n)
+  return jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=2)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("chunk", [16, 20])      # 3 even chunks; 3 chunks with a padded last one
 def test_chunked_loss_and_grads_equal_the_whole_sequence(tied, chunk):
   model_def, params = build(f"tie_word_embeddings={str(tied).lower()}")
   micro = batch()
-
-  def loss(p, c):
-    nll, z, n, _ = token_loss_sums(model_def, p, micro, z_loss_weight=1e-2, chunk=c)
-    return nll / n, (z, n)
-
-  grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
-  (l0, (z0, n0)), g0 = grad(params, 0)
-  (l1, (z1, n1)), g1 = grad(params, chunk)
+  grad = _loss_and_grad(f"tie_word_embeddings={str(tied).lower()}")   # one per model: the
+  # whole sequence's program is shared by both chunk lengths
+  (l0, (z0, n0)), g0 = grad(params, micro, 0)
+  (l1, (z1, n1)), g1 = grad(params, micro, chunk)
   assert float(n0) == float(n1) == 40 + 48
   # fp32 sums of the same terms in another order: a few ulps of the total
   assert rel(l1, l0) < 1e-6 and rel(z1, z0) < 1e-6, (float(l0), float(l1))
@@ -68,8 +82,10 @@ def test_chunked_target_log_probs_equal_whole():
   model_def, params = build()
   micro = batch()
   args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
-  hidden, _ = model_def.apply_hidden(params, *args)
-  whole = target_log_probs(model_def.head(params, hidden), micro["targets"])
+  # each side one jitted program (eagerly, every op compiles on its own)
+  hidden, _ = jax.jit(model_def.apply_hidden)(params, *args)
+  whole = jax.jit(lambda p, h, t: target_log_probs(model_def.head(p, h), t))(
+      params, hidden, micro["targets"])
   chunked = jax.jit(lambda p, h, t: chunked_target_log_probs(model_def.head, p, h, t, 20))(
       params, hidden, micro["targets"])
   assert chunked.shape == (B, S)

@@ -45,10 +45,14 @@ def _plan(model_def, params, micro, devices, *mesh_keys):
                             jax.numpy.zeros((micro["inputs"].shape[0], S, D)), 16)
 
 
-@pytest.mark.parametrize("n,mesh", [(2, ("ici_fsdp_parallelism=2",)),
-                                    (4, ("ici_data_parallelism=2", "ici_fsdp_parallelism=2")),
-                                    (8, ("ici_fsdp_parallelism=8",))])
-@pytest.mark.parametrize("tied", [False, True])
+# both heads on both kinds of mesh: the vocabulary split over fsdp alone (2 or 8 slices: the same
+# program but for the slice count; tied on 2, untied on 8) and over data x fsdp (both heads)
+@pytest.mark.parametrize("n,mesh,tied", [(2, ("ici_fsdp_parallelism=2",), True),
+                                         (4, ("ici_data_parallelism=2", "ici_fsdp_parallelism=2"),
+                                          False),
+                                         (4, ("ici_data_parallelism=2", "ici_fsdp_parallelism=2"),
+                                          True),
+                                         (8, ("ici_fsdp_parallelism=8",), False)])
 def test_vocab_split_equals_one_device(n, mesh, tied):
   model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
   micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
@@ -120,7 +124,7 @@ def test_vocab_split_soft_capped_tied_head():
   keys = ["model_name=gemma4-tiny", "num_decoder_layers=4", "attention_pattern=sf",
           "num_kv_shared_layers=2", "sliding_window=16", f"max_target_length={S}"]
   mcfg = ModelConfig.from_config(load_config([BASE_YML, *keys]))
-  model_def, params = make_model_def(mcfg), init_params(mcfg, 0)
+  model_def, params = make_model_def(mcfg), jax.device_get(init_params(mcfg, 0))   # host arrays
   micro = {k: np.concatenate([v] * 2) for k, v in batch(mcfg.vocab_size).items()}   # 4 rows
   mesh, devices = ("ici_fsdp_parallelism=4",), jax.devices()[:4]
   assert _plan(model_def, params, micro, devices, *mesh) is not None

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import BASE_YML, MESH_1, train
+from conftest import BASE_YML, MESH_1, argv, train
 from MaxText import decode, evaluate, quantize
 from MaxText.checkpoint.manager import load_params
 from MaxText.config.load import load_config, replace
 from MaxText.data.tokenizers import ByteTokenizer
 from MaxText.layers import quant, quant_experts
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import init_params, make_model_def
+from MaxText.models.registry import make_model_def
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, tree_shardings
@@ -58,22 +58,27 @@ def test_expert_fake_quant_equals_numpy_and_gradients_pass_straight_through():
     want[starts[e]:starts[e] + sizes[e]] = xq[starts[e]:starts[e] + sizes[e]] @ wq[e]
   rule = quant.qat_rules("int8", "")[-1]
   dot = quant_experts.ExpertQat(rule).ragged_dot
-  got = dot(jnp.asarray(rows), jnp.asarray(w), jnp.asarray(sizes))
+
+  @jax.jit   # one program (eagerly, every op compiles on its own)
+  def run(x, v, sizes):
+    got = dot(x, v, sizes)
+    loss = lambda f: (lambda a, b: jnp.sum(jnp.sin(f(a, b, sizes))))
+    g_q = jax.grad(loss(dot), argnums=(0, 1))(x, v)
+    # the float matmul's vjp at the original operands, of d sin(y) / dy at the quantized forward
+    _, vjp = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, sizes), x, v)
+    g_f = vjp(jnp.cos(got))
+    # the calibration probe's gradient
+    h = jax.grad(lambda p: jnp.sum(quant_experts.ExpertProbe().ragged_dot(x, (v, p), sizes)))(
+        jnp.zeros((X, K, K)))
+    return got, jax.lax.ragged_dot(x, v, sizes), g_q, g_f, h
+
+  got, plain, g_q, g_f, h = run(jnp.asarray(rows), jnp.asarray(w), jnp.asarray(sizes))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-  assert not np.allclose(np.asarray(got), np.asarray(jax.lax.ragged_dot(rows, w, sizes)),
-                         rtol=1e-5, atol=1e-5)
+  assert not np.allclose(np.asarray(got), np.asarray(plain), rtol=1e-5, atol=1e-5)
   # straight through: the gradients are the float matmul's, at the original operands
-  loss = lambda f: (lambda x, v: jnp.sum(jnp.sin(f(x, v, jnp.asarray(sizes)))))
-  g_q = jax.grad(loss(dot), argnums=(0, 1))(jnp.asarray(rows), jnp.asarray(w))
-  x_, w_ = jnp.asarray(rows), jnp.asarray(w)
-  cot = jnp.cos(got)                                   # d sin(y) / dy at the quantized forward
-  _, vjp = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, jnp.asarray(sizes)), x_, w_)
-  for a, b in zip(g_q, vjp(cot)):
+  for a, b in zip(g_q, g_f):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   # the calibration probe: its gradient is each expert's X^T X over the rows routed to it
-  probe = jnp.zeros((X, K, K))
-  h = jax.grad(lambda p: jnp.sum(quant_experts.ExpertProbe().ragged_dot(
-      jnp.asarray(rows), (jnp.asarray(w), p), jnp.asarray(sizes))))(probe)
   for e in range(X):
     r = rows[starts[e]:starts[e] + sizes[e]]
     np.testing.assert_allclose(np.asarray(h[e]), r.T @ r, rtol=1e-5, atol=1e-5)
@@ -85,29 +90,34 @@ QWEN3_MOE = ["model_name=qwen3-moe-tiny"]
 
 
 def test_int8_qat_of_the_experts_trains_and_expert_parallel_equals_one_device(tmp_path):
-  cfg = load_config([BASE_YML, *QWEN3_MOE])
-  params = init_params(ModelConfig.from_config(cfg), 0)
-  tokens = jnp.asarray(TEXT[:2 * 32]).reshape(2, 32)
-
-  def forward(exclude):   # attention and the shared projections kept float: the experts only
-    mcfg = ModelConfig.from_config(replace(cfg, quantization="int8", quantization_exclude=exclude))
-    return np.asarray(make_model_def(mcfg).apply(params, tokens, POS[:, :32], SEG[:, :32]))
-
-  want = forward("attn|experts")
-  assert np.array_equal(want, np.asarray(make_model_def(ModelConfig.from_config(cfg)).apply(
-      params, tokens, POS[:, :32], SEG[:, :32])))
-  assert not np.allclose(forward("attn"), want, rtol=1e-4, atol=1e-4)
   args = [*QWEN3_MOE, "quantization=int8", "quantization_exclude=attn", "steps=8",
           "learning_rate=3e-3", "enable_checkpointing=false"]
-  code, one, _ = train(tmp_path, "one", *args, *MESH_1, devices=jax.devices()[:1])
+  code, one, state = train(tmp_path, "one", *args, *MESH_1, devices=jax.devices()[:1])
   assert code == 0 and one[-1]["loss"] < one[0]["loss"] - 0.5
+  # the quantized forward, on the run's parameters (a random init would do as well: the run's
+  # are at hand, where an init compiles its initializers)
+  cfg = replace(load_config(argv(tmp_path, "one", *args, *MESH_1)), quantization="",
+                quantization_exclude="")
+  params = jax.device_get(state["params"])
+  tokens = np.asarray(TEXT[:2 * 32]).reshape(2, 32)
+
+  def apply(mcfg):   # one jitted program per forward (eagerly, every op compiles on its own)
+    return np.asarray(jax.jit(make_model_def(mcfg).apply)(params, tokens, POS[:, :32],
+                                                          SEG[:, :32]))
+
+  def forward(exclude):   # attention and the shared projections kept float: the experts only
+    return apply(ModelConfig.from_config(replace(cfg, quantization="int8",
+                                                 quantization_exclude=exclude)))
+
+  want = forward("attn|experts")
+  assert np.array_equal(want, apply(ModelConfig.from_config(cfg)))
+  assert not np.allclose(forward("attn"), want, rtol=1e-4, atol=1e-4)
   code, eight, _ = train(tmp_path, "eight", *args, "per_device_batch_size=1",
                          "ici_expert_parallelism=4", "ici_fsdp_parallelism=2")
   assert code == 0
   # the experts' weight scales are per expert (the same on any split); activations per token:
   # what differs is the order of fp32 sums, and an int8 level a rounding flips
   np.testing.assert_allclose([r["loss"] for r in eight], [r["loss"] for r in one], rtol=2e-3)
-
 
 
 # ---- post-training quantization of a trained MoE model -----------------------------------------
@@ -171,8 +181,9 @@ def test_rtn_int8_experts_logits_within_one_percent_and_restored_as_int8(trained
   fcfg, fmd, fp = _restore(ckpt)
   qcfg, qmd, qp = _restore(out / name)
   tokens = np.asarray(TEXT).reshape(2, 64)
-  want = np.asarray(fmd.apply(fp, tokens, POS, SEG))
-  got = np.asarray(qmd.apply(qp, tokens, POS, SEG))
+  # each forward one jitted program (eagerly, every op of the model compiles on its own)
+  want = np.asarray(jax.jit(fmd.apply)(fp, tokens, POS, SEG))
+  got = np.asarray(jax.jit(qmd.apply)(qp, tokens, POS, SEG))
   rel = np.linalg.norm(got - want) / np.linalg.norm(want)
   assert 0 < rel < 0.01, rel
   # the experts restore as int8 levels (a quarter of fp32's bytes) + fp32 scales [.., E, 1, N]
@@ -218,7 +229,7 @@ def test_gptq_per_expert_beats_rtn_and_the_int4_checkpoint_runs_everywhere(train
   wi = traverse_util.flatten_dict(qp)[("decoder", "runs", 0, 0, "mlp", "experts", "wi")]
   assert wi.dtype == jnp.uint8 and wi.shape == (2, 8, 64, 32)   # [L, E, D, 2F / 2]: packed int4
   tokens = np.asarray(TEXT[:12])[None]
-  ours = np.asarray(md.apply(qp, tokens, np.arange(12)[None], np.ones((1, 12), np.int32)))
+  ours = np.asarray(jax.jit(md.apply)(qp, tokens, np.arange(12)[None], np.ones((1, 12), np.int32)))
   # evaluate loads it as integers; to_huggingface writes the experts dequantized and
   # transformers' Qwen3-MoE computes what our integer model does
   assert evaluate.main([BASE_YML, f"load_parameters_path={out / 'g4'}", *DATA,

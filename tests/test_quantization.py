@@ -113,7 +113,7 @@ def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
   qparams, _ = convert.quantize_params(params, convert.targets(mcfg, ""), "rtn", 8, 128,
                                        progress=False)
   qmcfg = ModelConfig.from_config(replace(cfg, weight_bits=8, weight_group_size=128))
-  tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, cfg.vocab_size)
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 32), dtype=np.int32)
   pos = np.broadcast_to(np.arange(32), (2, 32))
   seg = np.ones((2, 32), np.int32)
   # each forward is one jitted program (eagerly, every op of the model compiles on its own)
@@ -259,7 +259,7 @@ def test_qat_rules_quantize_the_projections_of_every_family(model, extra):
   def forward(*keys):
     cfg = load_config([BASE_YML, f"model_name={model}", *extra, *keys])
     mcfg = ModelConfig.from_config(cfg)
-    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16), dtype=np.int32)
     pos = np.broadcast_to(np.arange(16), (2, 16))
     params = init_params(mcfg, 0)
     # one jitted program per forward (eagerly, every op of the model compiles on its own)

@@ -40,66 +40,89 @@ def test_loss_falls_on_default_data(tmp_path):
     assert key in m[-1]
 
 
-def test_resume_is_bitwise(tmp_path):
-  common = ("steps=20", "checkpoint_period=10", "max_checkpoints_to_keep=5", *MESH_222)
-  code, straight, s_straight = train(tmp_path, "straight", *common)
+RESUME = ("steps=20", "checkpoint_period=10", "max_checkpoints_to_keep=5", *MESH_222)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  """An 8-device run of 20 steps with checkpoints at 10 and 20: (output folder, metrics rows,
+  final state). The resume and the restore onto other meshes both start from it."""
+  out = tmp_path_factory.mktemp("straight")
+  code, rows, state = train(out, "straight", *RESUME)
   assert code == 0
-  # same run, but "interrupted" after step 10: drop the step-20 checkpoint; the resumed run moves
-  # the rows after 10 to metrics.superseded.jsonl and writes them anew (one row per step)
-  code, _, _ = train(tmp_path, "resumed", *common)
-  ckpt = tmp_path / "resumed" / "checkpoints"
+  return out, rows, state
+
+
+def test_resume_is_bitwise(straight):
+  out, straight_rows, s_straight = straight
+  # the same run, "interrupted" after step 10 (the run is deterministic: a copy of its folder
+  # without the step-20 checkpoint); the resumed run moves the rows after 10 to
+  # metrics.superseded.jsonl and writes them anew (one row per step)
+  shutil.copytree(out / "straight", out / "resumed")
+  ckpt = out / "resumed" / "checkpoints"
   assert sorted(os.listdir(ckpt)) == ["10", "20"]
   shutil.rmtree(ckpt / "20")
-  code, rows, s_resumed = train(tmp_path, "resumed", *common)
+  code, rows, s_resumed = train(out, "resumed", *RESUME)
   assert code == 0
   assert [r["step"] for r in rows] == list(range(1, 21))
+  assert os.path.exists(out / "resumed" / "metrics.superseded.jsonl")
   resumed = rows[10:]
-  assert [r["loss"] for r in resumed] == [r["loss"] for r in straight[10:]]
-  assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight[10:]]
+  assert [r["loss"] for r in resumed] == [r["loss"] for r in straight_rows[10:]]
+  assert [r["grad_norm"] for r in resumed] == [r["grad_norm"] for r in straight_rows[10:]]
   # the smoothed loss continues across the resume (the kept rows' losses replayed)
-  assert [r["loss_smoothed"] for r in resumed] == [r["loss_smoothed"] for r in straight[10:]]
+  assert [r["loss_smoothed"] for r in resumed] == [r["loss_smoothed"] for r in straight_rows[10:]]
   for a, b in zip(jax.tree.leaves(_host(s_straight)), jax.tree.leaves(_host(s_resumed))):
     np.testing.assert_array_equal(a, b)
 
 
-def test_rerun_of_finished_run_does_nothing(tmp_path):
-  assert train(tmp_path, "done", "steps=3", *MESH_1, devices=jax.devices()[:1])[0] == 0
-  code, rows, state = train(tmp_path, "done", "steps=3", *MESH_1, devices=jax.devices()[:1])
-  assert code == 0 and len(rows) == 3 and state is None
+def test_rerun_of_finished_run_does_nothing(straight):
+  out, straight_rows, _ = straight   # finished: its last checkpoint is its last step
+  code, rows, state = train(out, "straight", *RESUME)
+  assert code == 0 and state is None
+  assert rows == straight_rows            # its metrics as they were
 
 
-def test_restore_onto_different_mesh_is_exact(tmp_path):
+def test_restore_onto_different_mesh_is_exact(straight):
   from MaxText.checkpoint.manager import RunCheckpoints, load_params
   from MaxText.config.load import load_config
   from MaxText.train.loop import Trainer
   from conftest import argv
-  code, _, saved = train(tmp_path, "src", "steps=2", "checkpoint_period=2", *MESH_222)
-  assert code == 0
+  out, _, saved = straight   # saved on data 2 x fsdp 2 x tensor 2
   for mesh in (["ici_fsdp_parallelism=8"], ["ici_tensor_parallelism=4", "ici_fsdp_parallelism=2"]):
-    cfg = load_config(argv(tmp_path, "src", "steps=2", *mesh))
+    cfg = load_config(argv(out, "straight", "steps=20", *mesh))
     trainer = Trainer(cfg)
-    ckpts = RunCheckpoints(str(tmp_path / "src" / "checkpoints"), max_to_keep=3, async_save=False)
-    state, meta = ckpts.restore(2, trainer.abstract, None)
+    ckpts = RunCheckpoints(str(out / "straight" / "checkpoints"), max_to_keep=5, async_save=False)
+    state, meta = ckpts.restore(20, trainer.abstract, None)
     ckpts.close()
-    assert meta["step"] == 2
+    assert meta["step"] == 20
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.shardings)):
       assert a.sharding == b
     for a, b in zip(jax.tree.leaves(_host(saved)), jax.tree.leaves(_host(state))):
       np.testing.assert_array_equal(a, b)
   # parameters-only load (fine-tuning) from the same directory
-  params = load_params(str(tmp_path / "src" / "checkpoints"), trainer.abstract["params"])
+  params = load_params(str(out / "straight" / "checkpoints"), trainer.abstract["params"])
   for a, b in zip(jax.tree.leaves(_host(saved["params"])), jax.tree.leaves(_host(params))):
     np.testing.assert_array_equal(a, b)
+
+
+PLAIN = ("steps=3", "enable_checkpointing=false", "scan_layers=false", *MESH_1)
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+  """The metrics rows of 3 plain steps on one device (unscanned): the variants' reference."""
+  code, rows, _ = train(tmp_path_factory.mktemp("plain"), "ref", *PLAIN, devices=jax.devices()[:1])
+  assert code == 0
+  return rows
 
 
 @pytest.mark.parametrize("extra", [["scan_layers=false", "remat_policy=full"],
                                    ["remat_policy=save_matmuls", "gradient_accumulation_steps=2",
                                     "per_device_batch_size=4"]])
-def test_variants_match_plain_run(tmp_path, extra):
+def test_variants_match_plain_run(tmp_path, plain_run, extra):
   """Remat and gradient accumulation change memory/scheduling, not the math."""
-  base = ("steps=3", "enable_checkpointing=false", "scan_layers=false", *MESH_1)
-  _, ref, _ = train(tmp_path, "ref", *base, devices=jax.devices()[:1])
-  _, got, _ = train(tmp_path, "var", *base, *extra, devices=jax.devices()[:1])
+  ref = plain_run
+  _, got, _ = train(tmp_path, "var", *PLAIN, *extra, devices=jax.devices()[:1])
   np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in ref], rtol=0, atol=1e-5)
 
 
