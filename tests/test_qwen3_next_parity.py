@@ -161,7 +161,8 @@ def mtp_tensors(variant: str, seed: int = 3) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)   # host values of the parameters' shapes: no init to compile
   params = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype),
                         make_model_def(with_mtp).abstract_params)
-  params["router_bias"] = np.zeros_like(params["router_bias"])   # HF has none: zero, as the init
+  if "router_bias" in params:                # MoE variants; HF has none: zero, as the init
+    params["router_bias"] = np.zeros_like(params["router_bias"])
   exported = hf_map.params_to_hf(params, with_mtp)
   out = {k: np.asarray(exported[k]) for k in exported if k.startswith("mtp.")}
   out["mtp.norm.weight"] = np.where(np.arange(with_mtp.emb_dim) % 2, -0.0, out["mtp.norm.weight"]
