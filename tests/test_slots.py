@@ -134,12 +134,16 @@ def decode_in_pieces(slots: Slots, params, prompts, piece: int, new: int, where:
   return out, lps
 
 
-@pytest.mark.parametrize("family", ["gemma4", "qwen3_next", "qwen3"])
-def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
+def _placed(family: str, seed: int):
+  """The family's tiny model, a 4-row engine on one device, its placed parameters and a generator."""
   mcfg, _, params = family_models()[family][1]()
   eng = engine(mcfg, MESH_1, batch_size=4)
-  params = eng.place(params)
-  rng = np.random.default_rng(5)
+  return mcfg, eng, eng.place(params), np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("family", ["gemma4", "qwen3_next", "qwen3"])
+def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
+  mcfg, eng, params, rng = _placed(family, 5)
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in PIECE_LENGTHS]
   want = eng.generate(params, prompts, max_new_tokens=PIECE_NEW)
   slots = Slots(eng, slots=4, max_len=128, chunk=4)
@@ -155,10 +159,7 @@ def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma4", "qwen3_next"])
 def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
-  mcfg, _, params = family_models()[family][1]()
-  eng = engine(mcfg, MESH_1, batch_size=4)
-  params = eng.place(params)
-  rng = np.random.default_rng(7)
+  mcfg, eng, params, rng = _placed(family, 7)
   draw = lambda n: rng.integers(0, mcfg.vocab_size, n).tolist()
   system = draw(24)
   a, b = system + draw(5), system + draw(9)
