@@ -463,4 +463,10 @@ def test_sigterm_answers_the_request_in_flight_then_exits_0(server, client, ours
     text += chunk.choices[0].text
   assert text == g.text
   assert server.stop() == 0
-  assert "Traceback" not in server.log(), server.log()
+  log = server.log()
+  assert "Traceback" not in log, log
+  # where the start-up went, and the first request's seconds with the programs compiled for it
+  assert re.search(r"start-up [\d.]+ s to listening: imports [\d.]+ \| config [\d.]+ \| "
+                   r"model [\d.]+ \| app [\d.]+\n", log), log
+  assert len(re.findall(r"first answer [\d.]+ s after its request arrived \((compile [\d.]+ s: "
+                        r"\d+ programs?, \d+ from the cache|no compile)\)", log)) == 1, log

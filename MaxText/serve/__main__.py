@@ -10,7 +10,9 @@ configs/base.yml, section "serving", and its own arguments below: it binds 127.0
 `host=` says otherwise; with `api_key=` (or the variable `api_key_env` names, MAXTEXT_API_KEY)
 every request needs `Authorization: Bearer <key>`; `serve_slots` requests decode together, each
 slot holding `max_cache_length` positions (0: the model's max_position_embeddings). Prints one
-line when it listens: "serving MODEL on http://HOST:PORT". SIGTERM / Ctrl-C: no new connections,
+line when it listens: "serving MODEL on http://HOST:PORT", after the start-up line (where the
+seconds to listening went), and one when the first request is answered (its seconds and the
+programs compiled for it: the server compiles at its first requests). SIGTERM / Ctrl-C: no new connections,
 the requests in flight finish, then exit 0. Exit 2 on a bad config, 4 on a damaged checkpoint.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from contextlib import asynccontextmanager
 from typing import Sequence
 
@@ -76,6 +79,8 @@ def main(argv: Sequence[str]) -> int:
 
 def run(argv: Sequence[str]) -> int:
   # pylint: disable=import-outside-toplevel  (--help and a bad key answer before jax loads)
+  from MaxText.runtime.startup import StartupClock
+  clock = StartupClock()
   parsed = cli.parse(argv, ARGS, __doc__ or "", tool="serve", config_file=True)
   assert parsed is not None     # --help answered in main
   args, first, config_argv = parsed
@@ -101,10 +106,12 @@ def run(argv: Sequence[str]) -> int:
   served_log.addHandler(handler)
   served_log.setLevel(logging.INFO)
   served_log.propagate = False
-  import jax
-  if first.jax_cache_dir:     # a restarted server finds its programs compiled
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(first.jax_cache_dir))
+  from MaxText.runtime import compile_cache
+  print(compile_cache.use(first.jax_cache_dir), file=sys.stderr)  # a restart finds its programs
+  clock.mark("config")
   model = load(config_argv)
+  clock.mark("model")
+  import jax
   if jax.process_count() > 1:
     raise ConfigError(f"the server runs in one process ({jax.process_count()} here): its engine "
                       f"thread would step alone; serve from one host (its devices: any mesh)")
@@ -114,10 +121,17 @@ def run(argv: Sequence[str]) -> int:
   metrics.slots.set(cfg.serve_slots)
   slots = Slots(model.engine, cfg.serve_slots, room, chunk=cfg.serve_chunk)
   decode = model.text if model.tokenizer is not None else None
+  compiling = compile_cache.CompileMeter()
+
+  def first_answer(job) -> None:
+    compiling.__exit__(None, None, None)
+    print(f"first answer {time.perf_counter() - job.submitted:.1f} s after its request arrived "
+          f"({compiling.text()})", file=sys.stderr, flush=True)
+
   scheduler = Scheduler(model, slots, cfg.serve_queue, metrics,
                         (lambda stop: TextStream(decode, stop)) if decode else None,
                         prefill_chunk=cfg.serve_prefill_chunk,
-                        prefix_min=cfg.serve_prefix_cache)
+                        prefix_min=cfg.serve_prefix_cache, on_first_answer=first_answer)
   name = model_name(cfg)
   served = Served(model, scheduler, metrics, name, room, cfg.serve_max_tokens, cfg.log_prompts)
   app = build_app(served)
@@ -139,6 +153,9 @@ def run(argv: Sequence[str]) -> int:
   except OSError as e:
     raise ConfigError(f"host={host} port={port}: cannot listen there: {e}") from None
   sock.listen(128)
+  clock.mark("app")
+  print(clock.line("listening"), file=sys.stderr)
+  compiling.__enter__()
   print(f"serving {name} on http://{host}:{sock.getsockname()[1]} ({cfg.serve_slots} slots of "
         f"{room} positions{'; API key required' if api_key else ''})", file=sys.stderr, flush=True)
   server.run(sockets=[sock])   # SIGTERM / SIGINT: stops taking connections, drains, returns

@@ -84,8 +84,11 @@ class Scheduler:
 
   def __init__(self, model, slots: Slots, queue_size: int, metrics=None,
                text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
-               prefill_chunk: int = 0, prefix_min: int = 0):
+               prefill_chunk: int = 0, prefix_min: int = 0,
+               on_first_answer: Callable[[Job], None] | None = None):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
+    # called once, on this thread, with the first request that finishes (the start-up line)
+    self.on_first_answer = on_first_answer
     # prompt tokens prefilled per engine call while other slots decode (0: whole prompts)
     self.prefill_chunk = prefill_chunk
     self.prefilling: list[int] = []      # slots whose prompt is not all in the cache yet
@@ -195,6 +198,10 @@ class Scheduler:
       self.metrics.slots_busy.set(self.busy())
 
   def _release(self, slot: int) -> None:
+    job, first = self.jobs[slot], self.on_first_answer
+    if job is not None and first is not None:
+      self.on_first_answer = None
+      first(job)
     with self.cv:
       self.jobs[slot] = None
       self.streams[slot] = None
