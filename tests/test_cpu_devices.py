@@ -221,7 +221,10 @@ def test_an_8_device_step_compiled_afresh_does_not_abort(tmp_path):
   assert "may be stuck" not in p.stderr
 
 
-def test_the_train_step_compile_options_are_the_cpu_tuned_paths_only():
+def test_the_train_step_compile_options_are_the_cpu_tuned_paths_only(monkeypatch):
+  user = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                  if not f.startswith(cpu_devices.OPT_LEVEL_FLAG + "="))
+  monkeypatch.setenv("XLA_FLAGS", user)
   level = {"xla_backend_optimization_level": cpu_devices.STEP_OPT_LEVEL}
   assert cpu_devices.step_compiler_options("cpu") == level
   assert cpu_devices.step_compiler_options("cpu", "tuned") == level
@@ -229,17 +232,23 @@ def test_the_train_step_compile_options_are_the_cpu_tuned_paths_only():
   for platform in ("gpu", "cuda", "tpu"):
     assert cpu_devices.step_compiler_options(platform) == {}
     assert cpu_devices.step_compiler_options(platform, "tuned") == {}
+  # a level set in XLA_FLAGS stands (the suite's cheap compile, tests/conftest.py)
+  monkeypatch.setenv("XLA_FLAGS", f"{user} {cpu_devices.OPT_LEVEL_FLAG}=3")
+  assert cpu_devices.step_compiler_options("cpu") == {}
 
 
 def test_the_train_step_at_the_chosen_llvm_level_computes_what_xlas_default_level_does(
     tmp_path, monkeypatch):
   """Three steps of the tiny model in bf16 compute (the elementwise kernels the level changes run
   in bf16 and fp32), compiled by `Trainer.compile_step` at STEP_OPT_LEVEL and at XLA's default
-  level 2, from the same state and batch: bit-identical losses, gradient norms and parameters."""
+  level 2 with XLA's default (fusion) emitters, as a user's run compiles them, from the same state
+  and batch: bit-identical losses, gradient norms and parameters. And the test suite's cheap
+  compile (its XLA_FLAGS: LLVM level 0, XLA's older emitters; tests/conftest.py) computes the same
+  steps within fp32 rounding, so what the suite checks holds for the users' compile."""
   import jax
   import numpy as np
 
-  from conftest import MESH_1, argv
+  from conftest import MESH_1, SUITE_COMPILE, argv
   from MaxText.config.load import load_config
   from MaxText.train.loop import Trainer
   from MaxText.train.state import init_state
@@ -256,14 +265,21 @@ def test_the_train_step_at_the_chosen_llvm_level_computes_what_xlas_default_leve
               inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
   batch = trainer.device_batch(host)
   out = {}
-  for level in (cpu_devices.STEP_OPT_LEVEL, 2):
-    monkeypatch.setattr(cpu_devices, "STEP_OPT_LEVEL", level)
+  users = {"xla_cpu_use_fusion_emitters": True}
+  for name, options in ((cpu_devices.STEP_OPT_LEVEL, {**users, "xla_backend_optimization_level":
+                                                      cpu_devices.STEP_OPT_LEVEL}),
+                        (2, {**users, "xla_backend_optimization_level": 2}),
+                        ("suite", SUITE_COMPILE)):
+    monkeypatch.setattr(cpu_devices, "step_compiler_options", lambda *_a, o=options, **_k: o)
     compiled = trainer.compile_step()
     state, rows = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings), []
     for _ in range(3):   # the first at the warm-up's rate 0
       state, metrics = compiled(state, batch)
       rows.append((float(metrics["loss"]), float(metrics["grad_norm"])))
-    out[level] = rows, jax.tree.map(np.asarray, state["params"])
-  (rows_a, params_a), (rows_b, params_b) = out.values()
+    out[name] = rows, jax.tree.map(np.asarray, state["params"])
+  (rows_a, params_a), (rows_b, params_b), (rows_s, params_s) = out.values()
   assert rows_a == rows_b and rows_a[2][0] < rows_a[0][0]
   jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+  np.testing.assert_allclose(rows_s, rows_b, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a.astype(np.float32), b.astype(np.float32), rtol=1e-5, atol=1e-6), params_s, params_b)

@@ -144,7 +144,9 @@ def test_two_processes_read_half_each_and_train_like_the_converted_checkpoint(hf
                          "enable_checkpointing=false", "data_shards=2"))   # as 2 processes read
   assert code == 0
   ours, theirs = read_metrics(tmp_path / "mp"), read_metrics(tmp_path / "conv")
-  assert [r["loss"] for r in ours] == [r["loss"] for r in theirs]
+  # the same bits in, the same batch; the loss's partial sums combine in another order across 2
+  # processes than across 8 devices of one (the suite's level-0 compile shows it in the last bit)
+  np.testing.assert_allclose([r["loss"] for r in ours], [r["loss"] for r in theirs], rtol=2e-7)
   assert [r["batch_checksum"] for r in ours] == [r["batch_checksum"] for r in theirs]
 
 

@@ -49,7 +49,9 @@ so a cold compile is mostly per-kernel code generation; the matmuls and reductio
 kernels (YNNPACK, Eigen) that this level does not touch, and the elementwise kernels it does
 touch vectorise alike at level 1. The step runs as fast and computes the same losses at either
 level; the compile takes less CPU (benchmarks/RESULTS.md, "Compile time vs MaxText"; level 0, or
-XLA's older emitters, compile faster still but run the step two to three times slower).
+XLA's older emitters, compile faster still but run the step two to three times slower). A level
+the user set in XLA_FLAGS (`--xla_backend_optimization_level=N`) stands: the step then compiles as
+every other program of the process does (the test suite's cheap compile, tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -240,11 +242,17 @@ def scheduler_note(defaulted: bool, env: Mapping[str, str] | None = None) -> str
   return "XLA:CPU schedule: XLA's default"
 
 
+OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
+
+
 def step_compiler_options(platform: str, hot_path: str = "auto") -> dict[str, int]:
   """The XLA compile options of the train step (`jax.jit(...).lower(...).compile(compiler_options=
   ...)`): on the CPU platform's tuned hot path, LLVM's optimisation level STEP_OPT_LEVEL (module
-  docstring); elsewhere none (XLA's defaults). They are part of the compilation cache's key."""
+  docstring); elsewhere, or when XLA_FLAGS sets the level, none (XLA's flags). They are part of
+  the compilation cache's key."""
   if platform != "cpu" or hot.select_hot_path(hot_path, platform) != hot.TUNED:
+    return {}
+  if any(f.startswith(OPT_LEVEL_FLAG + "=") for f in os.environ.get("XLA_FLAGS", "").split()):
     return {}
   return {"xla_backend_optimization_level": STEP_OPT_LEVEL}
 
