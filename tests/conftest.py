@@ -3,16 +3,18 @@ and a `train` helper that runs the trainer in-process on a tiny model."""
 import os
 
 # The suite compiles hundreds of tiny programs and runs each a few times: compiling is most of its
-# time, so XLA:CPU compiles cheaply — LLVM at level 0 without its expensive passes, and XLA's
-# older (non-MLIR) fusion emitters — about half the compile CPU of the default, for programs that
-# run a few times slower. XLA's HLO passes are the default build's (the programs' shapes,
-# shardings and buffers), and float arithmetic is kept as written (fast-math is off, XLA:CPU's
-# default), so the values agree with the users' compile within rounding:
-# tests/test_cpu_devices.py runs the train step both ways. The train step's own level
-# (MaxText/runtime/cpu_devices.step_compiler_options) yields to the level set here. Subprocesses
-# the tests start inherit the flags (`xla_flags`, for another device count).
-SUITE_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-                 "xla_cpu_use_fusion_emitters": False}
+# time, so XLA:CPU's backend compiles cheaply — LLVM at level 0, without its expensive passes —
+# for programs that run slower. XLA's HLO passes and fusion emitters are the default build's (the
+# programs' shapes, shardings, buffers and kernels), and float arithmetic is kept as written
+# (fast-math is off, XLA:CPU's default): two programs that compute the same bits at the users'
+# compile (a fused optimizer and optax's; a resume) do here too, and the values agree with the
+# users' compile within rounding (tests/test_cpu_devices.py runs the train step both ways). Not
+# XLA's older fusion emitters (`--xla_cpu_use_fusion_emitters=false`, cheaper still): under them
+# such pairs differ in the last bit. Sums split across processes rather than devices of one
+# process may differ in the last bits (tests/test_hf_sharded.py, tests/test_rl_ray.py). The
+# train step's own level (MaxText/runtime/cpu_devices.step_compiler_options) yields to the level
+# set here. Subprocesses the tests start inherit the flags (`xla_flags`, another device count).
+SUITE_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 SUITE_XLA_FLAGS = " ".join(["--xla_force_host_platform_device_count=8",
                             *(f"--{k}={str(v).lower()}" for k, v in SUITE_COMPILE.items())])
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()

@@ -243,7 +243,7 @@ def test_the_train_step_at_the_chosen_llvm_level_computes_what_xlas_default_leve
   in bf16 and fp32), compiled by `Trainer.compile_step` at STEP_OPT_LEVEL and at XLA's default
   level 2 with XLA's default (fusion) emitters, as a user's run compiles them, from the same state
   and batch: bit-identical losses, gradient norms and parameters. And the test suite's cheap
-  compile (its XLA_FLAGS: LLVM level 0, XLA's older emitters; tests/conftest.py) computes the same
+  compile (its XLA_FLAGS: LLVM level 0 without its expensive passes; tests/conftest.py) computes the same
   steps within fp32 rounding, so what the suite checks holds for the users' compile."""
   import jax
   import numpy as np
