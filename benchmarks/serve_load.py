@@ -219,7 +219,9 @@ def main() -> None:
                      "cb": made / seconds if seconds else None})
       print(f"round {len(rounds)}: server {rounds[-1]['tps']:.1f} tokens/s"
             + (f", transformers continuous batching {rounds[-1]['cb']:.1f}" if seconds else "")
-            + f"; 4 clients: worst latency / solo {max(rounds[-1]['ratios']):.2f}", flush=True)
+            + f"; 4 clients: worst latency / solo {max(rounds[-1]['ratios']):.2f}, median "
+            f"{float(np.median(rounds[-1]['ratios'])):.2f}; load average "
+            f"{os.getloadavg()[0]:.1f}", flush=True)
   finally:
     server.stop()
     if manager is not None:

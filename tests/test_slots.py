@@ -198,5 +198,7 @@ def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
   # b: a's row copied into a free slot while a runs; c: a's own slot, free by then
   assert copies == ([(0, 1)] if positional else [])
   # c's prefill began after a's turn; b's after the system prompt where reused, else at 0 (its
-  # pieces of 8 then: 8, 16, ...)
-  assert [len(a) + 39] in starts and [shared] in starts and ([8] in starts) != positional
+  # pieces then: what is left over of 8 first, len(b) % 8, then pieces of 8)
+  assert len(b) % 8 and shared % 8 != len(b) % 8
+  assert [len(a) + 39] in starts and ([shared] in starts) == positional
+  assert ([len(b) % 8] in starts) != positional

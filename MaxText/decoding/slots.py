@@ -9,8 +9,11 @@ found by the logical axis "activation_batch" of each array, so nothing here know
 two) run through the family's `extend(prefill=True)` into a fresh cache of their own, which is
 then written into their slots of the shared cache (rows padded in go to slot `slots`: dropped);
 each row's first token is chosen. `step`: up to `chunk` decoding steps of every slot (`extend`
-over the shared cache), a `while_loop` that ends as soon as every slot is done; a slot that is
-done (empty, or its request finished) writes nothing and produces -1. A call reads only the
+over the shared cache), a `while_loop` that ends as soon as every slot is done, and after any
+step once a slot finished (its answer ends and its slot frees now, not after the others' steps)
+or once `interrupt` (a host callback asked between steps) says a request waits for a free slot
+(it is admitted after one step, not after a whole call); a slot that is done (empty, or its
+request finished) writes nothing and produces -1. Where a call ends never changes a token. A call reads only the
 first L positions of every slot (`window`: the least of 64, 96, 128, 192, ... that holds the
 busiest slot after the call), cut from the cache before the loop and written back after it.
 A prompt may also go in pieces (`prefill` with `starts`), on every family: a piece after the
@@ -30,11 +33,12 @@ filters, in the same order, and the same key (MaxText/decoding/sampling.py).
 # pylint: disable=protected-access
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.engine import MAX_EOS_IDS, MIN_PROMPT_BUCKET, Engine, bucket, fetch
@@ -119,7 +123,10 @@ class Slots:
     self._prefill = jax.jit(engine._counted(self._prefill_fn),
                             static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
     self._step = jax.jit(engine._counted(self._step_fn),
-                         static_argnames=("sampled", "top", "length"), donate_argnums=(1,))
+                         static_argnames=("sampled", "top", "length", "early"), donate_argnums=(1,))
+    # asked on the host between two decoding steps of a call: True ends the call there (the
+    # scheduler: a request waits for a free slot); None: calls run their steps (module docstring)
+    self.interrupt: Callable[[], bool] | None = None
     self._copy = jax.jit(engine._counted(self._copy_fn), donate_argnums=(0,))
     # whether a row's first m positions are its first m tokens' cache whatever followed (full
     # attention only), or the row is only the state after all its tokens (rings, recurrences)
@@ -229,7 +236,10 @@ class Slots:
     with use_rules(e.mesh, e.rules):
       return cache_lib.constrain_cache(out, self.specs, e.mesh, e.rules)
 
-  def _step_fn(self, params, full, state, eos_E, values, *, sampled, top, length):
+  def _interrupted(self) -> np.ndarray:
+    return np.asarray(self.interrupt is not None and bool(self.interrupt()))
+
+  def _step_fn(self, params, full, state, eos_E, values, *, sampled, top, length, early):
     """Up to `chunk` steps of every slot over the first `length` positions of the cache. state:
     per slot the token it feeds next, its position, tokens generated (`count`), its `max_new`,
     `done` and `row` (its prompt index)."""
@@ -261,8 +271,17 @@ class Slots:
       out = {"tokens": jnp.full((B, C), -1, jnp.int32), "logprobs": jnp.zeros((B, C), jnp.float32),
              "top_ids": jnp.zeros((B, C, top), jnp.int32),
              "top_logprobs": jnp.zeros((B, C, top), jnp.float32)}
-      _, cache, state, out = jax.lax.while_loop(
-          lambda c: (c[0] < C) & ~jnp.all(c[2]["done"]), step, (jnp.int32(0), cache, state, out))
+      done0_B = state["done"]
+
+      def more(c):
+        i, _, st, _ = c
+        # after the first step, a row that finished ends the call (its answer ends, its slot
+        # frees), and so does a request waiting for a free slot (`interrupt`, asked on the host)
+        go = (i < C) & ~jnp.all(st["done"]) & ~((i > 0) & jnp.any(st["done"] & ~done0_B))
+        if early:
+          go = go & ((i == 0) | ~io_callback(self._interrupted, jax.ShapeDtypeStruct((), jnp.bool_)))
+        return go
+      _, cache, state, out = jax.lax.while_loop(more, step, (jnp.int32(0), cache, state, out))
       cache = cache_lib.constrain_cache(self._put_back(full, cache), self.specs, e.mesh, e.rules)
     return cache, *e._replicated(state, out)
 
@@ -315,7 +334,7 @@ class Slots:
     self.cache, new_state, out = self._step(
         params, self.cache, *e._host(state, eos_E, sampling),
         sampled=bool((sampling["temperature"][active] > 0).any()), top=top,
-        length=self.step_length(state["position"][active]))
+        length=self.step_length(state["position"][active]), early=self.interrupt is not None)
     return ({k: fetch(v) for k, v in new_state.items()},
             {k: fetch(v) for k, v in out.items()})
 

@@ -2,10 +2,13 @@
 decode slots (MaxText/decoding/slots.py).
 
 Between two decoding calls the thread takes waiting requests into free slots and prefills their
-prompts (together, one call per prompt-length bucket), then runs up to `chunk` steps of every
-slot that decodes. While other slots decode, at most `prefill_chunk` prompt tokens go in per call:
-a long prompt is prefilled in pieces over several calls (chunked prefill, every family; a prompt
-with images or audio goes whole), so it never stalls the running requests for long. A
+prompts (together, one call per prompt-length bucket, when nothing decodes), then runs up to
+`chunk` steps of every slot that decodes; a call ends early when a slot finishes or a request
+waits for a free slot (Slots.interrupt), so a newcomer waits one step, not a call. While other
+slots decode, at most `prefill_chunk` prompt tokens go in between two decoding calls, one prompt
+per program: a long prompt is prefilled in pieces over several calls (chunked prefill, every
+family; a prompt with images or audio goes whole), so it never stalls the running requests for
+long, and the pieces' programs are few (`_prefill_pieces`). A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
@@ -85,8 +88,12 @@ class Scheduler:
   def __init__(self, model, slots: Slots, queue_size: int, metrics=None,
                text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
                prefill_chunk: int = 0, prefix_min: int = 0,
-               on_first_answer: Callable[[Job], None] | None = None):
+               on_first_answer: Callable[[Job], None] | None = None,
+               on_call: Callable[[str, list[int], int, float, float], None] | None = None):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
+    # called on this thread after each engine call: (kind "prefill" | "piece" | "step", the
+    # slots it served, its tokens (prompt tokens, or steps), start and end perf_counter seconds)
+    self.on_call = on_call
     # called once, on this thread, with the first request that finishes (the start-up line)
     self.on_first_answer = on_first_answer
     # prompt tokens prefilled per engine call while other slots decode (0: whole prompts)
@@ -108,6 +115,12 @@ class Scheduler:
     self.stopping = False
     self.failed: str = ""
     self.thread = threading.Thread(target=self._run, name="maxtext-engine", daemon=True)
+    # a decoding call ends after its step in flight when a request waits for a free slot
+    slots.interrupt = self._waits
+
+  def _waits(self) -> bool:
+    """A request waits and a slot is free (read without the lock: a stale answer costs a step)."""
+    return bool(self.waiting) and any(j is None for j in self.jobs)
 
   # ---- the HTTP side -----------------------------------------------------------------------------
   def start(self) -> None:
@@ -240,27 +253,39 @@ class Scheduler:
         self.prefilling.append(s)
 
   def _prefill_pieces(self) -> None:
-    """Prefills the waiting prompts: whole when no slot decodes (nobody waits for them), else at
-    most `prefill_chunk` tokens this call (a long prompt goes in pieces over several calls, so the
-    decoding slots keep stepping). One call per kind of piece: first pieces by prompt-length
-    bucket (a short prompt is not padded to a long one), continuing ones together."""
+    """Prefills the waiting prompts: whole when no slot decodes (nobody waits for them; one call
+    per kind of piece: first pieces by prompt-length bucket, so a short prompt is not padded to a
+    long one, continuing ones together), else pieces of at most `prefill_chunk` tokens in all
+    this call, one prompt per program, first come first served (a long prompt goes in pieces over
+    several calls, so the decoding slots keep stepping). A prompt's first piece is what is left
+    over (its length modulo `prefill_chunk`), each later one exactly `prefill_chunk` tokens: a
+    piece's program is one of few (the first pieces' length buckets, then one length in cache
+    windows), all met early on, never compiled while requests wait on it."""
     for s in list(self.prefilling):
       job = self.jobs[s]
       if job is not None and job.cancelled:
         job.sink(Delta(finish_reason="cancelled"))
         self._release(s)
-    decoding = self.busy() > len(self.prefilling)
-    budget = self.prefill_chunk if decoding and self.prefill_chunk else None
+    chunk = self.prefill_chunk if self.busy() > len(self.prefilling) else 0
+    if chunk:
+      budget = chunk
+      for s in list(self.prefilling):
+        job = self.jobs[s]
+        assert job is not None
+        left = len(job.prompt_ids) - job.prefilled
+        take = left if job.media else left % chunk or chunk
+        if take > budget and budget < chunk:
+          break                       # the budget is spent: the rest after the next steps
+        budget -= take
+        self._prefill([(s, job, take)], job.prefilled == 0)
+        if budget <= 0:
+          break
+      return
     pieces: dict[tuple[bool, int], list[tuple[int, Job, int]]] = {}
     for s in list(self.prefilling):
       job = self.jobs[s]
       assert job is not None
-      if budget is not None and budget <= 0:
-        break
-      left = len(job.prompt_ids) - job.prefilled
-      take = left if budget is None or job.media else min(left, budget)
-      if budget is not None:
-        budget -= take
+      take = len(job.prompt_ids) - job.prefilled
       first = job.prefilled == 0
       key = (first, self.slots.prompt_bucket(take) if first else 0)
       pieces.setdefault(key, []).append((s, job, take))
@@ -271,6 +296,7 @@ class Scheduler:
         group = group[n:]
 
   def _prefill(self, group: list[tuple[int, Job, int]], first: bool) -> None:
+    t0 = time.perf_counter()
     ends = [j.prefilled + n == len(j.prompt_ids) for _, j, n in group]
     top = self.top_max if any(j.top for (_, j, _), end in zip(group, ends) if end) else 0
     media = batch_media([j.media or {} for _, j, _ in group], range(len(group))) if first else {}
@@ -280,6 +306,9 @@ class Scheduler:
         [j.sampling() if end else GREEDY for (_, j, _), end in zip(group, ends)], top,
         starts=None if first else [j.prefilled for _, j, _ in group], media=media)
     now = time.perf_counter()
+    if self.on_call is not None:
+      self.on_call("prefill" if first else "piece", [s for s, _, _ in group],
+                   sum(n for _, _, n in group), t0, now)
     for b, ((s, j, n), end) in enumerate(zip(group, ends)):
       if self.prefix is not None:
         self.prefix.wrote(s, j.prompt_ids[j.prefilled:j.prefilled + n])
@@ -311,6 +340,9 @@ class Scheduler:
     t0 = time.perf_counter()
     new_state, out = self.slots.step(self.model.params, st, list(self.model.eos_ids), values, top)
     seconds = time.perf_counter() - t0
+    if self.on_call is not None:
+      self.on_call("step", [s for s, j in enumerate(jobs) if j is not None],
+                   int((out["tokens"] >= 0).any(axis=0).sum()), t0, t0 + seconds)
     made = 0
     for k in ("token", "position", "count"):
       st[k][:] = new_state[k]
