@@ -11,7 +11,7 @@ import os
 # users' compile within rounding (tests/test_cpu_devices.py runs the train step both ways). Not
 # XLA's older fusion emitters (`--xla_cpu_use_fusion_emitters=false`, cheaper still): under them
 # such pairs differ in the last bit. Sums split across processes rather than devices of one
-# process may differ in the last bits (tests/test_hf_sharded.py, tests/test_rl_ray.py). The
+# process may differ in the last bits (tests/test_hf_sharded.py). The
 # train step's own level (MaxText/runtime/cpu_devices.step_compiler_options) yields to the level
 # set here. Subprocesses the tests start inherit the flags (`xla_flags`, another device count).
 SUITE_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}

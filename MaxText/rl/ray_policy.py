@@ -44,8 +44,12 @@ def _free_port() -> int:
 
 
 def _worker_env(devices: int, env: Mapping[str, str] | None) -> dict[str, str]:
-  """An actor's environment: `devices` fake CPU devices (set before JAX starts), this tree."""
-  return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  """An actor's environment: `devices` fake CPU devices (set before JAX starts) with this
+  process's other XLA flags (its compile options: the actors compile as the caller does), this
+  tree."""
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count=")]
+  return {"XLA_FLAGS": " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"]),
           "JAX_PLATFORMS": "cpu",
           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
           **(env or {})}
