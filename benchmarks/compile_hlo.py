@@ -59,7 +59,9 @@ def main() -> int:
   t0, c0 = time.perf_counter(), time.process_time()
   lowered = jitted.lower(tr.abstract, batch)
   t1, c1 = time.perf_counter(), time.process_time()
-  compiled = lowered.compile()
+  # the options train.py compiles its step with (loop.py: LLVM's level on the CPU tuned path)
+  compiled = lowered.compile(compiler_options=cpu_devices.step_compiler_options(
+      tr.devices[0].platform, cfg.hot_path))
   t2, c2 = time.perf_counter(), time.process_time()
   stablehlo, optimized = lowered.as_text(), compiled.as_text() or ""
   ops = collections.Counter(re.findall(r"\s(while|fusion|custom-call)\(", optimized))

@@ -1,7 +1,8 @@
 """The bf16 dot-product attention core (`layers/attention_lowp.py`): output and q/k/v gradients
 against an fp32 reference on the same bf16 inputs (packed documents, causal, GQA), and every dot
 of forward + backward keeps bf16 operands on XLA:CPU. Causal query blocks (`attention_ops`) equal
-the whole S x S attention, with packing and sliding windows, in fp32 and bf16."""
+the whole S x S attention, with packing and sliding windows, in fp32 and bf16; the tuned core
+runs sequences shorter than MIN_BLOCKED_LENGTH as one block."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,9 +84,29 @@ def test_query_blocks_equal_one_block(dtype, window):
   whole = run(q, k, v, do)
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(attention_ops, "QUERY_BLOCK", 16)
+    mp.setattr(attention_ops, "MIN_BLOCKED_LENGTH", 0)   # bf16 on CPU: the tuned core blocks too
     blocked = jax.jit(lambda q, k, v, do: (lambda o, vjp: (o, *vjp(do)))(*jax.vjp(f, q, k, v)))(
         q, k, v, do)
   tol = 1e-5 if dtype == jnp.float32 else 2 ** -6
   for got, ref in zip(blocked, whole):
     got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
     assert np.max(np.abs(got - ref)) <= tol * np.max(np.abs(ref)), np.max(np.abs(got - ref))
+
+
+def test_tuned_core_runs_short_sequences_as_one_block():
+  """Below MIN_BLOCKED_LENGTH the tuned bf16 core gets no query blocks (fewer dots, one block's);
+  the plain path blocks as before."""
+  q, k, v, do, seg = inputs()
+
+  def dots():   # a new function each time: make_jaxpr would reuse a cached trace of the same one
+    f = lambda q, k, v: dot_product_attention(q, k, v, seg, scale=E ** -0.5)
+    return str(jax.make_jaxpr(lambda q, k, v, do: jax.vjp(f, q, k, v)[1](do))(
+        q, k, v, do)).count("dot_general")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(attention_ops, "QUERY_BLOCK", 16)   # 4 blocks at S = 64
+    with hot_path.use("tuned"):
+      assert S < attention_ops.MIN_BLOCKED_LENGTH
+      short = dots()
+      mp.setattr(attention_ops, "MIN_BLOCKED_LENGTH", S)
+      blocked = dots()
+  assert short > 0 and blocked == 4 * short, (short, blocked)   # the same dots per block

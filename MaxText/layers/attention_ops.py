@@ -25,6 +25,11 @@ from MaxText.sharding.rules import current_context, logical_to_spec
 # benchmarks/ab_step.py chose 4 over 2).
 QUERY_BLOCK = 64
 MAX_QUERY_BLOCKS = 4
+# On the XLA:CPU-tuned path shorter sequences run as one block: below this the keys a causal block
+# skips are a small part of a small step, while every block adds slices, dots and concatenations
+# of its own to the forward and backward pass, which XLA:CPU compiles as one kernel per distinct
+# fusion (benchmarks/RESULTS.md, "Compile time vs MaxText").
+MIN_BLOCKED_LENGTH = 256
 
 
 def causal_query_blocks(S: int, T: int, G: int, sliding_window: int | None):
@@ -102,7 +107,7 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
   # (GPU, TPU) and under a probe (its sites) the autodiff path below
   if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed and hot_path.tuned():
     out_BKQE = attention_core(row_major(q_BKQE), row_major(k_BKTE), row_major(v_BKTE),
-                              mask_BQT[:, None], scale, blocks)
+                              mask_BQT[:, None], scale, blocks if S >= MIN_BLOCKED_LENGTH else None)
   else:
     # inspection sites (layers/sites.py) see [B, H, S, T], head h = k·G + g
     probe = ((lambda name, x: _rows_major(sites.site(name, _heads_major(x, K, G)), K, G))
