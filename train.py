@@ -10,7 +10,15 @@ if __name__ == "__main__":
                 None)
     sys.stdout.write(usage(base) if base else usage())
     sys.exit(0)
-  # pylint: disable-next=g-import-not-at-top  (jax: after --help)
-  from MaxText.runtime.exit_codes import exit_process
-  from MaxText.train.loop import main
+  # pylint: disable-next=g-import-not-at-top
+  from MaxText.config.load import ConfigError, load_config
+  from MaxText.runtime.exit_codes import EXIT_CONFIG, exit_process
+  # the trainer's first check (MaxText/train/loop.py: build), here before jax is imported: a key
+  # train.py does not read or a bad value is refused at once
+  try:
+    load_config(sys.argv[1:], keep_auto=True, tool="train")
+  except ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_CONFIG)
+  from MaxText.train.loop import main   # jax: after --help and the config's own checks
   exit_process(main(sys.argv[1:]))

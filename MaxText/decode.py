@@ -45,8 +45,7 @@ from MaxText.data.multimodal import audio as audio_lib
 from MaxText.data.multimodal import images as images_lib
 from MaxText.data.multimodal.errors import MediaError
 from MaxText.data.printable import printable
-from MaxText.inference import InferenceError, load
-from MaxText.runtime import compile_cache
+from MaxText.decoding.errors import InferenceError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 from MaxText.runtime.startup import StartupClock
 
@@ -131,6 +130,13 @@ def shown(text: str | None, ids: Sequence[int], what: str) -> str:
   return f"{what}:\n" + "\n".join(("  | " + line).rstrip() for line in body.split("\n"))
 
 
+def load(argv: Sequence[str]) -> Any:
+  """The model (`MaxText.inference.load`), its machinery (jax) imported only here: `--help` and a
+  refused key answer without it."""
+  from MaxText import inference  # pylint: disable=import-outside-toplevel
+  return inference.load(argv)
+
+
 def main(argv: Sequence[str]) -> int:
   if cli.wants_help(argv):
     print(cli.usage(__doc__, {}, "decode"))
@@ -148,6 +154,8 @@ def run(argv: Sequence[str]) -> int:
   if first.speculative_tokens and first.temperature > 0:
     raise ConfigError(f"speculative_tokens={first.speculative_tokens} decodes greedily: set "
                       f"temperature=0 (got {first.temperature:g}) or speculative_tokens=0")
+  # the model's machinery (jax) after the checks above: --help and a refused key answer without it
+  from MaxText.runtime import compile_cache  # pylint: disable=import-outside-toplevel
   print(compile_cache.use(first.jax_cache_dir), file=sys.stderr)
   clock.mark("config")
   model = load(argv)

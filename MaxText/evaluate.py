@@ -18,27 +18,18 @@ bad config; 3 on bad data; 4 on a damaged checkpoint.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
-
-import jax
+from typing import TYPE_CHECKING, Sequence
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config
-from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.eval_data import eval_problems
-from MaxText.inference import load_config_for_decoding, model_tokenizer, place_hf
-from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import make_model_def
-from MaxText.resolve import held_out, lora_base
-from MaxText.resolve.config_checks import check_config
-from MaxText.runtime import compile_cache
 from MaxText.runtime.exit_codes import EXIT_OK, reported
-from MaxText.runtime.host_data import data_layout, process_rows
 from MaxText.runtime.startup import StartupClock
-from MaxText.sharding.mesh import create_mesh
-from MaxText.sharding.rules import batch_sharding, parse_rules, tree_shardings
-from MaxText.train.evaluation import Evaluator, format_eval
+
+if TYPE_CHECKING:
+  import jax
+
+  from MaxText.train.evaluation import Evaluator
 
 
 def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
@@ -46,6 +37,21 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   """(the evaluator, the parameters on the mesh); ConfigError or DataError before any data is
   read (exit 2), CheckpointError (exit 4)."""
   first = load_config(argv, tool="evaluate")    # a key evaluation does not read: refused
+  # pylint: disable=import-outside-toplevel  (the model's machinery, jax: after --help)
+  import jax
+
+  from MaxText.data.config import DataConfig
+  from MaxText.data.eval_data import eval_problems
+  from MaxText.inference import load_config_for_decoding, model_tokenizer, place_hf
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.models.registry import make_model_def
+  from MaxText.resolve import held_out, lora_base
+  from MaxText.resolve.config_checks import check_config
+  from MaxText.runtime import compile_cache
+  from MaxText.runtime.host_data import data_layout, process_rows
+  from MaxText.sharding.mesh import create_mesh
+  from MaxText.sharding.rules import batch_sharding, parse_rules, tree_shardings
+  from MaxText.train.evaluation import Evaluator
   print(compile_cache.use(first.jax_cache_dir), file=sys.stderr)
   cfg, hf_params = load_config_for_decoding(argv)
   if not cfg.load_parameters_path and hf_params is None:
@@ -96,6 +102,7 @@ def main(argv: Sequence[str]) -> int:
     clock.mark("config + model")
 
     def evaluate() -> int:
+      from MaxText.runtime import compile_cache  # pylint: disable=import-outside-toplevel
       with compile_cache.CompileMeter() as compiling:
         result = evaluator.run(params)
       clock.mark("answer")
@@ -106,6 +113,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def report(result: dict) -> int:
+  from MaxText.train.evaluation import format_eval  # pylint: disable=import-outside-toplevel
   print(format_eval(None, result))
   print(f"eval_loss={result['eval_loss']:.6f} eval_perplexity={result['eval_perplexity']:.6f} "
         f"tokens={int(result['eval_tokens'])}")

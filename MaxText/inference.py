@@ -54,6 +54,7 @@ from MaxText.data.multimodal import prompts as media_prompts
 from MaxText.data.multimodal.processor import Batch, Processor
 from MaxText.data.tokenizers import HFTokenizer, Tokenizer, make_tokenizer
 from MaxText.decoding.engine import DecodeError, Engine
+from MaxText.decoding.errors import InferenceError
 from MaxText.decoding.sampling import Sampling
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, get_hf_map, make_model_def
@@ -66,10 +67,6 @@ from MaxText.sharding.rules import parse_rules
 
 Prompt = str | Sequence[int] | dict
 TOWERS = {"image": "vision tower", "audio": "audio tower"}
-
-
-class InferenceError(ValueError):
-  """A model or request that cannot be decoded: the message names the key, prompt or number."""
 
 
 @dataclass

@@ -39,28 +39,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import jax
-
-from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint.manager import (HF_SOURCE, hf_source, load_params_host, resolve_step_dir,
-                                        save_params_only)
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, load_config, replace
-from MaxText.data.config import DataConfig
 from MaxText.data.errors import DataError
-from MaxText.data.eval_data import EvalBatches
-from MaxText.inference import model_tokenizer
-from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import make_model_def
-from MaxText.quantization import convert
-from MaxText.resolve import held_out
-from MaxText.resolve.config_checks import check_config
-from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.runtime.exit_codes import EXIT_OK, reported
-from MaxText.sharding.mesh import create_mesh
-from MaxText.sharding.rules import parse_rules
+
+if TYPE_CHECKING:
+  from MaxText.quantization import convert
 
 
 ARGS = {
@@ -95,6 +82,24 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   out = args["output_path"]
   if os.path.exists(out) and os.listdir(out):
     raise ConfigError(f"output_path '{out}' exists and is not empty")
+  # pylint: disable=import-outside-toplevel  (the model's machinery, jax: after --help and the
+  # argument checks above)
+  import jax
+
+  from MaxText.checkpoint import tokenizer_files
+  from MaxText.checkpoint.manager import (HF_SOURCE, hf_source, load_params_host, resolve_step_dir,
+                                          save_params_only)
+  from MaxText.data.config import DataConfig
+  from MaxText.data.eval_data import EvalBatches
+  from MaxText.inference import model_tokenizer
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.models.registry import make_model_def
+  from MaxText.quantization import convert
+  from MaxText.resolve import held_out
+  from MaxText.resolve.config_checks import check_config
+  from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
+  from MaxText.sharding.mesh import create_mesh
+  from MaxText.sharding.rules import parse_rules
   cfg = load_config(argv, tool="quantize")
   if not cfg.load_parameters_path:
     raise ConfigError("load_parameters_path: the checkpoint to quantize")

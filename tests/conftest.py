@@ -21,12 +21,15 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLA
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def xla_flags(devices: int) -> str:
+def xla_flags(devices: int | None) -> str:
   """XLA_FLAGS for a subprocess with `devices` fake CPU devices and the suite's other flags: the
   persistent cache's key includes the flags (the device count aside), so a subprocess started
-  with other flags compiles every program afresh, and with LLVM's expensive passes."""
+  with other flags compiles every program afresh, and with LLVM's expensive passes. None: no
+  device count (the process's own choice, e.g. JAX_NUM_CPU_DEVICES or one device)."""
   kept = [f for f in os.environ["XLA_FLAGS"].split()
           if not f.startswith("--xla_force_host_platform_device_count=")]
+  if devices is None:
+    return " ".join(kept)
   return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 # two XLA:CPU pool threads per fake device, as train.py sets them (MaxText/runtime/cpu_devices.py
 # apply_thread_pools): with XLA's floor of one per device an 8-device step compiled afresh can

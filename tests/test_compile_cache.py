@@ -13,7 +13,7 @@ import sys
 import jax
 import pytest
 
-from conftest import BASE_YML, ROOT
+from conftest import BASE_YML, ROOT, xla_flags
 from MaxText import inference
 from MaxText.checkpoint.manager import save_params_only
 from MaxText.config.load import load_config
@@ -37,7 +37,8 @@ def checkpoint(tmp_path_factory):
 def decode(tmp_path, checkpoint, name, *keys):
   """One `python -m MaxText.decode` on one CPU device: (stderr, the output ids)."""
   out = tmp_path / f"{name}.jsonl"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  # the suite's compile flags without its device count (tests/conftest.py: xla_flags)
+  env = dict(os.environ, XLA_FLAGS=xla_flags(None))
   # every program written to the cache, however fast it compiles (not a wall-clock condition)
   env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1", PYTHONPATH=ROOT,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")

@@ -377,8 +377,10 @@ def cli_runs():
   cases = {"unknown_key": ["stepz=3"],
            "missing_data": ["dataset_type=file", "dataset_path=/nonexistent"],
            "cudnn_on_cpu": ["attention=cudnn", "dtype=bfloat16"]}
-  procs = {name: subprocess.Popen([sys.executable, "train.py", "configs/base.yml", *args], cwd=ROOT,
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  procs = {name: subprocess.Popen([sys.executable, *(["-X", "importtime"] if name == "unknown_key"
+                                                     else []), "train.py", "configs/base.yml",
+                                   *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
            for name, args in cases.items()}
   out = {}
   try:
@@ -403,6 +405,10 @@ def test_cli_config_error_exits_2_before_compiling(cli_runs, case, expected):
     assert piece in stderr, (piece, stderr)
   assert "compiled" not in stdout
   assert "Compiling" not in stderr, stderr   # JAX compiled nothing at all
+  if case == "unknown_key":   # refused before jax is imported (-X importtime: the imports)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "encodings" in imported and "jax" not in imported
 
 
 # ---- config.yml in the run directory ------------------------------------------------------------

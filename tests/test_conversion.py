@@ -2,8 +2,6 @@
 from the checkpoint), export it back, and check transformers reproduces our logits."""
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import BASE_YML, MESH_1, ROOT, argv  # noqa: E402
+from conftest import BASE_YML, MESH_1, argv  # noqa: E402
 from end_to_end.tiny_hf import save_tiny_tokenizer  # noqa: E402
 from MaxText.checkpoint.manager import load_params_host  # noqa: E402
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext  # noqa: E402
@@ -119,14 +117,18 @@ def test_checkpoint_of_a_real_vocabulary_without_tokenizer_files_needs_tokenizer
       "files are not in the checkpoint; set tokenizer_path to it" in err
 
 
-def test_explicit_architecture_that_disagrees_is_refused(tmp_path):
+def test_explicit_architecture_that_disagrees_is_refused(tmp_path, capsys):
+  """In this process (the exit status train.py passes on is run()'s: tests/test_config.py runs
+  train.py's refusals as processes)."""
+  from MaxText.train.loop import run
   tiny_qwen3(tmp_path / "hf")
   assert to_maxtext.main([f"hf_path={tmp_path / 'hf'}", f"output_path={tmp_path / 'ckpt'}"]) == 0
-  p = subprocess.run([sys.executable, "train.py", BASE_YML, "emb_dim=128",
-                      f"load_parameters_path={tmp_path / 'ckpt'}"], cwd=ROOT, capture_output=True,
-                     text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert p.returncode == 2
-  assert "emb_dim=128 disagrees with the checkpoint" in p.stderr and "emb_dim=64" in p.stderr
+  capsys.readouterr()
+  code, _ = run([BASE_YML, "emb_dim=128", f"load_parameters_path={tmp_path / 'ckpt'}"],
+                devices=jax.devices()[:1])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert "emb_dim=128 disagrees with the checkpoint" in err and "emb_dim=64" in err
 
 
 def test_bad_hf_folders_leave_no_output(tmp_path):

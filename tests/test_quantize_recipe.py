@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import CACHE_DIR, ROOT
+from conftest import CACHE_DIR, ROOT, xla_flags
 from MaxText.checkpoint.manager import load_params, read_meta
 from MaxText.config.load import load_config
 from MaxText.resolve import held_out
@@ -53,9 +53,10 @@ def test_the_documented_quantize_recipe_runs_as_written(tmp_path):
   clone.mkdir()
   os.symlink(os.path.join(ROOT, "configs"), clone / "configs")
   os.symlink(os.path.join(ROOT, "train.py"), clone / "train.py")
-  # a plain process: no fake devices (this test process's XLA_FLAGS), this checkout's package
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  # a plain process: no fake devices (this test process's device count; JAX_PLATFORMS=cpu: one
+  # device), the suite's compile flags (tests/conftest.py: xla_flags), this checkout's package
+  env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(None))
   outputs = []
   for command in commands:
     assert command[0] in PYTHONS, (rel, command)

@@ -23,12 +23,13 @@ import sys
 from typing import Sequence
 
 from MaxText.config import cli
-from MaxText.distill.trainer import DistillTrainer
 from MaxText.runtime.exit_codes import exit_process
-from MaxText.train.loop import main as train_main
 
 
 def main(argv: Sequence[str]) -> int:
+  # the trainer (jax): after --help
+  from MaxText.distill.trainer import DistillTrainer  # pylint: disable=import-outside-toplevel
+  from MaxText.train.loop import main as train_main  # pylint: disable=import-outside-toplevel
   return train_main(argv, trainer_class=DistillTrainer)
 
 

@@ -28,7 +28,6 @@ from typing import Sequence
 
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import Config
-from MaxText.resolve.config_checks import validate
 from MaxText.runtime.exit_codes import EXIT_PREEMPTED
 from MaxText.storage import paths
 
@@ -108,6 +107,8 @@ def check(w: Workload) -> tuple[Config, Accelerator | None]:
     per_slice = total // (w.num_slices if acc.kind == "tpu" else 1)
     fake = [types.SimpleNamespace(slice_index=i // per_slice, platform=acc.kind)
             for i in range(total)]
+    # the model's checks (jax): here, so that the launcher's --help and its refusals need none
+    from MaxText.resolve.config_checks import validate  # pylint: disable=import-outside-toplevel
     validate(cfg, fake)
   return cfg, acc
 

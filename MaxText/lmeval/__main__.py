@@ -19,7 +19,7 @@ from typing import Sequence
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
-from MaxText.inference import InferenceError
+from MaxText.decoding.errors import InferenceError
 from MaxText.lmeval import register
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 
