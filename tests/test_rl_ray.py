@@ -8,6 +8,7 @@ last committed checkpoint (no hang), and a group started again resumes from it b
 import dataclasses
 import os
 import signal
+import time
 
 import jax
 
@@ -33,6 +34,36 @@ def local_ray():
                                                                                      "tests")])}})
   yield
   ray.shutdown()
+
+
+class _Peer:
+  """A stand-in worker: `fail` raises at once (a survivor whose collective broke), `die` ends its
+  process after `delay` seconds (a peer killed mid-step), `ok` answers."""
+
+  def fail(self):
+    raise RuntimeError("Gloo AllGather failed: Connection reset by peer")
+
+  def die(self, delay: float):
+    time.sleep(delay)
+    os._exit(1)
+
+  def ok(self):
+    return 1
+
+
+def test_a_peers_death_is_reported_though_a_survivors_error_comes_first(local_ray):
+  """When a worker dies mid-step, the others' collectives fail, often before Ray reports the
+  death: the group still names the dead worker; with no death, the worker's own error stands."""
+  remote = ray.remote(num_cpus=0, max_restarts=0)(_Peer)
+  actors = [remote.remote(), remote.remote()]
+  group = RayPolicy(actors, [], "")
+  with pytest.raises(WorkerDied, match=r"policy worker 1 died during train \(\w+\)"):
+    group._all([actors[0].fail.remote(), actors[1].die.remote(1.0)], "train")
+  actors = [remote.remote(), remote.remote()]
+  group = RayPolicy(actors, [], "")
+  with pytest.raises(ray.exceptions.RayTaskError, match="Connection reset by peer"):
+    group._all([actors[0].fail.remote(), actors[1].ok.remote()], "train")
+  group.kill()
 
 
 def steps(policy, batch):

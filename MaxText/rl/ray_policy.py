@@ -43,6 +43,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# seconds a worker's error waits for the other workers' answers: a dead peer is reported as such
+DEATH_GRACE_S = 60.0
+
+
 def _worker_env(devices: int, env: Mapping[str, str] | None) -> dict[str, str]:
   """An actor's environment: `devices` fake CPU devices (set before JAX starts) with this
   process's other XLA flags (its compile options: the actors compile as the caller does), this
@@ -116,16 +120,27 @@ class RayPolicy:
     return group
 
   def _all(self, refs: list, what: str) -> list:
-    """Every worker's result, in order; a dead worker → WorkerDied (the group torn down)."""
+    """Every worker's result, in order; a dead worker → WorkerDied (the group torn down). A
+    worker's own error is raised once the others have answered, or after DEATH_GRACE_S: when a
+    peer dies, a survivor's collective fails first (its connection reset), and the death is the
+    cause to report."""
     import ray  # pylint: disable=import-outside-toplevel
     pending, done = list(refs), {}
+    failed: BaseException | None = None
     while pending:
-      ready, pending = ray.wait(pending, num_returns=1)
+      ready, pending = ray.wait(pending, num_returns=1,
+                                timeout=None if failed is None else DEATH_GRACE_S)
+      if not ready:          # the others still run (or wait on the failed one): its error stands
+        break
       i = refs.index(ready[0])
       try:
         done[i] = ray.get(ready[0])
       except ray.exceptions.RayActorError as e:
         self._died(i, what, e)
+      except ray.exceptions.RayTaskError as e:
+        failed = failed or e
+    if failed is not None:
+      raise failed
     return [done[i] for i in range(len(refs))]
 
   def _died(self, i: int, what: str, e: BaseException) -> NoReturn:
