@@ -145,7 +145,9 @@ def test_two_processes_read_half_each_and_train_like_the_converted_checkpoint(hf
   assert code == 0
   ours, theirs = read_metrics(tmp_path / "mp"), read_metrics(tmp_path / "conv")
   # the same bits in, the same batch; the loss's partial sums combine in another order across 2
-  # processes than across 8 devices of one (the suite's level-0 compile shows it in the last bit)
+  # processes than across 8 devices of one (the suite's level-0 compile shows it in the last bit):
+  # a loss ~6 in fp32 (eps 1.19e-7, ulp 4.8e-7 there) within 2 ulps of its 8 per-device partial
+  # sums' rounding; a wrong parameter or batch moves it by orders more
   np.testing.assert_allclose([r["loss"] for r in ours], [r["loss"] for r in theirs], rtol=2e-7)
   assert [r["batch_checksum"] for r in ours] == [r["batch_checksum"] for r in theirs]
 
