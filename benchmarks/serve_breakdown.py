@@ -3,7 +3,7 @@
 serve_load.py's model and requests, every engine call timed (`Scheduler(on_call=...)`).
 
   .venv/bin/python benchmarks/serve_breakdown.py [--layers 4] [--dim 256] [--vocab 8192]
-      [--requests 16] [--repeats 2] [--set serve_chunk=8 ...]
+      [--requests 16] [--repeats 2] [--arms busy all] [--set serve_chunk=8 ...]
 
 Per round: solo (one request at a time) then 4 clients (4 threads, each takes the next request
 when its last one finished). Each request's time from submit to its last token is split by the
@@ -13,6 +13,9 @@ calls after its own first one), `decode` (decoding calls after its first one: st
 batch of the moment) and `host` (the rest: the engine thread between calls). Printed: per
 request (solo | 4 clients), then the sums over the requests; ratios latency / solo latency.
 `--set` takes the server's keys serve_slots, serve_chunk, serve_prefill_chunk and any config key.
+`--arms busy all` interleaves, per round, decoding calls over the busy slots' rows only (the
+server's way, `Slots.step_rows`) and over every slot's row; the last lines sum each arm's rounds.
+Every decoding program is compiled before the rounds (`Slots.warm`).
 """
 from __future__ import annotations
 
@@ -96,6 +99,9 @@ def main() -> None:
   ap.add_argument("--requests", type=int, default=16)
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--set", nargs="*", default=[])
+  ap.add_argument("--arms", nargs="*", default=["busy"], choices=["busy", "all"],
+                  help="decoding calls over the busy slots' rows (the server's way) and/or over "
+                  "every slot's row (as before that), interleaved per round")
   args = ap.parse_args()
   import jax
   from serve_load import requests_of, save_model
@@ -129,18 +135,25 @@ def main() -> None:
     calls.append({"kind": kind, "jobs": jobs, "n": n, "compiled": compiled, "rows": len(served), "t0": t0, "t1": t1})
   sched = Scheduler(model, slots, 64, prefill_chunk=cfg.serve_prefill_chunk,
                     prefix_min=cfg.serve_prefix_cache, on_call=on_call)
+  warmed = slots.warm(model.params)        # every decoding program: none compiles in a round
   sched.start()
-  print(f"{args.layers} layers, d {args.dim}, vocab {args.vocab}; {keys}; load "
+  print(f"{args.layers} layers, d {args.dim}, vocab {args.vocab}; {keys}; {warmed} decoding "
+        f"programs warmed; load "
         f"{os.getloadavg()[0]:.1f}", flush=True)
   try:
     for clients in (1, 4):                      # warm-up: the programs compile
       run(sched, reqs, clients, calls)
-    for r in range(args.repeats):
+    busy_rows = slots.step_rows
+    arms = {"busy": busy_rows, "all": lambda busy: np.arange(slots.slots, dtype=np.int32)}
+    summary = {arm: [] for arm in args.arms}
+    for r, arm in ((r, arm) for r in range(args.repeats) for arm in args.arms):
+      slots.step_rows = arms[arm]
       solo = [split(x, calls) for x in run(sched, reqs, 1, calls)]
       solo_calls = list(calls)
       four_runs = run(sched, reqs, 4, calls)
       four = [split(x, calls) for x in four_runs]
-      print(f"round {r + 1}, load {os.getloadavg()[0]:.1f}; per request (ms) solo | 4 clients:")
+      print(f"round {r + 1}, {arm} rows, load {os.getloadavg()[0]:.1f}; per request (ms) solo | "
+            "4 clients:")
       print("  prompt new | solo: latency wait own decode/step | 4 clients: latency " +
             " ".join(PARTS) + " decode/step batch | ratio")
       for (p, n), s, f in zip(reqs, solo, four):
@@ -149,6 +162,8 @@ def main() -> None:
               f"{ms(s['per_step'])} | {ms(f['latency'])} " + " ".join(ms(f[k]) for k in PARTS)
               + f" {ms(f['per_step'])} {f['batch']:4.1f} | {f['latency'] / s['latency']:5.2f}")
       ratios = [f["latency"] / s["latency"] for s, f in zip(solo, four)]
+      summary[arm].append((max(ratios), float(np.median(ratios)),
+                           sum(s["latency"] for s in solo), sum(f["latency"] for f in four)))
       tot = {k: sum(f[k] for f in four) for k in (*PARTS, "latency")}
       steps1 = [c for c in solo_calls if c["kind"] == "step"]
       steps4 = [c for c in calls if c["kind"] == "step"]
@@ -165,6 +180,11 @@ def main() -> None:
         if c["compiled"]:
           print(f"  compiled in a 4-client call: {c['kind']}, {c['rows']} rows, {c['n']} tokens, "
                 f"{1000 * (c['t1'] - c['t0']):.0f} ms")
+    for arm, got in summary.items():
+      print(f"{arm} rows: ratio max " + " / ".join(f"{g[0]:.2f}" for g in got) + ", median "
+            + " / ".join(f"{g[1]:.2f}" for g in got) + "; summed latency (s) solo "
+            + " / ".join(f"{g[2]:.2f}" for g in got) + ", 4 clients "
+            + " / ".join(f"{g[3]:.2f}" for g in got) + f"; load {os.getloadavg()[0]:.1f}")
   finally:
     sched.stop()
 

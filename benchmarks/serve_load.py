@@ -75,7 +75,8 @@ class Server:
         [sys.executable, "-m", "MaxText.serve", os.path.join(ROOT, "configs", "base.yml"),
          f"hf_path={folder}", "dtype=float32", "ici_fsdp_parallelism=1", "port=0",
          f"serve_slots={args.slots}", "max_cache_length=512", "serve_model_name=bench",
-         f"serve_queue={4 * args.clients * args.requests}", "serve_chunk=8", *args.server_arg],
+         f"serve_queue={4 * args.clients * args.requests}", "serve_chunk=8", "serve_warmup=true",
+         *args.server_arg],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     self.url = None
     self.lines: list[str] = []

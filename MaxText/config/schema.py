@@ -162,6 +162,9 @@ class Config(RunKeys):
   serve_prefix_cache: int = key(0, "prefix caching: a prompt that starts with at least this many "
                                 "tokens a slot's cache still holds reuses them instead of "
                                 "prefilling them (docs/decoding.md); 0 = off", min=0)
+  serve_warmup: bool = key(False, "compile the decoding calls' programs (every row bucket x "
+                           "cache window, greedy, without top log-probabilities) before "
+                           "listening, so no request waits on one")
   serve_max_tokens: int = key(16384, "a request's n x max_tokens at most (400 beyond)", min=1)
   serve_max_body_bytes: int = key(8 << 20, "a request body's bytes at most (413 beyond)", min=1)
   serve_model_name: str = key("", "the model's name in /v1/models and requests; \"\" = the "

@@ -8,14 +8,19 @@ found by the logical axis "activation_batch" of each array, so nothing here know
 `prefill`: new prompts (right-padded to a length bucket: 16, 24, 32, 48, ...; rows to a power of
 two) run through the family's `extend(prefill=True)` into a fresh cache of their own, which is
 then written into their slots of the shared cache (rows padded in go to slot `slots`: dropped);
-each row's first token is chosen. `step`: up to `chunk` decoding steps of every slot (`extend`
-over the shared cache), a `while_loop` that ends as soon as every slot is done, and after any
+each row's first token is chosen. `step`: up to `chunk` decoding steps of the busy slots
+(`extend` over their rows of the shared cache: gathered, padded with done rows to a power of two,
+and scattered back after; every slot's row in place once that power of two reaches `slots`, so a
+call costs what its busy slots need, not what all the slots would: `step_rows`), a `while_loop`
+that ends as soon as every slot is done, and after any
 step once a slot finished (its answer ends and its slot frees now, not after the others' steps)
 or once `interrupt` (a host callback asked between steps) says a request waits for a free slot
 (it is admitted after one step, not after a whole call); a slot that is done (empty, or its
 request finished) writes nothing and produces -1. Where a call ends never changes a token. A call reads only the
-first L positions of every slot (`window`: the least of 64, 96, 128, 192, ... that holds the
+first L positions of its rows (`window`: the least of 64, 96, 128, 192, ... that holds the
 busiest slot after the call), cut from the cache before the loop and written back after it.
+Its programs: row buckets x windows (x greedy / sampled, x top log-probabilities); `warm`
+compiles the greedy ones without top log-probabilities up front (the server's `serve_warmup`).
 A prompt may also go in pieces (`prefill` with `starts`), on every family: a piece after the
 first is a multi-token step over its slot's cache (full attention: written, then each query
 attends to the positions up to its own; a sliding ring widened by the piece's length for the
@@ -239,15 +244,19 @@ class Slots:
   def _interrupted(self) -> np.ndarray:
     return np.asarray(self.interrupt is not None and bool(self.interrupt()))
 
-  def _step_fn(self, params, full, state, eos_E, values, *, sampled, top, length, early):
-    """Up to `chunk` steps of every slot over the first `length` positions of the cache. state:
-    per slot the token it feeds next, its position, tokens generated (`count`), its `max_new`,
-    `done` and `row` (its prompt index)."""
+  def _step_fn(self, params, full, state, eos_E, values, slots_B, *, sampled, top, length,
+               early):
+    """Up to `chunk` steps of the cache rows `slots_B` (B of them; B < slots: gathered, a row
+    >= slots a padding row that is done, and scattered back after; else every slot in order)
+    over their first `length` positions. state: per row the token it feeds next, its position,
+    tokens generated (`count`), its `max_new`, `done` and `row` (its prompt index)."""
     e = self.engine
     B, C = state["token"].shape[0], self.chunk
+    gathered = B < self.slots
     with use_rules(e.mesh, e.rules):
       model = e._model(params)
-      cache = self._window(full, length)
+      cache = (self._window(self._rows(full, slots_B), length, B) if gathered
+               else self._window(full, length))
 
       def step(carry):
         i, cache, st, out = carry
@@ -282,7 +291,8 @@ class Slots:
           go = go & ((i == 0) | ~io_callback(self._interrupted, jax.ShapeDtypeStruct((), jnp.bool_)))
         return go
       _, cache, state, out = jax.lax.while_loop(more, step, (jnp.int32(0), cache, state, out))
-      cache = cache_lib.constrain_cache(self._put_back(full, cache), self.specs, e.mesh, e.rules)
+      cache = self._insert(full, cache, slots_B) if gathered else self._put_back(full, cache)
+      cache = cache_lib.constrain_cache(cache, self.specs, e.mesh, e.rules)
     return cache, *e._replicated(state, out)
 
   # ---- calls -------------------------------------------------------------------------------------
@@ -324,17 +334,69 @@ class Slots:
 
   def step(self, params, state: dict[str, np.ndarray], eos_ids: list[int],
            sampling: dict[str, np.ndarray], top: int) -> tuple[dict[str, np.ndarray], dict]:
-    """Up to `chunk` steps of every slot from the host `state` ([slots] arrays: token, position,
-    count, max_new, done, row); (the state after, {tokens, logprobs [slots, chunk] (-1 / 0 where
-    a slot made none), top_ids, top_logprobs [slots, chunk, top]})."""
+    """Up to `chunk` steps of every busy slot (not `done`) from the host `state` ([slots]
+    arrays: token, position, count, max_new, done, row); (the state after, {tokens, logprobs
+    [slots, chunk] (-1 / 0 where a slot made none), top_ids, top_logprobs [slots, chunk, top]}).
+    The busy slots' rows go through the program padded to a power of two (`step_rows`), so a
+    call costs what its busy slots need, not what all the slots would."""
     eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
     eos_E[:len(eos_ids)] = eos_ids[:MAX_EOS_IDS]
     e = self.engine
-    active = ~state["done"]
+    busy = np.flatnonzero(~state["done"])
+    slots_B = self.step_rows(busy)
+    B = len(slots_B)
+    at = np.minimum(slots_B, self.slots - 1)
+    sub = {k: v[at] for k, v in state.items()}
+    sub["done"] = sub["done"] | (slots_B >= self.slots)     # padding rows make nothing
     self.cache, new_state, out = self._step(
-        params, self.cache, *e._host(state, eos_E, sampling),
-        sampled=bool((sampling["temperature"][active] > 0).any()), top=top,
-        length=self.step_length(state["position"][active]), early=self.interrupt is not None)
-    return ({k: fetch(v) for k, v in new_state.items()},
-            {k: fetch(v) for k, v in out.items()})
+        params, self.cache, *e._host(sub, eos_E, {k: v[at] for k, v in sampling.items()},
+                                     slots_B),
+        sampled=bool((sampling["temperature"][busy] > 0).any()), top=top,
+        length=self.step_length(state["position"][busy]), early=self.interrupt is not None)
+    if B == self.slots:
+      return ({k: fetch(v) for k, v in new_state.items()},
+              {k: fetch(v) for k, v in out.items()})
+    n = len(busy)
+    after = {k: v.copy() for k, v in state.items()}
+    for k, v in new_state.items():
+      after[k][busy] = fetch(v)[:n]
+    whole = {"tokens": np.full((self.slots, self.chunk), -1, np.int32),
+             "logprobs": np.zeros((self.slots, self.chunk), np.float32),
+             "top_ids": np.zeros((self.slots, self.chunk, top), np.int32),
+             "top_logprobs": np.zeros((self.slots, self.chunk, top), np.float32)}
+    for k, v in out.items():
+      whole[k][busy] = fetch(v)[:n]
+    return after, whole
 
+  def warm(self, params) -> int:
+    """Compiles the decoding call's program for every row bucket and cache window (greedy,
+    without top log-probabilities; early ends as `interrupt` is set now: call it after the
+    scheduler is built) by a call whose rows are all done (it changes nothing); the programs
+    compiled."""
+    before = self.compiled_programs()
+    eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
+    e = self.engine
+    rows = sorted({len(self.step_rows(np.arange(n))) for n in range(1, self.slots + 1)})
+    for B in rows:
+      slots_B = self.step_rows(np.arange(B))
+      state = {"token": np.zeros(B, np.int32), "position": np.zeros(B, np.int32),
+               "count": np.zeros(B, np.int32), "max_new": np.ones(B, np.int32),
+               "done": np.ones(B, bool), "row": np.zeros(B, np.int32)}
+      for length in self.lengths:
+        self.cache, *_ = self._step(params, self.cache,
+                                    *e._host(state, eos_E, row_values([], B), slots_B),
+                                    sampled=False, top=0, length=length,
+                                    early=self.interrupt is not None)
+    jax.block_until_ready(self.cache)
+    return self.compiled_programs() - before
+
+  def step_rows(self, busy: np.ndarray) -> np.ndarray:
+    """The cache rows a decoding call runs for the busy slots `busy`: them, padded to a power of
+    two with rows `slots` (nothing: done, dropped), or every slot in order once that power of
+    two reaches the slots (so the row buckets are 1, 2, 4, ... below `slots`, then `slots`)."""
+    B = bucket(max(len(busy), 1))
+    if B >= self.slots:
+      return np.arange(self.slots, dtype=np.int32)
+    out = np.full(B, self.slots, np.int32)
+    out[:len(busy)] = busy
+    return out

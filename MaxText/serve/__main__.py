@@ -132,6 +132,11 @@ def run(argv: Sequence[str]) -> int:
                         (lambda stop: TextStream(decode, stop)) if decode else None,
                         prefill_chunk=cfg.serve_prefill_chunk,
                         prefix_min=cfg.serve_prefix_cache, on_first_answer=first_answer)
+  if cfg.serve_warmup:
+    t0 = time.perf_counter()
+    n = slots.warm(model.params)
+    print(f"serve_warmup: {n} decoding programs compiled in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr, flush=True)
   name = model_name(cfg)
   served = Served(model, scheduler, metrics, name, room, cfg.serve_max_tokens, cfg.log_prompts)
   app = build_app(served)
