@@ -10,7 +10,9 @@ on every family: prompts longer than Gemma 4's sliding window, in pieces of seve
 that divide no prompt too), into slots a previous request used, decode as `MaxText.decode`'s
 batch does (`Engine.generate`), token for token. Prefix caching: a prompt sharing a system prompt
 with a running request (full attention: copied from its row) and a conversation's next turn (every
-family: the finished request's own row) decode as without it, counted in /metrics."""
+family: the finished request's own row) decode as without it, counted in /metrics. Decoding calls
+run only the busy slots' rows (3 of 8 through a row bucket of 4, its padding row dropped) and
+decode as generate does; `Slots.warm` compiles every decoding program up front."""
 import threading
 from types import SimpleNamespace
 
@@ -202,3 +204,32 @@ def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
   assert len(b) % 8 and shared % 8 != len(b) % 8
   assert [len(a) + 39] in starts and ([shared] in starts) == positional
   assert ([len(b) % 8] in starts) != positional
+
+
+def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
+  """Three busy slots of 8 go through a row bucket of 4 (one padding row, dropped) and decode as
+  `Engine.generate` does; `warm` compiles every row bucket's decoding program up front, so the
+  calls compile none."""
+  mcfg, eng, params, rng = _placed("qwen3", 3)
+  slots = Slots(eng, slots=8, max_len=64, chunk=4)
+  assert slots.step_rows(np.array([5])).tolist() == [5]
+  assert slots.step_rows(np.array([6, 1, 3])).tolist() == [6, 1, 3, 8]
+  assert slots.step_rows(np.arange(5)).tolist() == list(range(8))
+  assert slots.warm(params) == 4          # rows 1, 2, 4, 8 x the one window (64)
+  assert slots.warm(params) == 0
+  compiled = []
+  step = slots.step
+
+  def counted(*a, **k):
+    before = slots.compiled_programs()
+    out = step(*a, **k)
+    compiled.append(slots.compiled_programs() - before)
+    return out
+  slots.step = counted
+  prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in (5, 9, 13)]
+  got, lps = decode_in_pieces(slots, params, prompts, 16, PIECE_NEW, [6, 1, 3])
+  want = eng.generate(params, prompts, max_new_tokens=PIECE_NEW)
+  assert got == [w.output_ids for w in want]
+  np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want], atol=TOL_LOGPROB,
+                             rtol=0)
+  assert compiled and not any(compiled)
