@@ -33,6 +33,7 @@ from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 
+GIL_SWITCH_S = 0.0005     # the process's GIL switch interval while serving (see main)
 
 ARGS = {
     "host": Arg(str, "127.0.0.1",
@@ -128,6 +129,10 @@ def run(argv: Sequence[str]) -> int:
     print(f"first answer {time.perf_counter() - job.submitted:.1f} s after its request arrived "
           f"({compiling.text()})", file=sys.stderr, flush=True)
 
+  # the engine thread takes the GIL for a host callback between two decoding steps and for each
+  # call's deltas; while the HTTP event loop holds it, it waits up to the switch interval (5 ms
+  # by default: a step's length on a small model), a wait that grows with the clients streaming
+  sys.setswitchinterval(GIL_SWITCH_S)
   scheduler = Scheduler(model, slots, cfg.serve_queue, metrics,
                         (lambda stop: TextStream(decode, stop)) if decode else None,
                         prefill_chunk=cfg.serve_prefill_chunk,
