@@ -111,6 +111,7 @@ def test_no_packing_exact_arrays():
 def test_tokenize_adds_bos_eos():
   tok = tokenizers.ByteTokenizer()
   pairs = packing.TokenizeToPairs(tok, add_bos=True, add_eos=True)("ab")
+  assert isinstance(pairs, dict)
   assert pairs["inputs"].tolist() == [1, ord("a") + 3, ord("b") + 3]
   assert pairs["targets"].tolist() == [ord("a") + 3, ord("b") + 3, 2]
   assert packing.TokenizeToPairs(tok, add_bos=False, add_eos=False)("a") is None
