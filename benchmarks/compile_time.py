@@ -206,7 +206,9 @@ def table(results: dict[tuple[str, str, str], list[dict]], families: list[str],
       ratio = med(family, "ours", "cold") / med(family, "maxtext", "cold")
       cpu = [statistics.median(r["compile_cpu"] for r in results[(family, t, "cold")])
              for t in ("ours", "maxtext")]
-      line += (f" | {ratio:.2f}× | {cpu[0]:.1f} / {cpu[1]:.1f} (**{cpu[0] / cpu[1]:.2f}×**) | "
+      each = [spread([r["compile_cpu"] for r in results[(family, t, "cold")]])
+              for t in ("ours", "maxtext")]
+      line += (f" | {ratio:.2f}× | {each[0]} / {each[1]} (**{cpu[0] / cpu[1]:.2f}×**) | "
                f"{'yes' if cpu[0] / cpu[1] <= 0.5 else 'no'}")
     if counted:
       line += " | " + " / ".join(spread([r["kernels"] for r in results[(family, t, "cold")]
