@@ -15,6 +15,10 @@ run filled (a new process: tracing and lowering are paid again, the XLA compile 
 The verdict (ours ≤ 0.5× MaxText's cold compile) is taken on XLA's CPU seconds, which the load of
 a shared machine barely changes; the wall seconds are printed too, with the load average.
 
+`--kernels` also counts the LLVM modules XLA:CPU compiles for the train step (its kernels: one per
+distinct fusion; the cold compile's cost follows their number) from XLA's own log lines
+(`TF_CPP_VMODULE=ir_compiler=1`) written while the step's compile ran, for either trainer alike.
+
 Each repetition runs the families in turn and, per family, both trainers cold then warm, the
 trainers' order reversed on every other repetition (the machine is shared: its load average is
 printed with every run); the table gives the medians over the repetitions and their [min–max].
@@ -22,6 +26,7 @@ printed with every run); the table gives the medians over the repetitions and th
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -111,6 +116,36 @@ def step_seconds(events_path: str, trainer: str) -> dict[str, float]:
   return out
 
 
+# XLA's log line for each LLVM module it compiles (glog's prefix: local month, day and time)
+KERNEL_LINE = re.compile(r"^I(\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+)\s+\d+ ir_compiler\.cc:\d+\] "
+                         r"Compiled LLVM module")
+
+
+def step_kernels(events_path: str, log_path: str, trainer: str) -> int:
+  """The LLVM modules (kernels) XLA:CPU compiled while the train step's compile ran: the log's
+  `KERNEL_LINE`s stamped between the start and the end of the step's compile event (a run with
+  `--kernels`; the trainers compile one program at a time)."""
+  window = None
+  with open(events_path, encoding="utf-8") as f:
+    for line in f:
+      e = json.loads(line)
+      if e["event"] == "compile" and program(e["name"]) == STEP[trainer]:
+        window = (e["t"] - e["s"], e["t"])
+  if window is None:
+    raise RuntimeError(f"no compile event of {STEP[trainer]!r} in {events_path}")
+  year = datetime.datetime.fromtimestamp(window[1]).year
+  count = 0
+  with open(log_path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      m = KERNEL_LINE.match(line)
+      if m:
+        month, day, hour, minute, sec = m.groups()
+        t = datetime.datetime(year, int(month), int(day), int(hour), int(minute)).timestamp()
+        if window[0] <= t + float(sec) <= window[1]:
+          count += 1
+  return count
+
+
 def command(trainer: str, family: str, out: str, name: str, mt_python: str) -> list[str]:
   ours, theirs = FAMILIES[family]
   if trainer == "ours":
@@ -151,8 +186,12 @@ def table(results: dict[tuple[str, str, str], list[dict]], families: list[str],
           f"max {max(loads):.1f} ({os.cpu_count()} cores)\n")
   cols = [f"{t} {p} s" for t in trainers for p in ("cold", "warm")]
   head = "| family | " + " | ".join(cols)
+  counted = any("kernels" in r for f in families for t in trainers
+                for r in results.get((f, t, "cold"), []))
   if "maxtext" in trainers:
     head += " | ours / MaxText cold (wall) | XLA CPU-s cold ours / MaxText | ≤ 0.5× (CPU-s)"
+  if counted:
+    head += " | kernels " + " / ".join(trainers)
   print(head + " |\n|" + "---|" * (head.count("|")))
   for family in families:
     if any((family, t) in failed for t in trainers):
@@ -167,8 +206,14 @@ def table(results: dict[tuple[str, str, str], list[dict]], families: list[str],
       ratio = med(family, "ours", "cold") / med(family, "maxtext", "cold")
       cpu = [statistics.median(r["compile_cpu"] for r in results[(family, t, "cold")])
              for t in ("ours", "maxtext")]
-      line += (f" | {ratio:.2f}× | {cpu[0]:.1f} / {cpu[1]:.1f} (**{cpu[0] / cpu[1]:.2f}×**) | "
+      each = [spread([r["compile_cpu"] for r in results[(family, t, "cold")]])
+              for t in ("ours", "maxtext")]
+      line += (f" | {ratio:.2f}× | {each[0]} / {each[1]} (**{cpu[0] / cpu[1]:.2f}×**) | "
                f"{'yes' if cpu[0] / cpu[1] <= 0.5 else 'no'}")
+    if counted:
+      line += " | " + " / ".join(spread([r["kernels"] for r in results[(family, t, "cold")]
+                                          if "kernels" in r]).replace(".0", "")
+                                 for t in trainers)
     print(line + " |")
   print("\nthe step, cold, median seconds by phase (trace / lower / XLA compile; XLA's CPU-s):")
   for family in families:
@@ -195,6 +240,11 @@ def from_folders(outs: list[str]) -> int:
       trainer, family, _, phase = m.groups()
       try:
         seconds = step_seconds(os.path.join(out, name), trainer)
+        log = os.path.join(out, name[:-len(".events")] + ".log")
+        if phase == "cold" and os.path.exists(log):
+          kernels = step_kernels(os.path.join(out, name), log, trainer)
+          if kernels:   # a run with --kernels
+            seconds["kernels"] = kernels
       except RuntimeError:
         continue   # a run that did not get as far as its step's compile
       results.setdefault((family, trainer, phase), []).append(seconds)
@@ -209,6 +259,8 @@ def main() -> int:
                   "(../shared/notes/maxtext-on-cpu.md); without it only our runs")
   ap.add_argument("--families", default=",".join(FAMILIES))
   ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--kernels", action="store_true", help="count the step's kernels too (XLA's "
+                  "ir_compiler log lines)")
   ap.add_argument("--out", default="", help="work directory (default: a temporary one)")
   ap.add_argument("--table-from", default="", help="only the table of earlier runs' --out "
                   "folders, comma-separated (the repetitions that finished)")
@@ -222,6 +274,8 @@ def main() -> int:
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
   env.update(JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE", PYTHONPATH=ROOT,
              XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  if args.kernels:
+    env.update(TF_CPP_VMODULE="ir_compiler=1", TF_CPP_MIN_LOG_LEVEL="0")
   results: dict[tuple[str, str, str], list[dict]] = {}
   loads: list[float] = []
   failed: set[tuple[str, str]] = set()
@@ -244,11 +298,13 @@ def main() -> int:
             failed.add((family, trainer))
             break
           s = step_seconds(f"{out}/{name}.events", trainer)
+          if args.kernels and phase == "cold":
+            s["kernels"] = step_kernels(f"{out}/{name}.events", f"{out}/{name}.log", trainer)
           results.setdefault((family, trainer, phase), []).append(s)
           loads.append(os.getloadavg()[0])
           print(f"  {name:28s} step: trace {s['trace']:5.1f} lower {s['lower']:5.1f} "
-                f"compile {s['compile']:5.1f} = {s['total']:5.1f} s; XLA CPU {s['compile_cpu']:5.1f} s  "
-                f"({load()})", flush=True)
+                f"compile {s['compile']:5.1f} = {s['total']:5.1f} s; XLA CPU {s['compile_cpu']:5.1f} s"
+                + (f"; {s['kernels']} kernels" if "kernels" in s else "") + f"  ({load()})", flush=True)
 
   table(results, families, trainers, failed, loads)
   return 0
