@@ -28,6 +28,7 @@ import test_qwen3_parity as qwen3  # noqa: E402
 from MaxText import inference  # noqa: E402
 from MaxText.config.load import replace  # noqa: E402
 from MaxText.inspect import Inspector  # noqa: E402
+from MaxText.layers import sites  # noqa: E402
 
 FP32_EPS = float(np.finfo(np.float32).eps)   # 2^-23
 # contractions one after the other on a layer's path: q/k/v projection, scores, probabilities x
@@ -117,6 +118,26 @@ def test_trace_matches_transformers(family, scan, mesh):
     assert trace.attention_layers == list(range(L))
   print(f"{family} scan={scan} mesh={dict(m.mesh.shape)}: worst |Δ| / max|x| = {worst:.1e} "
         f"(tolerance {tolerance(m.mcfg):.1e})")
+
+
+def test_the_scanned_forward_does_not_follow_a_sets_order(monkeypatch):
+  """The capture buffers of a scanned stack are built in one fixed order: the program's text, and
+  so its persistent-cache key, is the same whatever order the probe's set of layer sites iterates
+  in (that order changes with each process's hash seed; a program that followed it would compile
+  afresh in every process)."""
+  m = inspector("qwen3")
+  names, _ = m._site_names(("attentions", "hidden_states"), None)
+  placed = m._placed(np.zeros((1, 16), np.int32), np.array([16], np.int32))
+  wanted = sites.Probe.wanted
+
+  def text(order):
+    monkeypatch.setattr(sites.Probe, "wanted",
+                        lambda self, layers: tuple(order(sorted(wanted(self, layers)))))
+    program, key = m._program(names, None, {})
+    m._programs.pop(key)   # a fresh program: traced and lowered again
+    return program.lower(m.params, *placed).as_text()
+  first, reversed_ = text(list), text(lambda bases: bases[::-1])
+  assert first == reversed_
 
 
 def test_one_sequence_and_a_subset_of_layers_and_heads():

@@ -340,9 +340,12 @@ class PatternStack(nnx.Module):
       p = len(run.block)
       xs_run = _run_xs(xs, run)
       layer_sets = [tuple(run.start + r * p + m for r in range(run.repeats)) for m in range(p)]
-      # per member: {captured base: the repeats whose layer was asked for}
+      # per member: {captured base: the repeats whose layer was asked for}, the bases in name
+      # order: the buffers are built and written in this order, so the program's text (and its
+      # persistent-cache key) must not follow a set's order, which changes with the process's
+      # hash seed
       keep = [{b: [r for r, i in enumerate(layer_sets[m]) if i in probe.captured_layers(b)]
-               for b in probe.wanted(layer_sets[m])} for m in range(p)]
+               for b in sorted(probe.wanted(layer_sets[m]))} for m in range(p)]
       steps = [remat(framed(g, run.start + m, layer_sets[m], frozenset(keep[m]), p),
                      self.remat_policy, prevent_cse=False) for m, g in enumerate(graphdefs)]
       first = jax.tree.map(lambda a: a[0], (list(states), xs_run))
