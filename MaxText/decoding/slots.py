@@ -360,12 +360,11 @@ class Slots:
     after = {k: v.copy() for k, v in state.items()}
     for k, v in new_state.items():
       after[k][busy] = fetch(v)[:n]
-    whole = {"tokens": np.full((self.slots, self.chunk), -1, np.int32),
-             "logprobs": np.zeros((self.slots, self.chunk), np.float32),
-             "top_ids": np.zeros((self.slots, self.chunk, top), np.int32),
-             "top_logprobs": np.zeros((self.slots, self.chunk, top), np.float32)}
-    for k, v in out.items():
-      whole[k][busy] = fetch(v)[:n]
+    whole = {}
+    for k, v in out.items():   # every slot's rows: a slot not in the call made no token (-1, 0)
+      v = fetch(v)
+      whole[k] = np.full((self.slots, *v.shape[1:]), -1 if k == "tokens" else 0, v.dtype)
+      whole[k][busy] = v[:n]
     return after, whole
 
   def warm(self, params) -> int:
