@@ -113,6 +113,51 @@ def _absl_flags():
     flags.FLAGS.mark_as_parsed()
 
 
+# Every compiled XLA:CPU program a process keeps holds ~3 memory maps per kernel (its object code,
+# read-only data and data, as LLVM's JIT loads them), and Linux refuses a process's maps beyond
+# vm.max_map_count (65530 by default). A worker runs hundreds of files, and jax keeps each jitted
+# function's programs until its caches are cleared: kept, a run's workers reach the limit, and the
+# JIT then crashes the worker (a segmentation fault in the next program's load). So each file's
+# programs go when the file is done (the persistent cache keeps them for a later load), and a test
+# that leaves its worker near the limit fails, naming the count, rather than a later one crashing.
+MAP_LIMIT_SHARE = 0.75
+
+
+def memory_maps() -> int:
+  """This process's memory maps (the lines of /proc/self/maps; 0 where there is no such file)."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
+def map_limit() -> int:
+  try:
+    with open("/proc/sys/vm/max_map_count", encoding="utf-8") as f:
+      return int(f.read())
+  except OSError:
+    return 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_programs():
+  yield
+  import gc
+  jax.clear_caches()
+  gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _maps_below_limit(request):
+  yield
+  limit, maps = map_limit(), memory_maps()
+  if limit and maps > MAP_LIMIT_SHARE * limit:
+    pytest.fail(f"{request.node.nodeid} leaves its process with {maps} memory maps, over "
+                f"{MAP_LIMIT_SHARE:.0%} of vm.max_map_count ({limit}): its file keeps too many "
+                "compiled programs alive (each holds ~3 maps per kernel)", pytrace=False)
+
+
 def read_metrics(run_dir: str) -> list[dict]:
   with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
