@@ -136,7 +136,8 @@ def test_microbatches_equal_one_pass(tmp_path):
   """microbatch_size = B / 4 (32 rows, micro-batches of 8): the metrics and the updated parameters of one pass within 1e-6
   (fp32), over two updates (the second off-policy). ratio_min / ratio_max are one token's ratio
   each, not a mean: the forward pass over 8 rows rounds a log-probability differently than over
-  32 (a few ulps), so they get 1e-5."""
+  32 (a few ulps), so they get 1e-5; so does grad_norm, a norm over every gradient element, each a
+  sum over rows of terms of both signs, summed in another order (1.1e-6 apart on an AMD Zen 4)."""
   runs = []
   for i, micro in enumerate((0, 8)):
     p = with_hf_weights(Policy.load(argv(tmp_path / str(i), *LOSS, *SHOW_GRAD[1:],
@@ -151,7 +152,7 @@ def test_microbatches_equal_one_pass(tmp_path):
   for a, b in zip(one, micro):
     assert set(a) == set(b)
     for k in a:
-      tol = 1e-5 if k in ("ratio_min", "ratio_max") else 1e-6
+      tol = 1e-5 if k in ("ratio_min", "ratio_max", "grad_norm") else 1e-6
       assert abs(a[k] - b[k]) <= tol * max(1.0, abs(a[k])), (k, a[k], b[k])
   assert one[1]["ratio_max"] != one[0]["ratio_max"]          # the second pass is off-policy
   for x, y in zip(jax.tree.leaves(params1), jax.tree.leaves(params4)):
