@@ -3,12 +3,14 @@ at once, optionally next to a memory-heavy neighbour, and counts how they ended.
 
   .venv/bin/python benchmarks/abort_stress.py [--runs 12] [--concurrent 3] [--hog-gib 4]
       [--steps 6] [--out /tmp/abort_stress] [--gdb] [--fresh-compile] [--env NAME=VALUE ...]
-      [-- key=value ...]
+      [--devices 8] [-- key=value ...]
 
 Each run is `train.py configs/base.yml dataset_type=synthetic steps=6 dtype=float32
 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2`
 with `XLA_FLAGS=--xla_force_host_platform_device_count=8` (the issue's configuration; keys after
-`--` are added), in its own run directory under `--out`, its stdout+stderr in `<out>/run-N.log`.
+`--` are added). `--devices N` other than 8: N devices, the mesh all FSDP
+(`ici_fsdp_parallelism=N`, as the side-by-side matrix's fsdp rows); any `ici_*` key after `--`
+replaces the mesh, in its own run directory under `--out`, its stdout+stderr in `<out>/run-N.log`.
 `--hog-gib G`: a neighbour process that holds G GiB and keeps writing to every page of it while the
 runs go (page-cache and reclaim pressure). `--gdb`: when a run's log says a collective "may be
 stuck" (XLA:CPU warns after 20 s, aborts after 40 s), every thread's stack of that process is
@@ -32,8 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = ["dataset_type=synthetic", "dtype=float32", "per_device_batch_size=1",
-          "ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"]
+CONFIG = ["dataset_type=synthetic", "dtype=float32", "per_device_batch_size=1"]
+MESH_8 = ["ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2"]
 STUCK = "may be stuck"
 RENDEZVOUS_ABORT = re.compile(r"Termination timeout for `([a-z\- ]+) RendezvousKey")
 
@@ -53,7 +55,7 @@ while True:
 def run_once(index: int, args: argparse.Namespace, extra: list[str], env: dict) -> dict:
   log_path = os.path.join(args.out, f"run-{index}.log")
   cmd = [sys.executable, os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs/base.yml"),
-         *CONFIG, f"steps={args.steps}", f"base_output_directory={args.out}",
+         *CONFIG, *mesh(args.devices, extra), f"steps={args.steps}", f"base_output_directory={args.out}",
          f"run_name=run-{index}", *extra]
   t0 = time.monotonic()
   with open(log_path, "w", encoding="utf-8") as log:
@@ -70,6 +72,15 @@ def run_once(index: int, args: argparse.Namespace, extra: list[str], env: dict) 
   return {"index": index, "rc": rc, "signal": signal.Signals(-rc).name if rc < 0 else "",
           "wall_s": time.monotonic() - t0, "stuck": STUCK in text,
           "rendezvous": match.group(1) if match else ""}
+
+
+def mesh(devices: int, extra: list[str]) -> list[str]:
+  """The mesh keys, unless the keys after `--` give the mesh (any `ici_*` key)."""
+  if any(a.startswith("ici_") for a in extra):
+    return []
+  if devices == 8:
+    return MESH_8
+  return ["ici_data_parallelism=1", f"ici_fsdp_parallelism={devices}", "ici_tensor_parallelism=1"]
 
 
 def _read(path: str) -> str:
@@ -97,6 +108,7 @@ def main() -> int:
   parser.add_argument("--steps", type=int, default=6)
   parser.add_argument("--out", default="/tmp/abort_stress")
   parser.add_argument("--gdb", action="store_true")
+  parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--fresh-compile", action="store_true",
                       help="jax_cache_dir= (off): every run compiles its step, as the first run "
                            "of a configuration does; otherwise all but the first load it")
@@ -105,7 +117,7 @@ def main() -> int:
   args, rest = parser.parse_known_args()
   extra = [a for a in rest if a != "--"] + (["jax_cache_dir="] if args.fresh_compile else [])
   os.makedirs(args.out, exist_ok=True)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}",
              PYTHONFAULTHANDLER="1")
   for item in args.env:
     name, _, value = item.partition("=")
@@ -113,7 +125,8 @@ def main() -> int:
   hog = None
   if args.hog_gib > 0:
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(args.hog_gib)])
-  print(f"{args.runs} runs, {args.concurrent} at once, memory hog {args.hog_gib:g} GiB, "
+  print(f"{args.runs} runs of {args.devices} devices, {args.concurrent} at once, "
+        f"memory hog {args.hog_gib:g} GiB, "
         f"steps={args.steps} {' '.join(extra)} {' '.join(args.env)}; logs in {args.out}", flush=True)
   results, lock = [], threading.Lock()
 

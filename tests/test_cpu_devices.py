@@ -152,13 +152,24 @@ def test_cpu_device_count_the_user_set():
 
 
 def test_thread_pools_get_two_threads_per_device(monkeypatch):
-  """Issue 38: with XLA's floor of one pool thread per device an 8-device step deadlocked in its
-  collectives (benchmarks/RESULTS.md); a multi-device run asks for two per device, unless the
-  user sized the pools or the cores give that many already."""
+  """Issue 38: with XLA's floor of one pool thread per device an 8-device step over three mesh
+  axes deadlocked in its collectives (benchmarks/RESULTS.md); a multi-device run over several
+  axes (or an unknown mesh) asks for two per device, unless the user sized the pools or the cores
+  give that many already; a mesh over one axis keeps XLA's pools."""
   monkeypatch.setattr(cpu_devices, "_backends_started", lambda: False)
   monkeypatch.setattr(cpu_devices, "usable_cores", lambda: 2)
   env = {}
   assert cpu_devices.apply_thread_pools(8, env) == 16 and env == {"PJRT_NPROC": "16"}
+  assert cpu_devices.apply_thread_pools(8, env := {}, axes=3) == 16 and env == {"PJRT_NPROC": "16"}
+  for axes in (0, 1):
+    assert cpu_devices.apply_thread_pools(8, env := {}, axes=axes) is None and env == {}
+  for ici, devices, want in (([1, -1, 1], 2, 1), ([2, 2, 2], 8, 3), ([1, -1, 2], 8, 2),
+                             ([1, -1, 2], 2, 1), ([1, -1, 1], 1, 0), ([2, -1, 1, 4], 8, 2)):
+    assert cpu_devices.sharded_axes(ici, devices) == want, (ici, devices)
+  for ici, pools in (([1, -1, 1], None), ([2, -1, 2], 16)):
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    assert cpu_devices.apply_default(env, ici=ici).pool_threads == pools
+    assert env.get("PJRT_NPROC") == (str(pools) if pools else None)
   for devices in (None, 1):
     assert cpu_devices.apply_thread_pools(devices, env := {}) is None and env == {}
   for mine in ({"PJRT_NPROC": "8"}, {"NPROC": "4"}):

@@ -20,10 +20,16 @@ hold the pool thread that runs them until every participant arrives, and an 8-de
 device that had not reached those collectives had its work queued on the same pool — a deadlock
 that XLA:CPU ends with SIGABRT ("Termination timeout for `all gather RendezvousKey...`"). It showed
 with executables compiled in the run (not loaded from the compilation cache) and XLA:CPU's
-memory-optimized schedule, and not with pools of two threads per device (benchmarks/RESULTS.md,
-"The 8-device abort"). So `apply_thread_pools` sets `PJRT_NPROC` (the size XLA:CPU gives both
-pools) to POOL_THREADS_PER_DEVICE threads per device for a multi-device single-process run, unless
-the user set `PJRT_NPROC` / `NPROC` or the cores already give that many; before the backends start.
+memory-optimized schedule, with a mesh over three axes (data x fsdp x tensor), and not with pools
+of two threads per device, nor with a mesh over one axis (8 devices of data, fsdp or tensor alone,
+2 and 4 of fsdp; benchmarks/RESULTS.md, "The 8-device abort"): a mesh over several axes runs
+collectives of different device groups that can wait on each other's threads. So
+`apply_thread_pools` sets `PJRT_NPROC` (the size XLA:CPU gives both pools) to
+POOL_THREADS_PER_DEVICE threads per device for a multi-device single-process run whose mesh shards
+over more than one axis (or whose mesh is not known), unless the user set `PJRT_NPROC` / `NPROC`
+or the cores already give that many; before the backends start. A one-axis mesh keeps XLA's pools:
+twice the threads on cores already busy slow its step (the 2-device fsdp row of the side-by-side
+matrix).
 
 What does reduce the contention is the order XLA:CPU runs each device's program in:
 `apply_xla_defaults` sets XLA's memory-optimized (depth-first) schedule for CPU compiles unless the
@@ -56,9 +62,10 @@ every other program of the process does (the test suite's cheap compile, tests/c
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import platform as host_platform
-from typing import Mapping, MutableMapping, NamedTuple
+from typing import Mapping, MutableMapping, NamedTuple, Sequence
 
 import jax
 
@@ -120,11 +127,13 @@ class Defaults(NamedTuple):
   pool_threads: int | None = None
 
 
-def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "auto") -> Defaults:
+def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "auto",
+                  ici: Sequence[int] | None = None) -> Defaults:
   """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count;
   part of the tuned hot path, so not with `hot_path=plain`), one CPU device per usable core (at
   most MAX_DEFAULT) if the user chose nothing, and XLA:CPU's thread pools for the run's device
-  count (`apply_thread_pools`); all only before the backends start."""
+  count and mesh (`apply_thread_pools`; `ici`: the run's `ici_*_parallelism` values, -1 the rest;
+  None: not known); all only before the backends start."""
   env = os.environ if env is None else env
   schedule = hot.select_hot_path(hot_path, "cpu") == hot.TUNED and apply_xla_defaults(env)
   if _backends_started():
@@ -133,8 +142,18 @@ def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "
   if not user_choice(env):
     count = max(1, min(usable_cores(), MAX_DEFAULT))
     jax.config.update("jax_num_cpu_devices", count)
-  pools = apply_thread_pools(count or cpu_device_count(env), env)
+  devices = count or cpu_device_count(env)
+  axes = None if ici is None or devices is None else sharded_axes(ici, devices)
+  pools = apply_thread_pools(devices, env, axes)
   return Defaults(count, schedule, pool_threads=pools)
+
+
+def sharded_axes(ici: Sequence[int], devices: int) -> int:
+  """How many mesh axes of sizes `ici` (one -1: the devices left) split `devices` devices."""
+  fixed = [v for v in ici if v > 1]
+  known = math.prod(v for v in ici if v > 0)
+  rest = devices // known if -1 in ici and known else 1
+  return len(fixed) + (rest > 1)
 
 
 def cpu_device_count(env: Mapping[str, str], num_cpu_devices: int | None = None) -> int | None:
@@ -155,14 +174,15 @@ def cpu_device_count(env: Mapping[str, str], num_cpu_devices: int | None = None)
   return num_cpu_devices if num_cpu_devices not in (-1, None) else None
 
 
-def apply_thread_pools(devices: int | None, env: MutableMapping[str, str] | None = None
-                       ) -> int | None:
+def apply_thread_pools(devices: int | None, env: MutableMapping[str, str] | None = None,
+                       axes: int | None = None) -> int | None:
   """Sets POOL_ENV so that XLA:CPU's intra-op and client pools get POOL_THREADS_PER_DEVICE
-  threads per CPU device (module docstring: with one per device an 8-device step deadlocked);
-  returns that size, or None where it leaves them alone: one device, the user's own PJRT_NPROC or
-  NPROC, cores enough already, or the backends already started."""
+  threads per CPU device (module docstring: with one per device an 8-device step over three mesh
+  axes deadlocked); returns that size, or None where it leaves them alone: one device, a mesh
+  sharded over one axis (`axes`; None: not known), the user's own PJRT_NPROC or NPROC, cores
+  enough already, or the backends already started."""
   env = os.environ if env is None else env
-  if devices is None or devices < 2 or _backends_started():
+  if devices is None or devices < 2 or (axes is not None and axes < 2) or _backends_started():
     return None
   if any(env.get(name, "").strip() for name in (POOL_ENV, "NPROC")):
     return None
