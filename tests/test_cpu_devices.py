@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import BASE_YML, ROOT
 from MaxText.runtime import cpu_devices
 
 PROBE = ("from MaxText.runtime import cpu_devices; n = cpu_devices.apply_default().devices; "
@@ -163,12 +163,20 @@ def test_thread_pools_get_two_threads_per_device(monkeypatch):
   assert cpu_devices.apply_thread_pools(8, env := {}, axes=3) == 16 and env == {"PJRT_NPROC": "16"}
   for axes in (0, 1):
     assert cpu_devices.apply_thread_pools(8, env := {}, axes=axes) is None and env == {}
-  for ici, devices, want in (([1, -1, 1], 2, 1), ([2, 2, 2], 8, 3), ([1, -1, 2], 8, 2),
-                             ([1, -1, 2], 2, 1), ([1, -1, 1], 1, 0), ([2, -1, 1, 4], 8, 2)):
-    assert cpu_devices.sharded_axes(ici, devices) == want, (ici, devices)
-  for ici, pools in (([1, -1, 1], None), ([2, -1, 2], 16)):
+  from MaxText.config.load import load_config
+
+  def mesh(*keys):
+    return load_config([BASE_YML, *keys], keep_auto=True)
+  for keys, devices, want in (((), 2, 1), ((), 1, 0), (("ici_tensor_parallelism=2",), 8, 2),
+                              (("ici_tensor_parallelism=2",), 2, 1),
+                              (("ici_data_parallelism=2", "ici_fsdp_parallelism=2",
+                                "ici_tensor_parallelism=2"), 8, 3),
+                              (("ici_tensor_parallelism=3",), 8, None)):   # does not fit: unknown
+    assert cpu_devices.sharded_axes(mesh(*keys), devices) == want, (keys, devices)
+  for keys, pools in (((), None), (("ici_tensor_parallelism=2",), 16),
+                      (("ici_tensor_parallelism=3",), 16)):
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    assert cpu_devices.apply_default(env, ici=ici).pool_threads == pools
+    assert cpu_devices.apply_default(env, cfg=mesh(*keys)).pool_threads == pools
     assert env.get("PJRT_NPROC") == (str(pools) if pools else None)
   for devices in (None, 1):
     assert cpu_devices.apply_thread_pools(devices, env := {}) is None and env == {}

@@ -13,7 +13,8 @@ from conftest import BASE_YML, ROOT
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import MESH_AXES
 from MaxText.models.model_config import ModelConfig
-from MaxText.sharding.mesh import create_mesh, fill_parallelism
+from MaxText.config.parallelism import fill_parallelism
+from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import (constrain, logical_to_spec, parse_rules, sharding_report,
                                     tree_shardings, use_rules)
 from MaxText.train.optimizer import make_optimizer

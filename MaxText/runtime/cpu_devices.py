@@ -62,14 +62,16 @@ every other program of the process does (the test suite's cheap compile, tests/c
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import platform as host_platform
-from typing import Mapping, MutableMapping, NamedTuple, Sequence
+from typing import Mapping, MutableMapping, NamedTuple
 
 import jax
 
 from MaxText.backend import compat, hot_path as hot
+from MaxText.config.load import ConfigError
+from MaxText.config.parallelism import fill_parallelism
+from MaxText.config.schema import Config
 
 # Beyond this many devices each one's batch and the collectives grow while one device's intra-op
 # threads already use the cores; more can always be asked for with the flags above.
@@ -128,12 +130,12 @@ class Defaults(NamedTuple):
 
 
 def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "auto",
-                  ici: Sequence[int] | None = None) -> Defaults:
+                  cfg: Config | None = None) -> Defaults:
   """Sets this project's default XLA:CPU flags (`apply_xla_defaults`, whatever the device count;
   part of the tuned hot path, so not with `hot_path=plain`), one CPU device per usable core (at
   most MAX_DEFAULT) if the user chose nothing, and XLA:CPU's thread pools for the run's device
-  count and mesh (`apply_thread_pools`; `ici`: the run's `ici_*_parallelism` values, -1 the rest;
-  None: not known); all only before the backends start."""
+  count and the mesh of `cfg` (`apply_thread_pools`; None: the mesh is not known); all only
+  before the backends start."""
   env = os.environ if env is None else env
   schedule = hot.select_hot_path(hot_path, "cpu") == hot.TUNED and apply_xla_defaults(env)
   if _backends_started():
@@ -143,17 +145,19 @@ def apply_default(env: MutableMapping[str, str] | None = None, hot_path: str = "
     count = max(1, min(usable_cores(), MAX_DEFAULT))
     jax.config.update("jax_num_cpu_devices", count)
   devices = count or cpu_device_count(env)
-  axes = None if ici is None or devices is None else sharded_axes(ici, devices)
+  axes = None if cfg is None or devices is None else sharded_axes(cfg, devices)
   pools = apply_thread_pools(devices, env, axes)
   return Defaults(count, schedule, pool_threads=pools)
 
 
-def sharded_axes(ici: Sequence[int], devices: int) -> int:
-  """How many mesh axes of sizes `ici` (one -1: the devices left) split `devices` devices."""
-  fixed = [v for v in ici if v > 1]
-  known = math.prod(v for v in ici if v > 0)
-  rest = devices // known if -1 in ici and known else 1
-  return len(fixed) + (rest > 1)
+def sharded_axes(cfg: Config, devices: int) -> int | None:
+  """How many mesh axes of `cfg` split `devices` devices of one process; None where the mesh does
+  not fit them (the mesh check says so, with its hint, once the devices exist)."""
+  try:
+    sizes = fill_parallelism(cfg.ici_parallelism(), devices, "ici", cfg.mesh_axes)
+  except ConfigError:
+    return None
+  return sum(size > 1 for size in sizes)
 
 
 def cpu_device_count(env: Mapping[str, str], num_cpu_devices: int | None = None) -> int | None:

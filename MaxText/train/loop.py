@@ -375,7 +375,7 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   cfg, tokenizer_line = choose_tokenizer(cfg)
   cache_line = setup_jax(cfg)
   plan = distributed.initialize(cfg)  # before anything touches a device
-  cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path, ici=cfg.ici_parallelism())
+  cpu_defaults = (cpu_devices.apply_default(hot_path=cfg.hot_path, cfg=cfg)
                   if plan is None and devices is None else None)
   log(tokenizer_line)
   log(cache_line)
