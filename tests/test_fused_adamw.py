@@ -1,14 +1,17 @@
 """The fused AdamW (`Optimizer.apply`, train/optimizer.py) against optax's chain as the oracle:
 clip → AdamW (masked weight decay, schedule) → freeze → apply_updates → the non-finite guard, bit
 for bit over several steps (fp32 and bf16 parameters, a skipped non-finite step, frozen leaves,
-clipping on and off), with the same state structure."""
+clipping on and off), with the same state structure; each compiled with the users' fusion emitters
+(tests/conftest.py)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from conftest import BASE_YML
+from conftest import BASE_YML, USERS_EMITTERS
 from MaxText.config.load import load_config
 from MaxText.train.optimizer import make_optimizer
 from optax_oracle import chain_apply
@@ -47,17 +50,17 @@ def _bits(tree):
 def test_fused_adamw_is_optax_bit_for_bit(dtype, clip):
   opt = make_optimizer(_cfg(f"max_grad_norm={clip}"), AXES, frozen=("mtp",))
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=USERS_EMITTERS)
   def oracle(grads, state, params):
     norm = optax.tree.norm(grads)
     return chain_apply(opt.update)(grads, state, params, norm, jnp.isfinite(norm))
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=USERS_EMITTERS)
   def fused(grads, state, params):
     norm = optax.tree.norm(grads)
     return opt.apply(grads, state, params, norm, jnp.isfinite(norm))
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=USERS_EMITTERS)
   def fused_zero(grads, state, params):   # ZeRO-1's form: whole + gather(guarded update)
     norm = optax.tree.norm(grads)
     return opt.apply(grads, state, params, norm, jnp.isfinite(norm), whole=params,

@@ -82,9 +82,11 @@ def test_zero_trains_like_the_replicated_optimizer_and_restores_across(tmp_path)
       np.testing.assert_array_equal(a, b)
 
 
-def test_fused_adamw_resumes_the_optax_chains_checkpoint_bitwise(tmp_path, monkeypatch):
+def test_fused_adamw_resumes_the_optax_chains_checkpoint_bitwise(tmp_path, monkeypatch,
+                                                                users_emitters):
   """A checkpoint written by the optax chain (the state before the fused AdamW) resumes under
-  the fused one, and the run continues bit for bit as the chain's would."""
+  the fused one, and the run continues bit for bit as the chain's would (both steps compiled with
+  the users' fusion emitters: tests/conftest.py)."""
   common = ("steps=4", "checkpoint_period=2", "max_checkpoints_to_keep=3", "ici_fsdp_parallelism=8")
   fused, chained = loop_module.make_optimizer, []
   monkeypatch.setattr(loop_module, "make_optimizer",
