@@ -144,12 +144,23 @@ def map_limit() -> int:
     return 0
 
 
+# Python's cyclic collector walks every object it tracks on each full collection, and a test
+# process holds millions (jax, flax, torch, transformers and the tests' own modules) while tracing
+# allocates fast enough to trigger many collections. What is alive when a file begins is frozen
+# out of the collector (`gc.freeze`; its garbage collected first), so a collection walks only the
+# objects made since; freed by reference counting as ever, they are only never walked for cycles.
+def _collect_and_freeze():
+  import gc
+  gc.collect()
+  gc.freeze()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_programs():
+  _collect_and_freeze()
   yield
-  import gc
   jax.clear_caches()
-  gc.collect()
+  _collect_and_freeze()
 
 
 @pytest.fixture(autouse=True)

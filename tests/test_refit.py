@@ -4,6 +4,7 @@ model with `load_state_dict(strict=True)` and that model computes our logits wit
 model streams exactly its merged export; 8 devices stream what 1 does; the generator holds one
 layer's blocks at a time and no tensor it yielded."""
 import gc
+import time
 import weakref
 
 import jax
@@ -237,6 +238,19 @@ def test_receiver_loads_the_stream_tensor_by_tensor(case):
     gc.unfreeze()
 
 
+def _let_go(refs: list, polls: int = 3000) -> bool:
+  """Whether the objects of these weak references are gone once jax lets go of them: a
+  host-to-device copy of a NumPy array may alias it, and the runtime releases it on its own thread
+  when the program that read the copy ends (no Python object refers to it meanwhile), and jax's
+  transfer leaves a reference cycle behind (collected). Polled: a kept tensor never goes."""
+  for _ in range(polls):
+    gc.collect()
+    if all(r() is None for r in refs):
+      return True
+    time.sleep(0.01)
+  return False
+
+
 def _load_twice(cfg, mcfg, receiver, shardings, hf_map):
   loaded = None
   for seed in (11, 12):
@@ -246,8 +260,7 @@ def _load_twice(cfg, mcfg, receiver, shardings, hf_map):
     want = hf_map.hf_to_params(dict(refit.stream(params, cfg)), mcfg)
     def pulled(stream, previous):
       for name, tensor in stream:
-        gc.collect()   # (jax's host-to-device transfer leaves a reference cycle behind)
-        assert all(r() is None for r in previous), name     # the last one was let go
+        assert _let_go(previous), name     # the last one was let go
         previous[:] = [weakref.ref(tensor)]
         yield name, tensor
         del tensor
