@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from MaxText.config import yaml_io
 from MaxText.config.schema import (AUTO, AUTO_TOOL_DTYPE, AUTO_TRAINING_DTYPE, KEYS, Config,
                                    in_base_yml)
 from MaxText.config.tools import TOOLS
@@ -37,7 +38,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
     raise ConfigError(f"config file '{path}' does not exist")
   with open(path, encoding="utf-8") as f:
     try:
-      data = yaml.safe_load(f)
+      data = yaml_io.safe_load(f)
     except yaml.YAMLError as e:
       raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
   if data is None:
@@ -73,7 +74,7 @@ def coerce(key: str, value: Any, *, from_text: bool = False) -> Any:
     value = _str_items(key, value)
   elif from_text and kind is not str:
     try:
-      value = yaml.safe_load(value) if value != "" else ""
+      value = yaml_io.safe_load(value) if value != "" else ""
     except yaml.YAMLError:
       raise ConfigError(f"{key}={value!r}: cannot parse the value") from None
     if kind is list and KEYS[key].items in (int, float) and not isinstance(value, list):
@@ -126,7 +127,7 @@ def _bare_list(key: str, value: Any) -> list:
   if not isinstance(value, str):
     return [value]
   try:
-    return [yaml.safe_load(v) for v in value.split(",")]
+    return [yaml_io.safe_load(v) for v in value.split(",")]
   except yaml.YAMLError:
     raise ConfigError(f"{key}={value!r}: cannot parse the value") from None
 
@@ -137,7 +138,7 @@ def _str_items(key: str, text: str) -> list:
   if not text.lstrip().startswith("["):
     return [text] if text else []
   try:
-    value = yaml.safe_load(text)
+    value = yaml_io.safe_load(text)
   except yaml.YAMLError:
     raise ConfigError(f"{key}={text!r}: cannot parse the value") from None
   if not isinstance(value, list):
@@ -301,4 +302,4 @@ def replace(cfg: Config, **changes: Any) -> Config:
 
 
 def to_yaml(cfg: Config) -> str:
-  return yaml.safe_dump(cfg.as_dict(), sort_keys=False, default_flow_style=None)
+  return yaml_io.safe_dump(cfg.as_dict(), sort_keys=False, default_flow_style=None)

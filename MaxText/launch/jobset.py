@@ -19,8 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
-
+from MaxText.config import yaml_io
 from MaxText.config.load import ConfigError
 from MaxText.runtime.exit_codes import EXIT_PREEMPTED
 
@@ -94,4 +93,4 @@ def manifest(*, name: str, image: str, train_argv: list[str], num_nodes: int,
 
 
 def to_yaml(doc: dict[str, Any]) -> str:
-  return yaml.safe_dump(doc, sort_keys=False, width=100)
+  return yaml_io.safe_dump(doc, sort_keys=False, width=100)

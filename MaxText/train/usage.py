@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from MaxText.config import yaml_io
 from MaxText.config.cli import key_lines, wants_help
 from MaxText.config.load import BASE_YML
 
@@ -40,7 +41,7 @@ def _defaults(config_yml: str) -> dict[str, Any]:
   """The keys CONFIG.yml sets (nothing when it cannot be read: help still prints)."""
   try:
     with open(config_yml, encoding="utf-8") as f:
-      values = yaml.safe_load(f)
+      values = yaml_io.safe_load(f)
   except (OSError, yaml.YAMLError):
     return {}
   return values if isinstance(values, dict) else {}
