@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import BASE_YML, MESH_1, ROOT, argv, train
-from MaxText.config import render, schema
+from MaxText.config import render, schema, yaml_io
 from MaxText.config.load import ConfigError, load_config
 from MaxText.config.schema import KEYS, in_base_yml
 from MaxText.config.spec import key
@@ -480,3 +480,20 @@ def test_a_family_key_the_schema_already_has_is_refused():
 
   with pytest.raises(ValueError, match="Plain.plain_field is not declared with key"):
     schema.add_keys("plain_test", Plain)
+
+
+def test_yaml_io_is_the_safe_loader_in_c_with_safe_loads_values():
+  """The configs' YAML goes through libyaml (PyYAML's wheels have it) and reads and writes as
+  `yaml.safe_load` / `yaml.safe_dump` do; a Python tag is refused as by the safe loader."""
+  assert yaml.__with_libyaml__ and yaml_io.SAFE_LOADER is yaml.CSafeLoader
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, "configs")) for f in fs
+           if f.endswith(".yml")]
+  assert len(files) > 10
+  for path in files:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    assert yaml_io.safe_load(text) == yaml.safe_load(text), path
+  cfg = load_config([BASE_YML, "model_name=gemma4-tiny"]).as_dict()
+  assert yaml_io.safe_dump(cfg, sort_keys=False) == yaml.safe_dump(cfg, sort_keys=False)
+  with pytest.raises(yaml.YAMLError):
+    yaml_io.safe_load("!!python/object/apply:os.getcwd []")
