@@ -2,11 +2,11 @@
 and a `train` helper that runs the trainer in-process on a tiny model."""
 import os
 
-# The suite compiles hundreds of tiny programs and runs each a few times: compiling is most of its
-# time, so XLA:CPU compiles cheaply, for programs that run slower: LLVM at level 0 without its
-# expensive passes, XLA's older (LLVM IR) fusion emitters rather than its MLIR ones, and each
-# program's code as one LLVM module (not split for a parallel compile the two workers have no
-# cores for). XLA's HLO passes are the default build's (the programs' shapes, shardings and
+# The suite compiles hundreds of tiny programs and runs each a few times: compiling is the largest
+# part of its time, so XLA:CPU compiles cheaply, for programs that run slower: LLVM at level 0
+# without its expensive passes, XLA's older (LLVM IR) fusion emitters rather than its MLIR ones,
+# and each program's code as one LLVM module (not split for a parallel compile the two workers
+# have no cores for). XLA's HLO passes are the default build's (the programs' shapes, shardings and
 # buffers), and float arithmetic is kept as written (fast-math is off, XLA:CPU's default), so the
 # values agree with the users' compile within rounding (tests/test_cpu_devices.py runs the train
 # step both ways). Two programs that compute the same bits at the users' compile (the fused AdamW
