@@ -228,9 +228,9 @@ def test_receiver_loads_the_stream_tensor_by_tensor(case):
                              parse_rules(engine_cfg.logical_axis_rules, mesh.axis_names))
   receiver = refit.Receiver(mcfg, shardings, hf_model_type_for(mcfg, cfg.hf_model_type))
   hf_map = get_hf_map(hf_model_type_for(mcfg, cfg.hf_model_type))
-  # The objects alive before the loads are frozen out of the collector, so the collection after
-  # each tensor walks only what the loads made (a full walk of the suite's heap per tensor costs
-  # a minute over the MoE's tensors); what the loads leave behind is still collected.
+  # The objects alive before the loads (the earlier tests' among them: tests/conftest.py freezes
+  # only what is alive when the file begins) are frozen out of the collector, so the collections
+  # of `_let_go` walk only what the loads made; what the loads leave behind is still collected.
   gc.freeze()
   try:
     _load_twice(cfg, mcfg, receiver, shardings, hf_map)
