@@ -30,8 +30,12 @@ def uv_command(uv: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
   if opts.no_index:
     flags.append("--no-index")
   else:
-    flags += ["--index-url", opts.index_url]
-    flags += [f for url in opts.extra_index_urls for f in ("--extra-index-url", url)]
+    # pip takes the best file (wheel tag) of a version among all indexes; uv takes the version's
+    # files from the first index that has it. The main index first: an extra index that mirrors
+    # part of it (here /opt/pypi: multiprocess 0.70.19's py310 wheel, not PyPI's py311 one pip
+    # installs) leaves uv the main index's full set.
+    indexes = [opts.index_url, *opts.extra_index_urls]
+    flags += [f for url in indexes for f in ("--index", url)] + ["--default-index", opts.index_url]
   flags += [f for place in opts.find_links for f in ("--find-links", place)]
   flags += [f for path in opts.constraints for f in ("--constraint", path)]
   flags += [f for host in opts.trusted_hosts for f in ("--allow-insecure-host", host)]

@@ -57,9 +57,10 @@ trusted-host = mirror.example
   assert args[:3] == ["/u/uv", "pip", "install"] and args[-2:] == ["-r", "r.txt"]
   assert ("--python", sys.executable) in pairs and "--compile-bytecode" in args
   assert ("--index-strategy", "unsafe-best-match") in pairs   # pip's best version of all indexes
-  assert [v for f, v in pairs if f == "--index-url"] == ["https://mirror.example/simple"]
-  assert [v for f, v in pairs if f == "--extra-index-url"] == ["file:///a/simple",
-                                                               "file:///b/simple"]
+  # pip's main index first (of a version on several indexes, uv takes the first's files)
+  assert [v for f, v in pairs if f == "--index"] == ["https://mirror.example/simple",
+                                                     "file:///a/simple", "file:///b/simple"]
+  assert [v for f, v in pairs if f == "--default-index"] == ["https://mirror.example/simple"]
   assert [v for f, v in pairs if f == "--find-links"] == ["/w2", "/w3"]
   assert [v for f, v in pairs if f == "--constraint"] == [f"{tmp_path}/c.txt"]
   assert [v for f, v in pairs if f == "--allow-insecure-host"] == ["mirror.example"]
