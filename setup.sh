@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Creates .venv with python3, installs the pinned requirements (CPU by default) and the MaxText
 # package itself, editable (pyproject.toml; `from MaxText import ...` works from any directory).
+# The installs run through uv (pinned: UV_VERSION, put in .venv/uv-<version> by the venv's pip, not
+# among the venv's packages), which downloads and unpacks in parallel, with the package sources of
+# pip's configuration (setup_uv.py): the same packages as pip would install. When uv cannot be had,
+# or an install with it fails, setup.sh says so and installs with pip. (--gpu's plugin: with pip.)
 #   bash setup.sh            CPU-only JAX
 #   bash setup.sh --gpu      adds the CUDA 12 plugin for NVIDIA hosts
 # Idempotent: when requirements.txt and pyproject.toml have not changed since the last successful
@@ -11,7 +15,7 @@ GPU=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) GPU=1 ;;
-    -h|--help) sed -n 2,7p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (known: --gpu)" >&2; exit 2 ;;
   esac
 done
@@ -26,11 +30,25 @@ want="$( (cat requirements.txt requirements-nodeps.txt pyproject.toml; echo "gpu
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-.venv/bin/python -m pip install -qq --disable-pip-version-check -r requirements.txt
-# xpk without its dependencies: its pins conflict with ours (see requirements.txt)
-.venv/bin/python -m pip install -qq --disable-pip-version-check --no-deps -r requirements-nodeps.txt
-# this checkout, editable: no dependencies of its own (the pins above are the environment)
-.venv/bin/python -m pip install -qq --disable-pip-version-check --no-deps -e .
+UV_VERSION=0.13.9
+uv_dir=.venv/uv-$UV_VERSION   # uv's wheel, installed beside the venv's packages, not among them
+uv=$uv_dir/bin/uv
+pip_install() { .venv/bin/python -m pip install -qq --disable-pip-version-check "$@"; }
+uv_install() { .venv/bin/python setup_uv.py "$uv" "$@"; }
+install_all() {   # with $1 (pip_install or uv_install); stops at the first install that fails
+  "$1" -r requirements.txt &&
+    # xpk without its dependencies: its pins conflict with ours (see requirements.txt)
+    "$1" --no-deps -r requirements-nodeps.txt &&
+    # this checkout, editable: no dependencies of its own (the pins above are the environment)
+    "$1" --no-deps -e .
+}
+if ! { [ -x "$uv" ] || pip_install --upgrade --target "$uv_dir" "uv==$UV_VERSION"; }; then
+  echo "setup.sh: could not install uv $UV_VERSION (above); installing with pip" >&2
+  install_all pip_install
+elif ! install_all uv_install; then
+  echo "setup.sh: installing with uv $UV_VERSION failed (above); installing with pip" >&2
+  install_all pip_install
+fi
 if [ "$GPU" = 1 ]; then
   jaxver=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
   .venv/bin/python -m pip install -qq "jax[cuda12]==$jaxver"

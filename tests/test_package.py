@@ -1,6 +1,8 @@
 """The package is installed (setup.sh: `pip install --no-deps -e .` of pyproject.toml): the venv's
-python imports MaxText's Python API from any directory, and it is this checkout's MaxText."""
+python imports MaxText's Python API from any directory, and it is this checkout's MaxText. setup.sh
+installs through uv with the package sources of pip's configuration (setup_uv.py)."""
 import os
+import shlex
 import subprocess
 import sys
 
@@ -21,3 +23,49 @@ def test_maxtext_imports_from_another_directory(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip().splitlines()[-1] == os.path.join(checkout, "MaxText")
   assert os.path.isfile(os.path.join(ROOT, "pyproject.toml"))   # what setup.sh installs
+
+
+def test_setup_uv_hands_pip_configuration_to_uv(tmp_path):
+  """setup_uv.py's uv command under a pip configuration of its own: a config file (PIP_CONFIG_FILE,
+  which takes precedence over the machine's files) and a PIP_* variable, which takes precedence
+  over the files, as in pip."""
+  pytest.importorskip("pip")
+  conf = tmp_path / "pip.conf"
+  conf.write_text(f"""[global]
+index-url = https://mirror.example/simple
+extra-index-url = file:///a/simple
+    file:///b/simple
+find-links = /w1
+constraint = {tmp_path}/c.txt
+timeout = 42.5
+cert = {tmp_path}/ca.pem
+[install]
+pre = true
+trusted-host = mirror.example
+""")
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+  env.update(PIP_CONFIG_FILE=str(conf), PIP_FIND_LINKS="/w2 /w3", HOME=str(tmp_path),
+             XDG_CONFIG_HOME=str(tmp_path), XDG_CONFIG_DIRS=str(tmp_path))
+  run = lambda *extra: subprocess.run(
+      [sys.executable, os.path.join(ROOT, "setup_uv.py"), "--print", "/u/uv", "-r", "r.txt"],
+      env={**env, **dict(extra)}, capture_output=True, text=True, check=False)
+  done = run()
+  assert done.returncode == 0, done.stderr[-2000:]
+  command, *variables = done.stdout.strip().splitlines()
+  args = shlex.split(command)
+  pairs = list(zip(args, args[1:]))
+  assert args[:3] == ["/u/uv", "pip", "install"] and args[-2:] == ["-r", "r.txt"]
+  assert ("--python", sys.executable) in pairs and "--compile-bytecode" in args
+  assert ("--index-strategy", "unsafe-best-match") in pairs   # pip's best version of all indexes
+  # pip's main index first (of a version on several indexes, uv takes the first's files)
+  assert [v for f, v in pairs if f == "--index"] == ["https://mirror.example/simple",
+                                                     "file:///a/simple", "file:///b/simple"]
+  assert [v for f, v in pairs if f == "--default-index"] == ["https://mirror.example/simple"]
+  assert [v for f, v in pairs if f == "--find-links"] == ["/w2", "/w3"]
+  assert [v for f, v in pairs if f == "--constraint"] == [f"{tmp_path}/c.txt"]
+  assert [v for f, v in pairs if f == "--allow-insecure-host"] == ["mirror.example"]
+  assert ("--prerelease", "allow") in pairs
+  assert sorted(variables) == [f"SSL_CERT_FILE={tmp_path}/ca.pem", "UV_HTTP_TIMEOUT=43"]
+  # a setting it does not translate stops it, so that setup.sh installs with pip
+  done = run(("PIP_PROXY", "http://proxy.example:3128"))
+  assert done.returncode != 0 and "proxy" in done.stderr
