@@ -102,11 +102,9 @@ def _build(build: Build, mcfg: ModelConfig, seed: int | jax.Array,
     return model
 
 
-def model_def_of(build: Build, mcfg: ModelConfig,
-                 modify: Callable[[nnx.Module], Any] | None = None) -> ModelDef:
-  """`modify(model)`, when given, changes the built module before it is split (e.g. calibration
-  probes)."""
-  abstract_model = nnx.eval_shape(lambda: _build(build, mcfg, 0, modify))
+def _abstract_parts(abstract_model: nnx.Module):
+  """(graphdef, {path: ShapeDtypeStruct}, {path: logical axes}, head paths) of an abstract model
+  (flat dicts keyed by path tuples)."""
   graphdef, state = nnx.split(abstract_model)
   shapes, axes = {}, {}
   for path, var in nnx.to_flat_state(state):
@@ -114,10 +112,38 @@ def model_def_of(build: Build, mcfg: ModelConfig,
     shapes[path] = jax.ShapeDtypeStruct(value.shape, value.dtype)
     axes[path] = tuple(var.get_metadata().get("logical_axes") or (None,) * len(value.shape))
   head = getattr(abstract_model, "head_params", None)   # a family without `logits` has none
-  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes), traverse_util.unflatten_dict(axes),
+  return graphdef, shapes, axes, tuple(tuple(p) for p in head()) if head is not None else ()
+
+
+# Building a model's abstract form (nnx.eval_shape of the whole module: every layer's parameters
+# created and traced) costs from a tenth of a second (a tiny model) to a second (Gemma 4 E2B), and
+# one process asks for the same model many times: every Trainer, decoding engine, conversion and
+# the memory pre-flight's presets, `_param_count`. Keyed by (build, mcfg): `ModelConfig` is a
+# frozen, hashable dataclass, and a module's construction reads nothing else (the platform aside,
+# fixed for the process; sharding rules, hot path and probes are read when it is called, not
+# built). What is kept is immutable (the graphdef, ShapeDtypeStructs, tuples) or never handed
+# out (the flat dicts: each ModelDef gets nested dicts of its own, `model_def_of`); an exception
+# (e.g. lora_targets selecting nothing) is not cached and is raised again by each call.
+@functools.lru_cache(maxsize=64)
+def _cached_parts(build: Build, mcfg: ModelConfig):
+  return _abstract_parts(nnx.eval_shape(lambda: _build(build, mcfg, 0)))
+
+
+def model_def_of(build: Build, mcfg: ModelConfig,
+                 modify: Callable[[nnx.Module], Any] | None = None) -> ModelDef:
+  """`modify(model)`, when given, changes the built module before it is split (e.g. calibration
+  probes). Each call returns a ModelDef of its own (its dicts new), the same model built once per
+  (build, mcfg) without `modify` (`_cached_parts`)."""
+  if modify is None:
+    graphdef, shapes, axes, head_paths = _cached_parts(build, mcfg)
+  else:
+    graphdef, shapes, axes, head_paths = _abstract_parts(
+        nnx.eval_shape(lambda: _build(build, mcfg, 0, modify)))
+  return ModelDef(graphdef, traverse_util.unflatten_dict(shapes),
+                  traverse_util.unflatten_dict(axes),
                   hot_path=mcfg.hot_path,
                   mtp_depths=mcfg.mtp_num_layers if mcfg.mtp_loss_scale > 0 else 0,
-                  head_paths=tuple(tuple(p) for p in head()) if head is not None else (),
+                  head_paths=head_paths,
                   balance_context=mcfg.attention == "flash")
 
 
@@ -130,10 +156,9 @@ CPU_UNOPTIMISED_INIT_PARAMS = 1 << 24
 _UNOPTIMISED = {"xla_backend_optimization_level": 0}
 
 
-@functools.lru_cache(maxsize=64)
 def _param_count(build: Build, mcfg: ModelConfig) -> int:
-  state = nnx.state(nnx.eval_shape(lambda: _build(build, mcfg, 0)))
-  return sum(int(math.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(state)))
+  """Every parameter array's size, summed (the abstract model `model_def_of` builds, cached)."""
+  return sum(int(math.prod(x.shape)) for x in _cached_parts(build, mcfg)[1].values())
 
 
 def init_compiler_options(build: Build, mcfg: ModelConfig) -> dict[str, Any] | None:
