@@ -116,8 +116,7 @@ def _abstract_parts(abstract_model: nnx.Module):
 
 
 # Building a model's abstract form (nnx.eval_shape of the whole module: every layer's parameters
-# created and traced) costs from a tenth of a second (a tiny model) to a second (Gemma 4 E2B), and
-# one process asks for the same model many times: every Trainer, decoding engine, conversion and
+# created and traced) is costly, and one process asks for the same model many times: every Trainer, decoding engine, conversion and
 # the memory pre-flight's presets, `_param_count`. Keyed by (build, mcfg): `ModelConfig` is a
 # frozen, hashable dataclass, and a module's construction reads nothing else (the platform aside,
 # fixed for the process; sharding rules, hot path and probes are read when it is called, not
