@@ -13,11 +13,8 @@ calls after its own first one), `decode` (decoding calls after its first one: st
 batch of the moment) and `host` (the rest: the engine thread between calls). Printed: per
 request (solo | 4 clients), then the sums over the requests; ratios latency / solo latency.
 `--set` takes the server's keys serve_slots, serve_chunk, serve_prefill_chunk and any config key.
-`--arms busy all pieces` interleaves, per round, the server's way (`busy`: decoding calls over the
-busy slots' rows only, `Slots.step_rows`, and one step between two pieces of a prompt), decoding
-calls over every slot's row (`all`), and decoding calls of up to `serve_chunk` steps between two
-pieces (`pieces`: ended early only by a request waiting for a free slot); the last lines sum
-each arm's rounds.
+`--arms busy all` interleaves, per round, decoding calls over the busy slots' rows only (the
+server's way, `Slots.step_rows`) and over every slot's row; the last lines sum each arm's rounds.
 Every decoding program is compiled before the rounds (`Slots.warm`).
 """
 from __future__ import annotations
@@ -102,10 +99,9 @@ def main() -> None:
   ap.add_argument("--requests", type=int, default=16)
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--set", nargs="*", default=[])
-  ap.add_argument("--arms", nargs="*", default=["busy"], choices=["busy", "all", "pieces"],
-                  help="the server's way (busy), and/or decoding calls over every slot's row "
-                  "(all), or of up to serve_chunk steps between two pieces of a prompt (pieces), "
-                  "interleaved per round")
+  ap.add_argument("--arms", nargs="*", default=["busy"], choices=["busy", "all"],
+                  help="decoding calls over the busy slots' rows (the server's way) and/or over "
+                  "every slot's row (as before that), interleaved per round")
   args = ap.parse_args()
   import jax
   from serve_load import requests_of, save_model
@@ -147,18 +143,16 @@ def main() -> None:
   try:
     for clients in (1, 4):                      # warm-up: the programs compile
       run(sched, reqs, clients, calls)
-    busy_rows, waits = slots.step_rows, sched._waits   # pylint: disable=protected-access
-    every_row = lambda busy: np.arange(slots.slots, dtype=np.int32)
-    for_a_slot = lambda: bool(sched.waiting) and any(j is None for j in sched.jobs)
-    arms = {"busy": (busy_rows, waits), "all": (every_row, waits), "pieces": (busy_rows, for_a_slot)}
+    busy_rows = slots.step_rows
+    arms = {"busy": busy_rows, "all": lambda busy: np.arange(slots.slots, dtype=np.int32)}
     summary = {arm: [] for arm in args.arms}
     for r, arm in ((r, arm) for r in range(args.repeats) for arm in args.arms):
-      slots.step_rows, slots.interrupt = arms[arm]
+      slots.step_rows = arms[arm]
       solo = [split(x, calls) for x in run(sched, reqs, 1, calls)]
       solo_calls = list(calls)
       four_runs = run(sched, reqs, 4, calls)
       four = [split(x, calls) for x in four_runs]
-      print(f"round {r + 1}, arm {arm}, load {os.getloadavg()[0]:.1f}; per request (ms) solo | "
+      print(f"round {r + 1}, {arm} rows, load {os.getloadavg()[0]:.1f}; per request (ms) solo | "
             "4 clients:")
       print("  prompt new | solo: latency wait own decode/step | 4 clients: latency " +
             " ".join(PARTS) + " decode/step batch | ratio")
@@ -187,7 +181,7 @@ def main() -> None:
           print(f"  compiled in a 4-client call: {c['kind']}, {c['rows']} rows, {c['n']} tokens, "
                 f"{1000 * (c['t1'] - c['t0']):.0f} ms")
     for arm, got in summary.items():
-      print(f"arm {arm}: ratio max " + " / ".join(f"{g[0]:.2f}" for g in got) + ", median "
+      print(f"{arm} rows: ratio max " + " / ".join(f"{g[0]:.2f}" for g in got) + ", median "
             + " / ".join(f"{g[1]:.2f}" for g in got) + "; summed latency (s) solo "
             + " / ".join(f"{g[2]:.2f}" for g in got) + ", 4 clients "
             + " / ".join(f"{g[3]:.2f}" for g in got) + f"; load {os.getloadavg()[0]:.1f}")

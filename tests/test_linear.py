@@ -77,22 +77,6 @@ def test_fp32_matmul_is_the_plain_product():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, linear.FEW_ROWS, linear.FEW_ROWS + 1])
-def test_fp32_few_rows_against_NK_weight_is_the_product_and_its_gradient(rows):
-  """A tied head's few rows (decoding: one per sequence) run as (w @ x^T).T on the tuned path:
-  the same product and gradients as x @ w.T to fp32 rounding."""
-  kx, kw, kd = jax.random.split(jax.random.key(1), 3)
-  x = jax.random.normal(kx, (rows, K), jnp.float32)
-  w_NK = jax.random.normal(kw, (N * 8, K), jnp.float32)
-  dy = jax.random.normal(kd, (rows, N * 8), jnp.float32)
-  with hot_path.use(hot_path.TUNED):
-    y, vjp = jax.vjp(jax.jit(lambda a, b: matmul(a, b, w_is_NK=True)), x, w_NK)
-  y_ref, vjp_ref = jax.vjp(lambda a, b: a @ b.T, x, w_NK)
-  np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-5, atol=1e-5)
-  for got, ref in zip(vjp(dy), vjp_ref(dy)):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-4)
-
-
 def _dot_operand_types(hlo: str) -> list[tuple[str, str]]:
   """(lhs type, rhs type) of every dot in the fused computations of compiled CPU HLO."""
   out = []

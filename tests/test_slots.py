@@ -206,38 +206,6 @@ def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
   assert ([len(b) % 8] in starts) != positional
 
 
-def test_between_two_pieces_of_a_prompt_the_running_requests_make_one_step():
-  """A request decodes (calls of up to 4 steps) when a 45-token prompt arrives with pieces of 8:
-  each decoding call between the newcomer's first and last piece makes one step (vLLM's chunked
-  prefill: one token per running request per piece), and calls of several steps resume after;
-  both decode as `Engine.generate` does."""
-  mcfg, eng, params, rng = _placed("qwen3", 9)
-  a, b = (rng.integers(0, mcfg.vocab_size, n).tolist() for n in (5, 45))
-  slots = Slots(eng, slots=4, max_len=128, chunk=4)
-  calls = []
-  model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
-  scheduler = Scheduler(model, slots, queue_size=8, prefill_chunk=8,
-                        on_call=lambda kind, served, n, t0, t1: calls.append((kind, served, n)))
-  sa, sb = Collected(), Collected()
-  scheduler.start()
-  try:
-    scheduler.submit([Job(a, 100, sa)])   # still decoding when b's pieces are in
-    sa.first.wait()
-    scheduler.submit([Job(b, 6, sb)])
-    sa.done.wait()
-    sb.done.wait()
-  finally:
-    scheduler.stop()
-  for prompt, n, sink in ((a, 100, sa), (b, 6, sb)):
-    [want] = eng.generate(params, [prompt], max_new_tokens=n)
-    assert sink.ids == want.output_ids
-  b_pieces = [i for i, (kind, served, _) in enumerate(calls) if kind != "step" and 1 in served]
-  assert len(b_pieces) == 6                              # 45 = 5 + 5 x 8
-  between = [n for kind, _, n in calls[b_pieces[0]:b_pieces[-1]] if kind == "step"]
-  assert len(between) == 5 and set(between) == {1}
-  assert max(n for kind, _, n in calls[b_pieces[-1]:] if kind == "step") == 4
-
-
 def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   """Three busy slots of 8 go through a row bucket of 4 (one padding row, dropped) and decode as
   `Engine.generate` does; `warm` compiles every row bucket's decoding program up front, so the

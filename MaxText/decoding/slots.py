@@ -14,8 +14,8 @@ and scattered back after; every slot's row in place once that power of two reach
 call costs what its busy slots need, not what all the slots would: `step_rows`), a `while_loop`
 that ends as soon as every slot is done, and after any
 step once a slot finished (its answer ends and its slot frees now, not after the others' steps)
-or once `interrupt` (a host callback asked between steps) says so (the scheduler: a request waits
-for a free slot, admitted after one step, not after a whole call, or a prompt goes in pieces); a slot that is done (empty, or its
+or once `interrupt` (a host callback asked between steps) says a request waits for a free slot
+(it is admitted after one step, not after a whole call); a slot that is done (empty, or its
 request finished) writes nothing and produces -1. Where a call ends never changes a token. A call reads only the
 first L positions of its rows (`window`: the least of 64, 96, 128, 192, ... that holds the
 busiest slot after the call), cut from the cache before the loop and written back after it.
@@ -285,7 +285,7 @@ class Slots:
       def more(c):
         i, _, st, _ = c
         # after the first step, a row that finished ends the call (its answer ends, its slot
-        # frees), and so does `interrupt` (asked on the host: the scheduler has a request to let in)
+        # frees), and so does a request waiting for a free slot (`interrupt`, asked on the host)
         go = (i < C) & ~jnp.all(st["done"]) & ~((i > 0) & jnp.any(st["done"] & ~done0_B))
         if early:
           go = go & ((i == 0) | ~io_callback(self._interrupted, jax.ShapeDtypeStruct((), jnp.bool_)))

@@ -89,22 +89,6 @@ _matmul_lowp.defvjp(_matmul_lowp_fwd, _matmul_lowp_bwd)
 MATMUL_OUT = "matmul_out"
 
 
-# Rows up to which an fp32 `matmul` against an [N, K] weight runs as w @ x^T on the tuned path
-# (decoding's tied LM head: one row per sequence).
-FEW_ROWS = 16
-
-
-def _few_rows_NK(x_MK: jax.Array, w_NK: jax.Array, out_dtype: jnp.dtype) -> jax.Array:
-  """x @ w.T for a few rows x [M, K] and a wide weight [N, K] (a tied LM head, [V, D]) in fp32, as
-  (w @ x^T).T. XLA:CPU hands an fp32 x @ w.T with M > 1 to YNNPACK, which reorders the whole
-  [N, K] weight on every call, so a decoding step's head costs several times more at a few rows
-  than at one (one row is XLA's own loop, and bf16 takes [N, K] as it is: neither comes here);
-  w @ x^T streams the weight as it is stored and reorders only x. The barrier keeps XLA from folding the
-  transpose of the small [N, M] result back into the dot."""
-  y_NM = dot_f32(w_NK.astype(x_MK.dtype), x_MK, (1, 1))
-  return jax.lax.optimization_barrier(y_NM).T.astype(out_dtype)
-
-
 def matmul(x_MK: jax.Array, w: jax.Array, *, w_is_NK: bool = False,
            out_dtype: jnp.dtype | None = None) -> jax.Array:
   """x @ w (x @ w.T when `w_is_NK`, e.g. a tied embedding table [V, D]) computed in x's dtype,
@@ -113,8 +97,6 @@ def matmul(x_MK: jax.Array, w: jax.Array, *, w_is_NK: bool = False,
   inside it), autodiff's gradients; tuned: `_matmul_lowp` (module docstring)."""
   out_dtype = x_MK.dtype if out_dtype is None else out_dtype
   if jnp.dtype(x_MK.dtype).itemsize >= 4:
-    if w_is_NK and 1 < x_MK.shape[0] <= FEW_ROWS and hot_path.tuned():
-      return _few_rows_NK(x_MK, w, out_dtype)
     w = w.astype(x_MK.dtype)
     return (x_MK @ (w.T if w_is_NK else w)).astype(out_dtype)
   if not hot_path.tuned():

@@ -8,8 +8,7 @@ waits for a free slot (Slots.interrupt), so a newcomer waits one step, not a cal
 slots decode, at most `prefill_chunk` prompt tokens go in between two decoding calls, one prompt
 per program: a long prompt is prefilled in pieces over several calls (chunked prefill, every
 family; a prompt with images or audio goes whole), so it never stalls the running requests for
-long, and the pieces' programs are few (`_prefill_pieces`); between two pieces a decoding call
-makes one step (`_waits`). A
+long, and the pieces' programs are few (`_prefill_pieces`). A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
@@ -120,13 +119,8 @@ class Scheduler:
     slots.interrupt = self._waits
 
   def _waits(self) -> bool:
-    """A prompt is being prefilled in pieces, or a request waits and a slot is free (read without
-    the lock: a stale answer costs a step): the decoding call in flight ends after its step.
-    While a prompt goes in pieces the running requests make one token per piece, as in vLLM's
-    and Sarathi-Serve's chunked prefill (each iteration: a step of the decoding requests and a
-    piece of a prompt), so a newcomer's first token waits for its pieces, not for `chunk` steps
-    between each two of them; the running requests pay the same prefill either way."""
-    return bool(self.prefilling) or (bool(self.waiting) and any(j is None for j in self.jobs))
+    """A request waits and a slot is free (read without the lock: a stale answer costs a step)."""
+    return bool(self.waiting) and any(j is None for j in self.jobs)
 
   # ---- the HTTP side -----------------------------------------------------------------------------
   def start(self) -> None:
