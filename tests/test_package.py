@@ -26,26 +26,15 @@ def test_maxtext_imports_from_another_directory(tmp_path):
 
 
 def test_setup_uv_hands_pip_configuration_to_uv(tmp_path):
-  """setup_uv.py's uv command under a pip configuration of its own: a config file (PIP_CONFIG_FILE,
-  which takes precedence over the machine's files) and a PIP_* variable, which takes precedence
-  over the files, as in pip."""
+  """setup_uv.py's uv command under a pip configuration of its own, given as PIP_* variables with
+  pip's config files off (PIP_CONFIG_FILE=/dev/null: a machine's /etc/pip.conf would otherwise
+  add its own settings), as pip reads them."""
   pytest.importorskip("pip")
-  conf = tmp_path / "pip.conf"
-  conf.write_text(f"""[global]
-index-url = https://mirror.example/simple
-extra-index-url = file:///a/simple
-    file:///b/simple
-find-links = /w1
-constraint = {tmp_path}/c.txt
-timeout = 42.5
-cert = {tmp_path}/ca.pem
-[install]
-pre = true
-trusted-host = mirror.example
-""")
   env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-  env.update(PIP_CONFIG_FILE=str(conf), PIP_FIND_LINKS="/w2 /w3", HOME=str(tmp_path),
-             XDG_CONFIG_HOME=str(tmp_path), XDG_CONFIG_DIRS=str(tmp_path))
+  env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL="https://mirror.example/simple",
+             PIP_EXTRA_INDEX_URL="file:///a/simple file:///b/simple", PIP_FIND_LINKS="/w2 /w3",
+             PIP_CONSTRAINT=f"{tmp_path}/c.txt", PIP_TIMEOUT="42.5", PIP_CERT=f"{tmp_path}/ca.pem",
+             PIP_PRE="1", PIP_TRUSTED_HOST="mirror.example")
   run = lambda *extra: subprocess.run(
       [sys.executable, os.path.join(ROOT, "setup_uv.py"), "--print", "/u/uv", "-r", "r.txt"],
       env={**env, **dict(extra)}, capture_output=True, text=True, check=False)
