@@ -1,4 +1,4 @@
-"""The package is installed (setup.sh: `pip install --no-deps -e .` of pyproject.toml): the venv's
+"""The package is installed (setup.sh: an editable install of pyproject.toml, --no-deps): the venv's
 python imports MaxText's Python API from any directory, and it is this checkout's MaxText. setup.sh
 installs through uv with the package sources of pip's configuration (setup_uv.py)."""
 import os
