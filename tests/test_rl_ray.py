@@ -13,6 +13,7 @@ import time
 import jax
 
 import numpy as np
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -125,6 +126,9 @@ def test_two_actors_equal_one_process_and_a_killed_worker_is_named(local_ray, tm
     message = str(e.value)
     assert f"policy worker 1 (pid {group.pids[1]}) died" in message
     assert "the last committed checkpoint is step 3" in message, message
+    # the group was torn down before the error: no worker process is left (ray.kill alone returns
+    # before they end), so the start below finds the run directory's lock free
+    assert [p for p in group.pids if psutil.pid_exists(p)] == []
   finally:
     group.kill()
 

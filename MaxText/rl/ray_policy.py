@@ -45,6 +45,31 @@ def _free_port() -> int:
 
 # seconds a worker's error waits for the other workers' answers: a dead peer is reported as such
 DEATH_GRACE_S = 60.0
+# seconds `kill` waits for the killed actors' processes on this host to end
+KILL_WAIT_S = 60.0
+
+
+def _where() -> tuple[str, int]:
+  return socket.gethostname(), os.getpid()
+
+
+def _kill(actors: Sequence[Any], where: Sequence[tuple[str, int]]) -> None:
+  """Kills the actors and returns once their processes on this host have ended (or after
+  KILL_WAIT_S): `ray.kill` returns before they do, and a group started again at once would find
+  the old process 0 still holding the run directory's lock (and its memory). Processes on other
+  hosts are not waited for (nothing here can see them)."""
+  import psutil  # pylint: disable=import-outside-toplevel
+  import ray  # pylint: disable=import-outside-toplevel
+  for a in actors:
+    ray.kill(a, no_restart=True)
+  here, procs = socket.gethostname(), []
+  for host, pid in where:
+    if host == here:
+      try:
+        procs.append(psutil.Process(pid))
+      except psutil.NoSuchProcess:
+        pass
+  psutil.wait_procs(procs, timeout=KILL_WAIT_S)
 
 
 def _worker_env(devices: int, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -66,8 +91,9 @@ class PolicyWorker:
     from MaxText.rl.policy import Policy   # pylint: disable=import-outside-toplevel
     self.policy = Policy.load(list(config))
 
-  def pid(self) -> int:
-    return os.getpid()
+  def where(self) -> tuple[str, int]:
+    """(host name, pid) of this worker's process."""
+    return _where()
 
   def checkpoints(self) -> str:
     return paths.join(self.policy.trainer.run_dir, "checkpoints")
@@ -99,8 +125,10 @@ class PolicyWorker:
 class RayPolicy:
   """A group of `PolicyWorker` actors behind the policy's methods (module docstring)."""
 
-  def __init__(self, actors: list, pids: list[int], checkpoints: str):
+  def __init__(self, actors: list, pids: list[int], checkpoints: str,
+               hosts: list[str] | None = None):
     self.actors, self.pids, self.checkpoints = actors, pids, checkpoints
+    self.hosts = hosts if hosts is not None else [socket.gethostname()] * len(pids)
 
   @classmethod
   def start(cls, num_workers: int, devices_per_worker: int, config: Sequence[str],
@@ -115,7 +143,8 @@ class RayPolicy:
                        f"num_processes={num_workers}", f"process_id={i}"])
               for i in range(num_workers)]
     group = cls(actors, [], "")
-    group.pids = group._all([a.pid.remote() for a in actors], "start")
+    where = group._all([a.where.remote() for a in actors], "start")
+    group.hosts, group.pids = [h for h, _ in where], [p for _, p in where]
     group.checkpoints = ray.get(actors[0].checkpoints.remote())
     return group
 
@@ -241,9 +270,8 @@ class RayPolicy:
     self.kill()
 
   def kill(self) -> None:
-    import ray  # pylint: disable=import-outside-toplevel
-    for a in self.actors:
-      ray.kill(a, no_restart=True)
+    """Ends the workers at once (no save); returns when their processes here have ended."""
+    _kill(self.actors, list(zip(self.hosts, self.pids)))
     self.actors = []
 
 
@@ -268,8 +296,9 @@ class EngineWorker:
                                    hf_model_type_for(mcfg, t.cfg.hf_model_type))
     self.params: Any = None
 
-  def pid(self) -> int:
-    return os.getpid()
+  def where(self) -> tuple[str, int]:
+    """(host name, pid) of this engine's process."""
+    return _where()
 
   def begin(self) -> None:
     self.receiver.begin(self.params)   # the last copy is overwritten in place
@@ -296,8 +325,8 @@ class RayEngine:
       completions = engine.generate(prompt_ids, max_new_tokens=6, sampling=..., eos_ids=[...])
   """
 
-  def __init__(self, actor: Any, pid: int):
-    self.actor, self.pid = actor, pid
+  def __init__(self, actor: Any, pid: int, host: str | None = None):
+    self.actor, self.pid, self.host = actor, pid, host or socket.gethostname()
 
   @classmethod
   def start(cls, devices: int, config: Sequence[str], batch_size: int, max_cache_length: int,
@@ -308,7 +337,7 @@ class RayEngine:
                            runtime_env={"env_vars": _worker_env(devices, env)}) \
         .remote(list(config), batch_size, max_cache_length)
     engine = cls(actor, 0)
-    engine.pid = engine.wait(actor.pid.remote(), "start")
+    engine.host, engine.pid = engine.wait(actor.where.remote(), "start")
     return engine
 
   def wait(self, ref: Any, what: str) -> Any:
@@ -327,7 +356,7 @@ class RayEngine:
     return self.call("generate", [list(map(int, p)) for p in prompts], **kwargs)
 
   def kill(self) -> None:
-    import ray  # pylint: disable=import-outside-toplevel
+    """Ends the engine at once; returns when its process here has ended."""
     if self.actor is not None:
-      ray.kill(self.actor, no_restart=True)
+      _kill([self.actor], [(self.host, self.pid)] if self.pid else [])
       self.actor = None
