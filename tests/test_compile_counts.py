@@ -1,7 +1,8 @@
 """Compilations of a training run, per family (llama, qwen3, qwen3-moe, gemma4 with sliding + full +
 KV-shared layers, qwen3-next): before the first step, exactly the run's own programs — the state's
-initialization and the train step (and one eager cast), each once; from the first step on (its
-dispatch, the later steps, every step's metrics read back) none at all: no program is traced again for a later step.
+initialization (the model's init program and the state made of it) and the train step (and one
+eager cast), each once; from the first step on (its dispatch, the later steps, every step's
+metrics read back) none at all: no program is traced again for a later step.
 
 Counted on an empty in-memory cache (`jax.clear_caches()`), so the count does not depend on what
 ran earlier in the process; a program loaded from the persistent compilation cache counts as one
@@ -26,8 +27,9 @@ FAMILIES = {
     "qwen3-next": QWEN3_NEXT,
 }
 # the programs of one run, by name, before its first step: the fresh state (train/state.py:
-# init_state), the train step, and one eager dtype conversion on the way (a one-primitive program)
-EXPECTED = {"jit(convert_element_type)": 1, "jit(fresh)": 1, "jit(step)": 1}
+# init_state: a tiny model's one init program, then the state made of its values on the mesh), the
+# train step, and one eager dtype conversion on the way (a one-primitive program)
+EXPECTED = {"jit(convert_element_type)": 1, "jit(init_traced)": 1, "jit(make)": 1, "jit(step)": 1}
 
 
 class _Marked(loop.Trainer):

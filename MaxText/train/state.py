@@ -1,5 +1,6 @@
 """The train state — `{"step", "params", "opt_state"}`, all plain pytrees of arrays — its shardings,
-and its sharded initialisation (parameters are created directly in their shards under jit)."""
+and its sharded initialisation (parameters are created directly in their shards under jit; a small
+model's on a CPU by its one init program, then placed)."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef
-from MaxText.models.registry import init_options, init_params_traced
+from MaxText.models.registry import init_options, init_params, init_params_traced
 from MaxText.sharding.rules import Rules, tree_shardings
 from MaxText.sharding.zero import data_axes, optimizer_shardings
 from MaxText.train.optimizer import Optimizer
@@ -56,7 +57,8 @@ def abstract_state(model_def: ModelDef, tx: optax.GradientTransformation, shardi
 
 def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
                shardings: TrainState, params: Any = None) -> TrainState:
-  """Fresh state, created in place on the mesh. `params` (already placed) skips the random init;
+  """Fresh state on the mesh (a small model's parameters on a CPU: `init_params`' program, then
+  placed; else created in place). `params` (already placed) skips the random init;
   with `lora_rank` and no adapters among them they are the base's, and the adapters are
   initialised (the base's init is not computed: only the adapters of the traced init are used)."""
   adapters_only = bool(mcfg.lora_rank)
@@ -70,6 +72,12 @@ def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
             "opt_state": tx.init(trained(params, adapters_only))}
 
   options = init_options(mcfg)   # the values `init_params` alone gives
+  if params is None and options is not None and jax.process_count() == 1:
+    # A small model on a CPU (`init_options`): `init_params`' one program per model, whatever the
+    # mesh, then placed in its shards. The same values as initialising in place, and a run on
+    # another mesh, or of the same model again in this process, does not compile (or trace) the
+    # random init again. A large model, or several processes, initialise in place.
+    params = jax.device_put(init_params(mcfg, seed), shardings["params"])
   if params is None:
     def fresh():   # named: compile logs show "fresh", not "<lambda>"
       return make(None)
