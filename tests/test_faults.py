@@ -1,7 +1,10 @@
 """Crash safety, preemption and failing saves, with the fault hooks of MaxText/runtime/faults.py.
 
 kill -9 runs are subprocesses (`train.py`, same 8 fake CPU devices as this process, so the compiled
-steps and the numbers are identical); everything else runs in this process."""
+steps and the numbers are identical); everything else runs in this process. Every run is the one
+configuration (COMMON: 16 steps, a checkpoint every 4): `steps` is in the learning-rate schedule,
+so each other value would be another train-step program to compile, and a run of 16 steps has
+saves before and after each fault's step."""
 import json
 import os
 import re
@@ -13,14 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import MESH_1, MESH_222, ROOT, argv, read_metrics, train
+from conftest import MESH_222, ROOT, argv, read_metrics, train
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
 from MaxText.runtime import faults
 
-COMMON = ("steps=40", "checkpoint_period=10", "max_checkpoints_to_keep=5",
+STEPS = 16
+COMMON = (f"steps={STEPS}", "checkpoint_period=4", "max_checkpoints_to_keep=5",
           "dataset_type=synthetic", *MESH_222)
-ONE = dict(devices=jax.devices()[:1])
-EIGHT_STEPS = ("steps=8", "checkpoint_period=2", "max_checkpoints_to_keep=5", *MESH_1)
 
 
 def _subprocess(out, name, fault, *overrides):
@@ -44,13 +46,13 @@ def reference(tmp_path_factory):
   """The uninterrupted run: metrics rows and final parameters."""
   out = tmp_path_factory.mktemp("reference")
   code, rows, _ = train(out, "ref", *COMMON)
-  assert code == 0 and [r["step"] for r in rows] == list(range(1, 41))
-  return rows, _final_params(out / "ref", 40)
+  assert code == 0 and [r["step"] for r in rows] == list(range(1, STEPS + 1))
+  return rows, _final_params(out / "ref", STEPS)
 
 
 def _assert_same_as_reference(rows, params, reference, first_step):
   ref_rows, ref_params = reference
-  assert [r["step"] for r in rows] == list(range(first_step, 41))
+  assert [r["step"] for r in rows] == list(range(first_step, STEPS + 1))
   for key in ("loss", "grad_norm", "batch_checksum"):
     assert [r[key] for r in rows] == [r[key] for r in ref_rows[first_step - 1:]], key
   assert len(params) == len(ref_params)
@@ -59,57 +61,57 @@ def _assert_same_as_reference(rows, params, reference, first_step):
 
 
 def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference, capsys):
-  """kill -9 while step 25 of 40 runs (checkpoint period 10) → rerun resumes at 20; steps 21-40
+  """kill -9 while step 11 of 16 runs (checkpoint period 4) → rerun resumes at 8; steps 9-16
   (losses, gradient norms, batch checksums) and the final parameters equal the uninterrupted run."""
-  p = _subprocess(tmp_path, "run", "kill_at_step:25")
+  p = _subprocess(tmp_path, "run", "kill_at_step:11")
   assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-  assert "[fault] SIGKILL at step 25" in p.stderr
+  assert "[fault] SIGKILL at step 11" in p.stderr
   killed_rows = read_metrics(tmp_path / "run")
-  assert [r["step"] for r in killed_rows] == list(range(1, 25))
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["10", "20"]
+  assert [r["step"] for r in killed_rows] == list(range(1, 11))
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["4", "8"]
   with open(tmp_path / "run" / "run.lock", encoding="utf-8") as f:
     killed_pid = json.load(f)["pid"]                    # the killed run could not remove it
   code, rows, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
   assert f"stale run lock {tmp_path / 'run' / 'run.lock'} of pid {killed_pid} on host" in \
       capsys.readouterr().out
-  # metrics.jsonl: one row per step; rows 21-24 of the killed run were moved aside
-  assert [r["step"] for r in rows] == list(range(1, 41)) and rows[:20] == killed_rows[:20]
-  assert read_metrics_file(tmp_path / "run" / "metrics.superseded.jsonl") == killed_rows[20:]
-  _assert_same_as_reference(rows[20:], _final_params(tmp_path / "run", 40), reference, 21)
+  # metrics.jsonl: one row per step; rows 9-10 of the killed run were moved aside
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and rows[:8] == killed_rows[:8]
+  assert read_metrics_file(tmp_path / "run" / "metrics.superseded.jsonl") == killed_rows[8:]
+  _assert_same_as_reference(rows[8:], _final_params(tmp_path / "run", STEPS), reference, 9)
 
 
-@pytest.mark.parametrize("fault", ["before_commit:20", "kill_in_save:20"])
+@pytest.mark.parametrize("fault", ["before_commit:8", "kill_in_save:8"])
 def test_kill_9_during_async_save_keeps_previous_step(tmp_path, capsys, fault):
-  """kill -9 just before step 20's commit (all files written) or while its files are written →
-  the rerun restores 10, never a partial 20, and no temporary directory survives its next save."""
-  p = _subprocess(tmp_path, "run", fault, "steps=20")
+  """kill -9 just before step 8's commit (all files written) or while its files are written →
+  the rerun restores 4, never a partial 8, and no temporary directory survives its next save."""
+  p = _subprocess(tmp_path, "run", fault)
   assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
   ckpt = tmp_path / "run" / "checkpoints"
   names = os.listdir(ckpt)
-  assert "10" in names and "20" not in names
-  assert any(n.startswith("20.orbax-checkpoint-tmp") for n in names), names  # the partial save
-  code, rows, _ = train(tmp_path, "run", *COMMON, "steps=20")
+  assert "4" in names and "8" not in names
+  assert any(n.startswith("8.orbax-checkpoint-tmp") for n in names), names  # the partial save
+  code, rows, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
-  assert f"resumed from {ckpt}/10" in capsys.readouterr().out
-  assert [r["step"] for r in rows][-10:] == list(range(11, 21))
-  assert sorted(os.listdir(ckpt)) == ["10", "20"]
+  assert f"resumed from {ckpt}/4" in capsys.readouterr().out
+  assert [r["step"] for r in rows][-12:] == list(range(5, STEPS + 1))
+  assert sorted(os.listdir(ckpt), key=int) == ["4", "8", "12", "16"]
 
 
 def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monkeypatch, capsys,
                                                                     reference):
-  monkeypatch.setenv(faults.ENV, "sigterm_at_step:23")
+  monkeypatch.setenv(faults.ENV, "sigterm_at_step:7")
   code, rows, _ = train(tmp_path, "run", *COMMON)
   out, err = capsys.readouterr()
   assert code == 42
-  assert re.search(r"\[fault\] SIGTERM at step 23 \(t=[0-9.]+\)", err), err[-2000:]
-  assert "preempted (SIGTERM): step 23 saved and committed" in out
-  assert rows[-1]["step"] == 23  # the step in flight was finished, nothing after it
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["10", "20", "23"]
+  assert re.search(r"\[fault\] SIGTERM at step 7 \(t=[0-9.]+\)", err), err[-2000:]
+  assert "preempted (SIGTERM): step 7 saved and committed" in out
+  assert rows[-1]["step"] == 7  # the step in flight was finished, nothing after it
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["4", "7"]
   monkeypatch.delenv(faults.ENV)
   code, resumed, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
-  _assert_same_as_reference(resumed[23:], _final_params(tmp_path / "run", 40), reference, 24)
+  _assert_same_as_reference(resumed[7:], _final_params(tmp_path / "run", STEPS), reference, 8)
 
 
 def _custom_sigint_handler(signum, frame):
@@ -174,32 +176,31 @@ def test_second_signal_ends_a_run_whose_step_never_finishes(signum):
 
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,
                                                                       capsys):
-  monkeypatch.setenv(faults.ENV, "save_error:4")
-  code, rows, _ = train(tmp_path, "run", *EIGHT_STEPS, **ONE)
+  monkeypatch.setenv(faults.ENV, "save_error:8")
+  code, rows, _ = train(tmp_path, "run", *COMMON)
   err = capsys.readouterr().err
   assert code == 4
-  assert "saving checkpoint step 4 failed" in err and "No space left on device" in err
-  assert "step 4 was not committed (latest committed step: 2)" in err
-  assert rows[-1]["step"] <= 6  # stopped at the next step, at the latest at the next save
+  assert "saving checkpoint step 8 failed" in err and "No space left on device" in err
+  assert "step 8 was not committed (latest committed step: 4)" in err
+  assert rows[-1]["step"] <= 12  # stopped at the next step, at the latest at the next save
   ckpt = tmp_path / "run" / "checkpoints"
-  assert "4" not in os.listdir(ckpt) and "2" in os.listdir(ckpt)
+  assert "8" not in os.listdir(ckpt) and "4" in os.listdir(ckpt)
   monkeypatch.delenv(faults.ENV)
-  code, rows, _ = train(tmp_path, "run", *EIGHT_STEPS, **ONE)
-  assert code == 0 and f"resumed from {ckpt}/2" in capsys.readouterr().out
-  assert sorted(os.listdir(ckpt), key=int) == ["2", "4", "6", "8"]
+  code, rows, _ = train(tmp_path, "run", *COMMON)
+  assert code == 0 and f"resumed from {ckpt}/4" in capsys.readouterr().out
+  assert sorted(os.listdir(ckpt), key=int) == ["4", "8", "12", "16"]
 
 
 def test_hung_save_times_out_with_exit_4(tmp_path, monkeypatch, capsys):
   faults.RELEASE.clear()
-  monkeypatch.setenv(faults.ENV, "save_hang:2")
+  monkeypatch.setenv(faults.ENV, "save_hang:4")
   try:
-    code, _, _ = train(tmp_path, "run", "steps=6", "checkpoint_period=2",
-                       "checkpoint_save_timeout_s=2", *MESH_1, **ONE)
+    code, _, _ = train(tmp_path, "run", *COMMON, "checkpoint_save_timeout_s=2")
   finally:
     faults.RELEASE.set()  # lets the stuck background write end
   assert code == 4
   err = capsys.readouterr().err
-  assert "checkpoint step 2" in err and "step 2 was not committed (latest committed step: none)" in err
+  assert "checkpoint step 4" in err and "step 4 was not committed (latest committed step: none)" in err
   # the timeout's message, not the injected hang's own end (it waits for RELEASE, set only above)
   assert "(checkpoint_save_timeout_s=2): storage hung or too slow" in err, err[-2000:]
   ckpt = RunCheckpoints(str(tmp_path / "run" / "checkpoints"), max_to_keep=3, async_save=False)
