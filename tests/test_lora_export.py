@@ -5,6 +5,7 @@ to_maxtext gives back our adapters exactly."""
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -55,9 +56,10 @@ def hf_base(folder, model_name, extra):
 
 
 def forward(md, params, tokens):
+  """Our logits: one jitted program (eagerly, every op of the model compiles on its own)."""
   B, S = tokens.shape
   pos = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S))
-  return np.asarray(md.apply(params, tokens, pos, np.ones((B, S), np.int32)))
+  return np.asarray(jax.jit(md.apply)(params, tokens, pos, np.ones((B, S), np.int32)))
 
 
 def hf_forward(model, tokens):
