@@ -77,7 +77,8 @@ def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
     # mesh, then placed in its shards. The same values as initialising in place, and a run on
     # another mesh, or of the same model again in this process, does not compile (or trace) the
     # random init again. A large model, or several processes, initialise in place.
-    params = jax.device_put(init_params(mcfg, seed), shardings["params"])
+    # (through the host: a device-to-device reshard compiles a slicing program per array)
+    params = jax.device_put(jax.device_get(init_params(mcfg, seed)), shardings["params"])
   if params is None:
     def fresh():   # named: compile logs show "fresh", not "<lambda>"
       return make(None)
