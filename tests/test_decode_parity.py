@@ -20,6 +20,8 @@ forward's own error (the triangle inequality); against transformers' fp32, 2 e_r
 floor of 1e-5 keeps each bound above a few fp32 ulps of the least likely entries'
 log-probabilities (tens in magnitude), 1e-4 against transformers. A random model's output
 RMSNorms amplify rounding, so e_ref is larger for some shapes (Gemma 4 MoE, Qwen3-Next)."""
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ transformers = pytest.importorskip("transformers")
 
 from decoding_helpers import (MESH_8, engine, family_models, hf_greedy,  # noqa: E402
                               hf_next_logits, log_softmax)
+from torch_threads import one_torch_thread  # noqa: E402,F401
 
 NEW = 48
 PROMPT_LENGTHS = (3, 11, 6)
@@ -65,16 +68,23 @@ def exact_logprobs(hf, seqs: list[np.ndarray]) -> list[np.ndarray]:
                         .logits[0].numpy()) for s in seqs]
 
 
+@functools.lru_cache(maxsize=None)
+def one_device(family: str):
+  """(mcfg, model def, the 4-row Engine on one device, its placed parameters), shared by the
+  file's tests of `family`, so its decoding programs are traced and compiled once."""
+  mcfg, model_def, params = family_models()[family][1]()
+  eng = engine(mcfg, batch_size=4)
+  return mcfg, model_def, eng, eng.place(params)
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
   return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gemma4", "gemma4_moe", "qwen3_next"])
 def test_greedy_equals_transformers_generate(family):
-  hf_model, ours = family_models()[family]
-  hf, (mcfg, model_def, params) = hf_model(), ours()
-  eng = engine(mcfg, batch_size=4)
-  params = eng.place(params)
+  hf = family_models()[family][0]()
+  mcfg, model_def, eng, params = one_device(family)
   ps = prompts(mcfg.vocab_size)
   got = eng.generate(params, ps, max_new_tokens=NEW)
   seqs = [np.asarray(p + c.output_ids, np.int32) for p, c in zip(ps, got)]
@@ -118,14 +128,14 @@ def test_greedy_equals_transformers_generate(family):
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gemma4"])
 def test_eight_devices_give_the_tokens_of_one(family):
-  mcfg, _, params = family_models()[family][1]()
+  _, _, params = family_models()[family][1]()
+  mcfg, _, one, one_params = one_device(family)
   ps = prompts(mcfg.vocab_size)
-  one = engine(mcfg, batch_size=4)
   eight = engine(mcfg, MESH_8, batch_size=4)
   placed = eight.place(params)
   sharded = [x for x in jax.tree.leaves(placed) if not x.sharding.is_fully_replicated]
   assert sharded   # the parameters are really split over the mesh
-  a = one.generate(one.place(params), ps, max_new_tokens=24)
+  a = one.generate(one_params, ps, max_new_tokens=24)
   b = eight.generate(placed, ps, max_new_tokens=24)
   for x, y in zip(a, b):
     assert x.output_ids == y.output_ids

@@ -4,15 +4,16 @@ Gemma 4's sliding rings and KV-shared tail, Qwen3-Next's Gated DeltaNet state), 
 devices (data x expert x tensor) or one: more requests than slots, of different prompt lengths and
 max_tokens, some arriving while others decode (their prompts prefilled in pieces of 8 tokens),
 and a slot reaching past the shortest cache window, each get the tokens and log-probabilities
-`Engine.generate` gives the same prompt alone in its batch; a sampled request with a seed gets
-generate's sample for that seed; the slots' programs stay within their buckets. Chunked prefill
-on every family: prompts longer than Gemma 4's sliding window, in pieces of several lengths (ones
-that divide no prompt too), into slots a previous request used, decode as `MaxText.decode`'s
-batch does (`Engine.generate`), token for token. Prefix caching: a prompt sharing a system prompt
+`Engine.generate` gives the same prompt alone in its batch (on one device: `reference`); a sampled
+request with a seed gets generate's sample for that seed; the slots' programs stay within their
+buckets. Chunked prefill on every family: prompts longer than Gemma 4's sliding window, in pieces
+of several lengths (ones that divide no prompt too), into slots a previous request used, decode
+as `Engine.generate` decodes the whole prompts, token for token. Prefix caching: a prompt sharing a system prompt
 with a running request (full attention: copied from its row) and a conversation's next turn (every
 family: the finished request's own row) decode as without it, counted in /metrics. Decoding calls
 run only the busy slots' rows (3 of 8 through a row bucket of 4, its padding row dropped) and
 decode as generate does; `Slots.warm` compiles every decoding program up front."""
+import functools
 import threading
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ from MaxText.decoding.slots import Slots, row_values
 from MaxText.serve.metrics import Metrics
 from MaxText.serve.prefix import common_prefix
 from MaxText.serve.scheduler import GREEDY, Job, Scheduler
+from torch_threads import one_torch_thread  # noqa: F401
 
 LENGTHS = (3, 11, 6, 20, 2, 41)
 NEW = (24, 5, 17, 9, 30, 30)      # the last reaches position 70: past the 64-position window
@@ -32,6 +34,21 @@ NEW = (24, 5, 17, 9, 30, 30)      # the last reaches position 70: past the 64-po
 # more where a random model's RMSNorms amplify rounding (Qwen3-Next: tests/test_decode_parity.py)
 TOL_LOGPROB = 5e-5
 SAMPLED = Sampling(temperature=0.8, top_k=20, top_p=0.9, min_p=0.01, seed=3)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(family: str):
+  """The oracle of every test of `family`: `Engine.generate` on one device, each prompt alone in
+  its batch (batch_size=1) in a cache of 128 positions whatever the request, so the file's
+  references decode through a few programs per family (a prefill per prompt bucket, one decoding
+  call; greedy and sampled), each compiled once for the file, whichever test or mesh asks. 1 or 8
+  devices decode the same tokens (tests/test_decode_parity.py); the slots' own engine is the
+  test's. Returns generate(prompts, max_new_tokens, sampling=greedy) -> [Completion]."""
+  mcfg, _, params = family_models()[family][1]()
+  eng = engine(mcfg, MESH_1, batch_size=1, max_cache_length=128)
+  placed = eng.place(params)
+  return lambda prompts, n, sampling=Sampling(): eng.generate(placed, prompts, max_new_tokens=n,
+                                                               sampling=sampling)
 
 
 class Collected:
@@ -78,13 +95,14 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, mesh):
       s.done.wait()
   finally:
     scheduler.stop()
+  generate = reference(family)
   for p, n, s in zip(prompts, NEW, sinks):
-    [want] = eng.generate(params, [p], max_new_tokens=n)
+    [want] = generate([p], n)
     assert s.ids == want.output_ids and s.reason == "length"
     np.testing.assert_allclose(s.logprobs, want.output_logprobs, atol=TOL_LOGPROB, rtol=0)
-  [want] = eng.generate(params, [prompts[1]], max_new_tokens=16, sampling=SAMPLED)
+  [want] = generate([prompts[1]], 16, SAMPLED)
   assert sinks[-1].ids == want.output_ids
-  greedy = eng.generate(params, [prompts[1]], max_new_tokens=16)[0].output_ids
+  greedy = generate([prompts[1]], 16)[0].output_ids
   assert sinks[-1].ids != greedy      # really sampled
   assert any(pieces)                  # pieces that continue a prompt
   # prefill buckets (rows, piece length, window) and step programs (windows, greedy / sampled),
@@ -147,7 +165,7 @@ def _placed(family: str, seed: int):
 def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
   mcfg, eng, params, rng = _placed(family, 5)
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in PIECE_LENGTHS]
-  want = eng.generate(params, prompts, max_new_tokens=PIECE_NEW)
+  want = reference(family)(prompts, PIECE_NEW)
   slots = Slots(eng, slots=4, max_len=128, chunk=4)
   # pieces of 3 and 7 divide no prompt; 16 is the first prompt bucket (11 goes whole). Each round
   # moves the prompts one slot on: what the previous round left in a slot is another prompt's
@@ -188,7 +206,7 @@ def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
   finally:
     scheduler.stop()
   for prompt, n, sink in ((a, 40, sa), (b, 10, sb), (c, 8, sc)):
-    [want] = eng.generate(params, [prompt], max_new_tokens=n)
+    [want] = reference(family)([prompt], n)
     assert sink.ids == want.output_ids
     np.testing.assert_allclose(sink.logprobs, want.output_logprobs, atol=TOL_LOGPROB, rtol=0)
   positional = family == "qwen3"             # full attention: any common prefix of a row
@@ -228,7 +246,7 @@ def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   slots.step = counted
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in (5, 9, 13)]
   got, lps = decode_in_pieces(slots, params, prompts, 16, PIECE_NEW, [6, 1, 3])
-  want = eng.generate(params, prompts, max_new_tokens=PIECE_NEW)
+  want = reference("qwen3")(prompts, PIECE_NEW)
   assert got == [w.output_ids for w in want]
   np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want], atol=TOL_LOGPROB,
                              rtol=0)

@@ -11,7 +11,6 @@ model's choice.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -37,18 +36,20 @@ def mcfg_of(family: str) -> ModelConfig:
 
 
 def bigram_drafted(params, mixing: float):
-  """The decoder's mixer and MLP outputs scaled by `mixing`; the MTP block the bigram drafter."""
+  """The decoder's mixer and MLP outputs scaled by `mixing`; the MTP block the bigram drafter.
+  Host (NumPy) arrays, as `Engine.place` takes them: no device program per edited leaf."""
   def scale(path, x):
     names = [str(getattr(k, "key", k)) for k in path]
+    x = np.asarray(x)
     if names[0] == "mtp":
       if names[1] == "fc":
         D = x.shape[1]
-        return jnp.concatenate([jnp.eye(D, dtype=x.dtype), jnp.zeros((D, D), x.dtype)])
+        return np.concatenate([np.eye(D, dtype=x.dtype), np.zeros((D, D), x.dtype)])
       if names[-2] in ("out", "down"):
-        return jnp.zeros_like(x)
+        return np.zeros_like(x)
       return x
     if len(names) > 1 and names[-2] in ("out", "out_proj", "down"):
-      return x * mixing
+      return x * x.dtype.type(mixing)
     return x
   return jax.tree_util.tree_map_with_path(scale, params)
 
