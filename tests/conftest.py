@@ -39,6 +39,11 @@ def xla_flags(devices: int | None) -> str:
 # apply_thread_pools): with XLA's floor of one per device an 8-device step compiled afresh can
 # abort on a collective rendezvous time-out (benchmarks/RESULTS.md, "The 8-device abort")
 os.environ.setdefault("PJRT_NPROC", "16")
+# torch (the transformers / peft / TRL oracles) and NumPy's BLAS on one OpenMP thread, here and in
+# the subprocesses: the oracles' tiny models gain nothing from a second thread, and OpenMP's
+# threads spin-wait between the many small ops, taking the core the other worker needs (the torch
+# oracles' files cost a quarter more CPU on two threads). XLA:CPU's own thread pool ignores it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the persistent cache keeps every program, however quick to compile (jax reads this variable; the
 # trainer keeps it, and subprocesses inherit it): a warm run compiles nothing, and a program that
 # two test files share compiles once in a cold run

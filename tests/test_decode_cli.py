@@ -19,7 +19,6 @@ from MaxText.config.load import load_config
 from MaxText.data import chat_template
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params
-from torch_threads import one_torch_thread  # noqa: F401
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

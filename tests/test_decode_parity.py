@@ -31,7 +31,6 @@ transformers = pytest.importorskip("transformers")
 
 from decoding_helpers import (MESH_8, engine, family_models, hf_greedy,  # noqa: E402
                               hf_next_logits, log_softmax)
-from torch_threads import one_torch_thread  # noqa: E402,F401
 
 NEW = 48
 PROMPT_LENGTHS = (3, 11, 6)

@@ -29,7 +29,6 @@ from MaxText import inference  # noqa: E402
 from MaxText.config.load import replace  # noqa: E402
 from MaxText.inspect import Inspector  # noqa: E402
 from MaxText.layers import sites  # noqa: E402
-from torch_threads import one_torch_thread  # noqa: E402,F401
 
 FP32_EPS = float(np.finfo(np.float32).eps)   # 2^-23
 # contractions one after the other on a layer's path: q/k/v projection, scores, probabilities x

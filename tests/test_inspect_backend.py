@@ -34,7 +34,6 @@ from MaxText import inspect as mi  # noqa: E402
 from MaxText.config.load import load_config  # noqa: E402
 from MaxText.models.llama import hf_map  # noqa: E402
 from test_lmeval import byte_char  # noqa: E402
-from torch_threads import one_torch_thread  # noqa: E402,F401
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHAT_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<think>", "</think>"]

@@ -32,7 +32,6 @@ pytest.importorskip("lm_eval")
 from conftest import BASE_YML, CACHE_DIR, MESH_1, ROOT, xla_flags  # noqa: E402
 from test_lmeval import (MAX_LENGTH, PROMPTS, QUESTIONS, TEMPLATE, evaluate,  # noqa: E402,F401
                          hf_args, hf_results, per_item, setup)
-from torch_threads import one_torch_thread  # noqa: E402,F401
 
 KEY = "test-key-7c1e"
 NAME = "tiny"

@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import BASE_YML  # noqa: E402
 from test_gemma4_mm_audio import hf_model  # noqa: E402
 from test_multimodal_inputs import save_with_processor, write_wav  # noqa: E402
-from torch_threads import one_torch_thread  # noqa: E402,F401
 
 ROOM = 256
 TOL_LOGPROB = 5e-5

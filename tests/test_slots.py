@@ -26,7 +26,6 @@ from MaxText.decoding.slots import Slots, row_values
 from MaxText.serve.metrics import Metrics
 from MaxText.serve.prefix import common_prefix
 from MaxText.serve.scheduler import GREEDY, Job, Scheduler
-from torch_threads import one_torch_thread  # noqa: F401
 
 LENGTHS = (3, 11, 6, 20, 2, 41)
 NEW = (24, 5, 17, 9, 30, 30)      # the last reaches position 70: past the 64-position window
