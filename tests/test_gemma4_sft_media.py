@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import ROOT, read_metrics  # noqa: E402
 from test_gemma4_mm_audio import BOI, EOI, IMAGE, hf_model  # noqa: E402
 from test_multimodal_inputs import TEMPLATE, save_with_processor, write_wav  # noqa: E402
+from MaxText.data.bad_records import BadRecord  # noqa: E402
 
 # the processor tests' template with Gemma's turn names (the assistant's turn is "model")
 GEMMA_TEMPLATE = TEMPLATE.replace("{{ m['role'] }}",
@@ -77,25 +78,32 @@ def sft_argv(d, run_name, *extra):
   return [SFT_YML, *(f"{k}={v}" for k, v in merged.items())]
 
 
+def _chat_to_pairs(setup, *extra):
+  """(the media slots, the data pipeline's chat → row stage) of `sft_argv(..., *extra)`."""
+  from MaxText.config.load import load_config
+  from MaxText.data import sft
+  from MaxText.data.config import DataConfig
+  from MaxText.data.multimodal.processor import Processor
+  from MaxText.data.pipeline import media_slots
+  from MaxText.data.tokenizers import HFTokenizer
+  d, ck = setup[0], setup[1]
+  tok_path = os.path.join(ck, "0", "tokenizer", "tokenizer.json")
+  tokenizer = HFTokenizer(tok_path)
+  cfg = load_config(sft_argv(d, "rows", f"tokenizer_path={tok_path}", *extra))
+  slots = media_slots(DataConfig.from_config(cfg), tokenizer)
+  return slots, sft.ChatToPairs(sft.ChatFormat.for_tokenizer(tok_path, str(d / "chat.jinja")),
+                                tokenizer, 128, True, "truncate", Processor.for_tokenizer(tokenizer),
+                                slots)
+
+
 def test_rows_equal_the_processor_and_mask_the_assistant(setup):
   """The first conversation as a row: the ids are apply_chat_template's on the processor (the
   image's placeholder expanded to boi, 70-or-fewer soft tokens, eoi), the pixels its tensors, and
   only the assistant's tokens are in the loss."""
-  from MaxText.data import sft
-  from MaxText.data.multimodal.processor import Processor
-  from MaxText.data.pipeline import media_slots
-  from MaxText.data.tokenizers import HFTokenizer
-  from MaxText.data.config import DataConfig
-  from MaxText.config.load import load_config
-  d, ck, data, oracle = setup
+  d, _, data, oracle = setup
   record = json.loads(open(data, encoding="utf-8").readline())
-  tok_path = os.path.join(ck, "0", "tokenizer", "tokenizer.json")
-  tokenizer = HFTokenizer(tok_path)
-  cfg = load_config(sft_argv(d, "rows", f"tokenizer_path={tok_path}"))
-  slots = media_slots(DataConfig.from_config(cfg), tokenizer)
+  slots, to_pairs = _chat_to_pairs(setup)
   assert slots is not None and slots.specs()["pixel_values"][0] == (1, 280, 12)
-  to_pairs = sft.ChatToPairs(sft.ChatFormat.for_tokenizer(tok_path, str(d / "chat.jinja")), tokenizer, 128, True,
-                             "truncate", Processor.for_tokenizer(tokenizer), slots)
   row = to_pairs((record, f"{data} line 1"))
   assert isinstance(row, dict), row.why
   messages = [{**m, "content": [{**p, "image": str(d / p["image"])} if p["type"] == "image"
@@ -174,17 +182,24 @@ def test_media_settings_refused(setup, capsys):
   one = jax.devices()[:1]
   code, _ = run(sft_argv(d, "packed", "packing=true", "ici_fsdp_parallelism=1"), devices=one)
   assert code == 2 and "set packing=false" in capsys.readouterr().err
-  code, _ = run(sft_argv(d, "nomedia", "max_num_images_per_example=0", "max_num_audio_per_example=0",
-                    "ici_fsdp_parallelism=1", "max_bad_records=0"), devices=one)
-  err = capsys.readouterr().err
-  assert code == 3 and "max_num_images_per_example" in err
-  # an image that cannot be read: a bad record naming the file (exit 3 beyond max_bad_records)
+  # a conversation with media where the settings give it no slots: a bad record naming the keys
+  # (the data pipeline's chat stage, where the trainer meets it; a bad record's way from there to
+  # exit 3 naming its reason is the broken image's below — a run of its own would compile a
+  # text-only step for nothing else)
+  slots, to_pairs = _chat_to_pairs(setup, "max_num_images_per_example=0",
+                                   "max_num_audio_per_example=0")
+  record = json.loads(open(setup[2], encoding="utf-8").readline())
+  bad = to_pairs((record, "chat.jsonl line 1"))
+  assert slots is None and isinstance(bad, BadRecord), bad
+  assert "max_num_images_per_example" in bad.why and bad.where == "chat.jsonl line 1"
+  # an image that cannot be read: a bad record naming the file (exit 3 beyond max_bad_records);
+  # the one-device run's settings otherwise, so its step is that run's program (a cache hit)
   broken = d / "broken.jsonl"
   broken.write_text(json.dumps({"messages": [
       {"role": "user", "content": [{"type": "image", "image": "missing.png"},
                                    {"type": "text", "text": "what is this"}]},
       {"role": "assistant", "content": "hello"}]}) + "\n")
-  code, _ = run(sft_argv(d, "broken", f"dataset_path={broken}", "ici_fsdp_parallelism=1",
-                         "max_bad_records=0"), devices=one)
+  code, _ = run(sft_argv(d, "broken", f"dataset_path={broken}", "per_device_batch_size=4",
+                         "ici_fsdp_parallelism=1", "max_bad_records=0"), devices=one)
   err = capsys.readouterr().err
   assert code == 3 and "missing.png" in err and "Traceback" not in err, err[-2000:]

@@ -161,6 +161,10 @@ def test_expert_parallel_equals_one_device(tmp_path):
   np.testing.assert_allclose([r["loss"] for r in eight], [r["loss"] for r in one], rtol=0,
                              atol=1e-5)
   assert all(r["moe_dropped"] == 0 for r in eight)
+  # router_bias_update_rate unset: training (the default learning rate) leaves the selection bias
+  # at zero (test_router_bias_flattens_expert_load: with the rate set, it moves)
+  for s in (s1, s8):
+    assert not np.any(np.asarray(jax.device_get(s["params"]["router_bias"])))
   assert {"moe_load_max_over_mean/layer_1", "moe_load_max_over_mean/layer_2"} <= set(eight[0])
   assert "moe_load_max_over_mean/layer_0" not in eight[0]             # the dense layer has none
   adam1, adam8 = (jax.device_get(s["opt_state"][1][0]) for s in (s1, s8))
@@ -199,9 +203,8 @@ def test_router_bias_flattens_expert_load(tmp_path, capsys):
   assert load(fixed)[0] == load(biased)[0] > 1.3                      # same start, skewed
   assert load(biased)[-5:].mean() < 0.8 * load(fixed)[-5:].mean()     # flattened
   assert np.abs(np.asarray(jax.device_get(state["params"]["router_bias"]))).max() > 0
-  assert not np.any(np.asarray(jax.device_get(
-      train(tmp_path, "nobias", *MOE, *MESH_1, "steps=2", "enable_checkpointing=false",
-            devices=jax.devices()[:1])[2]["params"]["router_bias"])))
+  # without router_bias_update_rate the bias stays zero however the weights train:
+  # test_expert_parallel_equals_one_device asserts it of its runs
 
 
 def test_shared_expert_adds_its_sigmoid_gated_output():
