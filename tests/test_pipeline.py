@@ -9,14 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import BASE_YML, argv, read_metrics, train
-from MaxText.checkpoint.manager import save_params_only
+from conftest import BASE_YML, argv, train
 from MaxText.config.load import ConfigError, load_config
 from MaxText.layers import pipeline
 from MaxText.resolve.config_checks import validate
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules, use_rules
-from MaxText.train.loop import Trainer, run
 
 BASE = ("steps=3", "num_decoder_layers=4", "log_period=1")
 ONE = ("ici_fsdp_parallelism=1", "per_device_batch_size=8")       # 8 rows on 1 device
@@ -92,30 +90,6 @@ def test_bubble_fraction():
 
 
 # ---- training against one device ----------------------------------------------------------------
-class _KeepsInitial(Trainer):
-  """Writes the parameters the run starts from (a fresh init) as a checkpoint beside the run's
-  folder (`<run>_initial`), before the first step."""
-
-  def prepare(self, ckpts, data_iter):
-    state, start = super().prepare(ckpts, data_iter)
-    save_params_only(str(self.run_dir) + "_initial", _host(state["params"]), self.cfg.as_dict())
-    return state, start
-
-
-def train_one_device(out, name, *overrides, keep_initial=True):
-  """A one-device run from a fresh init: (exit code, rows, final state, a checkpoint of the
-  initial parameters (keep_initial): `load_parameters_path` of the pipelined runs compared with
-  it)."""
-  code, trainer = run(argv(out, name, *overrides, *ONE), devices=jax.devices()[:1],
-                      trainer_class=_KeepsInitial if keep_initial else Trainer)
-  assert code == 0
-  return code, read_metrics(str(out / name)), trainer.final_state, f"{out / name}_initial"
-
-
-# The pipelined runs of llama initialise afresh on their stages (equal to one device's init: the
-# losses compare); the others start from their one-device run's initial parameters, so that each
-# does not compile its family's init program for its own mesh as well (what they check is the
-# pipelined step).
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """The one-device reference of each model, computed once."""
@@ -125,18 +99,13 @@ def runs(tmp_path_factory):
   def get(model, mesh):
     key = (model, mesh)
     if key not in cache:
-      name = f"{'_'.join(model) or 'llama'}_{mesh}".replace("=", "-")
       if mesh == "one":
-        _, rows, state, initial = train_one_device(out, name, *BASE, *model,
-                                                   "enable_checkpointing=false",
-                                                   keep_initial=model != LLAMA)
-        cache[key] = (rows, state, initial)
-        return cache[key]
-      n, overrides = MESHES[mesh]
+        n, overrides = 1, ONE
+      else:
+        n, overrides = MESHES[mesh]
+      name = f"{'_'.join(model) or 'llama'}_{mesh}".replace("=", "-")
       extra = ("checkpoint_period=3",) if (model, mesh) == (LLAMA, "pp2") else (
           "enable_checkpointing=false",)
-      if model != LLAMA:
-        extra += (f"load_parameters_path={get(model, 'one')[2]}",)
       code, rows, state = train(out, name, *BASE, *model, *overrides, *extra,
                                 devices=jax.devices()[:n])
       assert code == 0
@@ -161,12 +130,11 @@ def test_pipeline_matches_one_device(runs, model, mesh):
 
 def test_circular_pipeline_with_expert_parallelism_matches_one_device(runs, tmp_path):
   """2 stages x 2 repeats (layers 0, 2 on stage 0; 1, 3 on stage 1) x expert 2: Qwen3-MoE."""
-  ref, _, initial = runs(QWEN3_MOE, "one")
+  ref, _, _ = runs(QWEN3_MOE, "one")
   code, got, _ = train(tmp_path, "circ", *BASE, *QWEN3_MOE, "ici_pipeline_parallelism=2",
                        "ici_expert_parallelism=2", "ici_fsdp_parallelism=1",
                        "per_device_batch_size=2", "num_pipeline_repeats=2",
-                       "enable_checkpointing=false", f"load_parameters_path={initial}",
-                       devices=jax.devices()[:4])
+                       "enable_checkpointing=false", devices=jax.devices()[:4])
   assert code == 0
   np.testing.assert_allclose(_losses(got), _losses(ref), rtol=0, atol=1e-5)
 
@@ -175,11 +143,11 @@ def test_unscanned_layers_tensor_parallel_full_remat_match_one_device(runs, tmp_
   """2 stages x tensor 2, the layers unscanned (each stage gathers its layers one by one), full
   remat."""
   unscanned = ("scan_layers=false", "remat_policy=full")
-  ref, _, initial = runs(unscanned, "one")
+  ref, _, _ = runs(unscanned, "one")
   code, got, _ = train(tmp_path, "tp", *BASE, *unscanned, "ici_pipeline_parallelism=2",
                        "ici_tensor_parallelism=2", "ici_fsdp_parallelism=1",
                        "per_device_batch_size=2", "enable_checkpointing=false",
-                       f"load_parameters_path={initial}", devices=jax.devices()[:4])
+                       devices=jax.devices()[:4])
   assert code == 0
   np.testing.assert_allclose(_losses(got), _losses(ref), rtol=0, atol=1e-5)
 
@@ -190,9 +158,9 @@ def test_stage_boundary_inside_a_run_matches_one_device(tmp_path):
   gemma = ("model_name=gemma4-tiny", "attention_pattern=sf", "num_kv_shared_layers=2",
            "sliding_window=16", "learning_rate=3e-4", "attention=dot_product",
            "enable_checkpointing=false")
-  _, ref, _, initial = train_one_device(tmp_path, "one", *BASE, *gemma)
+  _, ref, _ = train(tmp_path, "one", *BASE, *gemma, *ONE, devices=jax.devices()[:1])
   code, got, _ = train(tmp_path, "pp", *BASE, *gemma, *MESHES["pp2"][1],
-                       f"load_parameters_path={initial}", devices=jax.devices()[:2])
+                       devices=jax.devices()[:2])
   assert code == 0
   np.testing.assert_allclose(_losses(got), _losses(ref), rtol=0, atol=1e-5)
 
