@@ -7,11 +7,9 @@ recurrent layers (context_parallel_linear.py) against one device.
   shards and the other on 4: `CASES`) against 1 device, fp32, for the
   default llama, Gemma 4 (sliding + full + KV-shared layers) and Qwen3-Next (linear + full): the
   losses within 1e-5, the first step's gradient norm within 1e-5 relative (later steps' within
-  3e-5: their parameters already differ by rounding), the trained parameters within 1e-5; the
-  sharded runs start from the one-device run's initial parameters. The rows are packed from
-  short documents (a jsonl file of 15 to 60 bytes each: several documents a row, segment ids and
-  positions restarting), so documents start, end and cross chunk and shard boundaries
-  everywhere.
+  3e-5: their parameters already differ by rounding), the trained parameters within 1e-5. The rows are packed from short documents (a jsonl file of 15 to 60 bytes each: several
+  documents a row, segment ids and positions restarting), so documents start, end and cross
+  chunk and shard boundaries everywhere.
 - Bad combinations exit 2 naming the key.
 """
 import json
@@ -22,12 +20,10 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from conftest import argv, read_metrics, train
-from MaxText.checkpoint.manager import save_params_only
+from conftest import train
 from MaxText.kernels.flash_attention import flash_attention
 from MaxText.layers import context_parallel as cp
 from MaxText.sharding.rules import current_context, use_rules
-from MaxText.train.loop import Trainer, run
 
 FAMILIES = {
     "llama": (),
@@ -58,44 +54,24 @@ def documents(tmp_path_factory) -> str:
   return str(path)
 
 
-def _overrides(family: str, n: int, strategy: str, documents: str) -> tuple[str, ...]:
-  return (*FAMILIES[family], *COMMON, "dataset_type=file", f"dataset_path={documents}",
-          f"ici_context_parallelism={n}", f"per_device_batch_size={GLOBAL_BATCH // n}",
-          f"context_parallel_strategy={strategy}")
-
-
-def _host(tree):
-  return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
-
-
-class _KeepsInitial(Trainer):
-  """A host copy of the parameters the run starts from, taken before the first step (which
-  donates their buffers)."""
-
-  def prepare(self, ckpts, data_iter):
-    state, start = super().prepare(ckpts, data_iter)
-    self.initial_params = _host(state["params"])
-    return state, start
+def _run(tmp_path, family: str, n: int, strategy: str, documents: str):
+  return train(tmp_path, f"{family}-{n}-{strategy}", *FAMILIES[family], *COMMON,
+               "dataset_type=file", f"dataset_path={documents}",
+               f"ici_context_parallelism={n}", f"per_device_batch_size={GLOBAL_BATCH // n}",
+               f"context_parallel_strategy={strategy}", devices=jax.devices()[:n])
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, documents):
-  """One device per family, computed once: (its rows, its trained parameters, a checkpoint of the
-  parameters it started from). The sharded runs start from that checkpoint (load_parameters_path)
-  rather than each compiling the family's init program for its own mesh: what they check is the
-  sharded step; a fresh init on a sharded mesh equal to one device's is tests/test_train.py's,
-  test_gemma4_train.py's and test_qwen3_next_train.py's 1-vs-8-device runs."""
+  """One device per family, computed once."""
   runs = {}
 
   def get(family):
     if family not in runs:
-      out = tmp_path_factory.mktemp(family)
-      code, trainer = run(argv(out, "one", *_overrides(family, 1, "all_gather", documents)),
-                          devices=jax.devices()[:1], trainer_class=_KeepsInitial)
-      rows = read_metrics(str(out / "one"))
+      code, rows, state = _run(tmp_path_factory.mktemp(family), family, 1, "all_gather",
+                               documents)
       assert code == 0 and len(rows) == 3
-      save_params_only(str(out / "initial"), trainer.initial_params, trainer.cfg.as_dict())
-      runs[family] = (rows, _host(trainer.final_state["params"]), out / "initial")
+      runs[family] = (rows, jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state["params"]))
     return runs[family]
   return get
 
@@ -112,10 +88,8 @@ CASES = [("llama", 2, "ring"), ("llama", 4, "all_gather"),
 
 @pytest.mark.parametrize("family,n,strategy", CASES)
 def test_training_equals_one_device(tmp_path, reference, documents, family, n, strategy):
-  rows1, params1, initial = reference(family)
-  code, rows, state = train(tmp_path, f"{family}-{n}-{strategy}",
-                            *_overrides(family, n, strategy, documents),
-                            f"load_parameters_path={initial}", devices=jax.devices()[:n])
+  rows1, params1 = reference(family)
+  code, rows, state = _run(tmp_path, family, n, strategy, documents)
   assert code == 0
   col = lambda rs, k: np.array([r[k] for r in rs])
   assert col(rows1, "loss")[-1] != col(rows1, "loss")[0]
@@ -125,7 +99,7 @@ def test_training_equals_one_device(tmp_path, reference, documents, family, n, s
   # steps 2 and 3 start from parameters one step apart by fp32 rounding (Gemma 4's attention
   # scale 1.0 amplifies it most: tests/test_gemma4_train.py)
   np.testing.assert_allclose(grads, grads1, rtol=3e-5)
-  params = _host(state["params"])
+  params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), state["params"])
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params1)):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
