@@ -48,9 +48,11 @@ def test_zero_adapters_leave_the_forward_exactly_as_the_base(model, scan):
   assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in _flat(adapters))
   assert all(not np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_b"))
   assert any(np.any(v) for k, v in _flat(adapters).items() if k.endswith("lora_a"))
-  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16), dtype=np.int32)
-  pos = np.broadcast_to(np.arange(16), (2, 16))
-  seg = np.ones((2, 16), np.int32)
+  # 24 positions: longer than gemma4-tiny's sliding window (16), so its sliding layers mask
+  S = 24
+  tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, S), dtype=np.int32)
+  pos = np.broadcast_to(np.arange(S), (2, S))
+  seg = np.ones((2, S), np.int32)
   # jitted, as training and decoding run them (eagerly, every op compiles on its own)
   forward = jax.jit(make_model_def(with_lora).apply)
   got = forward(params, tokens, pos, seg)
