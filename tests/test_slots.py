@@ -29,8 +29,10 @@ from MaxText.serve.scheduler import GREEDY, Job, Scheduler
 
 LENGTHS = (3, 11, 6, 20, 2, 41)
 NEW = (24, 5, 17, 9, 30, 30)      # the last reaches position 70: past the 64-position window
-# the same fp32 numbers summed in another order (another batch, another cache shape): a few 1e-6,
-# more where a random model's RMSNorms amplify rounding (Qwen3-Next: tests/test_decode_parity.py)
+# the same fp32 numbers summed in another order (another batch, another cache shape; the
+# reference's one device against the slots' 8, whose tensor axis splits the contractions): a few
+# 1e-6, more where a random model's RMSNorms amplify rounding (Qwen3-Next:
+# tests/test_decode_parity.py, whose 8-device tokens equal one device's)
 TOL_LOGPROB = 5e-5
 SAMPLED = Sampling(temperature=0.8, top_k=20, top_p=0.9, min_p=0.01, seed=3)
 
