@@ -2,7 +2,8 @@
 recurrent layers (context_parallel_linear.py) against one device.
 
 - The attention op alone: all_gather and ring over 4 shards, natural and load-balanced layouts,
-  GQA, a sliding window and packed documents, forward and gradients against the unsplit kernel.
+  GQA, a sliding window and packed documents, forward and gradients against the unsplit kernel;
+  the ring's output and log-sum-exp kept by the remat policy's names (no forward recompute).
 - Training: 3 steps at context parallelism 2 and 4 (each family both strategies, one on 2
   shards and the other on 4: `CASES`) against 1 device, fp32, for the
   default llama, Gemma 4 (sliding + full + KV-shared layers) and Qwen3-Next (linear + full): the
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
 from conftest import train
@@ -130,13 +132,9 @@ def attention_case():
   return (q, k, v, seg, do), (want, want_grads)
 
 
-@pytest.mark.parametrize("balanced", [False, True])
-@pytest.mark.parametrize("strategy", cp.STRATEGIES)
-def test_attention_op_equals_the_unsplit_kernel(attention_case, strategy, balanced):
-  """4 shards, either layout, GQA (4 query heads on 2 kv heads), a window of 7 (crossing chunks of
-  8), two documents; outputs and gradients of q, k, v against `flash_attention` on one array."""
+def _split(seg, strategy: str, balanced: bool):
+  """(q, k, v) -> `flash_context_parallel`'s output over N_OP shards, back in sequence order."""
   n = N_OP
-  (q, k, v, seg, do), (want, want_grads) = attention_case
   mesh = Mesh(np.array(jax.devices()[:n]).reshape(1, n), ("data", "context"))
   rules = (("activation_batch", ("data",)), ("activation_length", ("context",)))
   there = (lambda x: cp.to_balanced(x, n)) if balanced else (lambda x: x)
@@ -150,10 +148,38 @@ def test_attention_op_equals_the_unsplit_kernel(attention_case, strategy, balanc
                                     strategy=strategy, batch="data", heads=None, kv_heads=None,
                                     **KW)
     return back(o)
-  got, grads = _forward_and_grads(f, do)(q, k, v)
+  return f
+
+
+@pytest.mark.parametrize("balanced", [False, True])
+@pytest.mark.parametrize("strategy", cp.STRATEGIES)
+def test_attention_op_equals_the_unsplit_kernel(attention_case, strategy, balanced):
+  """4 shards, either layout, GQA (4 query heads on 2 kv heads), a window of 7 (crossing chunks of
+  8), two documents; outputs and gradients of q, k, v against `flash_attention` on one array."""
+  (q, k, v, seg, do), (want, want_grads) = attention_case
+  got, grads = _forward_and_grads(_split(seg, strategy, balanced), do)(q, k, v)
   np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
   for g, ref in zip(grads, want_grads):
     np.testing.assert_allclose(g, ref, rtol=0, atol=2e-6)
+
+
+def test_ring_residuals_are_named_for_remat(attention_case, capsys):
+  """The ring's merged output and log-sum-exp carry the flash kernel's names, so the remat policy
+  that keeps those (save_matmuls) keeps them, and the backward pass does not run the ring's
+  forward again (traced only)."""
+  (q, k, v, seg, _), _ = attention_case
+  f = _split(seg, "ring", False)
+  saved = {}
+  for key, policy in (("names", jax.checkpoint_policies.save_only_these_names("flash_out",
+                                                                              "flash_lse")),
+                      ("nothing", jax.checkpoint_policies.nothing_saveable)):
+    print_saved_residuals(jax.checkpoint(lambda q, k, v: f(q, k, v).sum(), policy=policy), q, k, v)
+    saved[key] = capsys.readouterr().out
+  # inside shard_map the names do not show; its outputs kept for the backward pass do: o [B, S, H, E]
+  # and the fp32 lse ([b, H, 2C] a shard, stacked over the 4 shards)
+  kept = [line.split()[0] for line in saved["names"].splitlines() if "output of shard_map" in line]
+  assert sorted(kept) == ["f32[2,64,4,8]", "f32[8,4,16]"]
+  assert "output of shard_map" not in saved["nothing"]
 
 
 def test_balanced_order_round_trips():

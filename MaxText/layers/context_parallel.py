@@ -16,7 +16,9 @@ Strategies (`context_parallel_strategy`):
 - ring: K/V blocks passed around the axis with `ppermute` (the next block's transfer is issued
   before the current block's compute), each (query chunk, key chunk) pair one `flash_block_forward`
   call whose (o, lse) merge online; the backward (a custom VJP) passes K/V around again with their
-  dK/dV accumulators, which arrive home after n steps, and uses the merged lse.
+  dK/dV accumulators, which arrive home after n steps, and uses the merged lse. The merged o and
+  lse are named "flash_out" / "flash_lse" as the flash kernel's are, so a remat policy that keeps
+  those (`save_matmuls`) does not run the ring's forward again in the backward pass.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from MaxText.kernels.flash_attention import (flash_attention, flash_block_backward,
@@ -173,6 +176,7 @@ def _ring(q, k, v, seg, axes, table, kw):
 
 def _ring_fwd(q, k, v, seg, axes, table, kw):
   o, lse = _ring_forward(q, k, v, seg, axes, table, kw)
+  o, lse = checkpoint_name(o, "flash_out"), checkpoint_name(lse, "flash_lse")
   return o, (q, k, v, seg, o, lse)
 
 
