@@ -16,6 +16,7 @@ expert that no calibration token reached (a zero Hessian) is quantized by RTN, a
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -142,20 +143,19 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     w = np.asarray(flat[t.kernel])
     lead, ins = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank]
     k = math.prod(ins)
-    w_KN = jnp.asarray(w.reshape(math.prod(lead), k, -1)[i], jnp.float32)
+    w_KN = np.asarray(w.reshape(math.prod(lead), k, -1)[i], np.float32)
     where = f"{t.name}[{','.join(map(str, np.unravel_index(i, lead))) if lead else i}]"
-    h = None if hess is None else jnp.asarray(hess[t.probe].reshape(-1, k, k)[i], jnp.float32)
-    fallback = h is not None and not bool(jnp.any(h))
+    h = None if hess is None else np.asarray(hess[t.probe].reshape(-1, k, k)[i], np.float32)
+    fallback = h is not None and not h.any()
     if fallback:    # an expert no calibration token reached
       bar.write(f"  {where}: no calibration token reached this expert: RTN")
       h = None
-    q, s = gptq.rtn(w_KN, bits, group_size)
-    rtn_err = _error(w_KN, gptq.dequantize(q, s), h)
-    err, rtn_cmp = rtn_err, None
-    if method == "gptq" and h is not None:
-      q, s = gptq.gptq(w_KN, h, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
-                       block_size=block_size)
-      err, rtn_cmp = _error(w_KN, gptq.dequantize(q, s), h), rtn_err
+    with_gptq = method == "gptq" and h is not None
+    q, s, errors = _quantize_matrix(w_KN, h, damp, bits=bits, group_size=group_size,
+                                    with_gptq=with_gptq, act_order=act_order,
+                                    block_size=block_size)
+    err, rtn_err = map(float, errors)
+    rtn_cmp = rtn_err if with_gptq else None
     reports.append(LayerReport(t.name, i, err, rtn_cmp, fallback, where))
     what = "output" if h is not None else "weight"
     bar.write(f"  {where}: relative {what} error {err:.3e}" +
@@ -172,10 +172,28 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
   return traverse_util.unflatten_dict(flat), reports
 
 
-def _error(w: jax.Array, wq: jax.Array, h: jax.Array | None) -> float:
+@functools.partial(jax.jit, static_argnames=("bits", "group_size", "with_gptq", "act_order",
+                                             "block_size"))
+def _quantize_matrix(w_KN: jax.Array, h_KK: jax.Array | None, damp: float, *, bits: int,
+                     group_size: int, with_gptq: bool, act_order: bool, block_size: int
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(q_KN, scale_GN, [error, RTN's error]) of one matrix, by RTN or (`with_gptq`, with a Hessian)
+  GPTQ: one compiled program per matrix shape and method, not one per operation."""
+  q, s = gptq.rtn(w_KN, bits, group_size)
+  rtn_err = _error(w_KN, gptq.dequantize(q, s), h_KK)
+  err = rtn_err
+  if with_gptq:
+    q, s = gptq.gptq(w_KN, h_KK, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
+                     block_size=block_size)
+    err = _error(w_KN, gptq.dequantize(q, s), h_KK)
+  return q, s, jnp.stack([err, rtn_err])
+
+
+def _error(w: jax.Array, wq: jax.Array, h: jax.Array | None) -> jax.Array:
+  """The relative output error (||XW - XŴ||^2 / ||XW||^2) with a Hessian, else the weight error."""
   if h is None:
-    return float(jnp.sum((w - wq) ** 2) / jnp.maximum(jnp.sum(w ** 2), 1e-30))
-  return float(gptq.layer_error(w, wq, h) / jnp.maximum(gptq.layer_error(w, 0 * w, h), 1e-30))
+    return jnp.sum((w - wq) ** 2) / jnp.maximum(jnp.sum(w ** 2), 1e-30)
+  return gptq.layer_error(w, wq, h) / jnp.maximum(gptq.layer_error(w, 0 * w, h), 1e-30)
 
 
 def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
@@ -185,7 +203,7 @@ def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
   for t in tgts:
     q = np.asarray(flat[t.kernel])
     if bits == 4:
-      q = np.asarray(int_levels.unpack_int4(jnp.asarray(q), q.ndim - 1))
+      q = int_levels.unpack_int4(q, q.ndim - 1)
     s = np.asarray(flat.pop(t.scale), np.float32)
     lead = q.shape[:t.lead]
     k = math.prod(q.shape[t.lead:t.lead + t.in_rank])
