@@ -84,6 +84,9 @@ def test_int4_packing_round_trips():
   packed = int_levels.pack_int4(q, 1)
   assert packed.shape == (3, 3, 5) and packed.dtype == np.uint8
   np.testing.assert_array_equal(np.asarray(int_levels.unpack_int4(jnp.asarray(packed), 1)), q)
+  host = int_levels.unpack_int4(packed, 1)           # NumPy in, NumPy out (the export's path)
+  assert isinstance(host, np.ndarray) and host.dtype == np.int8
+  np.testing.assert_array_equal(host, q)
 
 
 # ---- a tiny trained model: GPTQ vs RTN, the quantized checkpoint ---------------------------------
@@ -93,8 +96,10 @@ DATA = ["eval_split_fraction=0.1", "per_device_batch_size=1"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   out = tmp_path_factory.mktemp("quant")
+  # one device, batch 8 (not 8 devices x 8): a trained model is the point, not its mesh (the
+  # quantized checkpoints are restored onto 8 devices below)
   code, rows, _ = train(out, "fp", "steps=30", "learning_rate=3e-3", "checkpoint_period=30",
-                        *DATA[:1])
+                        *DATA[:1], *MESH_1, devices=jax.devices()[:1])
   assert code == 0 and rows[-1]["loss"] < rows[0]["loss"]
   return out, str(out / "fp" / "checkpoints")
 
