@@ -19,7 +19,7 @@ from MaxText.checkpoint.manager import load_params, load_params_host, read_meta
 from MaxText.config.load import load_config, replace
 from MaxText.layers import int_levels
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import init_params, make_model_def
+from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert, gptq
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.sharding.mesh import create_mesh
@@ -266,7 +266,10 @@ def test_qat_rules_quantize_the_projections_of_every_family(model, extra):
     mcfg = ModelConfig.from_config(cfg)
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16), dtype=np.int32)
     pos = np.broadcast_to(np.arange(16), (2, 16))
-    params = init_params(mcfg, 0)
+    # any parameters show it: NumPy-random ones of the model's shapes (no init program)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: (0.1 * rng.standard_normal(a.shape)).astype(a.dtype),
+                          make_model_def(mcfg).abstract_params)
     # one jitted program per forward (eagerly, every op of the model compiles on its own)
     return np.asarray(jax.jit(make_model_def(mcfg).apply)(params, tokens, pos,
                                                           np.ones((2, 16), np.int32)))
