@@ -190,15 +190,14 @@ def test_router_bias_flattens_expert_load(tmp_path, capsys):
   expert load of the skewed byte-level text falls. Without the bias the frozen router keeps ~3.1
   of a worst-possible 4.0: the progress line shows it and the run warns, once."""
   run = ("steps=30", "learning_rate=0", "enable_checkpointing=false", "log_period=10")
-  # the expert-parallel test's model (its initial parameters one program for both tests)
-  _, fixed, _ = train(tmp_path, "fixed", *MOE, *DENSE_FIRST, *MESH_1, *run, devices=jax.devices()[:1])
+  _, fixed, _ = train(tmp_path, "fixed", *MOE, *MESH_1, *run, devices=jax.devices()[:1])
   out = capsys.readouterr().out
   assert re.search(r"^step 10/30 \| .* \| expert load 3\.\d\d \|", out, re.M), out[-3000:]
   warnings = re.findall(r"^warning: expert load collapsed: moe_load_max_over_mean above 2.00 for "
                         r"10 steps up to step 10 .*moe_aux_loss_weight=0.01, "
                         r"router_bias_update_rate=0\. Raise moe_aux_loss_weight", out, re.M)
   assert len(warnings) == 1, out[-3000:]             # once per collapse
-  _, biased, state = train(tmp_path, "biased", *MOE, *DENSE_FIRST, *MESH_1, *run,
+  _, biased, state = train(tmp_path, "biased", *MOE, *MESH_1, *run,
                            "router_bias_update_rate=0.01", devices=jax.devices()[:1])
   load = lambda rows: np.array([r["moe_load_max_over_mean"] for r in rows])
   assert load(fixed)[0] == load(biased)[0] > 1.3                      # same start, skewed
