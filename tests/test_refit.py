@@ -162,6 +162,20 @@ def test_eight_devices_stream_what_one_does():
     assert isinstance(as_torch[k], torch.Tensor) and np.array_equal(as_torch[k].numpy(), a), k
 
 
+def test_a_cpu_block_is_read_out_of_the_shards():
+  """On CPU devices a block (leading integer indices) is put together from the shards holding it,
+  whichever axes are split (the leading ones included) and replicated: the array's own x[ints]."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"))
+  x = np.arange(4 * 6 * 8 * 3, dtype=np.float32).reshape(4, 6, 8, 3)
+  for spec in (P(), P("a"), P("a", "b"), P(None, "b", "c"), P(("a", "b"), None, "c"),
+               P(None, None, ("a", "c"))):
+    arr = jax.device_put(x, NamedSharding(mesh, spec))
+    assert refit._in_host_memory(arr)
+    for ints in ((0,), (3,), (1, 5), (2, 0), (-1,), (3, -2)):
+      np.testing.assert_array_equal(refit._cpu_block(arr, ints), x[ints], err_msg=f"{spec} {ints}")
+
+
 class Spy:
   """A host array that records the blocks the stream takes from it: each `[index]` result is
   tracked until it is freed (peak bytes alive at once, over all parameters); a whole-array copy
