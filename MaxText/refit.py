@@ -67,7 +67,8 @@ def _take(x: jax.Array, ints: jax.Array) -> jax.Array:
 
 class _Param:
   """One parameter as the name map reads it (`shape`, `ndim`, `dtype`, `[index]`): a block is
-  indexed where the array lives, then brought to the host (NumPy) unless `on_device`; an adapted
+  indexed where the array lives (on CPU devices: read out of the shards), then brought to the
+  host (NumPy) unless `on_device`; an adapted
   kernel's block is merged with its adapters' blocks."""
 
   def __init__(self, w: Any, on_device: bool, adapters: tuple[Any, Any] | None = None,
@@ -77,6 +78,8 @@ class _Param:
 
   def _block(self, x: Any, ints: tuple) -> Any:
     """x[ints] (leading integer indices: a layer, an expert) where x lives, then here."""
+    if ints and isinstance(x, jax.Array) and _in_host_memory(x):
+      return _cpu_block(x, ints)                   # read out of the shards: no program
     if ints and isinstance(x, jax.Array):
       x = _take(x, np.asarray(ints, np.int32))     # one compiled program per shape, not per index
     elif ints:
@@ -98,6 +101,27 @@ class _Param:
     del copy
     out = _host(self._w)
     return out if dtype is None else out.astype(dtype)
+
+
+def _in_host_memory(x: jax.Array) -> bool:
+  """Whether all of `x` is in this process's CPU devices (host memory: its shards read as NumPy
+  views without a copy)."""
+  return x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())
+
+
+def _cpu_block(x: jax.Array, ints: tuple) -> np.ndarray:
+  """x[ints] (leading integer indices) of a CPU array, put together from the shards that hold it
+  (one copy of each replicated piece): no compiled program per shape and sharding, and no more
+  than the block is copied."""
+  ints = tuple(int(i) % n for i, n in zip(ints, x.shape))
+  out = np.empty(x.shape[len(ints):], x.dtype)
+  for shard in x.addressable_shards:
+    lead, rest = shard.index[:len(ints)], shard.index[len(ints):]
+    starts = [s.indices(n)[0] for s, n in zip(lead, x.shape)]
+    stops = [s.indices(n)[1] for s, n in zip(lead, x.shape)]
+    if shard.replica_id == 0 and all(a <= i < b for i, a, b in zip(ints, starts, stops)):
+      out[rest] = np.asarray(shard.data)[tuple(i - a for i, a in zip(ints, starts))]
+  return out
 
 
 def _host(x: Any) -> np.ndarray:

@@ -19,7 +19,7 @@ from MaxText.checkpoint.manager import load_params, load_params_host, read_meta
 from MaxText.config.load import load_config, replace
 from MaxText.layers import int_levels
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import init_params, make_model_def
+from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert, gptq
 from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.sharding.mesh import create_mesh
@@ -84,6 +84,9 @@ def test_int4_packing_round_trips():
   packed = int_levels.pack_int4(q, 1)
   assert packed.shape == (3, 3, 5) and packed.dtype == np.uint8
   np.testing.assert_array_equal(np.asarray(int_levels.unpack_int4(jnp.asarray(packed), 1)), q)
+  host = int_levels.unpack_int4(packed, 1)           # NumPy in, NumPy out (the export's path)
+  assert isinstance(host, np.ndarray) and host.dtype == np.int8
+  np.testing.assert_array_equal(host, q)
 
 
 # ---- a tiny trained model: GPTQ vs RTN, the quantized checkpoint ---------------------------------
@@ -93,8 +96,10 @@ DATA = ["eval_split_fraction=0.1", "per_device_batch_size=1"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   out = tmp_path_factory.mktemp("quant")
+  # one device, batch 8 (not 8 devices x 8): a trained model is the point, not its mesh (the
+  # quantized checkpoints are restored onto 8 devices below)
   code, rows, _ = train(out, "fp", "steps=30", "learning_rate=3e-3", "checkpoint_period=30",
-                        *DATA[:1])
+                        *DATA[:1], *MESH_1, devices=jax.devices()[:1])
   assert code == 0 and rows[-1]["loss"] < rows[0]["loss"]
   return out, str(out / "fp" / "checkpoints")
 
@@ -261,7 +266,10 @@ def test_qat_rules_quantize_the_projections_of_every_family(model, extra):
     mcfg = ModelConfig.from_config(cfg)
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16), dtype=np.int32)
     pos = np.broadcast_to(np.arange(16), (2, 16))
-    params = init_params(mcfg, 0)
+    # any parameters show it: NumPy-random ones of the model's shapes (no init program)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: (0.1 * rng.standard_normal(a.shape)).astype(a.dtype),
+                          make_model_def(mcfg).abstract_params)
     # one jitted program per forward (eagerly, every op of the model compiles on its own)
     return np.asarray(jax.jit(make_model_def(mcfg).apply)(params, tokens, pos,
                                                           np.ones((2, 16), np.int32)))

@@ -68,6 +68,16 @@ def with_adapters(cfg, params, seed=1):
   return lora.join(traverse_util.unflatten_dict(adapters), params)
 
 
+def random_params(cfg, seed):
+  """Host parameters of `cfg`'s model: the init of its model without LoRA (one program per case,
+  which the case's tests share through the compilation cache: the seed is an argument), joined
+  with non-zero random adapters (`with_adapters`) when `cfg` has LoRA — an adapted model's base
+  parameters are the plain model's (`lora.split`)."""
+  base = jax.tree.map(np.asarray, init_params(ModelConfig.from_config(replace(cfg, lora_rank=0)),
+                                              seed))
+  return with_adapters(cfg, base) if cfg.lora_rank else base
+
+
 def fresh_hf_model(cfg):
   """A random-init transformers model of `cfg`'s architecture (nothing of our parameters)."""
   hf_config = dict(get_hf_map(hf_model_type_for(ModelConfig.from_config(cfg), cfg.hf_model_type))
@@ -122,8 +132,7 @@ def test_checkpoint_layout_is_the_export():
 
 def test_lora_streams_its_merged_export():
   cfg = config("qwen3", "lora_rank=4", "lora_alpha=8")
-  mcfg = ModelConfig.from_config(cfg)
-  params = with_adapters(cfg, jax.tree.map(np.asarray, init_params(mcfg, 5)))
+  params = random_params(cfg, 5)
   base_mcfg = ModelConfig.from_config(replace(cfg, lora_rank=0))
   export = get_hf_map("qwen3").params_to_hf(lora.merged(params, 2.0), base_mcfg)
   plain = get_hf_map("qwen3").params_to_hf(lora.split(params)[1], base_mcfg)
@@ -142,7 +151,7 @@ def test_eight_devices_stream_what_one_does():
   """Qwen3-Next scanned with LoRA (heads split over tensor, fsdp): blocks gathered from 8 shards
   equal the single-device stream bit for bit, in the same order; torch tensors equal NumPy's."""
   cfg = config("qwen3_next", "lora_rank=4", "lora_alpha=8")
-  params = with_adapters(cfg, jax.tree.map(np.asarray, init_params(ModelConfig.from_config(cfg), 6)))
+  params = random_params(cfg, 6)
   one = list(refit.stream(jax.device_put(params, jax.devices()[0]), cfg))
   eight = list(refit.stream(sharded(cfg, params), cfg))
   assert [k for k, _ in one] == [k for k, _ in eight]
@@ -151,6 +160,20 @@ def test_eight_devices_stream_what_one_does():
   as_torch = dict(refit.stream(params, cfg, tensors="torch"))
   for k, a in one:
     assert isinstance(as_torch[k], torch.Tensor) and np.array_equal(as_torch[k].numpy(), a), k
+
+
+def test_a_cpu_block_is_read_out_of_the_shards():
+  """On CPU devices a block (leading integer indices) is put together from the shards holding it,
+  whichever axes are split (the leading ones included) and replicated: the array's own x[ints]."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((2, 2, 2), ("a", "b", "c"))
+  x = np.arange(4 * 6 * 8 * 3, dtype=np.float32).reshape(4, 6, 8, 3)
+  for spec in (P(), P("a"), P("a", "b"), P(None, "b", "c"), P(("a", "b"), None, "c"),
+               P(None, None, ("a", "c"))):
+    arr = jax.device_put(x, NamedSharding(mesh, spec))
+    assert refit._in_host_memory(arr)
+    for ints in ((0,), (3,), (1, 5), (2, 0), (-1,), (3, -2)):
+      np.testing.assert_array_equal(refit._cpu_block(arr, ints), x[ints], err_msg=f"{spec} {ints}")
 
 
 class Spy:
@@ -187,7 +210,13 @@ def test_generator_holds_one_layer():
   layer, the blocks alive at once (parameter and adapter blocks, the tensor being made) never
   exceed one layer's parameters, and a yielded tensor is freed as soon as the caller drops it."""
   cfg = config("qwen3", "scan_layers=true", "num_decoder_layers=6", "lora_rank=4")
-  params = with_adapters(cfg, jax.tree.map(np.asarray, init_params(ModelConfig.from_config(cfg), 7)))
+  # what the stream reads and holds is the point, not the values: NumPy-random parameters of the
+  # model's shapes (no init program), with random adapters
+  rng = np.random.default_rng(7)
+  abstract = traverse_util.flatten_dict(
+      lora.split(make_model_def(ModelConfig.from_config(cfg)).abstract_params)[1])
+  params = with_adapters(cfg, traverse_util.unflatten_dict(
+      {k: rng.standard_normal(s.shape).astype(s.dtype) for k, s in abstract.items()}))
   flat = traverse_util.flatten_dict(params)
   layers = cfg.num_decoder_layers
   stacked = {k for k in flat if "decoder" in k}
@@ -289,7 +318,7 @@ def test_receiver_refuses_a_map_with_layout_changes_of_its_own():
 def test_command_line_lists_the_stream(tmp_path, capsys):
   from MaxText.checkpoint.manager import save_params_only
   cfg = config("qwen3_moe", "lora_rank=2")
-  params = with_adapters(cfg, jax.tree.map(np.asarray, init_params(ModelConfig.from_config(cfg), 9)))
+  params = random_params(cfg, 9)
   save_params_only(str(tmp_path / "ck"), params, cfg.as_dict())
   assert refit.main([f"load_parameters_path={tmp_path / 'ck'}", "layout=state_dict"]) == 0
   lines = capsys.readouterr().out.strip().splitlines()
@@ -316,7 +345,7 @@ def test_torch_tensors_stay_on_the_gpu():
   """On a GPU platform the blocks go to torch through DLPack, on the device."""
   cfg = config("qwen3", "ici_data_parallelism=1", "ici_fsdp_parallelism=1",
                "ici_tensor_parallelism=1", "lora_rank=4")
-  params = with_adapters(cfg, jax.tree.map(np.asarray, init_params(ModelConfig.from_config(cfg), 8)))
+  params = random_params(cfg, 8)
   host = dict(refit.stream(params, cfg))
   for k, t in refit.stream(jax.device_put(params, jax.devices()[0]), cfg, tensors="torch"):
     assert t.is_cuda, k

@@ -23,11 +23,13 @@ def pack_int4(q: np.ndarray, axis: int) -> np.ndarray:
 
 
 def unpack_int4(p: jax.Array, axis: int) -> jax.Array:
-  """The int8 levels of `pack_int4` (doubling `axis`)."""
-  p = jnp.moveaxis(p, axis, -1)
-  both = jnp.stack([(p & 0xF), (p >> 4)], axis=-1).astype(jnp.int8)
-  both = jnp.where(both >= 8, both - 16, both).astype(jnp.int8)
-  return jnp.moveaxis(both.reshape(*p.shape[:-1], p.shape[-1] * 2), -1, axis)
+  """The int8 levels of `pack_int4` (doubling `axis`); a NumPy array unpacks with NumPy (on the
+  host, no program compiled per shape)."""
+  xp = np if isinstance(p, np.ndarray) else jnp
+  p = xp.moveaxis(p, axis, -1)
+  both = xp.stack([(p & 0xF), (p >> 4)], axis=-1).astype(np.int8)
+  both = xp.where(both >= 8, both - 16, both).astype(np.int8)
+  return xp.moveaxis(both.reshape(*p.shape[:-1], p.shape[-1] * 2), -1, axis)
 
 
 def group_size_for(k: int, group_size: int) -> int:

@@ -16,6 +16,7 @@ expert that no calibration token reached (a zero Hessian) is quantized by RTN, a
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -130,52 +131,90 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
   """(the parameter tree with each target's kernel as integer levels + `kernel_scale`, a report
   per quantized matrix). int4 levels are packed (layers/int_levels.py: pack_int4)."""
   flat = dict(traverse_util.flatten_dict(params))
-  jobs = [(t, i) for t in tgts
-          for i in range(math.prod(np.shape(flat[t.kernel])[:t.lead]))]  # pyright: ignore[reportCallIssue]
   reports = []
-  out: dict[tuple, list] = {}
   # the bar only on a terminal: piped, its redraws would interleave with the per-matrix lines,
   # which then are the progress (one line per matrix)
-  bar = tqdm(jobs, desc=f"{method} int{bits}", unit="matrix",
+  bar = tqdm(total=sum(math.prod(np.shape(flat[t.kernel])[:t.lead]) for t in tgts),  # pyright: ignore[reportCallIssue]
+             desc=f"{method} int{bits}", unit="matrix",
              disable=not progress or not sys.stderr.isatty())
-  for t, i in bar:
-    w = np.asarray(flat[t.kernel])
-    lead, ins = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank]
-    k = math.prod(ins)
-    w_KN = jnp.asarray(w.reshape(math.prod(lead), k, -1)[i], jnp.float32)
-    where = f"{t.name}[{','.join(map(str, np.unravel_index(i, lead))) if lead else i}]"
-    h = None if hess is None else jnp.asarray(hess[t.probe].reshape(-1, k, k)[i], jnp.float32)
-    fallback = h is not None and not bool(jnp.any(h))
-    if fallback:    # an expert no calibration token reached
-      bar.write(f"  {where}: no calibration token reached this expert: RTN")
-      h = None
-    q, s = gptq.rtn(w_KN, bits, group_size)
-    rtn_err = _error(w_KN, gptq.dequantize(q, s), h)
-    err, rtn_cmp = rtn_err, None
-    if method == "gptq" and h is not None:
-      q, s = gptq.gptq(w_KN, h, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
-                       block_size=block_size)
-      err, rtn_cmp = _error(w_KN, gptq.dequantize(q, s), h), rtn_err
-    reports.append(LayerReport(t.name, i, err, rtn_cmp, fallback, where))
-    what = "output" if h is not None else "weight"
-    bar.write(f"  {where}: relative {what} error {err:.3e}" +
-              (f" (rtn {rtn_cmp:.3e})" if rtn_cmp is not None else ""))
-    out.setdefault(t.kernel, []).append((np.asarray(q), np.asarray(s)))
   for t in tgts:
     w = np.asarray(flat[t.kernel])
-    lead = w.shape[:t.lead]
-    q = np.stack([a for a, _ in out[t.kernel]]).reshape(w.shape)
-    s = np.stack([b for _, b in out[t.kernel]])
-    s = s.reshape(*lead, s.shape[1], *w.shape[t.lead + t.in_rank:]).astype(np.float32)
+    lead, ins, outs = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank], \
+        w.shape[t.lead + t.in_rank:]
+    k, n, m = math.prod(ins), math.prod(outs), math.prod(lead)
+    w3 = np.asarray(w.reshape(m, k, n), np.float32)
+    h3 = None if hess is None else np.asarray(hess[t.probe].reshape(m, k, k), np.float32)
+    # an expert no calibration token reached (a zero Hessian): RTN, its weight error
+    seen = np.ones(m, bool) if h3 is None else h3.reshape(m, -1).any(axis=1)
+    with_gptq = method == "gptq" and h3 is not None
+    c = _batch(m, k, n)
+    qs, ss = [], []
+    for j in range(0, m, c):
+      q, sc, errors = _quantize_matrices(
+          w3[j:j + c], None if h3 is None else h3[j:j + c], seen[j:j + c], damp, bits=bits,
+          group_size=group_size, with_gptq=with_gptq, act_order=act_order,
+          block_size=block_size)
+      qs.append(np.asarray(q))
+      ss.append(np.asarray(sc))
+      for i, (err, rtn_err) in enumerate(np.asarray(errors).tolist(), start=j):
+        where = f"{t.name}[{','.join(map(str, np.unravel_index(i, lead))) if lead else i}]"
+        if not seen[i]:
+          bar.write(f"  {where}: no calibration token reached this expert: RTN")
+        rtn_cmp = rtn_err if with_gptq and seen[i] else None
+        reports.append(LayerReport(t.name, i, err, rtn_cmp, not seen[i], where))
+        what = "output" if h3 is not None and seen[i] else "weight"
+        bar.write(f"  {where}: relative {what} error {err:.3e}" +
+                  (f" (rtn {rtn_cmp:.3e})" if rtn_cmp is not None else ""))
+        bar.update(1)
+    q = np.concatenate(qs).reshape(w.shape)
+    sc = np.concatenate(ss)
     flat[t.kernel] = int_levels.pack_int4(q, q.ndim - 1) if bits == 4 else q.astype(np.int8)
-    flat[t.scale] = s
+    flat[t.scale] = sc.reshape(*lead, sc.shape[1], *outs).astype(np.float32)
+  bar.close()
   return traverse_util.unflatten_dict(flat), reports
 
 
-def _error(w: jax.Array, wq: jax.Array, h: jax.Array | None) -> float:
+# the most bytes of float32 weights and Hessians quantized in one program (a batch of a stack's
+# matrices: the experts of a layer, the layers of a scanned stack)
+BATCH_BYTES = 1 << 28
+
+
+def _batch(m: int, k: int, n: int) -> int:
+  """How many of a stack's `m` matrices [K, N] (each with its Hessian [K, K]) one program
+  quantizes: the largest divisor of m within BATCH_BYTES (one program shape per stack)."""
+  fits = max(1, BATCH_BYTES // (4 * k * (n + k)))
+  return max(d for d in range(1, m + 1) if m % d == 0 and d <= fits)
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "group_size", "with_gptq", "act_order",
+                                             "block_size"))
+def _quantize_matrices(w_XKN: jax.Array, h_XKK: jax.Array | None, seen_X: jax.Array,
+                       damp: float, *, bits: int, group_size: int, with_gptq: bool,
+                       act_order: bool, block_size: int
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(q_XKN, scale_XGN, [X, 2]: each matrix's error and RTN's) of X matrices at once, by RTN or
+  (`with_gptq`) GPTQ; a matrix not `seen` (a zero Hessian) by RTN, with its weight error. One
+  compiled program per stack shape and method, not one per matrix and operation."""
+  def one(w, h, seen):
+    q, s = gptq.rtn(w, bits, group_size)
+    wq = gptq.dequantize(q, s)
+    rtn_err = _error(w, wq, None) if h is None else \
+        jnp.where(seen, _error(w, wq, h), _error(w, wq, None))
+    err = rtn_err
+    if with_gptq:
+      gq, gs = gptq.gptq(w, h, bits=bits, group_size=group_size, act_order=act_order, damp=damp,
+                         block_size=block_size)
+      q, s = jnp.where(seen, gq, q), jnp.where(seen, gs, s)
+      err = jnp.where(seen, _error(w, gptq.dequantize(gq, gs), h), rtn_err)
+    return q, s, jnp.stack([err, rtn_err])
+  return jax.vmap(one)(w_XKN, h_XKK, seen_X)
+
+
+def _error(w: jax.Array, wq: jax.Array, h: jax.Array | None) -> jax.Array:
+  """The relative output error (||XW - XŴ||^2 / ||XW||^2) with a Hessian, else the weight error."""
   if h is None:
-    return float(jnp.sum((w - wq) ** 2) / jnp.maximum(jnp.sum(w ** 2), 1e-30))
-  return float(gptq.layer_error(w, wq, h) / jnp.maximum(gptq.layer_error(w, 0 * w, h), 1e-30))
+    return jnp.sum((w - wq) ** 2) / jnp.maximum(jnp.sum(w ** 2), 1e-30)
+  return gptq.layer_error(w, wq, h) / jnp.maximum(gptq.layer_error(w, 0 * w, h), 1e-30)
 
 
 def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
@@ -185,7 +224,7 @@ def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
   for t in tgts:
     q = np.asarray(flat[t.kernel])
     if bits == 4:
-      q = np.asarray(int_levels.unpack_int4(jnp.asarray(q), q.ndim - 1))
+      q = int_levels.unpack_int4(q, q.ndim - 1)
     s = np.asarray(flat.pop(t.scale), np.float32)
     lead = q.shape[:t.lead]
     k = math.prod(q.shape[t.lead:t.lead + t.in_rank])

@@ -48,8 +48,10 @@ def quantize_with(w: jax.Array, scale: jax.Array, bits: int) -> jax.Array:
   return jnp.clip(jnp.round(w / scale), -qmax(bits) - 1, qmax(bits))
 
 
+@functools.partial(jax.jit, static_argnames=("bits", "group_size"))
 def rtn(w_KN: jax.Array, bits: int, group_size: int) -> tuple[jax.Array, jax.Array]:
-  """(q_KN int8 levels, scale_GN): round-to-nearest."""
+  """(q_KN int8 levels, scale_GN): round-to-nearest (one program; eagerly, each operation would
+  compile on its own)."""
   k, n = w_KN.shape
   gs = group_size_for(k, group_size)
   scale = group_scales(w_KN, bits, gs)
