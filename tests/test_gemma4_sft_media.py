@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import ROOT, read_metrics  # noqa: E402
+from conftest import CACHE_DIR, ROOT, read_metrics  # noqa: E402
 from test_gemma4_mm_audio import BOI, EOI, IMAGE, hf_model  # noqa: E402
 from test_multimodal_inputs import TEMPLATE, save_with_processor, write_wav  # noqa: E402
 from MaxText.data.bad_records import BadRecord  # noqa: E402
@@ -72,6 +72,7 @@ def sft_argv(d, run_name, *extra):
                # devices would measure that rather than the training step)
                "adam_eps=1",
                "enable_checkpointing=false", "sample_at_end=false", "shuffle=false",
+               f"jax_cache_dir={CACHE_DIR}",
                f"chat_template_path={d / 'chat.jinja'}", *extra]:
     key, value = item.split("=", 1)
     merged[key] = value
