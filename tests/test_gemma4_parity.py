@@ -73,8 +73,11 @@ def ours(variant: str, scan: bool, *extra: str):
 
 
 # ---- numerics -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("scan", [True, False])
+# Every variant scanned; unscanned, "all" alone: the unscanned stack (one parameter tree per layer,
+# the kv-shared tail, PLE per layer) is the same code for every variant, and "all" takes every
+# branch of it that "plain" and "moe" take (their layers are the scanned runs' modules; the name
+# map's unscanned layouts of all three: test_state_dict_round_trip_is_exact)
+@pytest.mark.parametrize("variant,scan", [(v, True) for v in VARIANTS] + [("all", False)])
 def test_logits_match_hf(variant, scan):
   mcfg, model_def, params = ours(variant, scan)
   sd = hf_state(hf_model(variant))

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import ROOT, read_metrics  # noqa: E402
+from conftest import CACHE_DIR, ROOT, read_metrics  # noqa: E402
 from test_gemma4_mm_audio import BOI, EOI, IMAGE, hf_model  # noqa: E402
 from test_multimodal_inputs import TEMPLATE, save_with_processor, write_wav  # noqa: E402
 from MaxText.data.bad_records import BadRecord  # noqa: E402
@@ -72,6 +72,7 @@ def sft_argv(d, run_name, *extra):
                # devices would measure that rather than the training step)
                "adam_eps=1",
                "enable_checkpointing=false", "sample_at_end=false", "shuffle=false",
+               f"jax_cache_dir={CACHE_DIR}",
                f"chat_template_path={d / 'chat.jinja'}", *extra]:
     key, value = item.split("=", 1)
     merged[key] = value
@@ -176,6 +177,20 @@ def test_a_trained_vision_tower_moves(setup):
   np.testing.assert_array_equal(after[audio_key], start[audio_key])
 
 
+def _first_batch_trainer():
+  from MaxText.train.loop import Trainer
+
+  class FirstBatch(Trainer):
+    """The trainer as `run` drives it (config, mesh, data iterator, its errors' exit codes), its
+    training only the first batch's read: nothing compiled or loaded."""
+
+    def _train(self, ckpts, data_iter, watch):
+      del ckpts, watch
+      next(data_iter)
+      return 0
+  return FirstBatch
+
+
 def test_media_settings_refused(setup, capsys):
   from MaxText.train.loop import run
   d = setup[0]
@@ -192,14 +207,16 @@ def test_media_settings_refused(setup, capsys):
   bad = to_pairs((record, "chat.jsonl line 1"))
   assert slots is None and isinstance(bad, BadRecord), bad
   assert "max_num_images_per_example" in bad.why and bad.where == "chat.jsonl line 1"
-  # an image that cannot be read: a bad record naming the file (exit 3 beyond max_bad_records);
-  # the one-device run's settings otherwise, so its step is that run's program (a cache hit)
+  # an image that cannot be read: a bad record naming the file (exit 3 beyond max_bad_records),
+  # met by the trainer's own data iterator at its first batch; the trainer up to that batch
+  # (`_first_batch_trainer`: a full run compiles and loads first, then meets the same error there)
   broken = d / "broken.jsonl"
   broken.write_text(json.dumps({"messages": [
       {"role": "user", "content": [{"type": "image", "image": "missing.png"},
                                    {"type": "text", "text": "what is this"}]},
       {"role": "assistant", "content": "hello"}]}) + "\n")
   code, _ = run(sft_argv(d, "broken", f"dataset_path={broken}", "per_device_batch_size=4",
-                         "ici_fsdp_parallelism=1", "max_bad_records=0"), devices=one)
+                         "ici_fsdp_parallelism=1", "max_bad_records=0"), devices=one,
+                trainer_class=_first_batch_trainer())
   err = capsys.readouterr().err
   assert code == 3 and "missing.png" in err and "Traceback" not in err, err[-2000:]

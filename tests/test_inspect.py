@@ -157,16 +157,22 @@ def test_one_sequence_and_a_subset_of_layers_and_heads():
 
 
 def test_capture_by_site_names_and_globs():
+  """The sites against the high-level capture of the same batch (the ragged ROWS: the program
+  test_trace_matches_transformers[qwen3_next] compiled), each row's positions."""
   m = inspector("qwen3_next")
-  t = m.forward(ROWS[1], capture=["resid_post.*", "mlp_out.2", "attn_scores.3", "embed_out"])
+  t = m.forward(ROWS, capture=["resid_post.*", "mlp_out.2", "attn_scores.3", "embed_out"])
   L = m.num_layers
   assert set(t.sites) == {*(f"resid_post.{l}" for l in range(L)), "mlp_out.2", "attn_scores.3",
                           "embed_out"}
-  full = m.forward(ROWS[1])
-  for l in range(L - 1):
-    np.testing.assert_array_equal(t.sites[f"resid_post.{l}"], full.hidden_states[l + 1])
-  probs = jax.nn.softmax(t.sites["attn_scores.3"], axis=-1)
-  np.testing.assert_allclose(probs, full.attentions[1], atol=1e-6)
+  full = m.forward(ROWS)
+  for b, n in enumerate(map(len, ROWS)):
+    for l in range(L - 1):
+      np.testing.assert_array_equal(t.sites[f"resid_post.{l}"][b, :n],
+                                    full.hidden_states[l + 1][b, :n])
+    scores = np.asarray(t.sites["attn_scores.3"][b, :, :n, :n], np.float64)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(probs / probs.sum(-1, keepdims=True),
+                               full.attentions[1][b, :, :n, :n], atol=1e-6)
   with pytest.raises(ValueError, match="attn_pattern.0"):   # layer 0 is a linear layer
     m.forward(ROWS[1], capture=["attn_pattern.0"])
   with pytest.raises(ValueError, match="mlp_in"):
