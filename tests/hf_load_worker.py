@@ -19,7 +19,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"],
                            int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"]))
 
-from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
 
 from MaxText.config.load import replace  # noqa: E402
 from MaxText.inference import ShardedHF, sharded_hf_config  # noqa: E402
@@ -56,8 +56,11 @@ def main(out: str, *named: str) -> None:
       continue
     leaves = jax.tree_util.tree_leaves_with_path(params)
     assert any(not a.is_fully_addressable for _, a in leaves)
-    whole = {jax.tree_util.keystr(p): np.asarray(multihost_utils.process_allgather(a, tiled=True))
-             for p, a in leaves}
+    # every leaf gathered whole by one program (process_allgather compiles one per leaf)
+    replicated = jax.tree.map(lambda a: a.sharding.update(spec=PartitionSpec()), params)
+    gathered = jax.jit(lambda tree: tree, out_shardings=replicated)(params)
+    whole = {jax.tree_util.keystr(p): np.asarray(a.addressable_data(0))
+             for p, a in jax.tree_util.tree_leaves_with_path(gathered)}
     with open(os.path.join(out, f"{name}.{me}.json"), "w") as f:
       json.dump({"reads": stats.reads, "bytes": stats.bytes, "ranges": stats.ranges}, f)
     if me == 0:

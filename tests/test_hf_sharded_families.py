@@ -104,16 +104,64 @@ def test_one_process_load_is_the_converters_bits(folders, family):
                               for i in safetensors_reads.SafetensorsFolder(folder).tensors.values())
 
 
-def test_two_processes_load_every_family_as_one_process_and_to_maxtext(folders, tmp_path):
+def _tied_folder(src, dst, head=None):
+  """A copy of tied Qwen3 folder `src` with `head` (or none) as lm_head.weight."""
+  from safetensors.numpy import load_file
+  tensors = load_file(os.path.join(src, "model.safetensors"))
+  assert "lm_head.weight" not in tensors
+  if head is not None:
+    tensors["lm_head.weight"] = head(tensors["model.embed_tokens.weight"])
+  _save(tensors, dst, src)
+  for f in os.listdir(src):
+    if f not in ("config.json", "model.safetensors"):
+      os.symlink(os.path.join(src, f), os.path.join(dst, f))
+  return str(dst)
+
+
+def _nudged(emb):
+  out = emb.copy()
+  out[0, 0] = np.nextafter(out[0, 0], np.float32(np.inf))
+  return out
+
+
+@pytest.fixture(scope="module")
+def tied_cases(tmp_path_factory):
+  """A tiny tied Qwen3 folder's lm_head.weight absent, equal to the embedding, one ulp of one
+  element off it, or of another shape."""
+  from end_to_end.tiny_hf import save_tiny_tokenizer
+  from test_conversion import tiny_qwen3
+  root = tmp_path_factory.mktemp("tied")
+  src = root / "tied"
+  tiny_qwen3(src, tie=True)
+  save_tiny_tokenizer(src)
+  return {"absent": _tied_folder(src, root / "absent"),
+          "equal": _tied_folder(src, root / "equal", lambda e: e.copy()),
+          "differs": _tied_folder(src, root / "differs", _nudged),
+          "shape": _tied_folder(src, root / "shape", lambda e: e[:-1].copy())}
+
+
+@pytest.fixture(scope="module")
+def two_processes(folders, tied_cases, tmp_path_factory):
+  """One launch of tests/hf_load_worker.py on 2 processes x 4 devices for both tests that need
+  one (each launch starts two Pythons and their jax): every family's folder, then the tied head
+  that differs (refused on both processes) and the one that equals the embedding (loaded after
+  the refusal: the processes agreed on it, none hangs). Its output folder."""
+  out = tmp_path_factory.mktemp("two_processes")
+  logs = out / "logs"
+  result = local.launch([os.path.join(ROOT, "tests", "hf_load_worker.py"), str(out),
+                         *(f"{n}={folders[n]}" for n in FAMILIES),
+                         f"differs={tied_cases['differs']}", f"equal={tied_cases['equal']}"], 2,
+                        devices_per_process=4, log_dir=str(logs), cwd=ROOT, timeout_s=400)
+  text = "".join((logs / f"process_{i}.{k}").read_text() for i in (0, 1) for k in ("out", "err"))
+  assert [e.status for e in result.exits] == [0, 0], text[-4000:]
+  return out
+
+
+def test_two_processes_load_every_family_as_one_process_and_to_maxtext(folders, two_processes):
   """2 processes x 4 devices (fsdp=4, tensor=2): every parameter gathered whole equals a one-process
   load on the same mesh and to_maxtext's, bit for bit; each process read less than the folder and
   merged touching ranges into fewer reads."""
-  logs = tmp_path / "logs"
-  result = local.launch([os.path.join(ROOT, "tests", "hf_load_worker.py"), str(tmp_path),
-                         *(f"{n}={folders[n]}" for n in FAMILIES)], 2, devices_per_process=4,
-                        log_dir=str(logs), cwd=ROOT, timeout_s=400)
-  text = "".join((logs / f"process_{i}.{k}").read_text() for i in (0, 1) for k in ("out", "err"))
-  assert [e.status for e in result.exits] == [0, 0], text[-4000:]
+  tmp_path = two_processes
   for name in FAMILIES:
     folder = folders[name]
     cfg, ref = to_maxtext.load_hf(folder, [])
@@ -152,40 +200,12 @@ def test_train_from_a_qwen3_next_folder_as_from_its_conversion(folders, tmp_path
   assert [r["batch_checksum"] for r in ours] == [r["batch_checksum"] for r in theirs]
 
 
-def _tied_folder(src, dst, head=None):
-  """A copy of tied Qwen3 folder `src` with `head` (or none) as lm_head.weight."""
-  from safetensors.numpy import load_file
-  tensors = load_file(os.path.join(src, "model.safetensors"))
-  assert "lm_head.weight" not in tensors
-  if head is not None:
-    tensors["lm_head.weight"] = head(tensors["model.embed_tokens.weight"])
-  _save(tensors, dst, src)
-  for f in os.listdir(src):
-    if f not in ("config.json", "model.safetensors"):
-      os.symlink(os.path.join(src, f), os.path.join(dst, f))
-  return str(dst)
-
-
-def _nudged(emb):
-  out = emb.copy()
-  out[0, 0] = np.nextafter(out[0, 0], np.float32(np.inf))
-  return out
-
-
-def test_tied_embeddings_as_the_converter(tmp_path, capsys):
+def test_tied_embeddings_as_the_converter(tied_cases, two_processes, tmp_path, capsys):
   """tie_word_embeddings with the head absent or equal to the embedding: tied, to_maxtext's bits;
   a head that differs (one ulp of one element) or has another shape: refused naming it by both,
   by train.py before the first step (exit 4) and on both of 2 processes (which agree, none
-  hangs)."""
-  from end_to_end.tiny_hf import save_tiny_tokenizer
-  from test_conversion import tiny_qwen3
-  src = tmp_path / "tied"
-  tiny_qwen3(src, tie=True)
-  save_tiny_tokenizer(src)
-  cases = {"absent": _tied_folder(src, tmp_path / "absent"),
-           "equal": _tied_folder(src, tmp_path / "equal", lambda e: e.copy()),
-           "differs": _tied_folder(src, tmp_path / "differs", _nudged),
-           "shape": _tied_folder(src, tmp_path / "shape", lambda e: e[:-1].copy())}
+  hangs: the `two_processes` launch)."""
+  cases = tied_cases
   for name in ("absent", "equal"):
     cfg, ref = to_maxtext.load_hf(cases[name], [])
     assert cfg.tie_word_embeddings
@@ -204,16 +224,10 @@ def test_tied_embeddings_as_the_converter(tmp_path, capsys):
   err = capsys.readouterr().err
   assert code == 4 and "lm_head.weight differs from the embedding" in err, err
   assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
-  logs = tmp_path / "logs"
-  result = local.launch([os.path.join(ROOT, "tests", "hf_load_worker.py"), str(tmp_path),
-                         f"differs={cases['differs']}", f"equal={cases['equal']}"], 2,
-                        devices_per_process=4, log_dir=str(logs), cwd=ROOT, timeout_s=300)
-  text = "".join((logs / f"process_{i}.{k}").read_text() for i in (0, 1) for k in ("out", "err"))
-  assert [e.status for e in result.exits] == [0, 0], text[-4000:]
   for i in (0, 1):
-    verdict = json.loads((tmp_path / f"differs.{i}.json").read_text())
+    verdict = json.loads((two_processes / f"differs.{i}.json").read_text())
     assert "lm_head.weight differs from the embedding" in verdict.get("error", ""), verdict
-  with np.load(tmp_path / "equal.npz") as z:
+  with np.load(two_processes / "equal.npz") as z:
     _bitwise_equal({k: z[k] for k in z.files}, _leaves(to_maxtext.load_hf(cases["equal"], [])[1]))
 
 
