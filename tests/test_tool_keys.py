@@ -102,13 +102,17 @@ def test_what_a_model_file_sets_is_never_refused(model, tool):
 def test_train_py_refuses_hf_path_instead_of_training_a_random_model(tmp_path):
   """issue 38: `train.py configs/base.yml hf_path=/nonexistent/folder` trained a random model and
   exited 0; train.py now reads hf_path (issue 31: the folder read onto the mesh), and a folder
-  that is not there is refused before anything starts, naming the key and the file."""
-  r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), BASE_YML,
+  that is not there is refused before anything starts (before jax is imported: `-X importtime`),
+  naming the key and the file."""
+  r = subprocess.run([sys.executable, "-X", "importtime", os.path.join(ROOT, "train.py"), BASE_YML,
                       "hf_path=/nonexistent/folder", f"base_output_directory={tmp_path}"],
                      capture_output=True, text=True, cwd=ROOT, check=False)
   assert r.returncode == 2, (r.stdout, r.stderr)
   assert "hf_path: /nonexistent/folder/config.json does not exist" in r.stderr, r.stderr
   assert "Traceback" not in r.stderr
+  imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()
+              if line.startswith("import time:")}
+  assert "encodings" in imported and "jax" not in imported
   assert not os.listdir(tmp_path)      # no run directory: nothing was trained
 
 
