@@ -12,11 +12,15 @@ if __name__ == "__main__":
     sys.exit(0)
   # pylint: disable-next=g-import-not-at-top
   from MaxText.config.load import ConfigError, load_config
+  from MaxText.resolve.hf_config import read_hf_config
   from MaxText.runtime.exit_codes import EXIT_CONFIG, exit_process
-  # the trainer's first check (MaxText/train/loop.py: build), here before jax is imported: a key
-  # train.py does not read or a bad value is refused at once
+  from MaxText.storage import paths
+  # the trainer's first checks (MaxText/train/loop.py: build), here before jax is imported: a key
+  # train.py does not read, a bad value or an hf_path without a config.json is refused at once
   try:
-    load_config(sys.argv[1:], keep_auto=True, tool="train")
+    cfg = load_config(sys.argv[1:], keep_auto=True, tool="train")
+    if cfg.hf_path:
+      read_hf_config(paths.absolute(cfg.hf_path))
   except ConfigError as e:
     print(f"config error: {e}", file=sys.stderr, flush=True)
     sys.exit(EXIT_CONFIG)

@@ -35,10 +35,23 @@ prints one `name shape dtype` line per tensor, then their count and bytes.
 """
 from __future__ import annotations
 
+import sys
+
+from MaxText.config import cli
+from MaxText.config.load import ConfigError
+
+ARGS = {
+    "layout": cli.Arg(str, "checkpoint", "checkpoint (the hub's files, vLLM) | state_dict "
+                      "(transformers' load_state_dict)"),
+}
+
+if __name__ == "__main__":   # --help and a bad argument: answered before jax is imported
+  cli.answer_early(sys.argv[1:], ARGS, __doc__, tool="refit",
+                   bad_input=(ConfigError, ValueError, KeyError, FileNotFoundError))
+
 import dataclasses
 import functools
 import inspect
-import sys
 from typing import Any, Iterator
 
 import jax
@@ -47,8 +60,6 @@ import numpy as np
 from flax import traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 
-from MaxText.config import cli
-from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
@@ -311,12 +322,6 @@ class Receiver:
   def _zeros(self, path: tuple) -> jax.Array:
     spec = self.specs[path]
     return jnp.zeros(spec.shape, spec.dtype, device=self.shardings[path])
-
-
-ARGS = {
-    "layout": cli.Arg(str, "checkpoint", "checkpoint (the hub's files, vLLM) | state_dict "
-                      "(transformers' load_state_dict)"),
-}
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ gradient, whole and chunk by chunk; the chunked loss never holds both models' [B
 and `python -m MaxText.distill` end to end: a teacher trained here distilled into a student of
 another architecture, and a teacher of another vocabulary refused with exit 2 naming
 teacher_path."""
+import json
 import os
 
 import jax
@@ -189,43 +190,67 @@ def distill(out, name, *overrides, trainer_out=None):
   return code, rows
 
 
-def test_resume_is_bitwise(teacher_ckpt, tmp_path):
-  """A run resumed from its step-2 checkpoint (the teacher loaded again) ends bit for bit where
-  the uninterrupted one did."""
+STUDENTS = {"qwen3": ["model_name=qwen3-tiny"],
+            # two layers, one sliding and one full: the pattern's two kinds (the file's "ssssf"
+            # repeats them), without its five-layer period
+            "gemma4": ["model_name=gemma4-tiny", "num_decoder_layers=2", "attention_pattern=sf",
+                       "num_kv_shared_layers=0", "per_layer_input_vocab_size=264"]}
+STUDENT_ARGS = ("vocab_size=264", "max_target_length=64", "steps=6", "log_period=1",
+                "distill_loss=jsd", "distill_beta=0.3", "distill_temperature=2.0",
+                "loss_chunk_length=16", "gradient_accumulation_steps=2", "per_device_batch_size=2",
+                "learning_rate=3e-3", "warmup_steps=0", "lr_schedule=constant")
+
+
+def distill_student(out, student, teacher_ckpt, *overrides, trainer_out=None):
+  return distill(out, "student", f"teacher_path={teacher_ckpt}", *STUDENTS[student],
+                 *STUDENT_ARGS, *overrides, trainer_out=trainer_out)
+
+
+@pytest.fixture(scope="module")
+def qwen3_student(teacher_ckpt, tmp_path_factory):
+  """The Qwen3 student's 6 steps, saved at step 3 and at the end: (its output folder, exit code,
+  metrics, trainer), the student test's run and the one the resume test resumes."""
+  out = tmp_path_factory.mktemp("qwen3_student")
+  trainers = []
+  code, rows = distill_student(out, "qwen3", teacher_ckpt, "checkpoint_period=3",
+                               "max_checkpoints_to_keep=3", trainer_out=trainers)
+  return out, code, rows, trainers[0] if trainers else None
+
+
+def test_resume_is_bitwise(qwen3_student, teacher_ckpt, tmp_path):
+  """A run resumed from its step-3 checkpoint (the teacher loaded again) ends bit for bit where
+  the uninterrupted one did (the Qwen3 student's run: the chunked loss per batch shard on 8
+  devices, with gradient accumulation)."""
   import shutil   # pylint: disable=import-outside-toplevel
-  args = (f"teacher_path={teacher_ckpt}", "steps=4", "checkpoint_period=2", "loss_chunk_length=16",
-          "max_checkpoints_to_keep=3", "distill_loss=reverse_kl")
-  whole, resumed = [], []
-  code, rows = distill(tmp_path / "a", "run", *args, trainer_out=whole)
+  out, code, rows, whole = qwen3_student
   assert code == 0
-  shutil.copytree(tmp_path / "a" / "run", tmp_path / "b" / "run")
-  shutil.rmtree(tmp_path / "b" / "run" / "checkpoints" / "4")
-  code, again = distill(tmp_path / "b", "run", *args, trainer_out=resumed)
+  shutil.copytree(out / "student", tmp_path / "student")
+  shutil.rmtree(tmp_path / "student" / "checkpoints" / "6")
+  resumed = []
+  code, again = distill_student(tmp_path, "qwen3", teacher_ckpt, "checkpoint_period=3",
+                                "max_checkpoints_to_keep=3", trainer_out=resumed)
   assert code == 0
-  last = lambda rs: [r for r in rs if r.get("step") == 4 and "distill_divergence" in r][-1]
+  with open(tmp_path / "student" / "metrics.superseded.jsonl", encoding="utf-8") as f:
+    redone = [json.loads(line)["step"] for line in f]   # the copied rows the resumed run redid
+  assert sorted(set(redone)) == [4, 5, 6], redone
+  last = lambda rs: [r for r in rs if r.get("step") == 6 and "distill_divergence" in r][-1]
   assert last(again)["loss"] == last(rows)["loss"]
-  for a, b in zip(jax.tree.leaves(whole[0].final_state["params"]),
+  for a, b in zip(jax.tree.leaves(whole.final_state["params"]),
                   jax.tree.leaves(resumed[0].final_state["params"])):
     assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-STUDENTS = {"qwen3": ["model_name=qwen3-tiny"],
-            "gemma4": ["model_name=gemma4-tiny", "num_decoder_layers=5", "num_kv_shared_layers=0",
-                       "per_layer_input_vocab_size=264"]}
-
-
 @pytest.mark.parametrize("student", STUDENTS)
-def test_a_student_of_another_architecture_distills_on_the_mesh(teacher_ckpt, tmp_path, student):
+def test_a_student_of_another_architecture_distills_on_the_mesh(teacher_ckpt, tmp_path, student,
+                                                                 request):
   """A student of another shape (Qwen3: q/k norm, another width and depth) or family (Gemma 4:
   sliding and full layers, tied soft-capped head, per-layer inputs) from the llama teacher, the
   chunked loss per batch shard on 8 devices, with gradient accumulation: finite, the divergence
   falls."""
-  code, rows = distill(tmp_path, "student", f"teacher_path={teacher_ckpt}", *STUDENTS[student],
-                       "vocab_size=264", "max_target_length=64", "steps=6", "log_period=1",
-                       "distill_loss=jsd", "distill_beta=0.3", "distill_temperature=2.0",
-                       "loss_chunk_length=16", "gradient_accumulation_steps=2",
-                       "per_device_batch_size=2", "learning_rate=3e-3", "warmup_steps=0",
-                       "lr_schedule=constant")
+  if student == "qwen3":      # the run the resume test resumes
+    _, code, rows, _ = request.getfixturevalue("qwen3_student")
+  else:
+    code, rows = distill_student(tmp_path, student, teacher_ckpt)
   assert code == 0
   steps = [r for r in rows if "distill_divergence" in r]
   assert len(steps) == 6

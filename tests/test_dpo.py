@@ -80,15 +80,15 @@ def test_the_preference_metrics_are_logged_per_step_and_rise(learning_run):
 def test_resume_is_bitwise(learning_run, tmp_path):
   out, pairs, rows, final = learning_run
   shutil.copytree(out / "run", tmp_path / "run")
-  for name in os.listdir(tmp_path / "run" / "checkpoints"):
-    if name.isdigit() and int(name) > 4:
+  for name in os.listdir(tmp_path / "run" / "checkpoints"):   # resumed from step 8: 4 steps
+    if name.isdigit() and int(name) > 8:
       shutil.rmtree(tmp_path / "run" / "checkpoints" / name)
   code, resumed, trainer = dpo(tmp_path, "run", f"preferences={pairs}", "steps=12",
                                "checkpoint_period=4", "max_checkpoints_to_keep=5")
   assert code == 0
   got = {r["step"]: r for r in resumed if "rewards/accuracies" in r}
   for r in rows:
-    if "rewards/accuracies" in r and r["step"] > 4:
+    if "rewards/accuracies" in r and r["step"] > 8:
       for k in ("loss", *METRICS):
         assert got[r["step"]][k] == r[k], (r["step"], k)
   for a, b in zip(jax.tree.leaves(final["params"]), jax.tree.leaves(trainer.final_state["params"])):
@@ -111,14 +111,22 @@ def test_sigterm_saves_exits_42_and_the_rerun_continues(learning_run, tmp_path, 
     assert got[want["step"]]["loss"] == want["loss"]
 
 
-def test_gradient_accumulation_equals_one_batch(tmp_path):
-  pairs = write_pairs(tmp_path / "p.jsonl")
+@pytest.fixture(scope="module")
+def orpo_runs(tmp_path_factory):
+  """ORPO, 2 steps of 2 pairs per device, in one batch and in 2 accumulated micro-batches:
+  {accumulation steps: (exit code, metrics, trainer)}, the accumulation test's runs and the
+  reference-free test's ORPO run."""
+  out = tmp_path_factory.mktemp("orpo")
+  pairs = write_pairs(out / "p.jsonl")
+  return {accum: dpo(out, f"a{accum}", f"preferences={pairs}", "steps=2",
+                     f"per_device_batch_size={2 // accum}", f"gradient_accumulation_steps={accum}",
+                     "enable_checkpointing=false", "dpo_loss=orpo")
+          for accum in (1, 2)}
+
+
+def test_gradient_accumulation_equals_one_batch(orpo_runs):
   finals = {}
-  for accum in (1, 2):
-    code, rows, trainer = dpo(tmp_path, f"a{accum}", f"preferences={pairs}", "steps=2",
-                              f"per_device_batch_size={2 // accum}",
-                              f"gradient_accumulation_steps={accum}",
-                              "enable_checkpointing=false", "dpo_loss=orpo")
+  for accum, (code, rows, trainer) in orpo_runs.items():
     assert code == 0
     finals[accum] = ([r for r in rows if "loss" in r], trainer.final_state["params"])
   (rows1, p1), (rows2, p2) = finals[1], finals[2]
@@ -147,10 +155,13 @@ def test_lora_reference_is_the_base_and_no_copy_is_held(tmp_path):
 
 
 @pytest.mark.parametrize("loss", ["orpo", "simpo"])
-def test_reference_free_losses_hold_no_reference(tmp_path, loss):
-  pairs = write_pairs(tmp_path / "p.jsonl")
-  code, rows, trainer = dpo(tmp_path, loss, f"preferences={pairs}", f"dpo_loss={loss}",
-                            "steps=2", "enable_checkpointing=false")
+def test_reference_free_losses_hold_no_reference(tmp_path, loss, request):
+  if loss == "orpo":     # the accumulation test's ORPO run (2 micro-batches of 1 pair per device)
+    code, rows, trainer = request.getfixturevalue("orpo_runs")[2]
+  else:
+    pairs = write_pairs(tmp_path / "p.jsonl")
+    code, rows, trainer = dpo(tmp_path, loss, f"preferences={pairs}", f"dpo_loss={loss}",
+                              "steps=2", "enable_checkpointing=false")
   assert code == 0
   assert trainer.reference is None and trainer.memory_estimate().reference == 0
   first = [r for r in rows if "loss" in r][0]

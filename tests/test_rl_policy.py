@@ -207,18 +207,21 @@ def test_a_bad_batch_names_the_key_and_the_expected_shape(policy, change, expect
 
 def test_reference_logprobs_left_out_are_the_policys_own(tmp_path):
   """The settings and batch shape of test_microbatches_equal_one_pass's one-pass policy: the same
-  programs (its compilations reused), another batch."""
+  programs (its compilations reused), another batch. One policy: the second run starts again from
+  the first's initial state (parameters, optimizer state, step, the reference copy)."""
+  p = with_hf_weights(Policy.load(argv(tmp_path, *LOSS, *SHOW_GRAD[1:], "learning_rate=0.05",
+                                       "microbatch_size=0", "enable_checkpointing=false")))
+  initial = jax.device_get(p.state)
   runs = []
   for given in (True, False):
-    p = with_hf_weights(Policy.load(argv(tmp_path / str(given), *LOSS, *SHOW_GRAD[1:],
-                                         "learning_rate=0.05", "microbatch_size=0",
-                                         "enable_checkpointing=false")))
+    if not given:
+      p.start(jax.device_put(initial, p.trainer.shardings), fresh=True)
     batch = a_batch(p.model_config.vocab_size, rows=32, seed=7)
     batch["old_logprobs"] = p.logprobs(batch) + np.float32(0.05) * batch["generation_mask"]
     if given:
       batch["reference_logprobs"] = p.reference_logprobs(batch)
     runs.append([p.train(batch) for _ in range(2)])
-    p.close()
+  p.close()
   assert runs[0] == runs[1] and runs[0][1]["kl"] > 0
 
 

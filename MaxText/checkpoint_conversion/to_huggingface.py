@@ -32,17 +32,32 @@ Examples:
 """
 from __future__ import annotations
 
+import sys
+
+from MaxText.config import cli
+from MaxText.config.load import ConfigError
+
+ARGS = {
+    "output_path": cli.Arg(help="the Hugging Face folder to write (must not exist or be empty)"),
+    "max_shard_gb": cli.Arg(float, 5.0, "largest safetensors shard"),
+    "adapter_format": cli.Arg(str, "merged", "a LoRA checkpoint: merged (the base with W + "
+                              "alpha/r A B) | peft (adapter_config.json + "
+                              "adapter_model.safetensors for peft.PeftModel.from_pretrained)"),
+}
+
+if __name__ == "__main__":   # --help and a bad argument: answered before jax is imported
+  cli.answer_early(sys.argv[1:], ARGS, __doc__, tool="to_huggingface",
+                   bad_input=(ConfigError, ValueError, KeyError, FileNotFoundError))
+
 import dataclasses
 import os
-import sys
 from typing import Any
 
 from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.manager import hf_source, read_meta, resolve_step_dir
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder, write_json
-from MaxText.config import cli
-from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
+from MaxText.config.load import BASE_YML, load_config, replace
 from MaxText.config.schema import AUTO_TOOL_DTYPE, KEYS, Config
 from MaxText.data import tokenizers
 from MaxText.layers import lora
@@ -53,14 +68,6 @@ from MaxText.resolve import lora_base
 from MaxText.resolve.from_checkpoint import check_quantized_layout
 from MaxText.runtime.exit_codes import reported
 from MaxText.storage import paths
-
-ARGS = {
-    "output_path": cli.Arg(help="the Hugging Face folder to write (must not exist or be empty)"),
-    "max_shard_gb": cli.Arg(float, 5.0, "largest safetensors shard"),
-    "adapter_format": cli.Arg(str, "merged", "a LoRA checkpoint: merged (the base with W + "
-                              "alpha/r A B) | peft (adapter_config.json + "
-                              "adapter_model.safetensors for peft.PeftModel.from_pretrained)"),
-}
 
 
 def checkpoint_config(path: str) -> Config:

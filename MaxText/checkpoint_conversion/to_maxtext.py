@@ -21,9 +21,22 @@ Examples:
 """
 from __future__ import annotations
 
+import sys
+
+from MaxText.config import cli
+from MaxText.config.load import ConfigError
+
+ARGS = {"output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
+        "adapter_path": cli.Arg(str, "", "a PEFT LoRA adapter folder for the model of hf_path: "
+                                "written as our adapters (lora_rank, lora_alpha, lora_targets "
+                                "from its adapter_config.json)")}
+
+if __name__ == "__main__":   # --help and a bad argument: answered before jax is imported
+  cli.answer_early(sys.argv[1:], ARGS, __doc__, tool="to_maxtext",
+                   bad_input=(ConfigError, ValueError, KeyError, FileNotFoundError))
+
 import os
 import re
-import sys
 from typing import Iterable
 
 import jax
@@ -34,18 +47,12 @@ from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.manager import HF_SOURCE, save_params_only
 from MaxText.checkpoint_conversion import peft_adapters
 from MaxText.checkpoint_conversion.hf_io import HFFolderError, HFTensors, read_config
-from MaxText.config import cli
-from MaxText.config.load import BASE_YML, ConfigError, coerce, load_config, parse_overrides, replace
+from MaxText.config.load import BASE_YML, coerce, load_config, parse_overrides, replace
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import check_model, get_hf_map, make_model_def
 from MaxText.runtime.exit_codes import reported
-
-ARGS = {"output_path": cli.Arg(help="where our checkpoint is written (must not exist or be empty)"),
-        "adapter_path": cli.Arg(str, "", "a PEFT LoRA adapter folder for the model of hf_path: "
-                                "written as our adapters (lora_rank, lora_alpha, lora_targets "
-                                "from its adapter_config.json)")}
 
 
 def config_for_hf(hf_config: dict, overrides: list[str],

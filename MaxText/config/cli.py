@@ -15,6 +15,7 @@ keys it reads with their defaults, and exits 0.
 from __future__ import annotations
 
 import difflib
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -167,6 +168,22 @@ def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
   args = _with_defaults(values, spec)
   config_argv = [base, *rest]
   return args, load_config(config_argv, tool=tool), config_argv
+
+
+def answer_early(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
+                 config_file: bool = False,
+                 bad_input: tuple[type[Exception], ...] = (ConfigError,)) -> None:
+  """The first thing a program does whose module is a library too, with jax imported at its top
+  (refit, the converters): placed above those imports, it prints the usage for `-h` / `--help`
+  (exit 0) and refuses a bad argument or config key (exit 2, "error: ...", as the program's own
+  `parse` under `reported` would) without waiting for jax; else it returns, and the program
+  parses `argv` again."""
+  try:
+    if parse(argv, spec, doc, tool=tool, config_file=config_file) is None:
+      sys.exit(0)
+  except bad_input as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 def require(cfg: Config, key: str, what: str) -> Any:

@@ -22,20 +22,38 @@ Sites: MaxText/layers/sites.py. CLI: `python -m MaxText.inspect --help`.
 """
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from MaxText.inspect.capabilities import Capabilities, capabilities_of
-from MaxText.inspect.encoding import Encoding, Span
-from MaxText.inspect.model import Inspector
-from MaxText.inspect.scoring import StepLogprobs
 from MaxText.inspect.trace import Trace
+
+if TYPE_CHECKING:
+  from MaxText.inspect.encoding import Encoding, Span
+  from MaxText.inspect.model import Inspector
+  from MaxText.inspect.scoring import StepLogprobs
 
 BASE_YML = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs", "base.yml")
 
 __all__ = ["Capabilities", "Encoding", "Inspector", "Span", "StepLogprobs", "Trace",
            "capabilities", "capabilities_of", "load", "wrap"]
+
+# the API's classes that need the model's machinery (jax), by the module that defines them,
+# imported on first use: `python -m MaxText.inspect` imports this package first, and its --help
+# needs none of them (capabilities.py and trace.py import no jax, and the function `capabilities`
+# below must replace the submodule of that name on the package, so they stay above)
+_LAZY = {"Encoding": "encoding", "Span": "encoding", "Inspector": "model",
+         "StepLogprobs": "scoring"}
+
+
+def __getattr__(name: str):
+  if name not in _LAZY:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+  globals()[name] = value
+  return value
 
 
 def _source(hf_path, load_parameters_path) -> str:
@@ -52,6 +70,7 @@ def load(*, hf_path: str | None = None, load_parameters_path: str | None = None,
   output), with `overrides` (key=value config keys: the mesh, the tokenizer, ...) on `config`.
   `attention`: capabilities.py."""
   from MaxText import inference
+  from MaxText.inspect.model import Inspector
   capabilities_of_attention(attention)
   source = _source(hf_path, load_parameters_path)
   return Inspector(inference.load([config, source, *overrides], devices=devices), attention)
@@ -62,6 +81,7 @@ def wrap(params, cfg, *, devices=None, attention: str = "reference") -> Inspecto
   model `cfg`, a Config, describes: a training run's), placed on the mesh of `cfg` — no
   checkpoint round trip."""
   from MaxText import inference
+  from MaxText.inspect.model import Inspector
   capabilities_of_attention(attention)
   return Inspector(inference.load(cfg, devices=devices, params=params), attention)
 

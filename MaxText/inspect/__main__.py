@@ -34,7 +34,7 @@ from MaxText.config.cli import Arg, parse
 from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 from MaxText.data.multimodal.errors import MediaError
-from MaxText.inference import InferenceError
+from MaxText.decoding.errors import InferenceError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 
 ARGS = {
@@ -62,15 +62,16 @@ def _ints(text: str, key: str) -> list[int] | None:
 
 
 def run(argv: Sequence[str]) -> int:
-  from MaxText.runtime import compile_cache
   from MaxText.runtime.startup import StartupClock
   clock = StartupClock()
-  from MaxText import inference
-  from MaxText import inspect as inspect_api
-  from MaxText.decode import check_media_files, prompts_of
   parsed = parse(argv, ARGS, __doc__, tool="inspect", config_file=True)
   if parsed is None:
     return EXIT_OK
+  # the model's machinery (jax): after --help and a bad argument or key
+  from MaxText import inference
+  from MaxText import inspect as inspect_api
+  from MaxText.decode import check_media_files, prompts_of
+  from MaxText.runtime import compile_cache
   args, cfg, config_argv = parsed
   layers, heads = _ints(args["layers"], "layers"), _ints(args["heads"], "heads")
   capture = [c for c in args["capture"].split(",") if c]

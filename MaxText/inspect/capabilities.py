@@ -6,16 +6,18 @@ Each field is computed from the model's family (decoding, the towers it has), th
 dot-product op materialises attention probabilities: "reference", the default, picks it whatever
 trained the model; "model" keeps the configured op, so `attentions` and the attention sites are
 refused — `check_capture` — before any program is built).
+
+The model's modules (jax) are imported by the functions that use them: the package imports this
+module first, and `python -m MaxText.inspect --help` then answers without jax.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from MaxText.layers import sites
-from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family
+if TYPE_CHECKING:
+  from MaxText.models.model_config import ModelConfig
 
 ATTENTION_SETTINGS = ("reference", "model")
 REFERENCE_OP = "dot_product"
@@ -44,6 +46,7 @@ class Capabilities:
     does not give them (before anything is compiled)."""
     if self.attentions:
       return
+    from MaxText.layers import sites  # pylint: disable=import-outside-toplevel
     wanted = [c for c in capture if c == "attentions" or any(
         sites.parse(n)[0] in sites.HEAD_SITES for n in
         (sites.expand(c, num_layers) if c not in ("hidden_states", "logits") else []))]
@@ -65,6 +68,7 @@ def capabilities_of(mcfg: ModelConfig, *, attention: str = "reference", chat: bo
                     processor_takes: Iterable[str] = ()) -> Capabilities:
   """The capabilities of a model of `mcfg` (no parameters needed): `chat` whether its tokenizer has
   chat templates, `processor_takes` the modalities its checkpoint's processor prepares."""
+  from MaxText.models.registry import get_family  # pylint: disable=import-outside-toplevel
   family = get_family(mcfg.decoder_block)
   op = attention_op(mcfg, attention)
   towers = set(family.media(mcfg)) & set(processor_takes)

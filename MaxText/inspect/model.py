@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from MaxText.data.tokenizers import HFTokenizer
 from MaxText.decoding.engine import DecodeError, batch_media, bucket
 from MaxText.inference import InferenceError, InferenceModel, Prepared
-from MaxText.inspect import capabilities as caps
+from MaxText.inspect.capabilities import Capabilities, attention_op, capabilities_of
 from MaxText.inspect import encoding as enc_lib
 from MaxText.inspect import scoring
 from MaxText.inspect.trace import Trace
@@ -68,7 +68,7 @@ class Inspector:
     "model" (the op the model is configured with; no attention captures)."""
     self.inference = inference
     engine = inference.engine
-    op = caps.attention_op(engine.mcfg, attention)
+    op = attention_op(engine.mcfg, attention)
     self.attention = attention
     self.mcfg = dataclasses.replace(engine.mcfg, attention=op, remat_policy="none")
     self.num_layers = self.mcfg.num_decoder_layers
@@ -92,7 +92,7 @@ class Inspector:
     self._local.interventions = value
 
   @functools.cached_property
-  def capabilities(self) -> caps.Capabilities:
+  def capabilities(self) -> Capabilities:
     """What this model can do (MaxText/inspect/capabilities.py), without compiling."""
     tok = self.inference.tokenizer
     chat = isinstance(tok, HFTokenizer)
@@ -101,7 +101,7 @@ class Inspector:
     except ValueError:
       processor = None
     takes = [m for m in ("image", "audio") if processor is not None and not processor.takes(m)]
-    return caps.capabilities_of(self.mcfg if self.attention == "reference" else
+    return capabilities_of(self.mcfg if self.attention == "reference" else
                                 self.inference.engine.mcfg, attention=self.attention, chat=chat,
                                 processor_takes=takes)
 

@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Sequence
@@ -25,25 +24,11 @@ from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_hf_map, make_model_def
 from MaxText.resolve import hf_sharded
+from MaxText.resolve.hf_config import read_hf_config
 from MaxText.storage import paths
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "added_tokens.json")
-
-
-def read_hf_config(folder: str) -> dict:
-  path = paths.join(folder, "config.json")
-  if not paths.isfile(path):
-    raise ConfigError(f"hf_path: {path} does not exist")
-  try:
-    config = json.loads(paths.read_bytes(path))
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"hf_path: {path} is not valid JSON: {e}") from None
-  if "auto_map" in config:
-    raise ConfigError(f"hf_path: {path} has 'auto_map' (custom remote code); refusing to load it")
-  if "model_type" not in config:
-    raise ConfigError(f"hf_path: {path} has no 'model_type'")
-  return config
 
 
 def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:

@@ -29,8 +29,15 @@ gradient (the MoE router's selection bias) follow every update as in pre-trainin
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
+
+from MaxText.config import cli
+
+if __name__ == "__main__" and (cli.wants_help(sys.argv[1:]) or len(sys.argv) < 2):
+  print(cli.usage(__doc__, {}, "grpo"))   # before jax is imported (the trainer's, below)
+  sys.exit(0)
+
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -39,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from MaxText.checkpoint.manager import RunCheckpoints
-from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import Config
 from MaxText.decoding.sampling import Sampling
@@ -406,7 +412,4 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-  if cli.wants_help(sys.argv[1:]) or len(sys.argv) < 2:
-    print(cli.usage(__doc__, {}, "grpo"))
-    sys.exit(0)
   exit_process(main(sys.argv[1:]))
