@@ -145,7 +145,7 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     w3 = np.asarray(w.reshape(m, k, n), np.float32)
     h3 = None if hess is None else np.asarray(hess[t.probe].reshape(m, k, k), np.float32)
     # an expert no calibration token reached (a zero Hessian): RTN, its weight error
-    seen = np.ones(m, bool) if h3 is None else h3.reshape(m, -1).any(axis=1)
+    seen: np.ndarray = np.ones(m, bool) if h3 is None else np.any(h3.reshape(m, -1), axis=1)
     with_gptq = method == "gptq" and h3 is not None
     c = _batch(m, k, n)
     qs, ss = [], []
