@@ -25,6 +25,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from MaxText.resolve.hf_config import hf_config_at
 from MaxText.storage import paths
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -64,19 +65,11 @@ def _inside(folder: str, name: str) -> str:
 
 
 def read_config(folder: str) -> dict:
-  path = os.path.join(folder, "config.json")
-  if not os.path.isfile(path):
-    raise HFFolderError(f"{path} does not exist")
-  with open(path, encoding="utf-8") as f:
-    try:
-      config = json.load(f)
-    except json.JSONDecodeError as e:
-      raise HFFolderError(f"{path} is not valid JSON: {e}") from None
-  if "auto_map" in config:
-    raise HFFolderError(f"{path} has 'auto_map' (custom remote code); refusing to load it")
-  if "model_type" not in config:
-    raise HFFolderError(f"{path} has no 'model_type'")
-  return config
+  """`folder`'s config.json, checked (resolve/hf_config.py: hf_config_at); HFFolderError naming it."""
+  try:
+    return hf_config_at(os.path.join(folder, "config.json"))
+  except ValueError as e:
+    raise HFFolderError(str(e)) from None
 
 
 class HFTensors(Mapping):
