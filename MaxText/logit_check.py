@@ -79,7 +79,8 @@ def run(argv: list[str]) -> int:
   atol_fraction = default_atol if args["atol_fraction"] is None else args["atol_fraction"]
 
   import torch
-  import transformers
+  # the Auto class's own module, not transformers' lazy top-level (which names every model)
+  from transformers.models.auto.modeling_auto import AutoModelForCausalLM
 
   from MaxText.checkpoint_conversion.hf_io import read_config
   from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config
@@ -88,7 +89,7 @@ def run(argv: list[str]) -> int:
   from MaxText.resolve import lora_base
 
   read_config(args["hf_path"])  # refuses auto_map / missing config before transformers reads it
-  hf = transformers.AutoModelForCausalLM.from_pretrained(
+  hf = AutoModelForCausalLM.from_pretrained(
       args["hf_path"], dtype=getattr(torch, args["dtype"]), trust_remote_code=False,
       use_safetensors=True)
   hf.eval()
