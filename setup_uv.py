@@ -4,8 +4,11 @@ configuration gives `pip install` (its config files and PIP_* variables, read by
 index, the extra indexes, find-links, constraints, pre-releases, trusted hosts, the CA bundle and
 the time-out. uv reads none of pip's configuration; its own (uv.toml) is not read (--no-config), so
 what it installs is what pip would. pip's choice among indexes is the best version over all of them
-(uv's default takes the first index that has the package: --index-strategy unsafe-best-match), and
-pip compiles the bytecode at install (--compile-bytecode). A pip setting with no translation here
+(uv's default takes the first index that has the package: --index-strategy unsafe-best-match). The
+bytecode is compiled at install (--compile-bytecode, as pip does) only where Python cannot cache it
+itself, PYTHONDONTWRITEBYTECODE set: elsewhere Python writes the bytecode of what a process imports
+the first time it imports it, rather than every file of every package (most of torch and
+transformers never imported) at install. A pip setting with no translation here
 stops it (status 1, naming the setting) before uv runs: setup.sh then installs with pip.
 `--print` first: prints the uv command and the variables it adds instead of running it."""
 import math
@@ -25,7 +28,8 @@ def uv_command(uv: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
   """The uv command for `pip install ARGS` under pip's configuration, and the variables it adds."""
   install = create_command("install")
   opts, _ = install.parse_args([])   # pip's defaults updated from its config files and PIP_*
-  flags = ["--python", sys.executable, "--no-config", "--quiet", "--compile-bytecode",
+  flags = ["--python", sys.executable, "--no-config", "--quiet",
+           *(["--compile-bytecode"] if os.environ.get("PYTHONDONTWRITEBYTECODE") else []),
            "--index-strategy", "unsafe-best-match"]
   if opts.no_index:
     flags.append("--no-index")

@@ -35,9 +35,13 @@ def test_setup_uv_hands_pip_configuration_to_uv(tmp_path):
              PIP_EXTRA_INDEX_URL="file:///a/simple file:///b/simple", PIP_FIND_LINKS="/w2 /w3",
              PIP_CONSTRAINT=f"{tmp_path}/c.txt", PIP_TIMEOUT="42.5", PIP_CERT=f"{tmp_path}/ca.pem",
              PIP_PRE="1", PIP_TRUSTED_HOST="mirror.example")
+  env["PYTHONDONTWRITEBYTECODE"] = "1"
   run = lambda *extra: subprocess.run(
       [sys.executable, os.path.join(ROOT, "setup_uv.py"), "--print", "/u/uv", "-r", "r.txt"],
       env={**env, **dict(extra)}, capture_output=True, text=True, check=False)
+  # Python caching bytecode itself (the variable unset or empty): none compiled at install
+  lazy = run(("PYTHONDONTWRITEBYTECODE", ""))
+  assert lazy.returncode == 0 and "--compile-bytecode" not in lazy.stdout, lazy.stderr[-2000:]
   done = run()
   assert done.returncode == 0, done.stderr[-2000:]
   command, *variables = done.stdout.strip().splitlines()
