@@ -139,17 +139,18 @@ def test_eight_devices_with_accumulation_equal_one_and_resume_is_bitwise(setup, 
     np.testing.assert_array_equal(x, y)
 
 
-def test_prompt_targets_are_not_in_the_objective(setup):
-  d, common, _ = setup
-  cfg = load_config(h.sft_argv(d, "objective", *common, *MESH_1))
-  trainer = Trainer(cfg, jax.devices()[:1])
+def test_prompt_targets_are_not_in_the_objective(one_device_run):
+  # the one-device run's trainer: its data, its initial state (the base + fresh adapters) and the
+  # train step it compiled and ran (`compiled`: not traced and lowered again)
+  trainer, _ = one_device_run
+  cfg = trainer.cfg
   it = make_shard_iterator(DataConfig.from_config(cfg), [0], 1, trainer.global_batch)
   batch = next(it)
   it.close()
   prompt = (batch["targets_segmentation"] == 0) & (batch["inputs_segmentation"] != 0)
   assert prompt.sum() > 100 and (~prompt & (batch["inputs_segmentation"] != 0)).sum() > 50
   changed = dict(batch, targets=np.where(prompt, (batch["targets"] + 7) % 300, batch["targets"]))
-  step = trainer.compile_step()
+  step = trainer.compiled
   out = []
   for b in (batch, changed):
     state, _ = trainer.checkpointed.initial_state(None, None)

@@ -22,14 +22,19 @@ MODEL = ["emb_dim=32", "num_decoder_layers=2", "num_query_heads=4", "num_kv_head
          "mlp_dim=48", "vocab_size=300", f"max_target_length={S}", "init_std=0.5"]
 
 
+def model_config(*overrides) -> ModelConfig:
+  """MODEL with `overrides`, a later value of a key replacing an earlier one."""
+  keys = dict(kv.split("=", 1) for kv in [*MODEL, *overrides])
+  return ModelConfig.from_config(load_config([BASE_YML, *(f"{k}={v}" for k, v in keys.items())]))
+
+
 @functools.lru_cache(maxsize=None)
 def build(*overrides):
   """(model def, its random init as host arrays): built once per `overrides` in a process (the
   tests here and in test_loss_vocab_split.py share them; the arrays are immutable). Host arrays:
   placing them on a mesh slices them on the host (a device array's placement compiles a slicing
   program per shape)."""
-  keys = dict(kv.split("=", 1) for kv in [*MODEL, *overrides])   # a later value replaces an earlier
-  mcfg = ModelConfig.from_config(load_config([BASE_YML, *(f"{k}={v}" for k, v in keys.items())]))
+  mcfg = model_config(*overrides)
   return make_model_def(mcfg), jax.device_get(init_params(mcfg, 0))
 
 
@@ -64,10 +69,12 @@ def _loss_and_grad(*overrides):
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("chunk", [16, 20])      # 3 even chunks; 3 chunks with a padded last one
 def test_chunked_loss_and_grads_equal_the_whole_sequence(tied, chunk):
-  model_def, params = build(f"tie_word_embeddings={str(tied).lower()}")
+  # MODEL's untied head spelled as the other tests here spell it (no key): one model, one init
+  tie = ("tie_word_embeddings=true",) if tied else ()
+  model_def, params = build(*tie)
   micro = batch()
-  grad = _loss_and_grad(f"tie_word_embeddings={str(tied).lower()}")   # one per model: the
-  # whole sequence's program is shared by both chunk lengths
+  grad = _loss_and_grad(*tie)   # one per model: the whole sequence's program is shared by both
+  # chunk lengths (and the untied one by the mesh test's one-device reference)
   (l0, (z0, n0)), g0 = grad(params, micro, 0)
   (l1, (z1, n1)), g1 = grad(params, micro, chunk)
   assert float(n0) == float(n1) == 40 + 48
@@ -96,15 +103,18 @@ def test_chunking_cuts_the_logits_memory():
   """With a large vocabulary the [B, S, V] fp32 logits (and their gradient) dominate the step's
   temporary memory; chunks of S/8 positions cut it by more than 4x."""
   V, S_big = 16384, 256
-  model_def, params = build(f"vocab_size={V}", f"max_target_length={S_big}")
-  tokens = jnp.zeros((B, S_big), jnp.int32)
+  # compiled, never run: the parameters' shapes alone (no init program) and a host batch (no
+  # eager programs), passed as arguments
+  model_def = make_model_def(model_config(f"vocab_size={V}", f"max_target_length={S_big}"))
+  tokens = np.zeros((B, S_big), np.int32)
   micro = {"inputs": tokens, "targets": tokens, "inputs_segmentation": tokens + 1,
            "targets_segmentation": tokens + 1,
-           "inputs_position": jnp.broadcast_to(jnp.arange(S_big), (B, S_big))}
+           "inputs_position": np.broadcast_to(np.arange(S_big, dtype=np.int32), (B, S_big))}
 
   def temp_bytes(chunk):
-    f = jax.grad(lambda p: token_loss_sums(model_def, p, micro, z_loss_weight=0.0, chunk=chunk)[0])
-    return jax.jit(f).lower(params).compile().memory_analysis().temp_size_in_bytes
+    f = jax.grad(lambda p, m: token_loss_sums(model_def, p, m, z_loss_weight=0.0, chunk=chunk)[0])
+    compiled = jax.jit(f).lower(model_def.abstract_params, micro).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
 
   logits_bytes = B * S_big * V * 4
   whole, chunked = temp_bytes(0), temp_bytes(S_big // 8)
@@ -112,8 +122,9 @@ def test_chunking_cuts_the_logits_memory():
   assert whole - chunked > 0.75 * logits_bytes, (whole, chunked, logits_bytes)
 
 
-def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=None):
-  """((mean loss, gradients), the compiled HLO text) under a mesh over `devices` (default all)."""
+def _sharded_step(model_def, micro, chunk, *mesh_keys, devices=None):
+  """(the jitted mean loss and gradients under a mesh over `devices` (default all), the
+  parameters' shardings)."""
   from MaxText.sharding.mesh import create_mesh
   from MaxText.sharding.rules import parse_rules, tree_shardings, use_rules
   cfg = load_config([BASE_YML, *MODEL, *mesh_keys])
@@ -125,9 +136,16 @@ def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices
     with use_rules(mesh, rules):
       return jax.value_and_grad(_mean_loss)(p, model_def, micro, chunk)
 
-  step = jax.jit(sharded, in_shardings=(shardings,))
+  return jax.jit(sharded, in_shardings=(shardings,)), shardings
+
+
+def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=None,
+                            hlo=True):
+  """((mean loss, gradients), the compiled HLO text, or None without `hlo`) under a mesh over
+  `devices` (default all)."""
+  step, shardings = _sharded_step(model_def, micro, chunk, *mesh_keys, devices=devices)
   placed = jax.device_put(params, shardings)
-  return step(placed), step.lower(placed).compile().as_text()
+  return step(placed), step.lower(placed).compile().as_text() if hlo else None
 
 
 def _mean_loss(p, model_def, micro, chunk):
@@ -141,10 +159,14 @@ def test_chunked_loss_under_a_mesh_equals_one_device():
   model_def, params = build()
   micro = {k: np.concatenate([v] * 4) for k, v in batch().items()}     # 8 rows over 4 batch shards
   mesh = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2")
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(
-      lambda p: _mean_loss(p, model_def, micro, 0)))(params)
-  (whole_loss, whole_grads), _ = _sharded_loss_and_grads(model_def, params, micro, 0, *mesh)
-  (got_loss, got_grads), _ = _sharded_loss_and_grads(model_def, params, micro, 16, *mesh)
+  # one device's reference on the 2 rows the 8 are 4 copies of: the mean loss (sums over 4x the
+  # tokens, over 4x the count) and its gradients are the same; the program is the untied case's
+  # of test_chunked_loss_and_grads_equal_the_whole_sequence (the same loss, the same z-loss)
+  (ref_loss, _), ref_grads = _loss_and_grad()(params, batch(), 0)
+  (whole_loss, whole_grads), _ = _sharded_loss_and_grads(model_def, params, micro, 0, *mesh,
+                                                         hlo=False)
+  (got_loss, got_grads), _ = _sharded_loss_and_grads(model_def, params, micro, 16, *mesh,
+                                                     hlo=False)
   # chunked vs whole under the same mesh: 1e-6 (summation order); vs one device: the sharded
   # reductions of the rest of the model add their own fp32 reordering (1e-5, as the EP tests)
   assert rel(got_loss, whole_loss) < 1e-6 and rel(got_loss, ref_loss) < 1e-5
@@ -156,10 +178,14 @@ def test_chunked_loss_under_a_mesh_equals_one_device():
 def test_chunk_loop_has_no_collectives_when_only_the_batch_is_split():
   """data 2 x fsdp 4: the head is gathered, and its gradient reduced, outside the chunk loop (a
   scan over globally sharded chunks would do both once per chunk)."""
-  model_def, params = build("scan_layers=false")   # the chunk loop is then the only while loop
+  # the chunk loop is then the only while loop; compiled, never run (no init program)
+  model_def = make_model_def(model_config("scan_layers=false"))
   micro = {k: np.concatenate([v] * 4) for k, v in batch().items()}
-  _, hlo = _sharded_loss_and_grads(model_def, params, micro, 16, "ici_data_parallelism=2",
-                                   "ici_fsdp_parallelism=4")
+  step, shardings = _sharded_step(model_def, micro, 16, "ici_data_parallelism=2",
+                                  "ici_fsdp_parallelism=4")
+  abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          model_def.abstract_params, shardings)
+  hlo = step.lower(abstract).compile().as_text()
   whiles = re.findall(r"body=%([\w.\-]+)", hlo)   # the chunk loop, forward and backward
   assert whiles
   for name in whiles:
