@@ -70,8 +70,20 @@ def hf_logits(model, tokens) -> np.ndarray:
   return out
 
 
+_FORWARD: list = [None, None]   # (model def, its jitted apply): the last one asked for
+
+
+def _forward(model_def):
+  """model_def.apply jitted, the same jitted function again for the same model def (by identity):
+  check_logits' second call and a later test's forward of the same model reuse its trace and
+  lowering. One kept: a test file's models are not all held alive."""
+  if _FORWARD[0] is not model_def:
+    _FORWARD[:] = [model_def, jax.jit(model_def.apply)]
+  return _FORWARD[1]
+
+
 def our_logits(model_def, params, tokens, pos, seg) -> np.ndarray:
-  fn = jax.jit(model_def.apply)
+  fn = _forward(model_def)
   return np.asarray(fn(params, *(jnp.asarray(a, jnp.int32) for a in (tokens, pos, seg))))
 
 
