@@ -29,10 +29,6 @@ from MaxText.models.llama import qwen3_hf_map as hf_map  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.registry import make_model_def  # noqa: E402
 
-from trl.experimental.cpo import CPOTrainer  # noqa: E402
-from trl.experimental.orpo import ORPOTrainer  # noqa: E402
-from trl.trainer.dpo_trainer import DPOTrainer  # noqa: E402
-from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 TOL = 1e-5
 S = 14          # our rows' length (targets)
@@ -100,6 +96,9 @@ def accelerator():
 
 def trl_dpo(policy, ref, data, loss, beta, label_smoothing):
   """TRL's DPOTrainer._compute_loss: the loss (backward done) and its logged metrics."""
+  # TRL's trainers imported where they run: a worker that only collects this file skips them
+  from trl.trainer.dpo_trainer import DPOTrainer
+  from trl.trainer.utils import add_fused_lm_head
   policy, ref = copy.deepcopy(policy), copy.deepcopy(ref)
   add_fused_lm_head(policy, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
   add_fused_lm_head(ref)
@@ -139,6 +138,8 @@ def trl_pairs_batch(data):
 
 
 def trl_reference_free(policy, data, loss, beta, label_smoothing, simpo_gamma):
+  from trl.experimental.cpo import CPOTrainer
+  from trl.experimental.orpo import ORPOTrainer
   policy = copy.deepcopy(policy)
   cls = ORPOTrainer if loss == "orpo" else CPOTrainer
   me = SimpleNamespace(accelerator=accelerator(), is_encoder_decoder=False, padding_value=0,
