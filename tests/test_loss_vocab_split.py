@@ -28,8 +28,9 @@ def _mesh_rules(devices, *mesh_keys):
   return create_mesh(cfg, devices), parse_rules(cfg.logical_axis_rules, cfg.mesh_axes)
 
 
-def _sharded(model_def, params, micro, chunk, devices, *mesh_keys):
-  return _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=devices)
+def _sharded(model_def, params, micro, chunk, devices, *mesh_keys, hlo=True):
+  return _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=devices,
+                                 hlo=hlo)
 
 
 def _gathered_shapes(hlo: str) -> list[str]:
@@ -82,8 +83,10 @@ def test_vocab_split_chunked_equals_whole_under_the_mesh(tied):
   model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
   micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
   mesh = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2")
-  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, jax.devices()[:4], *mesh)
-  (split, split_g), _ = _sharded(model_def, params, micro, 16, jax.devices()[:4], *mesh)
+  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, jax.devices()[:4], *mesh,
+                                 hlo=False)
+  (split, split_g), _ = _sharded(model_def, params, micro, 16, jax.devices()[:4], *mesh,
+                                 hlo=False)
   assert rel(split, whole) < 1e-6
   for (path, a), b in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g)):
     assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
@@ -134,8 +137,8 @@ def test_vocab_split_soft_capped_tied_head():
   one_device = jax.jit(jax.value_and_grad(lambda p, c: _mean_loss(p, model_def, micro, c)),
                        static_argnums=1)
   (ref_loss, ref_g), (_, ref_chunked_g) = one_device(params, 0), one_device(params, 16)
-  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, devices, *mesh)
-  (split, split_g), _ = _sharded(model_def, params, micro, 16, devices, *mesh)
+  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, devices, *mesh, hlo=False)
+  (split, split_g), _ = _sharded(model_def, params, micro, 16, devices, *mesh, hlo=False)
   assert rel(split, ref_loss) < 1e-5 and rel(split, whole) < 1e-6, (float(split), float(whole))
   u = 2.0 ** -24
   for (path, a), b, r, rc in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g),
