@@ -130,11 +130,12 @@ def _absl_flags():
 # JIT then crashes the worker (a segmentation fault in the next program's load). So each file's
 # programs go when the file is done (the persistent cache keeps them for a later load), and a test
 # that leaves its worker near the limit fails, naming the count, rather than a later one crashing.
-# Counting the maps costs the kernel ~1 ms per thousand of them: each test is checked only in a
-# file that began with over half that share in use (a worker's count when the file began; others
-# stay far below it: a file adds a few thousand maps), and every file is checked when it ends.
+# Counting the maps costs the kernel ~1 ms per thousand of them, after each test: while the last
+# count was under a third of the limit only every fourth test is counted (a test adds a few
+# thousand maps at most: four cannot take a worker from there past the share), and every file
+# when it ends.
 MAP_LIMIT_SHARE = 0.75
-_maps_at_file_start = [0]
+_maps = {"last": 0, "tests": 0}
 
 
 def memory_maps() -> int:
@@ -172,6 +173,7 @@ def _collect_and_freeze():
 
 def _check_maps(what: str) -> None:
   limit, maps = map_limit(), memory_maps()
+  _maps["last"] = maps
   if limit and maps > MAP_LIMIT_SHARE * limit:
     pytest.fail(f"{what} leaves its process with {maps} memory maps, over "
                 f"{MAP_LIMIT_SHARE:.0%} of vm.max_map_count ({limit}): its file keeps too many "
@@ -181,7 +183,6 @@ def _check_maps(what: str) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _release_programs(request):
   _collect_and_freeze()
-  _maps_at_file_start[0] = memory_maps()
   yield
   _check_maps(request.node.nodeid)
   jax.clear_caches()
@@ -191,7 +192,8 @@ def _release_programs(request):
 @pytest.fixture(autouse=True)
 def _maps_below_limit(request):
   yield
-  if _maps_at_file_start[0] > MAP_LIMIT_SHARE * map_limit() / 2:
+  _maps["tests"] += 1
+  if _maps["tests"] % 4 == 0 or _maps["last"] > map_limit() / 3:
     _check_maps(request.node.nodeid)
 
 
