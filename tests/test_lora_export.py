@@ -12,7 +12,6 @@ from flax import traverse_util
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 from conftest import BASE_YML  # noqa: E402
 from end_to_end.tiny_hf import save_tiny  # noqa: E402
@@ -105,6 +104,7 @@ def test_merged_peft_and_ours_agree(case, tmp_path):
     config = json.load(f)
   assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["target_modules"]
   base_hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+  peft = pytest.importorskip("peft")   # here, not at collection: peft imports ~2 s of transformers
   with_peft = peft.PeftModel.from_pretrained(base_hf, str(peft_dir)).eval()
   close(hf_forward(with_peft, tokens), ours)
 
