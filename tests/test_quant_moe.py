@@ -90,7 +90,9 @@ QWEN3_MOE = ["model_name=qwen3-moe-tiny"]
 
 
 def test_int8_qat_of_the_experts_trains_and_expert_parallel_equals_one_device(tmp_path):
-  args = [*QWEN3_MOE, "quantization=int8", "quantization_exclude=attn", "steps=8",
+  # 4 steps (3 updates): the loss already falls 6.11 -> 4.65, as in the first 4 of 8 steps (the
+  # learning rate is constant after its warmup), and 1 vs 8 devices compare every step's loss
+  args = [*QWEN3_MOE, "quantization=int8", "quantization_exclude=attn", "steps=4",
           "learning_rate=3e-3", "enable_checkpointing=false"]
   code, one, state = train(tmp_path, "one", *args, *MESH_1, devices=jax.devices()[:1])
   assert code == 0 and one[-1]["loss"] < one[0]["loss"] - 0.5
