@@ -22,10 +22,15 @@ from MaxText.train import memory
 # first moved, and step 3's loss after one of them (a step is seconds of CPU here; a sharding error
 # shows in step 1's loss, the first update's parameters and step 2's gradients already).
 # Layers [linear, full] x 2: one scanned block of both kinds, repeated.
+# 4 rows of 32 tokens (2 chunks of 16: the recurrent state still crosses a chunk boundary): one
+# row per batch shard on 8 devices (fsdp 2 x expert 2); a step of 8 rows of 64 cost ~4x the CPU
+# (most of this file's execution time, on the 8-device run's 8 fake devices).
 QWEN3_NEXT = ("model_name=qwen3-next-tiny", "num_decoder_layers=4", "attention_pattern=lf",
               "steps=3", "enable_checkpointing=false", "mtp_num_layers=1", "linear_chunk_size=16",
-              "moe_aux_loss_weight=0.01", "num_experts_per_tok=8", "learning_rate=3e-4")
-MESH_FET = ["per_device_batch_size=1", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
+              "moe_aux_loss_weight=0.01", "num_experts_per_tok=8", "learning_rate=3e-4",
+              "max_target_length=32")
+MESH_1_ROWS = [*MESH_1, "per_device_batch_size=4"]
+MESH_FET = ["per_device_batch_size=0.5", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
             "ici_tensor_parallelism=2"]
 
 
@@ -34,7 +39,7 @@ def _host(tree):
 
 
 def test_one_device_equals_eight_and_mtp_stays_frozen(tmp_path):
-  code1, one, s1 = train(tmp_path, "one", *QWEN3_NEXT, *MESH_1, devices=jax.devices()[:1])
+  code1, one, s1 = train(tmp_path, "one", *QWEN3_NEXT, *MESH_1_ROWS, devices=jax.devices()[:1])
   code8, eight, s8 = train(tmp_path, "eight", *QWEN3_NEXT, *MESH_FET)
   assert code1 == code8 == 0
   loss = lambda rows: np.array([r["loss"] for r in rows])
@@ -48,7 +53,7 @@ def test_one_device_equals_eight_and_mtp_stays_frozen(tmp_path):
   trained = _host(s1["params"])
   for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(_host(s8["params"]))):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
-  mcfg = ModelConfig.from_config(load_config(argv(tmp_path, "one", *QWEN3_NEXT, *MESH_1)))
+  mcfg = ModelConfig.from_config(load_config(argv(tmp_path, "one", *QWEN3_NEXT, *MESH_1_ROWS)))
   initial = init_params(mcfg, 0)      # the values the trainer creates (one jitted program)
   moved = trained["decoder"]["runs"][0][0]["linear_attn"]["A_log"]
   assert not np.array_equal(moved, np.asarray(initial["decoder"]["runs"][0][0]["linear_attn"]
