@@ -100,14 +100,14 @@ def pytest_configure(config):
 # small files and neither worker waits long for the other's last file. A file not listed runs
 # after them, in its usual order.
 COSTLIEST_FIRST = (
-    "test_context_parallel.py", "test_slots.py", "test_rl_ray.py", "test_faults.py",
-    "test_pipeline.py", "test_grpo.py", "test_quant_moe.py", "test_gemma4_sft_media.py",
-    "test_multiprocess.py", "test_inspect.py", "test_hf_sharded_families.py", "test_lora.py",
-    "test_quantization.py", "test_qwen3_next_train.py", "test_distill.py", "test_dpo.py",
-    "test_quantize_recipe.py", "test_serve.py", "test_refit.py", "test_train.py",
-    "test_tool_keys.py", "test_loss_vocab_split.py", "test_inspect_backend.py", "test_moe.py",
-    "test_rl_policy.py", "test_gemma4_parity.py", "test_cpu_devices.py", "test_rl_driver.py",
-    "test_decode_parity.py", "test_qwen3_next_parity.py")
+    "test_slots.py", "test_rl_ray.py", "test_pipeline.py", "test_grpo.py",
+    "test_context_parallel.py", "test_faults.py", "test_inspect.py", "test_multiprocess.py",
+    "test_lora.py", "test_quant_moe.py", "test_distill.py", "test_dpo.py",
+    "test_gemma4_sft_media.py", "test_decode_parity.py", "test_rl_driver.py",
+    "test_quantize_recipe.py", "test_serve.py", "test_hf_sharded_families.py",
+    "test_quantization.py", "test_moe.py", "test_qwen3_next_train.py", "test_cpu_devices.py",
+    "test_rl_policy.py", "test_inspect_backend.py", "test_gemma4_parity.py", "test_train.py",
+    "test_hf_sharded.py", "test_loss_vocab_split.py", "test_refit.py", "test_qwen3_next_parity.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
