@@ -50,6 +50,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 CACHE_DIR = os.path.expanduser(os.environ.get("MAXTEXT_TEST_JAX_CACHE", "~/.cache/maxtext_jax_tests"))
 
+
+def tool_home(tmp_path) -> str:
+  """A HOME for a subprocess that runs a tool as documented (no jax_cache_dir: base.yml's
+  ~/.cache/maxtext_jax): there that folder is a link to the suite's cache, so the tool neither
+  writes into the user's own cache nor compiles what the suite already holds."""
+  cache = os.path.join(str(tmp_path), "home", ".cache")
+  os.makedirs(cache, exist_ok=True)
+  os.makedirs(CACHE_DIR, exist_ok=True)
+  link = os.path.join(cache, "maxtext_jax")
+  if not os.path.islink(link):
+    os.symlink(CACHE_DIR, link)
+  return os.path.dirname(cache)
+
 import json  # noqa: E402
 import sys  # noqa: E402
 

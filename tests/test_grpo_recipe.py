@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, xla_flags
+from conftest import ROOT, tool_home, xla_flags
 
 SCRIPT = os.path.join(ROOT, "end_to_end", "grpo_addition.py")
 
@@ -38,9 +38,10 @@ def test_the_shipped_prompt_files_are_the_seeded_writers(tmp_path):
 def test_the_recipe_runs_end_to_end(tmp_path):
   # a plain process, as a user starts the script: one CPU device (not this process's 8 fake ones:
   # the warm-up's 16 rows per device were 128 rows a step, GRPO's 64 rows spread over 8 device
-  # threads), the suite's compile flags (tests/conftest.py: xla_flags)
+  # threads), the suite's compile flags (tests/conftest.py: xla_flags), a HOME whose
+  # ~/.cache/maxtext_jax is the suite's cache (the script's commands keep base.yml's jax_cache_dir)
   env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(None))
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(None), HOME=tool_home(tmp_path))
   out = subprocess.run([sys.executable, SCRIPT, "--out", str(tmp_path), "--sft-steps", "2",
                         "--grpo-steps", "1"], cwd=ROOT, env=env, capture_output=True, text=True)
   assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])

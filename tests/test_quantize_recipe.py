@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import CACHE_DIR, ROOT, xla_flags
+from conftest import CACHE_DIR, ROOT, tool_home, xla_flags
 from MaxText.checkpoint.manager import load_params, read_meta
 from MaxText.config.load import load_config
 from MaxText.resolve import held_out
@@ -54,9 +54,11 @@ def test_the_documented_quantize_recipe_runs_as_written(tmp_path):
   os.symlink(os.path.join(ROOT, "configs"), clone / "configs")
   os.symlink(os.path.join(ROOT, "train.py"), clone / "train.py")
   # a plain process: no fake devices (this test process's device count; JAX_PLATFORMS=cpu: one
-  # device), the suite's compile flags (tests/conftest.py: xla_flags), this checkout's package
+  # device), the suite's compile flags (tests/conftest.py: xla_flags), this checkout's package, a
+  # HOME whose ~/.cache/maxtext_jax is the suite's cache (the tools after train.py keep base.yml's)
   env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(None))
+  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(None),
+             HOME=tool_home(tmp_path))
   outputs = []
   for command in commands:
     assert command[0] in PYTHONS, (rel, command)
