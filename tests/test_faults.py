@@ -2,9 +2,11 @@
 
 kill -9 runs are subprocesses (`train.py`, same 8 fake CPU devices as this process, so the compiled
 steps and the numbers are identical); everything else runs in this process. Every run is the one
-configuration (COMMON: 16 steps, a checkpoint every 4): `steps` is in the learning-rate schedule,
-so each other value would be another train-step program to compile, and a run of 16 steps has
-saves before and after each fault's step."""
+configuration (COMMON: 10 steps, a checkpoint every 3 and at the last step): `steps` is in the
+learning-rate schedule, so each other value would be another train-step program to compile (10 on
+data 2 x fsdp 2 x tensor 2 is test_train.py's resume run: the same program, which the persistent
+cache holds once for both files), and a run of 10 steps has saves before and after each fault's
+step, and a step or more after every resume point."""
 import json
 import os
 import re
@@ -20,8 +22,8 @@ from conftest import MESH_222, ROOT, argv, read_metrics, train
 from MaxText.checkpoint.manager import RunCheckpoints, load_params
 from MaxText.runtime import faults
 
-STEPS = 16
-COMMON = (f"steps={STEPS}", "checkpoint_period=4", "max_checkpoints_to_keep=5",
+STEPS = 10
+COMMON = (f"steps={STEPS}", "checkpoint_period=3", "max_checkpoints_to_keep=5",
           "dataset_type=synthetic", *MESH_222)
 
 
@@ -61,57 +63,57 @@ def _assert_same_as_reference(rows, params, reference, first_step):
 
 
 def test_kill_9_mid_step_resumes_bitwise(tmp_path, reference, capsys):
-  """kill -9 while step 11 of 16 runs (checkpoint period 4) → rerun resumes at 8; steps 9-16
+  """kill -9 while step 9 of 10 runs (checkpoint period 3) → rerun resumes at 6; steps 7-10
   (losses, gradient norms, batch checksums) and the final parameters equal the uninterrupted run."""
-  p = _subprocess(tmp_path, "run", "kill_at_step:11")
+  p = _subprocess(tmp_path, "run", "kill_at_step:9")
   assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-  assert "[fault] SIGKILL at step 11" in p.stderr
+  assert "[fault] SIGKILL at step 9" in p.stderr
   killed_rows = read_metrics(tmp_path / "run")
-  assert [r["step"] for r in killed_rows] == list(range(1, 11))
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["4", "8"]
+  assert [r["step"] for r in killed_rows] == list(range(1, 9))
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["3", "6"]
   with open(tmp_path / "run" / "run.lock", encoding="utf-8") as f:
     killed_pid = json.load(f)["pid"]                    # the killed run could not remove it
   code, rows, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
   assert f"stale run lock {tmp_path / 'run' / 'run.lock'} of pid {killed_pid} on host" in \
       capsys.readouterr().out
-  # metrics.jsonl: one row per step; rows 9-10 of the killed run were moved aside
-  assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and rows[:8] == killed_rows[:8]
-  assert read_metrics_file(tmp_path / "run" / "metrics.superseded.jsonl") == killed_rows[8:]
-  _assert_same_as_reference(rows[8:], _final_params(tmp_path / "run", STEPS), reference, 9)
+  # metrics.jsonl: one row per step; rows 7-8 of the killed run were moved aside
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and rows[:6] == killed_rows[:6]
+  assert read_metrics_file(tmp_path / "run" / "metrics.superseded.jsonl") == killed_rows[6:]
+  _assert_same_as_reference(rows[6:], _final_params(tmp_path / "run", STEPS), reference, 7)
 
 
-@pytest.mark.parametrize("fault", ["before_commit:8", "kill_in_save:8"])
+@pytest.mark.parametrize("fault", ["before_commit:6", "kill_in_save:6"])
 def test_kill_9_during_async_save_keeps_previous_step(tmp_path, capsys, fault):
-  """kill -9 just before step 8's commit (all files written) or while its files are written →
-  the rerun restores 4, never a partial 8, and no temporary directory survives its next save."""
+  """kill -9 just before step 6's commit (all files written) or while its files are written →
+  the rerun restores 3, never a partial 6, and no temporary directory survives its next save."""
   p = _subprocess(tmp_path, "run", fault)
   assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
   ckpt = tmp_path / "run" / "checkpoints"
   names = os.listdir(ckpt)
-  assert "4" in names and "8" not in names
-  assert any(n.startswith("8.orbax-checkpoint-tmp") for n in names), names  # the partial save
+  assert "3" in names and "6" not in names
+  assert any(n.startswith("6.orbax-checkpoint-tmp") for n in names), names  # the partial save
   code, rows, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
-  assert f"resumed from {ckpt}/4" in capsys.readouterr().out
-  assert [r["step"] for r in rows][-12:] == list(range(5, STEPS + 1))
-  assert sorted(os.listdir(ckpt), key=int) == ["4", "8", "12", "16"]
+  assert f"resumed from {ckpt}/3" in capsys.readouterr().out
+  assert [r["step"] for r in rows][-7:] == list(range(4, STEPS + 1))
+  assert sorted(os.listdir(ckpt), key=int) == ["3", "6", "9", "10"]
 
 
 def test_sigterm_saves_the_step_and_exits_42_then_resumes_exactly(tmp_path, monkeypatch, capsys,
                                                                     reference):
-  monkeypatch.setenv(faults.ENV, "sigterm_at_step:7")
+  monkeypatch.setenv(faults.ENV, "sigterm_at_step:5")
   code, rows, _ = train(tmp_path, "run", *COMMON)
   out, err = capsys.readouterr()
   assert code == 42
-  assert re.search(r"\[fault\] SIGTERM at step 7 \(t=[0-9.]+\)", err), err[-2000:]
-  assert "preempted (SIGTERM): step 7 saved and committed" in out
-  assert rows[-1]["step"] == 7  # the step in flight was finished, nothing after it
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["4", "7"]
+  assert re.search(r"\[fault\] SIGTERM at step 5 \(t=[0-9.]+\)", err), err[-2000:]
+  assert "preempted (SIGTERM): step 5 saved and committed" in out
+  assert rows[-1]["step"] == 5  # the step in flight was finished, nothing after it
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints"), key=int) == ["3", "5"]
   monkeypatch.delenv(faults.ENV)
   code, resumed, _ = train(tmp_path, "run", *COMMON)
   assert code == 0
-  _assert_same_as_reference(resumed[7:], _final_params(tmp_path / "run", STEPS), reference, 8)
+  _assert_same_as_reference(resumed[5:], _final_params(tmp_path / "run", STEPS), reference, 6)
 
 
 def _custom_sigint_handler(signum, frame):
@@ -176,31 +178,31 @@ def test_second_signal_ends_a_run_whose_step_never_finishes(signum):
 
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,
                                                                       capsys):
-  monkeypatch.setenv(faults.ENV, "save_error:8")
+  monkeypatch.setenv(faults.ENV, "save_error:6")
   code, rows, _ = train(tmp_path, "run", *COMMON)
   err = capsys.readouterr().err
   assert code == 4
-  assert "saving checkpoint step 8 failed" in err and "No space left on device" in err
-  assert "step 8 was not committed (latest committed step: 4)" in err
-  assert rows[-1]["step"] <= 12  # stopped at the next step, at the latest at the next save
+  assert "saving checkpoint step 6 failed" in err and "No space left on device" in err
+  assert "step 6 was not committed (latest committed step: 3)" in err
+  assert rows[-1]["step"] <= 9  # stopped at the next step, at the latest at the next save
   ckpt = tmp_path / "run" / "checkpoints"
-  assert "8" not in os.listdir(ckpt) and "4" in os.listdir(ckpt)
+  assert "6" not in os.listdir(ckpt) and "3" in os.listdir(ckpt)
   monkeypatch.delenv(faults.ENV)
   code, rows, _ = train(tmp_path, "run", *COMMON)
-  assert code == 0 and f"resumed from {ckpt}/4" in capsys.readouterr().out
-  assert sorted(os.listdir(ckpt), key=int) == ["4", "8", "12", "16"]
+  assert code == 0 and f"resumed from {ckpt}/3" in capsys.readouterr().out
+  assert sorted(os.listdir(ckpt), key=int) == ["3", "6", "9", "10"]
 
 
 def test_hung_save_times_out_with_exit_4(tmp_path, monkeypatch, capsys):
   faults.RELEASE.clear()
-  monkeypatch.setenv(faults.ENV, "save_hang:4")
+  monkeypatch.setenv(faults.ENV, "save_hang:3")
   try:
     code, _, _ = train(tmp_path, "run", *COMMON, "checkpoint_save_timeout_s=2")
   finally:
     faults.RELEASE.set()  # lets the stuck background write end
   assert code == 4
   err = capsys.readouterr().err
-  assert "checkpoint step 4" in err and "step 4 was not committed (latest committed step: none)" in err
+  assert "checkpoint step 3" in err and "step 3 was not committed (latest committed step: none)" in err
   # the timeout's message, not the injected hang's own end (it waits for RELEASE, set only above)
   assert "(checkpoint_save_timeout_s=2): storage hung or too slow" in err, err[-2000:]
   ckpt = RunCheckpoints(str(tmp_path / "run" / "checkpoints"), max_to_keep=3, async_save=False)

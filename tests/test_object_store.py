@@ -24,7 +24,7 @@ from gcs_emulator import GcsEmulator
 
 BUCKET = "runs"
 OUT = f"gs://{BUCKET}/out"
-RUN = ("steps=6", "checkpoint_period=2", "max_checkpoints_to_keep=5", "dataset_type=file",
+RUN = ("steps=4", "checkpoint_period=2", "max_checkpoints_to_keep=5", "dataset_type=file",
        "enable_tensorboard=true", *MESH_222)
 
 
@@ -69,8 +69,8 @@ def local_run(store, tmp_path_factory):
   _, data = store
   out = tmp_path_factory.mktemp("local")
   code, rows, _ = train(out, "run", *RUN, f"dataset_path={data}/*.parquet")
-  assert code == 0 and [r["step"] for r in rows] == list(range(1, 7))
-  return out / "run", rows, _params(str(out / "run" / "checkpoints" / "6"))
+  assert code == 0 and [r["step"] for r in rows] == list(range(1, 5))
+  return out / "run", rows, _params(str(out / "run" / "checkpoints" / "4"))
 
 
 GS_DATA = f"dataset_path=gs://{BUCKET}/data/*.parquet"
@@ -78,8 +78,8 @@ GS_DATA = f"dataset_path=gs://{BUCKET}/data/*.parquet"
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(store, local_run):
-  """`train.py` on the store, killed with -9 while step 4's checkpoint is written, then the same
-  command again."""
+  """`train.py` on the store, killed with -9 while step 4's checkpoint (its last) is written, then
+  the same command again: it resumes at 2 and trains steps 3 and 4 anew."""
   del local_run  # compiled first (the cache), so the subprocess's step is the same program
   env = dict(os.environ, MAXTEXT_FAULT="kill_in_save:4")
   killed = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
@@ -107,13 +107,13 @@ def test_killed_mid_save_on_the_store_resumes_bitwise(killed_and_resumed, local_
   assert code == 0
   from MaxText.storage import paths
   import orbax.checkpoint as ocp
-  assert sorted(ocp.utils.checkpoint_steps(f"{OUT}/run/checkpoints")) == [2, 4, 6]
+  assert sorted(ocp.utils.checkpoint_steps(f"{OUT}/run/checkpoints")) == [2, 4]
   _, local_rows, local_params = local_run
   rows = _gs_rows(f"{OUT}/run")
-  assert [r["step"] for r in rows] == list(range(1, 7))
+  assert [r["step"] for r in rows] == list(range(1, 5))
   for key in ("loss", "grad_norm", "batch_checksum"):
     assert [r[key] for r in rows] == [r[key] for r in local_rows], key
-  params = _params(f"{OUT}/run/checkpoints/6")
+  params = _params(f"{OUT}/run/checkpoints/4")
   assert len(params) == len(local_params)
   assert all(np.array_equal(a, b) for a, b in zip(params, local_params))
   # what else the run writes is there too, and the lock is gone
@@ -121,7 +121,7 @@ def test_killed_mid_save_on_the_store_resumes_bitwise(killed_and_resumed, local_
   assert {"config.yml", "metrics.jsonl", "tensorboard", "checkpoints"} <= set(names)
   assert "run.lock" not in names
   assert any(n.startswith("events.out.tfevents") for n in paths.listdir(f"{OUT}/run/tensorboard"))
-  assert paths.isfile(f"{OUT}/run/checkpoints/6/manifest/files.json")
+  assert paths.isfile(f"{OUT}/run/checkpoints/4/manifest/files.json")
 
 
 def test_a_second_run_on_the_same_run_name_is_refused_by_the_lock(store, capsys):
@@ -156,19 +156,19 @@ def test_damaged_or_missing_objects_exit_4_naming_them(killed_and_resumed, capsy
   from MaxText.storage import paths
   src = f"{OUT}/run/checkpoints"
   dst = f"{OUT}/damaged/checkpoints"
-  _copy_run(f"{src}/6", f"{dst}/6")
-  files = paths.files_under(f"{dst}/6/params")
+  _copy_run(f"{src}/4", f"{dst}/4")
+  files = paths.files_under(f"{dst}/4/params")
   rel, size = max(((r, n) for r, n in files.items() if "ocdbt.process_0/d/" in r),
                   key=lambda item: item[1])
-  whole = paths.read_bytes(f"{dst}/6/params/{rel}")
-  paths.write_bytes(f"{dst}/6/params/{rel}", whole[:size // 2])
-  code, _, _ = train(OUT, "damaged", *RUN, GS_DATA, "steps=8")
+  whole = paths.read_bytes(f"{dst}/4/params/{rel}")
+  paths.write_bytes(f"{dst}/4/params/{rel}", whole[:size // 2])
+  code, _, _ = train(OUT, "damaged", *RUN, GS_DATA, "steps=6")
   err = capsys.readouterr().err
   assert code == 4
   assert f"params/{rel}: {size // 2} bytes, {size} when saved (truncated" in err
-  paths.write_bytes(f"{dst}/6/params/{rel}", whole)
-  paths.remove(f"{dst}/6/opt_state/_METADATA")
-  code, _, _ = train(OUT, "damaged", *RUN, GS_DATA, "steps=8")
+  paths.write_bytes(f"{dst}/4/params/{rel}", whole)
+  paths.remove(f"{dst}/4/opt_state/_METADATA")
+  code, _, _ = train(OUT, "damaged", *RUN, GS_DATA, "steps=6")
   err = capsys.readouterr().err
   assert code == 4 and "opt_state/_METADATA: missing" in err
 
