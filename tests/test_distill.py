@@ -172,9 +172,12 @@ def test_the_chunked_loss_per_batch_shard_under_a_mesh_equals_one_device():
 # ---- python -m MaxText.distill ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def teacher_ckpt(tmp_path_factory):
-  """A tiny llama teacher trained here (its checkpoint's path)."""
+  """A tiny llama teacher trained here (its checkpoint's path): 12 steps of 2 rows per device (a
+  quarter of TINY's 8, the steps' cost; the students' divergence falls step by step as from a
+  teacher of 8 rows, 0.27 -> 0.01 for Qwen3, 0.18 -> 0.13 for Gemma 4)."""
   out = tmp_path_factory.mktemp("teacher")
-  code, metrics, _ = train(out, "teacher", "steps=12", "loss_chunk_length=0")
+  code, metrics, _ = train(out, "teacher", "steps=12", "per_device_batch_size=2",
+                           "loss_chunk_length=0")
   assert code == 0, metrics
   return os.path.join(str(out), "teacher", "checkpoints")
 
@@ -250,7 +253,8 @@ def test_a_student_of_another_architecture_distills_on_the_mesh(teacher_ckpt, tm
   if student == "qwen3":      # the run the resume test resumes
     _, code, rows, _ = request.getfixturevalue("qwen3_student")
   else:
-    code, rows = distill_student(tmp_path, student, teacher_ckpt)
+    code, rows = distill_student(tmp_path, student, teacher_ckpt,
+                                 "enable_checkpointing=false")   # no claim on its checkpoint
   assert code == 0
   steps = [r for r in rows if "distill_divergence" in r]
   assert len(steps) == 6

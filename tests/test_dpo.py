@@ -52,8 +52,8 @@ def learning_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("dpo")
   pairs = write_pairs(out / "p.jsonl")
   code, rows, trainer = dpo(out, "run", f"preferences={pairs}", f"eval_preferences={pairs}",
-                            "eval_preferences_period=6", "steps=12", "checkpoint_period=4",
-                            "max_checkpoints_to_keep=5")
+                            "eval_preferences_period=6", "steps=12", "checkpoint_period=8",
+                            "max_checkpoints_to_keep=5")   # saved at 8 (resumed) and 12
   assert code == 0
   return out, pairs, rows, trainer.final_state
 
@@ -84,7 +84,7 @@ def test_resume_is_bitwise(learning_run, tmp_path):
     if name.isdigit() and int(name) > 8:
       shutil.rmtree(tmp_path / "run" / "checkpoints" / name)
   code, resumed, trainer = dpo(tmp_path, "run", f"preferences={pairs}", "steps=12",
-                               "checkpoint_period=4", "max_checkpoints_to_keep=5")
+                               "checkpoint_period=8", "max_checkpoints_to_keep=5")
   assert code == 0
   got = {r["step"]: r for r in resumed if "rewards/accuracies" in r}
   for r in rows:

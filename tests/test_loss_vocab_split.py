@@ -3,6 +3,7 @@ device holds a vocabulary slice of the head weights and gathers the hidden rows 
 and every gradient equal the one-device ones and the per-batch-shard path's, tied and untied, on 2, 4
 and 8 fake devices; the whole head weight is never gathered (only its slices exist); the split falls
 back where it does not apply; and the RL log-prob path's split equals its one-device values."""
+import functools
 import re
 
 import jax
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import BASE_YML
-from test_loss import MODEL, S, batch, build, rel, _mean_loss, _sharded_loss_and_grads
+from test_loss import (MODEL, S, batch, build, rel, _mean_loss, _sharded_loss_and_grads,
+                       _sharded_step)
 from MaxText.config.load import load_config
 from MaxText.losses import chunked as loss_mod
 from MaxText.losses.vocab_split import vocab_split_plan
@@ -31,6 +33,22 @@ def _mesh_rules(devices, *mesh_keys):
 def _sharded(model_def, params, micro, chunk, devices, *mesh_keys, hlo=True):
   return _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices=devices,
                                  hlo=hlo)
+
+
+@functools.lru_cache(maxsize=None)
+def _head_case(tied, chunk, n, mesh):
+  """The tied or untied V-vocabulary model on the test batch's ROWS copies, its loss and gradients
+  with `chunk` under `mesh` over the first n devices (one device without a mesh) and the compiled
+  HLO text: computed once per process, so a test that runs a program an earlier test ran (the same
+  model, batch, chunk and mesh) reads its results instead of tracing and lowering it again."""
+  model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
+  micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
+  if not mesh:
+    return jax.jit(jax.value_and_grad(lambda p: _mean_loss(p, model_def, micro, chunk)))(params)
+  step, shardings = _sharded_step(model_def, micro, chunk, *mesh, devices=jax.devices()[:n])
+  placed = jax.device_put(params, shardings)
+  compiled = step.lower(placed).compile()   # once: the program run is the one whose text is read
+  return compiled(placed), compiled.as_text()
 
 
 def _gathered_shapes(hlo: str) -> list[str]:
@@ -59,9 +77,8 @@ def test_vocab_split_equals_one_device(n, mesh, tied):
   micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
   devices = jax.devices()[:n]
   assert _plan(model_def, params, micro, devices, *mesh) is not None
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(lambda p: _mean_loss(p, model_def, micro, 0)))(
-      params)
-  (loss, grads), hlo = _sharded(model_def, params, micro, 16, devices, *mesh)
+  ref_loss, ref_grads = _head_case(tied, 0, 1, ())   # one per head, shared by its two meshes
+  (loss, grads), hlo = _head_case(tied, 16, n, mesh)
   # one device vs the mesh: the loss's sums and the hidden gradient are reduced over the slices
   # and devices in another fp32 order, and the rest of the model's sharded reductions add theirs
   # (1e-5, as the per-batch-shard test in test_loss.py)
@@ -80,13 +97,11 @@ def test_vocab_split_equals_one_device(n, mesh, tied):
 def test_vocab_split_chunked_equals_whole_under_the_mesh(tied):
   """The split chunked loss vs the whole-sequence loss (no split: [B, S, V] logits) under the same
   4-device mesh: the same terms summed in another fp32 order."""
-  model_def, params = build(f"vocab_size={V}", f"tie_word_embeddings={str(tied).lower()}")
-  micro = {k: np.concatenate([v] * ROWS) for k, v in batch(V).items()}
   mesh = ("ici_data_parallelism=2", "ici_fsdp_parallelism=2")
-  (whole, whole_g), _ = _sharded(model_def, params, micro, 0, jax.devices()[:4], *mesh,
-                                 hlo=False)
-  (split, split_g), _ = _sharded(model_def, params, micro, 16, jax.devices()[:4], *mesh,
-                                 hlo=False)
+  (whole, whole_g), _ = _head_case(tied, 0, 4, mesh)
+  # the split run is test_vocab_split_equals_one_device's 4-device case of this head (the same
+  # program: computed once per process)
+  (split, split_g), _ = _head_case(tied, 16, 4, mesh)
   assert rel(split, whole) < 1e-6
   for (path, a), b in zip(jax.tree.leaves_with_path(whole_g), jax.tree.leaves(split_g)):
     assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
@@ -187,11 +202,15 @@ def test_vocab_split_log_probs_equal_one_device(n, mesh, tied):
   args = (jax.device_put(params, shardings), jax.device_put(hidden, rows))
   compiled = step.lower(*args).compile()   # once: the program run is the one whose text is read
   (v, (lp, ent)), g = compiled(*args)
+  # host copies for the comparisons below (jax arrays would run each difference and product as a
+  # program of its own: a compile each)
+  v, lp, ent, ref_v, ref_lp, ref_ent = (np.asarray(x) for x in (v, lp, ent, ref_v, ref_lp, ref_ent))
   assert rel(lp, ref_lp) < 1e-6, rel(lp, ref_lp)
   # the entropy is lse − Σ p·logit, a difference of terms of the log-sum-exp's size (~3x the
   # entropy here, tied): both paths round those to fp32 (each ~8e-7 of the entropy from a float64
   # oracle), so 1e-6 of the log-sum-exp
-  lse = jax.nn.logsumexp(model_def.head(params, hidden), axis=-1)
+  lse = np.asarray(jax.jit(lambda p, h: jax.nn.logsumexp(model_def.head(p, h), axis=-1))(params,
+                                                                                      hidden))
   assert np.linalg.norm(ent - ref_ent) < 1e-6 * np.linalg.norm(lse), rel(ent, ref_ent)
   # the weighted sum cancels (weights of both signs): 1e-6 of the sum of its terms' sizes
   assert abs(v - ref_v) < 1e-6 * np.sum(np.abs(w_lp * ref_lp) + np.abs(w_ent * ref_ent))
@@ -205,7 +224,7 @@ def test_vocab_split_log_probs_equal_one_device(n, mesh, tied):
   assert not {f"f32[{V},32]", f"f32[32,{V}]"} & set(_gathered_shapes(hlo)), _gathered_shapes(hlo)
   assert re.search(r"reduce-scatter\(", hlo)           # the hidden rows' gradient
   if n == 2:   # bf16 hidden rows (a bf16 run's): their gradient's reduce-scatter compiles (in fp32)
-    h16 = hidden.astype(jax.numpy.bfloat16)
+    h16 = np.asarray(hidden).astype(jax.numpy.bfloat16)   # on the host: no cast program
     (_, (lp16, _)), g16 = step(args[0], jax.device_put(h16, rows))
     (_, (ref_lp16, _)), ref_g16 = jax.jit(grad)(params, h16.astype(np.float32))
     assert g16[1].dtype == jax.numpy.bfloat16 and rel(lp16, ref_lp16) < 1e-6
