@@ -8,7 +8,6 @@ last committed checkpoint (no hang), and a group started again resumes from it b
 import dataclasses
 import os
 import signal
-import time
 
 import jax
 
@@ -19,6 +18,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from conftest import ROOT  # noqa: E402
+from ray_peer import Peer  # noqa: E402
 from test_rl_policy import LOSS, SHOW_GRAD, S, a_batch, argv  # noqa: E402
 from MaxText.rl.policy import Policy  # noqa: E402
 from MaxText.decoding.engine import Engine  # noqa: E402
@@ -37,25 +37,10 @@ def local_ray():
   ray.shutdown()
 
 
-class _Peer:
-  """A stand-in worker: `fail` raises at once (a survivor whose collective broke), `die` ends its
-  process after `delay` seconds (a peer killed mid-step), `ok` answers."""
-
-  def fail(self):
-    raise RuntimeError("Gloo AllGather failed: Connection reset by peer")
-
-  def die(self, delay: float):
-    time.sleep(delay)
-    os._exit(1)
-
-  def ok(self):
-    return 1
-
-
 def test_a_peers_death_is_reported_though_a_survivors_error_comes_first(local_ray):
   """When a worker dies mid-step, the others' collectives fail, often before Ray reports the
   death: the group still names the dead worker; with no death, the worker's own error stands."""
-  remote = ray.remote(num_cpus=0, max_restarts=0)(_Peer)
+  remote = ray.remote(num_cpus=0, max_restarts=0)(Peer)
   actors = [remote.remote(), remote.remote()]
   group = RayPolicy(actors, [], "")
   with pytest.raises(WorkerDied, match=r"policy worker 1 died during train \(\w+\)"):
