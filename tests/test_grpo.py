@@ -328,9 +328,10 @@ def test_a_decoding_cache_over_the_device_memory_is_refused(tmp_path, capsys, mo
 
 
 def test_lora_head_log_probs_split_over_the_vocabulary():
-  """Adapters on the LM head: the vocabulary-split log-probs (MaxText/losses/lora_head.py: the
-  low-rank term folded into one projection, [h, s hA] @ [W; B]) equal the unsplit head's, values
-  and the adapters' gradients, where the split would not apply to the LoRA'd head as it is."""
+  """Adapters on the LM head: the vocabulary-split log-probs (MaxText/losses/lora_head.py: x W +
+  z B with [x, z] = [h, s hA], a head whose weights all have the vocabulary axis) equal the
+  unsplit head's, values and the adapters' gradients, where the split would not apply to the
+  LoRA'd head as it is; neither program gathers the head's W whole."""
   import jax.numpy as jnp   # pylint: disable=import-outside-toplevel
   from conftest import BASE_YML   # pylint: disable=import-outside-toplevel
   from MaxText.config.load import load_config   # pylint: disable=import-outside-toplevel
@@ -402,7 +403,13 @@ def test_lora_head_log_probs_split_over_the_vocabulary():
   hlo = compiled.as_text() or ""   # the head's slices only, never gathered
   gathered = set(re.findall(r"= (\w+\[[\d,]*\])\S* all-gather\(", hlo))
   assert gathered and not {"f32[32,264]", "f32[36,264]", "f32[4,264]"} & gathered, gathered
-  (v, _), g = jax.jit(split_grad)(*lora.split(params))
+  compiled_grad = jax.jit(split_grad).lower(*lora.split(params)).compile()
+  (v, _), g = compiled_grad(*lora.split(params))
+  # nor is W [32, 264] (or a [W; B] [36, 264]) gathered for its gradient: it leaves the split in
+  # W's own layout (B [4, 264] is replicated by the rules, so its gradient is gathered whole)
+  hlo = compiled_grad.as_text() or ""
+  gathered = set(re.findall(r"= (\w+\[[\d,]*\])\S* all-gather\(", hlo))
+  assert gathered and not {"f32[32,264]", "f32[36,264]"} & gathered, gathered
   # the weighted sum (weights of both signs) cancels: 1e-6 of the sum of its terms' sizes, and
   # the gradients, sums of the same terms' derivatives, 1e-6 times that cancellation factor
   size = float(np.sum(np.abs(w.astype(np.float64) * np.asarray(ref_lp, np.float64))))

@@ -3,16 +3,18 @@
 With adapters on the head (`lora_targets` matching it) the head computes h W + s (h A) B
 (layers/lora.py; s = alpha / rank), and A [D, r] has no vocabulary axis, so the split (each
 device a vocabulary slice of every weight the head reads) does not apply and the log-probs would
-run unsplit. The low-rank term applied to the hidden state first makes the same logits one
-projection whose only weight has the vocabulary axis:
+run unsplit. Applying the low-rank term's first half to the hidden state first leaves a head
+whose weights all have the vocabulary axis:
 
-    h W + s (h A) B  =  [h, s (h A)] @ [W; B]        hidden [.., D + r], kernel [D + r, V]
+    h W + s (h A) B  =  x W + z B,   [x, z] = [h, s (h A)]   hidden [.., D + r]; W [D, V], B [r, V]
 
-`fold_head_adapters` returns that head (the model's own head with its adapters taken off its
-graph, its kernel replaced by [W; B]), its parameters, their logical axes and the widened hidden
-state; the vocabulary split then takes it as any plain head. Gradients reach W, A, B and h through
-the concatenations. Only used when the split applies (otherwise [W; B] would be a second copy of
-the head weight for nothing)."""
+`fold_head_adapters` returns that head (the model's own, its adapted projection replaced by one
+that reads W and B as they are, A taken off), its parameters (the model's, less A), their logical
+axes and the widened hidden state; the vocabulary split then takes it as any plain head. W and B
+stay two leaves with their own shardings, so each one's gradient leaves the split in its own
+layout (a concatenated [W; B] kernel would be a copy of the head per step, with a layout of its
+own that the mesh may not divide: then gathered whole). Gradients reach A and h through z. Only
+used when the split applies."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -21,10 +23,27 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, traverse_util
 
+from MaxText.backend import hot_path
 from MaxText.layers import lora
-from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.linear import DenseGeneral, matmul
 from MaxText.losses.vocab_split import vocab_split_plan
 from MaxText.models.model_def import Head, ModelDef, leaf_paths
+
+
+class _FoldedProjection(nnx.Module):
+  """A LoRA'd [D, V] projection with its A applied beforehand: [x, z] [.., D + r] -> x W + z B,
+  each product straight from its accumulator in `out_dtype` (W, B: the same parameters)."""
+
+  def __init__(self, dense: DenseGeneral):
+    self.kernel, self.lora_b, self.dtype = dense.kernel, dense.lora_b, dense.dtype
+
+  def __call__(self, xz: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
+    w, b = self.kernel[...], self.lora_b[...]
+    xz_MK = xz.astype(self.dtype).reshape(-1, xz.shape[-1])
+    D = w.shape[0]
+    y = (matmul(xz_MK[:, :D], w, out_dtype=out_dtype)
+         + matmul(xz_MK[:, D:], b, out_dtype=out_dtype))
+    return y.reshape(*xz.shape[:-1], w.shape[-1])
 
 
 def _head_adapter_parent(model_def: ModelDef, params) -> tuple | None:
@@ -38,31 +57,34 @@ def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
                        ) -> tuple[Callable, Any, Any, jax.Array] | None:
   """(head, its parameters, their logical axes, hidden [B, S, D + r]) whose logits equal
   `model_def.head(params, hidden_BSD)` (module docstring), or None when the head reads no adapter
-  (or its adapted projection is not one [D, V] kernel)."""
+  (or its adapted projection is not one plain [D, V] kernel)."""
   parent = _head_adapter_parent(model_def, params)
-  if parent is None:
+  if parent is None or not parent or not isinstance(parent[-1], str):
     return None
   module = nnx.merge(model_def.graphdef, params)
-  dense = dict(nnx.iter_graph(module)).get(parent)
-  if not isinstance(dense, DenseGeneral) or dense.in_rank != 1 or dense.kernel[...].ndim != 2:
+  graph = dict(nnx.iter_graph(module))
+  dense = graph.get(parent)
+  if (not isinstance(dense, DenseGeneral) or dense.quant is not None or dense.in_rank != 1
+      or dense.kernel[...].ndim != 2):
     return None
-  w, a, b = dense.kernel[...], dense.lora_a[...], dense.lora_b[...]
   x = hidden_BSD.astype(dense.dtype)
-  low_rank = (dense.lora_scale * (x @ a.astype(dense.dtype))).astype(dense.dtype)
-  hidden_aug = jnp.concatenate([x, low_rank], axis=-1)
-  dense.lora_a, dense.lora_b = nnx.data(None), nnx.data(None)   # the head without its adapters
+  z = (dense.lora_scale * (x @ dense.lora_a[...].astype(dense.dtype))).astype(dense.dtype)
+  setattr(graph[parent[:-1]], parent[-1], _FoldedProjection(dense))   # A off the graph
   graphdef, state = nnx.split(module)
-  flat = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-  kernel = [k for k in flat if k[:-1] == parent and flat[k] is not None]
-  if len(kernel) != 1:
-    return None
-  flat[kernel[0]] = jnp.concatenate([w, b.astype(w.dtype)], axis=0)
-  axes = {k: v for k, v in traverse_util.flatten_dict(model_def.logical_axes).items()
-          if not (k[:-1] == parent and lora.is_adapter(k))}
 
-  head = Head(lambda p, h: nnx.merge(graphdef, p).logits(h), (parent,))
-  return (head, traverse_util.unflatten_dict(flat), traverse_util.unflatten_dict(axes),
-          hidden_aug)
+  def kept(k):
+    return not (k[:-1] == parent and k[-1] == "lora_a")
+  flat = traverse_util.flatten_dict(nnx.to_pure_dict(state))
+  axes = traverse_util.flatten_dict(model_def.logical_axes)
+  if set(flat) != {k for k in axes if kept(k)}:
+    return None
+
+  def logits(p, h):
+    with hot_path.use(model_def.hot_path):
+      return nnx.merge(graphdef, p).logits(h)
+  return (Head(logits, (parent,)), traverse_util.unflatten_dict(flat),
+          traverse_util.unflatten_dict({k: v for k, v in axes.items() if kept(k)}),
+          jnp.concatenate([x, z], axis=-1))
 
 
 def head_for_log_probs(model_def: ModelDef, params, hidden_BSD: jax.Array, chunk: int

@@ -5,7 +5,7 @@ gradient. The log-probabilities come from the model's final hidden state and its
 chunk by chunk (`losses/chunked.py: chunked_target_log_probs`, `loss_chunk_length`), so the fp32
 [B, S, V] logits never exist whole when the chunk is set; under a mesh split only over the batch,
 with at most V tokens in the batch, the head runs split over the vocabulary as in the training
-loss (a LoRA'd head too, its adapters folded into one projection first: losses/lora_head.py).
+loss (a LoRA'd head too, its A applied to the hidden state first: losses/lora_head.py).
 
 The arrays (`rl/batch.py: model_arrays`, all [B, S]): inputs, targets (the next token), positions,
 segments, mask (the scored tokens, aligned with `inputs`), weight (the row's sample weight),
