@@ -265,9 +265,10 @@ def test_four_threads_give_the_serial_results(setup):
   _, hf_tok, _, m = setup
   prompts = [hf_tok(t)["input_ids"] for t in ("the sea", "on a mat", "is", "the cat is")]
 
+  # top_k=5 on one row: the scoring program test_top_k_logprobs_equal_torch_log_softmax compiled
   def work(p):
     t = m.forward(p, capture=["logits", "resid_post.0"])
-    return (t.logits, t.sites["resid_post.0"], m.logprobs([p], top_k=2, max_new_tokens=4)[0],
+    return (t.logits, t.sites["resid_post.0"], m.logprobs([p], top_k=5, max_new_tokens=4)[0],
             m.generate([p], max_new_tokens=4, temperature=1.0, seed=3)[0].output_ids)
 
   serial = [work(p) for p in prompts]
