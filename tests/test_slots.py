@@ -5,14 +5,14 @@ devices (data x expert x tensor) or one: more requests than slots, of different 
 and max_tokens, some arriving while others decode (their prompts prefilled in pieces of 8
 tokens), and a slot reaching past the shortest cache window, each get the tokens and
 log-probabilities `Engine.generate` gives the same prompt alone in its batch (on one device:
-`reference`); a sampled request with a seed gets generate's sample for that seed (Qwen3 on one
-device, Qwen3-MoE on 8); the slots' programs stay within their buckets. Chunked prefill on every
+`reference`); a sampled request with a seed gets generate's sample for that seed (Qwen3-MoE, on
+8 devices); the slots' programs stay within their buckets. Chunked prefill on every
 family: prompts longer than Gemma 4's sliding window, in pieces of several lengths (ones that
 divide no prompt too), into slots a previous request used, decode as `Engine.generate` decodes
 the whole prompts, token for token. Prefix caching: a prompt sharing a system prompt with a
 running request (full attention: copied from its row) and a conversation's next turn (every
-family: the finished request's own row) decode as without it, counted in /metrics (each family's
-slots on the joining test's mesh, sharing its programs). Decoding calls run only the busy slots'
+family: the finished request's own row) decode as without it, counted in /metrics (one `Slots`
+per family for these three tests: `family_slots`). Decoding calls run only the busy slots'
 rows (3 of 8 through a row bucket of 4, its padding row dropped) and decode as generate does;
 `Slots.warm` compiles every decoding program up front."""
 import functools
@@ -74,28 +74,46 @@ class Collected:
 # compiled (a prefill or decoding call of the same rows, window and flags) is a cache hit in the
 # next: Qwen3 on one device, the others on 8.
 MESHES = {"qwen3": MESH_1, "qwen3_moe": MESH_8, "gemma4": MESH_8, "qwen3_next": MESH_8}
-# The sampled request on one family per mesh: `sampled` changes only `sample_rows` (the logits'
-# filters and draw, after the family's model, which traces the same either way), so Gemma 4's and
-# Qwen3-Next's sampled programs would add 5 compiles each and no code path.
-SAMPLED_FAMILIES = ("qwen3", "qwen3_moe")
+# The sampled request on one family: `sampled` changes only `sample_rows` (the logits' filters and
+# draw, after the family's model, which traces the same either way), so another family's sampled
+# programs would add 5 compiles and no code path. On Qwen3-MoE's 8 devices, the mesh whose
+# programs split the logits and the rows' values: one device runs the same jaxpr unsplit.
+SAMPLED_FAMILIES = ("qwen3_moe",)
+
+
+def _placed(family: str, seed: int, mesh=MESH_1):
+  """The family's tiny model, a 4-row engine on `mesh`, its placed parameters and a generator."""
+  mcfg, _, params = family_models()[family][1]()
+  eng = engine(mcfg, mesh, batch_size=4)
+  return mcfg, eng, eng.place(params), np.random.default_rng(seed)
+
+
+@functools.lru_cache(maxsize=None)
+def family_slots(family: str):
+  """(mcfg, engine, placed parameters, slots) of `family` on its mesh (MESHES): one `Slots` of 4
+  rows of 128 positions for the joining, pieces and prefix tests, whose decoding calls may end
+  early (`interrupt`, a host callback: a program holding one is never in the persistent
+  compilation cache, so a new `Slots` would compile those calls again). Each test's scheduler is
+  its own (its queue, prefix index, metrics); the rows keep what the previous test left, as a
+  server's slots do between requests (a prompt's prefill writes its row's positions anew)."""
+  mcfg, eng, params, _ = _placed(family, 0, MESHES[family])
+  return mcfg, eng, params, Slots(eng, slots=4, max_len=128, chunk=4)
 
 
 @pytest.mark.parametrize("family", list(MESHES))
-def test_requests_joining_and_leaving_slots_get_generates_tokens(family):
-  mesh = MESHES[family]
+def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeypatch):
   sampled = family in SAMPLED_FAMILIES
-  mcfg, _, params = family_models()[family][1]()
-  eng = engine(mcfg, mesh, batch_size=4)
-  params = eng.place(params)
+  mcfg, eng, params, slots = family_slots(family)
+  compiled_before = slots.compiled_programs()
   rng = np.random.default_rng(11)
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in LENGTHS]
-  slots = Slots(eng, slots=4, max_len=128, chunk=4)
   assert slots.lengths == [64, 96, 128]
   model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
   scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8)
   pieces = []
   prefill = slots.prefill
-  slots.prefill = lambda *a, **k: pieces.append(k.get("starts")) or prefill(*a, **k)
+  monkeypatch.setattr(slots, "prefill",
+                      lambda *a, **k: pieces.append(k.get("starts")) or prefill(*a, **k))
   sinks = [Collected() for _ in range(len(prompts) + 1)]
   jobs = [Job(p, n, s, row=0) for p, n, s in zip(prompts, NEW, sinks)]
   if sampled:
@@ -125,8 +143,8 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family):
     assert sinks[-1].ids != greedy    # really sampled
   assert any(pieces)                  # pieces that continue a prompt
   # prefill buckets (rows, piece length, window) and step programs (windows, greedy / sampled),
-  # nothing per request
-  assert slots.compiled_programs() <= 30
+  # nothing per request (the file's first test on these slots: what they compiled from empty)
+  assert slots.compiled_programs() - compiled_before <= 30
 
 
 PIECE_LENGTHS = (41, 20, 11)      # all longer than Gemma 4's sliding window (4 positions)
@@ -173,22 +191,15 @@ def decode_in_pieces(slots: Slots, params, prompts, piece: int, new: int, where:
   return out, lps
 
 
-def _placed(family: str, seed: int, mesh=MESH_1):
-  """The family's tiny model, a 4-row engine on `mesh`, its placed parameters and a generator."""
-  mcfg, _, params = family_models()[family][1]()
-  eng = engine(mcfg, mesh, batch_size=4)
-  return mcfg, eng, eng.place(params), np.random.default_rng(seed)
-
-
 @pytest.mark.parametrize("family", ["gemma4", "qwen3_next", "qwen3"])
-def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
-  mcfg, eng, params, rng = _placed(family, 5, MESHES[family])
+def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family, monkeypatch):
+  mcfg, _, params, slots = family_slots(family)
+  rng = np.random.default_rng(5)
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in PIECE_LENGTHS]
   want = reference(family)(prompts, PIECE_NEW)
-  slots = Slots(eng, slots=4, max_len=128, chunk=4)
   # decoding calls that may end early, as under the scheduler (never asked to here): the
   # joining-and-leaving test's programs (test_decoding_calls_run_only_... keeps the other kind)
-  slots.interrupt = lambda: False
+  monkeypatch.setattr(slots, "interrupt", lambda: False)
   # pieces of 3 and 7 divide no prompt; 16 is the first prompt bucket (11 goes whole). Each round
   # moves the prompts one slot on: what the previous round left in a slot is another prompt's
   for turn, piece in enumerate((3, 7, 16)):
@@ -200,19 +211,20 @@ def test_prompts_prefilled_in_pieces_decode_as_whole_prompts(family):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma4", "qwen3_next"])
-def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family):
-  mcfg, eng, params, rng = _placed(family, 7, MESHES[family])
+def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family, monkeypatch):
+  mcfg, eng, params, slots = family_slots(family)
+  rng = np.random.default_rng(7)
   draw = lambda n: rng.integers(0, mcfg.vocab_size, n).tolist()
   system = draw(24)
   a, b = system + draw(5), system + draw(9)
-  slots = Slots(eng, slots=4, max_len=128, chunk=4)
   metrics = Metrics()
   model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
   scheduler = Scheduler(model, slots, queue_size=8, metrics=metrics, prefill_chunk=8, prefix_min=4)
   starts, copies = [], []
   prefill, copy = slots.prefill, slots.copy
-  slots.prefill = lambda *a, **k: starts.append(k.get("starts")) or prefill(*a, **k)
-  slots.copy = lambda *a: copies.append(a) or copy(*a)
+  monkeypatch.setattr(slots, "prefill",
+                      lambda *a, **k: starts.append(k.get("starts")) or prefill(*a, **k))
+  monkeypatch.setattr(slots, "copy", lambda *a: copies.append(a) or copy(*a))
   sa, sb, sc = Collected(), Collected(), Collected()
   scheduler.start()
   try:
