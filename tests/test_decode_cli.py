@@ -14,7 +14,7 @@ import pytest
 
 from conftest import BASE_YML, MESH_1, ROOT, train
 from MaxText import decode, inference
-from MaxText.checkpoint.manager import save_params_only
+from MaxText.checkpoint.manager import load_params, save_params_only
 from MaxText.config.load import load_config
 from MaxText.data import chat_template
 from MaxText.models.model_config import ModelConfig
@@ -189,8 +189,9 @@ def test_bad_input_exits_2(checkpoint, hf_folder, tmp_path, capsys):
   gone = tmp_path / "gone"
   cfg = load_config([BASE_YML, "model_name=qwen3-tiny", "tokenizer_type=huggingface",
                      f"tokenizer_path={tmp_path / 'nowhere' / 'tokenizer.json'}"])
-  save_params_only(str(gone), jax.device_get(init_params(ModelConfig.from_config(cfg), 0)),
-                   cfg.as_dict())
+  # the fixture's weights (the same architecture) under a config whose tokenizer is nowhere: a
+  # second init of the same model would only trace and lower it again
+  save_params_only(str(gone), load_params(checkpoint), cfg.as_dict())
   ckpt = f"load_parameters_path={checkpoint}"
   cases = [
       ([ckpt, "prompt_ids=" + ",".join(["5"] * 20), "max_cache_length=16"], "max_cache_length"),

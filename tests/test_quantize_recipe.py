@@ -2,7 +2,8 @@
 the real command lines in subprocesses, in a folder laid out like a fresh clone (its `configs/`
 and `train.py`, this checkout's package): train a run that holds out a share, quantize it to int8
 (RTN) and int4 (GPTQ), evaluate the float and the int4 checkpoints on the held-out share, decode
-both quantized ones. Only the training command gets more keys: a tiny model, two steps.
+both quantized ones. Only the training command gets more keys: a tiny model, two steps, no sample
+after them (a decode's programs the recipe's own decodes, on the quantized weights, never reuse).
 
 A quantized checkpoint's config carries the dataset keys and held-out share of the run that
 trained its weights, not those of the quantize command, so the held-out checks of
@@ -25,7 +26,8 @@ from MaxText.resolve import held_out
 
 TINY_RUN = ["steps=2", "emb_dim=64", "num_decoder_layers=2", "num_query_heads=4", "num_kv_heads=2",
             "head_dim=16", "mlp_dim=128", "max_target_length=64", "per_device_batch_size=2",
-            "enable_tensorboard=false", "peak_tflops_per_device=1.0", f"jax_cache_dir={CACHE_DIR}"]
+            "enable_tensorboard=false", "peak_tflops_per_device=1.0", "sample_at_end=false",
+            f"jax_cache_dir={CACHE_DIR}"]
 PYTHONS = (".venv/bin/python", "python3", "python")
 
 

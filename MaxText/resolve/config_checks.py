@@ -11,10 +11,7 @@ import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
-from MaxText.data.config import DataConfig
-from MaxText.data.eval_data import eval_problems
 from MaxText.data.tokenizers import Tokenizer
-from MaxText.data.validation import validate_data_config
 from MaxText.layers import pipeline, quant
 from MaxText.layers.attention_ops import attention_problems
 from MaxText.models.model_config import ModelConfig
@@ -117,6 +114,11 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer | None
   directory, the cross-key checks (`validate`), evaluation's data when `eval_period` > 0, the data
   config; returns the run's tokenizer (loaded once, to check it against the config; None for
   synthetic data of a model whose tokenizer files are not at hand)."""
+  # the data modules (grain underneath) only here: a decode or a server that calls `validate`
+  # alone starts without them
+  from MaxText.data.config import DataConfig  # pylint: disable=import-outside-toplevel
+  from MaxText.data.eval_data import eval_problems  # pylint: disable=import-outside-toplevel
+  from MaxText.data.validation import validate_data_config  # pylint: disable=import-outside-toplevel
   check_writable(cfg)
   validate(cfg, devices)
   if cfg.eval_period:
