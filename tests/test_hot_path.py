@@ -61,9 +61,9 @@ def test_the_default_while_tracing_is_the_platforms_and_use_forces_either():
 def test_a_bf16_matmul_output_is_saved_per_path(path, saved, capsys):
   """save_matmuls keeps the weight matmul's output: as its raw bits on the tuned path, as the bf16
   value itself (a plain `checkpoint_name`) on the plain one; both give the same gradients."""
-  rng = np.random.RandomState(0)   # host values: no program to make them
-  x = jnp.asarray(rng.randn(32, 24).astype(jnp.bfloat16))
-  w = jnp.asarray(rng.randn(24, 16).astype(np.float32))
+  rng = np.random.RandomState(0)   # host values, put on the device: no program to make them
+  x = jax.device_put(rng.randn(32, 24).astype(jnp.bfloat16))
+  w = jax.device_put(rng.randn(24, 16).astype(np.float32))
   loss = lambda x, w: jnp.sum(jnp.sin(matmul(x, w)).astype(jnp.float32))
   # each path's gradient one jitted program (traced under its `use`), not one per eager op
   with hot_path.use(path):

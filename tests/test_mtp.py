@@ -12,7 +12,6 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -76,7 +75,7 @@ def reference_sums(mcfg, model_def, params, batch):
     module = nnx.merge(model_def.graphdef, p)
     return module.mtp.layers[j]((u, {}), batch["inputs_position"], seg)[0]
 
-  p_jnp = jax.tree.map(jnp.asarray, params)
+  p_jnp = jax.device_put(params)   # (jnp.asarray would compile a staging program per shape)
   h = np.asarray(hidden(p_jnp), np.float64)
   emb, head = params["embedding"].astype(np.float64), params["lm_head"]["kernel"]
   mtp, eps = params["mtp"], mcfg.norm_epsilon
@@ -89,7 +88,7 @@ def reference_sums(mcfg, model_def, params, batch):
     u = np.concatenate([rms(emb[ahead], mtp["pre_fc_norm_embedding"]["scale"], eps),
                         rms(h, mtp["pre_fc_norm_hidden"]["scale"], eps)], axis=-1)
     u = u @ mtp["fc"]["kernel"]
-    u = mtp_layer(p_jnp, j, jnp.asarray(u, jnp.float32))
+    u = mtp_layer(p_jnp, j, u.astype(np.float32))
     h = rms(np.asarray(u, np.float64), mtp["norm"]["scale"], eps)
     logits = h @ head
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
@@ -117,7 +116,7 @@ def test_mtp_loss_equals_numpy_reference(model, reference, chunk):
   mcfg, model_def, params = model
   want_nll, want_n = reference
   assert list(want_n) == [6 + 5 + 15, 5 + 4 + 14]   # per document: its length - 1 - k
-  micro = {k: jnp.asarray(v) for k, v in packed_batch().items()}
+  micro = jax.device_put(packed_batch())
   terms = MTPTerms(mcfg.mtp_loss_scale, mcfg.mtp_num_layers)
 
   @jax.jit
@@ -126,7 +125,7 @@ def test_mtp_loss_equals_numpy_reference(model, reference, chunk):
     extra, sums = terms.loss(aux)
     return aux["mtp_sums"], extra, terms.metrics(sums, n)
 
-  (got_nll, got_n), extra, metrics = loss_and_metrics(jax.tree.map(jnp.asarray, params))
+  (got_nll, got_n), extra, metrics = loss_and_metrics(jax.device_put(params))
   np.testing.assert_allclose(np.asarray(got_nll), want_nll, rtol=1e-5)
   np.testing.assert_array_equal(np.asarray(got_n), want_n)
   np.testing.assert_allclose(float(extra), 0.5 / 2 * want_nll.sum(), rtol=1e-5)
@@ -137,14 +136,14 @@ def test_mtp_loss_equals_numpy_reference(model, reference, chunk):
 
 def test_gradient_reaches_the_mtp_block_and_the_embedding(model):
   mcfg, model_def, params = model
-  micro = {k: jnp.asarray(v) for k, v in packed_batch().items()}
+  micro = jax.device_put(packed_batch())
   terms = MTPTerms(mcfg.mtp_loss_scale, mcfg.mtp_num_layers)
 
   def mtp_only(p):
     _, _, _, aux = token_loss_sums(model_def, p, micro, z_loss_weight=0.0, chunk=0)
     return terms.loss(aux)[0]
 
-  grads = jax.jit(jax.grad(mtp_only))(jax.tree.map(jnp.asarray, params))   # one program
+  grads = jax.jit(jax.grad(mtp_only))(jax.device_put(params))   # one program
   for path, g in jax.tree_util.tree_flatten_with_path(grads["mtp"])[0]:
     assert np.any(np.asarray(g) != 0), jax.tree_util.keystr(path)
   assert np.any(np.asarray(grads["embedding"]) != 0)     # the token-ahead embeddings
