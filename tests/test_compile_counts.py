@@ -17,14 +17,15 @@ from conftest import MESH_1, argv
 from MaxText.train import loop
 from test_gemma4_train import GEMMA
 from test_moe import DENSE_FIRST, MOE
-from test_qwen3_next_train import QWEN3_NEXT
+from test_qwen3_next_train import MESH_1_ROWS, QWEN3_NEXT
 
 FAMILIES = {
     "llama": ("enable_checkpointing=false",),
     "qwen3": ("model_name=qwen3-tiny", "steps=3", "enable_checkpointing=false"),
     "qwen3-moe": (*MOE, *DENSE_FIRST, "steps=3", "enable_checkpointing=false"),
     "gemma4": (*GEMMA, "attention=dot_product"),
-    "qwen3-next": QWEN3_NEXT,
+    # its training test's rows too (4 per step): the same program, not a second one of 8 rows
+    "qwen3-next": (*QWEN3_NEXT, *MESH_1_ROWS),
 }
 # the programs of one run, by name, before its first step: the fresh state (train/state.py:
 # init_state: a tiny model's one init program, then the state made of its values on the mesh), the

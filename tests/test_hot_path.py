@@ -61,15 +61,17 @@ def test_the_default_while_tracing_is_the_platforms_and_use_forces_either():
 def test_a_bf16_matmul_output_is_saved_per_path(path, saved, capsys):
   """save_matmuls keeps the weight matmul's output: as its raw bits on the tuned path, as the bf16
   value itself (a plain `checkpoint_name`) on the plain one; both give the same gradients."""
-  x = jax.random.normal(jax.random.key(0), (32, 24), jnp.bfloat16)
-  w = jax.random.normal(jax.random.key(1), (24, 16), jnp.float32)
+  rng = np.random.RandomState(0)   # host values, put on the device: no program to make them
+  x = jax.device_put(rng.randn(32, 24).astype(jnp.bfloat16))
+  w = jax.device_put(rng.randn(24, 16).astype(np.float32))
   loss = lambda x, w: jnp.sum(jnp.sin(matmul(x, w)).astype(jnp.float32))
+  # each path's gradient one jitted program (traced under its `use`), not one per eager op
   with hot_path.use(path):
     print_saved_residuals(jax.checkpoint(loss, policy=REMAT_POLICIES["save_matmuls"]), x, w)
-    grads = jax.grad(loss, argnums=(0, 1))(x, w)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
   assert saved in capsys.readouterr().out
   with hot_path.use("tuned" if path == "plain" else "plain"):
-    other = jax.grad(loss, argnums=(0, 1))(x, w)
+    other = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
   # dx: both round the same fp32-accumulated dot once to bf16 (an ulp apart at most, through the
   # accumulation order: 2^-8 relative); dw: the plain path rounds it to bf16 before its fp32 cast
   # (2^-9 relative), the tuned path keeps the fp32 accumulator

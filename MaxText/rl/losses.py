@@ -26,6 +26,8 @@ as the clipped surrogate's would be).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,6 +151,8 @@ def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, epsil
   return loss, metrics
 
 
+# one program per (rollout shape, estimator), not a dozen one-op programs dispatched eagerly
+@functools.partial(jax.jit, static_argnames=("group_size", "estimator", "eps"))
 def group_advantages(rewards_B: jax.Array, group_size: int, estimator: str = "grpo",
                      eps: float = 1e-4) -> jax.Array:
   """Advantages [B] of rewards [B] whose rows come in groups of `group_size` consecutive

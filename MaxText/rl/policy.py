@@ -151,8 +151,8 @@ class Policy:
     """The loaded (or initial) parameters: a copy of the state's at a fresh start, loaded again
     after a resume."""
     t = self.trainer
-    if fresh:
-      return jax.tree.map(jnp.copy, state["params"])
+    if fresh:   # one program copies the tree (not one eager copy program per leaf's shape)
+      return jax.jit(lambda p: jax.tree.map(jnp.copy, p))(state["params"])
     if self.cfg.load_parameters_path:
       return load_params(self.cfg.load_parameters_path, t.abstract["params"],
                          verify=self.cfg.checkpoint_verify)
