@@ -153,10 +153,16 @@ def test_unscanned_layers_tensor_parallel_full_remat_match_one_device(runs, tmp_
 
 
 def test_stage_boundary_inside_a_run_matches_one_device(tmp_path):
-  """Gemma 4's [sliding, full] then the same with shared K/V: on 2 stages the positions of the
-  two stages differ in kind (both branches run), and the K/V go from stage 0 to stage 1."""
-  gemma = ("model_name=gemma4-tiny", "attention_pattern=sf", "num_kv_shared_layers=2",
-           "sliding_window=16", "learning_rate=3e-4", "attention=dot_product",
+  """Gemma 4's full layer then a full layer on its K/V (kv-shared): on 2 stages the position of
+  the two stages differs in kind (both branches of the switch run), and the K/V go from stage 0
+  to stage 1.
+
+  A layer a stage: the boundary needs one on each side, not more (Gemma 4's last layer is full, so
+  the pair is full). [sliding, full] then the same shared ran the same switch and hand-on once more
+  per kind, at 10 CPU s more; the pipeline sees a layer only as its kind and its carry, and sliding
+  layers under sharding are tests/test_gemma4_train.py's and tests/test_context_parallel.py's."""
+  gemma = ("model_name=gemma4-tiny", "num_decoder_layers=2", "attention_pattern=f",
+           "num_kv_shared_layers=1", "learning_rate=3e-4", "attention=dot_product",
            "enable_checkpointing=false")
   _, ref, _ = train(tmp_path, "one", *BASE, *gemma, *ONE, devices=jax.devices()[:1])
   code, got, _ = train(tmp_path, "pp", *BASE, *gemma, *MESHES["pp2"][1],
