@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import argv, read_metrics, train  # noqa: E402
+from conftest import MESH_1, argv, read_metrics, train  # noqa: E402
 from MaxText.losses.distill import DistillSpec, distill_sums  # noqa: E402
 from MaxText.models.model_def import Head  # noqa: E402
 
@@ -172,12 +172,14 @@ def test_the_chunked_loss_per_batch_shard_under_a_mesh_equals_one_device():
 # ---- python -m MaxText.distill ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def teacher_ckpt(tmp_path_factory):
-  """A tiny llama teacher trained here (its checkpoint's path): 12 steps of 2 rows per device (a
-  quarter of TINY's 8, the steps' cost; the students' divergence falls step by step as from a
-  teacher of 8 rows, 0.27 -> 0.01 for Qwen3, 0.18 -> 0.13 for Gemma 4)."""
+  """A tiny llama teacher trained here (its checkpoint's path): TINY's 10 steps on one device,
+  the programs of tests/test_train.py's one-device run (the data split and the checkpoint are no
+  part of them), which one compilation cache (CI) compiles once for both files; one device, where
+  8 would cost a program per replicated array's slice when the checkpoint is saved. The students'
+  divergence falls step by step from it (the student test)."""
   out = tmp_path_factory.mktemp("teacher")
-  code, metrics, _ = train(out, "teacher", "steps=12", "per_device_batch_size=2",
-                           "loss_chunk_length=0")
+  code, metrics, _ = train(out, "teacher", "checkpoint_period=10", *MESH_1,
+                           devices=jax.devices()[:1])
   assert code == 0, metrics
   return os.path.join(str(out), "teacher", "checkpoints")
 
