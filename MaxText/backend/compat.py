@@ -24,6 +24,7 @@ PRIVATE_NAMES = (
     ("qwix._src.core.dot_general_qt", "dot_general_qt"),
     ("qwix._src.core.dot_general_qt", "DotGeneralQtConfig"),
     ("jax._src.compiler", "logger"),
+    ("orbax.checkpoint._src.metadata.array_metadata_store", "Store"),
 )
 
 # The logger JAX's compiler writes each persistent-cache miss's key to (at DEBUG); the test suite's
@@ -52,3 +53,13 @@ def dot_general_qt(lhs, rhs, dimension_numbers, **config):
   which cannot find this project's reshaped kernels (layers/quant.py)."""
   from qwix._src.core import dot_general_qt as qt  # pylint: disable=import-outside-toplevel
   return qt.dot_general_qt(lhs, rhs, dimension_numbers, qt.DotGeneralQtConfig(**config))
+
+
+def orbax_array_handler(*, use_replica_parallel: bool) -> Any:
+  """Orbax's jax.Array type handler as its registry holds it by default (with a store for the
+  per-process array metadata), `use_replica_parallel` set as given. The store's class is exported
+  only under orbax's `_src`; without it the handler would write no array metadata."""
+  from orbax.checkpoint import type_handlers  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.metadata import array_metadata_store  # pylint: disable=import-outside-toplevel
+  return type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                    use_replica_parallel=use_replica_parallel)
