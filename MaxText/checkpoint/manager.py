@@ -73,8 +73,7 @@ def _no_replica_slices_on_one_cpu_process() -> None:
   host memory and this process writes every slice anyway. With several processes Orbax's default
   stays (each process writes its replicas' slices). The files hold the same arrays either way."""
   if jax.process_count() == 1 and jax.default_backend() == "cpu":
-    ocp.type_handlers.register_type_handler(
-        jax.Array, compat.orbax_array_handler(use_replica_parallel=False), override=True)
+    compat.register_orbax_array_handler(use_replica_parallel=False)
 
 
 class RunCheckpoints:
