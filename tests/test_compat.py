@@ -71,3 +71,22 @@ def test_no_private_library_name_outside_the_compat_module():
             if PRIVATE_USE.search(line):
               found.append(f"{rel}:{i}: {line.strip()}")
   assert not found, "private library names outside MaxText/backend/compat.py:\n" + "\n".join(found)
+
+
+def test_one_cpu_process_saves_a_replicated_array_without_cutting_it(tmp_path, monkeypatch):
+  """The handler of `compat.register_orbax_array_handler` (MaxText/checkpoint/manager.py's on
+  one CPU process): a replicated array on 8 devices is saved without Orbax's replica-parallel
+  slicing (a compiled slice program per array shape) and restores equal, its metadata written."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  from MaxText.checkpoint.manager import load_params, save_params_only
+  cuts = []
+  real = jax.lax.slice_in_dim
+  monkeypatch.setattr(jax.lax, "slice_in_dim", lambda *a, **k: (cuts.append(a[0].shape),
+                                                                real(*a, **k))[1])
+  mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+  x = jax.device_put(np.arange(48, dtype=np.float32).reshape(16, 3),
+                     NamedSharding(mesh, PartitionSpec()))
+  save_params_only(str(tmp_path / "ckpt"), {"w": x}, {})
+  assert cuts == []
+  np.testing.assert_array_equal(load_params(str(tmp_path / "ckpt"), None)["w"], np.asarray(x))
+  assert any("array_metadatas" in d for d, _, _ in os.walk(tmp_path / "ckpt"))

@@ -24,6 +24,8 @@ PRIVATE_NAMES = (
     ("qwix._src.core.dot_general_qt", "dot_general_qt"),
     ("qwix._src.core.dot_general_qt", "DotGeneralQtConfig"),
     ("jax._src.compiler", "logger"),
+    ("orbax.checkpoint._src.metadata.array_metadata_store", "Store"),
+    ("orbax.checkpoint._src.serialization.type_handler_registry", "GLOBAL_TYPE_HANDLER_REGISTRY"),
 )
 
 # The logger JAX's compiler writes each persistent-cache miss's key to (at DEBUG); the test suite's
@@ -52,3 +54,18 @@ def dot_general_qt(lhs, rhs, dimension_numbers, **config):
   which cannot find this project's reshaped kernels (layers/quant.py)."""
   from qwix._src.core import dot_general_qt as qt  # pylint: disable=import-outside-toplevel
   return qt.dot_general_qt(lhs, rhs, dimension_numbers, qt.DotGeneralQtConfig(**config))
+
+
+def register_orbax_array_handler(*, use_replica_parallel: bool) -> None:
+  """Registers for jax.Array the handler Orbax's registry holds by default (with a store for the
+  per-process array metadata: without it no array metadata is written), `use_replica_parallel`
+  set as given, without the warning a public `register_type_handler` logs at every override. The
+  store's class and the registry are exported only under orbax's `_src`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint import type_handlers  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.metadata import array_metadata_store  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.serialization import type_handler_registry  # pylint: disable=import-outside-toplevel
+  handler = type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                       use_replica_parallel=use_replica_parallel)
+  type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True,
+                                                         ignore_warnings=True)
