@@ -38,12 +38,15 @@ SECONDS = (1.0, 0.55)
 
 
 def our_config(*extra: str):
-  return load_config([BASE_YML, *OVERRIDES, *AUDIO_TOWER, *extra])
+  """A later value of a key replaces an earlier one."""
+  merged = dict(item.split("=", 1) for item in [*OVERRIDES, *AUDIO_TOWER, *extra])
+  return load_config([BASE_YML, *(f"{k}={v}" for k, v in merged.items())])
 
 
 @functools.lru_cache(maxsize=None)
-def hf_model():
-  hf = gemma4_hf_map.config_to_hf(our_config())
+def hf_model(*extra: str):
+  """The oracle of `our_config(*extra)` (no `extra`: this file's)."""
+  hf = gemma4_hf_map.config_to_hf(our_config(*extra))
   assert hf["audio_config"] is not None and hf["vision_config"] is not None
   for part in ("text_config", "vision_config"):
     hf[part]["initializer_range"] = 0.2

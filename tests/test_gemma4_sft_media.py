@@ -1,9 +1,9 @@
 """SFT on chat records with images and audio (MaxText/data/media_rows.py) for the tiny Gemma 4 with
-both towers of tests/test_gemma4_mm_audio.py, converted with its processor's files: a
-conversation's rows equal transformers' processor on the same chat (ids; the loss on the
-assistant's tokens only); a few steps with the vision tower trained on 1 device equal 8 devices
-(fsdp 4 x tensor 2) within 1e-5 in fp32; the trained vision tower moves while the frozen audio
-tower stays bit-identical; bad media records and settings are refused naming the key."""
+both towers of tests/test_gemma4_mm_audio.py (one layer of each kind: `SMALL`), converted with its
+processor's files: a conversation's rows equal transformers' processor on the same chat (ids; the
+loss on the assistant's tokens only); a few steps with the vision tower trained on 1 device equal
+8 devices (fsdp 4 x tensor 2) within 1e-5 in fp32; the trained vision tower moves while the frozen
+audio tower stays bit-identical; bad media records and settings are refused naming the key."""
 import json
 import os
 
@@ -28,13 +28,20 @@ ANSWERS = ["hello", "say hello", "and this", "what is this", "hello and hello", 
            "say this", "is this"]
 
 
+# test_gemma4_mm_audio.py's model with one layer where it has more: a sliding and a full text layer
+# (no K/V-sharing ones), one vision and one audio layer. What this file checks is the media rows,
+# the trained and the frozen tower and their sharding on 8 devices, not the depth (each kind of
+# layer: the parity tests); the programs of 1 and 8 devices are this file's costliest.
+SMALL = ("num_decoder_layers=2", "num_kv_shared_layers=0", "vision_layers=1", "audio_num_layers=1")
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   """(work dir, converted checkpoint, the chat jsonl, transformers' processor)."""
   import PIL.Image
   from MaxText.checkpoint_conversion import to_maxtext
   d = tmp_path_factory.mktemp("sft_media")
-  oracle = save_with_processor(hf_model(), d / "hf",
+  oracle = save_with_processor(hf_model(*SMALL), d / "hf",
                                image=dict(patch_size=2, max_soft_tokens=70, pooling_kernel_size=2),
                                audio=dict(feature_size=128))
   to_maxtext.convert(str(d / "hf"), str(d / "ck"), [])

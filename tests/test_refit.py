@@ -3,6 +3,7 @@ the stream, taken from parameters sharded over 8 fake devices, loads into a fres
 model with `load_state_dict(strict=True)` and that model computes our logits within 1e-4; a LoRA
 model streams exactly its merged export; 8 devices stream what 1 does; the generator holds one
 layer's blocks at a time and no tensor it yielded."""
+import copy
 import gc
 import time
 import weakref
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from conftest import BASE_YML, MESH_222, TINY  # noqa: E402
-from hf_parity import batch, build_hf_model, hf_logits, our_logits  # noqa: E402
+from hf_parity import batch, build_hf_model, hf_logits, hf_state, our_logits  # noqa: E402
 from MaxText import refit  # noqa: E402
 from MaxText.config.load import load_config, replace  # noqa: E402
 from MaxText.layers import lora  # noqa: E402
@@ -105,11 +106,27 @@ def check_logits(cfg, params, model):
   assert scale > 0.1 and err <= 1e-4 * max(1.0, scale), (err, scale)
 
 
+def other_hf_params(cfg, model):
+  """Our host parameters of a copy of transformers' `model` whose parameters moved by 0.02 N(0, 1)
+  (tied ones stay tied), converted by the family's hf_to_params: random values for the whole tree
+  without compiling our init program (1-5 s a family here)."""
+  mcfg = ModelConfig.from_config(cfg)
+  other, g = copy.deepcopy(model), torch.Generator().manual_seed(3)
+  with torch.no_grad():
+    for p in other.parameters():
+      p.add_(0.02 * torch.randn(p.shape, generator=g))
+  params = get_hf_map(hf_model_type_for(mcfg, cfg.hf_model_type)).hf_to_params(hf_state(other),
+                                                                                  mcfg)
+  shapes = lambda t: jax.tree.map(lambda a: (tuple(a.shape), np.dtype(a.dtype)), t)
+  assert shapes(params) == shapes(make_model_def(mcfg).abstract_params)   # the whole tree
+  return jax.tree.map(np.asarray, params)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_stream_loads_into_transformers_strict(case):
   cfg = config(case)
-  params = jax.tree.map(np.asarray, init_params(ModelConfig.from_config(cfg), 3))
   model = fresh_hf_model(cfg)
+  params = other_hf_params(cfg, model)
   tokens = batch(cfg.vocab_size)[0]
   before = hf_logits(model, tokens)
   load_stream(model, refit.stream(sharded(cfg, params), cfg, layout="state_dict"))
