@@ -174,7 +174,7 @@ def test_layer_step_reproduces_the_training_forward():
 def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():
   from MaxText.sharding.rules import parse_rules, use_rules
   q, k, v, g, beta = inputs(4)
-  seg = jnp.asarray(packed_segments())
+  seg = packed_segments()
   want = jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(q, k, v, g, beta, seg)
   devices = np.asarray(jax.devices()[:8])
   rules = parse_rules([["activation_batch", ["data"]], ["activation_heads", ["tensor"]],
@@ -205,6 +205,5 @@ def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():
   cp = jax.sharding.Mesh(devices[:4].reshape(1, 2, 2), ("data", "context", "tensor"),
                          axis_types=(AxisType.Auto,) * 3)
   with jax.set_mesh(cp), use_rules(cp, rules), pytest.raises(ValueError, match="context"):
-    jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(q[:, :148], k[:, :148],
-                                                                v[:, :148], g[:, :148],
-                                                                beta[:, :148], seg[:, :148])
+    jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(
+        *(np.asarray(x)[:, :148] for x in (q, k, v, g, beta, seg)))   # host slices: no programs
