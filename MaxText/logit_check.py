@@ -78,6 +78,7 @@ def run(argv: list[str]) -> int:
   max_kl_limit = default_kl if args["max_kl"] is None else args["max_kl"]
   atol_fraction = default_atol if args["atol_fraction"] is None else args["atol_fraction"]
 
+  import jax
   import torch
   # the Auto class's own module, not transformers' lazy top-level (which names every model)
   from transformers.models.auto.modeling_auto import AutoModelForCausalLM
@@ -98,8 +99,11 @@ def run(argv: list[str]) -> int:
   params = lora_base.load_host(args["load_parameters_path"], ModelConfig.from_config(cfg),
                                model_def.abstract_params)
 
+  # jitted: one program per case's length (run eagerly, every op of the model compiles alone)
+  apply = jax.jit(model_def.apply)
+
   def ours(tokens, positions, segments):
-    return np.asarray(model_def.apply(params, tokens[None], positions[None], segments[None]))[0]
+    return np.asarray(apply(params, tokens[None], positions[None], segments[None]))[0]
 
   def theirs(tokens):   # the logits in float64 (exactly the values transformers computed)
     with torch.no_grad():

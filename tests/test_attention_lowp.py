@@ -16,32 +16,40 @@ from test_linear import _dot_operand_types
 B, S, H, K, E = 2, 64, 4, 2, 32
 
 
-def inputs():
+@jax.jit
+def _draw():
+  """q, k, v, do in one program (eagerly each draw and cast compiles alone)."""
   kq, kk, kv, kd = jax.random.split(jax.random.key(0), 4)
   q = jax.random.normal(kq, (B, S, H, E)).astype(jnp.bfloat16)
   k = jax.random.normal(kk, (B, S, K, E)).astype(jnp.bfloat16)
   v = jax.random.normal(kv, (B, S, K, E)).astype(jnp.bfloat16)
   do = jax.random.normal(kd, (B, S, H, E)).astype(jnp.bfloat16)
+  return q, k, v, do
+
+
+def inputs():
   seg = np.ones((B, S), np.int32)
   seg[1, 40:] = 2
   seg[0, 50:] = 0
-  return q, k, v, do, jnp.asarray(seg)
+  return (*_draw(), seg)
 
 
 @pytest.mark.parametrize("path", ["tuned", "plain"])   # the bf16 core, or autodiff's (hot_path.py)
 def test_bf16_attention_and_grads_match_fp32_reference(path):
   q, k, v, do, seg = inputs()
   f = lambda q, k, v: dot_product_attention(q, k, v, seg, scale=E ** -0.5)
+  # output and gradients in one program each (eagerly every op compiles alone); a new function
+  # traced under each path, so neither reuses the other's trace
+  run = lambda q, k, v, do: (lambda o, vjp: (o, *vjp(do)))(*jax.vjp(f, q, k, v))
   with hot_path.use(path):
-    o, vjp = jax.vjp(f, q, k, v)
-    grads = vjp(do)
-  up = lambda x: x.astype(jnp.float32)
-  o_ref, vjp_ref = jax.vjp(f, up(q), up(k), up(v))          # the fp32 XLA path, same inputs
-  grads_ref = vjp_ref(up(do))
+    o, *grads = jax.jit(run)(q, k, v, do)
+  up = lambda x: np.asarray(x, np.float32)                    # exact: bf16 -> fp32
+  o_ref, *grads_ref = (np.asarray(x) for x in jax.jit(lambda q, k, v, do: run(q, k, v, do))(
+      up(q), up(k), up(v), up(do)))                           # the fp32 XLA path, same inputs
   assert o.dtype == jnp.bfloat16 and all(g.dtype == jnp.bfloat16 for g in grads)
   # bf16 rounding of the probabilities and of the results: ~2^-8 relative, a few ulps summed
   for got, ref in ((o, o_ref), *zip(grads, grads_ref)):
-    err = float(jnp.max(jnp.abs(up(got) - ref)) / jnp.max(jnp.abs(ref)))
+    err = float(np.max(np.abs(up(got) - ref)) / np.max(np.abs(ref)))
     assert err < 2e-2, err
 
 
@@ -78,7 +86,8 @@ def test_query_blocks_equal_one_block(dtype, window):
   """Causal query blocks (4 of 16 queries, packed documents and padding) give the output and
   q/k/v gradients of the whole S x S attention: only fully masked keys are skipped, so only the
   summation order differs (fp32: ~1e-6; bf16: the roundings of results of a few ulps apart)."""
-  q, k, v, do, seg = (x.astype(dtype) if x.dtype == jnp.bfloat16 else x for x in inputs())
+  q, k, v, do, seg = (np.asarray(x).astype(dtype) if x.dtype == jnp.bfloat16 else x
+                      for x in inputs())   # host casts (exact to fp32): no one-op programs
   f = lambda q, k, v: dot_product_attention(q, k, v, seg, scale=E ** -0.5, sliding_window=window)
   run = jax.jit(lambda q, k, v, do: (lambda o, vjp: (o, *vjp(do)))(*jax.vjp(f, q, k, v)))
   whole = run(q, k, v, do)

@@ -12,7 +12,6 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -61,30 +60,49 @@ def pairs(vocab: int):
 
 
 def our_batch(data):
+  """Host arrays (eagerly, each jnp conversion compiles a program)."""
   sides = {"chosen": [], "rejected": []}
   for prompt, chosen, rejected in data:
     for side, resp in (("chosen", chosen), ("rejected", rejected)):
       sides[side].append(row_arrays(prompt + resp, [0] * len(prompt) + [1] * len(resp), S, 0))
-  return {s: {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}
-          for s, rows in sides.items()}
+  return {s: {k: np.stack([r[k] for r in rows]) for k in rows[0]} for s, rows in sides.items()}
 
 
-def our_loss_and_grads(params, ref_params, model_def, data, loss_kwargs):
-  batch = our_batch(data)
-  lc, lr = side_logps(model_def, ref_params, batch, 0)
-  batch["ref"] = {"chosen": (lc * batch["chosen"]["mask"]).sum(-1),
-                  "rejected": (lr * batch["rejected"]["mask"]).sum(-1)}
-  n = float(len(data))
-  nll_tokens = batch["chosen"]["real"].sum()
+@functools.lru_cache(maxsize=None)
+def our_inputs():
+  """(params, batch with the reference model's summed log-probabilities): every case's, built
+  once (the TRL side deep-copies the models, so they never change)."""
+  policy, ref, mcfg, model_def = tiny_models()
+  batch = our_batch(pairs(mcfg.vocab_size))
 
-  # the numbers (beta, label_smoothing, simpo_gamma) are the program's arguments, so the cases of
-  # one loss share its compiled program; the loss's name chooses the program
-  numbers = {k: jnp.float32(v) for k, v in loss_kwargs.items() if k != "loss"}
+  @jax.jit   # one program (eagerly, each op of the forward compiles alone)
+  def ref_sums(ref_params, batch):
+    lc, lr = side_logps(model_def, ref_params, batch, 0)
+    return {"chosen": (lc * batch["chosen"]["mask"]).sum(-1),
+            "rejected": (lr * batch["rejected"]["mask"]).sum(-1)}
+  batch["ref"] = ref_sums(hf_map.hf_to_params(hf_state(ref), mcfg), batch)
+  return hf_map.hf_to_params(hf_state(policy), mcfg), batch
 
-  def f(p, numbers):
-    return batch_loss(model_def, p, batch, chunk=5, pairs=n, nll_tokens=nll_tokens,
-                      loss_kwargs={"loss": loss_kwargs["loss"], **numbers})
-  (loss, sums), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params, numbers)
+
+@functools.lru_cache(maxsize=None)
+def loss_and_grads(loss: str):
+  """jitted (params, batch, nll_tokens, numbers) -> ((loss, metric sums), grads) of the DPO step's
+  `batch_loss`; the numbers (beta, label_smoothing, simpo_gamma) are arguments, so the cases of one
+  loss share its program (traced once); the loss's name chooses the program."""
+  _, _, mcfg, model_def = tiny_models()
+  pairs_ = float(len(pairs(mcfg.vocab_size)))
+
+  def f(p, batch, nll_tokens, numbers):
+    return batch_loss(model_def, p, batch, chunk=5, pairs=pairs_, nll_tokens=nll_tokens,
+                      loss_kwargs={"loss": loss, **numbers})
+  return jax.jit(jax.value_and_grad(f, has_aux=True))
+
+
+def our_loss_and_grads(params, batch, loss_kwargs):
+  n = float(len(batch["chosen"]["inputs"]))
+  numbers = {k: np.float32(v) for k, v in loss_kwargs.items() if k != "loss"}
+  (loss, sums), grads = loss_and_grads(loss_kwargs["loss"])(
+      params, batch, np.float32(batch["chosen"]["real"].sum()), numbers)
   return float(loss), {k: float(v) / n for k, v in sums.items()}, grads
 
 
@@ -172,11 +190,10 @@ def test_loss_metrics_and_gradients_equal_trl(loss, beta, label_smoothing):
     want, want_m, tp = trl_dpo(policy, ref, data, loss, beta, label_smoothing)
   want_grads = hf_map.hf_to_params({k: p.grad.numpy().copy() for k, p in tp.named_parameters()},
                                    mcfg)
-  params = hf_map.hf_to_params(hf_state(policy), mcfg)
-  ref_params = hf_map.hf_to_params(hf_state(ref), mcfg)
+  params, batch = our_inputs()
   got, got_m, grads = our_loss_and_grads(
-      params, ref_params, model_def, data,
-      dict(loss=loss, beta=beta, label_smoothing=label_smoothing, simpo_gamma=gamma))
+      params, batch, dict(loss=loss, beta=beta, label_smoothing=label_smoothing,
+                          simpo_gamma=gamma))
   print(f"{loss}: ours {got:.7f} TRL {want:.7f}")
   assert abs(got - want) <= TOL * max(1.0, abs(want)), (got, want)
   for k, v in want_m.items():

@@ -1,4 +1,6 @@
 """Pallas flash attention (CPU interpret mode) vs plain-jnp references: outputs and dq/dk/dv."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +39,9 @@ def _ref_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale, causal=True
   return jnp.einsum("bhst,bthe->bshe", p, v, precision="highest")
 
 
+@functools.partial(jax.jit, static_argnames=("B", "S", "T", "H", "K", "E", "dtype"))
 def _inputs(B, S, T, H, K, E, dtype=jnp.float32, seed=0):
+  """q, k, v and a cotangent, drawn in one program (eagerly each draw and cast compiles alone)."""
   kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 4)
   q = jax.random.normal(kq, (B, S, H, E), jnp.float32).astype(dtype)
   k = jax.random.normal(kk, (B, T, K, E), jnp.float32).astype(dtype)
@@ -119,7 +123,7 @@ def _compare(flash_fn, ref_fn, q, k, v, do, *, segment_ids, scale, ref_inputs=No
 def test_matches_dot_product_attention(H, K, causal, block_q, block_kv):
   B, S, E = 2, 128, 32
   q, k, v, do = _inputs(B, S, S, H, K, E)
-  seg = jnp.ones((B, S), jnp.int32)
+  seg = np.ones((B, S), np.int32)
   scale = E ** -0.5
   _compare(lambda q, k, v: flash_attention(q, k, v, seg, scale=scale, causal=causal,
                                            block_q=block_q, block_kv=block_kv),
@@ -131,8 +135,9 @@ def test_segment_ids_packed_documents():
   B, S, H, K, E = 2, 96, 2, 2, 32
   q, k, v, do = _inputs(B, S, S, H, K, E, seed=1)
   # batch 0: two documents split at 50; batch 1: split at 17 and a padding tail (id 0)
-  seg = jnp.stack([jnp.where(jnp.arange(S) < 50, 1, 2),
-                   jnp.where(jnp.arange(S) < 17, 1, jnp.where(jnp.arange(S) < 80, 2, 0))])
+  pos = np.arange(S)
+  seg = np.stack([np.where(pos < 50, 1, 2), np.where(pos < 17, 1, np.where(pos < 80, 2, 0))])
+  seg = seg.astype(np.int32)
   scale = E ** -0.5
   _compare(lambda q, k, v: flash_attention(q, k, v, seg, scale=scale, block_q=32, block_kv=32),
            lambda q, k, v: dot_product_attention(q, k, v, seg, scale=scale), q, k, v, do,
@@ -154,7 +159,7 @@ def test_options_match_reference(kwargs, shape):
   q, k, v, do = _inputs(B, S, T, H, K, E, seed=2)
   seg = None
   if kwargs.pop("segments", False):
-    seg = jnp.broadcast_to(jnp.where(jnp.arange(S) < 60, 3, 4), (B, S))
+    seg = np.broadcast_to(np.where(np.arange(S) < 60, 3, 4), (B, S)).astype(np.int32)
   if kwargs.pop("scale", None) == 1.0:
     scale, q = 1.0, q * E ** -0.5          # scale=1.0 with pre-scaled q: logits stay ~1
   else:
@@ -178,7 +183,7 @@ def test_bf16_inputs():
   B, S, H, K, E = 1, 128, 4, 2, 64
   q, k, v, do = _inputs(B, S, S, H, K, E, dtype=jnp.bfloat16, seed=3)
   scale = E ** -0.5
-  f32 = tuple(x.astype(jnp.float32) for x in (q, k, v))
+  f32 = tuple(np.asarray(x, np.float32) for x in (q, k, v))   # exact: bf16 -> fp32 on the host
   _compare(lambda q, k, v: flash_attention(q, k, v, None, scale=scale, sliding_window=64,
                                            block_q=32, block_kv=64),
            lambda q, k, v: _ref_attention(q, k, v, None, scale=scale, sliding_window=64),
@@ -251,8 +256,9 @@ def test_lowers_to_triton_for_gpu(dtype):
   """Cross-lowering for CUDA on the CPU machine: every kernel takes the Triton path (not Mosaic
   GPU) with all options on; ragged S and a head dim (96) that is padded to a power of two."""
   B, S, H, K, E = 1, 200, 4, 2, 96
-  q, k, v = (jnp.ones(shape, dtype) for shape in ((B, S, H, E), (B, S, K, E), (B, S, K, E)))
-  seg = jnp.ones((B, S), jnp.int32)
+  q, k, v = (jax.ShapeDtypeStruct(shape, dtype)           # shapes only: traced and lowered
+             for shape in ((B, S, H, E), (B, S, K, E), (B, S, K, E)))
+  seg = np.ones((B, S), np.int32)
 
   def run(q, k, v):
     o, vjp = jax.vjp(lambda q, k, v: flash_attention(
@@ -271,10 +277,15 @@ def test_lowers_to_triton_for_gpu(dtype):
 def test_triton_blocks_are_clipped_to_fit_shared_memory(E, cap):
   """On a GPU (not interpret) the configured 512-row blocks become what fits one program's shared
   memory; the CPU interpreter keeps them (clipped only to the sequence length)."""
-  q, k, v, _ = _inputs(1, 1024, 1024, 2, 1, E)
-  blocks = lambda interpret: (lambda c: (c.block_q, c.block_kv))(_prepare(
-      q, k, v, None, scale=1.0, causal=True, sliding_window=None, block_q=512, block_kv=512,
-      interpret=interpret)[-1])
+  q = jax.ShapeDtypeStruct((1, 1024, 2, E), jnp.float32)    # shapes only: traced, not run
+  k = v = jax.ShapeDtypeStruct((1, 1024, 1, E), jnp.float32)
+
+  def blocks(interpret):
+    config = []
+    jax.make_jaxpr(lambda q, k, v: config.append(_prepare(
+        q, k, v, None, scale=1.0, causal=True, sliding_window=None, block_q=512, block_kv=512,
+        interpret=interpret)[-1]))(q, k, v)
+    return config[0].block_q, config[0].block_kv
   assert triton_max_block(E) == cap
   assert blocks(False) == (cap, cap)
   assert blocks(True) == (512, 512)

@@ -16,14 +16,28 @@ from MaxText.layers import gated_delta as gd
 B, S, H, K, V = 2, 150, 3, 8, 6          # S is not a multiple of either chunk size tested
 
 
+@jax.jit
+def _prepare(q, k, v, g, beta):
+  """The rule's inputs from the host draws, in one program (eagerly each op compiles alone)."""
+  return (gd.l2_normalize(q) * K ** -0.5, gd.l2_normalize(k), v, g, jax.nn.sigmoid(beta))
+
+
 def inputs(seed: int = 0, decay_scale: float = 1.0):
   rng = np.random.default_rng(seed)
-  q = gd.l2_normalize(rng.normal(size=(B, S, H, K))) * K ** -0.5
-  k = gd.l2_normalize(rng.normal(size=(B, S, H, K)))
-  v = jnp.asarray(rng.normal(size=(B, S, H, V)), jnp.float32)
-  g = jnp.asarray(-decay_scale * np.exp(rng.normal(size=(B, S, H)) - 1.0), jnp.float32)
-  beta = jax.nn.sigmoid(jnp.asarray(rng.normal(size=(B, S, H)), jnp.float32))
-  return q, k, v, g, beta
+  q, k = (rng.normal(size=(B, S, H, K)).astype(np.float32) for _ in range(2))
+  v = rng.normal(size=(B, S, H, V)).astype(np.float32)
+  g = (-decay_scale * np.exp(rng.normal(size=(B, S, H)) - 1.0)).astype(np.float32)
+  beta = rng.normal(size=(B, S, H)).astype(np.float32)
+  return _prepare(q, k, v, g, beta)
+
+
+def amax(x) -> float:
+  """max |x|, on the host (a jnp reduction outside a jit compiles a program per shape)."""
+  return float(np.abs(np.asarray(x, np.float32)).max())
+
+
+_chunked = jax.jit(gd.chunked_gated_delta_rule, static_argnames="chunk_size")
+_recurrent = jax.jit(gd.recurrent_gated_delta_rule)
 
 
 def packed_segments():
@@ -37,17 +51,18 @@ def packed_segments():
 @pytest.mark.parametrize("chunk", [64, 16])
 def test_chunked_equals_token_by_token(chunk):
   q, k, v, g, beta = inputs()
-  reset = gd.document_starts(jnp.asarray(packed_segments()))
-  o_tok, s_tok = jax.jit(gd.recurrent_gated_delta_rule)(q, k, v, g, beta, reset)
-  chunked = jax.jit(gd.chunked_gated_delta_rule, static_argnames="chunk_size")
-  o_chk, s_chk = chunked(q, k, v, g, beta, reset, chunk_size=chunk)
-  scale = float(jnp.abs(o_tok).max())
+  reset = np.asarray(gd.document_starts(packed_segments()))
+  o_tok, s_tok = (np.asarray(x) for x in _recurrent(q, k, v, g, beta, reset))
+  o_chk, s_chk = _chunked(q, k, v, g, beta, reset, chunk_size=chunk)
+  scale = amax(o_tok)
   assert scale > 0.5
-  assert float(jnp.abs(o_chk - o_tok).max()) <= 1e-5 * scale
-  assert float(jnp.abs(s_chk - s_tok).max()) <= 1e-5 * float(jnp.abs(s_tok).max())
+  assert amax(o_chk - o_tok) <= 1e-5 * scale
+  assert amax(s_chk - s_tok) <= 1e-5 * amax(s_tok)
   # the resets matter: the same row as one document differs after the first boundary
-  one_doc = chunked(q, k, v, g, beta, reset.at[:, 1:].set(False), chunk_size=chunk)[0]
-  assert float(jnp.abs(one_doc[0, 40:] - o_tok[0, 40:]).max()) > 1e-2
+  one_doc = reset.copy()
+  one_doc[:, 1:] = False
+  one_doc = np.asarray(_chunked(q, k, v, g, beta, one_doc, chunk_size=chunk)[0])
+  assert amax(one_doc[0, 40:] - o_tok[0, 40:]) > 1e-2
 
 
 def test_strong_decays_lose_no_precision():
@@ -56,12 +71,11 @@ def test_strong_decays_lose_no_precision():
   fp32 ulps. The decays are summed per pair of tokens (segment sums); as differences of cumulative
   sums they lose ~|cum| x 2^-24 (4.5e-6 here)."""
   q, k, v, g, beta = inputs(3, decay_scale=10.0)
-  assert float(jnp.min(g)) < -50
-  reset = gd.document_starts(jnp.ones((B, S), jnp.int32))
-  o_tok = jax.jit(gd.recurrent_gated_delta_rule)(q, k, v, g, beta, reset)[0]
-  o_chk = jax.jit(gd.chunked_gated_delta_rule, static_argnames="chunk_size")(
-      q, k, v, g, beta, reset, chunk_size=64)[0]
-  assert float(jnp.abs(o_chk - o_tok).max()) <= 1e-6 * float(jnp.abs(o_tok).max())
+  assert np.asarray(g).min() < -50
+  reset = np.asarray(gd.document_starts(np.ones((B, S), np.int32)))
+  o_tok = np.asarray(_recurrent(q, k, v, g, beta, reset)[0])
+  o_chk = np.asarray(_chunked(q, k, v, g, beta, reset, chunk_size=64)[0])
+  assert amax(o_chk - o_tok) <= 1e-6 * amax(o_tok)
 
 
 def test_packed_documents_equal_transformers_run_alone():
@@ -73,8 +87,7 @@ def test_packed_documents_equal_transformers_run_alone():
   v, g, beta = (np.asarray(a) for a in inputs(1)[2:])
   q, k = gd.l2_normalize(raw[0]) * K ** -0.5, gd.l2_normalize(raw[1])
   seg = packed_segments()
-  o = np.asarray(gd.chunked_gated_delta_rule(q, k, v, g, beta, gd.document_starts(seg),
-                                             chunk_size=64)[0])
+  o = np.asarray(_chunked(q, k, v, g, beta, gd.document_starts(seg), chunk_size=64)[0])
   t = lambda a: torch.tensor(np.ascontiguousarray(a))
   worst = 0.0
   for row, docs in ((0, [(0, 40), (40, 100), (100, S)]), (1, [(0, 129), (129, S)])):
@@ -90,8 +103,8 @@ def test_gradients_equal_and_stay_finite():
   """jax.grad through the chunked form equals it through the recurrence; with decays 50x stronger
   (in-chunk cumulative log decays of about -1e3: an unmasked exp(cum_j - cum_i) overflows) the
   gradients stay finite."""
-  reset = gd.document_starts(jnp.asarray(packed_segments()))
-  w = jnp.asarray(np.random.default_rng(2).normal(size=(B, S, H, V)), jnp.float32)
+  reset = np.asarray(gd.document_starts(packed_segments()))
+  w = np.random.default_rng(2).normal(size=(B, S, H, V)).astype(np.float32)
 
   def grads(fn, decay_scale):
     loss = lambda *a: jnp.sum(fn(*a, reset)[0] * w)
@@ -99,10 +112,10 @@ def test_gradients_equal_and_stay_finite():
 
   chunked = lambda *a: gd.chunked_gated_delta_rule(*a, chunk_size=32)
   for got, want in zip(grads(chunked, 1.0), grads(gd.recurrent_gated_delta_rule, 1.0)):
-    assert float(jnp.abs(got - want).max()) <= 1e-5 * float(jnp.abs(want).max())
+    assert amax(np.asarray(got) - np.asarray(want)) <= 1e-5 * amax(want)
   strong = grads(chunked, 50.0)
-  assert float(jnp.min(inputs(2, 50.0)[3])) < -100
-  assert all(bool(jnp.all(jnp.isfinite(x))) for x in strong)
+  assert np.asarray(inputs(2, 50.0)[3]).min() < -100
+  assert all(np.isfinite(np.asarray(x)).all() for x in strong)
 
 
 def test_causal_conv_restarts_per_document_and_steps():
@@ -113,16 +126,17 @@ def test_causal_conv_restarts_per_document_and_steps():
   x = rng.normal(size=(B, S, C)).astype(np.float32)
   w = rng.normal(size=(W, C)).astype(np.float32)
   seg = packed_segments()
-  out = np.asarray(cc.causal_conv(x, w, gd.document_starts(seg)))
+  out = np.asarray(jax.jit(cc.causal_conv)(x, w, gd.document_starts(seg)))
   hf_conv = lambda a: hf.causal_conv1d_fn(torch.tensor(a).transpose(1, 2), torch.tensor(w.T),
                                           None).transpose(1, 2).numpy()
   for a, e in [(0, 40), (40, 100), (100, S)]:
     np.testing.assert_allclose(out[0:1, a:e], hf_conv(x[0:1, a:e]), rtol=0, atol=1e-5)
   window, steps = np.zeros((B, W - 1, C), np.float32), []
+  step = jax.jit(cc.causal_conv_step)   # one program for the 150 steps (eagerly: one per op)
   for t in range(S):   # row 0's boundaries; the step takes a fresh window at a document start
     if t in (40, 100):
       window = np.zeros_like(window)
-    y, window = cc.causal_conv_step(window, x[:, t], w)
+    y, window = step(window, x[:, t], w)
     steps.append(np.asarray(y))
   np.testing.assert_allclose(np.stack(steps, 1)[0], out[0], rtol=0, atol=1e-5)
 
@@ -137,11 +151,12 @@ def test_layer_step_reproduces_the_training_forward():
   from conftest import BASE_YML
   mcfg = ModelConfig.from_config(load_config([BASE_YML, "model_name=qwen3-next-tiny",
                                               "linear_chunk_size=8"]))
-  layer = GatedDeltaNet(mcfg, rngs=nnx.Rngs(params=0))
+  # built in one program: eagerly each initializer's ops compile alone
+  layer = nnx.jit(lambda: GatedDeltaNet(mcfg, rngs=nnx.Rngs(params=0)))()
   T, boundary = 21, 13
   # host arrays, one jitted forward: run eagerly, each op (and each token's slice) compiles alone
-  x = np.asarray(jax.random.normal(jax.random.key(0), (2, T, mcfg.emb_dim)))
-  seg = jnp.asarray(np.where(np.arange(T) < boundary, 1, 2)[None].repeat(2, 0), jnp.int32)
+  x = np.random.default_rng(0).normal(size=(2, T, mcfg.emb_dim)).astype(np.float32)
+  seg = np.where(np.arange(T) < boundary, 1, 2)[None].repeat(2, 0).astype(np.int32)
   want = jax.jit(lambda x, seg: nnx.merge(*nnx.split(layer))(x, seg))(x, seg)
   state, got = layer.init_state(2), []
   step = jax.jit(lambda s, xt: nnx.merge(*nnx.split(layer)).step(xt, s))
@@ -149,9 +164,9 @@ def test_layer_step_reproduces_the_training_forward():
     if t == boundary:
       state = layer.init_state(2)
     y, state = step(state, x[:, t])
-    got.append(y)
-  got = jnp.stack(got, 1)
-  assert float(jnp.abs(got - want).max()) <= 1e-5 * float(jnp.abs(want).max())
+    got.append(np.asarray(y))
+  got = np.stack(got, 1)
+  assert amax(got - np.asarray(want)) <= 1e-5 * amax(want)
   assert state["delta"].shape == (2, mcfg.linear_num_value_heads, mcfg.linear_key_head_dim,
                                   mcfg.linear_value_head_dim)
 
@@ -159,7 +174,7 @@ def test_layer_step_reproduces_the_training_forward():
 def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():
   from MaxText.sharding.rules import parse_rules, use_rules
   q, k, v, g, beta = inputs(4)
-  seg = jnp.asarray(packed_segments())
+  seg = packed_segments()
   want = jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(q, k, v, g, beta, seg)
   devices = np.asarray(jax.devices()[:8])
   rules = parse_rules([["activation_batch", ["data"]], ["activation_heads", ["tensor"]],
@@ -190,6 +205,5 @@ def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():
   cp = jax.sharding.Mesh(devices[:4].reshape(1, 2, 2), ("data", "context", "tensor"),
                          axis_types=(AxisType.Auto,) * 3)
   with jax.set_mesh(cp), use_rules(cp, rules), pytest.raises(ValueError, match="context"):
-    jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(q[:, :148], k[:, :148],
-                                                                v[:, :148], g[:, :148],
-                                                                beta[:, :148], seg[:, :148])
+    jax.jit(lambda *a: gd.gated_delta_rule(*a, chunk_size=32))(
+        *(np.asarray(x)[:, :148] for x in (q, k, v, g, beta, seg)))   # host slices: no programs

@@ -2,6 +2,7 @@
 prompt longer than W and then one token at a time holds exactly the last W positions and attends
 over q - W < k <= q; a full cache over k <= q; their memory is O(window) and O(length); Gemma 4
 E2B's cache groups (its KV-shared tail stores nothing)."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,23 +35,24 @@ def test_ring_and_full_caches_match_a_reference():
   for window in (W, 0):
     kind = KVCache(K, E, window)
     specs = kind.arrays(B, T, jnp.float32)
-    group = {n: jnp.full((1, *a.shape), a.fill, a.dtype) for n, a in specs.items()}
+    group = {n: np.full((1, *a.shape), a.fill, a.dtype) for n, a in specs.items()}
+    # one program per shape (eagerly every op of a write or an attend compiles alone)
+    write = jax.jit(kind.write, static_argnums=1)
+    attend = jax.jit(kind.attend, static_argnums=1, static_argnames="scale")
     assert group["k"].shape[3] == (W if window else T)
     S = 8
     pos = np.broadcast_to(np.arange(S), (B, S))
-    group = kind.write(group, 0, keys[:, :S], values[:, :S], jnp.asarray(pos),
-                       jnp.asarray(pos < lengths[:, None]))
+    group = write(group, 0, keys[:, :S], values[:, :S], pos, pos < lengths[:, None])
     for step in range(12):             # then one token per step, each row at its own position
       q_pos = lengths + step
       at = (np.arange(B), q_pos)
-      group = kind.write(group, 0, keys[at][:, None], values[at][:, None],
-                         jnp.asarray(q_pos[:, None]), jnp.ones((B, 1), bool))
+      group = write(group, 0, keys[at][:, None], values[at][:, None], q_pos[:, None],
+                    np.ones((B, 1), bool))
       if window:   # the ring holds exactly the last W positions
         assert sorted(np.asarray(group["pos"][0, 0]).tolist()) == list(range(q_pos[0] - W + 1,
                                                                             q_pos[0] + 1))
       q = rng.normal(size=(B, 1, K * G, E)).astype(np.float32)
-      got = np.asarray(kind.attend(group, 0, jnp.asarray(q), jnp.asarray(q_pos[:, None]),
-                                   scale=E ** -0.5))
+      got = np.asarray(attend(group, 0, q, q_pos[:, None], scale=E ** -0.5))
       np.testing.assert_allclose(got, reference(q, keys, values, q_pos, window), atol=1e-5)
 
 

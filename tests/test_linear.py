@@ -20,12 +20,19 @@ from MaxText.sharding.rules import parse_rules, use_rules
 M, K, N = 64, 32, 48
 
 
+@jax.jit
 def operands(seed=0):
+  """One program (eagerly each random draw and cast compiles alone)."""
   kx, kw, kd = jax.random.split(jax.random.key(seed), 3)
   x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.bfloat16)
   w = jax.random.normal(kw, (K, N), jnp.float32) * K ** -0.5          # fp32 master weight
   dy = jax.random.normal(kd, (M, N), jnp.float32).astype(jnp.bfloat16)
   return x, w, dy
+
+
+def amax(x) -> float:
+  """max |x| in fp32, on the host (a jnp reduction outside a jit compiles a program per shape)."""
+  return float(np.abs(np.asarray(x, np.float32)).max())
 
 
 def test_row_major_transpose_is_the_transpose():
@@ -41,30 +48,32 @@ def test_bf16_matmul_and_grads_match_fp32_reference(w_is_NK, out_dtype, path):
   if w_is_NK:
     w = w.T
   f = lambda x, w: matmul(x, w, w_is_NK=w_is_NK, out_dtype=out_dtype)
-  with hot_path.use(path):
+
+  def forward_backward(x, w, dy):   # one program (eagerly each op compiles alone)
     y, vjp = jax.vjp(f, x, w)
-    dx, dw = vjp(dy.astype(y.dtype))
+    return (y, *vjp(dy.astype(y.dtype)))
+
+  with hot_path.use(path):          # traced here: a new function, so no trace of the other path
+    y, dx, dw = jax.jit(forward_backward)(x, w, dy)
   assert (y.dtype, dx.dtype, dw.dtype) == (out_dtype or jnp.bfloat16, jnp.bfloat16, jnp.float32)
-  x32, dy32 = x.astype(jnp.float32), dy.astype(jnp.float32)
-  w16 = w.astype(jnp.bfloat16).astype(jnp.float32)                    # what the dot sees
+  # the fp32 reference in NumPy (float32 products of the bf16 values are exact; fp32 sums)
+  x32, dy32 = np.asarray(x, np.float32), np.asarray(dy, np.float32)
+  w16 = np.asarray(w).astype(jnp.bfloat16).astype(np.float32)        # what the dot sees
   w16_KN = w16.T if w_is_NK else w16
-  hi = jax.lax.Precision.HIGHEST
-  y_ref = jnp.dot(x32, w16_KN, precision=hi)
-  dx_ref = jnp.dot(dy32, w16_KN.T, precision=hi)
-  dw_ref = jnp.dot(x32.T, dy32, precision=hi)
+  y_ref = x32 @ w16_KN
+  dx_ref = dy32 @ w16_KN.T
+  dw_ref = x32.T @ dy32
   if w_is_NK:
     dw_ref = dw_ref.T
   # bf16 results: fp32 accumulation rounded once to bf16 (half an ulp: 2^-8 relative)
   for got, ref in ((y, y_ref), (dx, dx_ref)):
     tol = 1e-5 if got.dtype == jnp.float32 else 2**-8
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref), rtol=tol,
-                               atol=tol * float(jnp.max(jnp.abs(ref))))
+    np.testing.assert_allclose(np.asarray(got, np.float32), ref, rtol=tol, atol=tol * amax(ref))
   # tuned: dw stays fp32, only the summation order differs (K-term sums of bf16 products); plain:
   # autodiff's dot of bf16 operands has a bf16 result (the forward's cast of w transposed after
   # it), the fp32 accumulator rounded once (2^-8 relative, as above)
   tol = 1e-5 if path == "tuned" else 2**-8
-  np.testing.assert_allclose(np.asarray(dw), np.asarray(dw_ref), rtol=tol,
-                             atol=tol * float(jnp.max(jnp.abs(dw_ref))))
+  np.testing.assert_allclose(np.asarray(dw), dw_ref, rtol=tol, atol=tol * amax(dw_ref))
 
 
 def test_fp32_matmul_is_the_plain_product():
@@ -120,10 +129,12 @@ def test_batch_sharded_weight_gradient_gathers_no_activations():
 
 def _projections(dtype):
   """q [D → H, E], k [D → K, E] and a gate-like [D → F] kernel (fp32 master weights)."""
-  kw = dict(rngs=nnx.Rngs(3), dtype=dtype, param_dtype=jnp.float32)
-  return (DenseGeneral((K,), (4, 8), ("embed", "heads", "head_dim"), **kw),
-          DenseGeneral((K,), (2, 8), ("embed", "kv_heads", "head_dim"), **kw),
-          DenseGeneral((K,), (N,), ("embed", "mlp"), **kw))
+  def build():    # in one program: eagerly each initializer's ops compile alone
+    kw = dict(rngs=nnx.Rngs(3), dtype=dtype, param_dtype=jnp.float32)
+    return (DenseGeneral((K,), (4, 8), ("embed", "heads", "head_dim"), **kw),
+            DenseGeneral((K,), (2, 8), ("embed", "kv_heads", "head_dim"), **kw),
+            DenseGeneral((K,), (N,), ("embed", "mlp"), **kw))
+  return nnx.jit(build)()
 
 
 def weight_matmuls(monkeypatch) -> list:
@@ -144,18 +155,20 @@ def test_fused_projections_equal_the_layers_one_by_one(dtype, monkeypatch):
     ys = fused_dense(ls, x) if fuse else [l(x) for l in ls]
     return sum(jnp.sum(y.astype(jnp.float32) * (i + 1)) for i, y in enumerate(ys)), ys
 
-  (_, got), g_got = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x, True)
-  (_, want), g_want = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x, False)
+  # each side one program (eagerly every op of the layers and their gradients compiles alone)
+  grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True), static_argnums=2)
+  (_, got), g_got = grads(params, x, True)
+  (_, want), g_want = grads(params, x, False)
   assert [y.shape for y in got] == [(2, M // 2, 4, 8), (2, M // 2, 2, 8), (2, M // 2, N)]
   # each output column is the same K-term dot, fp32 accumulated, rounded once to the dtype
   for a, b in zip(got, want):
     assert a.dtype == dtype
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2**-8,
-                               atol=2**-8 * float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+                               atol=2**-8 * amax(b))
   for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
     assert a.dtype == b.dtype
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2**-7,
-                               atol=2**-7 * float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+                               atol=2**-7 * amax(b))
   calls = weight_matmuls(monkeypatch)
   jax.eval_shape(lambda p, x: loss(p, x, True), params, x)
   # bf16: one weight matmul for the three; fp32: the three dots as before
@@ -177,12 +190,13 @@ def test_fused_projections_stay_separate_when_the_mesh_splits_an_output_axis(mon
 def test_dense_takes_a_slice_of_its_output_axis(dtype):
   """An LM head given a vocabulary slice of its kernel (the chunked loss's head split) returns
   those columns of the whole head's output."""
-  head = DenseGeneral((K,), (N,), ("embed", "vocab"), rngs=nnx.Rngs(2), dtype=dtype,
-                      param_dtype=jnp.float32)
-  x = jax.random.normal(jax.random.key(4), (2, 8, K), jnp.float32)
-  whole = head(x, out_dtype=jnp.float32)
-  head.kernel.set_value(head.kernel[...][:, N // 4: N // 2])
-  part = head(x, out_dtype=jnp.float32)
+  head = nnx.jit(lambda: DenseGeneral((K,), (N,), ("embed", "vocab"), rngs=nnx.Rngs(2),
+                                      dtype=dtype, param_dtype=jnp.float32))()
+  x = np.random.default_rng(4).normal(size=(2, 8, K)).astype(np.float32)
+  apply = nnx.jit(lambda head, x: head(x, out_dtype=jnp.float32))   # eagerly: a program an op
+  whole = apply(head, x)
+  head.kernel.set_value(np.asarray(head.kernel[...])[:, N // 4: N // 2])
+  part = apply(head, x)
   assert part.shape == (2, 8, N // 4)
   # the same K-term fp32 dot per column; a narrower matmul may block the sum differently
   want = np.asarray(whole[..., N // 4: N // 2])

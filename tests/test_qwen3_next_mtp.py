@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import jax
 import numpy as np
 import pytest
 
@@ -66,9 +67,14 @@ def test_mtp_depth_one_matches_transformers_modules():
   params = hf_map.hf_to_params({**hf_state(model), **mtp}, mcfg)
   tokens = rng.randint(0, mcfg.vocab_size, (1, S))
   want_h, want_logits = torch_mtp(model, mtp, tokens)
-  _, aux = model_def.apply_with_aux(params, tokens.astype(np.int32), np.arange(S)[None],
-                                    np.ones((1, S), np.int32), mtp=True)
-  got_h = np.asarray(aux["mtp_hidden"][0])[:, :-1]   # the last position has no token ahead
+
+  @jax.jit   # one program (run eagerly, each op of the model compiles alone)
+  def mtp_depth_one(params, tokens):
+    _, aux = model_def.apply_with_aux(params, tokens, np.arange(S)[None],
+                                      np.ones((1, S), np.int32), mtp=True)
+    return aux["mtp_hidden"][0], model_def.head(params, aux["mtp_hidden"][0])
+
+  got_h, got_logits = (np.asarray(x)[:, :-1]   # the last position has no token ahead
+                       for x in mtp_depth_one(params, tokens.astype(np.int32)))
   np.testing.assert_allclose(got_h, want_h, atol=2e-5 * np.abs(want_h).max())
-  got_logits = np.asarray(model_def.head(params, aux["mtp_hidden"][0]))[:, :-1]
   np.testing.assert_allclose(got_logits, want_logits, atol=2e-5 * np.abs(want_logits).max())

@@ -4,7 +4,6 @@ with the renormalised probabilities (a chi-square test on a fixed distribution, 
 seeded sampling is reproducible whatever the batch a prompt lands in; a decoding run over many
 prompt lengths compiles a handful of programs (counted)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
@@ -52,12 +51,14 @@ def test_filters_keep_transformers_set_and_sample_it_faithfully(case):
   s = CASES[case]
   kept = hf_kept(s)
   assert 1 < kept.sum() < len(PROBS)       # a real cut, not everything or one token
-  z = np.asarray(filtered_logits(jnp.asarray(LOGITS)[None], s.static, s.values()))[0]
+  # jitted (eagerly each op of the filters compiles alone); host inputs
+  z = np.asarray(jax.jit(filtered_logits, static_argnums=1)(LOGITS[None], s.static,
+                                                            s.values()))[0]
   np.testing.assert_array_equal(np.isfinite(z), kept)
-  rows = jnp.arange(DRAWS, dtype=jnp.int32)
-  logits = jnp.broadcast_to(jnp.asarray(LOGITS), (DRAWS, len(PROBS)))
+  rows = np.arange(DRAWS, dtype=np.int32)
+  logits = np.broadcast_to(LOGITS, (DRAWS, len(PROBS)))
   tokens, logprobs = jax.jit(choose, static_argnums=1)(logits, s.static, s.values(), rows,
-                                                      jnp.zeros_like(rows))
+                                                      np.zeros_like(rows))
   tokens = np.asarray(tokens)
   assert kept[tokens].all()                # never a token outside the set
   # the log-probabilities are those of the unmodified distribution
@@ -73,8 +74,10 @@ def test_filters_keep_transformers_set_and_sample_it_faithfully(case):
 
 def test_greedy_takes_the_argmax_and_reports_its_logprob():
   s = Sampling()
-  logits = jnp.asarray(np.stack([LOGITS, LOGITS[::-1]]))
-  tokens, logprobs = choose(logits, s.static, s.values(), jnp.arange(2), jnp.zeros(2, jnp.int32))
+  logits = np.stack([LOGITS, LOGITS[::-1]])
+  tokens, logprobs = jax.jit(choose, static_argnums=1)(logits, s.static, s.values(),
+                                                      np.arange(2, dtype=np.int32),
+                                                      np.zeros(2, np.int32))
   assert np.asarray(tokens).tolist() == [0, len(PROBS) - 1]
   np.testing.assert_allclose(np.asarray(logprobs), np.log(PROBS[0]), atol=1e-6)
 
