@@ -113,14 +113,15 @@ def pytest_configure(config):
 # small files and neither worker waits long for the other's last file. A file not listed runs
 # after them, in its usual order.
 COSTLIEST_FIRST = (
-    "test_slots.py", "test_rl_ray.py", "test_pipeline.py", "test_grpo.py",
-    "test_context_parallel.py", "test_faults.py", "test_inspect.py", "test_multiprocess.py",
-    "test_lora.py", "test_quant_moe.py", "test_distill.py", "test_dpo.py",
-    "test_gemma4_sft_media.py", "test_decode_parity.py", "test_rl_driver.py",
-    "test_quantize_recipe.py", "test_serve.py", "test_hf_sharded_families.py",
-    "test_quantization.py", "test_moe.py", "test_qwen3_next_train.py", "test_cpu_devices.py",
-    "test_rl_policy.py", "test_inspect_backend.py", "test_gemma4_parity.py", "test_train.py",
-    "test_hf_sharded.py", "test_loss_vocab_split.py", "test_refit.py", "test_qwen3_next_parity.py")
+    "test_slots.py", "test_rl_ray.py", "test_context_parallel.py", "test_grpo.py",
+    "test_pipeline.py", "test_multiprocess.py", "test_inspect.py", "test_lora.py",
+    "test_quant_moe.py", "test_faults.py", "test_hf_sharded_families.py",
+    "test_quantize_recipe.py", "test_serve.py", "test_distill.py", "test_gemma4_sft_media.py",
+    "test_inspect_backend.py", "test_hf_sharded.py", "test_decode_parity.py",
+    "test_cpu_devices.py", "test_dpo.py", "test_moe.py", "test_rl_driver.py",
+    "test_quantization.py", "test_loss_vocab_split.py", "test_qwen3_next_train.py",
+    "test_gemma4_parity.py", "test_train.py", "test_rl_policy.py", "test_compile_counts.py",
+    "test_loss.py", "test_qwen3_next_parity.py", "test_grpo_recipe.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
