@@ -100,6 +100,13 @@ def family_slots(family: str):
   return mcfg, eng, params, Slots(eng, slots=4, max_len=128, chunk=4)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_family_slots():
+  """The slots (their cache rows, engines and parameters) go with this file, not the worker."""
+  yield
+  family_slots.cache_clear()
+
+
 @pytest.mark.parametrize("family", list(MESHES))
 def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeypatch):
   sampled = family in SAMPLED_FAMILIES

@@ -67,11 +67,11 @@ def require_target_shardings(abstract: Any, what: str) -> None:
 def _no_replica_slices_on_one_cpu_process() -> None:
   """On one CPU process, each shard of a replicated array is written from its first replica.
   Orbax's default off GPU (`use_replica_parallel`) first cuts it into one slice per replica, on the
-  devices: a compiled program per array and slice shape (88 for the tests' tiny model on 8 devices,
-  about 2 CPU s of a process's first save; 0.8 s with every program in the persistent cache), so
-  that replicas on several hosts share the writes. On one CPU process every replica is in the same
-  host memory and this process writes every slice anyway. With several processes Orbax's default
-  stays (each process writes its replicas' slices). The files hold the same arrays either way."""
+  devices: a compiled program per array and slice shape, traced and lowered again in every process
+  (benchmarks/RESULTS.md, the test suite's section), so that replicas on several hosts share the
+  writes. On one CPU process every replica is in the same host memory and this process writes every
+  slice anyway. With several processes Orbax's default stays (each process writes its replicas'
+  slices). The files hold the same arrays either way."""
   if jax.process_count() == 1 and jax.default_backend() == "cpu":
     compat.register_orbax_array_handler(use_replica_parallel=False)
 
