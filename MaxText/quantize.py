@@ -126,7 +126,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   if not tgts:
     raise ConfigError(f"decoder_block={cfg.decoder_block}: weight_quant_exclude="
                       f"{cfg.weight_quant_exclude!r} leaves no projection to quantize")
-  params = load_params_host(cfg.load_parameters_path, make_model_def(mcfg).abstract_params)
+  abstract = make_model_def(mcfg).abstract_params
   hess = None
   if steps > 0:
     held_out.check_calibration(cfg)   # never the documents the run held out
@@ -134,16 +134,17 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
     devices = jax.devices()
     tokenizer = check_config(cfg, devices)
     rows = cfg.micro_batch_size(len(devices))
+    need = convert.hessian_inputs(tgts, abstract)
+    _enough_tokens(steps, steps * rows * cfg.max_target_length, need)   # before any forward
     batches = EvalBatches(DataConfig.from_config(cfg), "train", tokenizer, [0], 1, rows, steps)
     print(f"calibration: {steps} batches of {rows} x {cfg.max_target_length} tokens")
+    params = load_params_host(cfg.load_parameters_path, abstract)
     hess, seen = convert.hessians(mcfg, params, batches, cfg.weight_quant_exclude,
                                   create_mesh(cfg, devices),
                                   parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
-    need = max(h.shape[-1] for h in hess.values())
-    if seen < need:
-      raise ConfigError(f"calibration_steps={steps}: {seen} calibration tokens; a Hessian of "
-                        f"{need} inputs needs at least {need} (raise calibration_steps, "
-                        f"per_device_batch_size or max_target_length)")
+    _enough_tokens(steps, seen, need)   # padding and short documents count for nothing
+  else:
+    params = load_params_host(cfg.load_parameters_path, abstract)
   qparams, reports = convert.quantize_params(
       params, tgts, method, bits, gs, act_order=args["act_order"], damp=args["damp"],
       block_size=args["block_size"], hess=hess, progress=progress)
@@ -157,6 +158,13 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
                    tokenizer=tokenizer_files.files_of(folder) if folder else None,
                    meta={HF_SOURCE: source} if source else None)
   return reports
+
+
+def _enough_tokens(steps: int, tokens: int, need: int) -> None:
+  if tokens < need:
+    raise ConfigError(f"calibration_steps={steps}: {tokens} calibration tokens; a Hessian of "
+                      f"{need} inputs needs at least {need} (raise calibration_steps, "
+                      f"per_device_batch_size or max_target_length)")
 
 
 def main(argv: Sequence[str]) -> int:

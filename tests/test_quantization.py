@@ -230,7 +230,9 @@ def test_quantized_checkpoints_evaluate_decode_and_export(trained, capsys, tmp_p
 def test_bad_combinations_exit_2_naming_the_key(trained, capsys, args, key):
   out, ckpt = trained
   assert _quantize(out, ckpt, "bad", *args) == 2
-  assert key in capsys.readouterr().err
+  said = capsys.readouterr()
+  assert key in said.err
+  assert "calibration:" not in said.out   # refused before any calibration forward
 
 
 def test_quantizing_a_quantized_checkpoint_exits_2(trained, capsys):

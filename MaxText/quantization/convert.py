@@ -73,6 +73,12 @@ def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
   return [Target.at(name, keys[path], *rest) for name, path, *rest in found]
 
 
+def hessian_inputs(tgts: list[Target], abstract_params: Any) -> int:
+  """The largest K of the targets' Hessians [K, K]: the calibration tokens GPTQ needs at least."""
+  flat = traverse_util.flatten_dict(abstract_params)
+  return max(math.prod(flat[t.kernel].shape[t.lead:t.lead + t.in_rank]) for t in tgts)
+
+
 def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: str,
              mesh: Mesh, rules: Rules) -> tuple[dict[str, np.ndarray], int]:
   """({probe path (`Target.probe`): H [*lead, K, K] float64, sum over tokens / tokens seen},
