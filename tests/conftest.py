@@ -1,6 +1,7 @@
 """Test setup: 8 fake CPU devices (set before jax is imported), the persistent compilation cache,
 and a `train` helper that runs the trainer in-process on a tiny model."""
 import os
+from typing import Sequence
 
 # The suite compiles hundreds of tiny programs and runs each a few times: compiling is the largest
 # part of its time, so XLA:CPU compiles cheaply, for programs that run slower: LLVM at level 0
@@ -228,13 +229,13 @@ def read_metrics(run_dir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def argv(out_dir, run_name: str, *overrides: str) -> list[str]:
-  """base.yml + TINY + run location + overrides, a later value of a key replacing an earlier one."""
-  merged = {}
-  for item in [*TINY, f"base_output_directory={out_dir}", f"run_name={run_name}", *overrides]:
-    key, value = item.split("=", 1)
-    merged[key] = value
-  return [BASE_YML, *(f"{k}={v}" for k, v in merged.items())]
+def argv(out_dir, run_name: str, *overrides: str, config: str = BASE_YML,
+         model: Sequence[str] = TINY) -> list[str]:
+  """config + model + run location + overrides, a later value of a key replacing an earlier one
+  (one `key=value` each on the command line)."""
+  merged = dict(item.split("=", 1) for item in [*model, f"base_output_directory={out_dir}",
+                                                f"run_name={run_name}", *overrides])
+  return [config, *(f"{k}={v}" for k, v in merged.items())]
 
 
 def train(out_dir, run_name: str, *overrides: str, devices=None):

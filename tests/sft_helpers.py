@@ -7,13 +7,9 @@ from end_to_end.tiny_chat import (GEMMA_TAGGED, QWEN3_TAGGED, WORDS, conversatio
 
 def sft_argv(out_dir, run_name: str, *overrides: str) -> list[str]:
   """configs/sft.yml + the tests' tiny model (conftest.TINY) + run location + overrides."""
-  from conftest import ROOT, TINY
-  merged = {}
-  for item in [*TINY, "vocab_size=320", f"base_output_directory={out_dir}",
-               f"run_name={run_name}", *overrides]:
-    key, value = item.split("=", 1)
-    merged[key] = value
-  return [os.path.join(ROOT, "configs", "sft.yml"), *(f"{k}={v}" for k, v in merged.items())]
+  from conftest import ROOT, argv
+  return argv(out_dir, run_name, "vocab_size=320", *overrides,
+              config=os.path.join(ROOT, "configs", "sft.yml"))
 
 
 def save_qwen3_chat(folder, bos_token: str | None = None, vocab_size: int = 320):

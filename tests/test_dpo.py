@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import CACHE_DIR, ROOT, read_metrics
+from conftest import CACHE_DIR, ROOT, argv, read_metrics
 from MaxText.dpo.trainer import DPOTrainer
 from MaxText.losses.preference import METRICS
 from MaxText.train.loop import run
@@ -38,9 +38,7 @@ def write_pairs(path, n=24, seed=0, bad_line=None):
 
 
 def dpo(out, name, *overrides):
-  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={out}",
-                                            f"run_name={name}", *overrides])
-  code, trainer = run([DPO_YML, *(f"{k}={v}" for k, v in merged.items())],
+  code, trainer = run(argv(out, name, *overrides, config=DPO_YML, model=TINY),
                       trainer_class=DPOTrainer)
   path = os.path.join(str(out), name, "metrics.jsonl")
   rows = read_metrics(os.path.join(str(out), name)) if os.path.exists(path) else []

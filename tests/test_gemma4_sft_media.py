@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from conftest import CACHE_DIR, ROOT, read_metrics  # noqa: E402
+from conftest import CACHE_DIR, ROOT, argv, read_metrics  # noqa: E402
 from test_gemma4_mm_audio import BOI, EOI, IMAGE, hf_model  # noqa: E402
 from test_multimodal_inputs import TEMPLATE, save_with_processor, write_wav  # noqa: E402
 from MaxText.data.bad_records import BadRecord  # noqa: E402
@@ -68,22 +68,18 @@ def setup(tmp_path_factory):
 def sft_argv(d, run_name, *extra):
   """configs/sft.yml with the converted model, the chat data and its media slots; a later value of
   a key replaces an earlier one."""
-  merged = {}
-  for item in [f"load_parameters_path={d / 'ck'}", f"base_output_directory={d}",
-               f"run_name={run_name}", f"dataset_path={d / 'chat.jsonl'}", "packing=false",
-               "max_num_images_per_example=1", "max_num_audio_per_example=1",
-               "max_audio_seconds=1", "max_target_length=128", "dtype=float32",
-               "weight_dtype=float32", "steps=3", "warmup_steps=0", "learning_rate=1e-2",
-               # adam_eps=1: each update is linear in its gradient near zero (with the default
-               # 1e-8 a gradient at rounding level flips its sign, and the comparison of 1 and 8
-               # devices would measure that rather than the training step)
-               "adam_eps=1",
-               "enable_checkpointing=false", "sample_at_end=false", "shuffle=false",
-               f"jax_cache_dir={CACHE_DIR}",
-               f"chat_template_path={d / 'chat.jinja'}", *extra]:
-    key, value = item.split("=", 1)
-    merged[key] = value
-  return [SFT_YML, *(f"{k}={v}" for k, v in merged.items())]
+  return argv(d, run_name, f"load_parameters_path={d / 'ck'}",
+              f"dataset_path={d / 'chat.jsonl'}", "packing=false",
+              "max_num_images_per_example=1", "max_num_audio_per_example=1",
+              "max_audio_seconds=1", "max_target_length=128", "dtype=float32",
+              "weight_dtype=float32", "steps=3", "warmup_steps=0", "learning_rate=1e-2",
+              # adam_eps=1: each update is linear in its gradient near zero (with the default
+              # 1e-8 a gradient at rounding level flips its sign, and the comparison of 1 and 8
+              # devices would measure that rather than the training step)
+              "adam_eps=1",
+              "enable_checkpointing=false", "sample_at_end=false", "shuffle=false",
+              f"jax_cache_dir={CACHE_DIR}",
+              f"chat_template_path={d / 'chat.jinja'}", *extra, config=SFT_YML, model=())
 
 
 def _chat_to_pairs(setup, *extra):

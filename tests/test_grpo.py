@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import CACHE_DIR, ROOT, read_metrics
+from conftest import CACHE_DIR, ROOT, argv, read_metrics
 from grpo_helpers import write_prompts
 from test_metrics_read import record_saves
 from MaxText.rl.grpo import GRPOTrainer
@@ -26,9 +26,7 @@ TINY = ["emb_dim=32", "num_decoder_layers=1", "num_query_heads=2", "num_kv_heads
 
 
 def grpo(out, name, *overrides):
-  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={out}",
-                                            f"run_name={name}", *overrides])
-  code, trainer = run([GRPO_YML, *(f"{k}={v}" for k, v in merged.items())],
+  code, trainer = run(argv(out, name, *overrides, config=GRPO_YML, model=TINY),
                       trainer_class=GRPOTrainer)
   path = os.path.join(str(out), name, "metrics.jsonl")
   rows = read_metrics(os.path.join(str(out), name)) if os.path.exists(path) else []
@@ -129,13 +127,11 @@ def test_two_processes_equal_one(learning_run, tmp_path):
   import sys   # pylint: disable=import-outside-toplevel
   from MaxText.launch import local   # pylint: disable=import-outside-toplevel
   _, prompts, rows, _ = learning_run
-  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
-                                            "run_name=mp", f"prompts={prompts}",
-                                            "reward=grpo_helpers:digits", "steps=2",
-                                            "enable_checkpointing=false"])
+  command = argv(tmp_path, "mp", f"prompts={prompts}", "reward=grpo_helpers:digits", "steps=2",
+                 "enable_checkpointing=false", config=GRPO_YML, model=TINY)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
-  result = local.launch([sys.executable, "-m", "MaxText.rl.grpo", GRPO_YML,
-                         *(f"{k}={v}" for k, v in merged.items())], 2, devices_per_process=4,
+  result = local.launch([sys.executable, "-m", "MaxText.rl.grpo", *command], 2,
+                        devices_per_process=4,
                         log_dir=str(tmp_path / "logs"), cwd=ROOT, env=env, timeout_s=400)
   logs = "".join((tmp_path / "logs" / f"process_{i}.{s}").read_text()
                  for i in (0, 1) for s in ("out", "err"))
@@ -282,12 +278,10 @@ def _trainer(tmp_path, *overrides):
   from MaxText.config.load import load_config
   from MaxText.resolve.config_checks import check_config
   prompts = write_prompts(tmp_path / "p.jsonl")
-  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
-                                            f"prompts={prompts}", "reward=grpo_helpers:digits",
-                                            *overrides])
-  argv = [GRPO_YML, *(f"{k}={v}" for k, v in merged.items())]
-  cfg = load_config(argv)
-  return argv, GRPOTrainer(cfg, tokenizer=check_config(cfg, jax.devices()))
+  command = argv(tmp_path, "grpo", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                 *overrides, config=GRPO_YML, model=TINY)
+  cfg = load_config(command)
+  return command, GRPOTrainer(cfg, tokenizer=check_config(cfg, jax.devices()))
 
 
 def test_memory_preflight_counts_the_decoding_cache_and_the_reference_copy(tmp_path):
@@ -312,12 +306,12 @@ def test_a_decoding_cache_over_the_device_memory_is_refused(tmp_path, capsys, mo
   from MaxText.train import memory
   big = ("num_decoder_layers=16", "remat_policy=full", "num_kv_heads=8", "num_query_heads=8", "head_dim=64",
          "max_target_length=64", "prompts_per_step=8", "num_generations=8")
-  argv, t = _trainer(tmp_path, *big)
+  command, t = _trainer(tmp_path, *big)
   est = t.memory_estimate()
   assert est.decode_cache > est.activations      # the cache, not the step, is what is large
   monkeypatch.setattr(memory, "available_bytes_per_device",
                       lambda devices: (est.decode_cache // 2, "a test device"))
-  code, _ = run(argv, trainer_class=GRPOTrainer)
+  code, _ = run(command, trainer_class=GRPOTrainer)
   err = capsys.readouterr().err
   assert code == 2, err[-2000:]
   assert "the decoding cache between steps" in err and "a smaller decoding cache" in err
@@ -445,11 +439,8 @@ def test_metrics_are_read_one_step_late_as_in_pretraining(learning_run, tmp_path
   rollout and updates were dispatched, and before a save; the rows are those of the run that
   read each step at once (the learning run's first steps, bit for bit)."""
   _, prompts, rows, _ = learning_run
-  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={tmp_path}",
-                                            "run_name=late", f"prompts={prompts}",
-                                            "reward=grpo_helpers:digits", "steps=5",
-                                            "checkpoint_period=2"])
-  code, trainer = run([GRPO_YML, *(f"{k}={v}" for k, v in merged.items())],
+  code, trainer = run(argv(tmp_path, "late", f"prompts={prompts}", "reward=grpo_helpers:digits",
+                           "steps=5", "checkpoint_period=2", config=GRPO_YML, model=TINY),
                       trainer_class=GRPOTimeline)
   assert code == 0
   assert trainer.events == [

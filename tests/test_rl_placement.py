@@ -11,7 +11,7 @@ import os
 import jax
 import numpy as np
 
-from conftest import read_metrics
+from conftest import argv, read_metrics
 from grpo_helpers import write_prompts
 from test_grpo import GRPO_YML, TINY
 from MaxText.decoding.engine import Engine
@@ -21,9 +21,7 @@ from MaxText.train.loop import run
 
 
 def grpo(out, name, devices, *overrides):
-  merged = dict(kv.split("=", 1) for kv in [*TINY, f"base_output_directory={out}",
-                                            f"run_name={name}", *overrides])
-  code, trainer = run([GRPO_YML, *(f"{k}={v}" for k, v in merged.items())], devices=devices,
+  code, trainer = run(argv(out, name, *overrides, config=GRPO_YML, model=TINY), devices=devices,
                       trainer_class=GRPOTrainer)
   path = os.path.join(str(out), name)
   rows = [r for r in read_metrics(path) if "reward_mean" in r] if code == 0 else []
