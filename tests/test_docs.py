@@ -11,6 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README_MAX_LINES = 220
+RESULTS_MAX_LINES = 500   # one section per benchmark, its latest figures
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -87,6 +88,12 @@ def test_repository_paths_named_in_the_docs_exist(md_path):
 def test_readme_is_a_front_page():
   n = len((ROOT / "README.md").read_text().splitlines())
   assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+def test_results_holds_the_current_figures_only():
+  n = len((ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines())
+  assert n <= RESULTS_MAX_LINES, (f"benchmarks/RESULTS.md has {n} lines (at most "
+                                  f"{RESULTS_MAX_LINES}): replace superseded figures, git keeps them")
 
 
 def test_the_checker_finds_broken_links(tmp_path):
