@@ -145,7 +145,10 @@ def _sharded_loss_and_grads(model_def, params, micro, chunk, *mesh_keys, devices
   `devices` (default all)."""
   step, shardings = _sharded_step(model_def, micro, chunk, *mesh_keys, devices=devices)
   placed = jax.device_put(params, shardings)
-  return step(placed), step.lower(placed).compile().as_text() if hlo else None
+  if not hlo:
+    return step(placed), None
+  compiled = step.lower(placed).compile()   # traced and lowered once, for the run and its text
+  return compiled(placed), compiled.as_text()
 
 
 def _mean_loss(p, model_def, micro, chunk):

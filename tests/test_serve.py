@@ -31,7 +31,7 @@ pytest.importorskip("lm_eval")
 
 from conftest import BASE_YML, CACHE_DIR, MESH_1, ROOT, xla_flags  # noqa: E402
 from test_lmeval import (MAX_LENGTH, PROMPTS, QUESTIONS, TEMPLATE, evaluate,  # noqa: E402,F401
-                         hf_args, hf_results, per_item, setup)
+                         hf_args, per_item, setup)
 
 KEY = "test-key-7c1e"
 NAME = "tiny"
@@ -412,6 +412,12 @@ def test_the_key_is_needed(server):
   good = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
   assert [m.id for m in good.models.list()] == [NAME]
   assert KEY not in server.log() and PROMPTS[0] not in server.log()
+
+
+@pytest.fixture(scope="module")
+def hf_results(setup):  # noqa: F811
+  """lm-eval's hf model on the two tasks the server is compared on."""
+  return evaluate("hf", setup[2], ("tiny_mc", "tiny_gen"), model_args=hf_args(setup), batch_size=1)
 
 
 def test_lm_eval_local_completions_equals_hf(server, setup, hf_results,  # noqa: F811
