@@ -127,24 +127,23 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
     raise ConfigError(f"decoder_block={cfg.decoder_block}: weight_quant_exclude="
                       f"{cfg.weight_quant_exclude!r} leaves no projection to quantize")
   abstract = make_model_def(mcfg).abstract_params
-  hess = None
-  if steps > 0:
+  if steps > 0:   # refused before the checkpoint is read when the batches hold too few tokens
     held_out.check_calibration(cfg)   # never the documents the run held out
     cfg, _ = model_tokenizer(cfg)
     devices = jax.devices()
     tokenizer = check_config(cfg, devices)
     rows = cfg.micro_batch_size(len(devices))
     need = convert.hessian_inputs(tgts, abstract)
-    _enough_tokens(steps, steps * rows * cfg.max_target_length, need)   # before any forward
+    _enough_tokens(steps, steps * rows * cfg.max_target_length, need)
+  params = load_params_host(cfg.load_parameters_path, abstract)
+  hess = None
+  if steps > 0:
     batches = EvalBatches(DataConfig.from_config(cfg), "train", tokenizer, [0], 1, rows, steps)
     print(f"calibration: {steps} batches of {rows} x {cfg.max_target_length} tokens")
-    params = load_params_host(cfg.load_parameters_path, abstract)
     hess, seen = convert.hessians(mcfg, params, batches, cfg.weight_quant_exclude,
                                   create_mesh(cfg, devices),
                                   parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
     _enough_tokens(steps, seen, need)   # padding and short documents count for nothing
-  else:
-    params = load_params_host(cfg.load_parameters_path, abstract)
   qparams, reports = convert.quantize_params(
       params, tgts, method, bits, gs, act_order=args["act_order"], damp=args["damp"],
       block_size=args["block_size"], hess=hess, progress=progress)

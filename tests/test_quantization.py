@@ -232,7 +232,7 @@ def test_bad_combinations_exit_2_naming_the_key(trained, capsys, args, key):
   assert _quantize(out, ckpt, "bad", *args) == 2
   said = capsys.readouterr()
   assert key in said.err
-  assert "calibration:" not in said.out   # refused before any calibration forward
+  assert "calibration:" not in said.out   # refused before the checkpoint is read
 
 
 def test_quantizing_a_quantized_checkpoint_exits_2(trained, capsys):
