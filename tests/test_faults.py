@@ -139,6 +139,23 @@ def test_second_sigint_interrupts_at_once(before):
     signal.signal(signal.SIGINT, found)
 
 
+def test_a_stop_signal_is_announced_though_the_run_is_left_before_the_watcher_runs(capsys):
+  """Two quick Ctrl-Cs: the main thread leaves the run (KeyboardInterrupt) while the watcher thread
+  has not run yet (a long thread switch interval keeps it waiting); it still announces the first."""
+  from MaxText.runtime.preemption import PreemptionWatch
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(1.0)
+  try:
+    with pytest.raises(KeyboardInterrupt), PreemptionWatch():
+      os.kill(os.getpid(), signal.SIGINT)
+      os.kill(os.getpid(), signal.SIGINT)
+  finally:
+    sys.setswitchinterval(interval)
+  err = capsys.readouterr().err
+  assert err.count("SIGINT received: the run stops after the step in flight") == 1, err
+  assert "exiting now" not in err
+
+
 _STUCK_RUN = """
 import signal, sys, time
 from MaxText.runtime.preemption import PreemptionWatch

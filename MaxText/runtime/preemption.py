@@ -50,9 +50,13 @@ class PreemptionWatch:
       self.received_at = time.monotonic()
 
   def _watch(self, read_fd: int, signums: list[int]) -> None:
-    """Counts the stop signals as they arrive (even while the main thread is stuck in C code)."""
+    """Counts the stop signals as they arrive (even while the main thread is stuck in C code).
+
+    Reads until `__exit__`'s zero byte, so a signal that came in before the run was left is
+    always announced, however late this thread gets to run; only the exit on a second signal is
+    called off once the main thread has left."""
     seen = 0
-    while not self._left.is_set():
+    while True:
       try:
         data = os.read(read_fd, 64)
       except OSError:
@@ -60,7 +64,9 @@ class PreemptionWatch:
       if not data:
         return
       for signum in data:
-        if signum not in signums or self._left.is_set():
+        if signum == 0:
+          return
+        if signum not in signums:
           continue
         seen += 1
         name = signal.Signals(signum).name
@@ -89,14 +95,15 @@ class PreemptionWatch:
     return self
 
   def __exit__(self, *exc) -> None:
+    if self._pipe is not None:  # first, so every byte in the pipe is a signal this watch handled
+      signal.set_wakeup_fd(self._previous_wakeup_fd)
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous.clear()
     if self._pipe is not None:
       self._left.set()
-      signal.set_wakeup_fd(self._previous_wakeup_fd)
       read_fd, write_fd = self._pipe
-      os.write(write_fd, b"\0")  # wakes the watcher, which sees that the run was left
+      os.write(write_fd, b"\0")  # the end mark: the watcher reads up to it, then returns
       self._watcher.join()
       os.close(read_fd)
       os.close(write_fd)
