@@ -29,13 +29,17 @@ def _two_docs(B, S, split):
 
 
 # ----------------------------------------------------------------------------- splash
-@pytest.mark.parametrize("case", ["causal_gqa_segments", "window_mqa_ragged", "full_mha"])
+@pytest.mark.parametrize("case", ["causal_gqa_segments", "causal_gqa_segments_fused_bwd",
+                                  "window_mqa_ragged", "full_mha"])
 def test_splash_matches_dot_product_attention(case):
-  """Output and dq/dk/dv vs the XLA op: causal GQA with packed documents (blocks 128 of S 256);
-  a sliding window with MQA, a ragged S (200: padded to 256) and a head dim (48) padded to 128;
-  non-causal MHA with one 256 block."""
+  """Output and dq/dk/dv vs the XLA op: causal GQA with packed documents (blocks 128 of S 256),
+  with the separate and the fused backward kernels (`flash_fused_bwd`); a sliding window with
+  MQA, a ragged S (200: padded to 256) and a head dim (48) padded to 128; non-causal MHA with one
+  256 block."""
   B, S, H, K, E, kw = {
       "causal_gqa_segments": (2, 256, 4, 2, 32, dict(block_q=128, block_kv=128)),
+      "causal_gqa_segments_fused_bwd": (2, 256, 4, 2, 32, dict(block_q=128, block_kv=128,
+                                                                fused_bwd=True)),
       "window_mqa_ragged": (1, 200, 2, 1, 48, dict(sliding_window=40, block_q=32, block_kv=128)),
       "full_mha": (1, 256, 2, 2, 32, dict(causal=False)),
   }[case]

@@ -77,13 +77,25 @@ class RunKeys:
                    "(train.py, SFT, GRPO; fp32 master weights), float32 in the tools that compare "
                    "against a reference (decode, evaluate, conversions, inspect)",
                    choices=(AUTO, *DTYPES), **_COMPUTE, tools=(*MODEL_TOOLS, "logit_check"))
+  param_init_rng: str = key(
+      "auto", "the random generator of a fresh init: threefry2x32 (JAX's default; its init "
+      "program compiles slowly on a TPU, ~20-30 s) | rbg (XLA's RngBitGenerator, keys split by "
+      "threefry: seconds) | unsafe_rbg | auto (threefry2x32 on CPU, rbg on TPU and GPU). The "
+      "values differ between generators, not between runs of one",
+      choices=(AUTO, "threefry2x32", "rbg", "unsafe_rbg"), **_COMPUTE)
   weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
                           **_COMPUTE)
   scan_layers: bool = key(True, "run each repeating run of layers with one lax.scan (fast "
                           "compile; parameters stacked per run)", model=True)
-  remat_policy: str = key("save_matmuls", "activation rematerialisation, per layer: none | full | "
-                          "save_matmuls (recompute all but weight-matmul outputs)",
-                          choices=("none", "full", "save_matmuls"), **_COMPUTE, tools=MODEL_TOOLS)
+  remat_policy: str = key(
+      "save_matmuls", "activation rematerialisation, per layer: none | full | save_matmuls "
+      "(recompute all but weight-matmul outputs) | named saves, the rest recomputed: "
+      "save_attention (the attention op's residuals), save_qkv_proj, save_qkv_attention, "
+      "save_dot_except_mlp (q/k/v, attention, output projection), save_dot_except_mlp_in (also "
+      "the MLP's down projection)",
+      choices=("none", "full", "save_matmuls", "save_attention", "save_qkv_proj",
+               "save_qkv_attention", "save_dot_except_mlp", "save_dot_except_mlp_in"),
+      **_COMPUTE, tools=MODEL_TOOLS)
   attention: str = key(
       "autoselected", "dot_product (XLA) | flash (our Pallas kernel on GPU; JAX's splash kernel on "
       "TPU) | cudnn (NVIDIA only) | autoselected (flash on GPU/TPU, else dot_product)",
@@ -100,6 +112,9 @@ class RunKeys:
                            "splash: a multiple of 128)", min=8, **_COMPUTE, tools=MODEL_TOOLS)
   flash_block_kv: int = key(512, "flash attention key/value block (same rules)", min=8, **_COMPUTE,
                             tools=MODEL_TOOLS)
+  flash_fused_bwd: bool = key(False, "splash (flash on TPU): one fused backward kernel for dq, "
+                              "dk and dv (the probabilities recomputed once, not twice)",
+                              **_COMPUTE, tools=MODEL_TOOLS)
   attention_pattern: str = key(
       "", 'layer kinds, repeated over the layers: s = sliding window, f = full, l = linear '
       '(Gated DeltaNet); "" = all full',

@@ -85,15 +85,15 @@ def _accepts(fn, name: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, bkv: int,
-            interpret: bool):
+            interpret: bool, fused_bwd: bool = False):
   """Builds (and caches) the kernel: mask processing is NumPy work over all blocks. Built eagerly
   (`ensure_compile_time_eval`) so its mask-info arrays are concrete constants, never tracers of
   the trace that first asked for it (a cached tracer would leak into the next trace)."""
   with jax.ensure_compile_time_eval():
-    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret)
+    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd)
 
 
-def _build_kernel(H, S, T, causal, window, bq, bkv, interpret):
+def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False):
   sa = _module()
   if window is not None:
     mask = sa.LocalMask((S, T), window_size=(window - 1, 0 if causal else None), offset=0)
@@ -101,9 +101,11 @@ def _build_kernel(H, S, T, causal, window, bq, bkv, interpret):
     mask = sa.CausalMask((S, T))
   else:
     mask = sa.FullMask((S, T))
+  # the fused backward computes dq beside dk / dv in one kernel (no dq blocks of its own)
+  dq_blocks = {} if fused_bwd else dict(block_q_dq=bq, block_kv_dq=bkv)
   blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
                          block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
-                         block_q_dq=bq, block_kv_dq=bkv)
+                         use_fused_bwd_kernel=fused_bwd, **dq_blocks)
   kwargs = dict(block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
   if _accepts(sa.make_splash_mha, "residual_checkpoint_name"):
     kwargs["residual_checkpoint_name"] = RESIDUAL_NAME
@@ -113,7 +115,7 @@ def _build_kernel(H, S, T, causal, window, bq, bkv, interpret):
 def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: float,
                      causal: bool = True, sliding_window: int | None = None,
                      block_q: int = 512, block_kv: int = 512,
-                     interpret: bool | None = None) -> jax.Array:
+                     interpret: bool | None = None, fused_bwd: bool = False) -> jax.Array:
   """Splash attention with the contract of `attention_ops.dot_product_attention`.
   interpret=None: interpret mode when the default backend is CPU."""
   sa = _module()
@@ -132,7 +134,7 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
   k = jnp.pad(k_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   kernel = _kernel(H, Sp, Tp, bool(causal), None if sliding_window is None else int(sliding_window),
-                   bq, bkv, bool(interpret))
+                   bq, bkv, bool(interpret), bool(fused_bwd))
   if segment_ids_BS is None and Tp == T:
     out = jax.vmap(kernel)(q, k, v)
   else:   # padded queries get -1, padded keys -2: no real (>= 0) or padded query matches them

@@ -163,12 +163,14 @@ def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool 
 
 
 def splash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool = True,
-           sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512) -> jax.Array:
+           sliding_window: int | None = None, block_q: int = 512, block_kv: int = 512,
+           fused_bwd: bool = False) -> jax.Array:
   """`attention=flash` on TPU: JAX's splash-attention kernel (MaxText/kernels/splash.py), per
   shard; interpret mode on CPU."""
   def run(q, k, v, seg):
     return splash_kernel.splash_attention(q, k, v, seg, scale=scale, causal=causal,
-                            sliding_window=sliding_window, block_q=block_q, block_kv=block_kv)
+                                          sliding_window=sliding_window, block_q=block_q,
+                                          block_kv=block_kv, fused_bwd=fused_bwd)
 
   return _per_shard("flash (splash)", run, q_BSHE, k_BTKE, v_BTKE, segment_ids_BS)
 
@@ -225,6 +227,8 @@ def attention_op(mcfg):
     op = functools.partial(op, block_q=mcfg.flash_block_q, block_kv=mcfg.flash_block_kv)
   if mcfg.attention == "flash":
     op = functools.partial(op, context_strategy=mcfg.context_parallel_strategy)
+  if mcfg.attention == "splash":
+    op = functools.partial(op, fused_bwd=mcfg.flash_fused_bwd)
   return op
 
 

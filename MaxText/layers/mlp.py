@@ -4,8 +4,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.layers.linear import DenseGeneral, fused_dense
+from MaxText.layers.saved import MLP_DOWN, MLP_IN
 from MaxText.sharding.rules import constrain
 
 
@@ -36,6 +38,6 @@ class GatedMLP(nnx.Module):
     self.act = ACTIVATIONS[activation]
 
   def __call__(self, x_BSD):
-    gate_BSF, up_BSF = fused_dense((self.gate, self.up), x_BSD)
+    gate_BSF, up_BSF = (checkpoint_name(y, MLP_IN) for y in fused_dense((self.gate, self.up), x_BSD))
     h_BSF = constrain(self.act(gate_BSF) * up_BSF, ACT_BSF)
-    return constrain(self.down(h_BSF), ACT_BSD)
+    return constrain(checkpoint_name(self.down(h_BSF), MLP_DOWN), ACT_BSD)

@@ -23,6 +23,13 @@ from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.backend import hot_path
 
+# the names the layers give their values for the named remat policies (`layers/stack.py`), as plain
+# `checkpoint_name`s (an identity, gone at lowering): the q/k/v projections, the attention
+# output projection, the MLP's gate/up and down outputs; the attention op's residuals are named by
+# the op (the flash kernels' output + log-sum-exp, splash's, the dot-product core's)
+QKV_PROJ, OUT_PROJ, MLP_IN, MLP_DOWN = "qkv_proj", "out_proj", "mlp_in", "mlp_down"
+ATTENTION = ("flash_out", "flash_lse", "splash_residuals", "attention_residuals")
+
 
 def _is_16bit_float(x: jax.Array) -> bool:
   return jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 2

@@ -38,10 +38,21 @@ import numpy as np
 from flax import nnx
 
 from MaxText.layers import pipeline, sites
+from MaxText.layers.saved import ATTENTION, MLP_DOWN, OUT_PROJ, QKV_PROJ
+
+_save = jax.checkpoint_policies.save_only_these_names
 
 REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
+    # named saves (as MaxText's policies of the same names), each a memory / recompute trade: the
+    # attention's residuals (its forward is not rerun), the q/k/v projections, both, or every value
+    # of the attention block (the MLP recomputed), or everything but the MLP's wide gate/up outputs
+    "save_attention": _save(*ATTENTION),
+    "save_qkv_proj": _save(QKV_PROJ),
+    "save_qkv_attention": _save(QKV_PROJ, *ATTENTION),
+    "save_dot_except_mlp": _save(QKV_PROJ, OUT_PROJ, *ATTENTION),
+    "save_dot_except_mlp_in": _save(QKV_PROJ, OUT_PROJ, MLP_DOWN, *ATTENTION),
     # keep the outputs of the weight matmuls (projections, MLP; `matmul_out`: the bf16 ones) and the
     # attention's residuals (flash kernels: output + log-sum-exp, ours and splash's on TPU; the bf16
     # dot-product core: also its q, k, v); recompute the rest

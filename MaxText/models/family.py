@@ -56,10 +56,10 @@ COMMON_KEYS = frozenset({
     "decoder_block", "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads",
     "num_kv_heads", "head_dim", "mlp_dim", "norm_epsilon", "rope_theta", "max_position_embeddings",
     "init_std", "dtype", "weight_dtype", "scan_layers", "remat_policy", "attention",
-    "flash_block_q", "flash_block_kv"})
+    "flash_block_q", "flash_block_kv", "flash_fused_bwd"})
 # Model keys generic code applies to any family's module (models/model_def.py: LoRA adapters,
 # quantized projections, the hot path its layers are traced on).
-GENERIC_KEYS = frozenset({"lora_rank", "lora_alpha", "lora_targets", "quantization",
+GENERIC_KEYS = frozenset({"param_init_rng", "lora_rank", "lora_alpha", "lora_targets", "quantization",
                           "quantization_exclude", "weight_bits", "weight_group_size",
                           "weight_quant_exclude", "hot_path", "context_parallel_strategy"})
 # Routed experts as MaxText/layers/moe.py implements them (with the balancing terms of

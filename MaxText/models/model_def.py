@@ -171,8 +171,10 @@ def init_compiler_options(build: Build, mcfg: ModelConfig) -> dict[str, Any] | N
 def init_traced(build: Build, mcfg: ModelConfig, seed) -> Any:
   """The parameters of seed `seed` (an int or a traced int32), to trace inside a jitted program
   (compiled with `init_compiler_options` for `init_params_of`'s values)."""
-  # the key nnx.Rngs makes of an int seed, here of the traced one too
-  return nnx.to_pure_dict(nnx.state(_build(build, mcfg, jax.random.key(seed))))
+  # the key nnx.Rngs makes of an int seed, here of the traced one too, of the model's generator
+  # (`param_init_rng`, resolved per platform by ModelConfig.from_config)
+  impl = None if mcfg.param_init_rng == "auto" else mcfg.param_init_rng
+  return nnx.to_pure_dict(nnx.state(_build(build, mcfg, jax.random.key(seed, impl=impl))))
 
 
 _INIT = jax.jit(init_traced, static_argnums=(0, 1))

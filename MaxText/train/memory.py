@@ -87,8 +87,9 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   `seq` tokens (generic dense/MoE decoder dimensions; a model with per-layer variants is counted
   with its base layer):
     kept per layer for the backward pass — the layer input (the scan carry) under any remat
-    policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out); with
-    `none` every intermediate, the attention scores included;
+    policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out); with a
+    named policy (`save_attention`, ...) the values it names; with `none` every intermediate, the
+    attention scores included;
     one layer's working set in the backward pass (fp32 intermediates; the S x S scores of
     non-flash attention);
     the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) and their gradient.
@@ -107,8 +108,12 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   matmul_outs = qkv + H * E + 2 * F + 2 * D          # q k v, attention out, o; gate, up; down
   scores = rows * H * seq * seq if mcfg.attention in ("dot_product",) else 0
   per_layer = tokens * D * c                           # the carry
+  named = {"save_attention": H * E, "save_qkv_proj": qkv, "save_qkv_attention": qkv + H * E,
+           "save_dot_except_mlp": qkv + H * E + D, "save_dot_except_mlp_in": qkv + H * E + 2 * D}
   if mcfg.remat_policy == "save_matmuls":
     per_layer += tokens * matmul_outs * c
+  elif mcfg.remat_policy in named:   # the named values (layers/stack.py), each in the compute dtype
+    per_layer += tokens * named[mcfg.remat_policy] * c
   elif mcfg.remat_policy == "none":
     per_layer += tokens * (matmul_outs + qkv + 4 * D + 2 * F) * c + scores * (4 + c)
   working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * 4 + 3 * scores * 4

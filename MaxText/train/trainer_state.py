@@ -6,7 +6,10 @@ resolve/lora_base.py). `Checkpointing` is what the step loop (train/step_loop.py
 the run's checkpoints, the state's saved part and the data iterator's position."""
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any, Callable
+
+import jax
 
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
 from MaxText.config.schema import Config
@@ -34,7 +37,8 @@ class CheckpointedState:
                     meanwhile: Callable[[], Any] | None = None) -> tuple[dict, int]:
     """The state to start from: the run's latest checkpoint (`meanwhile()` runs while its arrays
     are verified), the parameters of `load_parameters_path`, those of `hf_path` (read onto the
-    mesh, each process its own slices: resolve/hf_sharded.py), or a fresh init."""
+    mesh, each process its own slices: resolve/hf_sharded.py), or a fresh init (on an accelerator
+    `meanwhile()` runs while the init program compiles and runs)."""
     cfg = self.cfg
     if ckpts is not None and ckpts.latest_step() is not None:
       # a LoRA run's checkpoints hold the adapters and a reference to the base (resolve/lora_base.py)
@@ -77,7 +81,17 @@ class CheckpointedState:
       log_host(f"read {stats.bytes} bytes of {cfg.hf_path} in {stats.reads} ranged reads "
                f"(headers: {stats.header_bytes} bytes), this process's slices only")
       log(f"loaded parameters from hf_path={cfg.hf_path}")
-    state = init_state(self.mcfg, cfg.seed, self.tx, self.shardings, params)
+    if meanwhile is not None and jax.default_backend() != "cpu":
+      # on an accelerator, the init program's compile (and run) and `meanwhile()` (the train
+      # step's compile) overlap: XLA compiles on host threads, so the init runs on a worker
+      # thread beside this one (on a CPU both would take the same cores: one after the other)
+      with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="init") as pool:
+        initialised = pool.submit(init_state, self.mcfg, cfg.seed, self.tx, self.shardings,
+                                  params)
+        meanwhile()
+        state = initialised.result()
+    else:
+      state = init_state(self.mcfg, cfg.seed, self.tx, self.shardings, params)
     if self.adapters_only and not cfg.load_parameters_path:
       self.lora_base = lora_base.reference("", cfg.seed, lora.split(state["params"])[1])
     return state, 0

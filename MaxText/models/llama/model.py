@@ -30,6 +30,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.layers import embed, sites, stack
 from MaxText.layers.mtp import MTPBlock, shifted
@@ -40,6 +41,7 @@ from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
+from MaxText.layers.saved import OUT_PROJ, QKV_PROJ
 from MaxText.models.model_config import ModelConfig
 from MaxText.sharding.rules import constrain
 
@@ -71,7 +73,8 @@ class Attention(nnx.Module):
     self.cache = KVCache(K, E)
 
   def _qkv(self, x_BSD, positions_BS):
-    q_BSHE, k_BSKE, v_BSKE = fused_dense((self.query, self.key, self.value), x_BSD)
+    q_BSHE, k_BSKE, v_BSKE = (checkpoint_name(y, QKV_PROJ) for y in
+                              fused_dense((self.query, self.key, self.value), x_BSD))
     q_BSHE = constrain(q_BSHE, ACT_BSHE)
     k_BSKE, v_BSKE = constrain(k_BSKE, ACT_BSKE), constrain(v_BSKE, ACT_BSKE)
     if self.query_norm is not None:
@@ -83,7 +86,7 @@ class Attention(nnx.Module):
   def __call__(self, x_BSD, positions_BS, segment_ids_BS):
     q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
     o_BSHE = constrain(self.op(q_BSHE, k_BSKE, v_BSKE, segment_ids_BS, scale=self.scale), ACT_BSHE)
-    return constrain(self.out(o_BSHE), ACT_BSD)
+    return constrain(checkpoint_name(self.out(o_BSHE), OUT_PROJ), ACT_BSD)
 
   def extend(self, x_BSD, positions_BS, valid_BS, prefill: bool, group: dict | None, index):
     """Decoding (`valid_BS`: the real tokens of right-padded rows): stores the new K/V in row
