@@ -16,6 +16,9 @@ EXIT_DATA = 3         # bad data: missing/mismatched data iterator state, too ma
 EXIT_CHECKPOINT = 4   # bad or incompatible checkpoint, or a save that failed or hung
 EXIT_NONFINITE = 5    # non-finite loss or gradient: halted, nothing new saved
 EXIT_PREEMPTED = 42   # SIGTERM/SIGINT: the agreed step was saved and committed; restart to resume
+# Ctrl-C twice (128 + SIGINT; a second SIGTERM: 143): stopped at once, the step in flight not saved;
+# a rerun resumes from the last committed step
+EXIT_INTERRUPTED = 130
 
 
 def reported(run: Callable[[], int], bad_input: tuple[type[Exception], ...], *,

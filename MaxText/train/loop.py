@@ -36,10 +36,10 @@ from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.resolve.from_hf import adopt_hf_architecture, check_tensors
 from MaxText.resolve.tokenizer_setup import choose_tokenizer
 from MaxText.runtime import compile_cache, cpu_devices, distributed, faults
-from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
-                                        EXIT_OK, EXIT_PREEMPTED)
+from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA,
+                                        EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED)
 from MaxText.runtime.host_data import data_layout, process_rows
-from MaxText.runtime.preemption import PreemptionWatch
+from MaxText.runtime.preemption import PreemptionWatch, StopNow
 from MaxText.runtime.run_dir import RunLock, run_dir_of
 from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
@@ -445,6 +445,18 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
          trainer_class: type[Trainer] = Trainer) -> int:
-  code = run(argv, devices, trainer_class)[0]
+  """`run`'s exit status. Ctrl-C (a second one during the steps: `preemption.StopNow`; one before or
+  after them) ends the run with one line and exit 130 (128 + SIGINT), as a second SIGTERM ends it
+  with 143, never a traceback: the step in flight is not saved; a rerun resumes from the last
+  committed checkpoint."""
+  try:
+    code = run(argv, devices, trainer_class)[0]
+  except StopNow as e:
+    log_error(str(e))
+    code = e.exit_status
+  except KeyboardInterrupt:
+    log_error(f"interrupted (SIGINT): exiting now, without saving the step in flight (exit "
+              f"{EXIT_INTERRUPTED})")
+    code = EXIT_INTERRUPTED
   distributed.shutdown(code)
   return code
