@@ -52,6 +52,7 @@ from MaxText.decoding.sampling import Sampling
 from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
+from MaxText.resolve.config_checks import require_files
 from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.placement import Rollouts, split_devices
@@ -114,6 +115,7 @@ class GRPOTrainer(Trainer):
     cfg = training.cfg
     for key, problem in grpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
+    require_files(cfg, "prompts", "eval_prompts")   # before the engine is made
     devices, engine_devices = split_devices(cfg, jax.devices() if devices is None else devices)
     super().__init__(training, devices, tokenizer)
     self.group = cfg.num_generations

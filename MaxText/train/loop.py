@@ -40,7 +40,7 @@ from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA,
                                         EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED)
 from MaxText.runtime.host_data import data_layout, process_rows
 from MaxText.runtime.preemption import PreemptionWatch, StopNow
-from MaxText.runtime.run_dir import RunLock, run_dir_of
+from MaxText.runtime.run_dir import RunLock, keep_created, remove_created, run_dir_of
 from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import batch_sharding, parse_rules, rows_like, sharding_report
@@ -221,6 +221,7 @@ class Trainer:
     except ConfigError as e:
       log_error(f"config error: {e}")
       return EXIT_CONFIG
+    keep_created()
     self.dead_previous_run = lock.taken_over if lock is not None else None
     try:
       return self._run_locked()
@@ -408,10 +409,12 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   try:
     trainer = build(argv, devices, trainer_class, StartupClock())
-  except (ConfigError, DataError) as e:
+  except (ConfigError, DataError) as e:   # a missing data file too: the key names it (README)
+    remove_created()
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   except CheckpointError as e:   # e.g. a quantized checkpoint of an older layout
+    remove_created()
     log_error(f"checkpoint error: {e}")
     return EXIT_CHECKPOINT, None
   return trainer.run(), trainer
