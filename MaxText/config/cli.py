@@ -175,14 +175,14 @@ def answer_early(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool
                  bad_input: tuple[type[Exception], ...] = (ConfigError,)) -> None:
   """The first thing a program does whose module is a library too, with jax imported at its top
   (refit, the converters): placed above those imports, it prints the usage for `-h` / `--help`
-  (exit 0) and refuses a bad argument or config key (exit 2, "error: ...", as the program's own
+  (exit 0) and refuses a bad argument or config key (exit 2, "config error: ...", as the program's own
   `parse` under `reported` would) without waiting for jax; else it returns, and the program
   parses `argv` again."""
   try:
     if parse(argv, spec, doc, tool=tool, config_file=config_file) is None:
       sys.exit(0)
   except bad_input as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"config error: {e}", file=sys.stderr)
     sys.exit(2)
 
 

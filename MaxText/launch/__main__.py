@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   def run() -> int:
     args = cli.parse_own(own, ARGS, __doc__)
     return 0 if args is None else submit(args, config)
-  return reported(run, (ConfigError,), label="config error")
+  return reported(run, (ConfigError,))
 
 
 def submit(args: dict[str, Any], config: list[str]) -> int:

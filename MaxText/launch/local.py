@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log("exit statuses: " + ", ".join(f"process {e.process_id}: {e.status}"
                                        for e in sorted(result.exits, key=lambda e: e.process_id)))
     return result.status
-  return reported(run, (ConfigError,), label="config error")
+  return reported(run, (ConfigError,))
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ EXIT_INTERRUPTED = 130
 
 def reported(run: Callable[[], int], bad_input: tuple[type[Exception], ...], *,
              data: tuple[type[Exception], ...] = (),
-             checkpoint: tuple[type[Exception], ...] = (), label: str = "error") -> int:
+             checkpoint: tuple[type[Exception], ...] = (), label: str = "config error") -> int:
   """The exit status of a command-line tool's `run()`, never a traceback for bad input: an
-  exception of `bad_input` is printed as "<label>: ..." and gives EXIT_CONFIG, one of `data` "data
-  error: ..." and EXIT_DATA, a CheckpointError (or one of `checkpoint`) "checkpoint error: ..." and
-  EXIT_CHECKPOINT. The classes are tried in that order, so a class in `bad_input` wins over a
-  subclass of it in `data` or `checkpoint`."""
+  exception of `bad_input` is printed as "<label>: ..." (by default "config error: ...", the
+  trainers' prefix too) and gives EXIT_CONFIG, one of `data` "data error: ..." and EXIT_DATA, a
+  CheckpointError (or one of `checkpoint`) "checkpoint error: ..." and EXIT_CHECKPOINT. The classes
+  are tried in that order, so a class in `bad_input` wins over a subclass of it in `data` or
+  `checkpoint`."""
   try:
     return run()
   except bad_input as e:
