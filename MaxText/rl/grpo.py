@@ -1,7 +1,7 @@
 """GRPO on verifiable rewards, co-located: the decoding engine samples from the current parameters
 on the training mesh, the trainer scores and updates them.
 
-  python -m MaxText.rl.grpo configs/grpo.yml load_parameters_path=CKPT prompts=FILE.jsonl \
+  python -m MaxText.rl.grpo configs/grpo.yml load_parameters_path=CKPT prompts=FILE.jsonl \\
       reward=package.module:function[,package.module:other] [key=value ...]
 
 Each step (a rollout batch): the `prompts_per_step` prompts of the step (MaxText/rl/prompts.py), G
@@ -34,7 +34,7 @@ import sys
 from MaxText.config import cli
 
 if __name__ == "__main__" and (cli.wants_help(sys.argv[1:]) or len(sys.argv) < 2):
-  print(cli.usage(__doc__, {}, "grpo"))   # before jax is imported (the trainer's, below)
+  cli.print_help(cli.usage(__doc__, {}, "grpo"))   # before jax is imported (the trainer's, below)
   sys.exit(0)
 
 import dataclasses

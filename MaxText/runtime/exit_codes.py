@@ -15,6 +15,8 @@ EXIT_CONFIG = 2       # bad config, refused before anything compiled
 EXIT_DATA = 3         # bad data: missing/mismatched data iterator state, too many bad records
 EXIT_CHECKPOINT = 4   # bad or incompatible checkpoint, or a save that failed or hung
 EXIT_NONFINITE = 5    # non-finite loss or gradient: halted, nothing new saved
+EXIT_CHECK_FAILED = 6  # a check that ran failed: logit_check's logits over the limits,
+#                        render --check's stale configs/base.yml
 EXIT_PREEMPTED = 42   # SIGTERM/SIGINT: the agreed step was saved and committed; restart to resume
 # Ctrl-C twice (128 + SIGINT; a second SIGTERM: 143): stopped at once, the step in flight not saved;
 # a rerun resumes from the last committed step
