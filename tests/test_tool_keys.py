@@ -126,8 +126,8 @@ def helps():
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for name, p in PROGRAMS.items()}
   try:
-    return {name: (p.returncode, *p.communicate()) for name, p in procs.items()
-            if p.wait() is not None}
+    outputs = {name: p.communicate() for name, p in procs.items()}
+    return {name: (procs[name].returncode, *out) for name, out in outputs.items()}
   finally:
     for p in procs.values():
       p.kill()   # none is left running after a failure or the per-test timeout (pytest.ini)
