@@ -2,13 +2,14 @@
 import os
 import sys
 
+from MaxText.config.tools import print_help
 from MaxText.train.usage import usage, wants_help
 
 if __name__ == "__main__":
   if wants_help(sys.argv[1:]):
     base = next((a for a in sys.argv[1:] if a.endswith((".yml", ".yaml")) and os.path.isfile(a)),
                 None)
-    sys.stdout.write(usage(base) if base else usage())
+    print_help(usage(base) if base else usage())
     sys.exit(0)
   # pylint: disable-next=g-import-not-at-top
   from MaxText.config.load import ConfigError, load_config

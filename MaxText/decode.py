@@ -19,7 +19,7 @@ eos), `stop='["\\n\\n"]'` strings. The tokenizer: `tokenizer_path`, else the che
 Hugging Face folder's. Every decoding key: configs/base.yml, section "decoding".
 
 Prints each prompt and its continuation (their text, or their ids without a tokenizer; control
-characters escaped, `\x00`, so a log stays text; the continuation's trailing whitespace left
+characters escaped, `\\x00`, so a log stays text; the continuation's trailing whitespace left
 out), after a header saying how the completion ended; the first line (stderr) names the model,
 with its weights' integer width when the checkpoint is quantized. `decode_output=FILE.jsonl`
 writes one JSON line per prompt (the exact text): prompt_ids, output_ids, output_logprobs (of the chosen tokens
@@ -139,7 +139,7 @@ def load(argv: Sequence[str]) -> Any:
 
 def main(argv: Sequence[str]) -> int:
   if cli.wants_help(argv):
-    print(cli.usage(__doc__, {}, "decode"))
+    cli.print_help(cli.usage(__doc__, {}, "decode"))
     return EXIT_OK
   return reported(lambda: run(argv), (ConfigError, DataError, InferenceError),
                   data=(MediaError,))

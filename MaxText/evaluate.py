@@ -93,7 +93,7 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
 
 def main(argv: Sequence[str]) -> int:
   if cli.wants_help(argv):
-    print(cli.usage(__doc__, {}, "evaluate"))
+    cli.print_help(cli.usage(__doc__, {}, "evaluate"))
     return EXIT_OK
 
   def run() -> int:

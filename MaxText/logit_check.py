@@ -1,6 +1,6 @@
 """Compares our model's logits with Hugging Face transformers' on the same tokens.
 
-  python -m MaxText.logit_check hf_path=HF_DIR load_parameters_path=CKPT [dtype=float32] \
+  python -m MaxText.logit_check hf_path=HF_DIR load_parameters_path=CKPT [dtype=float32] \\
       [max_kl=1e-6] [atol_fraction=1e-4] [seed=0] [long_length=512]
 
 `hf_path`, `load_parameters_path`, `dtype` (auto: float32, as in every tool that compares
@@ -12,8 +12,9 @@ Cases: a short prompt, a long one (`long_length` tokens, capped at the model's p
 a packed row holding two documents (segment ids + restarting positions), which must equal
 transformers run on each document alone. Token ids are drawn from the vocabulary with `seed`.
 Prints per-case max per-token KL(HF ‖ ours) and max |Δlogit|; the LAST line is
-`max_kl=<x> max_abs_diff=<y>`. Exit 0 only if max_kl ≤ max_kl and max |Δ| ≤ atol_fraction ×
-max|logit|; 1 otherwise; 2 on bad arguments (or a missing folder); 4 on a damaged checkpoint.
+`max_kl=<x> max_abs_diff=<y>`. Exit 0 only if the largest per-token KL is at most the limit
+`max_kl` and max |Δ| ≤ atol_fraction × max|logit|; 6 otherwise (the check failed); 2 on bad
+arguments (or a missing folder); 4 on a damaged checkpoint.
 
 In float32 with the default limits, a model whose logits exceed them against transformers' fp32
 is judged against the exact values instead: transformers in float64 on the same weights (the
@@ -38,7 +39,7 @@ import numpy as np
 
 from MaxText.config import cli
 from MaxText.config.load import ConfigError, replace
-from MaxText.runtime.exit_codes import reported
+from MaxText.runtime.exit_codes import EXIT_CHECK_FAILED, EXIT_OK, reported
 
 ARGS = {
     "max_kl": cli.Arg(float, None, "largest per-token KL(HF || ours) that passes (float32: 1e-6, "
@@ -149,7 +150,7 @@ def run(argv: list[str]) -> int:
     print("PASS" if ok else f"FAIL (limits: max_kl {max_kl_limit:g}, max_abs_diff "
           f"{atol_fraction * max_logit:.3e})")
   print(f"max_kl={max_kl:.6e} max_abs_diff={max_diff:.6e}")
-  return 0 if ok else 1
+  return EXIT_OK if ok else EXIT_CHECK_FAILED
 
 
 def judged_against_float64(cases: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],

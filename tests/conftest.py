@@ -10,7 +10,8 @@ from typing import Sequence
 # have no cores for). XLA's HLO passes are the default build's (the programs' shapes, shardings and
 # buffers), and float arithmetic is kept as written (fast-math is off, XLA:CPU's default), so the
 # values agree with the users' compile within rounding (tests/test_cpu_devices.py runs the train
-# step both ways). Two programs that compute the same bits at the users' compile (the fused AdamW
+# step both ways, in fp32 compute: in bf16 the two emitters may round an intermediate to bf16 at
+# different places). Two programs that compute the same bits at the users' compile (the fused AdamW
 # and optax's chain) may differ in the last bit under the older emitters on some CPUs (an Intel
 # Xeon, not an AMD EPYC): the tests of such pairs compile them with the users' emitters
 # (USERS_EMITTERS, `users_emitters`). Sums split across processes rather than devices of one

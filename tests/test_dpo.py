@@ -222,7 +222,7 @@ def test_packed_pairs_equal_padded_pairs(tmp_path):
 
 @pytest.mark.parametrize("overrides,code_,expected", [
     (("preferences={bad}",), 3, r"line 3: missing field `chosen`"),
-    (("preferences={missing}",), 3, r"preferences=.*nope.jsonl: no such file"),
+    (("preferences={missing}",), 2, r"config error: preferences=.*nope.jsonl: no such file"),
     (("preferences={good}", "label_smoothing=0.1"), 2, "label_smoothing: .*robust and simpo"),
     (("preferences={good}", "dpo_loss=robust", "label_smoothing=0.5"), 2, "label_smoothing"),
     ((), 2, "preferences: DPO needs"),

@@ -23,13 +23,13 @@ def _raise(e: Exception):
 
 
 @pytest.mark.parametrize("error,kwargs,code,line", [
-    (ConfigError("steps: bad"), {}, EXIT_CONFIG, "error: steps: bad"),
-    (KeyError("w"), {}, EXIT_CONFIG, "error: 'w'"),
+    (ConfigError("steps: bad"), {}, EXIT_CONFIG, "config error: steps: bad"),
+    (KeyError("w"), {}, EXIT_CONFIG, "config error: 'w'"),
     (DataError("row 3"), {"data": (DataError,)}, EXIT_DATA, "data error: row 3"),
     (CheckpointError("params/x changed"), {}, EXIT_CHECKPOINT, "checkpoint error: params/x changed"),
     (FileNotFoundError("ckpt"), {"checkpoint": (FileNotFoundError,)}, EXIT_CHECKPOINT,
      "checkpoint error: ckpt"),
-    (ConfigError("no config"), {"label": "config error"}, EXIT_CONFIG, "config error: no config"),
+    (ConfigError("no config"), {"label": "bad request"}, EXIT_CONFIG, "bad request: no config"),
 ])
 def test_reported_maps_each_error_to_its_status_and_one_line(error, kwargs, code, line, capsys):
   assert reported(_raise(error), (ConfigError, KeyError), **kwargs) == code
@@ -77,7 +77,7 @@ def test_logit_check_missing_folder_is_exit_2_not_a_traceback(tmp_path, capsys):
   code = logit_check.main([f"hf_path={tmp_path / 'none'}", f"load_parameters_path={tmp_path}"])
   assert code == EXIT_CONFIG
   err = capsys.readouterr().err
-  assert err.startswith("error: ") and "config.json does not exist" in err
+  assert err.startswith("config error: ") and "config.json does not exist" in err
 
 
 def test_launch_without_a_config_is_a_config_error(capsys):

@@ -186,11 +186,41 @@ def test_second_signal_ends_a_run_whose_step_never_finishes(signum):
   err = proc.stderr.read()
   name = signal.Signals(signum).name
   assert f"{name} received: the run stops after the step in flight" in err
-  if signum == signal.SIGINT:  # the main thread was in the interpreter: KeyboardInterrupt
-    assert code != 0 and "KeyboardInterrupt" in err
+  if signum == signal.SIGINT:  # the main thread was in the interpreter: StopNow (KeyboardInterrupt)
+    assert code != 0 and "StopNow: second stop signal (SIGINT): exiting now" in err
   else:
     assert code == 128 + signum, err
     assert f"second stop signal ({name}): exiting now" in err
+
+
+def test_ctrl_c_twice_ends_a_train_py_run_with_one_line_and_exit_130(tmp_path):
+  """issue 58: Ctrl-C twice ended `train.py` with a 55-line KeyboardInterrupt traceback. A real run
+  (the same program as the runs above) whose step-3 checkpoint write hangs: the first SIGINT asks
+  for a stop (announced), which waits on that save; the second ends the run at once with the one
+  line a second SIGTERM prints and 128 + SIGINT, nothing saved. Each signal is sent once the line
+  before it is printed (the hang, then the announcement); the hang lasts 120 s."""
+  env = dict(os.environ, MAXTEXT_FAULT="save_hang:3")
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
+                           *argv(tmp_path, "run", *COMMON)], cwd=ROOT, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  err = []
+  try:
+    for wait_for in ("[fault] checkpoint 3 write hangs", "SIGINT received: the run stops"):
+      while not err or wait_for not in err[-1]:
+        line = proc.stderr.readline()
+        assert line, "".join(err)[-3000:]   # the run ended before printing it
+        err.append(line)
+      proc.send_signal(signal.SIGINT)
+    err += proc.stderr.readlines()
+    code = proc.wait()
+  finally:
+    proc.kill()
+  text = "".join(err)
+  assert code == 130, text[-3000:]
+  assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+  assert text.rstrip().splitlines()[-1] == ("second stop signal (SIGINT): exiting now, without "
+                                            "saving the step in flight (exit 130)"), text[-3000:]
 
 
 def test_async_save_write_error_exits_4_and_that_step_never_restores(tmp_path, monkeypatch,

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from end_to_end.tiny_hf import save_tiny  # noqa: E402
 from MaxText import logit_check  # noqa: E402
 from MaxText.checkpoint_conversion import to_maxtext  # noqa: E402
+from MaxText.runtime.exit_codes import EXIT_CHECK_FAILED  # noqa: E402
 
 QWEN3_NEXT = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
@@ -52,7 +53,7 @@ def test_limits_come_from_the_references_own_error(large_weights, capsys):
   max_abs = float(out.strip().splitlines()[-1].split("max_abs_diff=")[1])
   assert ref > 0 and ours <= 2 * ref and max_abs <= ours + ref * (1 + 1e-6)
   # limits given on the command line are applied as given, against transformers' fp32
-  assert logit_check.main(base + ["atol_fraction=1e-4"]) == 1
+  assert logit_check.main(base + ["atol_fraction=1e-4"]) == EXIT_CHECK_FAILED
   assert "FAIL (limits" in capsys.readouterr().out
 
 
@@ -66,6 +67,6 @@ def test_a_checkpoint_that_differs_still_fails(large_weights, tmp_path, capsys):
   config = json.loads((w / "hf" / "config.json").read_text())
   assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == config["model_type"]
   assert logit_check.main([f"hf_path={tmp_path / 'hf'}", f"load_parameters_path={w / 'ckpt'}",
-                           "long_length=32"]) == 1
+                           "long_length=32"]) == EXIT_CHECK_FAILED
   out = capsys.readouterr().out
   assert "FAIL against float64" in out

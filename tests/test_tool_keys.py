@@ -7,6 +7,7 @@ import ast
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,11 +16,12 @@ import pytest
 from conftest import BASE_YML, ROOT
 from MaxText.config.load import ConfigError, check_read_by, load_config, model_overlay, models_dir
 from MaxText.config.schema import KEYS
+from MaxText.config import tools
 from MaxText.config.tools import TOOLS
 
-PROGRAMS = [["train.py"], *(["-m", t.split()[-1]] for t in list(TOOLS.values())[1:]),
-            ["-m", "MaxText.launch"], ["-m", "MaxText.launch.local"],
-            ["-m", "MaxText.config.render"]]
+# every program's command line (config/tools.py: PROGRAMS): train.py, and `python -m MaxText.<tool>`
+PROGRAMS = {name: command.split()[-1:] if command == "train.py" else ["-m", command.split()[-1]]
+            for name, command in tools.PROGRAMS.items()}
 
 
 def other_value(spec):
@@ -116,27 +118,74 @@ def test_train_py_refuses_hf_path_instead_of_training_a_random_model(tmp_path):
   assert not os.listdir(tmp_path)      # no run directory: nothing was trained
 
 
-def test_every_program_answers_a_bare_help_with_exit_0():
-  """issue 38: `python -m MaxText.quantize --help` exited 2 (missing output_path). Run with
-  `-X importtime` (the imports on stderr): no program imports jax to answer it (the model's
-  machinery is imported by the function that runs it; rl.grpo, refit and the converters, libraries
-  with jax at their top, answer above those imports: `cli.answer_early`)."""
-  procs = {" ".join(p): subprocess.Popen([sys.executable, "-X", "importtime", *p, "--help"],
-                                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True)
-           for p in PROGRAMS}
+@pytest.fixture(scope="module")
+def helps():
+  """{program: (exit status, stdout, stderr)} of `<program> --help`, every program at once, with
+  `-X importtime` (the imports on stderr)."""
+  procs = {name: subprocess.Popen([sys.executable, "-X", "importtime", *p, "--help"], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for name, p in PROGRAMS.items()}
   try:
-    for name, p in procs.items():
-      out, err = p.communicate()
-      assert p.returncode == 0, (name, err)
-      assert "usage" in out.lower() or "python -m" in out, (name, out)
-      imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
-                  if line.startswith("import time:")}
-      assert "encodings" in imported, (name, err[-500:])   # the import log is there
-      assert "jax" not in imported, name
+    outputs = {name: p.communicate() for name, p in procs.items()}
+    return {name: (procs[name].returncode, *out) for name, out in outputs.items()}
   finally:
     for p in procs.values():
       p.kill()   # none is left running after a failure or the per-test timeout (pytest.ini)
+
+
+def test_every_program_answers_a_bare_help_with_exit_0(helps):
+  """issue 38: `python -m MaxText.quantize --help` exited 2 (missing output_path). No program
+  imports jax to answer it (the model's machinery is imported by the function that runs it;
+  rl.grpo, refit and the converters, libraries with jax at their top, answer above those imports:
+  `cli.answer_early`)."""
+  for name, (code, out, err) in helps.items():
+    assert code == 0, (name, err)
+    assert out.startswith("usage: "), (name, out[:300])
+    imported = {line.rsplit("|", 1)[-1].strip() for line in err.splitlines()
+                if line.startswith("import time:")}
+    assert "encodings" in imported, (name, err[-500:])   # the import log is there
+    assert "jax" not in imported, name
+
+
+def test_every_python_m_entry_point_is_a_program_with_its_help_checked():
+  """A module of the package that runs as a program (`if __name__ == "__main__"`) is one of
+  PROGRAMS, so the help checks here cover it."""
+  mains = set()
+  for dirpath, _, files in os.walk(os.path.join(ROOT, "MaxText")):
+    for f in (f for f in files if f.endswith(".py")):
+      with open(os.path.join(dirpath, f), encoding="utf-8") as fh:
+        if 'if __name__ == "__main__"' in fh.read():
+          module = os.path.relpath(os.path.join(dirpath, f[:-3]), ROOT).replace(os.sep, ".")
+          mains.add(module.removesuffix(".__main__"))
+  assert mains == {p[-1] for p in PROGRAMS.values() if p[0] == "-m"}, mains
+
+
+# a run of spaces inside a line: only before a comment ("    # ..."), or the arguments table's
+# column; else it is a docstring's backslash continuation (the next line's indent joined on)
+_INNER_SPACES = re.compile(r"\S {5,}[^ #]")
+_ARGUMENT_ROW = re.compile(r"^  \S+=<[^>]+> +")
+
+
+def test_every_programs_help_is_clean_text_with_usage_and_exit_statuses(helps):
+  """issue 58: `MaxText.decode --help` held a NUL byte (a non-raw docstring's \\x00), four usage
+  lines long runs of spaces (backslash continuations of non-raw docstrings), and only train.py had
+  a usage line and its exit statuses. Every program's help: text without control characters (but
+  newline and tab), no such runs, the usage line of its command, and a paragraph of its exit
+  statuses from the contract (README "Exit status"; a check that failed: 6, never 1)."""
+  contract = {0, 2, 3, 4, 5, 6, 42, 130, 143}
+  for name, (_, out, _) in helps.items():
+    bad = sorted({hex(ord(c)) for c in out if (ord(c) < 32 and c not in "\n\t") or ord(c) == 127})
+    assert not bad, (name, bad)
+    for line in out.splitlines():
+      assert not _INNER_SPACES.search(_ARGUMENT_ROW.sub("", line)), (name, line)
+    command = tools.PROGRAMS[name]
+    assert out.startswith(f"usage: {command} {tools.SYNOPSIS[name]}\n       {command} --help\n"), \
+        (name, out[:300])
+    paragraph = " ".join(out.split("\n\nexit status: ", 1)[1].split("\n\n", 1)[0].split())
+    listed = {int(n) for n in re.findall(r"(?:^|, |; |/ )(\d+) ", paragraph)}
+    assert {0, 2} <= listed <= contract, (name, listed, paragraph)
+    if name in tools.TRAINERS:
+      assert {3, 4, 5, 42, 130, 143} <= listed, (name, paragraph)
 
 
 TOOL_MODULES = ["MaxText.logit_check", "MaxText.quantize", "MaxText.refit", "MaxText.inspect.__main__",
@@ -179,3 +228,18 @@ def test_one_command_line_style_no_argparse():
            or isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree)):
       users.append(os.path.relpath(path, ROOT))
   assert users == [], users
+
+
+@pytest.mark.parametrize("program", ["train", "logit_check"])
+def test_help_into_a_reader_that_stopped_is_no_traceback(program):
+  """`<program> --help | grep -q usage`: a reader that has stopped reading (here: the pipe's read
+  end closed before the program starts) makes the help's write fail, which is no error (it was a
+  BrokenPipeError traceback)."""
+  read_end, write_end = os.pipe()
+  os.close(read_end)
+  try:
+    p = subprocess.run([sys.executable, *PROGRAMS[program], "--help"], cwd=ROOT, stdout=write_end,
+                       stderr=subprocess.PIPE, text=True, check=False)
+  finally:
+    os.close(write_end)
+  assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr

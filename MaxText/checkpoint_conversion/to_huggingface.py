@@ -1,7 +1,7 @@
 """Our checkpoint → a Hugging Face folder that `transformers.AutoModelForCausalLM.from_pretrained`
 loads unchanged.
 
-  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=CKPT output_path=OUT \
+  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=CKPT output_path=OUT \\
       [max_shard_gb=5] [hf_model_type=TYPE]
 
 CKPT is a run's `checkpoints/` directory (its latest step), one step directory, or a converter's
@@ -23,11 +23,11 @@ base; a base that is no conversion (a run's own checkpoint) is named by its path
 says to export that base with this tool to load the adapter onto it.
 
 Examples:
-  python -m MaxText.checkpoint_conversion.to_huggingface \
+  python -m MaxText.checkpoint_conversion.to_huggingface \\
       load_parameters_path=runs/default/checkpoints output_path=hf_out
-  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/ft/checkpoints/200 \
+  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/ft/checkpoints/200 \\
       output_path=hf_out max_shard_gb=2
-  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/lora/checkpoints \
+  python -m MaxText.checkpoint_conversion.to_huggingface load_parameters_path=runs/lora/checkpoints \\
       output_path=adapter_out adapter_format=peft
 """
 from __future__ import annotations

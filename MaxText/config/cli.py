@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from MaxText.config.load import BASE_YML, ConfigError, load_config, parse_overrides
 from MaxText.config.render import value_text
 from MaxText.config.schema import KEYS, Config
-from MaxText.config.tools import TOOLS
+from MaxText.config.tools import TOOLS, exit_status_line, print_help, usage_head
 
 REQUIRED = object()
 HELP_FLAGS = ("-h", "--help")
@@ -84,23 +84,27 @@ def key_lines(tool: str, defaults: Mapping[str, Any] | None = None) -> list[str]
   return out
 
 
-def usage(doc: str, spec: Mapping[str, Arg], tool: str | None) -> str:
+def usage(doc: str, spec: Mapping[str, Arg], tool: str) -> str:
+  """The --help of `tool` (config/tools.py: PROGRAMS): the usage line, its module docstring, its
+  own arguments, its exit statuses, and the config keys it reads (a program of TOOLS)."""
   rows = []
   for name, arg in spec.items():
     what = "required" if arg.default is REQUIRED else f"default {arg.default!r}"
     rows.append(f"  {name}=<{arg.type.__name__}>".ljust(30) + f" {arg.help} ({what})")
   args = "\n\narguments:\n" + "\n".join(rows) if rows else ""
-  if tool is None:
-    return doc.strip() + args
-  return (doc.strip() + args + f"\n\nconfig keys {TOOLS[tool]} reads (key=value; the default as "
-          "configs/base.yml has it; any other key is refused):" + "\n".join(key_lines(tool)))
+  text = usage_head(tool) + doc.strip() + args + "\n\n" + exit_status_line(tool)
+  if tool not in TOOLS:
+    return text
+  return (text + f"\n\nconfig keys {TOOLS[tool]} reads (key=value; the default as configs/base.yml "
+          "has it; any other key is refused):" + "\n".join(key_lines(tool)))
 
 
-def parse_own(argv: Sequence[str], spec: Mapping[str, Arg], doc: str) -> dict[str, Any] | None:
+def parse_own(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *,
+              program: str) -> dict[str, Any] | None:
   """A launcher's own arguments (no config keys: its command after `--` has them); None after
-  printing the usage for `-h` / `--help`."""
+  printing the usage of `program` (config/tools.py: PROGRAMS) for `-h` / `--help`."""
   if wants_help(argv):
-    print(usage(doc, spec, None))
+    print_help(usage(doc, spec, program))
     return None
   values, rest = _typed(argv, spec)
   if rest:
@@ -147,7 +151,7 @@ def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
   The config is `load_config`'s (dtype=auto resolved for the tools), every key set away from its
   default checked against what `tool` reads. None after printing the usage for `-h` / `--help`."""
   if wants_help(argv):
-    print(usage(doc, spec, tool))
+    print_help(usage(doc, spec, tool))
     return None
   base = BASE_YML
   if config_file and argv and "=" not in argv[0]:
@@ -175,14 +179,14 @@ def answer_early(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool
                  bad_input: tuple[type[Exception], ...] = (ConfigError,)) -> None:
   """The first thing a program does whose module is a library too, with jax imported at its top
   (refit, the converters): placed above those imports, it prints the usage for `-h` / `--help`
-  (exit 0) and refuses a bad argument or config key (exit 2, "error: ...", as the program's own
+  (exit 0) and refuses a bad argument or config key (exit 2, "config error: ...", as the program's own
   `parse` under `reported` would) without waiting for jax; else it returns, and the program
   parses `argv` again."""
   try:
     if parse(argv, spec, doc, tool=tool, config_file=config_file) is None:
       sys.exit(0)
   except bad_input as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"config error: {e}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -2,7 +2,7 @@
 one line per key with its default and its doc, the logical-axis-rules table one row per line.
 
   python -m MaxText.config.render            # rewrites configs/base.yml
-  python -m MaxText.config.render --check    # exit 1 if configs/base.yml is not what it renders
+  python -m MaxText.config.render --check    # exit 6 if configs/base.yml is not what it renders
 
 tests/test_config.py runs the check, so an edit of the schema without a re-render fails there.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from MaxText.config.load import BASE_YML
 from MaxText.config.schema import KEYS, in_base_yml
+from MaxText.config.tools import exit_status_line, print_help, usage_head
 
 WIDTH = 100          # section rule width
 COMMENT_COLUMN = 36  # where the inline doc starts
@@ -72,9 +73,13 @@ def render() -> str:
   return "".join(out)
 
 
+def usage() -> str:
+  return usage_head("render") + __doc__.strip() + "\n\n" + exit_status_line("render")
+
+
 def main(argv: list[str]) -> int:
   if argv in (["-h"], ["--help"]):
-    print(__doc__)
+    print_help(usage())
     return 0
   text = render()
   if argv == ["--check"]:
@@ -82,9 +87,9 @@ def main(argv: list[str]) -> int:
       if f.read() == text:
         return 0
     print(f"{BASE_YML} is stale: run python -m MaxText.config.render", file=sys.stderr)
-    return 1
+    return 6   # exit_codes.EXIT_CHECK_FAILED (that module imports the checkpoint package)
   if argv:
-    print(__doc__, file=sys.stderr)
+    print(usage(), file=sys.stderr)
     return 2
   with open(BASE_YML, "w", encoding="utf-8") as f:
     f.write(text)

@@ -34,6 +34,10 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
       return None   # a model whose tokenizer files are not at hand: nothing here needs them
     # Synthetic rows never use the tokenizer's ids.
     return tokenizers.make_tokenizer(dcfg.tokenizer_type, dcfg.tokenizer_path)
+  # the data files first, whatever the tokenizer (SFT's checks below need a chat tokenizer): a path
+  # that names no file is reported as such in every trainer (issue 58)
+  files = (sources.resolve_dataset_files(dcfg.dataset_path, dcfg.dataset_format)
+           if dcfg.dataset_type == "file" else [])
   tokenizer = tokenizers.make_tokenizer(dcfg.tokenizer_type, dcfg.tokenizer_path)
 
   if tokenizer.vocab_size > dcfg.vocab_size:
@@ -59,7 +63,6 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
         where = f"the model defines none; set {key}=false"
       raise DataError(f"{key}=true but the tokenizer {tokenizer!r} has no {token} ({where})")
   if dcfg.dataset_type == "file":
-    files = sources.resolve_dataset_files(dcfg.dataset_path, dcfg.dataset_format)
     if any(fmt != "text" for _, fmt in files) and not dcfg.dataset_text_field:
       raise DataError(f"dataset_text_field {dcfg.dataset_text_field!r} must name the text field of "
                       f"the {sorted({fmt for _, fmt in files} - {'text'})} files")

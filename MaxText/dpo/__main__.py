@@ -41,6 +41,6 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
   if cli.wants_help(sys.argv[1:]) or len(sys.argv) < 2:
-    print(cli.usage(__doc__, {}, "dpo"))
+    cli.print_help(cli.usage(__doc__, {}, "dpo"))
     sys.exit(0)
   exit_process(main(sys.argv[1:]))

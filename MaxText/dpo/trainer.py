@@ -30,6 +30,7 @@ from MaxText.dpo.data import Encoder, PreferenceSet, read_preferences
 from MaxText.losses import preference
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
+from MaxText.resolve.config_checks import require_files
 from MaxText.storage import paths
 from MaxText.train import memory
 from MaxText.train.loop import Trainer
@@ -81,6 +82,7 @@ class DPOTrainer(Trainer):
     cfg = training.cfg
     for key, problem in dpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
+    require_files(cfg, "preferences", "eval_preferences")   # exit 2, as train.py's dataset_path
     super().__init__(training, devices, tokenizer)
     self.pairs = cfg.global_batch_size(len(self.devices))
     self.packed = cfg.preference_packing   # both sequences of a pair in one row

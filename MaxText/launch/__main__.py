@@ -1,8 +1,8 @@
 """`python -m MaxText.launch`: a config → a GKE workload through XPK (or a JobSet manifest).
 
-    python -m MaxText.launch cluster=C workload=W docker_image=IMAGE \
-        (tpu_type=v5p-128 | device_type=h100-80gb-8) [num_slices=N] [max_restarts=R] \
-        [project=P] [zone=Z] [storage=NAME,...] [jobset=FILE] [dry_run=true] \
+    python -m MaxText.launch cluster=C workload=W docker_image=IMAGE \\
+        (tpu_type=v5p-128 | device_type=h100-80gb-8) [num_slices=N] [max_restarts=R] \\
+        [project=P] [zone=Z] [storage=NAME,...] [jobset=FILE] [dry_run=true] \\
         -- configs/base.yml base_output_directory=/mnt/shared/runs key=value ...
 
 Checks the config (what train.py takes, after `--`: keys train.py does not read are refused) and,
@@ -12,8 +12,8 @@ runs `xpk workload create ...`; `dry_run=true` prints that command and runs noth
 prints it). Exit 2 for a bad config or arguments (the message names the key).
 
 Examples:
-  python -m MaxText.launch cluster=my-cluster workload=llama docker_image=gcr.io/p/maxtext:v1 \
-      tpu_type=v5p-128 num_slices=2 storage=ckpts dry_run=true -- configs/base.yml \
+  python -m MaxText.launch cluster=my-cluster workload=llama docker_image=gcr.io/p/maxtext:v1 \\
+      tpu_type=v5p-128 num_slices=2 storage=ckpts dry_run=true -- configs/base.yml \\
       base_output_directory=/gcs/my-bucket/runs
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from MaxText.config import cli
 from MaxText.config.load import ConfigError
 from MaxText.launch import jobset, xpk
-from MaxText.runtime.exit_codes import reported
+from MaxText.runtime.exit_codes import EXIT_CONFIG, reported
 
 ARGS = {
     "cluster": cli.Arg(help="the GKE cluster"),
@@ -53,9 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   own, config = cli.split_command(sys.argv[1:] if argv is None else argv)
 
   def run() -> int:
-    args = cli.parse_own(own, ARGS, __doc__)
+    args = cli.parse_own(own, ARGS, __doc__, program="launch")
     return 0 if args is None else submit(args, config)
-  return reported(run, (ConfigError,), label="config error")
+  return reported(run, (ConfigError,))
 
 
 def submit(args: dict[str, Any], config: list[str]) -> int:
@@ -92,9 +92,9 @@ def submit(args: dict[str, Any], config: list[str]) -> int:
   if args["dry_run"]:
     return 0
   if shutil.which("xpk") is None:
-    print("xpk is not on PATH (pip install xpk; it also needs gcloud and kubectl)",
+    print("config error: xpk is not on PATH (pip install xpk; it also needs gcloud and kubectl)",
           file=sys.stderr)
-    return 1
+    return EXIT_CONFIG
   return subprocess.run(command, check=False).returncode
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Local multi-process runs: N copies of a command on this machine, joined over loopback.
 
-    python -m MaxText.launch.local processes=2 devices_per_process=4 [log_dir=DIR] \
+    python -m MaxText.launch.local processes=2 devices_per_process=4 [log_dir=DIR] \\
         [grace_s=30] [port=N] -- train.py configs/base.yml per_device_batch_size=1 ...
 
 Each child gets `JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>`, `JAX_NUM_PROCESSES`,
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   own, cmd = split_command(sys.argv[1:] if argv is None else argv)
 
   def run() -> int:
-    args = parse_own(own, ARGS, __doc__)
+    args = parse_own(own, ARGS, __doc__, program="launch_local")
     if args is None:
       return 0
     if not cmd:
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log("exit statuses: " + ", ".join(f"process {e.process_id}: {e.status}"
                                        for e in sorted(result.exits, key=lambda e: e.process_id)))
     return result.status
-  return reported(run, (ConfigError,), label="config error")
+  return reported(run, (ConfigError,))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from MaxText.runtime.exit_codes import EXIT_OK, reported
 
 def main(argv: Sequence[str]) -> int:
   if list(argv) in ([], ["-h"], ["--help"]):
-    print(cli.usage(__doc__, {}, "lm_eval"))
+    cli.print_help(cli.usage(__doc__, {}, "lm_eval"))
     return EXIT_OK
   register()
 

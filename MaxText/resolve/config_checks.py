@@ -5,6 +5,7 @@ numbers (a `DataError` for the data config)."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import jax
@@ -125,3 +126,13 @@ def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer | None
     for key, problem in eval_problems(DataConfig.from_config(cfg), cfg.eval_dataset_path):
       raise ConfigError(f"{key}: {problem}")
   return validate_data_config(DataConfig.from_config(cfg))
+
+
+def require_files(cfg: Config, *keys: str) -> None:
+  """ConfigError "<key>=<path>: no such file" for the first of `keys` (a data file's path) that is
+  set and names no file: a missing input file is a config error (exit 2) in every trainer, as
+  train.py's `dataset_path` is (README "Exit status"), refused before the run directory is made."""
+  for key in keys:
+    path = os.path.expanduser(getattr(cfg, key))
+    if path and not os.path.isfile(path):
+      raise ConfigError(f"{key}={path}: no such file")

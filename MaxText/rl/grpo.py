@@ -1,7 +1,7 @@
 """GRPO on verifiable rewards, co-located: the decoding engine samples from the current parameters
 on the training mesh, the trainer scores and updates them.
 
-  python -m MaxText.rl.grpo configs/grpo.yml load_parameters_path=CKPT prompts=FILE.jsonl \
+  python -m MaxText.rl.grpo configs/grpo.yml load_parameters_path=CKPT prompts=FILE.jsonl \\
       reward=package.module:function[,package.module:other] [key=value ...]
 
 Each step (a rollout batch): the `prompts_per_step` prompts of the step (MaxText/rl/prompts.py), G
@@ -34,7 +34,7 @@ import sys
 from MaxText.config import cli
 
 if __name__ == "__main__" and (cli.wants_help(sys.argv[1:]) or len(sys.argv) < 2):
-  print(cli.usage(__doc__, {}, "grpo"))   # before jax is imported (the trainer's, below)
+  cli.print_help(cli.usage(__doc__, {}, "grpo"))   # before jax is imported (the trainer's, below)
   sys.exit(0)
 
 import dataclasses
@@ -52,6 +52,7 @@ from MaxText.decoding.sampling import Sampling
 from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
+from MaxText.resolve.config_checks import require_files
 from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.placement import Rollouts, split_devices
@@ -114,6 +115,7 @@ class GRPOTrainer(Trainer):
     cfg = training.cfg
     for key, problem in grpo_problems(cfg):
       raise ConfigError(f"{key}: {problem}")
+    require_files(cfg, "prompts", "eval_prompts")   # before the engine is made
     devices, engine_devices = split_devices(cfg, jax.devices() if devices is None else devices)
     super().__init__(training, devices, tokenizer)
     self.group = cfg.num_generations

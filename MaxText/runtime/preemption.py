@@ -2,7 +2,8 @@
 
 One process: Python handlers for SIGTERM and SIGINT record the signal; the loop finishes the step
 in flight, saves it, waits for the commit and exits 42. A second SIGINT interrupts at once
-(KeyboardInterrupt). Several processes (`jax.distributed.initialize`): JAX's preemption service
+(`StopNow`, a KeyboardInterrupt: the trainers' `main` prints its one line and exits 130, 128 + the
+signal, as the second SIGTERM below). Several processes (`jax.distributed.initialize`): JAX's preemption service
 receives SIGTERM and its preemption sync point (`reached_preemption_sync_point(step)`, what Orbax's
 `CheckpointManager.reached_preemption` asks) is reached at the same step on every process, so no
 Python SIGTERM handler is installed there.
@@ -13,7 +14,7 @@ collective never is. So a watcher thread also sees every signal (through `signal
 written by the C-level handler whatever the main thread does): a second SIGTERM or SIGINT ends the
 process `SECOND_SIGNAL_GRACE_S` seconds later (exit 128 + the signal, as if killed by it, nothing
 saved) unless the main thread has left the run by then — the usual case for Ctrl-C, whose second
-press raises KeyboardInterrupt in the main thread.
+press raises `StopNow` in the main thread.
 """
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ import jax
 from jax.experimental import multihost_utils
 
 SECOND_SIGNAL_GRACE_S = 3.0
+
+
+def second_signal_line(signum: int) -> str:
+  """What a second stop signal prints (one line; the exit status is 128 + the signal)."""
+  return (f"second stop signal ({signal.Signals(signum).name}): exiting now, without saving the "
+          f"step in flight (exit {128 + signum})")
+
+
+class StopNow(KeyboardInterrupt):
+  """A second Ctrl-C: the run is left at once, the step in flight not saved. A KeyboardInterrupt, so
+  that whatever lets Ctrl-C through lets it through; its text is `second_signal_line`."""
+
+  def __init__(self, signum: int = signal.SIGINT):
+    super().__init__(second_signal_line(signum))
+    self.exit_status = 128 + signum
 
 
 class PreemptionWatch:
@@ -44,7 +60,7 @@ class PreemptionWatch:
   def _handle(self, signum: int, frame) -> None:
     del frame
     if self.signal_name is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt  # second Ctrl-C: stop now
+      raise StopNow(signum)  # second Ctrl-C: stop now
     if self.signal_name is None:
       self.signal_name = signal.Signals(signum).name
       self.received_at = time.monotonic()
@@ -74,8 +90,7 @@ class PreemptionWatch:
           print(f"{name} received: the run stops after the step in flight and saves it; send "
                 f"{name} again to stop at once without saving", file=sys.stderr, flush=True)
         elif seen == 2 and not self._left.wait(SECOND_SIGNAL_GRACE_S):
-          print(f"second stop signal ({name}): exiting now, without saving the step in flight "
-                f"(exit {128 + signum})", file=sys.stderr, flush=True)
+          print(second_signal_line(signum), file=sys.stderr, flush=True)
           os._exit(128 + signum)
 
   def __enter__(self) -> "PreemptionWatch":

@@ -38,12 +38,18 @@ def run_dir_of(cfg: Config) -> str:
   return paths.join(paths.absolute(cfg.base_output_directory), name)
 
 
+# the local folders the last `check_writable` created (deepest first): a run refused before it
+# starts removes them again (`remove_created`), so that it leaves no empty `<run_name>/` behind
+_CREATED: list[str] = []
+
+
 def check_writable(cfg: Config) -> None:
   """Creates the run directory and writes (and removes) a file in it; ConfigError naming
   base_output_directory when that fails (on an object store: a bucket that does not exist, no
   permission to write, credentials missing, the store unreachable)."""
   run_dir = run_dir_of(cfg)
   probe = paths.join(run_dir, f".write-check-{uuid.uuid4().hex}")
+  _CREATED[:] = _missing_folders(run_dir)
   try:
     paths.makedirs(run_dir)
     paths.write_bytes(probe, b"")
@@ -52,6 +58,34 @@ def check_writable(cfg: Config) -> None:
     why = getattr(e, "strerror", None) or str(e).split("\n", 1)[0][:300] or type(e).__name__
     raise ConfigError(f"base_output_directory={cfg.base_output_directory!r}: cannot write the run "
                       f"directory {run_dir} ({type(e).__name__}: {why})") from None
+
+
+def _missing_folders(path: str) -> list[str]:
+  """`path` and those of its parents that do not exist yet, deepest first (none on an object
+  store: it has no folders)."""
+  missing = []
+  while path and not paths.is_url(path) and not os.path.exists(path):
+    missing.append(path)
+    if os.path.dirname(path) == path:
+      break
+    path = os.path.dirname(path)
+  return missing
+
+
+def remove_created() -> None:
+  """After a run was refused before it started: removes the folders `check_writable` created, as
+  far as they are empty (another process's, or a file written meanwhile, stays)."""
+  for folder in _CREATED:
+    try:
+      os.rmdir(folder)
+    except OSError:
+      break
+  _CREATED.clear()
+
+
+def keep_created() -> None:
+  """The run started (its lock taken): the folders are the run's."""
+  _CREATED.clear()
 
 
 def _this_process() -> dict:

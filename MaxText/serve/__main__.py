@@ -72,7 +72,7 @@ def model_name(cfg) -> str:
 
 def main(argv: Sequence[str]) -> int:
   if cli.wants_help(argv):
-    print(cli.usage(__doc__, ARGS, "serve"))
+    cli.print_help(cli.usage(__doc__, ARGS, "serve"))
     return EXIT_OK
   from MaxText.inference import InferenceError   # pylint: disable=import-outside-toplevel
   return reported(lambda: run(argv), (ConfigError, DataError, InferenceError))

@@ -36,11 +36,11 @@ from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.resolve.from_hf import adopt_hf_architecture, check_tensors
 from MaxText.resolve.tokenizer_setup import choose_tokenizer
 from MaxText.runtime import compile_cache, cpu_devices, distributed, faults
-from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
-                                        EXIT_OK, EXIT_PREEMPTED)
+from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA,
+                                        EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED)
 from MaxText.runtime.host_data import data_layout, process_rows
-from MaxText.runtime.preemption import PreemptionWatch
-from MaxText.runtime.run_dir import RunLock, run_dir_of
+from MaxText.runtime.preemption import PreemptionWatch, StopNow
+from MaxText.runtime.run_dir import RunLock, keep_created, remove_created, run_dir_of
 from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import batch_sharding, parse_rules, rows_like, sharding_report
@@ -221,6 +221,7 @@ class Trainer:
     except ConfigError as e:
       log_error(f"config error: {e}")
       return EXIT_CONFIG
+    keep_created()
     self.dead_previous_run = lock.taken_over if lock is not None else None
     try:
       return self._run_locked()
@@ -408,10 +409,12 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   try:
     trainer = build(argv, devices, trainer_class, StartupClock())
-  except (ConfigError, DataError) as e:
+  except (ConfigError, DataError) as e:   # a missing data file too: the key names it (README)
+    remove_created()
     log_error(f"config error: {e}")
     return EXIT_CONFIG, None
   except CheckpointError as e:   # e.g. a quantized checkpoint of an older layout
+    remove_created()
     log_error(f"checkpoint error: {e}")
     return EXIT_CHECKPOINT, None
   return trainer.run(), trainer
@@ -445,6 +448,18 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
 
 def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
          trainer_class: type[Trainer] = Trainer) -> int:
-  code = run(argv, devices, trainer_class)[0]
+  """`run`'s exit status. Ctrl-C (a second one during the steps: `preemption.StopNow`; one before or
+  after them) ends the run with one line and exit 130 (128 + SIGINT), as a second SIGTERM ends it
+  with 143, never a traceback: the step in flight is not saved; a rerun resumes from the last
+  committed checkpoint."""
+  try:
+    code = run(argv, devices, trainer_class)[0]
+  except StopNow as e:
+    log_error(str(e))
+    code = e.exit_status
+  except KeyboardInterrupt:
+    log_error(f"interrupted (SIGINT): exiting now, without saving the step in flight (exit "
+              f"{EXIT_INTERRUPTED})")
+    code = EXIT_INTERRUPTED
   distributed.shutdown(code)
   return code
