@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from MaxText.data.tokenizers import HFTokenizer
+from MaxText.data.tokenizers import HFTokenizer, token_label
 from MaxText.decoding.engine import DecodeError, batch_media, bucket
 from MaxText.inference import InferenceError, InferenceModel, Prepared
 from MaxText.inspect.capabilities import Capabilities, attention_op, capabilities_of
@@ -223,9 +223,9 @@ class Inspector:
                           tools=tools, template_kwargs=template_kwargs, tensors=tensors)
 
   def token_text(self, ids: Iterable[int]) -> list[str]:
-    """Each id's own text (for labels); `<id>` without a tokenizer or for an empty text."""
-    tok = self.inference.tokenizer
-    return [(tok.decode([int(i)]) if tok is not None else "") or f"<{int(i)}>" for i in ids]
+    """Each id's own text (for labels): special tokens by their name (`<bos>`), `<id>` without a
+    tokenizer or for an id with no text (tokenizers.token_label)."""
+    return [token_label(self.inference.tokenizer, i) for i in ids]
 
   # ---- lens pieces ---------------------------------------------------------------------------------
   def _model(self, params=None):
