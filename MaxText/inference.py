@@ -250,13 +250,27 @@ class InferenceModel:
   def prepare(self, prompts: Sequence[Prompt], *, images: Any = None, audio: Any = None,
               chat: bool | None = None, **tensors: np.ndarray) -> Prepared:
     """A call's prompts as the model takes them (module docstring): their ids, and with images or
-    audio their tensors (`Prepared`). InferenceError (exit 2) for a request that cannot run,
-    MediaError (exit 3) for an unreadable image or clip."""
+    audio their tensors (`Prepared`). Every tensor transformers' processor returns is taken:
+    `input_ids`, `attention_mask` and `mm_token_type_ids` are checked against the prompts
+    (InferenceError naming the one that differs). InferenceError (exit 2) for a request that
+    cannot run, MediaError (exit 3) for an unreadable image or clip."""
+    given = {n: tensors.pop(n) for n in media_prompts.PROMPT_TENSORS if n in tensors}
+    prepared = self._prepare(prompts, images, audio, chat, tensors)
+    if given:   # the processor's own view of the prompts: checked against ours
+      try:
+        media_prompts.check_prompt_tensors(given, prepared.ids, prepared.mm_token_type_ids)
+      except DataError as e:
+        raise InferenceError(str(e)) from None
+    return prepared
+
+  def _prepare(self, prompts, images, audio, chat, tensors) -> Prepared:
     chat = self.cfg.chat if chat is None else chat
-    unknown = sorted(set(tensors) - {n for ns in media_prompts.TENSOR_NAMES.values() for n in ns})
+    known = [*(n for ns in media_prompts.TENSOR_NAMES.values() for n in ns),
+             *media_prompts.PROMPT_TENSORS]
+    unknown = sorted(set(tensors) - set(known))
     if unknown:
       raise InferenceError(f"unknown keyword arguments {unknown}; the processor's tensors are "
-                           f"{[n for ns in media_prompts.TENSOR_NAMES.values() for n in ns]}")
+                           f"{known}")
     try:
       per_images = media_prompts.per_prompt(images, len(prompts), "images")
       per_clips = media_prompts.per_prompt(audio, len(prompts), "audio")
