@@ -629,6 +629,7 @@ def test_chat_data_given_to_train_py_exits_3_before_compiling_naming_line_1(tmp_
 
 
 def test_first_records_are_checked_up_front_at_their_line_and_the_rest_when_read(tmp_path):
+  from MaxText.data.errors import BadRecordsError
   """The check before compiling reads the first lines of the first file in order, so the first bad
   one is named at its own line (blank lines counted) and up to max_bad_records are let through;
   a bad record beyond them is found when training reads it, named at its file and line (no
@@ -651,6 +652,10 @@ def test_first_records_are_checked_up_front_at_their_line_and_the_rest_when_read
     take(it, 41)
   assert str(e.value).startswith("more than max_bad_records=0 bad records; the last, "
                                  f"dataset_path: {late} line 34 is not valid JSON"), e.value
+  # a file that is not of its format is bad data too (exit 3), found before compiling
+  (tmp_path / "x.array_record").write_bytes(b"not an ArrayRecord file")
+  with pytest.raises(BadRecordsError, match=r"x\.array_record is not a readable ArrayRecord"):
+    validate_data_config(make_cfg(dataset_type="file", dataset_path=str(tmp_path / "x.array_record")))
   # a chat record's own message says where chat data is read, whenever it is met
   with pytest.raises(DataError, match=r"line 1; it holds `prompt` and `completion`, the chat "
                                       r"format: .*configs/sft.yml"):

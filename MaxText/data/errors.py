@@ -15,5 +15,6 @@ class RecordError(DataError):
 
 
 class BadRecordsError(DataError):
-  """More than `max_bad_records` bad records: the data itself is bad, not a key, so exit 3 (bad
-  data) wherever it is found — in the records read before compiling (`probe.py`) or later."""
+  """The data itself is bad, not a key — more than `max_bad_records` bad records, a file that is
+  not of its format — so exit 3 (bad data) wherever it is found: in the records read before
+  compiling (`probe.py`) or later."""

@@ -198,7 +198,10 @@ class ArrayRecordFileReader(_Reader):
   def __init__(self, path: str, text_field: str):
     super().__init__(path)
     self.text_field = text_field
-    self._length = len(self._source())
+    try:
+      self._length = len(self._source())
+    except (OSError, RuntimeError, ValueError) as e:   # not ArrayRecord, truncated
+      raise DataError(f"dataset_path: {path} is not a readable ArrayRecord file: {e}") from e
 
   def _source(self):
     source = self.__dict__.get("_h_source")

@@ -24,7 +24,11 @@ PROBE_RECORDS = 16
 def _jsonl_lines(path: str, limit: int) -> Iterator[tuple[Any, str]]:
   """(parsed record, "<path> line <n>") of the first `limit` non-blank lines; RecordError for a
   line that is not JSON, raised when that line is reached."""
-  with paths.open_file(path, "rb") as f:
+  try:
+    f = paths.open_file(path, "rb")
+  except OSError as e:
+    raise BadRecordsError(f"dataset_path: {path} cannot be read: {e}") from None
+  with f:
     seen = 0
     for number, line in enumerate(f, 1):
       if not line.strip():
@@ -68,10 +72,14 @@ def check_first_records(files: list[tuple[str, str]], text_field: str, max_bad: 
           raise record
         return file_readers.text_from_record(record, where, text_field)
       _check(_jsonl_lines(path, PROBE_RECORDS), text, max_bad, path, "lines")
-    elif fmt == "parquet":
-      file_readers.ParquetFileReader(path, text_field)   # its columns (the footer), no rows
-    else:
-      reader = file_readers.make_reader(path, fmt, text_field)
+      return
+    try:   # a file that is no file of its format (or lacks the text column): bad data, exit 3
+      reader = file_readers.make_reader(path, fmt, text_field)   # Parquet: the footer only
+    except BadRecordsError:
+      raise
+    except DataError as e:
+      raise BadRecordsError(str(e)) from None
+    if fmt != "parquet":   # a Parquet row group may be large: its rows are checked when read
       _check(iter(range(min(PROBE_RECORDS, len(reader)))), reader.__getitem__, max_bad, path,
              "records")
     return
