@@ -19,8 +19,9 @@ eos), `stop='["\\n\\n"]'` strings. The tokenizer: `tokenizer_path`, else the che
 Hugging Face folder's. Every decoding key: configs/base.yml, section "decoding".
 
 Prints each prompt and its continuation (their text, or their ids without a tokenizer; control
-characters escaped, `\\x00`, so a log stays text; the continuation's trailing whitespace left
-out), after a header saying how the completion ended; the first line (stderr) names the model,
+characters escaped, `\\x00`, so a log stays text; white space at the end, which a block cannot
+show, written after it, quoted as Python writes a string, with its count), after a header saying
+how the completion ended; the first line (stderr) names the model,
 with its weights' integer width when the checkpoint is quantized. `decode_output=FILE.jsonl`
 writes one JSON line per prompt (the exact text): prompt_ids, output_ids, output_logprobs (of the chosen tokens
 under the unmodified distribution), text, finish_reason. Exit 0; 2 on a bad config or request
@@ -122,12 +123,23 @@ def prompt_text(model, ids: Sequence[int]) -> str | None:
 
 
 def shown(text: str | None, ids: Sequence[int], what: str) -> str:
-  """`what`, then the text as an indented block (escaped, trailing whitespace left out), or the
-  ids without a tokenizer (or when the text is empty or only whitespace)."""
-  body = printable(text).rstrip() if text is not None else " ".join(map(str, ids))
-  if not body:
-    return f"{what}: no text (ids {' '.join(map(str, ids)) or 'none'})"
-  return f"{what}:\n" + "\n".join(("  | " + line).rstrip() for line in body.split("\n"))
+  """`what`, then the text as an indented block (escaped), or the ids without a tokenizer. White
+  space the block cannot show (at its end: spaces, newlines, tabs) is written after it, quoted
+  as Python writes a string ('\\n  '), with its count; text of white space only is shown so, with
+  its ids."""
+  if text is None:
+    return f"{what}:\n  | {' '.join(map(str, ids))}"
+  body = printable(text)
+  kept = body.rstrip()
+  tail = body[len(kept):]
+  ids_text = " ".join(map(str, ids)) or "none"
+  if not kept:
+    return (f"{what}: no text (ids {ids_text})" if not tail else
+            f"{what}: white space only, {tail!r} (ids {ids_text})")
+  lines = "\n".join(f"  | {line}" if line else "  |" for line in kept.split("\n"))
+  if tail:
+    lines += f"\n  (then {len(tail)} white-space character{'s' if len(tail) > 1 else ''}: {tail!r})"
+  return f"{what}:\n{lines}"
 
 
 def load(argv: Sequence[str]) -> Any:

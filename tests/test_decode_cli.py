@@ -219,3 +219,23 @@ def test_bad_input_exits_2(checkpoint, hf_folder, tmp_path, capsys):
                      capture_output=True, text=True)
   assert r.returncode == 2 and "max_position_embeddings" in r.stderr
   assert "Traceback" not in r.stderr
+
+
+def test_the_python_api_example_of_the_docs_runs_from_another_directory(checkpoint, tmp_path):
+  """docs/decoding.md's Python API block, exactly as written, in a process whose working directory
+  is not the repository (its relative checkpoint path made there): load finds its default
+  configs/base.yml from the package."""
+  from conftest import tool_home, xla_flags
+  with open(os.path.join(ROOT, "docs", "decoding.md"), encoding="utf-8") as f:
+    page = f.read()
+  block = page.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+  assert "inference.load([\"load_parameters_path=runs/default/checkpoints\"])" in block
+  work = tmp_path / "work"
+  os.makedirs(work / "runs" / "default")
+  os.symlink(checkpoint, work / "runs" / "default" / "checkpoints")
+  script = block + "print('ok', len(g.output_ids), g.finish_reason)\n"
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu", HOME=tool_home(tmp_path))
+  p = subprocess.run([sys.executable, "-c", script], cwd=work, env=env, capture_output=True,
+                     text=True, check=False)
+  assert p.returncode == 0 and "ok 32 length" in p.stdout, p.stderr[-3000:]
+  assert not os.path.exists(work / "configs")

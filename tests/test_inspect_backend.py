@@ -158,6 +158,17 @@ def test_a_text_encoding_equals_the_tokenizers(setup):
   t = m.forward(text, capture=["logits"])
   assert (t.encoding.tokens, t.encoding.offsets) == (e.tokens, e.offsets)
   assert list(t.tokens) == e.ids
+  # the pictures' labels: special tokens by their own strings (transformers' tokens), not `<1>`
+  assert m.token_text(e.ids) == e.tokens
+  assert m.token_text([1, 2, 0]) == hf_tok.convert_ids_to_tokens([1, 2, 0]) == ["<s>", "</s>", "<pad>"]
+
+
+def test_a_byte_tokenizers_labels_name_its_special_tokens():
+  from MaxText.data.tokenizers import ByteTokenizer, token_label
+  tok = ByteTokenizer()
+  assert [token_label(tok, i) for i in [1, *tok.encode("a "), 2, 0]] == ["<bos>", "a", " ", "<eos>",
+                                                                          "<pad>"]
+  assert token_label(None, 7) == "<7>"
 
 
 def test_a_chat_encoding_equals_apply_chat_template_with_tools_and_thinking(setup):

@@ -390,3 +390,26 @@ def test_gemma4_with_its_vision_tower_decodes_an_image_as_transformers(folder, t
   with torch.no_grad():
     out = model.generate(**want, do_sample=False, max_new_tokens=20, pad_token_id=0)
   assert g.output_ids == out[0, want["input_ids"].shape[1]:].tolist()
+  # the inspection forward takes every tensor the processor returns (`**processor(...)`): the
+  # prompt from input_ids, mm_token_type_ids checked against what the placeholders imply; its
+  # logits are transformers' on the same tensors
+  from MaxText.inspect.model import Inspector
+  batch = {k: v.numpy() for k, v in want.items()}
+  assert set(batch) == {"input_ids", "attention_mask", "mm_token_type_ids", "pixel_values",
+                        "image_position_ids"}
+  m = Inspector(ours_)
+  trace = m.forward(capture={"logits"}, **batch)
+  with torch.no_grad():
+    hf_logits = model(**want).logits[0].numpy()
+  np.testing.assert_allclose(trace.logits, hf_logits, atol=2e-4, rtol=0)
+  np.testing.assert_array_equal(trace.mm_token_type_ids, batch["mm_token_type_ids"][0])
+  np.testing.assert_array_equal(trace.tokens, batch["input_ids"][0])
+  again = m.forward(g.prompt_ids, capture={"logits"}, **batch)   # the ids given as well
+  np.testing.assert_array_equal(again.logits, trace.logits)
+  types = batch["mm_token_type_ids"].copy()
+  types[0, int(np.argmax(types[0] == 1))] = 0                    # an image token called text
+  for wrong, says in ((dict(mm_token_type_ids=types), "mm_token_type_ids row 0 differs"),
+                      (dict(input_ids=batch["input_ids"][:, ::-1]), "input_ids row 0 differs"),
+                      (dict(attention_mask=batch["attention_mask"][:, 1:]), "differ in shape")):
+    with pytest.raises(inference.InferenceError, match=says):
+      m.forward(g.prompt_ids, capture={"logits"}, **{**batch, **wrong})

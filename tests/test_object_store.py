@@ -251,3 +251,24 @@ def test_a_closed_tensorboard_event_file_is_not_uploaded_again(store, monkeypatc
   for gcs_writer in live:
     gcs_writer.__del__()   # what the interpreter's exit does
   assert len(uploads) == closed, uploads
+
+
+def test_the_emulator_started_by_hand_prints_its_settings_and_buckets():
+  """`python tests/gcs_emulator.py NAME`, as docs/training.md says to start it: the exports, then
+  the bucket's name; Ctrl-C stops it."""
+  p = subprocess.Popen([sys.executable, "tests/gcs_emulator.py", "mine"], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    assert p.stdout is not None
+    lines = []
+    for line in p.stdout:
+      lines.append(line)
+      if line.startswith("#"):
+        break
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+  finally:
+    p.kill()
+  assert any(l.startswith("export STORAGE_EMULATOR_HOST=http://127.0.0.1:") for l in lines), lines
+  assert lines[-1].startswith("# bucket: gs://mine ") and "base_output_directory=gs://mine" in lines[-1]
+  assert p.returncode == 0, p.stderr.read() if p.stderr else ""

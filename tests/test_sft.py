@@ -130,3 +130,10 @@ def test_sft_train_errors(tmp_path, capsys):
   code, _ = run(h.sft_argv(tmp_path, "b", *common, f"chat_template_path={tmp_path}/t.jinja",
                            f"dataset_path={bad}", "max_bad_records=2"), devices=one)
   assert code == 3 and "more than max_bad_records=2" in capsys.readouterr().err
+  # plain-text records given to sft=true: refused at line 1 before compiling, naming the way back
+  plain = h.write_jsonl(tmp_path / "plain.jsonl", ['{"text": "just text"}'] * 4)
+  code, _ = run(h.sft_argv(tmp_path, "c", *common, f"chat_template_path={tmp_path}/t.jinja",
+                           f"dataset_path={plain}"), devices=one)
+  out, err = capsys.readouterr()
+  assert code == 3 and f"{plain} line 1: a chat record needs `messages`" in err, err
+  assert "a plain-text record: those are read with sft=false" in err and "compiled" not in out

@@ -10,7 +10,8 @@ it is "" (a model trained from configs/base.yml), the first of its family's Hugg
 can hold the model (the default model: `llama`), or the `hf_model_type` argument. Tensors are
 written in the checkpoint's weight dtype as `config.json` + `model.safetensors`, or numbered
 shards + index above `max_shard_gb`; the checkpoint's tokenizer files are written next to them
-(`checkpoint/tokenizer_files.py`), so `AutoTokenizer` loads the folder too. The tokenizer's special
+(`checkpoint/tokenizer_files.py`; a byte-level model's byte tokenizer as a tokenizer.json,
+`byte_tokenizer.py`), so `AutoTokenizer` loads the folder too. The tokenizer's special
 tokens (bos, eos and a pad it names; the byte tokenizer's own ids for a byte-level model) go into
 `config.json` as `bos_token_id` / `eos_token_id` / `pad_token_id` and into a
 `generation_config.json`, so transformers' `generate` on the export stops at the eos (e.g.
@@ -55,7 +56,7 @@ from typing import Any
 
 from MaxText.checkpoint import tokenizer_files
 from MaxText.checkpoint.manager import hf_source, read_meta, resolve_step_dir
-from MaxText.checkpoint_conversion import peft_adapters
+from MaxText.checkpoint_conversion import byte_tokenizer, peft_adapters
 from MaxText.checkpoint_conversion.hf_io import write_hf_folder, write_json
 from MaxText.config.load import BASE_YML, load_config, replace
 from MaxText.config.schema import AUTO_TOOL_DTYPE, KEYS, Config
@@ -143,7 +144,10 @@ def export(ckpt: str, output_path: str, max_shard_bytes: int, hf_model_type: str
   if ids:
     write_json(paths.join(output_path, "generation_config.json"),
                {**ids, "_from_model_config": True})
-  tokenizer_files.export(resolve_step_dir(ckpt), output_path)
+  step_dir = resolve_step_dir(ckpt)
+  tokenizer_files.export(step_dir, output_path)
+  if tokenizer_files.in_checkpoint(step_dir) is None and cfg.tokenizer_type in ("byte", "auto"):
+    byte_tokenizer.write(output_path)   # a byte-level model: its tokenizer as transformers reads it
   return model_type
 
 

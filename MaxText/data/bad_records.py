@@ -4,7 +4,8 @@ A document source wrapped in `TolerantSource` returns a `BadRecord` (where + why
 when one record cannot be read (invalid JSON, missing or non-string text field, an unreadable
 ArrayRecord entry). `SkipBadRecords`, a Grain stage after the document reads, drops them and counts
 them; the count is part of the iterator state, so a resumed run skips the same records and keeps
-counting where it was. More than `max_bad_records` raises DataError (exit status 3).
+counting where it was. More than `max_bad_records` raises BadRecordsError (exit status 3). The first records of the data
+are checked before anything compiles (probe.py).
 """
 from __future__ import annotations
 
@@ -14,14 +15,18 @@ from typing import Any
 
 import grain
 
-from MaxText.data.errors import DataError
+from MaxText.data.errors import BadRecordsError, DataError, RecordError
 
 
 @dataclasses.dataclass(frozen=True)
 class BadRecord:
-  """Marker for a record that could not be read (travels through the map stages untouched)."""
+  """Marker for a record that could not be read (travels through the map stages untouched).
+  `where` is "" when `why` names the place itself (a reader's RecordError)."""
   where: str
   why: str
+
+  def __str__(self) -> str:
+    return f"{self.where}: {self.why}" if self.where else self.why
 
 
 class TolerantSource:
@@ -36,6 +41,8 @@ class TolerantSource:
   def __getitem__(self, index: int):
     try:
       return self.source[index]
+    except RecordError as e:   # names its file and line (row, record) itself
+      return BadRecord(where="", why=str(e))
     except DataError as e:
       return BadRecord(where=f"document {index}", why=str(e))
 
@@ -57,10 +64,10 @@ class _SkipIterator(grain.DatasetIterator):
         return value
       self._bad += 1
       if self._bad > self._max_bad:
-        raise DataError(f"more than max_bad_records={self._max_bad} bad records; the last, "
-                        f"{value.where}: {value.why}")
-      print(f"skipped bad record {self._bad}/{self._max_bad} ({value.where}): {value.why}",
-            file=sys.stderr, flush=True)
+        raise BadRecordsError(f"more than max_bad_records={self._max_bad} bad records; the "
+                              f"last, {value}")
+      print(f"skipped bad record {self._bad}/{self._max_bad}: {value}", file=sys.stderr,
+            flush=True)
 
   def get_state(self) -> dict:
     return {"parent": self._parent.get_state(), "bad_records": self._bad}

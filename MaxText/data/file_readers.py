@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from MaxText.data.errors import DataError
+from MaxText.data.errors import DataError, RecordError
 from MaxText.storage import paths
 
 # File extension -> format, for dataset_format="auto".
@@ -102,19 +102,35 @@ class JsonlFileReader(_Reader):
     try:
       return json.loads(line), where
     except ValueError as e:
-      raise DataError(f"dataset_path: {where} is not valid JSON: {e}") from e
+      raise RecordError(f"dataset_path: {where} is not valid JSON: {e}") from e
 
   def __getitem__(self, index: int) -> str:
-    return _text_from_record(*self.record(index), self.text_field)
+    return text_from_record(*self.record(index), self.text_field)
 
 
-def _text_from_record(record: Any, where: str, text_field: str) -> str:
+def text_from_record(record: Any, where: str, text_field: str) -> str:
+  """The document of a JSON record: its `text_field` (RecordError naming `where`: no such field,
+  not a string; a chat record gets the hint that `sft=true` reads it)."""
   if not isinstance(record, dict) or text_field not in record:
-    raise DataError(f"dataset_text_field '{text_field}' is missing in {where}")
+    raise RecordError(f"dataset_text_field '{text_field}' is missing in {where}"
+                      + (chat_hint(record) if isinstance(record, dict) else ""))
   value = record[text_field]
   if not isinstance(value, str):
-    raise DataError(f"dataset_text_field '{text_field}' is not a string in {where}")
+    raise RecordError(f"dataset_text_field '{text_field}' is not a string in {where}")
   return value
+
+
+def chat_hint(fields) -> str:
+  """"" or, for a record (its keys) / a table (its columns) in the chat format sft=true reads
+  (`messages`, or `prompt` and `completion`: MaxText/data/sft.py), the hint that says so."""
+  if "messages" in fields:
+    held = "`messages`"
+  elif "prompt" in fields and "completion" in fields:
+    held = "`prompt` and `completion`"
+  else:
+    return ""
+  return (f"; it holds {held}, the chat format: chat data is read with sft=true, as "
+          "configs/sft.yml sets it (python train.py configs/sft.yml dataset_path=...)")
 
 
 class ParquetFileReader(_Reader):
@@ -135,7 +151,7 @@ class ParquetFileReader(_Reader):
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if text_field not in names:
       raise DataError(f"dataset_text_field '{text_field}' is not a column of {path} "
-                      f"(columns: {names})")
+                      f"(columns: {names}){chat_hint(names)}")
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
 
@@ -153,12 +169,12 @@ class ParquetFileReader(_Reader):
           with _parquet(self.path) as f:
             table = f.read_row_group(group, columns=[self.text_field])
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-          raise DataError(f"dataset_path: {self.path} row group {group} cannot be read: "
+          raise RecordError(f"dataset_path: {self.path} row group {group} cannot be read: "
                           f"{e}") from e
         cached = self._h_group = (group, table.column(0).to_pylist())
     value = cached[1][index - int(self.group_starts[group])]
     if not isinstance(value, str):
-      raise DataError(f"dataset_text_field '{self.text_field}' is not a string in "
+      raise RecordError(f"dataset_text_field '{self.text_field}' is not a string in "
                       f"{self.path} row {index}")
     return value
 
@@ -182,7 +198,10 @@ class ArrayRecordFileReader(_Reader):
   def __init__(self, path: str, text_field: str):
     super().__init__(path)
     self.text_field = text_field
-    self._length = len(self._source())
+    try:
+      self._length = len(self._source())
+    except (OSError, RuntimeError, ValueError) as e:   # not ArrayRecord, truncated
+      raise DataError(f"dataset_path: {path} is not a readable ArrayRecord file: {e}") from e
 
   def _source(self):
     source = self.__dict__.get("_h_source")
@@ -200,14 +219,14 @@ class ArrayRecordFileReader(_Reader):
     try:
       raw = source[index]
     except (OSError, RuntimeError, ValueError) as e:
-      raise DataError(f"dataset_path: {self.path} record {index} cannot be read: {e}") from e
+      raise RecordError(f"dataset_path: {self.path} record {index} cannot be read: {e}") from e
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
     if text.lstrip().startswith("{"):
       try:
         record = json.loads(text)
       except ValueError:
         return text  # Plain text that happens to start with "{".
-      return _text_from_record(record, f"{self.path} record {index}", self.text_field)
+      return text_from_record(record, f"{self.path} record {index}", self.text_field)
     return text
 
 

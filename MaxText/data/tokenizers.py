@@ -56,6 +56,7 @@ class ByteTokenizer:
   """UTF-8 bytes as tokens: 0=pad, 1=bos, 2=eos, byte b -> b + 3 (259 ids)."""
 
   OFFSET = 3
+  SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")   # ids 0, 1, 2 by name (labels, Hugging Face export)
   vocab_size = 256 + OFFSET
   pad_id = 0
   bos_id: Optional[int] = 1
@@ -134,6 +135,23 @@ class HFTokenizer(_LazyFileTokenizer):
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.impl.decode([int(i) for i in ids])
+
+
+def token_label(tok, token_id: int) -> str:
+  """A token's own text for a label: a special token by its name (`<bos>`: the byte tokenizer's
+  SPECIAL_TOKENS, a Hugging Face or SentencePiece token's own string), `<id>` where there is no
+  text (no tokenizer, or an id the tokenizer does not spell)."""
+  t = int(token_id)
+  text = ""
+  if isinstance(tok, ByteTokenizer):
+    text = tok.SPECIAL_TOKENS[t] if 0 <= t < tok.OFFSET else tok.decode([t])
+  elif isinstance(tok, HFTokenizer):
+    text = tok.impl.decode([t], skip_special_tokens=False)
+  elif isinstance(tok, SentencePieceTokenizer):
+    text = tok.decode([t]) or (tok.impl.IdToPiece(t) if 0 <= t < tok.vocab_size else "")
+  elif tok is not None:
+    text = tok.decode([t])
+  return text or f"<{t}>"
 
 
 def json_object(path: str) -> dict:

@@ -1,12 +1,14 @@
 """The checks of the data config that the schema cannot make, run once before anything compiles.
 
-Nothing here reads a dataset: paths are resolved and stat-ed only. The tokenizer is loaded (it is
-small) so its vocabulary can be checked against ``vocab_size``; the caller keeps it and hands it to
-the pipeline, so a run loads it once.
+Paths are resolved and stat-ed; of the data itself only the first records of the first file are
+read (probe.py: a dataset of the wrong format is refused here, not after the compile). The
+tokenizer is loaded (it is small) so its vocabulary can be checked against ``vocab_size``; the
+caller keeps it and hands it to the pipeline, so a run loads it once.
 """
 
 from __future__ import annotations
 
+from MaxText.data import probe
 from MaxText.data import sft
 from MaxText.data import sources
 from MaxText.data import tokenizers
@@ -16,7 +18,7 @@ from MaxText.data.synthetic import FIRST_TOKEN
 
 
 def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
-  """Checks `dcfg` against the file system and its tokenizer without reading any dataset.
+  """Checks `dcfg` against the file system, its tokenizer and the first records of its data.
 
   Returns:
     The tokenizer the config names (loaded to check its vocabulary size); None for synthetic data
@@ -24,7 +26,8 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
 
   Raises:
     DataError: naming the first bad key (missing path, tokenizer larger than ``vocab_size``, a
-      bos/eos the tokenizer lacks, ...).
+      bos/eos the tokenizer lacks, ...); BadRecordsError (a DataError: exit 3) when more than
+      `max_bad_records` of the first records are bad (probe.py).
   """
   if dcfg.dataset_type == "synthetic":
     if dcfg.vocab_size <= FIRST_TOKEN:
@@ -49,7 +52,8 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
                       f"set dataset_type=file (now {dcfg.dataset_type!r}) and tokenizer_type="
                       f"huggingface (now {dcfg.tokenizer_type!r})")
     sft.ChatFormat.for_tokenizer(dcfg.tokenizer_path, dcfg.chat_template_path)
-    sft.record_files(dcfg.dataset_path, dcfg.dataset_format)
+    probe.check_first_chat_records(sft.record_files(dcfg.dataset_path, dcfg.dataset_format),
+                                   sft.messages_of, dcfg.max_bad_records)
     return tokenizer
   # plain text only: in SFT the chat template writes the special tokens (add_bos / add_eos do not
   # apply there)
@@ -66,4 +70,5 @@ def validate_data_config(dcfg: DataConfig) -> tokenizers.Tokenizer | None:
     if any(fmt != "text" for _, fmt in files) and not dcfg.dataset_text_field:
       raise DataError(f"dataset_text_field {dcfg.dataset_text_field!r} must name the text field of "
                       f"the {sorted({fmt for _, fmt in files} - {'text'})} files")
+    probe.check_first_records(files, dcfg.dataset_text_field, dcfg.max_bad_records)
   return tokenizer

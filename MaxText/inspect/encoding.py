@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from MaxText.data.multimodal import prompts as media_prompts
-from MaxText.data.tokenizers import HFTokenizer
+from MaxText.data.tokenizers import HFTokenizer, token_label
 from MaxText.inference import InferenceModel, Prepared
 from MaxText.inspect.trace import TOKEN_TYPES
 
@@ -164,7 +164,6 @@ def encode(inf: InferenceModel, prompt, *, images=None, audio=None, chat: bool |
 
 
 def token_text(tok, t: int) -> str:
-  """A token's own text (special tokens by name), `<id>` without a tokenizer."""
-  if isinstance(tok, HFTokenizer):
-    return tok.impl.decode([int(t)], skip_special_tokens=False)
-  return tok.decode([int(t)]) if tok is not None else f"<{int(t)}>"
+  """A token's own text (special tokens by name), `<id>` without a tokenizer
+  (tokenizers.token_label)."""
+  return token_label(tok, t)

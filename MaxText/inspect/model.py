@@ -34,7 +34,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from MaxText.data.tokenizers import HFTokenizer
+from MaxText.data.errors import DataError
+from MaxText.data.multimodal import prompts as media_prompts
+from MaxText.data.tokenizers import HFTokenizer, token_label
 from MaxText.decoding.engine import DecodeError, batch_media, bucket
 from MaxText.inference import InferenceError, InferenceModel, Prepared
 from MaxText.inspect.capabilities import Capabilities, attention_op, capabilities_of
@@ -223,9 +225,9 @@ class Inspector:
                           tools=tools, template_kwargs=template_kwargs, tensors=tensors)
 
   def token_text(self, ids: Iterable[int]) -> list[str]:
-    """Each id's own text (for labels); `<id>` without a tokenizer or for an empty text."""
-    tok = self.inference.tokenizer
-    return [(tok.decode([int(i)]) if tok is not None else "") or f"<{int(i)}>" for i in ids]
+    """Each id's own text (for labels): special tokens by their name (`<bos>`), `<id>` without a
+    tokenizer or for an id with no text (tokenizers.token_label)."""
+    return [token_label(self.inference.tokenizer, i) for i in ids]
 
   # ---- lens pieces ---------------------------------------------------------------------------------
   def _model(self, params=None):
@@ -415,7 +417,7 @@ class Inspector:
     return jax.device_put((tokens, np.ascontiguousarray(positions), segments, media), whole)
 
   @locked
-  def forward(self, token_ids, capture: Iterable[str] = HIGH_LEVEL,
+  def forward(self, token_ids=None, capture: Iterable[str] = HIGH_LEVEL,
               layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
               interventions: dict[str, Callable] | None = None, *, images=None, audio=None,
               to: str = "numpy", buckets: bool | None = None, **tensors) -> Trace:
@@ -428,7 +430,19 @@ class Inspector:
     prompts). A single prompt's Trace carries its `Encoding`. `to="torch"`: the Trace's arrays as
     CPU torch tensors (torch_boundary.py). `buckets`: pad to the length and batch buckets
     (module docstring); None: unless interventions are active (a function may be written for
-    the prompt's shape, so it sees that shape); False: the exact shape, a program per shape."""
+    the prompt's shape, so it sees that shape); False: the exact shape, a program per shape.
+    Every tensor of transformers' processor is taken (`forward(**processor(...))`): without
+    `token_ids`, the prompts are `input_ids`' rows less their padding (one row: a single
+    prompt); `input_ids`, `attention_mask` and `mm_token_type_ids` are checked against the
+    prompts (MaxText.inference's `prepare`)."""
+    if token_ids is None:
+      if "input_ids" not in tensors:
+        raise ValueError("forward needs token_ids (or the processor's input_ids)")
+      try:
+        rows = media_prompts.prompt_rows(tensors)
+      except DataError as e:
+        raise InferenceError(str(e)) from None
+      token_ids = rows[0] if len(rows) == 1 else rows
     if to not in ("numpy", "torch"):
       raise ValueError(f"to={to!r}: 'numpy' or 'torch'")
     capture = _names(capture)

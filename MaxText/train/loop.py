@@ -20,7 +20,7 @@ from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
 from MaxText.data.batch import BATCH_KEYS, row_specs
 from MaxText.data.config import DataConfig
-from MaxText.data.errors import DataError
+from MaxText.data.errors import BadRecordsError, DataError
 from MaxText.data.pipeline import make_shard_iterator, media_slots, validate_data_config
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import stack
@@ -364,8 +364,8 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
           trainer_class: type[Trainer] = Trainer, clock: StartupClock | None = None) -> Trainer:
   """The Trainer of `argv` (base.yml path, then key=value): config loaded and checked, processes
   joined, mesh, abstract state and the memory pre-flight — nothing compiled or loaded yet. Raises
-  ConfigError / DataError (exit 2) or CheckpointError (exit 4). Also what MaxText/rl/policy.py
-  loads a policy with."""
+  ConfigError / DataError (exit 2), BadRecordsError (the first records: exit 3) or CheckpointError
+  (exit 4). Also what MaxText/rl/policy.py loads a policy with."""
   clock = clock or StartupClock()
   # dtype=auto resolved for training below; keys the trainer does not read refused
   cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
@@ -409,6 +409,10 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
   try:
     trainer = build(argv, devices, trainer_class, StartupClock())
+  except BadRecordsError as e:   # the first records, read before compiling (data/probe.py)
+    remove_created()
+    log_error(f"data error: {e}")
+    return EXIT_DATA, None
   except (ConfigError, DataError) as e:   # a missing data file too: the key names it (README)
     remove_created()
     log_error(f"config error: {e}")

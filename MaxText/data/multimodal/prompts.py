@@ -24,6 +24,8 @@ from MaxText.data.multimodal.processor import media_of_messages
 
 TENSOR_NAMES = {"image": ("pixel_values", "image_position_ids"),
                 "audio": ("input_features", "input_features_mask")}
+# the processor's other tensors: the prompts themselves, checked against the ids the model runs
+PROMPT_TENSORS = ("input_ids", "attention_mask", "mm_token_type_ids")
 
 
 def _is_one(x: Any) -> bool:
@@ -131,3 +133,44 @@ def split_tensors(tensors: dict[str, np.ndarray], ids: Sequence[Sequence[int]],
       raise DataError(f"{len(soft) - start} {kind} input(s) of the tensors are left over: the "
                       f"prompts hold fewer {kind} tokens")
   return out
+
+
+def prompt_rows(given: dict[str, Any]) -> list[list[int]]:
+  """The rows of the processor's `input_ids`, each without its padding (`attention_mask` 0)."""
+  ids = np.atleast_2d(np.asarray(given["input_ids"]))
+  mask = np.atleast_2d(np.asarray(given.get("attention_mask", np.ones(ids.shape, np.int64))))
+  if mask.shape != ids.shape:
+    raise DataError(f"attention_mask has shape {list(mask.shape)} but input_ids "
+                    f"{list(ids.shape)}")
+  return [[int(t) for t, m in zip(row, keep) if m] for row, keep in zip(ids, mask)]
+
+
+def check_prompt_tensors(given: dict[str, Any], ids: Sequence[Sequence[int]],
+                         types: Sequence[Sequence[int]] | None) -> None:
+  """The processor's `input_ids`, `attention_mask` and `mm_token_type_ids` (`given`, [B, S] or
+  [S], padding where `attention_mask` is 0) against the prompts the model runs: `ids` (expanded)
+  and their `types` (transformers' mm_token_type_ids; None: text only, all 0). DataError naming
+  the tensor and row that differ."""
+  shapes = {n: np.atleast_2d(np.asarray(v)).shape for n, v in given.items()}
+  for name, shape in shapes.items():
+    if len(shape) != 2 or shape[0] != len(ids):
+      raise DataError(f"{name} has shape {list(shape)}: {len(ids)} row(s) expected, one per "
+                      "prompt")
+  if len(set(shapes.values())) > 1:
+    raise DataError(f"the processor's tensors differ in shape: {shapes}")
+  width = next(iter(shapes.values()))[1]
+  mask = np.atleast_2d(np.asarray(given.get("attention_mask", np.ones((len(ids), width)))))
+  for i, row in enumerate(ids):
+    keep = mask[i].astype(bool)
+    if int(keep.sum()) != len(row):
+      raise DataError(f"attention_mask row {i} keeps {int(keep.sum())} positions but prompt {i} "
+                      f"is {len(row)} tokens")
+    want = {"input_ids": list(row),
+            "mm_token_type_ids": list(types[i]) if types is not None else [0] * len(row)}
+    for name, expected in want.items():
+      if name in given:
+        got = [int(t) for t in np.atleast_2d(np.asarray(given[name]))[i][keep]]
+        if got != expected:
+          at = next(j for j, (a, b) in enumerate(zip(got, expected)) if a != b)
+          raise DataError(f"{name} row {i} differs from prompt {i} at position {at} ({got[at]}, "
+                          f"the prompt's ids give {expected[at]})")
