@@ -208,6 +208,11 @@ class RunKeys:
   adam_eps: float = key(1.0e-8, "AdamW epsilon", gt=0)
   weight_decay: float = key(0.1, "AdamW decoupled weight decay (matrices only, not norms)", min=0)
   max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
+  moment_dtype: str = key(
+      AUTO, "dtype of both AdamW moments (mu, nu), declared once for the state, its checkpoints "
+      "and the compiled step; auto = weight_dtype (as MaxText's mu_dtype unset; its nu always "
+      "follows the weights); bfloat16 with float32 weights halves the optimizer state",
+      choices=(AUTO, *DTYPES))
   shard_optimizer_over_data: bool = key(
       True, "AdamW moments and the update sharded over the mesh's data axes too (ZeRO-1): "
       "gradients reduce-scattered, parameters all-gathered; acts only when a data axis > 1")
