@@ -79,6 +79,12 @@ class RunKeys:
                    choices=(AUTO, *DTYPES), **_COMPUTE, tools=(*MODEL_TOOLS, "logit_check"))
   weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
                           **_COMPUTE)
+  matmul_precision: str = key(
+      AUTO, "precision of the model's matmuls (jax.default_matmul_precision while the model is "
+      "traced): default (the platform's fastest: on TPU a float32 matmul runs in bf16 passes) | "
+      "high | highest | auto (highest when dtype is float32, so float32 means float32 on every "
+      "platform; else default, MaxText's matmul_precision)",
+      choices=(AUTO, "default", "high", "highest"), **_COMPUTE, tools=(*MODEL_TOOLS, "logit_check"))
   scan_layers: bool = key(True, "run each repeating run of layers with one lax.scan (fast "
                           "compile; parameters stacked per run)", model=True)
   remat_policy: str = key("save_matmuls", "activation rematerialisation, per layer: none | full | "

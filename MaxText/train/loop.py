@@ -164,6 +164,13 @@ class Trainer:
     return trained(self.abstract["params"], self.adapters_only)
 
   def compile_step(self):
+    return self.lower_step().compile(
+        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
+                                                           self.cfg.hot_path))
+
+  def lower_step(self):
+    """The train step lowered for the abstract state and batch (traced: the model at its
+    matmul precision, `ModelDef.traced`), not yet compiled."""
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
@@ -174,9 +181,7 @@ class Trainer:
     abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
                                               sharding=self.batch_shardings[k])
                       for k, (shape, dtype) in self.row_specs.items()}
-    return jitted.lower(self.abstract, abstract_batch).compile(
-        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
-                                                           self.cfg.hot_path))
+    return jitted.lower(self.abstract, abstract_batch)
 
   def micro_batches(self) -> int:
     """Micro-batches of a step (their activations live one at a time)."""

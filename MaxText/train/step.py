@@ -97,7 +97,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
       nll = nll + extra
     return nll, (z, n, sums)
 
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
   def step(state: TrainState, batch: dict[str, jax.Array], shardings: TrainState | None = None):
     """`shardings` (the state's, given by `jit_train_step`): with the optimizer moments sharded
