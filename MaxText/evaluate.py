@@ -71,8 +71,8 @@ def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
   else:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             model_def.abstract_params, shardings)
-    params = lora_base.load(cfg.load_parameters_path, ModelConfig.from_config(cfg), abstract,
-                            verify=cfg.checkpoint_verify)
+    params = lora_base.load_cast(cfg.load_parameters_path, ModelConfig.from_config(cfg), abstract,
+                                 verify=cfg.checkpoint_verify)   # in weight_dtype
   global_batch = cfg.micro_batch_size(len(devices))
   sharding = batch_sharding(mesh, rules, global_batch, cfg.max_target_length)
   rows = process_rows(sharding, (global_batch, cfg.max_target_length))

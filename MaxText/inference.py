@@ -498,7 +498,9 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
       raise ConfigError("decoding needs parameters: set load_parameters_path or hf_path")
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             engine.model_def.abstract_params, engine.param_shardings)
-    params = lora_base.load(cfg.load_parameters_path, mcfg, abstract, verify=cfg.checkpoint_verify)
+    # read as saved, then cast to weight_dtype (e.g. a float32 training checkpoint in bfloat16)
+    params = lora_base.load_cast(cfg.load_parameters_path, mcfg, abstract,
+                                 verify=cfg.checkpoint_verify)
   else:
     params = engine.place(params)
   eos = _generation_config_eos(cfg.hf_path) if cfg.hf_path else []

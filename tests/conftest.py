@@ -122,7 +122,8 @@ COSTLIEST_FIRST = (
     "test_inspect_backend.py", "test_hf_sharded.py", "test_decode_parity.py",
     "test_cpu_devices.py", "test_dpo.py", "test_moe.py", "test_rl_driver.py",
     "test_quantization.py", "test_loss_vocab_split.py", "test_qwen3_next_train.py",
-    "test_gemma4_parity.py", "test_train.py", "test_rl_policy.py", "test_compile_counts.py",
+    "test_gemma4_parity.py", "test_train.py", "test_bf16_weights.py", "test_rl_policy.py",
+    "test_compile_counts.py",
     "test_loss.py", "test_qwen3_next_parity.py", "test_grpo_recipe.py")
 
 

@@ -46,18 +46,21 @@ def test_resolved_once_with_the_keys_left_at_auto():
   a resolution back unchanged (train.py's run() resolves once; the Trainer takes that)."""
   given = load_config([BASE_YML, f"max_target_length={2 * C}", BIG_VOCAB], keep_auto=True)
   training = auto_settings.for_training(given)
-  assert training.auto == {"dtype", "loss_chunk_length"}
+  assert training.auto == {"dtype", "matmul_precision", "loss_chunk_length"}
   assert (training.cfg.dtype, training.cfg.loss_chunk_length) == ("bfloat16", C)
+  assert training.cfg.matmul_precision == "default"
   assert auto_settings.for_training(training) is training
   assert auto_settings.describe(training) == (
-      f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), weights float32; loss in "
-      f"chunks of {C} positions (loss_chunk_length=-1: auto)")
+      f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), matmul precision "
+      f"default (matmul_precision=auto), weights float32; loss in chunks of {C} positions "
+      f"(loss_chunk_length=-1: auto)")
   explicit = auto_settings.for_training(load_config(
       [BASE_YML, f"max_target_length={2 * C}", BIG_VOCAB, "dtype=bfloat16",
-       f"loss_chunk_length={C}"], keep_auto=True))
+       f"loss_chunk_length={C}", "matmul_precision=default"], keep_auto=True))
   assert explicit.auto == set() and explicit.cfg == training.cfg
   assert auto_settings.describe(explicit) == (
-      f"compute bfloat16, weights float32; loss in chunks of {C} positions")
+      f"compute bfloat16, matmul precision default, weights float32; loss in chunks of {C} "
+      f"positions")
 
 
 def test_loss_chunk_length_range():
@@ -83,9 +86,11 @@ def test_training_with_auto_values(tmp_path, capsys, monkeypatch):
   rows, state = read_metrics(tmp_path / "auto"), trainer.final_state
   out = capsys.readouterr().out
   assert code == 0 and len(rows) == 6
-  assert checked == [trainer.cfg] and trainer.training.auto == {"dtype", "loss_chunk_length"}
-  assert (f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), weights float32; "
-          f"loss in chunks of {C} positions (loss_chunk_length=-1: auto)") in out
+  assert checked == [trainer.cfg]
+  assert trainer.training.auto == {"dtype", "matmul_precision", "loss_chunk_length"}
+  assert (f"compute bfloat16 (dtype=auto; dtype=float32 for full precision), matmul precision "
+          f"default (matmul_precision=auto), weights float32; loss in chunks of {C} positions "
+          f"(loss_chunk_length=-1: auto)") in out
   saved = (tmp_path / "auto" / "config.yml").read_text()
   assert 'dtype: bfloat16' in saved and f"loss_chunk_length: {C}" in saved
   assert jax.tree.leaves(state["params"])[0].dtype == "float32"      # fp32 master weights

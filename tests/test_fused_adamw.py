@@ -2,7 +2,9 @@
 clip → AdamW (masked weight decay, schedule) → freeze → apply_updates → the non-finite guard, bit
 for bit over several steps (fp32 and bf16 parameters, a skipped non-finite step, frozen leaves,
 clipping on and off), with the same state structure; each compiled with the users' fusion emitters
-(tests/conftest.py)."""
+(tests/conftest.py). With mixed dtypes too — bf16 parameters with float32 gradients (the train
+step's: divided by the float32 token count) and moments in bf16 (`moment_dtype=auto`) or float32,
+float32 parameters with bf16 moments — where the state keeps its declared dtypes step after step."""
 import functools
 
 import jax
@@ -33,11 +35,12 @@ def _params(dtype):
           "mtp": {"w": r((8, 16)), "scale": np.array([-0.0] * 4 + [1.0] * 4, dtype)}}
 
 
-def _grads(params, step):
+def _grads(params, step, dtype=None):
+  """Gradients in `dtype` (None: each parameter's)."""
   scale = 3.0 if step % 2 else 0.01   # alternately clipped and not
   rng = np.random.default_rng(100 + step)
   g = jax.tree.map(lambda p: (scale * rng.normal(size=p.shape).astype(np.float32)
-                              ).astype(p.dtype), params)
+                              ).astype(dtype or p.dtype), params)
   if step == 2:   # a non-finite step: nothing may change, neither count advances
     g["emb"][0, 0] = np.nan
   return g
@@ -47,10 +50,16 @@ def _bits(tree):
   return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize("dtype,clip", [(jnp.float32, "1.0"), (jnp.bfloat16, "1.0"),
-                                        (jnp.float32, "0")])
-def test_fused_adamw_is_optax_bit_for_bit(dtype, clip):
-  opt = make_optimizer(_cfg(f"max_grad_norm={clip}"), AXES, frozen=("mtp",))
+@pytest.mark.parametrize("dtype,clip,grad_dtype,moments", [
+    (jnp.float32, "1.0", None, "auto"), (jnp.bfloat16, "1.0", None, "auto"),
+    (jnp.float32, "0", None, "auto"), (jnp.bfloat16, "1.0", jnp.float32, "auto"),
+    (jnp.bfloat16, "1.0", jnp.float32, "float32"), (jnp.float32, "1.0", None, "bfloat16")])
+def test_fused_adamw_is_optax_bit_for_bit(dtype, clip, grad_dtype, moments):
+  weights = jnp.dtype(dtype).name
+  opt = make_optimizer(_cfg(f"max_grad_norm={clip}", f"weight_dtype={weights}",
+                            f"moment_dtype={moments}"), AXES, frozen=("mtp",))
+  declared = jnp.dtype(weights if moments == "auto" else moments)
+  assert opt.moment_dtype == declared
 
   @functools.partial(jax.jit, compiler_options=USERS_EMITTERS)
   def oracle(grads, state, params):
@@ -70,14 +79,19 @@ def test_fused_adamw_is_optax_bit_for_bit(dtype, clip):
 
   p_ref = p_new = p_zero = _params(dtype)
   s_ref = s_new = s_zero = jax.jit(opt.init)(p_ref)   # one program (eagerly: one per leaf)
+  state_dtypes = [x.dtype for x in jax.tree.leaves(s_ref)]
+  assert {x.dtype for x in jax.tree.leaves(s_ref) if np.ndim(x)} == {declared}   # mu and nu
   for step in range(5):
-    g = _grads(p_ref, step)
+    g = _grads(p_ref, step, grad_dtype)
     p_ref, s_ref = oracle(g, s_ref, p_ref)
     p_new, s_new = fused(g, s_new, p_new)
     p_zero, s_zero = fused_zero(g, s_zero, p_zero)
     assert jax.tree.structure(s_new) == jax.tree.structure(s_ref)
     assert _bits(p_new) == _bits(p_ref) == _bits(p_zero), step
     assert _bits(s_new) == _bits(s_ref) == _bits(s_zero), step
+    assert [x.dtype for x in jax.tree.leaves(s_new)] == state_dtypes   # declared, kept
+    assert [x.dtype for x in jax.tree.leaves(s_zero)] == state_dtypes
+    assert {x.dtype for x in jax.tree.leaves(p_new)} == {jnp.dtype(dtype)}
   counts = [int(c) for c in jax.tree.leaves(s_new) if np.ndim(c) == 0]
   assert counts and all(c == 4 for c in counts)   # 5 steps, one skipped
   assert _bits(p_new["mtp"]) == _bits(_params(dtype)["mtp"])   # frozen: every bit kept

@@ -1,5 +1,6 @@
 """The pre-flight memory estimate: exact per-device bytes, and a model that cannot fit is refused
 with the numbers before anything is allocated or compiled."""
+import dataclasses
 import math
 import re
 import subprocess
@@ -82,3 +83,24 @@ def test_bfloat16_is_suggested_when_halving_fits(tmp_path, monkeypatch, capsys):
   halved = est.needed - est.state / 2
   assert code == 2 and f"weight_dtype=bfloat16 (about {halved / 2**30:.2f} GiB per device)" in err
   assert "split over at least 2 devices" in err
+
+
+def test_bfloat16_weights_are_counted_for_the_dtypes_that_run_holds(tmp_path):
+  """The bf16-weights proposal's estimate is that run's abstract state: parameters and gradients
+  halve; the AdamW moments halve with them at moment_dtype=auto and stay float32 when set so. The
+  advice names that run's figure, and not a halved one, when the moments stay."""
+  n = None
+  for moments, optimizer_ratio in (("auto", 2), ("float32", 1)):
+    f32 = Trainer(load_config(argv(tmp_path, "m", *MESH_1, f"moment_dtype={moments}")),
+                  jax.devices()[:1])
+    est = f32.memory_estimate()
+    bf16 = f32.with_weight_dtype("bfloat16").memory_estimate()
+    n = n or sum(x.size for x in jax.tree.leaves(f32.abstract["params"]))
+    assert (est.params, bf16.params, bf16.grads) == (4 * n, 2 * n, 2 * n)
+    assert bf16.optimizer - 8 == (est.optimizer - 8) // optimizer_ratio   # + the step counts
+    assert f32.cfg.weight_dtype == "float32"   # the run itself is left as it was
+    room = est.activations + est.runtime + est.state - 1   # one byte short of fitting
+    fits = dataclasses.replace(est, available=room)
+    said = memory.advice(fits, f32.abstract, [], None, memory.Alternative(
+        "weight_dtype=bfloat16", dataclasses.replace(bf16, available=room), 0))
+    assert f"weight_dtype=bfloat16 (about {bf16.needed / 2**30:.2f} GiB per device)" in said

@@ -85,6 +85,12 @@ class RunKeys:
       choices=(AUTO, "threefry2x32", "rbg", "unsafe_rbg"), **_COMPUTE)
   weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
                           **_COMPUTE)
+  matmul_precision: str = key(
+      AUTO, "precision of the model's matmuls (jax.default_matmul_precision while the model is "
+      "traced): default (the platform's fastest: on TPU a float32 matmul runs in bf16 passes) | "
+      "high | highest | auto (highest when dtype is float32, so float32 means float32 on every "
+      "platform; else default, MaxText's matmul_precision)",
+      choices=(AUTO, "default", "high", "highest"), **_COMPUTE, tools=(*MODEL_TOOLS, "logit_check"))
   scan_layers: bool = key(True, "run each repeating run of layers with one lax.scan (fast "
                           "compile; parameters stacked per run)", model=True)
   remat_policy: str = key(
@@ -223,6 +229,11 @@ class RunKeys:
   adam_eps: float = key(1.0e-8, "AdamW epsilon", gt=0)
   weight_decay: float = key(0.1, "AdamW decoupled weight decay (matrices only, not norms)", min=0)
   max_grad_norm: float = key(1.0, "global-norm gradient clipping; 0 turns it off", min=0)
+  moment_dtype: str = key(
+      AUTO, "dtype of both AdamW moments (mu, nu), declared once for the state, its checkpoints "
+      "and the compiled step; auto = weight_dtype (as MaxText's mu_dtype unset; its nu always "
+      "follows the weights); bfloat16 with float32 weights halves the optimizer state",
+      choices=(AUTO, *DTYPES))
   shard_optimizer_over_data: bool = key(
       True, "AdamW moments and the update sharded over the mesh's data axes too (ZeRO-1): "
       "gradients reduce-scattered, parameters all-gathered; acts only when a data axis > 1")

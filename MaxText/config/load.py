@@ -214,10 +214,22 @@ def resolve_dtype(cfg: Config, *, training: bool) -> Config:
   """`dtype=auto` made concrete: bfloat16 compute for a training run (fp32 master weights unless
   weight_dtype says otherwise; benchmarks/RESULTS.md: the default run's measured speed), float32
   for the tools that compare against a reference (decoding, evaluation, conversions, inspection:
-  their Hugging Face parity is exact only in fp32). A set dtype is kept as it is."""
-  if cfg.dtype != AUTO:
-    return cfg
-  return dataclasses.replace(cfg, dtype=AUTO_TRAINING_DTYPE if training else AUTO_TOOL_DTYPE)
+  their Hugging Face parity is exact only in fp32). A set dtype is kept as it is. Then
+  `matmul_precision=auto` for that dtype (`resolve_precision`)."""
+  if cfg.dtype == AUTO:
+    cfg = dataclasses.replace(cfg, dtype=AUTO_TRAINING_DTYPE if training else AUTO_TOOL_DTYPE)
+  if cfg.matmul_precision == AUTO:
+    cfg = dataclasses.replace(cfg, matmul_precision=resolve_precision(AUTO, cfg.dtype))
+  return cfg
+
+
+def resolve_precision(matmul_precision: str, dtype: str) -> str:
+  """`matmul_precision=auto` made concrete for compute dtype `dtype`: highest for float32 (a
+  float32 matmul in float32 on every platform: on TPU the default runs it in bf16 passes), else
+  default (MaxText's matmul_precision default). A set value is kept."""
+  if matmul_precision != AUTO:
+    return matmul_precision
+  return "highest" if dtype == "float32" else "default"
 
 
 def unread_keys(cfg: Config, tool: str, model_keys: frozenset[str] = frozenset()) -> list[str]:

@@ -44,7 +44,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from MaxText.backend import hot_path
 from MaxText.decoding import cache as cache_lib
 from MaxText.decoding.requests import MIN_PROMPT_BUCKET, Completion, bucket, fetch
 from MaxText.decoding.sampling import Sampling, choose
@@ -99,17 +98,20 @@ class Engine:
 
   def _counted(self, fn: Callable) -> Callable:
     """`fn`, counting its traces (jit traces a function once per program it compiles for it),
-    traced on the model's hot path (`ModelConfig.hot_path`)."""
+    traced on the model's hot path and matmul precision (`ModelDef.traced`)."""
     @functools.wraps(fn)
     def traced(*args, **kwargs):
       self._traces += 1
-      with hot_path.use(self.model_def.hot_path):
+      with self.model_def.traced():
         return fn(*args, **kwargs)
     return traced
 
   # ---- parameters --------------------------------------------------------------------------------
   def place(self, params):
-    """Host (NumPy) parameters → device arrays with this mesh's parameter shardings."""
+    """Host (NumPy) parameters → device arrays with this mesh's parameter shardings, in the
+    model's dtypes (weight_dtype: e.g. float32 arrays cast to bfloat16 on the host)."""
+    params = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else np.asarray(x).astype(a.dtype),
+                          params, self.model_def.abstract_params)
     return jax.device_put(params, self.param_shardings)
 
   def _host(self, *trees):

@@ -61,7 +61,7 @@ def make_distill_step(model_def: ModelDef, teacher_def: ModelDef, tx, *, mesh: M
       loss = loss + extra
     return loss, (kd, ce, n, sums)
 
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
   def step(state, teacher, batch, shardings=None):
     zero_shardings = None

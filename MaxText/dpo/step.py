@@ -110,7 +110,7 @@ def make_dpo_step(model_def: ModelDef, tx, *, mesh: Mesh, rules: Rules,
     return batch_loss(model_def, join(trained, frozen), micro, chunk=chunk,
                       loss_kwargs=loss_kwargs, pairs=pairs, nll_tokens=nll_tokens)
 
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
   def step(state, batch):
     with use_rules(mesh, rules):

@@ -273,7 +273,8 @@ class Inspector:
     def lens(p, x, normed):
       model = self._model(p)
       x_BSD = rows(x) if normed else model.final_norm(rows(x))
-      return model.logits(x_BSD).reshape(*x.shape[:-1], -1)
+      with jax.default_matmul_precision(self.model_def.matmul_precision):
+        return model.logits(x_BSD).reshape(*x.shape[:-1], -1)
 
     return {"unembed": jax.jit(lambda p: self._model(p).unembedding()),
             "final_norm": jax.jit(lambda p, x: self._model(p).final_norm(rows(x)).reshape(x.shape)),
@@ -363,7 +364,8 @@ class Inspector:
     def run(params, tokens_BS, positions_BS, segment_ids_BS, media, extra: dict):
       self._traces += 1
       probe = sites.Probe(L, {**interventions, **extra}, capture, heads)
-      with sites.probing(probe), use_rules(self.mesh, self.rules):
+      with sites.probing(probe), use_rules(self.mesh, self.rules), \
+          jax.default_matmul_precision(self.model_def.matmul_precision):
         model = nnx.merge(graphdef, params)
         x_BSD, _ = model.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS,
                                           return_hidden=True,
@@ -387,7 +389,8 @@ class Inspector:
         extra = {grad_site: lambda x, ctx: x + delta.astype(x.dtype)}
         logits_BSV = run(params, tokens_BS, positions_BS, segment_ids_BS, media, extra)[0]
         return objective(logits_BSV[0] if unbatched else logits_BSV)
-      fn = jax.jit(jax.value_and_grad(value), static_argnames=("unbatched",))
+      fn = jax.jit(self.model_def.at_precision(jax.value_and_grad(value)),
+                   static_argnames=("unbatched",))
     self._programs[key] = fn
     return fn, key
 

@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, traverse_util
 
-from MaxText.backend import hot_path
 from MaxText.layers import lora
 from MaxText.layers.linear import DenseGeneral, matmul
 from MaxText.losses.vocab_split import vocab_split_plan
@@ -80,7 +79,7 @@ def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
     return None
 
   def logits(p, h):
-    with hot_path.use(model_def.hot_path):
+    with model_def.traced():
       return nnx.merge(graphdef, p).logits(h)
   return (Head(logits, (parent,)), traverse_util.unflatten_dict(flat),
           traverse_util.unflatten_dict({k: v for k, v in axes.items() if kept(k)}),

@@ -2,9 +2,12 @@
 graphdef, the abstract parameters (ShapeDtypeStruct, nothing allocated) and their logical axes.
 Parameters are plain nested dicts (`nnx.to_pure_dict`). `registry.make_model_def(mcfg)` /
 `registry.init_params(mcfg, seed)` pick the constructor from `mcfg.decoder_block`. Its calls trace
-the model on `mcfg.hot_path` (MaxText/backend/hot_path.py)."""
+the model on `mcfg.hot_path` (MaxText/backend/hot_path.py) and at `mcfg.matmul_precision`
+(`jax.default_matmul_precision`: every matmul of the model, its gradient's too, in whichever
+program traces it — the train step, the decoding engine, evaluation, inspection)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -14,6 +17,7 @@ import jax
 from flax import nnx, traverse_util
 
 from MaxText.backend import hot_path
+from MaxText.config.load import resolve_precision
 from MaxText.layers import lora, quant
 from MaxText.models.model_config import ModelConfig
 
@@ -60,6 +64,21 @@ class ModelDef:
   # a sequence split over the context axis runs in the load-balanced token order (attention=flash:
   # layers/context_parallel.py); the loss permutes the batch (losses/token_loss.py)
   balance_context: bool = False
+  matmul_precision: str = "default"   # `ModelConfig.matmul_precision`, resolved
+
+  def traced(self):
+    """The context the model is traced in: its hot path and its matmuls' precision."""
+    return _Traced(self.hot_path, self.matmul_precision)
+
+  def at_precision(self, fn: Callable) -> Callable:
+    """`fn` run at the model's matmul precision: for a gradient of the model (`jax.value_and_grad`
+    of a loss), whose backward pass — custom VJP rules included — is traced after the forward
+    has left `traced`."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+      with jax.default_matmul_precision(self.matmul_precision):
+        return fn(*args, **kwargs)
+    return wrapped
 
   def apply(self, params, *args, **kwargs):
     return self.apply_with_aux(params, *args, **kwargs)[0]
@@ -67,13 +86,13 @@ class ModelDef:
   def apply_with_aux(self, params, *args, **kwargs):
     """(logits, auxiliary outputs, e.g. {"moe_stats": …}): the family's `forward_with_aux`
     (keyword arguments, e.g. a multimodal family's `media`, go to it as they are)."""
-    with hot_path.use(self.hot_path):
+    with self.traced():
       return nnx.merge(self.graphdef, params).forward_with_aux(*args, **kwargs)
 
   def apply_hidden(self, params, *args, **kwargs):
     """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
     (`head`) chunk by chunk (`losses/chunked.py`); the family's `forward_with_aux(return_hidden=True)`."""
-    with hot_path.use(self.hot_path):
+    with self.traced():
       return nnx.merge(self.graphdef, params).forward_with_aux(*args, return_hidden=True,
                                                                **kwargs)
 
@@ -82,9 +101,23 @@ class ModelDef:
     """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V], with the
     parameters it reads by name (`Head`)."""
     def logits(params, hidden):
-      with hot_path.use(self.hot_path):
+      with self.traced():
         return nnx.merge(self.graphdef, params).logits(hidden)
     return Head(logits, self.head_paths)
+
+
+class _Traced(contextlib.ExitStack):
+  """`hot_path.use(path)` and `jax.default_matmul_precision(precision)` together."""
+
+  def __init__(self, path: str, precision: str):
+    super().__init__()
+    self.path, self.precision = path, precision
+
+  def __enter__(self):
+    super().__enter__()
+    self.enter_context(hot_path.use(self.path))
+    self.enter_context(jax.default_matmul_precision(self.precision))
+    return self
 
 
 def _build(build: Build, mcfg: ModelConfig, seed: int | jax.Array,
@@ -141,6 +174,7 @@ def model_def_of(build: Build, mcfg: ModelConfig,
   return ModelDef(graphdef, traverse_util.unflatten_dict(shapes),
                   traverse_util.unflatten_dict(axes),
                   hot_path=mcfg.hot_path,
+                  matmul_precision=resolve_precision(mcfg.matmul_precision, mcfg.dtype),
                   mtp_depths=mcfg.mtp_num_layers if mcfg.mtp_loss_scale > 0 else 0,
                   head_paths=head_paths,
                   balance_context=mcfg.attention == "flash")

@@ -3,6 +3,9 @@
   dtype=auto              bfloat16 compute (MaxText's default; master weights stay weight_dtype,
                           fp32 by default); the tools resolve it to float32 instead
                           (`MaxText.config.load.resolve_dtype`).
+  matmul_precision=auto   highest when the compute dtype is float32 (a float32 matmul is float32 on
+                          every platform), else default (MaxText's default); the model is traced
+                          at it (`ModelDef.traced`: jax.default_matmul_precision).
   loss_chunk_length=-1    chunks of AUTO_CHUNK_LENGTH positions when the family has a separate LM
                           head (`logits`), the vocabulary is at least AUTO_CHUNK_VOCAB_RATIO x
                           the model width (the fp32 logits then dwarf the hidden states) and the
@@ -57,22 +60,26 @@ class Training:
 
 
 def for_training(cfg: Config | Training) -> Training:
-  """`cfg` with dtype and loss_chunk_length concrete, as a training run uses them (a `Training`
+  """`cfg` with dtype, matmul_precision and loss_chunk_length concrete, as a training run uses them (a `Training`
   is returned as it is: resolved once, by train.py's `run`)."""
   if isinstance(cfg, Training):
     return cfg
-  auto = frozenset(key for key, value in (("dtype", AUTO), ("loss_chunk_length", AUTO_LOSS_CHUNK))
+  auto = frozenset(key for key, value in (("dtype", AUTO), ("matmul_precision", AUTO),
+                                          ("loss_chunk_length", AUTO_LOSS_CHUNK))
                    if getattr(cfg, key) == value)
   used = resolve_dtype(cfg, training=True)
   return Training(dataclasses.replace(used, loss_chunk_length=loss_chunk(used)), auto)
 
 
 def describe(training: Training) -> str:
-  """"; compute bfloat16 (dtype=auto), weights float32; loss in chunks of 128 positions
-  (loss_chunk_length=-1: auto)" — what the run computes in and where an auto value came from."""
+  """"compute bfloat16 (dtype=auto; dtype=float32 for full precision), matmul precision default
+  (matmul_precision=auto), weights float32; loss in chunks of 128 positions (loss_chunk_length=-1:
+  auto)" — what the run computes in and where an auto value came from."""
   used = training.cfg
   dtype = f"compute {used.dtype}" + (f" ({'dtype=' + AUTO}; dtype=float32 for full precision)"
                                      if "dtype" in training.auto else "")
+  dtype += f", matmul precision {used.matmul_precision}" + (
+      " (matmul_precision=auto)" if "matmul_precision" in training.auto else "")
   chunk = (f"loss in chunks of {used.loss_chunk_length} positions" if used.loss_chunk_length
            else "loss over the whole sequence")
   if "loss_chunk_length" in training.auto:

@@ -16,6 +16,7 @@ format, holding its base) loads as before.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -28,7 +29,7 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import load_params, load_params_host, read_meta, resolve_step_dir
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import init_options, init_params_traced
+from MaxText.models.registry import init_options, init_params_traced, make_model_def
 from MaxText.storage import paths
 
 META_KEY = "lora_base"
@@ -97,6 +98,28 @@ def load(path: str, mcfg: ModelConfig, abstract: Any, *, verify: bool = True) ->
   adapters = load_params(path, adapters_abstract, verify=verify)
   return lora.join(adapters, base_of(ref, mcfg, base_abstract, host=False, verify=verify,
                                    source=paths.absolute(path)))
+
+
+def load_cast(path: str, mcfg: ModelConfig, abstract: Any, *, verify: bool = True) -> Any:
+  """`load`, with the checkpoint read in the weight dtype it was saved in (its config's
+  weight_dtype; verified as saved; a LoRA checkpoint's base is fingerprinted as saved) and cast
+  on the mesh to `abstract`'s dtypes (`mcfg.weight_dtype`), in one program: e.g. a float32
+  training checkpoint decoded with weight_dtype=bfloat16. Both copies are held while it casts."""
+  saved = read_meta(path)["config"].get("weight_dtype", mcfg.weight_dtype)
+  if saved == mcfg.weight_dtype:
+    return load(path, mcfg, abstract, verify=verify)
+  stored_mcfg = dataclasses.replace(mcfg, weight_dtype=saved)
+  stored = jax.tree.map(lambda s, a: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=a.sharding),
+                        make_model_def(stored_mcfg).abstract_params, abstract)
+  params = load(path, stored_mcfg, stored, verify=verify)
+  return cast_params(params, abstract)
+
+
+def cast_params(params: Any, abstract: Any) -> Any:
+  """`params` in `abstract`'s dtypes and shardings (one program; leaves of the same dtype kept)."""
+  def cast(tree):
+    return jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype), tree, abstract)
+  return jax.jit(cast, out_shardings=jax.tree.map(lambda a: a.sharding, abstract))(params)
 
 
 def load_host(path: str, mcfg: ModelConfig, abstract: Any) -> Any:

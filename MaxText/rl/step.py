@@ -134,7 +134,7 @@ def make_update(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh, rules: Rules,
     sums = aux_terms.loss(aux)[1] if aux_terms is not None else {}
     return loss, (metrics, sums, jnp.sum(micro["segments"] != 0).astype(jnp.float32))
 
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
   def update(state, batch):
     with use_rules(mesh, rules):

@@ -3,6 +3,8 @@ compiled step → loop with metrics and checkpoints. `main(argv)` returns the pr
 (`exit_codes.py`: 0 done, 2 config, 3 data, 4 checkpoint, 5 non-finite, 42 preempted and saved)."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import re
 import socket
@@ -93,20 +95,9 @@ class Trainer:
     self.family = get_family(self.mcfg.decoder_block)
     self.aux_terms = with_mtp(self.family.aux_terms(self.mcfg), self.mcfg.mtp_loss_scale,
                               self.mcfg.mtp_num_layers)   # None: cross-entropy (+ z-loss) only
-    try:
-      self.model_def = make_model_def(self.mcfg)
-    except (ValueError, re.error) as e:   # lora_targets selects nothing / is no regex
-      if not cfg.lora_rank:
-        raise
-      raise ConfigError(f"lora_targets={cfg.lora_targets!r}: {e}") from e
     self.adapters_only = bool(cfg.lora_rank)   # LoRA: only the adapters are trained
-    self.tx = make_optimizer(cfg, trained(self.model_def.logical_axes, self.adapters_only),
-                             self.family.frozen(self.mcfg),
-                             mesh_data_axes(self.model_def, self.mesh, self.rules))
+    self.model_def, self.tx, self.shardings, self.abstract = self._state_of(cfg, self.mcfg)
     self.lr_schedule = learning_rate_schedule(cfg)
-    self.shardings = state_shardings(self.model_def, self.tx, self.mesh, self.rules,
-                                     self.adapters_only)
-    self.abstract = abstract_state(self.model_def, self.tx, self.shardings, self.adapters_only)
     self.checkpointed = CheckpointedState(cfg, self.mcfg, self.abstract, self.shardings, self.tx,
                                           self.adapters_only)
     n = len(self.devices)
@@ -126,6 +117,31 @@ class Trainer:
     # set by run(): the holder of a stale run lock this run took over (a run that died)
     self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
+
+  def _state_of(self, cfg: Config, mcfg: ModelConfig) -> tuple[Any, Any, dict, dict]:
+    """(model definition, optimizer, the state's shardings, the abstract state) of `cfg` on this
+    run's mesh: the dtypes the run holds (weight_dtype; the moments' moment_dtype)."""
+    try:
+      model_def = make_model_def(mcfg)
+    except (ValueError, re.error) as e:   # lora_targets selects nothing / is no regex
+      if not cfg.lora_rank:
+        raise
+      raise ConfigError(f"lora_targets={cfg.lora_targets!r}: {e}") from e
+    tx = make_optimizer(cfg, trained(model_def.logical_axes, self.adapters_only),
+                        self.family.frozen(mcfg), mesh_data_axes(model_def, self.mesh, self.rules))
+    shardings = state_shardings(model_def, tx, self.mesh, self.rules, self.adapters_only)
+    return model_def, tx, shardings, abstract_state(model_def, tx, shardings, self.adapters_only)
+
+  def with_weight_dtype(self, weight_dtype: str) -> "Trainer":
+    """This run, for the memory pre-flight only, with its weights in `weight_dtype`: a shallow
+    copy whose model and abstract state are built as such a run builds them (so the moments
+    follow moment_dtype and the estimate counts the dtypes it would hold); nothing compiled."""
+    other = copy.copy(self)
+    other.cfg = dataclasses.replace(self.cfg, weight_dtype=weight_dtype)
+    other.mcfg = ModelConfig.from_config(other.cfg)
+    other.model_def, other.tx, other.shardings, other.abstract = \
+        self._state_of(other.cfg, other.mcfg)
+    return other
 
   def _media_specs(self) -> dict:
     """The SFT rows' media slots (data/media_rows.py) for a model whose towers take them;
@@ -148,6 +164,13 @@ class Trainer:
     return trained(self.abstract["params"], self.adapters_only)
 
   def compile_step(self):
+    return self.lower_step().compile(
+        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
+                                                           self.cfg.hot_path))
+
+  def lower_step(self):
+    """The train step lowered for the abstract state and batch (traced: the model at its
+    matmul precision, `ModelDef.traced`), not yet compiled."""
     step_fn = make_train_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
                               grad_accum=self.cfg.gradient_accumulation_steps,
                               z_loss_weight=self.cfg.z_loss_weight, lr_schedule=self.lr_schedule,
@@ -158,9 +181,7 @@ class Trainer:
     abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
                                               sharding=self.batch_shardings[k])
                       for k, (shape, dtype) in self.row_specs.items()}
-    return jitted.lower(self.abstract, abstract_batch).compile(
-        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
-                                                           self.cfg.hot_path))
+    return jitted.lower(self.abstract, abstract_batch)
 
   def micro_batches(self) -> int:
     """Micro-batches of a step (their activations live one at a time)."""
@@ -394,9 +415,14 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   trainer.cpu_defaults = cpu_defaults
   est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
   if est.needed > est.available:
+    halved = None if cfg.weight_dtype == "bfloat16" else trainer.with_weight_dtype("bfloat16")
     raise ConfigError(memory.check_fits(est, memory.advice(
-        est, trainer.abstract, cfg.weight_dtype, family_models_that_fit(cfg, argv, devices),
-        trainer.trained_params())))
+        est, trainer.abstract, family_models_that_fit(cfg, argv, devices),
+        trainer.trained_params(),
+        None if halved is None else memory.Alternative(
+            "weight_dtype=bfloat16", halved.memory_estimate(),
+            memory.total_state_bytes(halved.abstract, halved.trained_params(),
+                                     bool(est.reference))))))
   if tight := memory.warning(est):
     log_error(f"warning: {tight}")
   clock.mark("mesh")

@@ -171,29 +171,43 @@ def check_fits(est: MemoryEstimate, advice: str = "") -> str | None:
       "remat_policy=full, set loss_chunk_length, or pick a smaller model.")))
 
 
-def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
-           smaller: list[tuple[str, int]], trained: Any = None) -> str:
-  """What would fit: bfloat16 weights (when they are not already and halving the state fits), the
-  number of devices of this size the whole state needs when split over all of them (fsdp; also
-  with bfloat16 weights) next to this device's activations and runtime, lighter activations when
-  they alone leave no room, and the configs of the same family that fit here as they are
+@dataclass(frozen=True)
+class Alternative:
+  """The same run with `setting` (e.g. "weight_dtype=bfloat16"): its pre-flight estimate and its
+  whole state's bytes (all devices), counted for the dtypes that run would hold."""
+  setting: str
+  est: MemoryEstimate
+  total: int
+
+
+def total_state_bytes(abstract_state: dict, trained: Any = None, reference: bool = False) -> int:
+  """The whole state's bytes over all devices: parameters (twice with a `reference` copy),
+  gradients (of `trained`, the parameters with gradients, when not all) and optimizer state."""
+  grads = abstract_state["params"] if trained is None else trained
+  return _bytes(abstract_state["params"]) * (2 if reference else 1) + _bytes(grads) \
+      + _bytes(abstract_state["opt_state"])
+
+
+def advice(est: MemoryEstimate, abstract_state: dict, smaller: list[tuple[str, int]],
+           trained: Any = None, lighter: Alternative | None = None) -> str:
+  """What would fit: `lighter`'s setting (bfloat16 weights, when they are not already; its
+  estimate built for the dtypes that run holds: the moments follow moment_dtype) when its state
+  fits, the number of devices of this size the whole state needs when split over all of them
+  (fsdp; also with `lighter`) next to this device's activations and runtime, lighter activations
+  when they alone leave no room, and the configs of the same family that fit here as they are
   (`smaller`: [(model_name, bytes needed per device)]). `trained`: the parameters with gradients
   (LoRA: the adapters), when not all."""
-  grads = abstract_state["params"] if trained is None else trained
-  total = _bytes(abstract_state["params"]) * (2 if est.reference else 1) + _bytes(grads) \
-      + _bytes(abstract_state["opt_state"])
+  total = total_state_bytes(abstract_state, trained, bool(est.reference))
   room = est.available - est.transient - est.runtime   # for the state, per device
-  halve = weight_dtype != "bfloat16"   # params, gradients and Adam moments all follow it
   ways = []
-  if halve and est.state / 2 <= room:
-    ways.append(f"weight_dtype=bfloat16 (about {(est.needed - est.state / 2) / GiB:.2f} GiB per "
-                f"device)")
+  if lighter is not None and lighter.est.needed <= lighter.est.available:
+    ways.append(f"{lighter.setting} (about {lighter.est.needed / GiB:.2f} GiB per device)")
   if room > 0:
     devices = lambda nbytes: math.ceil(nbytes / room)
     ways.append(f"the state ({total / GiB:.2f} GiB in all) split over at least {devices(total)} "
                 f"devices with {est.available / GiB:.2f} GiB each ({room / GiB:.2f} GiB of it "
                 f"left after activations and runtime)" +
-                (f" ({devices(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+                (f" ({devices(lighter.total)} with {lighter.setting})" if lighter else "") +
                 " (ici_fsdp_parallelism, or more hosts)")
   elif est.decode_cache > est.activations:
     ways.append(f"a smaller decoding cache: it alone ({_size(est.decode_cache)} per device) leaves "
@@ -204,7 +218,7 @@ def advice(est: MemoryEstimate, abstract_state: dict, weight_dtype: str,
                 f"for the state; lower per_device_batch_size or max_target_length, use "
                 f"remat_policy=full or set loss_chunk_length; even without activations the state "
                 f"({total / GiB:.2f} GiB in all) needs at least {bare(total)} devices of this "
-                f"size" + (f" ({bare(total / 2)} with weight_dtype=bfloat16)" if halve else "") +
+                f"size" + (f" ({bare(lighter.total)} with {lighter.setting})" if lighter else "") +
                 " (ici_fsdp_parallelism, or more hosts)")
   if smaller:
     ways.append("a smaller model of this family: " + ", ".join(

@@ -15,6 +15,14 @@ without a fused form would supply its own `apply` with the same contract (the gu
 `gather`), not a second path through the step. `data_axes` (config `shard_optimizer_over_data`, on by default): the moments are sharded
 over the mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
 
+The moments' dtype is declared once (`Optimizer.moment_dtype`, config `moment_dtype`; auto: the
+weights' `weight_dtype`, as MaxText's `mu_dtype` unset and optax's second moment do): `init`
+creates both moments in it, and `apply` (like the chain, optax's `mu_dtype`) computes each new
+moment in the promoted dtype of the gradient and the old moment, takes the update from that, and
+stores the moment back in its own dtype — so the state a step returns has the dtypes of the state
+it took, whatever the gradients' dtype (bf16 weights' gradients are float32 once divided by the
+token count, train/step.py), and a compiled step and the state it is called with cannot disagree.
+
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
 scales is [layers, D] but is still a vector per layer and is not decayed.
 
@@ -68,11 +76,12 @@ class Optimizer(NamedTuple):
   fused, guarded form `apply(grads, state, params, grad_norm, finite, whole=None, gather=None)
   -> (params, state)`, the one the train step runs.
   `data_axes`: the mesh axes the moments are sharded over besides their parameter's (ZeRO-1;
-  empty: none)."""
+  empty: none). `moment_dtype`: the dtype `init` gives both AdamW moments, which `apply` keeps."""
   init: Callable
   update: Callable
   apply: Callable
   data_axes: tuple[str, ...] = ()
+  moment_dtype: Any = jnp.float32   # both AdamW moments' dtype (`moment_dtype`)
 
   @property
   def shard_over_data(self) -> bool:
@@ -87,8 +96,9 @@ def make_optimizer(cfg: Config, logical_axes, frozen: Sequence[str] = (),
   `shard_optimizer_over_data` (ZeRO-1)."""
   schedule = learning_rate_schedule(cfg)
   decay = decay_mask(logical_axes)
+  moments = moment_dtype(cfg)
   tx = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                   weight_decay=cfg.weight_decay, mask=decay)
+                   weight_decay=cfg.weight_decay, mask=decay, mu_dtype=moments)
   if cfg.max_grad_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), tx)
   mask = {name: jax.tree.map(lambda _, n=name: n in frozen, axes,
@@ -99,8 +109,27 @@ def make_optimizer(cfg: Config, logical_axes, frozen: Sequence[str] = (),
   apply = fused_adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
                       weight_decay=cfg.weight_decay, decay_mask=decay,
                       max_grad_norm=cfg.max_grad_norm, frozen_mask=mask)
-  return Optimizer(tx.init, tx.update, apply,
-                   data_axes=tuple(data_axes) if cfg.shard_optimizer_over_data else ())
+  return Optimizer(with_moment_dtype(tx.init, moments), tx.update, apply,
+                   data_axes=tuple(data_axes) if cfg.shard_optimizer_over_data else (),
+                   moment_dtype=moments)
+
+
+def moment_dtype(cfg: Config) -> jnp.dtype:
+  """The AdamW moments' dtype: `moment_dtype`, or with auto the weights' (`weight_dtype`)."""
+  return jnp.dtype(cfg.weight_dtype if cfg.moment_dtype == "auto" else cfg.moment_dtype)
+
+
+def with_moment_dtype(init: Callable, dtype: Any) -> Callable:
+  """optax's `init` with both AdamW moments in `dtype` (optax's `mu_dtype` sets the first only;
+  its update keeps the second in the dtype the state holds it in)."""
+  def moments_init(params: Any) -> Any:
+    state = init(params)
+    adam = find_state(state, optax.ScaleByAdamState)
+    cast = lambda tree: jax.tree.map(lambda x: x.astype(dtype), tree)
+    new = adam._replace(mu=cast(adam.mu), nu=cast(adam.nu))
+    return jax.tree.map(lambda s: new if isinstance(s, optax.ScaleByAdamState) else s, state,
+                        is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+  return moments_init
 
 
 def find_state(tree: Any, cls: type) -> Any:
@@ -139,25 +168,26 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     trigger = jnp.squeeze(grad_norm < max_grad_norm)
 
     def moments(g, mu, nu):
+      """(mu, nu) kept by the guard, in the promoted dtype of `g` and the old moment (the update
+      is taken from these, as optax's chain does) — cast back to the state's dtypes below."""
       if max_grad_norm > 0:
         g = jax.lax.select(trigger, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm)
       mu_new = (1 - b1) * (g ** 1) + b1 * mu
-      nu_new = ((1 - b2) * (g ** 2) + b2 * nu).astype(nu.dtype)
+      nu_new = (1 - b2) * (g ** 2) + b2 * nu
       return jnp.where(finite, mu_new, mu), jnp.where(finite, nu_new, nu)
 
     def parameter(mu, nu, p, decayed, frozen):
-      # from the moments as stored: when finite they are the new ones bit for bit, otherwise p is
-      # kept anyway; reading them (not recomputing from the old ones) lets XLA overwrite the old
-      # moments in place instead of copying them for this pass
+      # from the moments as kept (in the state's dtype, the cast is a no-op, and they are what is
+      # stored): when finite they are the new ones bit for bit, otherwise p is kept anyway;
+      # reading them (not recomputing from the old ones) lets XLA overwrite the old moments in
+      # place instead of copying them for this pass
       u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype) + eps_root) + eps)
       if decayed and not (isinstance(weight_decay, (int, float)) and weight_decay == 0.0):
         u = u + weight_decay * p
       u = jnp.array(step_size, dtype=u.dtype) * u
       if frozen:
         u = jnp.full_like(u, -0.0)
-      if gather is not None:   # ZeRO-1: the guarded update, to be gathered and added
-        if u.dtype != p.dtype:   # the moments take the parameters' dtype: never so
-          raise ValueError(f"update dtype {u.dtype} differs from the parameter's {p.dtype}")
+      if gather is not None:   # ZeRO-1: the guarded update, gathered in its dtype, then added
         return jnp.where(finite, u, jnp.array(-0.0, u.dtype))
       return jnp.where(finite, jnp.asarray(p + u).astype(jnp.asarray(p).dtype), p)
 
@@ -165,8 +195,12 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     mu = jax.tree.map(lambda _, o: o[0], grads, out)
     nu = jax.tree.map(lambda _, o: o[1], grads, out)
     new_params = jax.tree.map(parameter, mu, nu, params, decay_mask, frozen_mask)
-    if gather is not None:
-      new_params = jax.tree.map(jnp.add, whole, gather(new_params))
+    if gather is not None:   # p + -0.0 is p: the same bits as the guard's where(finite, p + u, p)
+      new_params = jax.tree.map(lambda p, u: jnp.asarray(p + u).astype(p.dtype), whole,
+                                gather(new_params))
+    # the moments stored in the state's dtypes (optax: `mu_dtype`, `cast_like(nu, state.nu)`)
+    mu = jax.tree.map(lambda new, old: new.astype(old.dtype), mu, adam.mu)
+    nu = jax.tree.map(lambda new, old: new.astype(old.dtype), nu, adam.nu)
     new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
     new_sched = optax.ScaleByScheduleState(
         count=jnp.where(finite, optax.safe_increment(sched.count), sched.count))

@@ -34,6 +34,17 @@ def keep_if(finite: jax.Array, new: Any, old: Any) -> Any:
   return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
 
 
+def check_state_dtypes(new: Any, old: Any) -> None:
+  """At trace time: a TypeError naming the leaves whose dtype the step would change (a compiled
+  step must return the state in the dtypes it takes it in: it is called with what it returned)."""
+  changed = [f"{jax.tree_util.keystr(path)}: {a.dtype} -> {b.dtype}"
+             for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(old),
+                                     jax.tree.leaves(new)) if a.dtype != b.dtype]
+  if changed:
+    raise TypeError(f"the train step changes {len(changed)} dtypes of its state: "
+                    + "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else ""))
+
+
 def moment_shardings(opt_shardings: Any) -> Any:
   """The shardings of the AdamW first moment (a tree like the trained parameters) in the
   optimizer state's shardings."""
@@ -86,7 +97,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
       nll = nll + extra
     return nll, (z, n, sums)
 
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
   def step(state: TrainState, batch: dict[str, jax.Array], shardings: TrainState | None = None):
     """`shardings` (the state's, given by `jit_train_step`): with the optimizer moments sharded
@@ -131,6 +142,7 @@ def make_train_step(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh,
       new_state = {"step": state["step"] + 1,
                    "params": new_params,
                    "opt_state": opt_state}
+      check_state_dtypes(new_state, state)
       metrics = {"loss": nll / denom, "z_loss": z / denom, "tokens": n, "grad_norm": grad_norm,
                  "lr": applied_learning_rate(state["opt_state"], lr_schedule),
                  "finite": finite.astype(jnp.float32),
