@@ -11,8 +11,9 @@
 #                           (antlr4-python3-runtime 4.9.3 has no wheel: built here from its sdist)
 # Then, on the chip: `source benchmarks/tpu_install.sh` (docs/performance.md, "TPU lane").
 #
-#   bash benchmarks/tpu_prepare.sh [--force]
+#   bash benchmarks/tpu_prepare.sh [--force | --pins]
 #
+# --pins prints the pins it would fetch (ours, then the arm's) and stops, without network.
 # Idempotent: when .whl-tpu/PINS equals the pins computed now (and every wheel is there) it only
 # prints the size. PYTHON=... picks the interpreter that runs pip (default python3).
 set -euo pipefail
@@ -20,10 +21,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DEST=.whl-tpu
 FORCE=0
+PRINT_PINS=0
 case "${1:-}" in
   --force) FORCE=1 ;;
+  --pins) PRINT_PINS=1 ;;
   "") ;;
-  -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
   *) echo "tpu_prepare.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 
@@ -32,7 +35,8 @@ esac
 OURS=(absl-py aiofiles array_record attrs cloudpickle etils filelock flax fsspec grain humanize
       Jinja2 MarkupSafe markdown-it-py mdurl msgpack optax orbax-checkpoint packaging portpicker
       prometheus_client protobuf psutil Pygments PyYAML qwix rich safetensors simplejson
-      tensorboardX tensorstore tokenizers treescope typing_extensions uvloop zipp)
+      tensorboardX tensorstore tokenizers treescope typing_extensions uvloop zipp
+      pytest-xdist execnet pytest-timeout)   # pytest.ini's -n / timeout, for the tests run there
 # MaxText 0.2.5's synthetic pre-training on Python 3.11 + jax 0.10.2, beyond ours (its newest
 # releases that still take Python 3.11 / jax < 0.11; ../shared/notes/tpu-v5e.md).
 # Found as train.py's: its run on CPU with only these, ours and jax on the path (pydantic: its
@@ -61,6 +65,7 @@ pin_of() {   # name -> name==version from requirements.txt, or exit 2
 }
 PINS=()
 for n in "${OURS[@]}"; do PINS+=("$(pin_of "$n")"); done
+if [ $PRINT_PINS = 1 ]; then printf '%s\n' "${PINS[@]}" "${ARM[@]}" "${ARM_SDIST[@]}"; exit 0; fi
 STAMP=$(printf '%s\n' "ours:" "${PINS[@]}" "maxtext:" "${ARM[@]}" "${ARM_SDIST[@]}" "strip $STRIP_VERSION")
 
 size() {
