@@ -23,7 +23,12 @@ SUITE_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensiv
 USERS_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
 SUITE_XLA_FLAGS = " ".join(["--xla_force_host_platform_device_count=8",
                             *(f"--{k}={str(v).lower()}" for k, v in SUITE_COMPILE.items())])
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
+# On the TPU chip (the `tpu` tests: JAX_PLATFORMS=tpu,cpu, tests/test_tpu.py) the XLA flags stay the
+# machine's own: the suite's cheap-compile flags are XLA:CPU's, and its optimization level would
+# reach the TPU's compile too.
+ON_TPU = "tpu" in os.environ.get("JAX_PLATFORMS", "")
+if not ON_TPU:
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
@@ -106,6 +111,8 @@ ORBAX_UNAWAITED_READS = (
 def pytest_configure(config):
   for spec in ORBAX_UNAWAITED_READS:
     config.addinivalue_line("filterwarnings", spec)
+  config.addinivalue_line("markers", "tpu: runs on a TPU chip only (skipped elsewhere, e.g. in CI); "
+                          "benchmarks/tpu_suite.sh runs them there in one process")
 
 
 # The longest test files from an empty compilation cache (wall seconds per file, mostly CPU; a
@@ -131,6 +138,12 @@ def pytest_collection_modifyitems(session, config, items):
   del session, config
   rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep order
+  if any(item.get_closest_marker("tpu") for item in items) and jax.default_backend() != "tpu":
+    skip = pytest.mark.skip(reason=f"needs a TPU chip (this backend: {jax.default_backend()}; "
+                            "benchmarks/tpu_suite.sh runs these there)")
+    for item in items:
+      if item.get_closest_marker("tpu"):
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,153 @@
+"""On the TPU chip only (marked `tpu`: skipped elsewhere, CI included). benchmarks/tpu_suite.sh runs
+them there in one process (one process holds the chip):
+
+  JAX_PLATFORMS=tpu,cpu python3 -m pytest -q -n 0 -m tpu tests/test_tpu.py
+
+- splash attention (what `attention=flash` runs on a TPU), forward and dq/dk/dv, against the XLA
+  dot-product reference in float32 at `highest` matmul precision, both backward kernels;
+- every family's first three training steps on the chip against the same steps on the CPU (a
+  subprocess with JAX_PLATFORMS=cpu, started first so both run at once), in float32 at `highest`
+  precision (`matmul_precision=auto` resolves to it for float32) with the same init (threefry,
+  whose values do not depend on the platform) and the same batch: the losses within 1e-5
+  relative, so a speed-up never comes from a wrong kernel or a lowered precision;
+- `weight_dtype=bfloat16` trains on the chip (finite losses, the state keeps its dtypes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.tpu
+
+FAMILIES = {"llama": [], "qwen3": ["model_name=qwen3-tiny"],
+            "qwen3-moe": ["model_name=qwen3-moe-tiny"], "gemma4": ["model_name=gemma4-tiny"],
+            "gemma4-moe": ["model_name=gemma4-moe-tiny"],
+            "qwen3-next": ["model_name=qwen3-next-tiny"]}
+# float32 at highest precision (auto for float32), the platform-independent init, the XLA
+# attention on both sides (splash is checked against it below), a short synthetic batch
+EXACT = ["dtype=float32", "param_init_rng=threefry2x32", "attention=dot_product",
+         "max_target_length=128", "per_device_batch_size=2", "dataset_type=synthetic"]
+STEPS = 3
+RTOL = 1e-5
+
+
+def first_losses(keys: list[str], steps: int = STEPS) -> dict:
+  """The losses of the first `steps` train steps of `keys` on this process's first device (a fresh
+  init of seed 0, one fixed batch of random tokens), and the dtypes the state ends with."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from MaxText.config.load import load_config  # pylint: disable=import-outside-toplevel
+  from MaxText.train.loop import Trainer  # pylint: disable=import-outside-toplevel
+  from MaxText.train.state import init_state  # pylint: disable=import-outside-toplevel
+
+  work = tempfile.mkdtemp(prefix="tpu_test_")
+  cfg = load_config([os.path.join(ROOT, "configs/base.yml"), "jax_cache_dir=",
+                     f"base_output_directory={work}", "run_name=tpu_test", *keys], keep_auto=True)
+  trainer = Trainer(cfg, jax.devices()[:1])
+  compiled = trainer.compile_step()
+  state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
+  B, S = trainer.global_batch, trainer.cfg.max_target_length
+  rng = np.random.default_rng(0)
+  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
+          for k in ("inputs", "targets")}
+  host.update(inputs_segmentation=np.ones((B, S), np.int32),
+              targets_segmentation=np.ones((B, S), np.int32),
+              inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
+  batch = trainer.device_batch(host)
+  losses = []
+  for _ in range(steps):
+    state, metrics = compiled(state, batch)
+    losses.append(float(metrics["loss"]))
+  dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(state["params"])})
+  moments = sorted({str(x.dtype) for x in jax.tree.leaves(state["opt_state"])
+                    if getattr(x, "ndim", 0) > 0})
+  return {"losses": losses, "param_dtypes": dtypes, "moment_dtypes": moments,
+          "platform": jax.devices()[0].platform, "matmul_precision": trainer.cfg.matmul_precision}
+
+
+def _cpu_reference() -> subprocess.Popen:
+  """Every family's first losses on the CPU, in a subprocess (its JSON on stdout)."""
+  code = ("import json, sys; sys.path.insert(0, %r); from tests.test_tpu import FAMILIES, EXACT, "
+          "first_losses; print(json.dumps({n: first_losses([*k, *EXACT]) "
+          "for n, k in FAMILIES.items()}))" % ROOT)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def cpu_losses():
+  proc = _cpu_reference()
+  yield proc
+  if proc.poll() is None:
+    proc.kill()
+
+
+def _cpu_result(proc: subprocess.Popen, cache: dict = {}) -> dict:  # noqa: B006 — one per process
+  if "result" not in cache:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"the CPU reference failed: {err[-3000:]}"
+    cache["result"] = json.loads(out.strip().splitlines()[-1])
+  return cache["result"]
+
+
+def _rel(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("fused_bwd", [False, True])
+def test_splash_forward_and_backward_match_the_reference_in_float32(fused_bwd):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from MaxText.kernels.splash import splash_attention  # pylint: disable=import-outside-toplevel
+  from MaxText.layers.attention_ops import \
+      dot_product_attention  # pylint: disable=import-outside-toplevel
+
+  assert jax.default_backend() == "tpu"
+  B, S, H, K, E = 2, 1024, 4, 2, 128
+  kq, kk, kv, kd = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(kq, (B, S, H, E), jnp.float32)
+  k = jax.random.normal(kk, (B, S, K, E), jnp.float32)
+  v = jax.random.normal(kv, (B, S, K, E), jnp.float32)
+  do = jax.random.normal(kd, (B, S, H, E), jnp.float32)
+  seg = jnp.broadcast_to(jnp.where(jnp.arange(S) < 300, 1, 2), (B, S)).astype(jnp.int32)
+  scale = E ** -0.5
+
+  def both(fn):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out, *vjp(do))
+
+  with jax.default_matmul_precision("highest"):
+    got = jax.jit(lambda: both(lambda q, k, v: splash_attention(
+        q, k, v, seg, scale=scale, block_q=512, block_kv=512, fused_bwd=fused_bwd)))()
+    want = jax.jit(lambda: both(lambda q, k, v: dot_product_attention(q, k, v, seg,
+                                                                      scale=scale)))()
+  errors = {name: _rel(g, w) for name, g, w in zip(("out", "dq", "dk", "dv"), got, want)}
+  assert max(errors.values()) <= RTOL, errors
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_three_steps_on_the_chip_equal_the_cpu_in_float32(family, cpu_losses):
+  tpu = first_losses([*FAMILIES[family], *EXACT])
+  assert tpu["platform"] == "tpu" and tpu["matmul_precision"] == "highest", tpu
+  cpu = _cpu_result(cpu_losses)[family]
+  assert cpu["platform"] == "cpu", cpu
+  assert np.all(np.isfinite(tpu["losses"])), tpu
+  assert _rel(tpu["losses"], cpu["losses"]) <= RTOL, (tpu["losses"], cpu["losses"])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma4", "qwen3-next"])
+def test_bf16_weights_train_on_the_chip(family):
+  got = first_losses([*FAMILIES[family], "weight_dtype=bfloat16", "max_target_length=128",
+                      "per_device_batch_size=2", "dataset_type=synthetic"], steps=2)
+  assert got["param_dtypes"] == ["bfloat16"] and got["moment_dtypes"] == ["bfloat16"], got
+  assert np.all(np.isfinite(got["losses"])), got
