@@ -110,3 +110,51 @@ def test_the_checker_finds_moved_paths():
   text = ("`MaxText/no_such_module.py`, `MaxText/models/<family>/model.py`, `tests/test_docs.py::x`, "
           "`MaxText/config/schema.py: key`")
   assert missing_paths(text) == ["MaxText/no_such_module.py"]
+
+
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+_COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:\.venv/bin/python|bash)\s")
+
+
+def first_block(text):
+  """(the lines of the page's first fenced block, whether it comes before the first ## heading)."""
+  lines, seen_h2 = text.splitlines(), False
+  for i, line in enumerate(lines):
+    if line.startswith("## "):
+      seen_h2 = True
+    if _FENCE.match(line):
+      end = next(j for j in range(i + 1, len(lines)) if _FENCE.match(lines[j]))
+      return lines[i + 1:end], not seen_h2
+  return [], False
+
+
+@pytest.mark.parametrize("md_path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_page_opens_with_a_runnable_recipe(md_path):
+  """Each docs page opens (before its first section) with a command to run: its first line that is
+  not a comment runs the venv's python or bash (after VAR=value assignments)."""
+  body, opens = first_block(md_path.read_text())
+  assert opens, f"{md_path.name}: no fenced block before the first ## heading"
+  lines = [line for line in body if line.strip() and not line.lstrip().startswith("#")]
+  assert lines and _COMMAND.match(lines[0]), f"{md_path.name}: {lines[:1]}"
+
+
+def test_the_checker_wants_a_command_first():
+  assert first_block("# T\n\nintro\n\n```\n# a comment\n.venv/bin/python x.py\n```\n## A\n") == (
+      ["# a comment", ".venv/bin/python x.py"], True)
+  assert first_block("# T\n\n## A\n\n```python\nimport x\n```\n")[1] is False
+  assert not _COMMAND.match("import openai") and _COMMAND.match("MAXTEXT_API_KEY=s .venv/bin/python -m x")
+
+
+def test_the_unread_key_training_md_names_is_refused_and_hf_path_is_read():
+  """docs/training.md's example of a key train.py does not read is refused (exit 2, naming the
+  programs that read it); hf_path, which train.py does read (docs/models.md), is not."""
+  from MaxText.config.load import ConfigError, check_read_by, load_config
+  text = (ROOT / "docs" / "training.md").read_text()
+  [key] = re.findall(r"does not read \(`(\w+)=` for\s+train\.py", text)
+  base = str(ROOT / "configs" / "base.yml")
+  default = load_config([base], keep_auto=True)
+  value = {"temperature": "0.7"}.get(key, "x")
+  with pytest.raises(ConfigError, match=f"{key}=.*train.py does not read {key}"):
+    load_config([base, f"{key}={value}"], keep_auto=True, tool="train")
+  check_read_by(load_config([base, "hf_path=/nowhere"], keep_auto=True), "train")
+  assert default.hf_path == ""

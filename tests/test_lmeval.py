@@ -9,6 +9,7 @@ several windows). `maxtext` is found by name in lm-eval's registry next to lm-ev
 a key the model does not read is refused naming it."""
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -216,3 +217,38 @@ def test_a_key_the_model_does_not_read_is_refused(setup):
   from MaxText.lmeval.model import MaxTextLM
   with pytest.raises(ConfigError, match="prompt='hi'.*does not read prompt"):
     MaxTextLM(load_parameters_path=setup[1], prompt="hi", devices=jax.devices()[:1])
+
+
+def test_the_documented_command_prints_its_table(setup, tmp_path):
+  """docs/decoding.md's first lm-eval command, as written there (`python -m MaxText.lmeval --model
+  maxtext`, the local task shipped in end_to_end/data/lmeval/), on the tiny checkpoint in place of
+  the page's runs/tiny/checkpoints, offline: lm-eval's results table on stdout, exit 0 (it used to
+  die writing the table: pytz missing). The task file the page shows is the shipped one."""
+  import subprocess
+  import sys
+
+  import yaml
+  from conftest import ROOT, tool_home, xla_flags
+  from docs_blocks import blocks, commands, page, split_command
+  section = blocks(page("decoding.md"), "lm-evaluation-harness")
+  [first] = [c for _, body in section[:1] for c in commands(body)][:1]
+  env, words = split_command(first)
+  assert words[:3] == [".venv/bin/python", "-m", "MaxText.lmeval"] and not env
+  assert "load_parameters_path=runs/tiny/checkpoints" in words
+  words = [w.replace("runs/tiny/checkpoints", setup[1]) for w in words]
+  shown = [yaml.safe_load(body) for lang, body in section if lang == "yaml"]
+  with open(os.path.join(ROOT, "end_to_end", "data", "lmeval", "tiny_python.yaml"),
+            encoding="utf-8") as f:
+    assert shown == [yaml.safe_load(f)]
+  done = subprocess.run(
+      [sys.executable, *words[1:]], cwd=ROOT, capture_output=True, text=True, check=False,
+      env={**os.environ, "HOME": tool_home(tmp_path), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": xla_flags(1), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "Traceback" not in done.stderr
+  rows = [line for line in done.stdout.splitlines() if line.startswith("|")]
+  assert rows and rows[0].replace(" ", "").startswith("|Tasks|Version|Filter|n-shot|Metric|")
+  acc = [r for r in rows if re.match(r"\|tiny_python\s*\|.*\|acc\s*\|", r)]
+  assert len(acc) == 1, done.stdout[-3000:]
+  value = float(acc[0].split("|")[7])
+  assert 0.0 <= value <= 1.0 and value * 8 == round(value * 8)   # a share of the 8 items

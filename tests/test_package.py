@@ -62,3 +62,67 @@ def test_setup_uv_hands_pip_configuration_to_uv(tmp_path):
   # a setting it does not translate stops it, so that setup.sh installs with pip
   done = run(("PIP_PROXY", "http://proxy.example:3128"))
   assert done.returncode != 0 and "proxy" in done.stderr
+
+
+# Requirements of the packages setup.sh installs with --no-deps (requirements-nodeps.txt) that are
+# knowingly not met, with the reason; every other one must be installed, at a version it accepts.
+UNMET = {
+    # xpk: only its argument parser and system table are imported (tests/xpk_parse.py); its cluster
+    # clients are not installed and its pins conflict with ours (requirements.txt)
+    "xpk": "*",
+    # typepy[datetime] wants python-dateutil<3; 4.0.0 is installed for the rest, and typepy's use
+    # of it (parsing a date) works with it
+    "typepy": "python-dateutil",
+}
+
+
+def unmet_requirements(dist_names, installed_version):
+  """(dist, requirement) pairs among `dist_names`' requirements (extras named by a requirement
+  followed, e.g. pytablewriter's typepy[datetime]) that `installed_version(name)` (None: not
+  installed) does not satisfy."""
+  from importlib import metadata
+
+  from packaging.requirements import Requirement
+  from packaging.utils import canonicalize_name
+  todo, seen, out = [(canonicalize_name(n), "") for n in dist_names], set(), []
+  while todo:
+    name, extra = todo.pop()
+    if (name, extra) in seen:
+      continue
+    seen.add((name, extra))
+    for text in metadata.requires(name) or []:
+      req = Requirement(text)
+      if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+        continue
+      version = installed_version(req.name)
+      if version is None or not req.specifier.contains(version, prereleases=True):
+        out.append((name, str(req)))
+      elif version is not None:
+        todo += [(canonicalize_name(req.name), e) for e in req.extras or [""]]
+  return out
+
+
+def _installed(name):
+  from importlib import metadata
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return None
+
+
+def test_every_requirement_of_the_no_deps_packages_is_installed():
+  """pip/uv check nothing for a --no-deps install: lm-eval's results table needs pytablewriter ->
+  typepy[datetime] -> pytz, and without it `python -m MaxText.lmeval` died at its last line."""
+  pytest.importorskip("packaging")
+  from packaging.requirements import Requirement
+  with open(os.path.join(ROOT, "requirements-nodeps.txt"), encoding="utf-8") as f:
+    names = [Requirement(line.strip()).name for line in f if line.strip() and not line.startswith("#")]
+  assert "typepy" in names and "lm_eval" in names
+  unmet = [(d, r) for d, r in unmet_requirements(names, _installed)
+           if UNMET.get(d) not in ("*", Requirement(r).name)]
+  assert unmet == []
+  # the checker sees a missing one, behind an extra: pytz, typepy[datetime]'s, reached from
+  # pytablewriter (whose requirement names the extra)
+  without_pytz = lambda n: None if n == "pytz" else _installed(n)
+  assert ("typepy", 'pytz>=2018.9; extra == "datetime"') in unmet_requirements(
+      ["pytablewriter"], without_pytz)

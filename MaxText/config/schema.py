@@ -143,7 +143,7 @@ class Config(RunKeys):
                                min=1, tools=(*DECODERS, "lm_eval"))
   max_cache_length: int = key(0, "positions the KV cache holds (prompt + new tokens); 0 = the "
                               "longest prompt + max_new_tokens, rounded up to a power of two "
-                              "(serve: per slot; 0 = max_position_embeddings)",
+                              "(serve: per slot; 0 = max_position_embeddings, at most 2048)",
                               min=0, tools=(*DECODERS, "lm_eval", "serve"))
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
@@ -167,8 +167,9 @@ class Config(RunKeys):
                            "listening, so no request waits on one")
   serve_max_tokens: int = key(16384, "a request's n x max_tokens at most (400 beyond)", min=1)
   serve_max_body_bytes: int = key(8 << 20, "a request body's bytes at most (413 beyond)", min=1)
-  serve_model_name: str = key("", "the model's name in /v1/models and requests; \"\" = the "
-                              "checkpoint's or hf_path's folder name")
+  serve_model_name: str = key("", "the model's name in /v1/models and requests; \"\" = hf_path's "
+                              "folder name, or the run's for a run's checkpoints (runs/NAME/"
+                              "checkpoints[/STEP]: NAME), else the checkpoint folder's")
   log_prompts: bool = key(False, "log each request's prompt and completion text (off: only "
                           "their token counts)")
 

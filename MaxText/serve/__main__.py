@@ -9,7 +9,7 @@ sent events), GET /health, GET /metrics (Prometheus). The model loads as for `Ma
 configs/base.yml, section "serving", and its own arguments below: it binds 127.0.0.1 unless
 `host=` says otherwise; with `api_key=` (or the variable `api_key_env` names, MAXTEXT_API_KEY)
 every request needs `Authorization: Bearer <key>`; `serve_slots` requests decode together, each
-slot holding `max_cache_length` positions (0: the model's max_position_embeddings). Prints one
+slot holding `max_cache_length` positions (0: the model's max_position_embeddings, at most 2048). Prints one
 line when it listens: "serving MODEL on http://HOST:PORT", after the start-up line (where the
 seconds to listening went), and one when the first request is answered (its seconds and the
 programs compiled for it: the server compiles at its first requests). SIGTERM / Ctrl-C: no new connections,
@@ -34,6 +34,9 @@ from MaxText.data.errors import DataError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 
 GIL_SWITCH_S = 0.0005     # the process's GIL switch interval while serving (see main)
+# A slot's positions when max_cache_length is 0: the model's limit, at most this (a model's limit,
+# e.g. Qwen3's 40,960, times serve_slots would reserve a cache few requests need)
+DEFAULT_ROOM = 2048
 
 ARGS = {
     "host": Arg(str, "127.0.0.1",
@@ -64,10 +67,20 @@ def server_class():
 
 
 def model_name(cfg) -> str:
+  """serve_model_name, else hf_path's folder name, else the run's name for a run's checkpoints
+  (`runs/NAME/checkpoints` or a step of it: NAME), else the checkpoint folder's name."""
   if cfg.serve_model_name:
     return cfg.serve_model_name
   path = cfg.hf_path or cfg.load_parameters_path
-  return os.path.basename(os.path.normpath(os.path.expanduser(path))) if path else "maxtext"
+  if not path:
+    return "maxtext"
+  parts = os.path.normpath(os.path.expanduser(path)).split(os.sep)
+  if not cfg.hf_path:
+    if len(parts) >= 3 and parts[-2] == "checkpoints" and parts[-1].isdigit():
+      parts = parts[:-1]
+    if len(parts) >= 2 and parts[-1] == "checkpoints" and parts[-2]:
+      parts = parts[:-1]
+  return parts[-1] or "maxtext"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -117,7 +130,7 @@ def run(argv: Sequence[str]) -> int:
     raise ConfigError(f"the server runs in one process ({jax.process_count()} here): its engine "
                       f"thread would step alone; serve from one host (its devices: any mesh)")
   cfg = model.cfg
-  room = cfg.max_cache_length or model.engine.mcfg.max_position_embeddings
+  room = cfg.max_cache_length or min(model.engine.mcfg.max_position_embeddings, DEFAULT_ROOM)
   metrics = Metrics()
   metrics.slots.set(cfg.serve_slots)
   slots = Slots(model.engine, cfg.serve_slots, room, chunk=cfg.serve_chunk)
