@@ -27,14 +27,14 @@ splash attention, loss_chunk_length=128 unless said; XLA = `compiled_step_bytes`
   save_attention b6 15.58 (b4 fused 13.37), save_qkv_proj b4 15.12, save_qkv_attention b4 15.96,
   save_dot_except_mlp b4 16.33, save_dot_except_mlp_in b4 16.33; compile failures (XLA's
   figure): save_matmuls b8 23.04, save_matmuls b4 16.39, none b2 21.20.
-The two `full` batches fix the per-row cost (0.45 GiB a row: the carry 0.11 + the working set
-0.34, i.e. 28,672 values a token at 2 + 4 bytes — one layer's recomputed intermediates in bf16 and
+The two `full` batches fix the per-row cost (0.45 GiB a row; the model: the carry 0.11 + the
+working set 0.33, i.e. 28,672 values a token at 2 + 4 bytes — one layer's recomputed intermediates in bf16 and
 their fp32 gradients) and the fixed part (~1.3 GiB: the bf16 copy of the fp32 weights, 1.11 GiB);
 loss chunks of 512 raise XLA's count by 0.5 GiB, not by the 2 x 2.3 GiB of two fp32 logit copies:
 the chunk's fp32 logits and the layers' backward are not live at once (the loss's gradient is
 computed in the forward pass, losses/chunked.py), so the larger of the two counts, and the
 chunk's cotangent is computed from its logits in place (one fp32 copy). The named saves' rows read
-6-9 % above the estimate: they ran with XLA's figures up to 0.6 GiB over the limit, so near the
+5-9 % above the estimate: they ran with XLA's figures up to 0.6 GiB over the limit, so near the
 limit XLA's count is an upper bound, not the peak.
 """
 from __future__ import annotations
