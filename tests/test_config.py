@@ -91,7 +91,8 @@ def test_implementation_tables_match_the_schemas_choices():
   from MaxText.layers.mlp import ACTIVATIONS
   from MaxText.layers.moe import RAGGED_ALL_TO_ALL
   from MaxText.layers.stack import REMAT_POLICIES
-  assert set(REMAT_POLICIES) == set(choices("remat_policy"))
+  from MaxText.train.memory_plan import SPEED_ORDER
+  assert set(REMAT_POLICIES) == set(choices("remat_policy")) - {"auto"} == set(SPEED_ORDER)
   assert set(ACTIVATIONS) == set(choices("mlp_activation"))
   assert set(RAGGED_ALL_TO_ALL) == set(choices("moe_dispatch")) - {"auto"}
   assert set(choices("attention")) - {"autoselected"} <= set(ATTENTION_OPS)

@@ -29,7 +29,9 @@ def test_activation_estimate_follows_the_settings(tmp_path):
   assert acts["none"] > acts["save_matmuls"] > acts["full"] > 0
   base = estimate(trainer(tmp_path))[0]
   assert estimate(trainer(tmp_path, "per_device_batch_size=8"))[0] == pytest.approx(2 * base, rel=1e-6)
-  assert estimate(trainer(tmp_path, "loss_chunk_length=16"))[0] < base - 4 * 128 * 4096 * 4
+  # the whole sequence's two fp32 logit copies outweigh the layers' backward working set, one
+  # chunk's do not (the larger of the two counts; tests/test_memory_plan.py: the chip's figures)
+  assert estimate(trainer(tmp_path, "loss_chunk_length=16"))[0] < base
 
 
 @pytest.mark.parametrize("overrides", [(), ("remat_policy=full",), ("dtype=bfloat16",),

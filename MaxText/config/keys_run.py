@@ -98,8 +98,9 @@ class RunKeys:
       "(recompute all but weight-matmul outputs) | named saves, the rest recomputed: "
       "save_attention (the attention op's residuals), save_qkv_proj, save_qkv_attention, "
       "save_dot_except_mlp (q/k/v, attention, output projection), save_dot_except_mlp_in (also "
-      "the MLP's down projection)",
-      choices=("none", "full", "save_matmuls", "save_attention", "save_qkv_proj",
+      "the MLP's down projection) | auto (the fastest of these whose memory estimate fits: "
+      "train/memory_plan.py)",
+      choices=(AUTO, "none", "full", "save_matmuls", "save_attention", "save_qkv_proj",
                "save_qkv_attention", "save_dot_except_mlp", "save_dot_except_mlp_in"),
       **_COMPUTE, tools=MODEL_TOOLS)
   attention: str = key(

@@ -218,6 +218,8 @@ def resolve_dtype(cfg: Config, *, training: bool) -> Config:
   `matmul_precision=auto` for that dtype (`resolve_precision`)."""
   if cfg.dtype == AUTO:
     cfg = dataclasses.replace(cfg, dtype=AUTO_TRAINING_DTYPE if training else AUTO_TOOL_DTYPE)
+  if cfg.remat_policy == AUTO and not training:   # a training run's Trainer picks it by memory
+    cfg = dataclasses.replace(cfg, remat_policy="full")
   if cfg.matmul_precision == AUTO:
     cfg = dataclasses.replace(cfg, matmul_precision=resolve_precision(AUTO, cfg.dtype))
   return cfg

@@ -6,6 +6,8 @@
   matmul_precision=auto   highest when the compute dtype is float32 (a float32 matmul is float32 on
                           every platform), else default (MaxText's default); the model is traced
                           at it (`ModelDef.traced`: jax.default_matmul_precision).
+  remat_policy=auto       resolved by the Trainer, once its state's size is known: the fastest
+                          policy whose memory estimate fits (train/memory_plan.py).
   loss_chunk_length=-1    chunks of AUTO_CHUNK_LENGTH positions when the family has a separate LM
                           head (`logits`), the vocabulary is at least AUTO_CHUNK_VOCAB_RATIO x
                           the model width (the fp32 logits then dwarf the hidden states) and the
@@ -57,6 +59,7 @@ class Training:
   the user left at auto (for the mesh line)."""
   cfg: Config
   auto: frozenset[str]
+  remat_note: str = ""   # remat_policy=auto: which policy and why (the Trainer's memory plan)
 
 
 def for_training(cfg: Config | Training) -> Training:
@@ -84,4 +87,5 @@ def describe(training: Training) -> str:
            else "loss over the whole sequence")
   if "loss_chunk_length" in training.auto:
     chunk += " (loss_chunk_length=-1: auto)"
-  return f"{dtype}, weights {used.weight_dtype}; {chunk}"
+  remat = f"; {training.remat_note}" if training.remat_note else ""
+  return f"{dtype}, weights {used.weight_dtype}; {chunk}{remat}"

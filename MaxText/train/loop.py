@@ -19,7 +19,7 @@ from MaxText.checkpoint import data_state
 from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import RunCheckpoints
 from MaxText.config.load import ConfigError, load_config, models_dir, to_yaml
-from MaxText.config.schema import ARCHITECTURE_KEYS, Config
+from MaxText.config.schema import ARCHITECTURE_KEYS, AUTO, Config
 from MaxText.data.batch import BATCH_KEYS, row_specs
 from MaxText.data.config import DataConfig
 from MaxText.data.errors import BadRecordsError, DataError
@@ -47,7 +47,7 @@ from MaxText.runtime.startup import StartupClock
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import batch_sharding, parse_rules, rows_like, sharding_report
 from MaxText.storage import paths
-from MaxText.train import memory
+from MaxText.train import memory, memory_plan
 from MaxText.train.optimizer import learning_rate_schedule, make_optimizer
 from MaxText.train.periodic import Periodic
 from MaxText.train.run_log import log, log_error, log_host
@@ -79,6 +79,8 @@ class Trainer:
   (MaxText/config/tools.py); `run()` refuses any other key set away from its default."""
 
   tool = "train"
+  # the variant the memory estimate counts (`estimate_with`: remat_policy, loss_chunk, batch)
+  planning: dict = {}
 
   def __init__(self, cfg: Config | auto_settings.Training,
                devices: Sequence[jax.Device] | None = None, tokenizer: Tokenizer | None = None):
@@ -117,6 +119,23 @@ class Trainer:
     # set by run(): the holder of a stale run lock this run took over (a run that died)
     self.dead_previous_run: dict | None = None
     self.clock = StartupClock(from_process_start=False)  # run() sets the one from the command
+    if cfg.remat_policy == AUTO:
+      self._resolve_remat()
+
+  def _resolve_remat(self) -> None:
+    """remat_policy=auto: the fastest policy whose estimate (this state + that policy's
+    activations; train/memory_plan.py) fits; the model rebuilt with it (nothing else depends on
+    the policy), the reason kept for the start-up line."""
+    policy, why = memory_plan.pick_remat(
+        lambda **planning: self.estimate_with(own=False, **planning), self.cfg.decoder_block)
+    self.training = dataclasses.replace(
+        self.training, cfg=dataclasses.replace(self.cfg, remat_policy=policy),
+        auto=self.training.auto | {"remat_policy"}, remat_note=why)
+    self.cfg = self.training.cfg
+    self.mcfg = ModelConfig.from_config(self.cfg)
+    self.model_def = make_model_def(self.mcfg)
+    self.checkpointed = CheckpointedState(self.cfg, self.mcfg, self.abstract, self.shardings,
+                                          self.tx, self.adapters_only)
 
   def _state_of(self, cfg: Config, mcfg: ModelConfig) -> tuple[Any, Any, dict, dict]:
     """(model definition, optimizer, the state's shardings, the abstract state) of `cfg` on this
@@ -191,18 +210,33 @@ class Trainer:
     """Sequences of each global batch one device holds (its block of the batch sharding)."""
     return self.batch_sharding.shard_shape((self.global_batch, self.cfg.max_target_length))[0]
 
-  def activation_bytes(self) -> int:
+  def activation_bytes(self, remat_policy: str | None = None, loss_chunk: int | None = None,
+                       batch: float | None = None) -> int:
     """The memory pre-flight's estimate of one micro-batch step's activations per device, plus
-    what the family keeps beyond a generic decoder layer (e.g. recurrent states)."""
+    what the family keeps beyond a generic decoder layer (e.g. recurrent states); of this run or
+    of its variant with another remat policy, loss chunk or per_device_batch_size."""
+    mcfg = self.mcfg if remat_policy is None else dataclasses.replace(self.mcfg,
+                                                                      remat_policy=remat_policy)
     rows = self.rows_per_device() / self.micro_batches()
-    return (memory.activation_bytes(self.mcfg, rows=rows, seq=self.cfg.max_target_length,
-                                    loss_chunk=self.cfg.loss_chunk_length,
-                                    schedule=self.schedule)
-            + self.family.activation_bytes(self.mcfg, rows, self.cfg.max_target_length))
+    if batch is not None:
+      rows = rows * batch / self.cfg.per_device_batch_size
+    return (memory.activation_bytes(
+        mcfg, rows=rows, seq=self.cfg.max_target_length,
+        loss_chunk=self.cfg.loss_chunk_length if loss_chunk is None else loss_chunk,
+        schedule=self.schedule, param_bytes=memory.per_device_bytes(self.abstract["params"]))
+            + self.family.activation_bytes(mcfg, rows, self.cfg.max_target_length))
 
   def memory_estimate(self) -> memory.MemoryEstimate:
-    return memory.estimate(self.abstract, self.devices, self.activation_bytes(),
+    return memory.estimate(self.abstract, self.devices, self.activation_bytes(**self.planning),
                            self.trained_params())
+
+  def estimate_with(self, own: bool = True, **planning) -> memory.MemoryEstimate:
+    """The estimate of this run's variant `planning` (activation_bytes' keywords); `own`: with
+    what this trainer adds (its `memory_estimate`: a reference copy, a decoding cache), else
+    train.py's."""
+    other = copy.copy(self)
+    other.planning = planning
+    return other.memory_estimate() if own else Trainer.memory_estimate(other)
 
   def device_batch(self, host_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: jax.make_array_from_process_local_data(self.batch_shardings[k], host_batch[k],
@@ -332,7 +366,13 @@ class Trainer:
     def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
       if not compiled:
         t0 = time.perf_counter()
-        compiled.append(self.compile_step())
+        try:
+          compiled.append(self.compile_step())
+        except Exception as e:  # noqa: BLE001 — XLA refusing what does not fit: exit 2, one line
+          if not memory.is_out_of_memory(e):
+            raise
+          raise ConfigError(memory.compile_failure(e, self.memory_estimate(), memory_plan.fastest_fit(
+              self.estimate_with, self.cfg, after=self.cfg.remat_policy))) from None
         log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
 
     state, start = self.checkpointed.initial_state(ckpts, data_iter, meanwhile=compile_once)
@@ -414,7 +454,7 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   trainer.distributed = plan
   trainer.cpu_defaults = cpu_defaults
   est = trainer.memory_estimate()   # state + activations (per remat policy, rows, loss chunk)
-  if est.needed > est.available:
+  if est.needed > est.limit:   # on an accelerator: beyond the estimate's error, else XLA decides
     halved = None if cfg.weight_dtype == "bfloat16" else trainer.with_weight_dtype("bfloat16")
     raise ConfigError(memory.check_fits(est, memory.advice(
         est, trainer.abstract, family_models_that_fit(cfg, argv, devices),
@@ -422,7 +462,8 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
         None if halved is None else memory.Alternative(
             "weight_dtype=bfloat16", halved.memory_estimate(),
             memory.total_state_bytes(halved.abstract, halved.trained_params(),
-                                     bool(est.reference))))))
+                                     bool(est.reference))),
+        memory_plan.fastest_fit(trainer.estimate_with, trainer.cfg))))
   if tight := memory.warning(est):
     log_error(f"warning: {tight}")
   clock.mark("mesh")
@@ -471,7 +512,7 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
       est = Trainer(other, devices).memory_estimate()
     except (ConfigError, ValueError):
       continue   # this mesh does not suit that model
-    if est.needed <= est.available:
+    if est.fits:
       fits.append((name, est.needed))
   return sorted(fits, key=lambda f: -f[1])
 

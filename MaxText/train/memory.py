@@ -10,10 +10,37 @@ keeps beside the step: a reference copy of the parameters, a decoding cache betw
 rollouts: it takes the activations' place, so the larger of the two counts). Over the
 available memory the run is refused (exit 2); over `WARN_FRACTION` of it, a warning. After
 compiling, `compiled_step_bytes` gives XLA's own count of the step's buffers for the same check.
+
+On an accelerator (platform != cpu) the estimate is an estimate and XLA decides: the run is
+refused before compiling only when the estimate exceeds the available memory by more than
+ERROR_MARGIN (`MemoryEstimate.limit`); otherwise the step is compiled, XLA refuses at compile time
+what does not fit (RESOURCE_EXHAUSTED: `compile_failure`, exit 2 with XLA's figure and what would
+fit), and a step that compiled is never refused afterwards (`check_compiled`: a warning above
+WARN_FRACTION). On CPU nothing refuses at compile time and the host's RAM is shared: the estimate
+refuses at the available memory, and so does XLA's count after compiling.
+
+The activation model (`activation_bytes`) and what it was fitted to — one TPU v5e (15.75 GiB
+`bytes_limit`), Qwen3-0.6B at seq 2048, bf16 compute, fp32 weights and Adam (state 8.88 GiB),
+splash attention, loss_chunk_length=128 unless said; XLA = `compiled_step_bytes`
+(tests/test_memory_plan.py holds the table and checks every row that ran within ERROR_MARGIN):
+  full b8 13.77 (fused splash backward 14.02; loss chunks of 512: 14.30), full b16 17.39,
+  save_attention b6 15.58 (b4 fused 13.37), save_qkv_proj b4 15.12, save_qkv_attention b4 15.96,
+  save_dot_except_mlp b4 16.33, save_dot_except_mlp_in b4 16.33; compile failures (XLA's
+  figure): save_matmuls b8 23.04, save_matmuls b4 16.39, none b2 21.20.
+The two `full` batches fix the per-row cost (0.45 GiB a row; the model: the carry 0.11 + the
+working set 0.33, i.e. 28,672 values a token at 2 + 4 bytes — one layer's recomputed intermediates in bf16 and
+their fp32 gradients) and the fixed part (~1.3 GiB: the bf16 copy of the fp32 weights, 1.11 GiB);
+loss chunks of 512 raise XLA's count by 0.5 GiB, not by the 2 x 2.3 GiB of two fp32 logit copies:
+the chunk's fp32 logits and the layers' backward are not live at once (the loss's gradient is
+computed in the forward pass, losses/chunked.py), so the larger of the two counts, and the
+chunk's cotangent is computed from its logits in place (one fp32 copy). The named saves' rows read
+5-9 % above the estimate: they ran with XLA's figures up to 0.6 GiB over the limit, so near the
+limit XLA's count is an upper bound, not the peak.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,8 +54,15 @@ GiB = 2**30
 # a process can peak well above its step's XLA buffers (allocator high-water marks from
 # initialisation; benchmarks/RESULTS.md, the memory pre-flight), so warn early
 WARN_FRACTION = 0.7
-# the process itself beyond the step's buffers: runtime, compiled code, host batches, allocator slack
+# the process itself beyond the step's buffers: runtime, compiled code, host batches, allocator
+# slack. On CPU the host's RAM also holds the Python process and its libraries; an accelerator's
+# `bytes_limit` is already the memory the program may use (the runtime's reservation taken out),
+# so only the compiled code, the next batch and the allocator's slack remain
 RUNTIME_ALLOWANCE = 1 * GiB
+RUNTIME_ALLOWANCE_ACCELERATOR = GiB // 4
+# the estimate's error against XLA's count (the table above): on an accelerator a run is refused
+# before compiling only above available x (1 + ERROR_MARGIN); below, XLA decides at compile time
+ERROR_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -43,6 +77,7 @@ class MemoryEstimate:
   reference: int = 0     # a second copy of the parameters kept all along (a KL reference)
   decode_cache: int = 0  # a decoding cache allocated between steps (not during one)
   decode_cache_fix: str = ""   # what lowers `decode_cache` (the keys), for the message
+  platform: str = "cpu"        # the devices' platform: an accelerator's XLA refuses what won't fit
 
   @property
   def state(self) -> int:
@@ -58,6 +93,19 @@ class MemoryEstimate:
   @property
   def needed(self) -> int:
     return self.state + self.transient + self.runtime
+
+  @property
+  def limit(self) -> int:
+    """Above this the pre-flight refuses: the available memory (CPU), or on an accelerator that
+    plus the estimate's error margin (below it XLA's compile decides)."""
+    if self.platform == "cpu":
+      return self.available
+    return int(self.available * (1 + ERROR_MARGIN))
+
+  @property
+  def fits(self) -> bool:
+    """The estimate is within the available memory (what `remat_policy=auto` and `advice` ask)."""
+    return self.needed <= self.available
 
 
 def per_device_bytes(abstract: Any) -> int:
@@ -82,22 +130,33 @@ def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]
   return psutil.virtual_memory().available // local, f"host RAM available / {local} local devices"
 
 
-def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedule=None) -> int:
+def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedule=None,
+                     param_bytes: int = 0) -> int:
   """Estimated activation bytes of one micro-batch step on a device holding `rows` sequences of
   `seq` tokens (generic dense/MoE decoder dimensions; a model with per-layer variants is counted
-  with its base layer):
-    kept per layer for the backward pass — the layer input (the scan carry) under any remat
-    policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out); with a
-    named policy (`save_attention`, ...) the values it names; with `none` every intermediate, the
-    attention scores included;
-    one layer's working set in the backward pass (fp32 intermediates; the S x S scores of
-    non-flash attention);
-    the fp32 logits of one loss chunk (whole sequence when `loss_chunk` is 0) and their gradient.
+  with its base layer; c = the compute dtype's bytes, tokens = rows x seq):
+    kept all along — the compute-dtype copy of the weights when the weights are wider
+    (`param_bytes`, this device's parameter bytes, x c / their width);
+    kept per layer for the backward pass — the layer input (the scan carry, tokens x D x c) under
+    any remat policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out);
+    with a named policy the values it names, in the compute dtype (`save_attention`: the attention
+    op's residuals, out [tokens, H x E] + its fp32 logsumexp [H, tokens]; `save_qkv_proj`: q, k, v;
+    the output projection and the MLP's down projection D each); with `none` every
+    intermediate, the attention scores included;
+    the larger of (they are not live at once: the loss's gradient is computed before the layers'
+    backward) one layer's working set in the backward pass — its recomputed intermediates in the
+    compute dtype and their fp32 gradients, tokens x (q k v, attention out, o, gate, up, down, the
+    norms', the activation's) x (c + 4), and the S x S scores of non-flash attention — and the
+    loss's: one chunk's fp32 logits [rows, chunk, V] (its cotangent computed from them in place),
+    or with the whole sequence at once (`loss_chunk` 0) the logits kept for the backward and their
+    gradient, two copies.
+  The derivation's figures: the module docstring.
   Pipelined (`schedule`, layers/pipeline.py; `rows` then counts the stage axis's split of the
   batch, as the embedding and the loss see it): a stage keeps its L / S layers' residuals for
   every iteration of the schedule — (M x R + S - 1) / (M x R) times the layers' share of a run
   without stages (the bubble's iterations included) — and its working set is one microbatch's."""
   c = jnp.dtype(mcfg.compute_dtype).itemsize
+  w = jnp.dtype(mcfg.weight_dtype).itemsize
   tokens = rows * seq
   D, H, K, E, L = (mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim,
                    mcfg.num_decoder_layers)
@@ -108,29 +167,35 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   matmul_outs = qkv + H * E + 2 * F + 2 * D          # q k v, attention out, o; gate, up; down
   scores = rows * H * seq * seq if mcfg.attention in ("dot_product",) else 0
   per_layer = tokens * D * c                           # the carry
-  named = {"save_attention": H * E, "save_qkv_proj": qkv, "save_qkv_attention": qkv + H * E,
-           "save_dot_except_mlp": qkv + H * E + D, "save_dot_except_mlp_in": qkv + H * E + 2 * D}
+  lse = H * 4 / c                                      # the attention's fp32 logsumexp, per token
+  attention = H * E + lse
+  named = {"save_attention": attention, "save_qkv_proj": qkv,
+           "save_qkv_attention": qkv + attention, "save_dot_except_mlp": qkv + attention + D,
+           "save_dot_except_mlp_in": qkv + attention + 2 * D}
   if mcfg.remat_policy == "save_matmuls":
-    per_layer += tokens * matmul_outs * c
+    per_layer += tokens * (matmul_outs + lse) * c
   elif mcfg.remat_policy in named:   # the named values (layers/stack.py), each in the compute dtype
     per_layer += tokens * named[mcfg.remat_policy] * c
   elif mcfg.remat_policy == "none":
     per_layer += tokens * (matmul_outs + qkv + 4 * D + 2 * F) * c + scores * (4 + c)
-  working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * 4 + 3 * scores * 4
-  logit_rows = rows * (min(loss_chunk, seq) if loss_chunk > 0 else seq)
-  logits = 2 * logit_rows * mcfg.vocab_size * 4           # the logits and their gradient
+  working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * (c + 4) + 3 * scores * 4
+  if loss_chunk > 0 and loss_chunk < seq:
+    logits = rows * loss_chunk * mcfg.vocab_size * 4
+  else:
+    logits = 2 * rows * seq * mcfg.vocab_size * 4      # the logits and their gradient
   if schedule is not None:
     tasks = schedule.microbatches * schedule.repeats
     per_layer *= (tasks + schedule.stages - 1) / tasks
     working *= schedule.stages / schedule.microbatches     # one microbatch of the stage's rows
-  return int(L * per_layer + working + logits)
+  cast = param_bytes * c // w if c < w else 0
+  return int(cast + L * per_layer + max(working, logits))
 
 
 def runtime_share(devices: Sequence[jax.Device]) -> int:
   """The process's allowance per device: on CPU the local devices share the host (and its one
   process), so each carries its part of the allowance; an accelerator's memory carries it whole."""
   if devices[0].platform != "cpu":
-    return RUNTIME_ALLOWANCE
+    return RUNTIME_ALLOWANCE_ACCELERATOR
   local = max(1, sum(1 for d in devices if d.process_index == jax.process_index()))
   return RUNTIME_ALLOWANCE // local
 
@@ -144,7 +209,7 @@ def estimate(abstract_state: dict, devices: Sequence[jax.Device], activations: i
   return MemoryEstimate(params=params, grads=grads,
                         optimizer=per_device_bytes(abstract_state["opt_state"]),
                         available=available, source=source, activations=activations,
-                        runtime=runtime_share(devices))
+                        runtime=runtime_share(devices), platform=devices[0].platform)
 
 
 def _breakdown(est: MemoryEstimate) -> str:
@@ -163,9 +228,11 @@ def _breakdown(est: MemoryEstimate) -> str:
 def check_fits(est: MemoryEstimate, advice: str = "") -> str | None:
   """None when the step fits; otherwise the message to stop with (ending with `advice`, what
   would fit, when given)."""
-  if est.needed <= est.available:
+  if est.needed <= est.limit:
     return None
-  return (f"the model does not fit: {_breakdown(est)}. " + (advice or (
+  margin = "" if est.limit == est.available else \
+      f" (over it by more than the estimate's {ERROR_MARGIN:.0%} margin)"
+  return (f"the model does not fit: {_breakdown(est)}{margin}. " + (advice or (
       "Shard the state over more devices (ici_fsdp_parallelism / ici_tensor_parallelism, or more "
       "hosts), use weight_dtype=bfloat16, lower per_device_batch_size or max_target_length, use "
       "remat_policy=full, set loss_chunk_length, or pick a smaller model.")))
@@ -189,17 +256,18 @@ def total_state_bytes(abstract_state: dict, trained: Any = None, reference: bool
 
 
 def advice(est: MemoryEstimate, abstract_state: dict, smaller: list[tuple[str, int]],
-           trained: Any = None, lighter: Alternative | None = None) -> str:
+           trained: Any = None, lighter: Alternative | None = None, fastest: str = "") -> str:
   """What would fit: `lighter`'s setting (bfloat16 weights, when they are not already; its
   estimate built for the dtypes that run holds: the moments follow moment_dtype) when its state
   fits, the number of devices of this size the whole state needs when split over all of them
   (fsdp; also with `lighter`) next to this device's activations and runtime, lighter activations
   when they alone leave no room, and the configs of the same family that fit here as they are
   (`smaller`: [(model_name, bytes needed per device)]). `trained`: the parameters with gradients
-  (LoRA: the adapters), when not all."""
+  (LoRA: the adapters), when not all. `fastest`: the fastest configuration of this run that fits
+  (`memory_plan.fastest_fit`, key=value text), named first."""
   total = total_state_bytes(abstract_state, trained, bool(est.reference))
   room = est.available - est.transient - est.runtime   # for the state, per device
-  ways = []
+  ways = [f"the fastest that fits: {fastest}"] if fastest else []
   if lighter is not None and lighter.est.needed <= lighter.est.available:
     ways.append(f"{lighter.setting} (about {lighter.est.needed / GiB:.2f} GiB per device)")
   if room > 0:
@@ -245,7 +313,10 @@ def warning(est: MemoryEstimate) -> str | None:
 
 
 def check_compiled(compiled, devices: Sequence[jax.Device]) -> tuple[str, str | None]:
-  """(a line on the compiled step's memory, the message to stop with or None) from XLA's count."""
+  """(a line on the compiled step's memory, the message to stop with or None) from XLA's count.
+  On an accelerator XLA refuses at compile time what does not fit, and its count over-counts
+  (steps with counts above the limit ran, the module docstring): a step that compiled is not
+  refused, the line then says it is tight."""
   step = compiled_step_bytes(compiled)
   if step is None:
     return "", None
@@ -255,9 +326,29 @@ def check_compiled(compiled, devices: Sequence[jax.Device]) -> tuple[str, str | 
           f"~{runtime / GiB:.2f} GiB of {available / GiB:.2f} GiB available ({source})")
   if step + runtime <= available:
     return line, None
+  if devices[0].platform != "cpu":
+    return (f"{line}; tight (XLA compiled it, so it fits: its count is an upper bound near the "
+            f"limit)"), None
   return line, (f"the compiled step does not fit: {line}. Lower per_device_batch_size or "
                 f"max_target_length, use remat_policy=full, set loss_chunk_length, or shard over "
                 f"more devices.")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether a compile error is XLA refusing a program that does not fit (RESOURCE_EXHAUSTED)."""
+  return "RESOURCE_EXHAUSTED" in str(error) or "Ran out of memory" in str(error)
+
+
+def compile_failure(error: BaseException, est: MemoryEstimate, fits: str = "") -> str:
+  """The one line for a step XLA refused to compile for memory: XLA's own figure (its message's
+  sentence naming the sizes), the pre-flight's estimate, and `fits` (what would fit)."""
+  text = " ".join(str(error).split())
+  figure = re.search(r"[Uu]sed [\d.]+\w* of [\d.]+\w* \w+|HLO temporaries .*?exceeds [\d.]+\w*", text)
+  said = figure.group(0) if figure else text[:200]
+  return (f"the step does not fit in memory: XLA refused to compile it ({said}); the pre-flight "
+          f"estimated {est.needed / GiB:.2f} GiB of {est.available / GiB:.2f} GiB available "
+          f"({est.source})." + (f" What would fit: {fits}." if fits else " Lower per_device_batch_size, use "
+                               "remat_policy=full or set loss_chunk_length."))
 
 
 def compiled_step_bytes(compiled) -> int | None:
