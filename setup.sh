@@ -7,27 +7,46 @@
 # or an install with it fails, setup.sh says so and installs with pip. (--gpu's plugin: with pip.)
 #   bash setup.sh            CPU-only JAX
 #   bash setup.sh --gpu      adds the CUDA 12 plugin for NVIDIA hosts
+#   bash setup.sh --tpu      TPU VMs: jax's pinned libtpu (jax[tpu]); where the host's Python already
+#                            has libtpu (a provided image), .venv sees the host's packages instead
 # It prints one line before installing (how many packages, the size, how long it usually takes) and
 # one when done. Idempotent: when requirements.txt and pyproject.toml have not changed since the last
 # successful install, it prints nothing and returns in well under a second.
 set -euo pipefail
 cd "$(dirname "$0")"
 GPU=0
+TPU=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) GPU=1 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (known: --gpu)" >&2; exit 2 ;;
+    --tpu) TPU=1 ;;
+    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (known: --gpu, --tpu)" >&2; exit 2 ;;
   esac
 done
+if [ "$GPU" = 1 ] && [ "$TPU" = 1 ]; then
+  echo "setup.sh: --gpu and --tpu exclude each other" >&2; exit 2
+fi
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
   echo "setup.sh: $PY is $("$PY" --version 2>&1); Python >= 3.11 is required" >&2; exit 1
 fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# --tpu on a host whose Python already has libtpu (an image that provides jax for its chip): the
+# venv sees the host's packages, so that libtpu is the one jax loads; else jax[tpu]'s pin below
+HOST_LIBTPU=0
+if [ "$TPU" = 1 ] && "$PY" -c 'import libtpu' 2> /dev/null; then
+  HOST_LIBTPU=1
+fi
+if [ ! -x .venv/bin/python ]; then
+  if [ "$HOST_LIBTPU" = 1 ]; then
+    "$PY" -m venv --system-site-packages .venv
+  else
+    "$PY" -m venv .venv
+  fi
+fi
 stamp=.venv/.requirements.sha256
-want="$( (cat requirements.txt requirements-nodeps.txt pyproject.toml; echo "gpu=$GPU") | sha256sum \
-  | cut -d' ' -f1)"
+want="$( (cat requirements.txt requirements-nodeps.txt pyproject.toml; echo "gpu=$GPU tpu=$TPU") \
+  | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -59,6 +78,14 @@ fi
 if [ "$GPU" = 1 ]; then
   jaxver=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
   .venv/bin/python -m pip install -qq "jax[cuda12]==$jaxver"
+fi
+if [ "$TPU" = 1 ]; then
+  if [ "$HOST_LIBTPU" = 1 ]; then
+    echo "setup.sh: --tpu: the host's libtpu is used ($("$PY" -c 'import importlib.metadata as m; print("libtpu", m.version("libtpu"))' 2> /dev/null || echo libtpu))"
+  else   # the libtpu jax's own [tpu] extra pins, for the pinned jax
+    jaxver=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
+    .venv/bin/python -m pip install -qq "jax[tpu]==$jaxver"
+  fi
 fi
 echo "$want" > "$stamp"
 echo "setup.sh: .venv ready ($(.venv/bin/python -c 'import jax; print("jax", jax.__version__)'))"

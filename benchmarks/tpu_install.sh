@@ -9,13 +9,18 @@
 #     among them, so the machine's JAX is the one imported);
 #   - the MaxText arm (when .whl-tpu/maxtext/ is there): into $TPU_SITE_MAXTEXT (default
 #     /tmp/site-maxtext), then benchmarks/maxtext_shims.py makes it run on Python 3.11 + jax 0.10.2.
-#     Its path, exported as MAXTEXT_ARM_PYTHONPATH ($TPU_SITE_MAXTEXT:$TPU_SITE), is what
+#     Its path, exported as MAXTEXT_ARM_PYTHONPATH (the machine's PYTHONPATH, where its jax is, then
+#     $TPU_SITE_MAXTEXT:$TPU_SITE), is what
 #     benchmarks/maxtext_arm.py runs MaxText with; ours never sees it.
 # About 10 s. PYTHON=... picks the interpreter (default python3). Returns (or exits) non-zero when
 # something is missing.
 _tpu_install() {
   local py=${PYTHON:-python3} root
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  # the machine's own PYTHONPATH names the folder of its jax/jaxlib/libtpu: both paths below keep
+  # it first (replacing it leaves a process without jax)
+  local machine=${TPU_MACHINE_PYTHONPATH:-${PYTHONPATH:-}}
+  export TPU_MACHINE_PYTHONPATH=$machine
   TPU_SITE=${TPU_SITE:-/tmp/site}
   TPU_SITE_MAXTEXT=${TPU_SITE_MAXTEXT:-/tmp/site-maxtext}
   if ! compgen -G "$root/.whl-tpu/*.whl" > /dev/null; then
@@ -37,7 +42,7 @@ _tpu_install() {
     # maxtext's metadata asks for Python >= 3.12: installed anyway, made to run by the shims
     "${pip[@]}" --ignore-requires-python --target "$TPU_SITE_MAXTEXT" "$root"/.whl-tpu/maxtext/*.whl \
       || return 1
-    export MAXTEXT_ARM_PYTHONPATH=$TPU_SITE_MAXTEXT:$TPU_SITE
+    export MAXTEXT_ARM_PYTHONPATH=${machine:+$machine:}$TPU_SITE_MAXTEXT:$TPU_SITE
     PYTHONPATH=$MAXTEXT_ARM_PYTHONPATH "$py" "$root/benchmarks/maxtext_shims.py" "$TPU_SITE_MAXTEXT" >&2 \
       || return 1
     echo "[tpu_install] the MaxText arm: $(ls "$root"/.whl-tpu/maxtext/*.whl | wc -l) wheels in $TPU_SITE_MAXTEXT (MAXTEXT_ARM_PYTHONPATH=$MAXTEXT_ARM_PYTHONPATH)" >&2

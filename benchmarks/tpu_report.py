@@ -35,6 +35,23 @@ def tests_section(text: str) -> list[str]:
   return lines
 
 
+def measured_section(text: str) -> list[str]:
+  """The tests' measurements (tests.jsonl: written before each assertion)."""
+  rows = []
+  for line in text.splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  if not rows:
+    return []
+  out = ["", "| measured by the `tpu` tests | values |", "|---|---|"]
+  for r in rows:
+    name = r.pop("test")
+    out.append(f"| {name} | `{json.dumps(r)[:400]}` |")
+  return out
+
+
 def startup_section(text: str) -> list[str]:
   line = next((ln for ln in text.splitlines() if ln.startswith("start-up")), None)
   step = [ln for ln in text.splitlines() if re.match(r"step +\d+/", ln)]
@@ -72,7 +89,8 @@ def main() -> int:
   env = _read(os.path.join(d, "env.txt")).strip()
   out = [f"### TPU lane: `benchmarks/tpu_suite.sh` at {args.commit}, "
          f"{datetime.date.today().isoformat()}{', ' + env if env else ''} ({args.seconds} s)", ""]
-  out += tests_section(_read(os.path.join(d, "tests.log"))) + [""]
+  out += tests_section(_read(os.path.join(d, "tests.log")))
+  out += measured_section(_read(os.path.join(d, "tests.jsonl"))) + [""]
   out += startup_section(_read(os.path.join(d, "startup.log"))) + [""]
   mt = maxtext_rows(d)
   ours = json.loads(_read(os.path.join(d, "ours.json")) or "[]")
