@@ -4,7 +4,7 @@ model are config keys (below) and `config`, `max_length`, `max_gen_toks`
 (MaxText/lmeval/model.py).
 
   python -m MaxText.lmeval --model maxtext --model_args load_parameters_path=CKPT \\
-      --tasks hellaswag --batch_size 8
+      --tasks tiny_python --include_path end_to_end/data/lmeval --batch_size 8
   python -m MaxText.lmeval --model maxtext --model_args hf_path=HF_DIR,dtype=float32 \\
       --tasks my_task --include_path my_tasks/ --log_samples --output_path out/
 
