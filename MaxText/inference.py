@@ -8,8 +8,9 @@ prompts and score completions. No torch.
   model.generate([{"messages": [{"role": "user", "content": "Hi"}]}])        # chat template
   model.score([[1, 5, 9]], [[7, 8]])          # [array([log p(7 | 1 5 9), log p(8 | 1 5 9 7)])]
 
-`load` takes what `python -m MaxText.decode` takes (base.yml, then key=value; without a base.yml,
-this repository's configs/base.yml): the parameters of
+`load` takes what `python -m MaxText.decode` takes (a config file, then key=value; without one,
+this repository's configs/base.yml), resolved as train.py resolves it (`resolve_config`: the
+config file, then the model's architecture, then the command line): the parameters of
 `load_parameters_path` (a run's checkpoints/, a step, a converter's output; its architecture comes
 with it) or of `hf_path` (a Hugging Face folder converted in memory), the mesh and logical-axis
 rules of training, and the decoding keys as `generate`'s defaults. A prompt is text (tokenized,
