@@ -8,8 +8,9 @@ prompts and score completions. No torch.
   model.generate([{"messages": [{"role": "user", "content": "Hi"}]}])        # chat template
   model.score([[1, 5, 9]], [[7, 8]])          # [array([log p(7 | 1 5 9), log p(8 | 1 5 9 7)])]
 
-`load` takes what `python -m MaxText.decode` takes (base.yml, then key=value; without a base.yml,
-this repository's configs/base.yml): the parameters of
+`load` takes what `python -m MaxText.decode` takes (a config file, then key=value; without one,
+this repository's configs/base.yml), resolved as train.py resolves it (`resolve_config`: the
+config file, then the model's architecture, then the command line): the parameters of
 `load_parameters_path` (a run's checkpoints/, a step, a converter's output; its architecture comes
 with it) or of `hf_path` (a Hugging Face folder converted in memory), the mesh and logical-axis
 rules of training, and the decoding keys as `generate`'s defaults. A prompt is text (tokenized,
@@ -45,8 +46,7 @@ import jax
 import numpy as np
 
 from MaxText.checkpoint import tokenizer_files
-from MaxText.checkpoint_conversion.hf_io import read_config
-from MaxText.checkpoint_conversion.to_maxtext import config_for_hf, load_hf
+from MaxText.checkpoint_conversion.to_maxtext import hf_params
 from MaxText.config.load import BASE_YML, ConfigError, load_config, replace
 from MaxText.config.schema import Config
 from MaxText.data import chat_template
@@ -58,10 +58,10 @@ from MaxText.decoding.engine import DecodeError, Engine
 from MaxText.decoding.errors import InferenceError
 from MaxText.decoding.sampling import Sampling
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.registry import get_family, get_hf_map, make_model_def
+from MaxText.models.registry import check_model, get_family, get_hf_map, make_model_def
 from MaxText.resolve import hf_sharded, lora_base
+from MaxText.resolve.architecture import adopt_architecture
 from MaxText.resolve.config_checks import validate
-from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
 from MaxText.resolve.tokenizer_setup import MissingTokenizer, choose_tokenizer
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
@@ -411,44 +411,64 @@ def place_hf(hf_params: Any, mcfg: ModelConfig, model_def: Any, shardings: Any) 
 
 
 def sharded_hf_config(folder: str, overrides: list[str]) -> tuple[Config, ShardedHF] | None:
-  """(the config, the folder to read) without reading any tensor, when the folder's family has
-  a NameMap (else None: converted in memory)."""
-  hf_config = read_config(folder)
-  if not hf_sharded.reads_sharded(get_hf_map(hf_config["model_type"])):
+  """(the config of the folder on configs/base.yml with `overrides`, the folder to read): the
+  resolution of `resolve_config` without a config file (the workers and benchmarks that read a
+  folder alone); None when the folder's family reads whole tensors."""
+  cfg = resolve_config([BASE_YML, f"hf_path={folder}", *overrides])
+  if not hf_sharded.reads_sharded(get_hf_map(cfg.hf_model_type)):
     return None
-  st = hf_sharded.SafetensorsFolder(folder)
-  tokenizer = tokenizer_files.files_of(folder)
-  cfg = replace(config_for_hf(hf_config, overrides, st.tensors), tokenizer_type="huggingface" if
-                "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
+  return cfg, sharded_hf(cfg)
+
+
+def sharded_hf(cfg: Config) -> ShardedHF:
+  """The folder at `cfg.hf_path` (the config resolved) to read onto the mesh, its tensors checked
+  against the model first (HFFolderError naming a missing or misshapen one: exit 4)."""
+  st = hf_sharded.SafetensorsFolder(cfg.hf_path)
   mcfg = ModelConfig.from_config(cfg)
   hf_sharded.check_folder(st, hf_sharded.folder_map(get_hf_map(cfg.hf_model_type), st.tensors,
                                                     mcfg),
                           mcfg, hf_sharded.flatten(make_model_def(mcfg).abstract_params))
-  return cfg, ShardedHF(folder, cfg.hf_model_type)
+  return ShardedHF(cfg.hf_path, cfg.hf_model_type)
+
+
+def resolve_config(argv: Sequence[str]) -> Config:
+  """The config a tool runs, resolved as train.py's (MaxText/resolve/architecture.py): the user's
+  config file `argv[0]`, then the architecture of `hf_path` (config.json) or of
+  `load_parameters_path` (the checkpoint's config), then the command line. Reads no parameter.
+  With hf_path the tokenizer type is the folder's files' unless the user chose one; the model
+  is checked against the family (`check_model`). ConfigError (exit 2) naming the key or path."""
+  cfg = load_config(argv)
+  if not cfg.hf_path:
+    return adopt_architecture(cfg, argv, training=False)
+  try:
+    resolved = adopt_architecture(cfg, argv, training=False)
+  except ConfigError:
+    raise
+  except (FileNotFoundError, KeyError, ValueError) as e:   # ValueError: a bad folder
+    raise ConfigError(f"hf_path={cfg.hf_path}: {e}") from None
+  if cfg.tokenizer_type == "auto" and not cfg.tokenizer_path:
+    # the vocabulary is a real tokenizer's: the folder's files say which
+    tokenizer = tokenizer_files.files_of(resolved.hf_path)
+    resolved = replace(resolved, tokenizer_type="huggingface" if "tokenizer.json" in tokenizer
+                       or not tokenizer else "sentencepiece")
+  for key, problem in check_model(ModelConfig.from_config(resolved), resolved.hf_model_type):
+    raise ConfigError(f"{key}: {problem}")
+  return resolved
 
 
 def load_config_for_decoding(argv: Sequence[str]) -> tuple[Config, Any]:
-  """The config (architecture from the checkpoint or the Hugging Face folder) and, for hf_path,
-  its parameters: a ShardedHF (read onto the mesh by `place_hf`) or, for a family whose map reads
-  whole tensors, the converted host parameters."""
-  cfg = load_config(argv)
-  if cfg.hf_path and cfg.load_parameters_path:
-    raise ConfigError("hf_path and load_parameters_path both set: give one of them")
-  if cfg.hf_path:
-    try:
-      folder = os.path.expanduser(cfg.hf_path)
-      sharded = sharded_hf_config(folder, list(argv[1:]))
-      converted, params = sharded if sharded is not None else load_hf(folder, list(argv[1:]))
-      if cfg.tokenizer_type != "auto" or cfg.tokenizer_path:   # the user's choice stands
-        converted = replace(converted, tokenizer_type=cfg.tokenizer_type)
-      return converted, params
-    except ConfigError:
-      raise
-    except (FileNotFoundError, KeyError, ValueError) as e:   # ValueError: a bad folder
-      raise ConfigError(f"hf_path={cfg.hf_path}: {e}") from None
-  if cfg.load_parameters_path:
-    return adopt_checkpoint_architecture(cfg, argv), None
-  return cfg, None
+  """The config (`resolve_config`) and, for hf_path, its parameters: a ShardedHF (read onto the
+  mesh by `place_hf`) or, for a family whose map reads whole tensors, the converted host
+  parameters."""
+  cfg = resolve_config(argv)
+  if not cfg.hf_path:
+    return cfg, None
+  try:
+    if hf_sharded.reads_sharded(get_hf_map(cfg.hf_model_type)):
+      return cfg, sharded_hf(cfg)
+    return cfg, hf_params(cfg.hf_path, cfg)
+  except (FileNotFoundError, KeyError, ValueError) as e:   # ValueError: a bad folder
+    raise ConfigError(f"hf_path={cfg.hf_path}: {e}") from None
 
 
 def _generation_config_eos(hf_path: str) -> list[int]:

@@ -205,7 +205,7 @@ def test_bad_input_exits_2(checkpoint, hf_folder, tmp_path, capsys):
         "tokenizer_type=huggingface"], "has no chat template"),
       ([f"load_parameters_path={gone}", "prompt=hi"], "tokenizer files are not in the checkpoint"),
       ([f"hf_path={folder}", ckpt, "prompt=hi"], "both set"),
-      ([f"hf_path={tmp_path / 'none'}", "prompt=hi"], "hf_path="),
+      ([f"hf_path={tmp_path / 'none'}", "prompt=hi"], f"hf_path: {tmp_path / 'none'}"),
       ([ckpt, "prompt=hi", "temperature=-1"], "temperature"),
   ]
   for args, message in cases:

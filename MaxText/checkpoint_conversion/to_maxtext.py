@@ -107,6 +107,14 @@ def load_hf(hf_path: str, overrides: list[str]) -> tuple[Config, dict]:
   # the vocabulary is a real tokenizer's: a run from this checkpoint never falls back to bytes
   cfg = replace(config_for_hf(hf_config, overrides, tensors), tokenizer_type="huggingface" if
                 "tokenizer.json" in tokenizer or not tokenizer else "sentencepiece")
+  return cfg, hf_params(hf_path, cfg, tensors)
+
+
+def hf_params(hf_path: str, cfg: Config, tensors: HFTensors | None = None) -> dict:
+  """The parameters of the Hugging Face folder `hf_path` as host NumPy arrays, for the model of
+  `cfg` (its architecture already the folder's: `load_hf`, or the tools' resolver,
+  MaxText/resolve/architecture.py). HFFolderError (exit 4) naming a parameter that does not fit."""
+  tensors = HFTensors(hf_path) if tensors is None else tensors
   mcfg = ModelConfig.from_config(cfg)
   family = get_hf_map(cfg.hf_model_type)
   params = family.hf_to_params(tensors, mcfg)
@@ -120,7 +128,7 @@ def load_hf(hf_path: str, overrides: list[str]) -> tuple[Config, dict]:
     if tuple(flat_got[name].shape) != tuple(s.shape):
       raise HFFolderError(f"{hf_path}: parameter {name} has shape {tuple(flat_got[name].shape)}, "
                           f"config.json implies {tuple(s.shape)}")
-  return cfg, params
+  return params
 
 
 def with_peft_adapters(cfg: Config, params: dict, adapter_path: str) -> tuple[Config, dict]:

@@ -92,17 +92,10 @@ def capabilities(*, hf_path: str | None = None, load_parameters_path: str | None
   """A model's capabilities from its config, tokenizer and processor files alone (no parameters
   are read, nothing compiles)."""
   from MaxText import inference
-  from MaxText.checkpoint_conversion.hf_io import read_config
-  from MaxText.checkpoint_conversion.to_maxtext import config_for_hf
-  from MaxText.config.load import replace
   from MaxText.data.multimodal.processor import Processor
   from MaxText.data.tokenizers import HFTokenizer
   from MaxText.models.model_config import ModelConfig
-  source = _source(hf_path, load_parameters_path)
-  if hf_path:
-    cfg = replace(config_for_hf(read_config(hf_path), list(overrides)), hf_path=hf_path)
-  else:
-    cfg, _ = inference.load_config_for_decoding([config, source, *overrides])
+  cfg = inference.resolve_config([config, _source(hf_path, load_parameters_path), *overrides])
   tokenizer, _ = inference.tokenizer_for(cfg)
   chat = isinstance(tokenizer, HFTokenizer)
   processor = Processor.for_tokenizer(tokenizer) if tokenizer is not None else None

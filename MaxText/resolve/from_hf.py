@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Sequence
+from types import ModuleType
+from typing import Iterable, Sequence
 
 from MaxText.config.load import ConfigError, explicit_keys, replace
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
@@ -31,17 +32,46 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "chat_template.json", "added_tokens.json")
 
 
-def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:
-  """`cfg` with the architecture of the folder at `cfg.hf_path` and its tokenizer (module
-  docstring). ConfigError (exit 2) naming the key or file."""
+def hf_model_map(folder: str) -> tuple[dict, ModuleType]:
+  """(the folder's config.json, its family's HF map); ConfigError (exit 2) naming hf_path."""
+  hf_config = read_hf_config(folder)
+  try:
+    return hf_config, get_hf_map(hf_config["model_type"])
+  except ValueError as e:
+    raise ConfigError(f"hf_path: {e}") from None
+
+
+def hf_architecture(cfg: Config, argv: Sequence[str],
+                    tensor_names: Iterable[str] | None = None) -> Config:
+  """`cfg` (the user's config file, then the command line: `load_config(argv)`) with the
+  architecture of the folder at `cfg.hf_path`: its config.json (the family's `config_from_hf`)
+  and what its map reads from the tensor names (`tensor_names`, else the safetensors headers).
+  The config file's architecture keys give way to the folder's; one the command line (or
+  `model_name`'s file) sets to another value is refused naming both (exit 2). `hf_path` made
+  absolute. What train.py and every tool resolve a folder with (resolve/architecture.py)."""
   if cfg.load_parameters_path:
     raise ConfigError("hf_path and load_parameters_path both set: give one of them")
   folder = paths.absolute(cfg.hf_path)
-  hf_config = read_hf_config(folder)
-  try:
-    hf_map = get_hf_map(hf_config["model_type"])
-  except ValueError as e:
-    raise ConfigError(f"hf_path: {e}") from None
+  hf_config, hf_map = hf_model_map(folder)
+  values = {"hf_model_type": hf_config["model_type"], **hf_map.config_from_hf(hf_config)}
+  if hasattr(hf_map, "config_from_tensor_names"):
+    names = (hf_sharded.SafetensorsFolder(folder).tensors if tensor_names is None
+             else tensor_names)
+    values.update(hf_map.config_from_tensor_names(names))
+  explicit = explicit_keys(argv)
+  for key in sorted(set(values) & ARCHITECTURE_KEYS - {"scan_layers"}):
+    if key in explicit and values[key] != getattr(cfg, key):
+      raise ConfigError(f"{key}={getattr(cfg, key)!r} disagrees with hf_path's config.json "
+                        f"({key}={values[key]!r})")
+  return replace(cfg, hf_path=folder, **values)
+
+
+def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:
+  """A training run's `hf_architecture`, with the folder's tokenizer (module docstring); a folder
+  whose map reads whole tensors, or LoRA, refused. ConfigError (exit 2) naming the key or file."""
+  if cfg.load_parameters_path:
+    raise ConfigError("hf_path and load_parameters_path both set: give one of them")
+  hf_config, hf_map = hf_model_map(paths.absolute(cfg.hf_path))
   if not hf_sharded.reads_sharded(hf_map):
     raise ConfigError(f"hf_path: model_type '{hf_config['model_type']}' is read whole tensors at a "
                       f"time (its map has no folder_map); convert it first (python -m "
@@ -50,17 +80,9 @@ def adopt_hf_architecture(cfg: Config, argv: Sequence[str]) -> Config:
   if cfg.lora_rank:
     raise ConfigError("hf_path with lora_rank: convert the folder first (to_maxtext) and train "
                       "the adapters with load_parameters_path")
-  values = {"hf_model_type": hf_config["model_type"], **hf_map.config_from_hf(hf_config)}
-  if hasattr(hf_map, "config_from_tensor_names"):
-    values.update(hf_map.config_from_tensor_names(hf_sharded.SafetensorsFolder(folder).tensors))
-  explicit = explicit_keys(argv)
-  for key in sorted(set(values) & ARCHITECTURE_KEYS - {"scan_layers"}):
-    if key in explicit and values[key] != getattr(cfg, key):
-      raise ConfigError(f"{key}={getattr(cfg, key)!r} disagrees with hf_path's config.json "
-                        f"({key}={values[key]!r})")
-  cfg = replace(cfg, hf_path=folder, **values)
+  cfg = hf_architecture(cfg, argv)
   if not cfg.tokenizer_path:
-    cfg = replace(cfg, tokenizer_path=_local_tokenizer(folder))
+    cfg = replace(cfg, tokenizer_path=_local_tokenizer(cfg.hf_path))
   return cfg
 
 

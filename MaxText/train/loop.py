@@ -34,8 +34,8 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import get_family, make_model_def, training_flops
 from MaxText.resolve import auto_settings
 from MaxText.resolve.config_checks import check_config
-from MaxText.resolve.from_checkpoint import adopt_checkpoint_architecture
-from MaxText.resolve.from_hf import adopt_hf_architecture, check_tensors
+from MaxText.resolve.architecture import adopt_architecture
+from MaxText.resolve.from_hf import check_tensors
 from MaxText.resolve.tokenizer_setup import choose_tokenizer
 from MaxText.runtime import compile_cache, cpu_devices, distributed, faults
 from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA,
@@ -430,10 +430,7 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   clock = clock or StartupClock()
   # dtype=auto resolved for training below; keys the trainer does not read refused
   cfg = load_config(argv, keep_auto=True, tool=trainer_class.tool)
-  if cfg.hf_path:
-    cfg = adopt_hf_architecture(cfg, argv)
-  elif cfg.load_parameters_path:
-    cfg = adopt_checkpoint_architecture(cfg, argv)
+  cfg = adopt_architecture(cfg, argv, training=True)   # config file, then the model's, then argv
   cfg, tokenizer_line = choose_tokenizer(cfg)
   cache_line = setup_jax(cfg)
   plan = distributed.initialize(cfg)  # before anything touches a device
