@@ -14,6 +14,7 @@ from conftest import BASE_YML, MESH_1, argv  # noqa: E402
 from end_to_end.tiny_hf import save_tiny_tokenizer  # noqa: E402
 from MaxText.checkpoint.manager import load_params_host  # noqa: E402
 from MaxText.checkpoint_conversion import to_huggingface, to_maxtext  # noqa: E402
+from MaxText.runtime.exit_codes import EXIT_CHECK_FAILED  # noqa: E402
 from MaxText.checkpoint_conversion.to_huggingface import checkpoint_config  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
 from MaxText.models.registry import make_model_def  # noqa: E402
@@ -154,7 +155,7 @@ def test_logit_check_passes_and_fails_honestly(tmp_path, capsys):
   assert last.startswith("max_kl=") and " max_abs_diff=" in last
   assert "long    tokens= 512" in out and "packed" in out
   # an impossible threshold must fail
-  assert logit_check.main(base + ["max_kl=0", "atol_fraction=0"]) == 1
+  assert logit_check.main(base + ["max_kl=0", "atol_fraction=0"]) == EXIT_CHECK_FAILED
   assert "FAIL" in capsys.readouterr().out
   # bf16 on both sides: KL within MaxText's 0.015 bound (measured ~4e-5 on a 4-layer model)
   assert logit_check.main(base + ["dtype=bfloat16"]) == 0
