@@ -24,6 +24,7 @@ from MaxText.metrics.writers import MetricsWriter
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.resolve import auto_settings
+from MaxText.resolve.config_checks import unpipelined
 from MaxText.runtime import cpu_devices
 from MaxText.sharding.rules import tree_shardings
 from MaxText.train import memory
@@ -64,6 +65,7 @@ def distill_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.distill_beta != 0.5 and cfg.distill_loss != "jsd":
     out.append(("distill_beta", f"distill_beta is read by distill_loss=jsd only (distill_loss="
                 f"{cfg.distill_loss})"))
+  out.extend(unpipelined(cfg, "distillation"))
   return out
 
 

@@ -12,6 +12,7 @@ only mask and real over that row: one forward of P rows, each side's sums throug
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -24,7 +25,7 @@ from MaxText.losses.preference import pair_sums
 from MaxText.models.model_def import ModelDef
 from MaxText.rl.step import base_only, token_logprobs
 from MaxText.sharding.rules import BATCH_AXES, Rules, constrain, logical_to_spec, use_rules
-from MaxText.train.step import applied_learning_rate, guarded_update
+from MaxText.train.step import applied_learning_rate, guarded_update, moment_shardings
 
 TOKEN_KEYS = ("inputs", "targets", "positions", "segments")
 SIDES = ("chosen", "rejected")
@@ -112,7 +113,10 @@ def make_dpo_step(model_def: ModelDef, tx, *, mesh: Mesh, rules: Rules,
 
   grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
-  def step(state, batch):
+  def step(state, batch, shardings=None):
+    zero_shardings = None   # ZeRO-1 (train/step.py): the moments' shardings, the trained params'
+    if shardings is not None and tx.shard_over_data:
+      zero_shardings = (moment_shardings(shardings["opt_state"]), split(shardings["params"])[0])
     with use_rules(mesh, rules):
       params, frozen = split(state["params"])
       pairs = jnp.asarray(batch["chosen"]["mask"].shape[0], jnp.float32)
@@ -138,7 +142,7 @@ def make_dpo_step(model_def: ModelDef, tx, *, mesh: Mesh, rules: Rules,
                 jax.tree.map(jnp.zeros_like, shapes))
         (grads, loss, sums), _ = jax.lax.scan(accumulate, zero, micro_batches)
       new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
-                                                                params, loss)
+                                                                params, loss, zero_shardings)
       metrics = {k: v / pairs for k, v in sums.items()}
       metrics.update(loss=loss, grad_norm=grad_norm, finite=finite.astype(jnp.float32),
                      lr=applied_learning_rate(state["opt_state"], lr_schedule))
@@ -149,5 +153,6 @@ def make_dpo_step(model_def: ModelDef, tx, *, mesh: Mesh, rules: Rules,
 
 def jit_dpo_step(step_fn: Callable, state_shardings, shardings: dict, mesh: Mesh) -> Callable:
   replicated = NamedSharding(mesh, PartitionSpec())
+  step_fn = functools.partial(step_fn, shardings=state_shardings)   # ZeRO-1's shardings
   return jax.jit(step_fn, in_shardings=(state_shardings, shardings),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))

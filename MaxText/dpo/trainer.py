@@ -30,7 +30,7 @@ from MaxText.dpo.data import Encoder, PreferenceSet, read_preferences
 from MaxText.losses import preference
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
-from MaxText.resolve.config_checks import require_files
+from MaxText.resolve.config_checks import require_files, unpipelined
 from MaxText.storage import paths
 from MaxText.train import memory
 from MaxText.train.loop import Trainer
@@ -56,6 +56,11 @@ def dpo_problems(cfg: Config) -> list[tuple[str, str]]:
                 f"{cfg.dpo_loss})"))
   if cfg.z_loss_weight:
     out.append(("z_loss_weight", "the preference losses have no z-loss term; set z_loss_weight=0"))
+  if cfg.router_bias_update_rate:
+    out.append(("router_bias_update_rate", f"router_bias_update_rate={cfg.router_bias_update_rate:g}"
+                ": DPO's step makes no MoE router-bias update (pre-training/SFT, distillation and "
+                "GRPO do); set router_bias_update_rate=0"))
+  out.extend(unpipelined(cfg, "DPO"))
   if (cfg.precompute_ref_log_probs or cfg.reference_logps) \
       and not preference.uses_reference(cfg.dpo_loss):
     key = "reference_logps" if cfg.reference_logps else "precompute_ref_log_probs"

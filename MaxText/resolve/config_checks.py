@@ -136,3 +136,13 @@ def require_files(cfg: Config, *keys: str) -> None:
     path = os.path.expanduser(getattr(cfg, key))
     if path and not os.path.isfile(path):
       raise ConfigError(f"{key}={path}: no such file")
+
+
+def unpipelined(cfg: Config, method: str) -> list[tuple[str, str]]:
+  """(key, why) for each pipeline-stage key > 1 of a method whose step runs no pipeline schedule
+  (distillation, DPO, GRPO: only train.py's pre-training/SFT step enters one, train/step.py) —
+  refused rather than run un-pipelined (docs/fine-tuning.md, "Methods and features")."""
+  return [(key, f"{key}={getattr(cfg, key)}: {method} runs without a pipeline schedule (only "
+           f"train.py's pre-training/SFT step pipelines); set {key}=1")
+          for key in ("ici_pipeline_parallelism", "dcn_pipeline_parallelism")
+          if getattr(cfg, key) > 1]

@@ -52,7 +52,7 @@ from MaxText.decoding.sampling import Sampling
 from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
-from MaxText.resolve.config_checks import require_files
+from MaxText.resolve.config_checks import require_files, unpipelined
 from MaxText.rl import losses, rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.placement import Rollouts, split_devices
@@ -101,6 +101,7 @@ def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
   if cfg.temperature == 0:
     out.append(("temperature", "temperature=0 decodes greedily: every completion of a prompt is "
                 "the same and no advantage is ever non-zero; sample (e.g. temperature=1)"))
+  out.extend(unpipelined(cfg, "GRPO"))
   return out
 
 

@@ -24,6 +24,7 @@ the base exactly, without a second copy of the weights.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -38,7 +39,7 @@ from MaxText.models.model_def import ModelDef
 from MaxText.rl.losses import aggregate, batch_totals, policy_loss
 from MaxText.sharding.rules import BATCH_AXES, Rules, constrain, logical_to_spec, use_rules
 from MaxText.train.optimizer import Optimizer
-from MaxText.train.step import applied_learning_rate, guarded_update, keep_if
+from MaxText.train.step import applied_learning_rate, guarded_update, keep_if, moment_shardings
 
 TOKEN_KEYS = ("inputs", "targets", "positions", "segments")
 FLOAT_KEYS = ("mask", "old_logprobs", "reference_logprobs", "advantages")
@@ -136,7 +137,10 @@ def make_update(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh, rules: Rules,
 
   grad_fn = model_def.at_precision(jax.value_and_grad(micro_loss, has_aux=True))
 
-  def update(state, batch):
+  def update(state, batch, shardings=None):
+    zero_shardings = None   # ZeRO-1 (train/step.py): the moments' shardings, the trained params'
+    if shardings is not None and tx.shard_over_data:
+      zero_shardings = (moment_shardings(shardings["opt_state"]), split(shardings["params"])[0])
     with use_rules(mesh, rules):
       params, frozen = split(state["params"])
       totals = batch_totals(batch["mask"] * batch["weight"][:, None])
@@ -166,7 +170,7 @@ def make_update(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh, rules: Rules,
         (loss, metrics, sums, tokens, grads), _ = jax.lax.scan(
             accumulate, (loss, metrics, sums, tokens, grads), rest)
       new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
-                                                                params, loss)
+                                                                params, loss, zero_shardings)
       new_params = join(new_params, frozen)
       if aux_terms is not None and not adapters_only:
         new_params = keep_if(finite, aux_terms.update(new_params, sums), new_params)
@@ -182,5 +186,6 @@ def make_update(model_def: ModelDef, tx: Optimizer, *, mesh: Mesh, rules: Rules,
 def jit_update(update: Callable, state_shardings, shardings: dict[str, NamedSharding],
                mesh: Mesh) -> Callable:
   replicated = NamedSharding(mesh, PartitionSpec())
+  update = functools.partial(update, shardings=state_shardings)   # ZeRO-1's shardings
   return jax.jit(update, in_shardings=(state_shardings, shardings),
                  out_shardings=(state_shardings, replicated), donate_argnums=(0,))
