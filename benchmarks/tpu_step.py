@@ -31,18 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 GiB = 2**30
 
-
-def synthetic_batch(trainer, seed: int = 0) -> dict:
-  """One global batch of random tokens (full-length segments) on the trainer's batch sharding."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  B, S = trainer.global_batch, trainer.cfg.max_target_length
-  rng = np.random.default_rng(seed)
-  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
-          for k in ("inputs", "targets")}
-  host.update(inputs_segmentation=np.ones((B, S), np.int32),
-              targets_segmentation=np.ones((B, S), np.int32),
-              inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
-  return trainer.device_batch(host)
+from ab_step import synthetic_batch  # noqa: E402  (one global batch of random tokens)
 
 
 def run_variant(label: str, argv: list[str], steps: int) -> dict:
