@@ -121,7 +121,11 @@ class GcsEmulator:
 
 
 if __name__ == "__main__":
+  import signal
   import tempfile
+  # Ctrl-C stops it even when started with SIGINT ignored (a background job of a script, a pytest
+  # worker's child): Python keeps an ignored SIGINT ignored at start-up
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   with GcsEmulator(tempfile.mkdtemp()) as emulator:
     buckets = sys.argv[1:] or ["runs"]
     for bucket in buckets:
