@@ -127,15 +127,15 @@ if __name__ == "__main__":
   # worker's child): Python keeps an ignored SIGINT ignored at start-up
   signal.signal(signal.SIGINT, signal.default_int_handler)
   with GcsEmulator(tempfile.mkdtemp()) as emulator:
-    buckets = sys.argv[1:] or ["runs"]
-    for bucket in buckets:
-      emulator.create_bucket(bucket)
-    print("\n".join(f"export {k}={v}" for k, v in emulator.env.items()))
-    print(f"# bucket{'s' if len(buckets) > 1 else ''}: {', '.join(f'gs://{b}' for b in buckets)} "
-          "(others: name them on this command line), in memory until Ctrl-C; e.g. after the "
-          f"exports: python train.py configs/base.yml base_output_directory=gs://{buckets[0]}",
-          flush=True)
-    try:
+    try:   # a Ctrl-C at any point after the server started (even during the prints) stops it cleanly
+      buckets = sys.argv[1:] or ["runs"]
+      for bucket in buckets:
+        emulator.create_bucket(bucket)
+      print("\n".join(f"export {k}={v}" for k, v in emulator.env.items()))
+      print(f"# bucket{'s' if len(buckets) > 1 else ''}: {', '.join(f'gs://{b}' for b in buckets)} "
+            "(others: name them on this command line), in memory until Ctrl-C; e.g. after the "
+            f"exports: python train.py configs/base.yml base_output_directory=gs://{buckets[0]}",
+            flush=True)
       while True:
         time.sleep(3600)
     except KeyboardInterrupt:
