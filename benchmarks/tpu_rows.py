@@ -139,6 +139,16 @@ def _finish(rec: dict[str, Any], rc: int, log: str) -> dict[str, Any]:
   return rec
 
 
+def _record(trainer: str, cmd: list[str], metrics: str, log: str, wall: float, *, warmup: int,
+            peak_tflops: float) -> tuple[dict[str, Any], str]:
+  """(the row's record from its metrics file, the run's whole log)."""
+  rows = read_jsonl(metrics) if os.path.isfile(metrics) else []
+  rec = {"trainer": trainer, "command": " ".join(cmd[1:]), "peak_tflops": peak_tflops,
+         **summarize(rows, trainer=trainer, warmup=warmup, peak_tflops=peak_tflops),
+         "wall_s": round(wall, 1)}
+  return rec, _tail(log, 10**6)
+
+
 class _Work:
   """The run's directory: the one given (kept), or a temporary one (removed)."""
 
@@ -169,11 +179,7 @@ def ours_row(overrides: Sequence[str] = (), *, steps: int = 12, warmup: int = 5,
     rc, wall, _ = _run(cmd, env=dict(os.environ), cwd=ROOT, log=log, timeout_s=timeout_s)
     out_dir = dict(k.split("=", 1) for k in keys)
     metrics = os.path.join(out_dir["base_output_directory"], out_dir["run_name"], "metrics.jsonl")
-    rows = read_jsonl(metrics) if os.path.isfile(metrics) else []
-    rec = {"trainer": "ours", "command": " ".join(cmd[1:]), "peak_tflops": peak_tflops,
-           **summarize(rows, trainer="ours", warmup=warmup, peak_tflops=peak_tflops),
-           "wall_s": round(wall, 1)}
-    text = _tail(log, 10**6)
+    rec, text = _record("ours", cmd, metrics, log, wall, warmup=warmup, peak_tflops=peak_tflops)
     m = re.search(r" over (\d+) \S+ devices", text)
     rec["devices"] = int(m.group(1)) if m else None
     if rec["devices"] and rec.get("tokens_per_s") is not None:
@@ -225,11 +231,8 @@ def maxtext_row(overrides: Sequence[str] = (), *, steps: int = 12, warmup: int =
     env = dict(os.environ, PYTHONPATH=path, DECOUPLE_GCLOUD="TRUE")
     log = os.path.join(wd, "maxtext.log")
     rc, wall, launch = _run(cmd, env=env, cwd=wd, log=log, timeout_s=timeout_s)
-    rows = read_jsonl(metrics) if os.path.isfile(metrics) else []
-    rec = {"trainer": "maxtext", "command": " ".join(cmd[1:]), "peak_tflops": peak_tflops,
-           **summarize(rows, trainer="maxtext", warmup=warmup, peak_tflops=peak_tflops),
-           "wall_s": round(wall, 1)}
-    text = _tail(log, 10**6)
+    rec, text = _record("maxtext", cmd, metrics, log, wall, warmup=warmup,
+                        peak_tflops=peak_tflops)
     m = re.search(r"Num_devices: (\d+)", text)
     rec["devices"] = int(m.group(1)) if m else None
     if rec["devices"] and rec.get("tokens_per_s_per_device") is not None:
