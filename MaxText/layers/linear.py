@@ -28,12 +28,13 @@ from MaxText.sharding.rules import current_context, logical_to_spec
 
 def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
           std: float | None, dtype: jnp.dtype) -> nnx.Param:
-  """Normal(0, std) init (std=None → ones, for norm scales)."""
+  """Normal(0, std) init (std=None → ones, for norm scales). The std is kept as the parameter's
+  `init_std` metadata: with the rbg generators the model's init program draws every such parameter
+  from a few large normal draws instead (`model_def.init_traced`)."""
   if std is None:
-    value = jnp.ones(shape, dtype)
-  else:
-    value = (std * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dtype)
-  return nnx.Param(value, logical_axes=tuple(logical_axes))
+    return nnx.Param(jnp.ones(shape, dtype), logical_axes=tuple(logical_axes))
+  value = (std * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=tuple(logical_axes), init_std=float(std))
 
 
 def dot_f32(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:

@@ -1,0 +1,65 @@
+"""Diagnostic: per-parameter gradient of the first step, chip vs CPU, float32 at highest.
+
+  JAX_PLATFORMS=tpu,cpu python3 benchmarks/tpu_diag_grads.py "model_name=gemma4-tiny" ...
+"""
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(variants):
+  import jax
+  from flax import traverse_util
+  from MaxText.config.load import load_config
+  from MaxText.losses.token_loss import token_loss_sums
+  from MaxText.models.registry import init_params
+  from MaxText.train.loop import Trainer
+  from tests.test_tpu import EXACT
+  cpu = jax.devices("cpu")[0]
+  for variant in variants:
+    keys = variant.split()
+    cfg = load_config([os.path.join(ROOT, "configs/base.yml"), "jax_cache_dir=",
+                       f"base_output_directory={tempfile.mkdtemp()}", "run_name=diag",
+                       *keys, *EXACT], keep_auto=True)
+    trainer = Trainer(cfg, jax.devices()[:1])
+    md = trainer.model_def
+    with jax.default_device(cpu):
+      params = jax.device_get(init_params(trainer.mcfg, 0))
+    B, S = trainer.global_batch, cfg.max_target_length
+    rng = np.random.default_rng(0)
+    batch = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
+             for k in ("inputs", "targets")}
+    batch.update(inputs_segmentation=np.ones((B, S), np.int32),
+                 targets_segmentation=np.ones((B, S), np.int32),
+                 inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
+
+    def loss(p, b):
+      nll, _, n, _ = token_loss_sums(md, p, b, z_loss_weight=0.0, chunk=0)
+      return nll / n
+    fn = jax.jit(md.at_precision(jax.value_and_grad(loss)))
+    results = {}
+    for name, dev in (("tpu", jax.devices()[0]), ("cpu", cpu)):
+      with jax.default_device(dev):
+        p = jax.device_put(params, dev)
+        b = jax.device_put(batch, dev)
+        l, g = fn(p, b)
+        results[name] = (float(l), jax.tree.map(np.asarray, g))
+    (lt, gt), (lc, gc) = results["tpu"], results["cpu"]
+    ft, fc = ({"/".join(map(str, k)): v for k, v in traverse_util.flatten_dict(t).items()} for t in (gt, gc))
+    errs = {}
+    for k in fc:
+      a, b = ft[k].astype(np.float64), fc[k].astype(np.float64)
+      errs[k] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    worst = sorted(errs.items(), key=lambda kv: -kv[1])[:10]
+    print(json.dumps({"variant": variant, "loss_rel": abs(lt - lc) / abs(lc),
+                      "worst_leaves": worst}), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
