@@ -54,6 +54,29 @@ KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fused_attention_bwd": (("flash_fused_bwd",), ("sa_use_fused_bwd_kernel",)),
 }
 
+# The widths each side takes from its own model file (not passed: the test checks they agree):
+# name -> (our key, MaxText's key in its configs/models/<model>.yml)
+WIDTHS: dict[str, tuple[str, str]] = {
+    "emb": ("emb_dim", "base_emb_dim"),
+    "query_heads": ("num_query_heads", "base_num_query_heads"),
+    "kv_heads": ("num_kv_heads", "base_num_kv_heads"),
+    "head_dim": ("head_dim", "head_dim"),
+    "dense_mlp": ("mlp_dim", "base_mlp_dim"),              # models without experts only
+    "expert_mlp": ("moe_mlp_dim", "base_moe_mlp_dim"),
+    "global_head_dim": ("global_head_dim", "global_head_dim"),
+    "sliding_window": ("sliding_window", "sliding_window_size"),
+    "per_layer_input": ("per_layer_input_dim", "hidden_size_per_layer_input"),
+    "per_layer_vocab": ("per_layer_input_vocab_size", "vocab_size_per_layer_input"),
+    "logit_softcap": ("final_logit_softcap", "final_logits_soft_cap"),
+    "linear_key_heads": ("linear_num_key_heads", "gdn_num_key_heads"),
+    "linear_value_heads": ("linear_num_value_heads", "gdn_num_value_heads"),
+    "linear_key_head_dim": ("linear_key_head_dim", "gdn_key_head_dim"),
+    "linear_value_head_dim": ("linear_value_head_dim", "gdn_value_head_dim"),
+    "linear_conv": ("linear_conv_kernel_dim", "gdn_conv_kernel_dim"),
+    "partial_rotary": ("partial_rotary_factor", "partial_rotary_factor"),
+    "norm_topk": ("norm_topk_prob", "norm_topk_prob"),
+}
+
 # MaxText's grouped-matmul MoE at its best settings (its configs/base.yml): the megablox GMM
 # kernel (`megablox=true`) over tokens sorted by expert (`sparse_matmul=true`), dropless
 # (`capacity_factor=-1`); the GMM tiles (m = token rows, k, n) at its defaults, named so a sweep

@@ -1,9 +1,10 @@
 """benchmarks/tpu_families.sh on a CPU (no TPU, no training run): its dry run lists every row pair,
 both sides of a pair carry the same shapes and settings in each trainer's own key names
 (benchmarks/tpu_family_rows.py's `KEYS`), our side of each row resolves and our memory pre-flight,
-evaluated for one TPU v5e (15.75 GiB), lets it run; MaxText's keys exist in its 0.2.5 configs (when
-its wheel is in .whl-tpu/maxtext/, as benchmarks/tpu_prepare.sh leaves it); the report reads the
-records and says what was skipped."""
+evaluated for one TPU v5e (15.75 GiB), lets it run; MaxText's keys exist in its 0.2.5 configs and
+the widths each side reads from its own model file agree (when its wheel is in .whl-tpu/maxtext/,
+as benchmarks/tpu_prepare.sh leaves it: skipped without); the report reads the records and says
+what was skipped."""
 import dataclasses
 import glob
 import json
@@ -127,6 +128,26 @@ def test_maxtext_keys_exist_in_its_configs():
     assert f"maxtext/configs/models/{keys['model_name']}.yml" in models, name
     unknown = sorted(k for k in keys if k not in base)
     assert not unknown, (name, unknown)
+
+
+def test_the_widths_of_both_model_files_agree(tmp_path):
+  """What each side reads from its own model file (not passed as keys) is the same model."""
+  with _maxtext_configs() as z:
+    for name, row in rows.ROWS.items():
+      if row.maxtext_only is None:
+        continue
+      ours_model, mt_model = row.shared["model"]
+      mt = yaml.safe_load(z.read(f"maxtext/configs/models/{mt_model}.yml"))
+      cfg = load_config([BASE_YML, f"base_output_directory={tmp_path}",
+                         *rows.side_keys(row, "ours")], keep_auto=True)
+      compared = []
+      for width, (ours_key, mt_key) in rows.WIDTHS.items():
+        if mt_key not in mt or (width == "dense_mlp" and cfg.num_experts):
+          continue
+        assert _same(getattr(cfg, ours_key), mt[mt_key]), (name, width, getattr(cfg, ours_key),
+                                                           mt[mt_key])
+        compared.append(width)
+      assert {"emb", "query_heads", "kv_heads", "head_dim"} <= set(compared), (name, compared)
 
 
 def test_report_gives_the_ratio_and_what_was_skipped(tmp_path):
