@@ -14,7 +14,9 @@
 # Writes $OUT/tpu_families.md (or $TPU_FAMILIES_OUT/) beside the raw records and logs
 # (<row>_maxtext.json/.log, <row>_ours.json/.log). Every run gets min(its timeout, what is left of
 # TPU_FAMILIES_BUDGET seconds, default 520: the command stays under 9 minutes); a run with less than
-# 60 s left is skipped and the report says so (run the rest in a second command).
+# 60 s left is skipped and the report says so (run the rest in a second command). By estimate the
+# five rows take ~14 minutes on one v5e: run them as two commands, TPU_FAMILIES_ROWS="moe16 moe64
+# gemma4" (~7.5 min) then TPU_FAMILIES_ROWS="next2k next8k" (~6.5 min).
 #   TPU_FAMILIES_ROWS="moe16 gemma4"  the rows to run (default: the five above; any row of
 #                                     tpu_family_rows.py, e.g. moe16-auto)
 #   TPU_FAMILIES_QUICK=1              one pair (moe16), 8 steps (a check of the lane itself)
@@ -26,7 +28,7 @@ DRY=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "tpu_families.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done

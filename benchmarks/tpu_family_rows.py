@@ -98,6 +98,11 @@ MOE16 = {"model": ("qwen3-30b-a3b", "qwen3-30b-a3b"), "layers": 4, "experts": 16
          "experts_per_token": 4, "vocab": 32768, "seq": 2048, "batch": 4, "remat": "full",
          "weight_dtype": "float32", "aux_loss_weight": 0.001, "attention_block": 1024, **COMMON}
 
+NEXT = {"model": ("qwen3-next-80b-a3b", "qwen3-next-80b-a3b"), "layers": 4, "experts": 16,
+        "experts_per_token": 10, "vocab": 32768, "seq": 2048, "batch": 4, "remat": "full",
+        "weight_dtype": "float32", "aux_loss_weight": 0.001, "linear_chunk": 64,
+        "attention_block": 1024, **COMMON}
+
 
 @dataclass(frozen=True)
 class Row:
@@ -108,19 +113,18 @@ class Row:
   maxtext_only: dict | None = field(default_factory=dict)   # None: ours alone (no MaxText row)
   timeout_ours: int = 150
   timeout_maxtext: int = 170
-  estimate_s: int = 120     # both sides, as expected on the chip (see the report's header)
 
 
 ROWS: dict[str, Row] = {
     "moe16": Row(
         "MoE: Qwen3-30B-A3B widths, 4 layers, 16 experts top-4, vocab 32,768, seq 2048, batch 4, "
         "remat full", MOE16, maxtext_only=dict(MAXTEXT_MOE),
-        note="pre-flight ~10.7 GiB of 15.75 (state 7.6)", estimate_s=125),
+        note="pre-flight ~10.7 GiB of 15.75 (state 7.6)"),
     "moe64": Row(
         "MoE, more experts: Qwen3-30B-A3B widths, 2 layers, 64 experts top-8, vocab 32,768, seq "
         "2048, batch 2, remat full",
         {**MOE16, "layers": 2, "experts": 64, "experts_per_token": 8, "batch": 2},
-        maxtext_only=dict(MAXTEXT_MOE), estimate_s=120,
+        maxtext_only=dict(MAXTEXT_MOE),
         note="pre-flight ~14.5 GiB of 15.75 (state 11.6: the 64 experts' fp32 weights + Adam); "
              "batch 4 estimates 15.7, at the limit"),
     "gemma4": Row(
@@ -129,32 +133,26 @@ ROWS: dict[str, Row] = {
         {"model": ("gemma4-e2b", "gemma4-e2b"), "layers": 5, "kv_shared_layers": 0, "seq": 2048,
          "batch": 4, "remat": "full", "weight_dtype": "bfloat16", "attention_block": 512,
          **COMMON},
-        maxtext_only={"scan_layers": "false"}, estimate_s=130,
+        maxtext_only={"scan_layers": "false"},
         note="pre-flight ~9.2 GiB of 15.75; fp32 weights + Adam estimate 17.8 (refused): the "
              "vocabulary and per-layer tables alone are 0.74 B parameters"),
     "next2k": Row(
         "Qwen3-Next widths (GDN 16/32 heads of 128, conv 4, gated attention 16/2 x 256, shared "
         "expert), 4 layers (3 GDN + 1 full), 16 experts top-10, vocab 32,768, seq 2048, batch 4, "
         "remat full",
-        {"model": ("qwen3-next-80b-a3b", "qwen3-next-80b-a3b"), "layers": 4, "experts": 16,
-         "experts_per_token": 10, "vocab": 32768, "seq": 2048, "batch": 4, "remat": "full",
-         "weight_dtype": "float32", "aux_loss_weight": 0.001, "linear_chunk": 64,
-         "attention_block": 1024, **COMMON},
-        maxtext_only=dict(MAXTEXT_MOE), estimate_s=150, timeout_ours=170, timeout_maxtext=190,
+        NEXT,
+        maxtext_only=dict(MAXTEXT_MOE), timeout_ours=170, timeout_maxtext=190,
         note="pre-flight ~10.9 GiB of 15.75; 32 experts 14.2, the whole vocabulary (151,936) "
              "19.1 (refused)"),
     "next8k": Row(
         "Qwen3-Next as above at seq 8192, batch 1 (the long row)",
-        {"model": ("qwen3-next-80b-a3b", "qwen3-next-80b-a3b"), "layers": 4, "experts": 16,
-         "experts_per_token": 10, "vocab": 32768, "seq": 8192, "batch": 1, "remat": "full",
-         "weight_dtype": "float32", "aux_loss_weight": 0.001, "linear_chunk": 64,
-         "attention_block": 1024, **COMMON},
-        maxtext_only=dict(MAXTEXT_MOE), estimate_s=150, timeout_ours=170, timeout_maxtext=190,
+        {**NEXT, "seq": 8192, "batch": 1},
+        maxtext_only=dict(MAXTEXT_MOE), timeout_ours=170, timeout_maxtext=190,
         note="pre-flight ~10.9 GiB of 15.75"),
     # ours alone (not in the default list): the fastest remat our plan picks for the MoE row
     "moe16-auto": Row(
         "MoE row as moe16, ours with remat_policy=auto (the plan's fastest fit: none, ~13.1 GiB)",
-        {**MOE16, "remat": "auto"}, maxtext_only=None, estimate_s=60),
+        {**MOE16, "remat": "auto"}, maxtext_only=None),
 }
 DEFAULT_ROWS = ("moe16", "moe64", "gemma4", "next2k", "next8k")
 QUICK_ROWS = ("moe16",)
