@@ -21,7 +21,9 @@ from MaxText.sharding.rules import use_rules
 from MaxText.train import loop
 from MaxText.train.state import trained
 
-# the families' tiny model files as they are (TINY's run settings, not its model shape); 2 steps
+# the families' tiny model files (TINY's run settings, not its model shape), Gemma 4's cut from 10
+# layers (two blocks of 5, compiled 10 times) to one of each kind: sliding, full, and a full layer
+# on the second one's K/V with the double-wide MLP (as tests/test_context_parallel.py); 2 steps
 # of 4 rows of 32 tokens: the second step runs from the state the first returned (the state a
 # compiled step is called with, whose dtypes once differed from those it was compiled for)
 RUN = [a for a in TINY if a.split("=")[0] not in (
@@ -32,7 +34,8 @@ FAMILIES = {
     "llama": (),
     "qwen3": ("model_name=qwen3-tiny",),
     "qwen3-moe": ("model_name=qwen3-moe-tiny",),
-    "gemma4": ("model_name=gemma4-tiny",),
+    "gemma4": ("model_name=gemma4-tiny", "num_decoder_layers=3", "attention_pattern=sff",
+               "num_kv_shared_layers=1"),
     "gemma4-moe": ("model_name=gemma4-moe-tiny",),
     "qwen3-next": ("model_name=qwen3-next-tiny", "linear_chunk_size=16"),
     "qwen3-lora": ("model_name=qwen3-tiny", "lora_rank=4"),   # the adapters (and moments) bf16
