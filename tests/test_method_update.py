@@ -194,3 +194,23 @@ def test_a_feature_equals_the_methods_single_path_or_is_refused(tmp_path, capsys
     assert all(p.split("'")[-2] in lora.ADAPTERS for p in moved), sorted(moved)
   if feature == "router_bias":
     assert any("router_bias" in p for p in moved), sorted(moved)
+
+
+def test_methods_are_keyed_like_families():
+  """The table's methods load by name; one defined elsewhere registers and unregisters; an unknown
+  name is a ConfigError naming it and the known ones."""
+  # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import ConfigError
+  from MaxText.methods import registry
+  from MaxText.methods.objective import Objective
+  assert set(METHODS) == set(registry.METHOD_MODULES) == set(registry.names())
+  for name in METHODS:
+    method = registry.get_method(name)
+    assert method.name == name and issubclass(method.objective, Objective)
+  registry.register(registry.Method("plug_in", Objective))
+  try:
+    assert "plug_in" in registry.names() and registry.get_method("plug_in").objective is Objective
+  finally:
+    registry.unregister("plug_in")
+  with pytest.raises(ConfigError, match="method 'plug_in': unknown training method .*dpo"):
+    registry.get_method("plug_in")
