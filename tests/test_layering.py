@@ -23,6 +23,7 @@ LAYERS = [
     ("layers",),
     ("models",),
     ("decoding", "losses", "resolve"),        # decoding API; losses/log-probs; the model a run uses
+    ("methods",),                             # the training methods' objectives, keyed by name
     ("train",),                               # the trainer
     ("quantization",),                        # weight quantization (RTN, GPTQ, calibration)
     ("checkpoint_conversion", "launch", "logit_check", "inference", "decode", "evaluate",

@@ -1,6 +1,6 @@
 """Distillation as a trainer of the one step loop: train.py's data (documents or chat), evaluation,
-samples, checkpoints and resume, with the step replaced by the distillation step
-(MaxText/distill/step.py) against a frozen teacher loaded from `teacher_path`.
+samples, checkpoints and resume, with the step's objective the distillation loss
+(MaxText/methods/distill.py) against a frozen teacher loaded from `teacher_path`.
 
 The teacher may be of another family or size than the student (its architecture comes from its
 checkpoint's stored config, as `load_parameters_path`'s does); it must share the student's
@@ -18,16 +18,15 @@ import jax
 from MaxText.checkpoint.manager import RunCheckpoints, load_params, read_meta
 from MaxText.config.load import ConfigError, replace
 from MaxText.config.schema import ARCHITECTURE_KEYS, Config
-from MaxText.distill import step as distill_step
 from MaxText.losses.distill import DistillSpec
+from MaxText.methods.registry import objective
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.resolve import auto_settings
 from MaxText.resolve.config_checks import unpipelined
-from MaxText.runtime import cpu_devices
 from MaxText.sharding.rules import tree_shardings
-from MaxText.train import memory
+from MaxText.train import memory, update
 from MaxText.train.loop import Trainer
 from MaxText.train.run_log import log
 from MaxText.train.step_loop import LoopParts
@@ -101,19 +100,22 @@ class DistillTrainer(Trainer):
                                reference=memory.per_device_bytes(self.teacher_abstract))
 
   def compile_step(self):
+    """The distillation objective (MaxText/methods/distill.py) on the update builder, the
+    teacher's parameters its side input."""
     cfg = self.cfg
-    step_fn = distill_step.make_distill_step(
-        self.model_def, self.teacher_def, self.tx, mesh=self.mesh, rules=self.rules,
-        grad_accum=cfg.gradient_accumulation_steps, lr_schedule=self.lr_schedule, spec=self.spec,
-        chunk=cfg.loss_chunk_length, aux_terms=self.aux_terms, adapters_only=self.adapters_only)
-    jitted = distill_step.jit_distill_step(step_fn, self.shardings, self.teacher_shardings,
-                                           self.batch_shardings, self.mesh)
+    step_fn = update.make_update(
+        objective("distill", teacher_def=self.teacher_def, spec=self.spec,
+                  chunk=cfg.loss_chunk_length),
+        self.model_def, self.tx, mesh=self.mesh, rules=self.rules, lr_schedule=self.lr_schedule,
+        grad_accum=cfg.gradient_accumulation_steps, aux_terms=self.aux_terms,
+        adapters_only=self.adapters_only)
+    jitted = update.jit_update(step_fn, self.shardings, self.batch_shardings, self.mesh,
+                               side_shardings=self.teacher_shardings)
     abstract_batch = {k: jax.ShapeDtypeStruct((self.global_batch, *shape), dtype,
                                               sharding=self.batch_shardings[k])
                       for k, (shape, dtype) in self.row_specs.items()}
-    return jitted.lower(self.abstract, self.teacher_abstract, abstract_batch).compile(
-        compiler_options=cpu_devices.step_compiler_options(self.devices[0].platform,
-                                                           self.cfg.hot_path))
+    return update.compile_update(jitted, self.abstract, abstract_batch, self.teacher_abstract,
+                                 platform=self.devices[0].platform, hot_path=cfg.hot_path)
 
   def prepare(self, ckpts: RunCheckpoints | None, data_iter: Any) -> tuple[dict, int]:
     """The teacher's parameters loaded onto the mesh (exit 4: a damaged or misfitting
@@ -133,4 +135,4 @@ class DistillTrainer(Trainer):
     the teacher's parameters."""
     parts = super().loop_parts(state, start, writer, data_iter)
     compiled, teacher = self.compiled, self.teacher
-    return dataclasses.replace(parts, step=lambda s, batch: compiled(s, teacher, batch))
+    return dataclasses.replace(parts, step=lambda s, batch: compiled(s, batch, teacher))

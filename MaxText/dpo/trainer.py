@@ -1,5 +1,6 @@
 """Preference optimization (DPO, IPO, hinge, robust DPO; ORPO, SimPO) as a trainer of the one step
-loop: a step is one optimizer update on a batch of preference pairs (MaxText/dpo/step.py), its
+loop: a step is one optimizer update on a batch of preference pairs (the DPO objective,
+MaxText/methods/dpo.py, on the update builder, MaxText/train/update.py), its
 data the pairs of the step (MaxText/dpo/data.py), its row the preference metrics.
 
 The reference of the DPO losses is the loaded checkpoint (`load_parameters_path`; without one the
@@ -28,11 +29,12 @@ from MaxText.dpo import reference
 from MaxText.dpo import step as dpo_step
 from MaxText.dpo.data import Encoder, PreferenceSet, read_preferences
 from MaxText.losses import preference
+from MaxText.methods.registry import objective
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
 from MaxText.resolve.config_checks import require_files, unpipelined
 from MaxText.storage import paths
-from MaxText.train import memory
+from MaxText.train import memory, update
 from MaxText.train.loop import Trainer
 from MaxText.train.periodic import log_failure
 from MaxText.train.run_log import log
@@ -165,12 +167,13 @@ class DPOTrainer(Trainer):
     cfg = self.cfg
     state, start = self.checkpointed.initial_state(ckpts, None)
     self.reference = self.reference_params(state, fresh=start == 0)
-    self.update_fn = dpo_step.jit_dpo_step(
-        dpo_step.make_dpo_step(self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
-                               lr_schedule=self.lr_schedule, chunk=cfg.loss_chunk_length,
-                               adapters_only=self.adapters_only,
-                               grad_accum=cfg.gradient_accumulation_steps,
-                               loss_kwargs=self.loss_kwargs),
+    self.update_fn = update.jit_update(
+        update.make_update(objective("dpo", loss_kwargs=self.loss_kwargs,
+                                     chunk=cfg.loss_chunk_length),
+                           self.model_def, self.tx, mesh=self.mesh, rules=self.rules,
+                           lr_schedule=self.lr_schedule,
+                           grad_accum=cfg.gradient_accumulation_steps,
+                           adapters_only=self.adapters_only),
         self.shardings, self.shardings_dpo, self.mesh)
     make = lambda base: dpo_step.make_sums_fn(self.model_def, self.mesh, self.rules,
                                               cfg.loss_chunk_length, self.shardings_dpo, base)

@@ -11,7 +11,7 @@ weighted by `reward_weights`), advantages per group (`advantage_estimator`), the
 log-probabilities recomputed by the trainer (the engine's own are compared with them and the
 difference logged), the reference's (`kl_beta` > 0: the loaded parameters, kept as a copy; with
 LoRA the base under the adapters, no copy), then `num_iterations` optimizer updates on the clipped
-policy loss (MaxText/rl/losses.py), split into micro-batches of `microbatch_size` rows whose
+policy loss (MaxText/losses/policy.py), split into micro-batches of `microbatch_size` rows whose
 gradients are accumulated in the one update (`rollout_offload`: the optimizer state is in host
 memory while the engine samples, `Policy.offload`). Those pieces are the policy API's
 (MaxText/rl/policy.py: its batch format and compiled programs, on this trainer's mesh and state):
@@ -53,7 +53,8 @@ from MaxText.inference import InferenceModel
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.resolve import auto_settings
 from MaxText.resolve.config_checks import require_files, unpipelined
-from MaxText.rl import losses, rollout as rollout_lib
+from MaxText.losses import policy as losses
+from MaxText.rl import rollout as rollout_lib
 from MaxText.rl.prompts import PromptSet, read_prompts
 from MaxText.rl.placement import Rollouts, split_devices
 from MaxText.rl.policy import Policy

@@ -47,7 +47,7 @@ from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 from MaxText.inference import InferenceModel
 from MaxText.rl import batch as batch_lib
-from MaxText.rl.losses import group_advantages
+from MaxText.losses.policy import group_advantages
 from MaxText.rl.step import batch_shardings, grpo_loss, jit_update, make_logprob_fn, make_update
 from MaxText.runtime.exit_codes import (EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_DATA, EXIT_NONFINITE,
                                         EXIT_PREEMPTED)
