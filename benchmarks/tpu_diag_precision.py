@@ -64,3 +64,42 @@ for name, got in (("pallas exp", jax.jit(pe)(xs)), ("xla exp", jax.jit(jnp.exp)(
   g = np.asarray(got, np.float64)
   out(check=name, max_rel=float(np.max(np.abs(g - want) / want)),
       mean_rel=float(np.mean(np.abs(g - want) / want)))
+# the derivatives the chip's first gradients of Gemma 4 / Qwen3-Next go through (gelu_tanh, tanh,
+# softplus, sigmoid, exp), against float64; beside them tanh with a derivative that does not
+# cancel where |tanh| -> 1 (sech^2 = 4e / (1 + e)^2, e = exp(-2|x|)): a candidate fix, measured
+@jax.custom_jvp
+def stable_tanh(v):
+  return jnp.tanh(v)
+
+
+@stable_tanh.defjvp
+def _stable_tanh_jvp(primals, tangents):
+  (v,), (dv,) = primals, tangents
+  t = jnp.tanh(v)
+  e = jnp.exp(-2 * jnp.abs(v))
+  return t, dv * jnp.where(jnp.abs(v) < 0.5, 1 - t * t, 4 * e / ((1 + e) * (1 + e)))
+
+
+xg = np.linspace(-12, 12, 1 << 16).astype(np.float32)
+x64 = xg.astype(np.float64)
+cg = np.sqrt(2 / np.pi)
+ug = cg * (x64 + 0.044715 * x64 ** 3)
+sech2 = 1 / np.cosh(ug) ** 2
+derivs = {
+    "tanh'": (jnp.tanh, 1 / np.cosh(x64) ** 2),
+    "stable tanh'": (stable_tanh, 1 / np.cosh(x64) ** 2),
+    "gelu_tanh'": (lambda v: jax.nn.gelu(v, approximate=True),
+                   0.5 * (1 + np.tanh(ug)) + 0.5 * x64 * sech2 * cg * (1 + 3 * 0.044715 * x64 ** 2)),
+    "stable gelu_tanh'": (lambda v: v * (0.5 * (1.0 + stable_tanh(np.float32(cg) * (v + 0.044715 * v ** 3)))),
+                          0.5 * (1 + np.tanh(ug)) + 0.5 * x64 * sech2 * cg * (1 + 3 * 0.044715 * x64 ** 2)),
+    "softplus'": (jax.nn.softplus, 1 / (1 + np.exp(-x64))),
+    "sigmoid'": (jax.nn.sigmoid, np.exp(-x64) / (1 + np.exp(-x64)) ** 2),
+    "exp(-exp(x))'": (lambda v: jnp.exp(-jnp.exp(v)), -np.exp(x64) * np.exp(-np.exp(x64))),
+}
+for name, (fn, want) in derivs.items():
+  got = np.asarray(jax.jit(jax.vmap(jax.grad(fn)))(xg), np.float64)
+  err = np.abs(got - want)
+  out(check=f"derivative {name}", max_rel_of_max=float(err.max() / np.abs(want).max()),
+      worst_x=float(x64[err.argmax()]),
+      max_rel_where_above_1em3=float(np.max(np.where(np.abs(want) > 1e-3,
+                                                     err / np.maximum(np.abs(want), 1e-30), 0))))

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from MaxText.layers.activations import gelu_tanh
 from MaxText.layers.linear import DenseGeneral, fused_dense
 from MaxText.layers.saved import MLP_DOWN, MLP_IN
 from MaxText.sharding.rules import constrain
@@ -23,7 +24,7 @@ def _rounded_once(fn):
 
 
 ACTIVATIONS = {"silu": _rounded_once(jax.nn.silu),
-               "gelu_tanh": _rounded_once(lambda x: jax.nn.gelu(x, approximate=True))}
+               "gelu_tanh": _rounded_once(gelu_tanh)}
 ACT_BSD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BSF = ("activation_batch", "activation_length", "activation_mlp")
 

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from MaxText.layers.activations import tanh
 from MaxText.layers.linear import DenseGeneral, param
 from MaxText.layers.mlp import ACTIVATIONS
 from MaxText.layers.norms import RMSNorm
@@ -190,7 +191,7 @@ class ChunkedAttention(nnx.Module):
     ac_BHNCW = jnp.einsum("bnche,bnwhe->bhncw", q_BNCHE, k_BNWHE, precision=hi)
     bd_BHNCR = jnp.einsum("bnche,rhe->bhncr", q_BNCHE, r_RHE, precision=hi)
     logits = ac_BHNCW + self._rel_shift(bd_BHNCR)
-    logits = jnp.tanh(logits / self.cap) * self.cap
+    logits = tanh(logits / self.cap) * self.cap
     logits = jnp.where(mask_BNCW[:, None], logits, self.invalid)
     probs = jax.nn.softmax(logits, axis=-1)
     o_BNCHE = jnp.einsum("bhncw,bnwhe->bnche", probs, v_BNWHE, precision=hi)

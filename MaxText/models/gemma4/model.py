@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import embed, sites, stack
+from MaxText.layers import activations, embed, sites, stack
 from MaxText.layers.attention_ops import attention_op, dot_product_attention
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, matmul, param
@@ -137,10 +137,6 @@ def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
   """Where HF layer i lives in our params: (path prefix, index on the stacked axis or None)."""
   path, index = stack.location(layer_kinds(cfg), cfg.scan_layers, i)
   return ("decoder", *path), index
-
-
-def _gelu_tanh(x):
-  return jax.nn.gelu(x, approximate=True)
 
 
 class Attention(nnx.Module):
@@ -283,7 +279,7 @@ class DecoderLayer(nnx.Module):
       terms = (counts, probs, dropped)
     x_BSD = x_BSD + sites.site("mlp_out", self.post_mlp_norm(m_BSD))
     if self.uses_ple:
-      g_BSP = _gelu_tanh(self.ple_gate(x_BSD)) * per_layer["ple"]
+      g_BSP = activations.gelu_tanh(self.ple_gate(x_BSD)) * per_layer["ple"]
       x_BSD = x_BSD + self.ple_norm(self.ple_proj(g_BSP))
     # a frozen buffer in Hugging Face: part of the checkpoint, never trained
     x_BSD = x_BSD * jax.lax.stop_gradient(self.layer_scalar[...]).astype(x_BSD.dtype)
@@ -426,7 +422,7 @@ class Transformer(nnx.Module):
       logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     if cfg.final_logit_softcap:
       c = cfg.final_logit_softcap
-      logits_BSV = c * jnp.tanh(logits_BSV / c)
+      logits_BSV = c * activations.tanh(logits_BSV / c)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
 
   def head_params(self):

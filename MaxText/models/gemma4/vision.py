@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers import stack
+from MaxText.layers.activations import gelu_tanh
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.norms import RMSNorm
@@ -142,7 +143,7 @@ class VisionMLP(nnx.Module):
 
   def __call__(self, x_NPD):
     gate = self.gate(x_NPD)
-    h_NPF = constrain(jax.nn.gelu(gate.astype(jnp.float32), approximate=True).astype(gate.dtype)
+    h_NPF = constrain(gelu_tanh(gate.astype(jnp.float32)).astype(gate.dtype)
                       * self.up(x_NPD), ACT_NPF)
     return self.down(h_NPF)
 
