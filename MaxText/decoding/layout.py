@@ -93,14 +93,14 @@ class Layout:
     restacking needs one array's room, not the whole model's again."""
     if not self.scanned or self.is_per_layer(params):
       return params
-    flat = traverse_util.flatten_dict(params)
+    flat: dict = traverse_util.flatten_dict(params)
     want = traverse_util.flatten_dict(self.unscanned_def.abstract_params)
     mapping = self.mapping()
     if set(mapping) != set(want):
       raise ValueError("the per-layer layout of this model does not match its scanned one: "
                        f"{sorted(set(mapping) ^ set(want), key=str)[:3]}")
-    place = (lambda x, p: x) if shardings is None else (
-        lambda x, p, sh=traverse_util.flatten_dict(shardings): jax.device_put(x, sh[p]))
+    sh = None if shardings is None else traverse_util.flatten_dict(shardings)
+    place = (lambda x, p: x) if sh is None else (lambda x, p: jax.device_put(x, sh[p]))
     by_source: dict[tuple, list[tuple[tuple, int | None]]] = {}
     for path, (source, k) in mapping.items():
       by_source.setdefault(source, []).append((path, k))
