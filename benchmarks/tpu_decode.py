@@ -36,8 +36,12 @@ with its weights cast on load to --weight-dtype (bfloat16; the compute dtype is 
   request when its last finishes): per request latency / solo latency (max, median: the 4-client
   goal is max <= 2), aggregate tokens/s (tokens / wall time), time to first token p50 / p99.
 
-One JSON object per row on stdout as it is measured (and all of them in --out), then Markdown
-tables. Progress and the quantizer's lines go to stderr.
+One JSON object per row on stdout as it is measured (and all of them in --out, rewritten after
+each), then Markdown tables; the parts run in this order (decode, ttft, int8, serve: the
+scheduler's warm-up compiles the most programs), and a part that fails is an "error" row (exit 1
+at the end), not the end of the run. The compilation cache is the config's `jax_cache_dir`, so a
+second run on a machine still warm compiles nothing. Progress and the quantizer's lines go to
+stderr.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -261,7 +266,9 @@ def tables(rows: list[dict]) -> str:
   out = ["| weights | batch | tokens/s | ms/step | roofline tokens/s | roofline ms/step | "
          "share | weights MiB + KV MiB read per step |", "|" + "---|" * 8]
   for r in rows:
-    if r["kind"] == "decode":
+    if r["kind"] == "error":
+      out.insert(0, f"**{r['section']} failed**: {r['error']}\n")
+    elif r["kind"] == "decode":
       out.append(f"| {r['weights']} | {r['batch']} | {r['tokens_per_s']:,.0f} | "
                  f"{r['ms_per_step']:.2f} | {r['roofline_tokens_per_s']:,.0f} | "
                  f"{r['roofline_ms']:.3f} | {r['share']:.1%} | {mib(r['params_bytes'])} + "
@@ -292,6 +299,7 @@ def main(argv=None) -> int:
   ap.add_argument("--ttft", type=ints, default=[128, 1024, 4096], help="prompt lengths")
   ap.add_argument("--no-int8", action="store_true", help="skip the int8-weight sweep")
   ap.add_argument("--group-size", type=int, default=128, help="int8: input rows per scale")
+  ap.add_argument("--no-serve", action="store_true", help="skip the scheduler's rows")
   ap.add_argument("--clients", type=ints, default=[4, 16], help="concurrent clients per row")
   ap.add_argument("--requests", type=int, default=2, help="requests per client of the most")
   ap.add_argument("--request-prompt", type=ints, default=[16, 256], help="min,max prompt tokens")
@@ -310,9 +318,11 @@ def main(argv=None) -> int:
   from MaxText.models.registry import init_params
   args.rows = []
   log(f"devices: {jax.devices()}")
+  from MaxText.runtime import compile_cache
   given = {k.split("=", 1)[0] for k in args.set}
-  defaults = [k for k in ("dtype=bfloat16", "jax_cache_dir=") if k.split("=")[0] not in given]
+  defaults = [k for k in ("dtype=bfloat16",) if k.split("=")[0] not in given]
   cfg = load_config([os.path.join(ROOT, "configs", "base.yml"), *defaults, *args.set])
+  log(compile_cache.use(cfg.jax_cache_dir))   # a second run on a warm machine: no compiles
   t0 = time.perf_counter()
   f32 = ModelConfig.from_config(replace(cfg, weight_dtype="float32"))
   host = jax.device_get(init_params(f32, 0))
@@ -324,17 +334,31 @@ def main(argv=None) -> int:
               "params_bytes": params_bytes(model.params),
               "per_layer": model.engine.layout.is_per_layer(model.params),
               "parameters": int(sum(x.size for x in jax.tree.leaves(host)))})
-  rows = decode_rows(args, model, args.weight_dtype)
-  rows += ttft_rows(args, model)
-  rows += serve_rows(args, model)
-  del model
+  section(args, "decode", lambda: decode_rows(args, model, args.weight_dtype))
+  section(args, "ttft", lambda: ttft_rows(args, model))
   if not args.no_int8:
-    qmodel, load_s = load(args, cfg, host, weight_bits=8)
-    emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": "int8",
-                "load_s": load_s, "params_bytes": params_bytes(qmodel.params)})
-    rows += decode_rows(args, qmodel, "int8")
-  print(tables(rows), flush=True)
-  return 0
+    def int8():
+      qmodel, load_s = load(args, cfg, host, weight_bits=8)
+      emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": "int8",
+                  "load_s": load_s, "params_bytes": params_bytes(qmodel.params)})
+      decode_rows(args, qmodel, "int8")
+    section(args, "int8", int8)
+  if not args.no_serve:
+    section(args, "serve", lambda: serve_rows(args, model))
+  print(tables(args.rows), flush=True)
+  return 1 if any(r["kind"] == "error" for r in args.rows) else 0
+
+
+def section(args, name: str, fn) -> None:
+  """Runs one part; its failure (e.g. out of memory) is a row, and the next part runs."""
+  t0 = time.perf_counter()
+  log(f"== {name}")
+  try:
+    fn()
+  except Exception as e:  # noqa: BLE001 — a part that fails is a result
+    traceback.print_exc()
+    emit(args, {"kind": "error", "section": name, "error": f"{type(e).__name__}: {e}"[:400]})
+  log(f"== {name}: {time.perf_counter() - t0:.1f} s")
 
 
 if __name__ == "__main__":

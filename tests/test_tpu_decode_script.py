@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import BASE_YML, ROOT
+from conftest import BASE_YML, ROOT, tool_home
 from MaxText.config.load import load_config
 from MaxText.models.model_config import ModelConfig
 
@@ -33,7 +33,8 @@ def test_the_docstring_command_runs_and_its_rows_agree(tmp_path):
   out = tmp_path / "rows.json"
   argv = docstring_command()
   proc = subprocess.run([*argv, "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=False)
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "HOME": tool_home(tmp_path)},
+                        check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   printed = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   rows = json.loads(out.read_text())
