@@ -146,7 +146,7 @@ def load(argv: Sequence[str]) -> Any:
   """The model (`MaxText.inference.load`), its machinery (jax) imported only here: `--help` and a
   refused key answer without it."""
   from MaxText import inference  # pylint: disable=import-outside-toplevel
-  return inference.load(argv)
+  return inference.load(argv, per_layer=True)
 
 
 def main(argv: Sequence[str]) -> int:

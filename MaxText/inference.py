@@ -482,12 +482,16 @@ def _generation_config_eos(hf_path: str) -> list[int]:
 
 
 def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = None,
-         params: Any = None) -> InferenceModel:
+         params: Any = None, per_layer: bool = False) -> InferenceModel:
   """A model ready to decode. `argv`: [base.yml, key=value, ...], or only the key=value items
   (then this repository's configs/base.yml, found from the package, so it works from any
   directory); or a Config (then `params`, host or device arrays, may replace loading).
+  `per_layer` (the decoding tools pass it): with `decode_unroll_layers` the parameters are
+  restacked per layer once loaded (MaxText/decoding/layout.py), for decoding only (the model's
+  own layout is what training, inspection and checkpoints read).
   ConfigError / DataError / InferenceError: exit 2; CheckpointError: exit 4."""
   hf_params = None
+  owned = params is None
   if isinstance(argv, Config):
     cfg = argv
   else:
@@ -504,7 +508,8 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
     engine = Engine(mcfg, create_mesh(cfg, devices),
                     parse_rules(cfg.logical_axis_rules, cfg.mesh_axes), cache_dtype=cfg.cache_dtype,
                     batch_size=cfg.decode_batch_size, max_cache_length=cfg.max_cache_length,
-                    speculative_tokens=cfg.speculative_tokens)
+                    speculative_tokens=cfg.speculative_tokens,
+                    unroll_layers=cfg.decode_unroll_layers)
   except ValueError as e:
     raise InferenceError(str(e)) from None
   tokenizer, source = tokenizer_for(cfg)
@@ -523,5 +528,7 @@ def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = No
                                  verify=cfg.checkpoint_verify)
   else:
     params = engine.place(params)
+  if per_layer and cfg.decode_unroll_layers:   # the scanned arrays deleted as they are cut,
+    params = engine.per_layer(params, consume=owned)   # unless they are the caller's
   eos = _generation_config_eos(cfg.hf_path) if cfg.hf_path else []
   return InferenceModel(cfg, engine, params, tokenizer, source, eos)

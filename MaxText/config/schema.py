@@ -148,6 +148,10 @@ class Config(RunKeys):
   cache_dtype: str = key("auto", "KV cache dtype: auto (bfloat16 on GPU/TPU, else dtype) | "
                          "float32 | bfloat16 | float16", choices=("auto", *DTYPES),
                          tools=(*DECODERS, *SAMPLERS, "lm_eval", "serve"))
+  decode_unroll_layers: bool = key(True, "decoding restacks a scanned model's parameters per layer "
+                                   "at load, so a step reads each layer's weights in place (the "
+                                   "scan slices them out of the stack on every step); false = the "
+                                   "scan's layout", tools=(*DECODERS, "lm_eval", "serve"))
 
   # ---- serving ---------------------------------------------------------------------------------
   serve_slots: int = key(8, "decode slots: requests decoded together (continuous batching)", min=1,

@@ -101,6 +101,7 @@ class ContrastiveDecoder:
     if not prompts:
       return []
     max_len = eng.cache_length([*prompts, *contrasts], max_new_tokens)
+    params = eng.run_params(params)
     out: list[Completion] = []
     half = max(1, eng.batch_size // 2)
     for start in range(0, len(prompts), half):

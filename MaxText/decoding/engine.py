@@ -28,6 +28,12 @@ With `speculative_tokens` = k > 0 (a model with an MTP head, greedy decoding), e
 speculatively instead (MaxText/decoding/speculative.py): k tokens drafted by the MTP head,
 verified in one forward of the model, the same output as plain greedy decoding.
 
+Parameters: the model's own layout, or restacked per layer (MaxText/decoding/layout.py: a scanned
+stack's layers as arrays of their own, so a decoding step reads each weight in place instead of a
+loop that slices every layer's weights out of the stack on every step). Each program runs the
+model whose parameters it is given; with `unroll_layers` parameters in the scanned layout are
+restacked per call (`run_params`; the tools restack once, at load: `decode_unroll_layers`).
+
 Requests that cannot run (an empty prompt, ids outside the vocabulary, a prompt plus
 max_new_tokens longer than the cache or the model's positions) raise `DecodeError` naming the
 prompt and the numbers, before anything compiles.
@@ -45,6 +51,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.decoding import cache as cache_lib
+from MaxText.decoding.layout import Layout
 from MaxText.decoding.requests import MIN_PROMPT_BUCKET, Completion, bucket, fetch
 from MaxText.decoding.sampling import Sampling, choose
 from MaxText.decoding.speculative import Speculative
@@ -75,7 +82,7 @@ class Engine:
 
   def __init__(self, mcfg: ModelConfig, mesh: Mesh, rules: Rules, *, cache_dtype: str = "auto",
                batch_size: int = 8, max_cache_length: int = 0, chunk: int = 16,
-               speculative_tokens: int = 0):
+               speculative_tokens: int = 0, unroll_layers: bool = False):
     cache_lib.groups(mcfg)   # refuses a family that does not decode
     if speculative_tokens and not mcfg.mtp_num_layers:
       raise DecodeError(f"speculative_tokens={speculative_tokens} drafts with the model's "
@@ -88,6 +95,8 @@ class Engine:
     self.cache_dtype = cache_lib.cache_dtype(cache_dtype, mcfg.dtype,
                                              mesh.devices.flat[0].platform)
     self.batch_size, self.max_cache_length, self.chunk = batch_size, max_cache_length, chunk
+    self.layout = Layout(self.mcfg, self.model_def)
+    self.unroll_layers = unroll_layers and self.mcfg.scan_layers
     self._traces = 0   # programs traced (so compiled) by this engine's jitted functions
     self._prefill = jax.jit(self._counted(self._prefill_fn), static_argnames=("static", "max_len"))
     self._decode = jax.jit(self._counted(self._decode_fn), static_argnames=("static",),
@@ -113,6 +122,22 @@ class Engine:
     params = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else np.asarray(x).astype(a.dtype),
                           params, self.model_def.abstract_params)
     return jax.device_put(params, self.param_shardings)
+
+  @functools.cached_property
+  def run_shardings(self):
+    """The shardings of the per-layer parameters (`layout.unscanned_def`'s)."""
+    d = self.layout.unscanned_def
+    return tree_shardings(d.logical_axes, d.abstract_params, self.mesh, self.rules)
+
+  def per_layer(self, params, consume: bool = False):
+    """`params` (placed, either layout) restacked per layer (module docstring); `consume`: the
+    scanned arrays are deleted as they are cut (the caller keeps no reference to them)."""
+    return self.layout.per_layer(params, self.run_shardings, consume)
+
+  def run_params(self, params):
+    """The parameters a request runs with: restacked per layer with `unroll_layers`, else as
+    given (either layout)."""
+    return self.per_layer(params) if self.unroll_layers else params
 
   def _host(self, *trees):
     """Host values (the same on every process) as arrays replicated over the mesh: what the
@@ -166,7 +191,8 @@ class Engine:
 
   # ---- compiled programs -------------------------------------------------------------------------
   def _model(self, params):
-    return nnx.merge(self.model_def.graphdef, params)
+    """The model of `params`' layout (scanned or per layer) with them."""
+    return nnx.merge(self.layout.def_of(params).graphdef, params)
 
   @staticmethod
   def _prompt_positions(lengths_B, S: int):
@@ -277,6 +303,7 @@ class Engine:
     if not prompts:
       return []
     max_len = self.cache_length(prompts, max_new_tokens)
+    params = self.run_params(params)
     row_ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
     eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
     eos_E[:len(eos_ids)] = eos_ids
@@ -393,6 +420,7 @@ class Engine:
         raise DecodeError(f"prompt {i} + completion = {len(seqs[-1])} tokens exceed the model's "
                           f"max_position_embeddings ({self.mcfg.max_position_embeddings}) + 1 "
                           f"(the last is only scored)")
+    params = self.run_params(params)
     none = np.zeros((0, top), np.int32), np.zeros((0, top), np.float32)
     out: list[tuple] = [(np.zeros(0, np.float32), *none)] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))

@@ -303,6 +303,7 @@ class Slots:
     into `slots`; (next tokens, their log-probabilities, top ids, top log-probabilities), one
     row per prompt. `media`: the first pieces' images and clips
     (`batch_media` of theirs, whole prompts)."""
+    params = self.engine.run_params(params)
     n = len(prompts)
     starts = starts or [0] * n
     B = bucket(n)
@@ -339,6 +340,7 @@ class Slots:
     [slots, chunk] (-1 / 0 where a slot made none), top_ids, top_logprobs [slots, chunk, top]}).
     The busy slots' rows go through the program padded to a power of two (`step_rows`), so a
     call costs what its busy slots need, not what all the slots would."""
+    params = self.engine.run_params(params)
     eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
     eos_E[:len(eos_ids)] = eos_ids[:MAX_EOS_IDS]
     e = self.engine
@@ -372,6 +374,7 @@ class Slots:
     without top log-probabilities; early ends as `interrupt` is set now: call it after the
     scheduler is built) by a call whose rows are all done (it changes nothing); the programs
     compiled."""
+    params = self.engine.run_params(params)
     before = self.compiled_programs()
     eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
     e = self.engine

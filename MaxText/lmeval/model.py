@@ -90,7 +90,7 @@ class MaxTextLM(TemplateLM):
       args.pop(name, None)
     argv = config_argv(args, batch_size)
     load_config(argv, tool="lm_eval")       # a key the model does not read: refused (exit 2)
-    self.model = inference.load(argv, devices)
+    self.model = inference.load(argv, devices, per_layer=True)
     if self.model.tokenizer is None:
       raise ConfigError(f"tokenizer_path: lm-eval sends text: {self.model.tokenizer_source}")
     self.tok: Tokenizer = self.model.tokenizer

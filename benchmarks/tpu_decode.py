@@ -1,0 +1,367 @@
+"""Decoding on an accelerator in ONE process (one process holds the chip): the engine's batch sweep
+beside the memory-bandwidth roofline, time to first token, the same sweep with int8 weights, and
+the server's scheduler in-process (MaxText/serve/scheduler.py without HTTP: the chip's machine
+has no sockets) for concurrent clients.
+
+On the TPU (from the repository root, .whl-tpu/ carried; Qwen3-0.6B, random weights):
+
+  source benchmarks/tpu_install.sh && python3 benchmarks/tpu_decode.py \\
+      --set model_name=qwen3-0.6b --out $OUT/decode.json
+
+On a CPU, a tiny model (what tests/test_tpu_decode_script.py runs, exactly):
+
+  .venv/bin/python benchmarks/tpu_decode.py --batches 2 --prompt 8 --new 4 --ttft 16 \\
+      --clients 2 --requests 2 --request-prompt 4,12 --request-new 2,5 --slots 2 --repeats 1 \\
+      --set dtype=float32 max_position_embeddings=64
+
+The model: base.yml with the --set keys, initialised in float32 (seed 0) on the device, then loaded
+as the decoding tools load it (`inference.load`, `decode_unroll_layers`: restacked per layer)
+with its weights cast on load to --weight-dtype (bfloat16; the compute dtype is the config's
+`dtype`, bfloat16 by default here). Greedy, no eos (every request runs its max_new_tokens).
+
+- decode (per --batches): `Engine.generate` of `batch` random prompts of --prompt tokens with
+  max_new_tokens = 1 and = --new, the best of --repeats after a warm-up: ms per step =
+  (t(new) - t(1)) / (new - 1), tokens/s = batch x (new - 1) / (t(new) - t(1)). Beside it the
+  roofline: the bytes a step must read — every parameter array's bytes as held (`nbytes`) plus
+  the KV cache's (its whole length: the step's attention reads every position of the cache
+  bucket) — over --bandwidth (v5e: 819e9 B/s); `share` = roofline ms / measured ms.
+- ttft (per --ttft prompt length): one prompt, max_new_tokens = 1 (prefill + the first token).
+- int8 (unless --no-int8): the float32 weights quantized by RTN (MaxText/quantization, as
+  `python -m MaxText.quantize method=rtn bits=8`; --group-size), the decode sweep again.
+- serve (per --clients count): the server's Scheduler over Slots (--slots rows, calls of
+  `serve_chunk` steps, prompts prefilled in pieces of `serve_prefill_chunk`), warmed
+  (`Slots.warm` and one untimed round), then --requests x max(--clients) seeded requests (prompt
+  lengths and max_tokens uniform in --request-prompt / --request-new): first each alone, one
+  after another (its solo latency), then by `clients` concurrent clients (each submits its next
+  request when its last finishes): per request latency / solo latency (max, median: the 4-client
+  goal is max <= 2), aggregate tokens/s (tokens / wall time), time to first token p50 / p99.
+
+One JSON object per row on stdout as it is measured (and all of them in --out, rewritten after
+each), then Markdown tables; the parts run in this order (decode, ttft, int8, serve: the
+scheduler's warm-up compiles the most programs), and a part that fails is an "error" row (exit 1
+at the end), not the end of the run. The compilation cache is the config's `jax_cache_dir`, so a
+second run on a machine still warm compiles nothing. Progress and the quantizer's lines go to
+stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+V5E_BANDWIDTH = 819e9
+
+
+def ints(text: str) -> list[int]:
+  return [int(x) for x in text.split(",") if x]
+
+
+def log(*a) -> None:
+  print(*a, file=sys.stderr, flush=True)
+
+
+def best_time(fn, repeats: int):
+  best, out = float("inf"), None
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = fn()
+    best = min(best, time.perf_counter() - t0)
+  return best, out
+
+
+def params_bytes(params) -> int:
+  import jax
+  return int(sum(x.nbytes for x in jax.tree.leaves(params)))
+
+
+def load(args, cfg, host_f32, weight_bits: int = 0):
+  """The model as the decoding tools load it, weights cast to --weight-dtype (int8: RTN levels)."""
+  from MaxText import inference
+  from MaxText.config.load import replace
+  from MaxText.models.model_config import ModelConfig
+  params = host_f32
+  if weight_bits:
+    from MaxText.quantization import convert
+    tgts = convert.targets(ModelConfig.from_config(cfg), cfg.weight_quant_exclude)
+    with contextlib.redirect_stdout(sys.stderr):
+      params, _ = convert.quantize_params(host_f32, tgts, "rtn", weight_bits, args.group_size,
+                                          progress=False)
+    cfg = replace(cfg, weight_bits=weight_bits, weight_group_size=args.group_size)
+  import jax
+  t0 = time.perf_counter()
+  model = inference.load(cfg, jax.devices()[:1], params=params, per_layer=True)
+  jax.block_until_ready(model.params)
+  model.eos_ids = []                        # every request runs its max_new_tokens
+  return model, time.perf_counter() - t0
+
+
+def decode_rows(args, model, label: str) -> list[dict]:
+  from MaxText.decoding import cache as cache_lib
+  from MaxText.decoding.engine import Engine
+  from MaxText.decoding.requests import bucket
+  base = model.engine
+  weights = params_bytes(model.params)
+  rows = []
+  for B in args.batches:
+    eng = Engine(base.mcfg, base.mesh, base.rules, cache_dtype=model.cfg.cache_dtype,
+                 batch_size=B, chunk=args.chunk)
+    prompts = np.random.default_rng(B).integers(0, base.mcfg.vocab_size,
+                                                (B, args.prompt)).tolist()
+    gen = lambda n, eng=eng, prompts=prompts: eng.generate(model.params, prompts,
+                                                           max_new_tokens=n)
+    t0 = time.perf_counter()
+    gen(args.new), gen(1)                   # compiles (one cache length for both)
+    compile_s = time.perf_counter() - t0
+    t1, _ = best_time(lambda: gen(1), args.repeats)
+    tn, out = best_time(lambda: gen(args.new), args.repeats)
+    max_len = eng.cache_length(prompts, args.new)
+    kv = cache_lib.nbytes(cache_lib.specs(eng.mcfg, bucket(B), max_len, eng.cache_dtype))
+    step_s = (tn - t1) / (args.new - 1)
+    roof_s = (weights + kv) / args.bandwidth
+    rows.append({"kind": "decode", "weights": label, "batch": B, "prompt": args.prompt,
+                 "new": args.new, "tokens": sum(len(c.output_ids) for c in out),
+                 "ms_per_step": step_s * 1e3, "tokens_per_s": B / step_s,
+                 "params_bytes": weights, "kv_bytes": kv, "cache_length": max_len,
+                 "bytes_per_step": weights + kv, "bandwidth": args.bandwidth,
+                 "roofline_ms": roof_s * 1e3, "roofline_tokens_per_s": B / roof_s,
+                 "share": roof_s / step_s, "compile_s": compile_s,
+                 "first_tokens": out[0].output_ids[:8]})
+    emit(args, rows[-1])
+  return rows
+
+
+def ttft_rows(args, model) -> list[dict]:
+  from MaxText.decoding.engine import Engine
+  base = model.engine
+  eng = Engine(base.mcfg, base.mesh, base.rules, cache_dtype=model.cfg.cache_dtype,
+               batch_size=1, chunk=args.chunk)
+  rows = []
+  for P in args.ttft:
+    row = {"kind": "ttft", "prompt": P}
+    if P + 1 > base.mcfg.max_position_embeddings:
+      row.update(status=f"skipped: {P} + 1 positions exceed max_position_embeddings "
+                 f"({base.mcfg.max_position_embeddings})")
+    else:
+      prompt = np.random.default_rng(P).integers(0, base.mcfg.vocab_size, (1, P)).tolist()
+      gen = lambda prompt=prompt: eng.generate(model.params, prompt, max_new_tokens=1)
+      t0 = time.perf_counter()
+      gen()
+      compile_s = time.perf_counter() - t0
+      t, out = best_time(gen, args.repeats)
+      row.update(status="ok", ttft_ms=t * 1e3, prefill_tokens_per_s=P / t, compile_s=compile_s,
+                 tokens=sum(len(c.output_ids) for c in out))
+    rows.append(row)
+    emit(args, row)
+  return rows
+
+
+def requests(args, vocab: int) -> list[tuple[list[int], int]]:
+  rng = np.random.default_rng(0)
+  n = args.requests * max(args.clients)
+  lo, hi = args.request_prompt
+  nlo, nhi = args.request_new
+  lengths, new = rng.integers(lo, hi + 1, n), rng.integers(nlo, nhi + 1, n)
+  return [(rng.integers(0, vocab, int(p)).tolist(), int(m)) for p, m in zip(lengths, new)]
+
+
+def run_clients(sched, reqs, clients: int) -> tuple[list[dict], float]:
+  """`reqs` by `clients` concurrent clients, each submitting its next request when its last one
+  finished; per request: latency, time to first token, tokens."""
+  from MaxText.serve.scheduler import Job
+  queue = list(enumerate(reqs))
+  lock = threading.Lock()
+  out: list[dict] = [{} for _ in reqs]
+
+  def client():
+    while True:
+      with lock:
+        if not queue:
+          return
+        i, (prompt, new) = queue.pop(0)
+      done = threading.Event()
+      got = {"tokens": 0, "first": None, "finish": None}
+
+      def sink(delta, got=got, done=done):
+        if delta.ids and got["first"] is None:
+          got["first"] = time.perf_counter()
+        got["tokens"] += len(delta.ids)
+        if delta.finish_reason is not None:
+          got["finish"] = delta.finish_reason
+          done.set()
+      t0 = time.perf_counter()
+      sched.submit([Job(prompt_ids=prompt, max_tokens=new, sink=sink)])
+      done.wait()
+      end = time.perf_counter()
+      out[i] = {"latency": end - t0, "ttft": (got["first"] or end) - t0,
+                "tokens": got["tokens"], "finish": got["finish"]}
+
+  t0 = time.perf_counter()
+  threads = [threading.Thread(target=client) for _ in range(clients)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return out, time.perf_counter() - t0
+
+
+def serve_rows(args, model) -> list[dict]:
+  from MaxText.decoding.slots import Slots
+  from MaxText.serve.scheduler import Scheduler
+  cfg = model.cfg
+  reqs = requests(args, model.engine.mcfg.vocab_size)
+  room = max(len(p) + n for p, n in reqs)
+  room = -(-room // 64) * 64
+  slots = Slots(model.engine, args.slots, room, chunk=cfg.serve_chunk)
+  sched = Scheduler(model, slots, queue_size=len(reqs) + 1,
+                    prefill_chunk=cfg.serve_prefill_chunk)
+  t0 = time.perf_counter()
+  warmed = slots.warm(model.params)
+  sched.start()
+  for c in sorted({1, *args.clients}):                  # prefill programs: compiled here
+    run_clients(sched, reqs, c)
+  warm_s = time.perf_counter() - t0
+  solo, _ = run_clients(sched, reqs, 1)
+  rows = []
+  for c in args.clients:
+    got, wall = run_clients(sched, reqs, c)
+    ratios = [g["latency"] / s["latency"] for g, s in zip(got, solo)]
+    ttfts = np.asarray([g["ttft"] for g in got]) * 1e3
+    rows.append({"kind": "serve", "clients": c, "requests": len(reqs), "slots": args.slots,
+                 "tokens": sum(g["tokens"] for g in got),
+                 "tokens_asked": sum(n for _, n in reqs),
+                 "finished": sorted({str(g["finish"]) for g in got}), "wall_s": wall,
+                 "tokens_per_s": sum(g["tokens"] for g in got) / wall,
+                 "latency_over_solo_max": max(ratios),
+                 "latency_over_solo_median": statistics.median(ratios),
+                 "ttft_p50_ms": float(np.percentile(ttfts, 50)),
+                 "ttft_p99_ms": float(np.percentile(ttfts, 99)),
+                 "solo_latency_s": [s["latency"] for s in solo],
+                 "warm_programs": warmed, "warm_s": warm_s})
+    emit(args, rows[-1])
+  sched.stop()
+  return rows
+
+
+def emit(args, row: dict) -> None:
+  args.rows.append(row)
+  print(json.dumps(row), flush=True)
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump(args.rows, f, indent=1)
+
+
+def tables(rows: list[dict]) -> str:
+  mib = lambda b: f"{b / 2**20:,.1f}"
+  out = ["| weights | batch | tokens/s | ms/step | roofline tokens/s | roofline ms/step | "
+         "share | weights MiB + KV MiB read per step |", "|" + "---|" * 8]
+  for r in rows:
+    if r["kind"] == "error":
+      out.insert(0, f"**{r['section']} failed**: {r['error']}\n")
+    elif r["kind"] == "decode":
+      out.append(f"| {r['weights']} | {r['batch']} | {r['tokens_per_s']:,.0f} | "
+                 f"{r['ms_per_step']:.2f} | {r['roofline_tokens_per_s']:,.0f} | "
+                 f"{r['roofline_ms']:.3f} | {r['share']:.1%} | {mib(r['params_bytes'])} + "
+                 f"{mib(r['kv_bytes'])} |")
+  out += ["", "| prompt tokens | time to first token ms | prefill tokens/s |", "|---|---|---|"]
+  for r in rows:
+    if r["kind"] == "ttft":
+      out.append(f"| {r['prompt']} | {r['ttft_ms']:.1f} | {r['prefill_tokens_per_s']:,.0f} |"
+                 if r["status"] == "ok" else f"| {r['prompt']} | {r['status']} | |")
+  out += ["", "| clients | requests | tokens/s | latency / solo: max | median | TTFT p50 ms | "
+          "p99 ms |", "|" + "---|" * 7]
+  for r in rows:
+    if r["kind"] == "serve":
+      out.append(f"| {r['clients']} | {r['requests']} | {r['tokens_per_s']:,.0f} | "
+                 f"{r['latency_over_solo_max']:.2f} | {r['latency_over_solo_median']:.2f} | "
+                 f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} |")
+  # a part that did not run leaves no table (its header and rule lines alone)
+  blocks = "\n".join(out).split("\n\n")
+  return "\n\n".join(b for b in blocks if len(b.splitlines()) > 2 or b.startswith("**"))
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--set", nargs="*", default=[], help="config keys (key=value) of the model")
+  ap.add_argument("--weight-dtype", default="bfloat16", help="the weights' dtype once loaded")
+  ap.add_argument("--batches", type=ints, default=[1, 8, 32, 64])
+  ap.add_argument("--prompt", type=int, default=128, help="prompt tokens of the decode rows")
+  ap.add_argument("--new", type=int, default=64, help="new tokens of the decode rows (>= 2)")
+  ap.add_argument("--chunk", type=int, default=16, help="decoding steps per engine call")
+  ap.add_argument("--ttft", type=ints, default=[128, 1024, 4096], help="prompt lengths")
+  ap.add_argument("--no-int8", action="store_true", help="skip the int8-weight sweep")
+  ap.add_argument("--group-size", type=int, default=128, help="int8: input rows per scale")
+  ap.add_argument("--no-serve", action="store_true", help="skip the scheduler's rows")
+  ap.add_argument("--clients", type=ints, default=[4, 16], help="concurrent clients per row")
+  ap.add_argument("--requests", type=int, default=2, help="requests per client of the most")
+  ap.add_argument("--request-prompt", type=ints, default=[16, 256], help="min,max prompt tokens")
+  ap.add_argument("--request-new", type=ints, default=[8, 128], help="min,max max_tokens")
+  ap.add_argument("--slots", type=int, default=16, help="the scheduler's decode slots")
+  ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (the best counts)")
+  ap.add_argument("--bandwidth", type=float, default=V5E_BANDWIDTH, help="bytes/s of memory")
+  ap.add_argument("--out", default="", help="write the rows as JSON here")
+  args = ap.parse_args(argv)
+  if args.new < 2:
+    ap.error("--new must be >= 2 (a step's time is t(new) - t(1))")
+  import jax
+
+  from MaxText.config.load import load_config, replace
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.models.registry import init_params
+  args.rows = []
+  log(f"devices: {jax.devices()}")
+  from MaxText.runtime import compile_cache
+  given = {k.split("=", 1)[0] for k in args.set}
+  defaults = [k for k in ("dtype=bfloat16",) if k.split("=")[0] not in given]
+  cfg = load_config([os.path.join(ROOT, "configs", "base.yml"), *defaults, *args.set])
+  log(compile_cache.use(cfg.jax_cache_dir))   # a second run on a warm machine: no compiles
+  t0 = time.perf_counter()
+  f32 = ModelConfig.from_config(replace(cfg, weight_dtype="float32"))
+  host = jax.device_get(init_params(f32, 0))
+  log(f"init (float32, then to the host): {time.perf_counter() - t0:.1f} s")
+  cfg = replace(cfg, weight_dtype=args.weight_dtype)
+  model, load_s = load(args, cfg, host)
+  emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": args.weight_dtype,
+              "dtype": cfg.dtype, "platform": jax.devices()[0].platform, "load_s": load_s,
+              "params_bytes": params_bytes(model.params),
+              "per_layer": model.engine.layout.is_per_layer(model.params),
+              "parameters": int(sum(x.size for x in jax.tree.leaves(host)))})
+  section(args, "decode", lambda: decode_rows(args, model, args.weight_dtype))
+  section(args, "ttft", lambda: ttft_rows(args, model))
+  if not args.no_int8:
+    def int8():
+      qmodel, load_s = load(args, cfg, host, weight_bits=8)
+      emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": "int8",
+                  "load_s": load_s, "params_bytes": params_bytes(qmodel.params)})
+      decode_rows(args, qmodel, "int8")
+    section(args, "int8", int8)
+  if not args.no_serve:
+    section(args, "serve", lambda: serve_rows(args, model))
+  print(tables(args.rows), flush=True)
+  return 1 if any(r["kind"] == "error" for r in args.rows) else 0
+
+
+def section(args, name: str, fn) -> None:
+  """Runs one part; its failure (e.g. out of memory) is a row, and the next part runs."""
+  t0 = time.perf_counter()
+  log(f"== {name}")
+  try:
+    fn()
+  except Exception as e:  # noqa: BLE001 — a part that fails is a result
+    traceback.print_exc()
+    emit(args, {"kind": "error", "section": name, "error": f"{type(e).__name__}: {e}"[:400]})
+  log(f"== {name}: {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+  sys.exit(main())

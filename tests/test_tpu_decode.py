@@ -1,0 +1,123 @@
+"""On the TPU chip only (marked `tpu`: skipped elsewhere, CI included): greedy decoding on the chip
+writes the CPU engine's tokens, every family, in float32 at `highest` precision
+(`matmul_precision=auto` resolves to it for float32), the cache in float32 too, the XLA attention
+on both sides, the same parameters (the CPU's threefry init, placed on each side) and the
+decoding tools' layout (`inference.load(per_layer=True)`: restacked per layer). The CPU side is
+a subprocess (JAX_PLATFORMS=cpu) started when the module is imported on the chip, so both run at
+once. Run there in one process (one process holds the chip):
+
+  JAX_PLATFORMS=tpu,cpu python3 -m pytest -q -n 0 -m tpu tests/test_tpu_decode.py
+
+Each measurement goes to $TPU_TEST_RECORD (one JSON line) before its assertion.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.tpu
+
+FAMILIES = {"llama": [], "qwen3": ["model_name=qwen3-tiny"],
+            "qwen3-moe": ["model_name=qwen3-moe-tiny"], "gemma4": ["model_name=gemma4-tiny"],
+            "qwen3-next": ["model_name=qwen3-next-tiny"]}
+EXACT = ["dtype=float32", "weight_dtype=float32", "cache_dtype=float32",
+         "param_init_rng=threefry2x32", "attention=dot_product", "ici_fsdp_parallelism=1",
+         "max_position_embeddings=128", "jax_cache_dir="]
+PROMPT_LENGTHS = (5, 17, 3)
+NEW_TOKENS = 24
+
+
+def greedy(keys: list[str]) -> dict:
+  """Greedy tokens and their log-probabilities of `keys`' model (seed 0, initialised on the CPU)
+  for seeded prompts, decoded on this process's first device."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from MaxText import inference  # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import load_config  # pylint: disable=import-outside-toplevel
+  from MaxText.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  from MaxText.models.registry import init_params  # pylint: disable=import-outside-toplevel
+
+  cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *keys])
+  mcfg = ModelConfig.from_config(cfg)
+  with jax.default_device(jax.devices("cpu")[0]):
+    host = jax.device_get(init_params(mcfg, 0))
+  model = inference.load(cfg, jax.devices()[:1], params=host, per_layer=True)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(1, mcfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
+  out = model.engine.generate(model.params, prompts, max_new_tokens=NEW_TOKENS)
+  return {"tokens": [c.output_ids for c in out], "logprobs": [c.output_logprobs for c in out],
+          "platform": jax.devices()[0].platform, "matmul_precision": model.cfg.matmul_precision,
+          "per_layer": model.engine.layout.is_per_layer(model.params)}
+
+
+def record(test: str, **values) -> None:
+  """One JSON line per measurement into $TPU_TEST_RECORD, written before the assertion."""
+  path = os.environ.get("TPU_TEST_RECORD")
+  if path:
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"test": test, **values}) + "\n")
+
+
+def _cpu_reference() -> subprocess.Popen:
+  """Every family's greedy decoding on the CPU, in a subprocess (its JSON on stdout)."""
+  code = ("import json, sys; sys.path.insert(0, %r); from tests.test_tpu_decode import FAMILIES, "
+          "EXACT, greedy; print(json.dumps({n: greedy([*k, *EXACT]) for n, k in "
+          "FAMILIES.items()}))" % ROOT)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def cpu_decoding():
+  proc = _STARTED.pop() if _STARTED else _cpu_reference()
+  yield proc
+  if proc.poll() is None:
+    proc.kill()
+
+
+def _cpu_result(proc: subprocess.Popen, cache: dict = {}) -> dict:  # noqa: B006 — one per process
+  if "result" not in cache:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"the CPU reference failed: {err[-3000:]}"
+    cache["result"] = json.loads(out.strip().splitlines()[-1])
+  return cache["result"]
+
+
+def _first_difference(a: list[list[int]], b: list[list[int]]):
+  """(row, new-token index) of the first token that differs, or None."""
+  for r, (x, y) in enumerate(zip(a, b)):
+    for i, (s, t) in enumerate(zip(x, y)):
+      if s != t:
+        return r, i
+  return None
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_tokens_on_the_chip_equal_the_cpu_in_float32(family, cpu_decoding):
+  tpu = greedy([*FAMILIES[family], *EXACT])
+  assert tpu["platform"] == "tpu" and tpu["matmul_precision"] == "highest", tpu
+  assert tpu["per_layer"], tpu
+  cpu = _cpu_result(cpu_decoding)[family]
+  assert cpu["platform"] == "cpu", cpu
+  diff = _first_difference(tpu["tokens"], cpu["tokens"])
+  # the log-probabilities up to the first differing token (the same contexts on both sides)
+  lp_error = max(abs(a - b) for r, (x, y) in enumerate(zip(tpu["logprobs"], cpu["logprobs"]))
+                 for i, (a, b) in enumerate(zip(x, y)) if diff is None or (r, i) < diff)
+  record(f"decode greedy {family}", tpu=tpu["tokens"], cpu=cpu["tokens"],
+         first_difference=diff, logprob_max_abs_error=lp_error)
+  assert all(len(t) == NEW_TOKENS for t in tpu["tokens"]), tpu["tokens"]
+  assert tpu["tokens"] == cpu["tokens"], f"first difference at (row, token) {diff}"
+  assert lp_error <= 1e-4, lp_error
+
+
+# on the chip, the CPU reference starts as soon as the module is imported (collection)
+_STARTED: list[subprocess.Popen] = []
+if "tpu" in os.environ.get("JAX_PLATFORMS", ""):   # (the reference itself runs with cpu)
+  _STARTED.append(_cpu_reference())
