@@ -122,7 +122,8 @@ def pytest_configure(config):
 # small files and neither worker waits long for the other's last file. A file not listed runs
 # after them, in its usual order.
 COSTLIEST_FIRST = (
-    "test_slots.py", "test_rl_ray.py", "test_context_parallel.py", "test_grpo.py",
+    "test_slots.py", "test_rl_ray.py", "test_context_parallel.py", "test_method_update.py",
+    "test_grpo.py", "test_decode_unroll.py",
     "test_pipeline.py", "test_multiprocess.py", "test_inspect.py", "test_lora.py",
     "test_quant_moe.py", "test_faults.py", "test_hf_sharded_families.py",
     "test_quantize_recipe.py", "test_serve.py", "test_distill.py", "test_gemma4_sft_media.py",
