@@ -16,7 +16,10 @@ from MaxText.decoding.slots import Slots
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params
 
-FAMILIES = {"llama": [], "gemma4": ["model_name=gemma4-tiny"],
+# Gemma 4 at one layer of each kind (sliding, full, KV-shared), as tests/test_bf16_weights.py
+GEMMA4 = ["model_name=gemma4-tiny", "num_decoder_layers=3", "attention_pattern=sff",
+          "num_kv_shared_layers=1"]
+FAMILIES = {"llama": [], "gemma4": GEMMA4,
             "qwen3-next": ["model_name=qwen3-next-tiny"]}
 GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
 
@@ -29,7 +32,7 @@ def _model(keys):
 
 
 def test_restacked_parameters_are_the_rows_and_run_without_a_layer_loop():
-  mcfg, host = _model(["model_name=gemma4-tiny"])
+  mcfg, host = _model(["model_name=gemma4-tiny"])   # runs of several layers to cut
   eng = engine(mcfg, unroll_layers=True)
   scanned = eng.place(host)
   per_layer = eng.per_layer(scanned)
