@@ -38,7 +38,7 @@ import dataclasses
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 # the run's keys and the constants they use (AUTO... re-exported: the schema's names)
 from MaxText.config.keys_run import AUTO as AUTO
@@ -92,8 +92,17 @@ _RULES = [
 ]
 
 
+if TYPE_CHECKING:   # the families' keys, fields `add_keys` gives Config at import (views_source.py)
+  from MaxText.config.views_generated import FamilyKeys
+
+  class _ConfigBase(RunKeys, FamilyKeys):
+    pass
+else:
+  _ConfigBase = RunKeys
+
+
 @dataclass(frozen=True, kw_only=True)
-class Config(RunKeys):
+class Config(_ConfigBase):
   """Every key: the run's (`RunKeys`, MaxText/config/keys_run.py), then the tools', the mesh's and
   the multi-host start-up's below; a family's own keys join after the model section (`add_keys`)."""
 
@@ -401,20 +410,21 @@ def default(name: str) -> Any:
 
 
 class View:
-  """Base of the typed views of a subset of the keys (`ModelConfig`, `DataConfig`)."""
+  """Base of the typed views of a subset of the keys (`ModelConfig`, `DataConfig`). A view is built
+  at import (`view`); the type checker reads its fields from MaxText/config/views_generated.py."""
 
   @classmethod
-  def from_config(cls, cfg: Config):
-    return cls(**{f.name: _frozen(getattr(cfg, f.name)) for f in dataclasses.fields(cls)})
+  def from_config(cls, cfg: Config) -> Self:
+    return cls(**{f.name: view_value(getattr(cfg, f.name)) for f in dataclasses.fields(cls)})
 
 
-def _frozen(value: Any) -> Any:
+def view_value(value: Any) -> Any:
   """Lists become tuples in a view, so that a view is hashable (a static model attribute)."""
-  return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+  return tuple(view_value(v) for v in value) if isinstance(value, list) else value
 
 
 def _view_field(k: str) -> dataclasses.Field:
-  return field(default=_frozen(KEYS[k].default))
+  return field(default=view_value(KEYS[k].default))
 
 
 def view(name: str, keys: KeyNames, module: str, bases: tuple[type, ...] = ()) -> type:
