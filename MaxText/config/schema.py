@@ -46,7 +46,8 @@ from MaxText.config.keys_run import AUTO_LOSS_CHUNK as AUTO_LOSS_CHUNK
 from MaxText.config.keys_run import AUTO_TOOL_DTYPE as AUTO_TOOL_DTYPE
 from MaxText.config.keys_run import AUTO_TRAINING_DTYPE as AUTO_TRAINING_DTYPE
 from MaxText.config.keys_run import DTYPES, RunKeys
-from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
+from MaxText.config.spec import (KeyNames, Spec, copy_field, extend_dataclass, key,
+                                 shrink_dataclass, specs_of)
 from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TEXT_TRAINERS, TRAINERS
 
 
@@ -393,6 +394,29 @@ def add_keys(family: str, keys: type) -> None:
   extend_dataclass(Config, [(f.name, copy_field(f)) for f in dataclasses.fields(keys)])
   for cls, names in _VIEWS:
     extend_dataclass(cls, [(k, _view_field(k)) for k in new if k in names])
+
+
+def remove_keys(family: str) -> None:
+  """Undoes `add_keys` for a family added at run time (`registry.unregister`): its keys leave
+  `KEYS`, `Config` and the views, which get back what they had before (`spec.shrink_dataclass`).
+  A family without keys of its own does nothing; one of the table's is a ValueError (its keys are
+  the repository's, in configs/base.yml)."""
+  if family not in _FAMILY_KEYS:
+    return
+  if family in _TABLE_FAMILIES:
+    raise ValueError(f"family {family!r} is one of MaxText/models/families.py: its keys stay")
+  names = frozenset(k for k, s in KEYS.items() if s.family == family)
+  for cls, _ in reversed(_VIEWS):
+    shrink_dataclass(cls, names)
+  shrink_dataclass(Config, names)
+  for k in names:
+    del KEYS[k]
+  del _FAMILY_KEYS[family]
+
+
+def family_keys(family: str) -> type | None:
+  """The `Keys` dataclass whose keys `family` added to the schema (None: none)."""
+  return _FAMILY_KEYS.get(family)
 
 
 def in_base_yml(name: str) -> bool:
