@@ -230,9 +230,8 @@ class SeeingLlama(Transformer):
                                     return_hidden=return_hidden)
 
 
-registry.register(dataclasses.replace(llama_family.FAMILY, name="seeing_llama", build=SeeingLlama,
-                                      keys=None,
-                                      media=lambda mcfg: frozenset({"image", "audio"})))
+SEEING_LLAMA = dataclasses.replace(llama_family.FAMILY, name="seeing_llama", build=SeeingLlama,
+                                   keys=None, media=lambda mcfg: frozenset({"image", "audio"}))
 TINY = ["model_name=qwen3-tiny", "hf_model_type=", "num_decoder_layers=1", "vocab_size=32",
         "max_position_embeddings=512"]
 
@@ -240,7 +239,13 @@ TINY = ["model_name=qwen3-tiny", "hf_model_type=", "num_decoder_layers=1", "voca
 @pytest.fixture(scope="module")
 def checkpoints(folder, tmp_path_factory):
   """{decoder_block: a checkpoint carrying the tiny tokenizer and processor}: one that takes
-  images and audio, one text-only."""
+  images and audio, one text-only. `seeing_llama` is registered while this file's tests that
+  read these run (`registry.registered`: gone for the next test file)."""
+  with registry.registered(SEEING_LLAMA):
+    yield _checkpoints(folder, tmp_path_factory)
+
+
+def _checkpoints(folder, tmp_path_factory):
   path, _, _ = folder
   out = {}
   for block in ("seeing_llama", "llama"):

@@ -13,6 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from conftest import MESH_1, MESH_222, ROOT, argv, train
@@ -114,9 +115,16 @@ FAMILY = Family(name=NAME, build=ParallelModel, supports=COMMON_KEYS | {"tie_wor
                 layer_kinds=layer_kinds, flops=flops, check=check, keys=ParallelKeys)
 
 
-def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
+@pytest.fixture
+def registered():
+  """The family registered for the test only (`registry.registered`): after it, the schema and
+  the registry are as before, so no later test file sees its key."""
   assert NAME not in registry.FAMILY_MODULES          # not a family of the repository
-  registry.register(FAMILY)
+  with registry.registered(FAMILY):
+    yield FAMILY
+
+
+def test_a_family_defined_in_a_test_trains_like_any_other(registered, tmp_path, capsys):
   model = (f"decoder_block={NAME}", "tie_word_embeddings=true", "steps=5",
            "enable_checkpointing=false")
   code1, one, s1 = train(tmp_path, "one", *model, *MESH_1, devices=jax.devices()[:1])
@@ -154,14 +162,13 @@ def test_a_family_defined_in_a_test_trains_like_any_other(tmp_path, capsys):
           in capsys.readouterr().err)
 
 
-def test_a_family_brings_its_own_config_key(tmp_path, capsys):
+def test_a_family_brings_its_own_config_key(registered, tmp_path, capsys):
   """`parallel_mlp_scale` is declared in this file only (MaxText/config/schema.py does not name
   it): once the family is registered it is a key of the one schema — typed and range-checked,
   in --help, a field of Config and ModelConfig, read by the model — and the other families
   refuse it; base.yml (the repository's families only) does not change."""
   with open(os.path.join(ROOT, "MaxText", "config", "schema.py"), encoding="utf-8") as f:
     assert "parallel_mlp_scale" not in f.read()
-  registry.register(FAMILY)
   registry.register(FAMILY)                                   # again: nothing changes
   assert schema.KEYS["parallel_mlp_scale"].family == NAME
   assert "parallel_mlp_scale" in schema.MODEL_KEYS
@@ -194,3 +201,47 @@ def test_a_family_brings_its_own_config_key(tmp_path, capsys):
                 devices=jax.devices()[:1])
   assert code == 2
   assert "parallel_mlp_scale=0.5 is not supported by decoder_block=llama" in capsys.readouterr().err
+
+
+def _schema_and_registry(objects: bool = True) -> dict:
+  """What registering a family changes: the schema's keys (name → Spec, in order), the families'
+  key classes, the registry's table, and each dataclass's fields (name, type, default) and, with
+  `objects`, its generated attributes (the objects themselves, new ones each registration)."""
+  classes = [schema.Config, *(cls for cls, _ in schema._VIEWS)]
+  return {"keys": list(schema.KEYS.items()), "family keys": dict(schema._FAMILY_KEYS),
+          "families": dict(registry._FAMILIES), "names": registry.names(),
+          "model keys": list(schema.MODEL_KEYS), "architecture keys": list(schema.ARCHITECTURE_KEYS),
+          **{cls.__name__: ([(f.name, f.type, f.default) for f in dataclasses.fields(cls)],
+                            [cls.__dict__.get(a) for a in ("__init__", "__repr__", "__eq__",
+                                                            "__hash__", "__dataclass_fields__",
+                                                            "__annotations__") if objects],
+                            {n: v for n, v in vars(cls).items() if not n.startswith("__")})
+             for cls in classes}}
+
+
+def test_registering_a_family_can_be_undone(tmp_path):
+  """`registry.registered` (and `register` then `unregister`) leaves the schema's keys, the
+  dataclasses' fields and the family table exactly as before: the key is unknown again."""
+  before = _schema_and_registry()
+  assert "parallel_mlp_scale" not in schema.KEYS
+  with registry.registered(FAMILY):
+    during, during_fields = _schema_and_registry(), _schema_and_registry(objects=False)
+    assert "parallel_mlp_scale" in schema.KEYS and NAME in registry.names()
+    assert ModelConfig(parallel_mlp_scale=0.5).parallel_mlp_scale == 0.5
+    assert load_config(argv(tmp_path, "k", "parallel_mlp_scale=0.5")).parallel_mlp_scale == 0.5
+  assert during != before and _schema_and_registry() == before
+  try:
+    load_config(argv(tmp_path, "k", "parallel_mlp_scale=0.5"))
+    raise AssertionError("an unregistered family's key was accepted")
+  except ConfigError as e:
+    assert "parallel_mlp_scale" in str(e)
+  registry.register(FAMILY)                   # the same fields again (in new generated methods)
+  assert _schema_and_registry(objects=False) == during_fields
+  assert registry.unregister(NAME) is FAMILY
+  assert _schema_and_registry() == before
+  # a family of the table stays findable: unregistering it only drops the imported entry
+  llama = registry.get_family("llama")
+  with_llama = _schema_and_registry()
+  assert registry.unregister("llama") is llama and "llama" not in registry._FAMILIES
+  assert schema.family_keys("llama") is not None and "first_k_dense_layers" in schema.KEYS
+  assert registry.get_family("llama") is llama and _schema_and_registry() == with_llama

@@ -1,10 +1,13 @@
 """Writes configs/base.yml from the schema (MaxText/config/schema.py): sections, comment blocks,
-one line per key with its default and its doc, the logical-axis-rules table one row per line.
+one line per key with its default and its doc, the logical-axis-rules table one row per line; and
+MaxText/config/views_generated.py, the config views as the type checker reads them (one typed
+field per key: MaxText/config/views_source.py).
 
-  python -m MaxText.config.render            # rewrites configs/base.yml
-  python -m MaxText.config.render --check    # exit 6 if configs/base.yml is not what it renders
+  python -m MaxText.config.render            # rewrites both
+  python -m MaxText.config.render --check    # exit 6 if either is not what it renders
 
-tests/test_config.py runs the check, so an edit of the schema without a re-render fails there.
+tests/test_config.py and tests/test_config_views.py run the check, so an edit of the schema
+without a re-render fails there.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from typing import Any
 from MaxText.config.load import BASE_YML
 from MaxText.config.schema import KEYS, in_base_yml
 from MaxText.config.tools import exit_status_line, print_help, usage_head
+from MaxText.config.views_source import VIEWS_PY
+from MaxText.config.views_source import source as views_source
 
 WIDTH = 100          # section rule width
 COMMENT_COLUMN = 36  # where the inline doc starts
@@ -81,19 +86,23 @@ def main(argv: list[str]) -> int:
   if argv in (["-h"], ["--help"]):
     print_help(usage())
     return 0
-  text = render()
+  texts = {BASE_YML: render(), VIEWS_PY: views_source()}
   if argv == ["--check"]:
-    with open(BASE_YML, encoding="utf-8") as f:
-      if f.read() == text:
-        return 0
-    print(f"{BASE_YML} is stale: run python -m MaxText.config.render", file=sys.stderr)
-    return 6   # exit_codes.EXIT_CHECK_FAILED (that module imports the checkpoint package)
+    stale = []
+    for path, text in texts.items():
+      with open(path, encoding="utf-8") as f:
+        if f.read() != text:
+          stale.append(path)
+    for path in stale:
+      print(f"{path} is stale: run python -m MaxText.config.render", file=sys.stderr)
+    return 6 if stale else 0   # exit_codes.EXIT_CHECK_FAILED (that module imports checkpoint/)
   if argv:
     print(usage(), file=sys.stderr)
     return 2
-  with open(BASE_YML, "w", encoding="utf-8") as f:
-    f.write(text)
-  print(f"wrote {BASE_YML}")
+  for path, text in texts.items():
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    print(f"wrote {path}")
   return 0
 
 

@@ -38,7 +38,7 @@ import dataclasses
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 # the run's keys and the constants they use (AUTO... re-exported: the schema's names)
 from MaxText.config.keys_run import AUTO as AUTO
@@ -46,7 +46,8 @@ from MaxText.config.keys_run import AUTO_LOSS_CHUNK as AUTO_LOSS_CHUNK
 from MaxText.config.keys_run import AUTO_TOOL_DTYPE as AUTO_TOOL_DTYPE
 from MaxText.config.keys_run import AUTO_TRAINING_DTYPE as AUTO_TRAINING_DTYPE
 from MaxText.config.keys_run import DTYPES, RunKeys
-from MaxText.config.spec import KeyNames, Spec, copy_field, extend_dataclass, key, specs_of
+from MaxText.config.spec import (KeyNames, Spec, copy_field, extend_dataclass, key,
+                                 shrink_dataclass, specs_of)
 from MaxText.config.tools import CONVERT, DECODERS, MODEL_TOOLS, SAMPLERS, TEXT_TRAINERS, TRAINERS
 
 
@@ -92,8 +93,17 @@ _RULES = [
 ]
 
 
+if TYPE_CHECKING:   # the families' keys, fields `add_keys` gives Config at import (views_source.py)
+  from MaxText.config.views_generated import FamilyKeys
+
+  class _ConfigBase(RunKeys, FamilyKeys):
+    pass
+else:
+  _ConfigBase = RunKeys
+
+
 @dataclass(frozen=True, kw_only=True)
-class Config(RunKeys):
+class Config(_ConfigBase):
   """Every key: the run's (`RunKeys`, MaxText/config/keys_run.py), then the tools', the mesh's and
   the multi-host start-up's below; a family's own keys join after the model section (`add_keys`)."""
 
@@ -390,6 +400,29 @@ def add_keys(family: str, keys: type) -> None:
     extend_dataclass(cls, [(k, _view_field(k)) for k in new if k in names])
 
 
+def remove_keys(family: str) -> None:
+  """Undoes `add_keys` for a family added at run time (`registry.unregister`): its keys leave
+  `KEYS`, `Config` and the views, which get back what they had before (`spec.shrink_dataclass`).
+  A family without keys of its own does nothing; one of the table's is a ValueError (its keys are
+  the repository's, in configs/base.yml)."""
+  if family not in _FAMILY_KEYS:
+    return
+  if family in _TABLE_FAMILIES:
+    raise ValueError(f"family {family!r} is one of MaxText/models/families.py: its keys stay")
+  names = frozenset(k for k, s in KEYS.items() if s.family == family)
+  for cls, _ in reversed(_VIEWS):
+    shrink_dataclass(cls, names)
+  shrink_dataclass(Config, names)
+  for k in names:
+    del KEYS[k]
+  del _FAMILY_KEYS[family]
+
+
+def family_keys(family: str) -> type | None:
+  """The `Keys` dataclass whose keys `family` added to the schema (None: none)."""
+  return _FAMILY_KEYS.get(family)
+
+
 def in_base_yml(name: str) -> bool:
   """Whether configs/base.yml holds the key: the common ones and those of the repository's
   families (a family registered at run time brings its keys' defaults with it)."""
@@ -405,20 +438,21 @@ def default(name: str) -> Any:
 
 
 class View:
-  """Base of the typed views of a subset of the keys (`ModelConfig`, `DataConfig`)."""
+  """Base of the typed views of a subset of the keys (`ModelConfig`, `DataConfig`). A view is built
+  at import (`view`); the type checker reads its fields from MaxText/config/views_generated.py."""
 
   @classmethod
-  def from_config(cls, cfg: Config):
-    return cls(**{f.name: _frozen(getattr(cfg, f.name)) for f in dataclasses.fields(cls)})
+  def from_config(cls, cfg: Config) -> Self:
+    return cls(**{f.name: view_value(getattr(cfg, f.name)) for f in dataclasses.fields(cls)})
 
 
-def _frozen(value: Any) -> Any:
+def view_value(value: Any) -> Any:
   """Lists become tuples in a view, so that a view is hashable (a static model attribute)."""
-  return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+  return tuple(view_value(v) for v in value) if isinstance(value, list) else value
 
 
 def _view_field(k: str) -> dataclasses.Field:
-  return field(default=_frozen(KEYS[k].default))
+  return field(default=view_value(KEYS[k].default))
 
 
 def view(name: str, keys: KeyNames, module: str, bases: tuple[type, ...] = ()) -> type:

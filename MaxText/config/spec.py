@@ -3,7 +3,7 @@
 family declares the keys only it reads the same way, in its own folder
 (`MaxText/models/<family>/keys.py`: a dataclass `Keys`), and the schema composes them into the one
 `Config` (`schema.add_keys`: `extend_dataclass` gives `Config` and its views the new fields in
-place; `KeyNames` are the schema's live name sets). Imports nothing of MaxText but the program
+place, `shrink_dataclass` takes them back; `KeyNames` are the schema's live name sets). Imports nothing of MaxText but the program
 names (`tools`), so a family's key module depends on nothing above the config package.
 """
 from __future__ import annotations
@@ -116,21 +116,62 @@ def copy_field(f: dataclasses.Field) -> dataclasses.Field:
                metadata=f.metadata)   # dataclasses' stubs type field() as the default's type
 
 
+_GENERATED = ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
+              "__dataclass_fields__")
+# class → (the names added, the class's generated attributes before): one entry per extension,
+# so that `shrink_dataclass` can put back exactly what the last one replaced
+_EXTENSIONS: dict[type, list[tuple[frozenset[str], dict[str, Any]]]] = {}
+
+
+def _generated_state(cls: type) -> dict[str, Any]:
+  return {a: cls.__dict__[a] for a in (*_GENERATED, "__annotations__") if a in cls.__dict__}
+
+
+def _lend(cls: type, fields: list[tuple[str, Any, dataclasses.Field]]) -> None:
+  """A fresh frozen dataclass of `fields` lends `cls` its generated attributes."""
+  fresh = dataclasses.make_dataclass(cls.__name__, fields, frozen=True, kw_only=True)
+  for attr in _GENERATED:
+    if hasattr(fresh, attr):
+      setattr(cls, attr, getattr(fresh, attr))
+
+
 def extend_dataclass(cls: type, new: list[tuple[str, dataclasses.Field]]) -> None:
   """Adds the fields `new` (name, field) to the frozen dataclass `cls` in place, so that every
   module that imported `cls` sees them: a fresh dataclass of the old and the new fields lends `cls` its
   generated `__init__`, `__repr__`, `__eq__`, `__hash__` and field table (the class keeps its
-  own methods, bases and frozenness)."""
+  own methods, bases and frozenness). `shrink_dataclass` undoes it."""
   if not new:
     return
+  _EXTENSIONS.setdefault(cls, []).append((frozenset(n for n, _ in new), _generated_state(cls)))
   old = [(f.name, f.type, copy_field(f)) for f in dataclasses.fields(cls)]
-  fresh = dataclasses.make_dataclass(cls.__name__, old + [(n, "Any", f) for n, f in new],
-                                     frozen=True, kw_only=True)
-  for attr in ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
-               "__dataclass_fields__"):
-    if hasattr(fresh, attr):
-      setattr(cls, attr, getattr(fresh, attr))
+  _lend(cls, old + [(n, "Any", f) for n, f in new])
   cls.__annotations__ = {**cls.__annotations__, **{n: "Any" for n, _ in new}}
   for n, f in new:
     if f.default is not dataclasses.MISSING:
       setattr(cls, n, f.default)
+
+
+def shrink_dataclass(cls: type, names: set[str] | frozenset[str]) -> None:
+  """Removes the fields `names` that `extend_dataclass` added to `cls` (those it does not have are
+  skipped). When they are the last extension's, the class gets back the very attributes it had
+  before it (its `__init__`, field table, ... : the same objects); otherwise a fresh dataclass of
+  the fields left lends it new ones."""
+  names = frozenset(names) & {f.name for f in dataclasses.fields(cls)}
+  if not names:
+    return
+  history = _EXTENSIONS.get(cls, [])
+  if history and history[-1][0] == names:
+    _, state = history.pop()
+    for attr in (*_GENERATED, "__annotations__"):
+      if attr in state:
+        setattr(cls, attr, state[attr])
+      elif attr in cls.__dict__:
+        delattr(cls, attr)
+  else:
+    _EXTENSIONS.pop(cls, None)     # the states kept hold the fields removed here: not restorable
+    _lend(cls, [(f.name, f.type, copy_field(f)) for f in dataclasses.fields(cls)
+                if f.name not in names])
+    cls.__annotations__ = {k: v for k, v in cls.__annotations__.items() if k not in names}
+  for n in names:
+    if n in cls.__dict__:
+      delattr(cls, n)

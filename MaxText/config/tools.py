@@ -85,8 +85,8 @@ EXIT_STATUS = {
               "else xpk's own",
     "launch_local": "0 every process exited 0, 2 bad argument; else the first non-zero status of "
                     "a process (128 + n when killed by signal n)",
-    "render": "0 written (--check: configs/base.yml is up to date), 6 --check: it is stale, "
-              "2 bad argument",
+    "render": "0 written (--check: configs/base.yml and MaxText/config/views_generated.py are "
+              "up to date), 6 --check: one is stale, 2 bad argument",
 }
 
 

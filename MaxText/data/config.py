@@ -4,6 +4,14 @@ run's `Config`, whose types and ranges were checked when it was loaded; `validat
 the checks that look at the file system and the tokenizer, once per start."""
 from __future__ import annotations
 
-from MaxText.config.schema import DATA_KEYS, view
+from typing import TYPE_CHECKING
 
-DataConfig = view("DataConfig", DATA_KEYS, __name__)
+from MaxText.config.schema import DATA_KEYS, View, view
+
+if TYPE_CHECKING:   # the class the type checker reads: its fields (MaxText/config/views_generated.py)
+  from MaxText.config.views_generated import DataConfigKeys
+
+  class DataConfig(DataConfigKeys, View):
+    pass
+else:
+  DataConfig = view("DataConfig", DATA_KEYS, __name__)

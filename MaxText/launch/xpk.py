@@ -113,8 +113,9 @@ def check(w: Workload) -> tuple[Config, Accelerator | None]:
   return cfg, acc
 
 
-def processes(w: Workload, acc: Accelerator | None) -> int | None:
-  return None if acc is None else acc.hosts_per_slice * w.num_slices
+def processes(w: Workload, acc: Accelerator) -> int:
+  """The host processes of the workload: one per host of each slice."""
+  return acc.hosts_per_slice * w.num_slices
 
 
 def xpk_argv(w: Workload) -> list[str]:

@@ -2,16 +2,19 @@
 schema's keys marked `model=True` (MaxText/config/schema.py), as a frozen, hashable dataclass (list
 keys become tuples). `attention` holds the op that runs on this platform (`select_attention`),
 `hot_path` the layers' path (`select_hot_path`: tuned or plain), `param_init_rng` the random
-generator of a fresh init (`select_init_rng`)."""
+generator of a fresh init (`select_init_rng`). The class is built from the schema at import
+(`schema.view`); the type checker reads it as the generated `ModelConfigKeys`
+(MaxText/config/views_generated.py) with the methods below."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Self
 
 import jax
 import jax.numpy as jnp
 
 from MaxText.backend.hot_path import select_hot_path
-from MaxText.config.schema import MODEL_KEYS, Config, view
+from MaxText.config.schema import MODEL_KEYS, Config, View, view
 from MaxText.layers import attention_ops
 
 
@@ -24,9 +27,18 @@ def select_init_rng(name: str, platform: str) -> str:
   return name
 
 
-class _Methods:
+if TYPE_CHECKING:   # the fields the type checker reads (MaxText/config/views_generated.py)
+  from MaxText.config.views_generated import ModelConfigKeys
+
+  class _Fields(ModelConfigKeys, View):
+    pass
+else:
+  _Fields = object
+
+
+class _Methods(_Fields):
   @classmethod
-  def from_config(cls, cfg: Config) -> "ModelConfig":
+  def from_config(cls, cfg: Config) -> Self:
     mcfg = super().from_config(cfg)  # the schema view: every model key of `cfg`
     platform = jax.default_backend()
     return dataclasses.replace(mcfg, attention=attention_ops.select_attention(cfg.attention, platform),
@@ -42,4 +54,8 @@ class _Methods:
     return jnp.dtype(self.weight_dtype)
 
 
-ModelConfig = view("ModelConfig", MODEL_KEYS, __name__, bases=(_Methods,))
+if TYPE_CHECKING:   # what runs is the class below, built from the schema
+  class ModelConfig(_Methods):
+    pass
+else:
+  ModelConfig = view("ModelConfig", MODEL_KEYS, __name__, bases=(_Methods,))

@@ -7,11 +7,14 @@ imported the first time the family is asked for. One rule: a folder is one famil
 it owns — its model, its checks and every Hugging Face map it lists in `FAMILY.hf_maps` (the
 llama family's Llama, Qwen3 and Qwen3-MoE maps are all in `llama/`); a family's folder imports no
 other family's (tests/test_layering.py). A family defined elsewhere (a test, a user's
-package) calls `register(FAMILY)`. Generic code reaches families only through this module.
+package) calls `register(FAMILY)`, and `unregister(name)` undoes it (`with registered(FAMILY):`
+for the span of a block, as the tests do). Generic code reaches families only through this module.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from types import ModuleType
 
 from MaxText.config import schema
@@ -33,6 +36,32 @@ def register(family: Family) -> Family:
     schema.add_keys(family.name, family.keys)
   _FAMILIES[family.name] = family
   return family
+
+
+def unregister(name: str) -> Family:
+  """Undoes `register`: decoder_block=name no longer finds the family, and the keys it brought
+  leave the schema (`schema.remove_keys`; those of a family of the table stay: the family is
+  imported again the next time it is asked for). KeyError when none is registered as `name`."""
+  family = _FAMILIES.pop(name)
+  if name not in FAMILY_MODULES and family.keys is not None:
+    schema.remove_keys(name)
+  return family
+
+
+@contextlib.contextmanager
+def registered(family: Family) -> Iterator[Family]:
+  """`register(family)` for the block; after it the registry and the schema are what they were
+  before (the family registered before under that name back, keys the schema had before kept)."""
+  before, keys_before = _FAMILIES.get(family.name), schema.family_keys(family.name)
+  register(family)
+  try:
+    yield family
+  finally:
+    _FAMILIES.pop(family.name, None)
+    if keys_before is None and family.name not in FAMILY_MODULES:
+      schema.remove_keys(family.name)
+    if before is not None:
+      _FAMILIES[family.name] = before
 
 
 def names() -> list[str]:
