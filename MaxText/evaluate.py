@@ -25,14 +25,14 @@ from MaxText.config.load import ConfigError, load_config
 from MaxText.data.errors import DataError
 from MaxText.runtime.exit_codes import EXIT_OK, reported
 from MaxText.runtime.startup import StartupClock
+from MaxText.backend.device_type import Device
 
 if TYPE_CHECKING:
-  import jax
 
   from MaxText.train.evaluation import Evaluator
 
 
-def prepare(argv: Sequence[str], devices: Sequence[jax.Device] | None = None
+def prepare(argv: Sequence[str], devices: Sequence[Device] | None = None
             ) -> tuple[Evaluator, object]:
   """(the evaluator, the parameters on the mesh); ConfigError or DataError before any data is
   read (exit 2), CheckpointError (exit 4)."""

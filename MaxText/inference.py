@@ -65,6 +65,7 @@ from MaxText.resolve.config_checks import validate
 from MaxText.resolve.tokenizer_setup import MissingTokenizer, choose_tokenizer
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import parse_rules
+from MaxText.backend.device_type import Device
 
 Prompt = str | Sequence[int] | dict
 TOWERS = {"image": "vision tower", "audio": "audio tower"}
@@ -481,7 +482,7 @@ def _generation_config_eos(hf_path: str) -> list[int]:
   return [eos] if isinstance(eos, int) else [int(e) for e in eos or []]
 
 
-def load(argv: Sequence[str] | Config, devices: Sequence[jax.Device] | None = None,
+def load(argv: Sequence[str] | Config, devices: Sequence[Device] | None = None,
          params: Any = None, per_layer: bool = False) -> InferenceModel:
   """A model ready to decode. `argv`: [base.yml, key=value, ...], or only the key=value items
   (then this repository's configs/base.yml, found from the package, so it works from any

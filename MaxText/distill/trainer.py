@@ -30,6 +30,7 @@ from MaxText.train import memory, update
 from MaxText.train.loop import Trainer
 from MaxText.train.run_log import log
 from MaxText.train.step_loop import LoopParts
+from MaxText.backend.device_type import Device
 
 
 def teacher_config(cfg: Config) -> Config:
@@ -74,7 +75,7 @@ class DistillTrainer(Trainer):
   tool = "distill"
 
   def __init__(self, cfg: Config | auto_settings.Training,
-               devices: Sequence[jax.Device] | None = None, tokenizer=None):
+               devices: Sequence[Device] | None = None, tokenizer=None):
     training = auto_settings.for_training(cfg)
     for key, problem in distill_problems(training.cfg):
       raise ConfigError(f"{key}: {problem}")

@@ -40,6 +40,7 @@ from MaxText.train.periodic import log_failure
 from MaxText.train.run_log import log
 from MaxText.train.state import init_state
 from MaxText.train.step_loop import LoopParts
+from MaxText.backend.device_type import Device
 
 
 def dpo_problems(cfg: Config) -> list[tuple[str, str]]:
@@ -84,7 +85,7 @@ class DPOTrainer(Trainer):
   tool = "dpo"
 
   def __init__(self, cfg: Config | auto_settings.Training,
-               devices: Sequence[jax.Device] | None = None, tokenizer=None):
+               devices: Sequence[Device] | None = None, tokenizer=None):
     training = auto_settings.for_training(cfg)
     cfg = training.cfg
     for key, problem in dpo_problems(cfg):

@@ -8,7 +8,6 @@ import math
 import os
 from typing import Sequence
 
-import jax
 
 from MaxText.config.load import ConfigError
 from MaxText.config.schema import MESH_AXES, Config
@@ -21,11 +20,12 @@ from MaxText.resolve.auto_settings import has_logits_head
 from MaxText.runtime.run_dir import check_writable
 from MaxText.sharding.mesh import mesh_shape
 from MaxText.sharding.rules import parse_rules
+from MaxText.backend.device_type import Device
 
 BATCH_AXES_LOGICAL = "activation_batch"
 
 
-def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
+def validate(cfg: Config, devices: Sequence[Device]) -> None:
   for axis in cfg.mesh_axes:
     if axis not in MESH_AXES:
       raise ConfigError(f"mesh_axes: unknown axis '{axis}' (known: {', '.join(MESH_AXES)})")
@@ -110,7 +110,7 @@ def validate(cfg: Config, devices: Sequence[jax.Device]) -> None:
                       f"{cfg.gradient_accumulation_steps})")
 
 
-def check_config(cfg: Config, devices: Sequence[jax.Device]) -> Tokenizer | None:
+def check_config(cfg: Config, devices: Sequence[Device]) -> Tokenizer | None:
   """Everything that can be checked before any compile (raises ConfigError / DataError): the run
   directory, the cross-key checks (`validate`), evaluation's data when `eval_period` > 0, the data
   config; returns the run's tokenizer (loaded once, to check it against the config; None for

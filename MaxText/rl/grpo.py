@@ -67,6 +67,7 @@ from MaxText.train.loop import Trainer, main as train_main
 from MaxText.train.periodic import log_failure
 from MaxText.train.run_log import log, log_error
 from MaxText.train.step_loop import LoopParts
+from MaxText.backend.device_type import Device
 
 
 def grpo_problems(cfg: Config) -> list[tuple[str, str]]:
@@ -112,7 +113,7 @@ class GRPOTrainer(Trainer):
   tool = "grpo"
 
   def __init__(self, cfg: Config | auto_settings.Training,
-               devices: Sequence[jax.Device] | None = None, tokenizer=None):
+               devices: Sequence[Device] | None = None, tokenizer=None):
     training = auto_settings.for_training(cfg)   # train.py's run() hands its resolution over
     cfg = training.cfg
     for key, problem in grpo_problems(cfg):

@@ -29,11 +29,12 @@ from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import hf_model_type_for
 from MaxText.sharding.mesh import create_mesh
 from MaxText.sharding.rules import Rules
+from MaxText.backend.device_type import Device
 
 PLACEMENTS = ("colocated", "separate")
 
 
-def split_devices(cfg: Config, devices: Sequence[jax.Device]) -> tuple[list, list]:
+def split_devices(cfg: Config, devices: Sequence[Device]) -> tuple[list, list]:
   """(the trainer's devices, the engine's): all and the same for colocated; the two halves for
   separate (ConfigError when that cannot be)."""
   devices = list(devices)
@@ -53,7 +54,7 @@ class Rollouts:
   """The engine of a run and the parameters it samples from (module docstring)."""
 
   def __init__(self, cfg: Config, mcfg: ModelConfig, train_mesh: Any, rules: Rules,
-               engine_devices: Sequence[jax.Device], *, batch_size: int, max_cache_length: int):
+               engine_devices: Sequence[Device], *, batch_size: int, max_cache_length: int):
     self.cfg, self.separate = cfg, cfg.rollout_placement == "separate"
     if self.separate:
       mesh = create_mesh(cfg, list(engine_devices))

@@ -56,6 +56,7 @@ from MaxText.runtime.run_dir import RunLock
 from MaxText.storage import paths
 from MaxText.train.loop import Trainer, build
 from MaxText.train.state import init_state
+from MaxText.backend.device_type import Device
 
 __all__ = ["EXIT_PREEMPTED", "BatchError", "NonFiniteUpdate", "Policy", "exit_status",
            "group_advantages"]
@@ -122,7 +123,7 @@ class Policy:
 
   # ---- opening and closing -------------------------------------------------------------------------
   @classmethod
-  def load(cls, argv: Sequence[str], devices: Sequence[jax.Device] | None = None) -> "Policy":
+  def load(cls, argv: Sequence[str], devices: Sequence[Device] | None = None) -> "Policy":
     """The policy of `argv` (a config file, then key=value), its state restored from the run's
     latest checkpoint, else loaded from `load_parameters_path`, else initialised. Raises
     ConfigError (exit 2), CheckpointError (exit 4)."""

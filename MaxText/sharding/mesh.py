@@ -18,6 +18,7 @@ from jax.sharding import AxisType, Mesh
 from MaxText.config.load import ConfigError
 from MaxText.config.parallelism import fill_parallelism
 from MaxText.config.schema import Config
+from MaxText.backend.device_type import Device
 
 
 # Appended to mesh errors on a CPU host (where the device count is whatever XLA was told).
@@ -25,11 +26,11 @@ CPU_DEVICES_HINT = ("on CPU, fake devices: XLA_FLAGS=--xla_force_host_platform_d
                     "(set before Python starts) gives N CPU devices")
 
 
-def num_slices(devices: Sequence[jax.Device]) -> int:
+def num_slices(devices: Sequence[Device]) -> int:
   return 1 + max(getattr(d, "slice_index", 0) or 0 for d in devices)
 
 
-def mesh_shape(cfg: Config, devices: Sequence[jax.Device]) -> tuple[list[int], list[int]]:
+def mesh_shape(cfg: Config, devices: Sequence[Device]) -> tuple[list[int], list[int]]:
   """Resolved (ici, dcn) sizes per axis of `cfg.mesh_axes`."""
   slices = num_slices(devices)
   if len(devices) % slices:
@@ -45,7 +46,7 @@ def mesh_shape(cfg: Config, devices: Sequence[jax.Device]) -> tuple[list[int], l
   return ici, dcn
 
 
-def device_grid(cfg: Config, devices: Sequence[jax.Device]) -> np.ndarray:
+def device_grid(cfg: Config, devices: Sequence[Device]) -> np.ndarray:
   """The devices arranged as an array of shape ici × dcn per mesh axis (dcn outermost)."""
   ici, dcn = mesh_shape(cfg, devices)
   if math.prod(dcn) > 1:
@@ -55,6 +56,6 @@ def device_grid(cfg: Config, devices: Sequence[jax.Device]) -> np.ndarray:
   return np.asarray(devices).reshape(ici)  # CPU: no topology to optimise; keep the device order
 
 
-def create_mesh(cfg: Config, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def create_mesh(cfg: Config, devices: Sequence[Device] | None = None) -> Mesh:
   grid = device_grid(cfg, list(jax.devices() if devices is None else devices))
   return Mesh(grid, tuple(cfg.mesh_axes), axis_types=(AxisType.Auto,) * len(cfg.mesh_axes))

@@ -56,6 +56,7 @@ from MaxText.train.step import jit_train_step, make_train_step
 from MaxText.train.step_loop import LoopParts, Schedule, StepLoop, superseded_note
 from MaxText.train.step_rows import StepProgress, StepRows
 from MaxText.train.trainer_state import Checkpointing, CheckpointedState
+from MaxText.backend.device_type import Device
 
 __all__ = ["EXIT_CHECKPOINT", "EXIT_CONFIG", "EXIT_DATA", "EXIT_NONFINITE", "EXIT_OK",
            "EXIT_PREEMPTED", "Trainer", "main", "run"]
@@ -83,7 +84,7 @@ class Trainer:
   planning: dict = {}
 
   def __init__(self, cfg: Config | auto_settings.Training,
-               devices: Sequence[jax.Device] | None = None, tokenizer: Tokenizer | None = None):
+               devices: Sequence[Device] | None = None, tokenizer: Tokenizer | None = None):
     self.training = auto_settings.for_training(cfg)
     self.cfg = cfg = self.training.cfg
     self.data_config = DataConfig.from_config(cfg)
@@ -421,7 +422,7 @@ class Trainer:
                                layout.shard_batch, self.tokenizer)
 
 
-def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+def build(argv: Sequence[str], devices: Sequence[Device] | None = None,
           trainer_class: type[Trainer] = Trainer, clock: StartupClock | None = None) -> Trainer:
   """The Trainer of `argv` (base.yml path, then key=value): config loaded and checked, processes
   joined, mesh, abstract state and the memory pre-flight — nothing compiled or loaded yet. Raises
@@ -467,7 +468,7 @@ def build(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
   return trainer
 
 
-def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+def run(argv: Sequence[str], devices: Sequence[Device] | None = None,
         trainer_class: type[Trainer] = Trainer) -> tuple[int, Trainer | None]:
   """Trains per `argv` (base.yml path, then key=value); returns (exit status, the Trainer).
   `trainer_class`: a Trainer with its own data and loop (e.g. MaxText/rl/grpo.py)."""
@@ -489,7 +490,7 @@ def run(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
 
 
 def family_models_that_fit(cfg: Config, argv: Sequence[str],
-                           devices: Sequence[jax.Device] | None) -> list[tuple[str, int]]:
+                           devices: Sequence[Device] | None) -> list[tuple[str, int]]:
   """[(model_name, bytes per device)] of the other configs/models files of this run's family that
   fit here with the same command line, largest first (none with load_parameters_path)."""
   if cfg.load_parameters_path:
@@ -514,7 +515,7 @@ def family_models_that_fit(cfg: Config, argv: Sequence[str],
   return sorted(fits, key=lambda f: -f[1])
 
 
-def main(argv: Sequence[str], devices: Sequence[jax.Device] | None = None,
+def main(argv: Sequence[str], devices: Sequence[Device] | None = None,
          trainer_class: type[Trainer] = Trainer) -> int:
   """`run`'s exit status. Ctrl-C (a second one during the steps: `preemption.StopNow`; one before or
   after them) ends the run with one line and exit 130 (128 + SIGINT), as a second SIGTERM ends it

@@ -47,6 +47,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import psutil
+from MaxText.backend.device_type import Device
 
 GiB = 2**30
 
@@ -117,7 +118,7 @@ def per_device_bytes(abstract: Any) -> int:
   return total
 
 
-def available_bytes_per_device(devices: Sequence[jax.Device]) -> tuple[int, str]:
+def available_bytes_per_device(devices: Sequence[Device]) -> tuple[int, str]:
   stats = None
   try:
     stats = devices[0].memory_stats()
@@ -191,7 +192,7 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   return int(cast + L * per_layer + max(working, logits))
 
 
-def runtime_share(devices: Sequence[jax.Device]) -> int:
+def runtime_share(devices: Sequence[Device]) -> int:
   """The process's allowance per device: on CPU the local devices share the host (and its one
   process), so each carries its part of the allowance; an accelerator's memory carries it whole."""
   if devices[0].platform != "cpu":
@@ -200,7 +201,7 @@ def runtime_share(devices: Sequence[jax.Device]) -> int:
   return RUNTIME_ALLOWANCE // local
 
 
-def estimate(abstract_state: dict, devices: Sequence[jax.Device], activations: int = 0,
+def estimate(abstract_state: dict, devices: Sequence[Device], activations: int = 0,
              trained: Any = None) -> MemoryEstimate:
   """`trained`: the parameters that get gradients (LoRA: the adapters), when not all."""
   params = per_device_bytes(abstract_state["params"])
@@ -312,7 +313,7 @@ def warning(est: MemoryEstimate) -> str | None:
           f"out of memory")
 
 
-def check_compiled(compiled, devices: Sequence[jax.Device]) -> tuple[str, str | None]:
+def check_compiled(compiled, devices: Sequence[Device]) -> tuple[str, str | None]:
   """(a line on the compiled step's memory, the message to stop with or None) from XLA's count.
   On an accelerator XLA refuses at compile time what does not fit, and its count over-counts
   (steps with counts above the limit ran, the module docstring): a step that compiled is not
