@@ -385,6 +385,7 @@ class Inspector:
         return run(params, tokens_BS, positions_BS, segment_ids_BS, media, {})[1]
       fn = jax.jit(forward)
     else:
+      assert objective is not None, "a gradient site needs an objective"
       def value(delta, params, tokens_BS, positions_BS, segment_ids_BS, media, unbatched):
         extra = {grad_site: lambda x, ctx: x + delta.astype(x.dtype)}
         logits_BSV = run(params, tokens_BS, positions_BS, segment_ids_BS, media, extra)[0]

@@ -373,7 +373,7 @@ class RoutedMLP(nnx.Module):
                                  renormalize=self.renormalize, bias_E=bias_E)
     w_BSk = w_Tk.astype(self.dtype).reshape(B, S, self.k)
     y_BSD, dropped = self.experts(x_BSD, w_BSk, e_Tk.reshape(B, S, self.k))
-    if self.shared is not None:
+    if self.shared is not None and self.shared_gate is not None:   # (set together)
       y_BSD = y_BSD + self.shared(x_BSD) * jax.nn.sigmoid(self.shared_gate(x_BSD))
     counts_E, prob_sums_E = load_balancing_terms(probs_TE, e_Tk, mask_BS.reshape(-1))
     return y_BSD, (counts_E, prob_sums_E, dropped)

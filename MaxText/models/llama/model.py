@@ -77,7 +77,7 @@ class Attention(nnx.Module):
                               fused_dense((self.query, self.key, self.value), x_BSD))
     q_BSHE = constrain(q_BSHE, ACT_BSHE)
     k_BSKE, v_BSKE = constrain(k_BSKE, ACT_BSKE), constrain(v_BSKE, ACT_BSKE)
-    if self.query_norm is not None:
+    if self.query_norm is not None and self.key_norm is not None:   # (set together)
       q_BSHE, k_BSKE = self.query_norm(q_BSHE), self.key_norm(k_BSKE)
     q_BSHE = apply_rope(q_BSHE, positions_BS, self.rope_theta)
     k_BSKE = apply_rope(k_BSKE, positions_BS, self.rope_theta)

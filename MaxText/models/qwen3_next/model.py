@@ -187,9 +187,10 @@ class DecoderLayer(nnx.Module):
     row of the statistics, "bias": its selection bias [E]}."""
     x_BSD, stats = carry
     h_BSD = self.input_norm(x_BSD)
-    if self.attn is None:
+    if self.linear_attn is not None:   # (a layer has one of the two)
       a_BSD = self.linear_attn(h_BSD, segment_ids_BS)
     else:
+      assert self.attn is not None
       a_BSD = self.attn(h_BSD, positions_BS, segment_ids_BS)
     x_BSD = x_BSD + sites.site("attn_out", a_BSD)
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
