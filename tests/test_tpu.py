@@ -5,9 +5,10 @@ them there in one process (one process holds the chip):
 
 - splash attention (what `attention=flash` runs on a TPU), forward and dq/dk/dv, in float32 at
   `highest` matmul precision, against the XLA dot-product reference run on the CPU (float32 there
-  is within ~1e-6 of float64), beside the same XLA reference run on the chip: both errors are
-  recorded, so a kernel error is told apart from the chip's own float32 (its exp is accurate to
-  ~5e-6 relative where the CPU's is to ~1e-7, measured);
+  is within ~1e-6 of float64), beside the same XLA reference run on the chip: the forward within
+  1e-5; the gradients within what the chip's exp allows a backward that recomputes the softmax
+  from a logsumexp residual (2·eps·max|lse|, eps measured in the test: ~5.5e-6 on a v5e where the
+  CPU's is ~8e-8, so ~8e-5 here; 1e-5 where that is smaller);
 - every family's first three training steps on the chip against the same steps on the CPU (a
   subprocess with JAX_PLATFORMS=cpu, started first so both run at once), in float32 at `highest`
   precision (`matmul_precision=auto` resolves to it for float32) with the same init (threefry,
@@ -171,8 +172,35 @@ def test_splash_forward_and_backward_match_the_reference_in_float32(fused_bwd):
   names = ("out", "dq", "dk", "dv")
   errors = {n: _rel(g, w) for n, g, w in zip(names, got, want)}
   xla_errors = {n: _rel(g, w) for n, g, w in zip(names, on_chip, want)}
-  record(f"splash fused_bwd={fused_bwd}", errors=errors, xla_on_chip_errors=xla_errors)
-  assert max(errors.values()) <= RTOL, (errors, xla_errors)
+  # The backward recomputes p = exp(s - lse) from the forward's logsumexp residual: a relative
+  # error eps of the chip's exp/log in lse scales every p by ~(1 ± eps·|lse|), and the gradients
+  # with it (a NumPy model of it with eps = 5.5e-6 gives dq/dk/dv 3.7e-5/4.2e-5/1.5e-5 here, what
+  # the chip measured). So the gradients are held to the analysis: 2·eps·max|lse|, eps the chip's
+  # exp error measured now, where that exceeds RTOL; the forward to RTOL.
+  xs = np.linspace(-30, 0, 1 << 16).astype(np.float32)
+  eps = float(np.max(np.abs(np.asarray(jax.jit(jnp.exp)(xs), np.float64) - np.exp(xs.astype(
+      np.float64))) / np.exp(xs.astype(np.float64))))
+  lse_max = _max_abs_logsumexp(*(np.asarray(x, np.float64) for x in (q, k, seg)), scale)
+  bound = max(RTOL, 2 * eps * lse_max)
+  record(f"splash fused_bwd={fused_bwd}", errors=errors, xla_on_chip_errors=xla_errors,
+         chip_exp_error=eps, max_abs_lse=lse_max, gradient_bound=bound)
+  assert errors["out"] <= RTOL, (errors, xla_errors)
+  assert max(errors[n] for n in ("dq", "dk", "dv")) <= bound, (errors, xla_errors, bound)
+
+
+def _max_abs_logsumexp(q_BSHE, k_BSKE, seg_BS, scale: float) -> float:
+  """max |logsumexp| of the causal, segment-masked attention scores (float64, on the host)."""
+  B, S, H, _ = q_BSHE.shape
+  G = H // k_BSKE.shape[2]
+  allowed = np.tril(np.ones((S, S), bool))
+  out = 0.0
+  for b in range(B):
+    mask = allowed & (seg_BS[b][:, None] == seg_BS[b][None, :])
+    for h in range(H):
+      s = np.where(mask, q_BSHE[b, :, h] @ k_BSKE[b, :, h // G].T * scale, -np.inf)
+      m = s.max(axis=1)
+      out = max(out, float(np.max(np.abs(m + np.log(np.exp(s - m[:, None]).sum(axis=1))))))
+  return out
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
