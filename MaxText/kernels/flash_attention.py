@@ -38,14 +38,14 @@ def _fwd_kernel(*refs, cfg: KernelConfig, has_seg: bool):
   q = q_ref[...]
   q0, k0 = start_positions(off_ref)
   q_pos = q0 + qi * bq + lax.broadcasted_iota(jnp.int32, (bq,), 0)
-  q_seg = qs_ref[...] if has_seg else None
+  q_seg = None if qs_ref is None else qs_ref[...]
 
   def body(j, carry):
     acc, m, l, count = carry
     k = k_ref[pl.ds(j * bk, bk), :]
     v = v_ref[pl.ds(j * bk, bk), :]
     k_pos = k0 + j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
-    k_seg = ks_ref[pl.ds(j * bk, bk)] if has_seg else None
+    k_seg = None if ks_ref is None else ks_ref[pl.ds(j * bk, bk)]
     s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg, k0)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     alpha = jnp.exp(m - m_new)

@@ -28,13 +28,13 @@ def _dq_kernel(*refs, cfg: KernelConfig, has_seg: bool):
   lse, delta = lse_ref[...], delta_ref[...]
   q0, k0 = start_positions(off_ref)
   q_pos = q0 + qi * bq + lax.broadcasted_iota(jnp.int32, (bq,), 0)
-  q_seg = qs_ref[...] if has_seg else None
+  q_seg = None if qs_ref is None else qs_ref[...]
 
   def body(j, dq):
     k = k_ref[pl.ds(j * bk, bk), :]
     v = v_ref[pl.ds(j * bk, bk), :]
     k_pos = k0 + j * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
-    k_seg = ks_ref[pl.ds(j * bk, bk)] if has_seg else None
+    k_seg = None if ks_ref is None else ks_ref[pl.ds(j * bk, bk)]
     s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg, k0)
     p = jnp.exp(s - lse[:, None])
     dp = dot(do, v, tb=True)
@@ -55,7 +55,7 @@ def _dkv_kernel(*refs, cfg: KernelConfig, has_seg: bool):
   k, v = k_ref[...], v_ref[...]
   q0, k0 = start_positions(off_ref)
   k_pos = k0 + kj * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
-  k_seg = ks_ref[...] if has_seg else None
+  k_seg = None if ks_ref is None else ks_ref[...]
 
   def body(i, carry):
     dk, dv = carry
@@ -64,7 +64,7 @@ def _dkv_kernel(*refs, cfg: KernelConfig, has_seg: bool):
     lse = lse_ref[pl.ds(i * bq, bq)]
     delta = delta_ref[pl.ds(i * bq, bq)]
     q_pos = q0 + i * bq + lax.broadcasted_iota(jnp.int32, (bq,), 0)
-    q_seg = qs_ref[pl.ds(i * bq, bq)] if has_seg else None
+    q_seg = None if qs_ref is None else qs_ref[pl.ds(i * bq, bq)]
     s = masked_scores(q, k, q_pos, k_pos, q_seg, k_seg, cfg, k0)
     p = jnp.exp(s - lse[:, None])
     dv = dv + dot(p.astype(do.dtype), do, ta=True)
