@@ -20,7 +20,7 @@ def main(variants):
   from MaxText.losses.token_loss import token_loss_sums
   from MaxText.models.registry import init_params
   from MaxText.train.loop import Trainer
-  from tests.test_tpu import EXACT
+  from tests.test_tpu import EXACT, random_batch
   cpu = jax.devices("cpu")[0]
   for variant in variants:
     keys = variant.split()
@@ -31,13 +31,7 @@ def main(variants):
     md = trainer.model_def
     with jax.default_device(cpu):
       params = jax.device_get(init_params(trainer.mcfg, 0))
-    B, S = trainer.global_batch, cfg.max_target_length
-    rng = np.random.default_rng(0)
-    batch = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
-             for k in ("inputs", "targets")}
-    batch.update(inputs_segmentation=np.ones((B, S), np.int32),
-                 targets_segmentation=np.ones((B, S), np.int32),
-                 inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
+    batch = random_batch(trainer.global_batch, cfg.max_target_length, trainer.mcfg.vocab_size)
 
     def loss(p, b):
       nll, _, n, _ = token_loss_sums(md, p, b, z_loss_weight=0.0, chunk=0)

@@ -69,14 +69,8 @@ def first_losses(keys: list[str], steps: int = STEPS) -> dict:
     params = jax.device_get(init_params(trainer.mcfg, 0))
   state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings,
                      jax.device_put(params, trainer.shardings["params"]))
-  B, S = trainer.global_batch, trainer.cfg.max_target_length
-  rng = np.random.default_rng(0)
-  host = {k: rng.integers(1, trainer.mcfg.vocab_size, (B, S)).astype(np.int32)
-          for k in ("inputs", "targets")}
-  host.update(inputs_segmentation=np.ones((B, S), np.int32),
-              targets_segmentation=np.ones((B, S), np.int32),
-              inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
-  batch = trainer.device_batch(host)
+  batch = trainer.device_batch(random_batch(trainer.global_batch, trainer.cfg.max_target_length,
+                                            trainer.mcfg.vocab_size))
   losses, grad_norms = [], []
   for _ in range(steps):
     state, metrics = compiled(state, batch)
@@ -87,6 +81,16 @@ def first_losses(keys: list[str], steps: int = STEPS) -> dict:
                     if getattr(x, "ndim", 0) > 0})
   return {"losses": losses, "grad_norms": grad_norms, "param_dtypes": dtypes, "moment_dtypes": moments,
           "platform": jax.devices()[0].platform, "matmul_precision": trainer.cfg.matmul_precision}
+
+
+def random_batch(B: int, S: int, vocab: int) -> dict:
+  """One fixed batch of random tokens (seed 0), one document per row: the same on every platform."""
+  rng = np.random.default_rng(0)
+  host = {k: rng.integers(1, vocab, (B, S)).astype(np.int32) for k in ("inputs", "targets")}
+  host.update(inputs_segmentation=np.ones((B, S), np.int32),
+              targets_segmentation=np.ones((B, S), np.int32),
+              inputs_position=np.tile(np.arange(S, dtype=np.int32), (B, 1)))
+  return host
 
 
 def record(test: str, **values) -> None:
