@@ -59,6 +59,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from decode import timed  # noqa: E402  (benchmarks/decode.py: the best of `repeats` runs)
 
 V5E_BANDWIDTH = 819e9
 
@@ -71,13 +73,6 @@ def log(*a) -> None:
   print(*a, file=sys.stderr, flush=True)
 
 
-def best_time(fn, repeats: int):
-  best, out = float("inf"), None
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    best = min(best, time.perf_counter() - t0)
-  return best, out
 
 
 def params_bytes(params) -> int:
@@ -123,8 +118,8 @@ def decode_rows(args, model, label: str) -> list[dict]:
     t0 = time.perf_counter()
     gen(args.new), gen(1)                   # compiles (one cache length for both)
     compile_s = time.perf_counter() - t0
-    t1, _ = best_time(lambda: gen(1), args.repeats)
-    tn, out = best_time(lambda: gen(args.new), args.repeats)
+    t1, _ = timed(lambda: gen(1), args.repeats)
+    tn, out = timed(lambda: gen(args.new), args.repeats)
     max_len = eng.cache_length(prompts, args.new)
     kv = cache_lib.nbytes(cache_lib.specs(eng.mcfg, bucket(B), max_len, eng.cache_dtype))
     step_s = (tn - t1) / (args.new - 1)
@@ -158,7 +153,7 @@ def ttft_rows(args, model) -> list[dict]:
       t0 = time.perf_counter()
       gen()
       compile_s = time.perf_counter() - t0
-      t, out = best_time(gen, args.repeats)
+      t, out = timed(gen, args.repeats)
       row.update(status="ok", ttft_ms=t * 1e3, prefill_tokens_per_s=P / t, compile_s=compile_s,
                  tokens=sum(len(c.output_ids) for c in out))
     rows.append(row)

@@ -23,14 +23,14 @@ them there in one process (one process holds the chip):
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
+
+from tests.tpu_reference import cpu_result, record, start_cpu_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.tpu
@@ -93,41 +93,14 @@ def random_batch(B: int, S: int, vocab: int) -> dict:
   return host
 
 
-def record(test: str, **values) -> None:
-  """One JSON line per measurement into $TPU_TEST_RECORD (benchmarks/tpu_suite.sh sets it), written
-  before the assertion: a stage cut short by its time limit still leaves what was measured."""
-  path = os.environ.get("TPU_TEST_RECORD")
-  if path:
-    with open(path, "a", encoding="utf-8") as f:
-      f.write(json.dumps({"test": test, **values}) + "\n")
-
-
-def _cpu_reference() -> subprocess.Popen:
-  """Every family's first losses on the CPU, in a subprocess (its JSON on stdout)."""
-  code = ("import json, sys; sys.path.insert(0, %r); from tests.test_tpu import FAMILIES, EXACT, "
-          "first_losses; print(json.dumps({n: first_losses([*k, *EXACT]) "
-          "for n, k in FAMILIES.items()}))" % ROOT)
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def cpu_losses():
   # started when the module is imported on the chip (below): the CPU computes while the chip runs
   # the kernel tests
-  proc = _STARTED.pop() if _STARTED else _cpu_reference()
+  proc = _STARTED.pop() if _STARTED else start_cpu_reference("tests.test_tpu", "first_losses")
   yield proc
   if proc.poll() is None:
     proc.kill()
-
-
-def _cpu_result(proc: subprocess.Popen, cache: dict = {}) -> dict:  # noqa: B006 — one per process
-  if "result" not in cache:
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, f"the CPU reference failed: {err[-3000:]}"
-    cache["result"] = json.loads(out.strip().splitlines()[-1])
-  return cache["result"]
 
 
 def _rel(a, b) -> float:
@@ -211,7 +184,7 @@ def _max_abs_logsumexp(q_BSHE, k_BSKE, seg_BS, scale: float) -> float:
 def test_three_steps_on_the_chip_equal_the_cpu_in_float32(family, cpu_losses):
   tpu = first_losses([*FAMILIES[family], *EXACT])
   assert tpu["platform"] == "tpu" and tpu["matmul_precision"] == "highest", tpu
-  cpu = _cpu_result(cpu_losses)[family]
+  cpu = cpu_result(cpu_losses)[family]
   assert cpu["platform"] == "cpu", cpu
   record(f"three steps {family}", tpu=tpu["losses"], cpu=cpu["losses"],
          rel=_rel(tpu["losses"], cpu["losses"]), tpu_grad_norms=tpu["grad_norms"],
@@ -233,4 +206,4 @@ def test_bf16_weights_train_on_the_chip(family):
 # on the chip, the CPU reference starts as soon as the module is imported (collection)
 _STARTED: list[subprocess.Popen] = []
 if "tpu" in os.environ.get("JAX_PLATFORMS", ""):   # (the reference itself runs with cpu)
-  _STARTED.append(_cpu_reference())
+  _STARTED.append(start_cpu_reference("tests.test_tpu", "first_losses"))

@@ -12,13 +12,13 @@ Each measurement goes to $TPU_TEST_RECORD (one JSON line) before its assertion.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from tests.tpu_reference import cpu_result, record, start_cpu_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.tpu
@@ -56,38 +56,12 @@ def greedy(keys: list[str]) -> dict:
           "per_layer": model.engine.layout.is_per_layer(model.params)}
 
 
-def record(test: str, **values) -> None:
-  """One JSON line per measurement into $TPU_TEST_RECORD, written before the assertion."""
-  path = os.environ.get("TPU_TEST_RECORD")
-  if path:
-    with open(path, "a", encoding="utf-8") as f:
-      f.write(json.dumps({"test": test, **values}) + "\n")
-
-
-def _cpu_reference() -> subprocess.Popen:
-  """Every family's greedy decoding on the CPU, in a subprocess (its JSON on stdout)."""
-  code = ("import json, sys; sys.path.insert(0, %r); from tests.test_tpu_decode import FAMILIES, "
-          "EXACT, greedy; print(json.dumps({n: greedy([*k, *EXACT]) for n, k in "
-          "FAMILIES.items()}))" % ROOT)
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-  return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def cpu_decoding():
-  proc = _STARTED.pop() if _STARTED else _cpu_reference()
+  proc = _STARTED.pop() if _STARTED else start_cpu_reference("tests.test_tpu_decode", "greedy")
   yield proc
   if proc.poll() is None:
     proc.kill()
-
-
-def _cpu_result(proc: subprocess.Popen, cache: dict = {}) -> dict:  # noqa: B006 — one per process
-  if "result" not in cache:
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, f"the CPU reference failed: {err[-3000:]}"
-    cache["result"] = json.loads(out.strip().splitlines()[-1])
-  return cache["result"]
 
 
 def _first_difference(a: list[list[int]], b: list[list[int]]):
@@ -104,7 +78,7 @@ def test_greedy_tokens_on_the_chip_equal_the_cpu_in_float32(family, cpu_decoding
   tpu = greedy([*FAMILIES[family], *EXACT])
   assert tpu["platform"] == "tpu" and tpu["matmul_precision"] == "highest", tpu
   assert tpu["per_layer"], tpu
-  cpu = _cpu_result(cpu_decoding)[family]
+  cpu = cpu_result(cpu_decoding)[family]
   assert cpu["platform"] == "cpu", cpu
   diff = _first_difference(tpu["tokens"], cpu["tokens"])
   # the log-probabilities up to the first differing token (the same contexts on both sides)
@@ -120,4 +94,4 @@ def test_greedy_tokens_on_the_chip_equal_the_cpu_in_float32(family, cpu_decoding
 # on the chip, the CPU reference starts as soon as the module is imported (collection)
 _STARTED: list[subprocess.Popen] = []
 if "tpu" in os.environ.get("JAX_PLATFORMS", ""):   # (the reference itself runs with cpu)
-  _STARTED.append(_cpu_reference())
+  _STARTED.append(start_cpu_reference("tests.test_tpu_decode", "greedy"))
