@@ -308,6 +308,13 @@ class RunKeys:
                                  section_tools=TRAINERS)
   peak_tflops_per_device: float = key(0.0, "peak for MFU; 0 = device table (GPU/TPU) or a "
                                       "measured CPU matmul rate", min=0)
+  profiler: str = key("", '"" = off | xplane: trace profiler_steps steps with jax.profiler into '
+                      "<run dir>/profile/ (TensorBoard's profile plugin / xprof read it; "
+                      "`python benchmarks/tpu_profile.py summary DIR` prints its ops)",
+                      choices=("", "xplane"))
+  skip_first_n_steps_for_profiler: int = key(1, "profiler: the run's first N steps (compile, "
+                                             "warm-up) are not traced", min=0)
+  profiler_steps: int = key(5, "profiler: steps traced", min=1)
 
   # ---- evaluation and samples ------------------------------------------------------------------
   eval_period: int = key(0, "every N steps (and after the last) log eval_loss on held-out data; "

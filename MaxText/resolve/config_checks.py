@@ -10,7 +10,7 @@ from typing import Sequence
 
 
 from MaxText.config.load import ConfigError
-from MaxText.config.schema import MESH_AXES, Config
+from MaxText.config.schema import KEYS, MESH_AXES, Config
 from MaxText.data.tokenizers import Tokenizer
 from MaxText.layers import pipeline, quant
 from MaxText.layers.attention_ops import attention_problems
@@ -102,6 +102,15 @@ def validate(cfg: Config, devices: Sequence[Device]) -> None:
                       f"ici/dcn_context_parallelism={sizes['context']} holds two chunks per shard "
                       f"(the load-balanced order), so the length must be a multiple of "
                       f"{2 * sizes['context']}")
+  if not cfg.profiler:
+    for key in ("skip_first_n_steps_for_profiler", "profiler_steps"):
+      if getattr(cfg, key) != KEYS[key].default:
+        raise ConfigError(f"{key}={getattr(cfg, key)}: applies only with profiler=xplane "
+                          f"(profiler is off); set profiler=xplane or leave {key} at its "
+                          f"default ({KEYS[key].default})")
+  elif cfg.skip_first_n_steps_for_profiler >= cfg.steps:
+    raise ConfigError(f"skip_first_n_steps_for_profiler={cfg.skip_first_n_steps_for_profiler}: "
+                      f"the run has steps={cfg.steps}, so profiler=xplane would trace nothing")
   global_batch = cfg.global_batch_size(n)
   if cfg.data_shards and global_batch % cfg.data_shards:
     raise ConfigError(f"data_shards={cfg.data_shards} does not divide the global batch of "

@@ -53,6 +53,7 @@ from MaxText.train.periodic import Periodic
 from MaxText.train.run_log import log, log_error, log_host
 from MaxText.train.state import abstract_state, mesh_data_axes, state_shardings, trained
 from MaxText.train.step import jit_train_step, make_train_step
+from MaxText.metrics.profiler import StepProfiler
 from MaxText.train.step_loop import LoopParts, Schedule, StepLoop, superseded_note
 from MaxText.train.step_rows import StepProgress, StepRows
 from MaxText.train.trainer_state import Checkpointing, CheckpointedState
@@ -351,8 +352,10 @@ class Trainer:
                    if ckpts is not None else None)
     loop = None
     try:
+      profiler = (StepProfiler.from_config(cfg, self.run_dir, start, log)
+                  if jax.process_index() == 0 else None)
       loop = StepLoop(Schedule.from_config(cfg), self.loop_parts(state, start, writer, data_iter),
-                      writer, checkpoints, watch, self.clock)
+                      writer, checkpoints, watch, self.clock, profiler=profiler)
       self.clock.mark("metrics")
       return loop.run(state, start)
     finally:

@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from MaxText.config.schema import Config
+from MaxText.metrics.profiler import StepProfiler
 from MaxText.metrics.writers import MetricsWriter
 from MaxText.runtime import faults
 from MaxText.runtime.exit_codes import EXIT_NONFINITE, EXIT_OK, EXIT_PREEMPTED
@@ -94,8 +95,10 @@ class StepLoop:
 
   def __init__(self, schedule: Schedule, parts: LoopParts, writer: MetricsWriter,
                checkpoints: Checkpoints | None, watch: PreemptionWatch,
-               clock: StartupClock | None = None, log: Callable[[str], None] = run_log):
+               clock: StartupClock | None = None, log: Callable[[str], None] = run_log,
+               profiler: StepProfiler | None = None):
     self.schedule, self.parts, self.writer = schedule, parts, writer
+    self.profiler = profiler   # `profiler=xplane`: traces a window of steps (metrics/profiler.py)
     self.checkpoints, self.watch, self.clock, self.log = checkpoints, watch, clock, log
     self.state: Any = None
     self.skipped = 0
@@ -109,9 +112,14 @@ class StepLoop:
     if self.clock is not None:
       self.clock.mark("first batch")
     pending = None   # (step, metrics) of the dispatched step not yet read back
+    prof = self.profiler
     for step in range(start + 1, sched.steps + 1):
+      if prof is not None:
+        prof.before_step(step, state)
       state, metrics = parts.step(state, batch)
       self.state = state
+      if prof is not None:
+        prof.after_step(step, state)
       # The previous step's metrics are read while this one runs (no host sync per step).
       if pending is not None:
         code = self._finish_step(*pending)
