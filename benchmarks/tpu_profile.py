@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import gzip
 import json
 import os
 import re
@@ -39,6 +40,11 @@ _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
+def step_hlo_files(files: list[str]) -> list[str]:
+  """The largest of a module's dumped HLO files: the step itself (not a helper program)."""
+  return sorted(files, key=os.path.getsize)[-1:]
+
+
 def hlo_instructions(hlo_dir: str, module: str) -> dict[str, tuple[str, str]]:
   """{instruction name: (its HLO text, its jax operation)} of the optimized HLO dumped for
   `module` (the trace's step program; `--xla_dump_to`'s `*after_optimizations*.txt`)."""
@@ -46,7 +52,7 @@ def hlo_instructions(hlo_dir: str, module: str) -> dict[str, tuple[str, str]]:
   files = [f for f in glob.glob(os.path.join(hlo_dir, "*after_optimizations*.txt"))
            if stem and f".{stem}." in os.path.basename(f)]
   out: dict[str, tuple[str, str]] = {}
-  for path in sorted(files, key=os.path.getsize)[-1:]:   # the largest: the step itself
+  for path in step_hlo_files(files):
     with open(path, encoding="utf-8", errors="replace") as f:
       for line in f:
         m = _INSTR.match(line)
@@ -93,20 +99,23 @@ def summarize_dir(profile_dir: str, hlo_dir: str | None, top: int) -> dict[str, 
     ops.append({"name": op.name, "category": op.category, "ms": op.ns / per / 1e6,
                 "runs": op.count / per,
                 "tflops": op.flops * op.count / op.ns / 1e3 if op.flops and op.ns else None,
-                "hlo": text or op.text, "jax_op": jax_op(source or op.source)})
+                "hlo": (text or op.text)[:240], "jax_op": jax_op(source or op.source)})
   by_op: collections.Counter = collections.Counter()
+  by_runs: collections.Counter = collections.Counter()   # 28 a step: once per layer, ...
   for o in ops:
+    by_runs[f"{o['runs']:g}"] += o["ms"]
     by_op[f"{o['jax_op'] or o['category']} {_shape(o['hlo'])}".strip()] += o["ms"]
   return {"xplane": files[-1], "device": s.device, "steps_traced": s.steps,
           "step_module": s.step_module, "step_ms": s.step_ns / 1e6,
           "ops_ms": sum(o["ms"] for o in ops),
           "categories_ms": {k: v / 1e6 for k, v in s.categories().items()},
-          "by_jax_op_ms": dict(by_op.most_common()), "top_ops": ops[:top],
+          "by_jax_op_ms": dict(by_op.most_common()), "by_runs_per_step_ms": dict(by_runs.most_common()),
+          "top_ops": ops[:top],
           "hlo_matched": sum(1 for op in s.ops if op.name in hlo)}
 
 
 def run_side(trainer: str, keys: Sequence[str], work: str, top: int,
-             timeout_s: float | None) -> dict[str, Any]:
+             timeout_s: float | None, hlo_out: str = "") -> dict[str, Any]:
   import tpu_rows  # pylint: disable=import-outside-toplevel
   os.makedirs(work, exist_ok=True)
   hlo_dir = os.path.join(work, "hlo")
@@ -122,6 +131,14 @@ def run_side(trainer: str, keys: Sequence[str], work: str, top: int,
     rec.update(summarize_dir(work, hlo_dir, top))
   except (FileNotFoundError, ValueError) as e:
     rec["error"] = str(e)
+  if hlo_out and rec.get("step_module"):   # the step's optimized HLO, compressed, for reading
+    stem = rec["step_module"].split("(")[0]
+    files = [f for f in glob.glob(os.path.join(hlo_dir, "*after_optimizations*.txt"))
+             if f".{stem}." in os.path.basename(f)]
+    for path in step_hlo_files(files):
+      with open(path, "rb") as src, gzip.open(hlo_out, "wb") as dst:
+        dst.write(src.read())
+      rec["hlo_file"] = hlo_out
   return rec
 
 
@@ -169,7 +186,7 @@ def main(argv: Sequence[str]) -> int:
   ap.add_argument("--out", default="", help="ours / maxtext: write the record as JSON here")
   ap.add_argument("--work", default="", help="ours / maxtext: the run directory (kept)")
   ap.add_argument("--hlo-dir", default="", help="summary: a --xla_dump_to directory")
-  ap.add_argument("--top", type=int, default=40)
+  ap.add_argument("--top", type=int, default=40, help="ops kept in the JSON / shown")
   ap.add_argument("--timeout", type=float, default=None)
   args = ap.parse_intermixed_args(argv)
   if args.what == "compare":
@@ -195,7 +212,9 @@ def main(argv: Sequence[str]) -> int:
   if bad:
     ap.error(f"not key=value: {' '.join(bad)}")
   work = args.work or os.path.join("/tmp", f"tpu_profile_{args.what}")
-  rec = run_side(args.what, args.args, work, args.top, args.timeout)
+  rec = run_side(args.what, args.args, work, args.top, args.timeout,
+                 hlo_out=args.out[:-len(".json")] + ".hlo.txt.gz" if args.out.endswith(".json")
+                 else "")
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(rec, f, indent=1)

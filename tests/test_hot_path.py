@@ -145,8 +145,11 @@ def test_the_decoding_engine_traces_the_models_path(given, want, monkeypatch):
   from MaxText.models.registry import init_params   # pylint: disable=import-outside-toplevel
   mcfg = ModelConfig.from_config(load_config([BASE_YML, "model_name=qwen3-tiny", "dtype=bfloat16",
                                               f"hot_path={given}"]))
-  seen, real = set(), linear.matmul
+  seen, real, real_contract = set(), linear.matmul, linear.contract
+  # the weight matmuls: `matmul` (the tuned path's 2-D form) or `contract` (the plain path's)
   monkeypatch.setattr(linear, "matmul", lambda *a, **k: seen.add(hot_path.current()) or real(*a, **k))
+  monkeypatch.setattr(linear, "contract",
+                      lambda *a, **k: seen.add(hot_path.current()) or real_contract(*a, **k))
   eng = engine(mcfg, batch_size=1)
   eng.generate(eng.place(jax.device_get(init_params(mcfg, 0))), [[5, 6, 7]], max_new_tokens=2)
   assert seen == {want}

@@ -107,6 +107,19 @@ def matmul(x_MK: jax.Array, w: jax.Array, *, w_is_NK: bool = False,
   return saved(_matmul_lowp(x_MK, w, w_is_NK, out_dtype), MATMUL_OUT)
 
 
+def contract(x: jax.Array, w: jax.Array, in_rank: int, dtype: jnp.dtype,
+             out_dtype: jnp.dtype | None = None) -> jax.Array:
+  """x's last `in_rank` axes contracted with w's first `in_rank` (w [*in, *out]) in `dtype`, the
+  result in `out_dtype` (default `dtype`): one `dot_general` with its accumulation in the result
+  dtype, differentiated by autodiff — `matmul`'s plain path without the flattening to 2-D. A
+  16-bit result is named `MATMUL_OUT` (for the remat policies), as `matmul` names it."""
+  out_dtype = dtype if out_dtype is None else out_dtype
+  dims = (tuple(range(x.ndim - in_rank, x.ndim)), tuple(range(in_rank)))
+  y = jax.lax.dot_general(x.astype(dtype), w.astype(dtype), (dims, ((), ())),
+                          preferred_element_type=out_dtype)
+  return y if jnp.dtype(dtype).itemsize >= 4 else checkpoint_name(y, MATMUL_OUT)
+
+
 class DenseGeneral(nnx.Module):
   """y = einsum(x, w): contracts the last `len(in_shape)` dims of x with w[in_shape + out_shape]."""
 
@@ -135,9 +148,20 @@ class DenseGeneral(nnx.Module):
   def __call__(self, x: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
     """`out_dtype` (default: the compute dtype) is the dtype of the result, e.g. fp32 logits
     straight from the fp32 accumulator."""
-    # One 2-D matmul [tokens, in] @ [in, out]: XLA:CPU lays out and differentiates a plain 2-D dot
-    # far better than a multi-dimensional dot_general, whose backward transposes its cotangents.
     w = self.kernel[...]
+    if self.quant is None and not hot_path.tuned():
+      # XLA on GPU / TPU: one dot_general over the input axes as they are. Flattened to 2-D, an
+      # input XLA holds in a permuted layout (the attention kernel's heads-major output, a
+      # cotangent) is copied into row-major order first; the dot takes any layout as it is.
+      y = contract(x, w, self.in_rank, self.dtype, out_dtype)
+      if self.lora_a is not None:   # A [*in, r], B [r, *out]; zero B: y exactly as without
+        xa = contract(x, self.lora_a[...], self.in_rank, self.dtype, None)
+        y = y + (self.lora_scale * contract(xa, self.lora_b[...], 1, self.dtype, None)
+                 ).astype(y.dtype)
+      return y
+    # The tuned path (XLA:CPU): one 2-D matmul [tokens, in] @ [in, out]. XLA:CPU lays out and
+    # differentiates a plain 2-D dot far better than a multi-dimensional dot_general, whose
+    # backward transposes its cotangents.
     batch_shape, x2 = self.rows(x)
     in_size = x2.shape[1]
     if self.quant is not None:

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Callable
@@ -135,13 +136,39 @@ def _self_times(events: list[Any]) -> list[float]:
   return own
 
 
-def category_of(name: str, stats: dict[str, Any]) -> str:
-  """XLA's category of an op (`hlo_category`, as the TPU trace carries it), else one read from its
-  name: a custom call (Pallas / Mosaic kernels), a dot or convolution, a copy / transpose, a
-  collective, a fusion, or the name's stem."""
+_INSTRUCTION = re.compile(r"^%?([\w.\-]+) = (.*)$", re.S)
+_OPCODE = re.compile(r"\s([a-z][\w\-]*)\(")
+_KINDS = {"kOutput": "fusion: matmul (output fusion)", "kLoop": "fusion: element-wise",
+          "kInput": "fusion: reduction", "kCustom": "fusion: custom"}
+
+
+def split_event_name(name: str) -> tuple[str, str]:
+  """(the instruction's name, its HLO text) of an XLA op event: a TPU trace names each event by
+  its whole instruction (`%fusion.12 = bf16[...] fusion(...), kind=kOutput, ...`), a CPU trace by
+  the name alone."""
+  m = _INSTRUCTION.match(name.strip())
+  return (m.group(1), m.group(2)) if m else (name, "")
+
+
+def category_of(name: str, stats: dict[str, Any], text: str = "") -> str:
+  """What an op does: XLA's `hlo_category` where the trace carries it, else read from its HLO
+  text (a fusion by its kind: a matmul's output fusion, element-wise, a reduction; a custom call
+  by its kernel's name, e.g. a Pallas / Mosaic kernel; else the opcode), else from its name."""
   cat = stats.get("hlo_category")
   if isinstance(cat, str) and cat:
     return cat
+  if text:
+    m = _OPCODE.search(text)
+    opcode = m.group(1) if m else ""
+    if opcode == "fusion":
+      kind = re.search(r"kind=(k\w+)", text)
+      return _KINDS.get(kind.group(1), "fusion") if kind else "fusion"
+    if opcode == "custom-call":
+      return "kernel: " + re.sub(r"[.]\d+$", "", name)
+    if opcode in ("copy", "transpose", "copy-start", "copy-done"):
+      return "data formatting"
+    if opcode:
+      return opcode
   stem = name.split(".")[0].split(":")[0]
   for word, label in (("custom", "custom-call"), ("convolution", "convolution"),
                       ("dot", "convolution"), ("copy", "data formatting"),
@@ -182,10 +209,12 @@ def summarize(xplane: str, *, device_prefix: str = "/device:") -> list[DeviceSum
         if not planes:   # a CPU trace: the module's runs are its distinct run ids
           modules[st.get("hlo_module", "")] += ev_ns
           run_ids.setdefault(st.get("hlo_module", ""), set()).add(st.get("run_id"))
-        op = ops.get(ev.name)
+        name, text = split_event_name(ev.name)
+        op = ops.get(name)
         if op is None:
-          op = ops[ev.name] = OpTotal(ev.name, category_of(ev.name, st))
-          op.text = str(st.get("long_name", ""))[:400]
+          text = text or str(st.get("long_name", ""))
+          op = ops[name] = OpTotal(name, category_of(name, st, text))
+          op.text = text[:400]
           op.source = str(st.get("tf_op", st.get("source", "")))[:200]
         op.ns += ev_ns
         op.count += 1
