@@ -27,13 +27,15 @@ in decoding (speculative drafting, MaxText/decoding/speculative.py) over its own
 """
 from __future__ import annotations
 
+from typing import cast
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.layers import embed, sites, stack
-from MaxText.layers.mtp import MTPBlock, shifted
+from MaxText.layers.mtp import MTPBlock, MTPLayer, shifted
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, param
@@ -145,6 +147,7 @@ class DecoderLayer(nnx.Module):
                                                      segment_ids_BS))
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
+      assert per_layer is not None, "a MoE layer runs with its per-layer inputs"
       stats = record(stats, per_layer["moe_layer"], *terms)
     return x_BSD, stats
 
@@ -190,9 +193,10 @@ class Transformer(nnx.Module):
   moe_layers_of = staticmethod(moe_layers)  # the indices of the MoE layers among them
   attention_group = KV                      # the cache group its attention layers read
 
-  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> nnx.Module:
+  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> MTPLayer:
     """The MTP block's layer of depth j + 1: a decoder layer of the last decoder layer's kind."""
-    return self.new_layer(cfg, self.kinds_of(cfg)[-1], rngs)
+    # (the family's decoder layers, `new_layer`'s, have the forward and `extend` of an MTPLayer)
+    return cast(MTPLayer, self.new_layer(cfg, self.kinds_of(cfg)[-1], rngs))
 
   def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
     return DecoderLayer(cfg, kind, rngs=rngs)
@@ -232,10 +236,15 @@ class Transformer(nnx.Module):
     return (x_BSD if return_hidden else self.logits(x_BSD)), aux
 
   # ---- multi-token prediction (MaxText/layers/mtp.py) ----------------------------------------
+  def _mtp_block(self) -> MTPBlock:
+    if self.mtp is None:
+      raise ValueError("this model has no MTP block (mtp_num_layers: 0)")
+    return self.mtp
+
   def _mtp_layer_inputs(self, j: int):
     """(the routing statistics a MoE MTP layer records into, its per-layer inputs): its own
     statistics (not in the balancing loss) and a zero selection bias; nothing for a dense one."""
-    if not getattr(self.mtp.layers[j], "moe", False):
+    if not getattr(self._mtp_block().layers[j], "moe", False):
       return {}, {}
     E = self.cfg.num_experts
     return empty_stats(1, E), {"moe_layer": jnp.int32(0),
@@ -245,13 +254,12 @@ class Transformer(nnx.Module):
     """Every depth's final-norm hidden state [depths, B, S, D] over a training row: depth k at t
     reads depth k-1's at t and the token k ahead (the row's tokens shifted; past a document's end
     the loss masks what it predicts)."""
-    out = []
-    for j in range(len(self.mtp.layers)):
-      u_BSD = self.mtp.combine(self._embed(shifted(tokens_BS, j + 1)), x_BSD)
+    mtp, out = self._mtp_block(), []
+    for j in range(len(mtp.layers)):
+      u_BSD = mtp.combine(self._embed(shifted(tokens_BS, j + 1)), x_BSD)
       stats, per_layer = self._mtp_layer_inputs(j)
-      u_BSD, _ = self.mtp.layers[j]((u_BSD, stats), positions_BS, segment_ids_BS,
-                                    per_layer or None)
-      x_BSD = self.mtp.norm(u_BSD)
+      u_BSD, _ = mtp.layers[j]((u_BSD, stats), positions_BS, segment_ids_BS, per_layer or None)
+      x_BSD = mtp.norm(u_BSD)
       out.append(x_BSD)
     return jnp.stack(out)
 
@@ -261,15 +269,16 @@ class Transformer(nnx.Module):
     (`tokens_BS`) and the hidden states at them (`hidden_BSD`: the decoder's final-norm output, or
     the previous depth's) → (its final-norm hidden states, the cache with its K/V in row `depth` of
     group MTP). `prefill` as `extend`; else any number of tokens continuing the cache."""
+    mtp = self._mtp_block()
     _, per_layer = self._mtp_layer_inputs(depth)
-    u_BSD = self.mtp.combine(self._embed(tokens_BS), hidden_BSD)
+    u_BSD = mtp.combine(self._embed(tokens_BS), hidden_BSD)
     groups = None if cache is None else {self.attention_group: cache[MTP]}
-    u_BSD, groups = self.mtp.layers[depth].extend(
+    u_BSD, groups = mtp.layers[depth].extend(
         (u_BSD, groups), positions_BS, valid_BS, prefill,
         {**per_layer, "cache_index": jnp.int32(depth)})
     if cache is not None:
       cache = {**cache, MTP: groups[self.attention_group]}
-    return self.mtp.norm(u_BSD), cache
+    return mtp.norm(u_BSD), cache
 
   def logits(self, x_BSD):
     """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V], straight

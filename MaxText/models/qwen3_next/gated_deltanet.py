@@ -169,6 +169,8 @@ class GatedDeltaNet(nnx.Module):
     speculative.py) through `_continue`; a token that is not valid leaves the state as it was.
     Returns (output, group)."""
     if not prefill:
+      if group is None:
+        raise ValueError("a decoding step after the prefill continues the cache: group is None")
       state = {name: group[name][index] for name in ("conv", "delta")}
 
       def one(state, xs):

@@ -50,6 +50,7 @@ from MaxText.layers.kv_cache import CacheGroup, KVCache
 from MaxText.layers.linear import DenseGeneral
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, record
+from MaxText.layers.mtp import MTPLayer
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_partial_rope
 from MaxText.models.llama import model as llama_model
@@ -195,6 +196,7 @@ class DecoderLayer(nnx.Module):
     x_BSD = x_BSD + sites.site("attn_out", a_BSD)
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
+      assert per_layer is not None, "a MoE layer runs with its per-layer inputs"
       stats = record(stats, per_layer["moe_layer"], *terms)
     return x_BSD, stats
 
@@ -205,10 +207,11 @@ class DecoderLayer(nnx.Module):
     h_BSD = self.input_norm(x_BSD)
     name = LINEAR if self.attn is None else FULL
     group = None if cache is None else cache[name]
-    if self.attn is None:
+    if self.linear_attn is not None:   # (a layer has one of the two)
       a_BSD, group = self.linear_attn.extend(h_BSD, valid_BS, prefill, group,
                                              per_layer["cache_index"])
     else:
+      assert self.attn is not None
       a_BSD, group = self.attn.extend(h_BSD, positions_BS, valid_BS, prefill, group,
                                       per_layer["cache_index"])
     x_BSD, _ = self._mlp(x_BSD + a_BSD, valid_BS, per_layer)
@@ -225,7 +228,7 @@ class Transformer(llama_model.Transformer):
   moe_layers_of = staticmethod(moe_layers)
   attention_group = FULL
 
-  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> nnx.Module:
+  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> MTPLayer:
     return DecoderLayer(cfg, mtp_kind(cfg, j), rngs=rngs)
 
   def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
