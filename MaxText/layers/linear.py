@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,14 @@ from jax.ad_checkpoint import checkpoint_name
 from MaxText.backend import hot_path
 from MaxText.layers.saved import saved
 from MaxText.sharding.rules import current_context, logical_to_spec
+
+
+class LayerKw(TypedDict):
+  """The keywords a layer's parameters take from its model (`DenseGeneral(..., **kw)`): their
+  generator, the compute dtype and the stored one."""
+  rngs: nnx.Rngs
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
 
 
 def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
@@ -114,7 +122,8 @@ class DenseGeneral(nnx.Module):
   kernel_scale: nnx.Param
   hessian_probe: nnx.Param
 
-  def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], logical_axes: Sequence[str],
+  def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int],
+               logical_axes: Sequence[str | None],
                *, rngs: nnx.Rngs, dtype: jnp.dtype, param_dtype: jnp.dtype):
     self.in_rank, self.out_rank = len(in_shape), len(out_shape)
     self.out_shape = tuple(out_shape)   # (a quantized kernel may be stored packed)

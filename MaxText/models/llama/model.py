@@ -27,7 +27,7 @@ in decoding (speculative drafting, MaxText/decoding/speculative.py) over its own
 """
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ from MaxText.layers import embed, sites, stack
 from MaxText.layers.mtp import MTPBlock, MTPLayer, shifted
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, fused_dense, matmul, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
@@ -59,7 +59,7 @@ ACT_BSKE = ("activation_batch", "activation_length", "activation_kv_heads", None
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, H, K, E = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.query = DenseGeneral((D,), (H, E), ("embed", "heads", "head_dim"), **kw)
     self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
     self.value = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
@@ -122,7 +122,7 @@ def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
 
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.attn_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.attn = Attention(cfg, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
@@ -169,7 +169,7 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
                            std=cfg.init_std, dtype=cfg.param_dtype)
     self.decoder = stack.PatternStack(lambda kind, r: self.new_layer(cfg, kind, r),
@@ -229,7 +229,8 @@ class Transformer(nnx.Module):
     if self.moe_layers:
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
-    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
+    aux: dict[str, Any] = ({"moe_stats": finished_stats(stats, segment_ids_BS)}
+                           if self.moe_layers else {})
     x_BSD = self.final_norm(x_BSD)
     if mtp and self.mtp is not None:
       aux["mtp_hidden"] = self.mtp_hidden(x_BSD, tokens_BS, positions_BS, segment_ids_BS)

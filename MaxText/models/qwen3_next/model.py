@@ -47,7 +47,7 @@ from flax import nnx
 from MaxText.layers import sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.linear import DenseGeneral, LayerKw
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, record
 from MaxText.layers.mtp import MTPLayer
@@ -117,7 +117,7 @@ def zero_centered_norm(dim: int, cfg: ModelConfig, rngs: nnx.Rngs, **kw) -> RMSN
 class GatedAttention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, H, K, E = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.query = DenseGeneral((D,), (H, 2 * E), ("embed", "heads", "head_dim"), **kw)  # q | gate
     self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
     self.value = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
@@ -163,7 +163,7 @@ class GatedAttention(nnx.Module):
 
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.input_norm = zero_centered_norm(cfg.emb_dim, cfg, rngs)
     if kind.mixer == LINEAR:
       self.linear_attn, self.attn = GatedDeltaNet(cfg, rngs=rngs), None
