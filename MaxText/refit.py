@@ -175,7 +175,8 @@ def _to_torch(x: Any, device: Any) -> Any:
   if isinstance(x, np.ndarray):
     return torch.from_numpy(_own(np.asarray(x, order="C")))   # (0-d stays 0-d)
   # one device's copy of the block, handed over without leaving the accelerator
-  return torch.utils.dlpack.from_dlpack(jax.device_put(x, device))
+  from torch.utils.dlpack import from_dlpack  # pylint: disable=import-outside-toplevel
+  return from_dlpack(jax.device_put(x, device))
 
 
 def stream(params: Any, cfg: Config, *, layout: str = "checkpoint", tensors: str = "numpy",
@@ -248,7 +249,7 @@ class Receiver:
       raise ValueError(f"hf_model_type={model_type}: its Hugging Face map changes layouts of its "
                        f"own, so the refit stream cannot be loaded tensor by tensor")
     self.mcfg = mcfg
-    self.shardings = traverse_util.flatten_dict(shardings)
+    self.shardings: dict[tuple, Any] = traverse_util.flatten_dict(shardings)
     specs = nm.specs(mcfg)
     self.targets: dict[str, tuple[tuple, Any, tuple, Any]] = {}
     for e in nm.plan(mcfg, specs):

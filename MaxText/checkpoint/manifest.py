@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol
 
 import jax
 import orbax.checkpoint as ocp
+from orbax.checkpoint import future as ocp_future
 from etils import epath
 
 from MaxText.checkpoint import checksum
@@ -352,7 +353,7 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
 
   async def async_save(self, directory: epath.Path, args: "ManifestSave"):
     self._step = args.step
-    return self.in_flight.add([ocp.future.CommitFutureAwaitingContractedSignals(
+    return self.in_flight.add([ocp_future.CommitFutureAwaitingContractedSignals(
         self._write(directory, args), name="manifest_save")])
 
   def save(self, directory: epath.Path, args: "ManifestSave") -> None:

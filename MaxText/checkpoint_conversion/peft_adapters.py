@@ -162,7 +162,7 @@ def import_peft(folder: str, params: dict, hf_map: Any, mcfg_base: Any, *, rank:
   """`params` (host arrays, adapters present) with the PEFT folder's factors written into the
   adapters (those PEFT does not adapt stay zero: no update)."""
   from safetensors import safe_open  # pylint: disable=import-outside-toplevel
-  flat = {k: (np.zeros_like(v) if k[-1] in ("lora_a", "lora_b") else v)
+  flat: dict[tuple, Any] = {k: (np.zeros_like(v) if k[-1] in ("lora_a", "lora_b") else v)
           for k, v in traverse_util.flatten_dict(params).items()}
   where = {_module(n): p for n, p in places(hf_map, mcfg_base, flat).items()}
   path = os.path.join(folder, WEIGHTS)

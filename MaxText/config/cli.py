@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from MaxText.config.load import BASE_YML, ConfigError, load_config, parse_overrides
 from MaxText.config.render import value_text
@@ -30,7 +30,7 @@ HELP_FLAGS = ("-h", "--help")
 
 @dataclass(frozen=True)
 class Arg:
-  type: type = str
+  type: Callable[[str], Any] = str   # a type, or a parser such as `boolean`
   default: Any = REQUIRED
   help: str = ""
 
@@ -84,22 +84,23 @@ def key_lines(tool: str, defaults: Mapping[str, Any] | None = None) -> list[str]
   return out
 
 
-def usage(doc: str, spec: Mapping[str, Arg], tool: str) -> str:
-  """The --help of `tool` (config/tools.py: PROGRAMS): the usage line, its module docstring, its
-  own arguments, its exit statuses, and the config keys it reads (a program of TOOLS)."""
+def usage(doc: str | None, spec: Mapping[str, Arg], tool: str) -> str:
+  """The --help of `tool` (config/tools.py: PROGRAMS): the usage line, its module docstring (`doc`:
+  the module's `__doc__`, None under -OO), its own arguments, its exit statuses, and the config
+  keys it reads (a program of TOOLS)."""
   rows = []
   for name, arg in spec.items():
     what = "required" if arg.default is REQUIRED else f"default {arg.default!r}"
     rows.append(f"  {name}=<{arg.type.__name__}>".ljust(30) + f" {arg.help} ({what})")
   args = "\n\narguments:\n" + "\n".join(rows) if rows else ""
-  text = usage_head(tool) + doc.strip() + args + "\n\n" + exit_status_line(tool)
+  text = usage_head(tool) + (doc or "").strip() + args + "\n\n" + exit_status_line(tool)
   if tool not in TOOLS:
     return text
   return (text + f"\n\nconfig keys {TOOLS[tool]} reads (key=value; the default as configs/base.yml "
           "has it; any other key is refused):" + "\n".join(key_lines(tool)))
 
 
-def parse_own(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *,
+def parse_own(argv: Sequence[str], spec: Mapping[str, Arg], doc: str | None, *,
               program: str) -> dict[str, Any] | None:
   """A launcher's own arguments (no config keys: its command after `--` has them); None after
   printing the usage of `program` (config/tools.py: PROGRAMS) for `-h` / `--help`."""
@@ -144,7 +145,7 @@ def _with_defaults(values: dict[str, Any], spec: Mapping[str, Arg]) -> dict[str,
   return {k: values.get(k, arg.default) for k, arg in spec.items()}
 
 
-def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
+def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str | None, *, tool: str,
           config_file: bool = False) -> tuple[dict[str, Any], Config, list[str]] | None:
   """({name: typed value} of `spec`, the config, its argv [config file, key=value ...]). With
   `config_file`, a first argument without "=" is the config file (configs/base.yml otherwise).
@@ -174,7 +175,7 @@ def parse(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
   return args, load_config(config_argv, tool=tool), config_argv
 
 
-def answer_early(argv: Sequence[str], spec: Mapping[str, Arg], doc: str, *, tool: str,
+def answer_early(argv: Sequence[str], spec: Mapping[str, Arg], doc: str | None, *, tool: str,
                  config_file: bool = False,
                  bad_input: tuple[type[Exception], ...] = (ConfigError,)) -> None:
   """The first thing a program does whose module is a library too, with jax imported at its top

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from MaxText.config.spec import key
+from MaxText.config.spec import ModelUse, key
 from MaxText.config.tools import CONVERT, MODEL_TOOLS, TEXT_TRAINERS, TRAINERS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -15,7 +15,7 @@ AUTO = "auto"                    # dtype: resolved by MaxText.config.load.resolv
 AUTO_TRAINING_DTYPE = "bfloat16"   # what dtype=auto computes in when training
 AUTO_TOOL_DTYPE = "float32"        # ... and in the tools (Hugging Face parity is exact in fp32)
 AUTO_LOSS_CHUNK = -1             # loss_chunk_length: resolved by resolve/auto_settings.py
-_COMPUTE = dict(model=True, arch=False)   # read by the model, but the parameters mean the same
+_COMPUTE = ModelUse(model=True, arch=False)   # read by the model, but the parameters mean the same
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -79,7 +79,7 @@ def render() -> str:
 
 
 def usage() -> str:
-  return usage_head("render") + __doc__.strip() + "\n\n" + exit_status_line("render")
+  return usage_head("render") + (__doc__ or "").strip() + "\n\n" + exit_status_line("render")
 
 
 def main(argv: list[str]) -> int:

@@ -13,9 +13,21 @@ import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from MaxText.config.tools import TOOLS
+
+
+class ModelUse(TypedDict):
+  """`key` options that several keys share, given as `**options`: how the model reads them."""
+  model: bool
+  arch: bool
+
+
+class Section(TypedDict):
+  """`key` options of the first key of a section, given as `**options` (a family's keys.py)."""
+  section: str
+  section_tools: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,13 @@ class _Reader:
   def __repr__(self) -> str:
     return f"{type(self).__name__}({self.path!r}, {len(self)} docs)"
 
+  # what each format's reader defines: its documents' count and the document at an index
+  def __len__(self) -> int:
+    raise NotImplementedError
+
+  def __getitem__(self, index: int) -> str:
+    raise NotImplementedError
+
 
 class TextFileReader(_Reader):
   """The whole file is one document (decoded as UTF-8, bad bytes replaced)."""

@@ -86,10 +86,12 @@ def slots_for(processor: Processor | None, images: int, clips: int,
   patches = channels = frames = bins = 0
   if images:
     cfg = processor.image
+    assert cfg is not None   # (processor.takes("image") above)
     patches = cfg.max_soft_tokens * cfg.pooling_kernel_size ** 2
     channels = 3 * cfg.patch_size ** 2
   if clips:
     cfg = processor.audio
+    assert cfg is not None   # (processor.takes("audio") above)
     rate = cfg.sampling_rate
     feats, _ = audio_lib.features([np.zeros(int(round(max_audio_seconds * rate)), np.float32)],
                                   cfg)
@@ -135,6 +137,7 @@ def expand(processor: Processor, slots: MediaSlots, messages: list[dict], ids: n
     out["image_position_ids"][:len(images)] = batch.image_position_ids
   if clips:
     feats, valid = batch.input_features, batch.input_features_mask
+    assert feats is not None and valid is not None   # (prepare fills them for clips)
     if feats.shape[1] > slots.frames:
       raise DataError(f"a clip of {feats.shape[1]} feature frames is longer than "
                       f"max_audio_seconds ({slots.frames} frames)")

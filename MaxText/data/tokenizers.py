@@ -25,7 +25,7 @@ import abc
 import glob
 import json
 import os
-from typing import Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
 from MaxText.config.schema import choices
 from MaxText.data.errors import DataError
@@ -79,7 +79,7 @@ class _LazyFileTokenizer(abc.ABC):
 
   def __init__(self, path: str):
     self.path = path
-    self._impl = None
+    self._impl: Any = None   # the library's tokenizer object (each subclass's `_load`)
     self._load()  # Load eagerly once so errors surface at construction time.
 
   @abc.abstractmethod
@@ -87,7 +87,7 @@ class _LazyFileTokenizer(abc.ABC):
     """Sets `self._impl` from `self.path`."""
 
   @property
-  def impl(self):
+  def impl(self) -> Any:
     if self._impl is None:
       self._load()
     return self._impl
@@ -98,7 +98,7 @@ class _LazyFileTokenizer(abc.ABC):
     return state
 
   def __setstate__(self, state):
-    self.__dict__.update(state)
+    vars(self).update(state)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}({self.path!r})"
@@ -282,7 +282,8 @@ def _file_in(folder: str, tokenizer_type: str, given: str) -> tuple[str, str]:
                   f"{', ...' if len(found) > 12 else ''})")
 
 
-def make_tokenizer(tokenizer_type: str, tokenizer_path: str = "") -> Tokenizer:
+def make_tokenizer(tokenizer_type: str, tokenizer_path: str = ""
+                   ) -> ByteTokenizer | HFTokenizer | SentencePieceTokenizer:
   """Builds the tokenizer the `tokenizer_type` / `tokenizer_path` config keys name (`resolve`).
 
   Raises:

@@ -94,7 +94,7 @@ class Layout:
     if not self.scanned or self.is_per_layer(params):
       return params
     flat: dict = traverse_util.flatten_dict(params)
-    want = traverse_util.flatten_dict(self.unscanned_def.abstract_params)
+    want: dict[tuple, Any] = traverse_util.flatten_dict(self.unscanned_def.abstract_params)
     mapping = self.mapping()
     if set(mapping) != set(want):
       raise ValueError("the per-layer layout of this model does not match its scanned one: "

@@ -237,8 +237,10 @@ class DPOTrainer(Trainer):
 
   def pairs_batch(self, step: int, state: dict) -> dict:
     """The batch of `step`: its pairs as device arrays and the reference's sums on them."""
-    idx = self.train_set.for_step(step, self.pairs, self.cfg.seed)
-    batch = self.device_arrays(self.train_set.take(idx))
+    pairs = self.train_set
+    assert pairs is not None, "open_data reads the pairs before the first step"
+    idx = pairs.for_step(step, self.pairs, self.cfg.seed)
+    batch = self.device_arrays(pairs.take(idx))
     batch["ref"] = (self.table_batch("preferences", idx) if self.precomputed
                     else self.reference_sums(state["params"], batch))
     return batch
@@ -248,6 +250,7 @@ class DPOTrainer(Trainer):
     `params`, in batches of the step's pairs (the last one padded, the padding weighted 0). ORPO's
     eval/loss is its odds-ratio term alone (no cross-entropy)."""
     ev, P = self.eval_set, self.pairs
+    assert ev is not None, "evaluate runs with eval_preferences (HeldOutPairs)"
     totals: dict[str, float] = {}
     for first in range(0, len(ev), P):
       idx = list(range(first, min(first + P, len(ev))))

@@ -157,14 +157,15 @@ class Inspector:
     from MaxText.decoding.sampling import Sampling
     from MaxText.inference import Generation
     inf = self.inference
-    if getattr(self, "_contrastive", None) is None:
-      self._contrastive = ContrastiveDecoder(inf.engine)
+    contrastive = getattr(self, "_contrastive", None)
+    if contrastive is None:
+      contrastive = self._contrastive = ContrastiveDecoder(inf.engine)
     pos = inf.prepare(prompts, images=images, audio=audio)
     neg = inf.prepare(contrasts, images=contrast_images, audio=contrast_audio)
     self.last_seed = scoring.fresh_seed() if seed is None else int(seed)
     sampling = Sampling(temperature=temperature, seed=self.last_seed)
     try:
-      done = self._contrastive.generate(
+      done = contrastive.generate(
           self.params, pos.ids, neg.ids, alpha=alpha, sampling=sampling,
           max_new_tokens=inf.cfg.max_new_tokens if max_new_tokens is None else max_new_tokens,
           eos_ids=inf.eos_ids if eos_ids is None else list(eos_ids), media=pos.media,
@@ -527,6 +528,9 @@ class Inspector:
                                                          sharding=getattr(a, "sharding", None)),
                           self.params)
     analysis = program.lower(params, ids, ids, ids, {}).compile().memory_analysis()
+    if analysis is None:
+      raise ValueError(f"program_memory: the {jax.default_backend()} backend gives no memory "
+                       "analysis")
     return {"argument": int(analysis.argument_size_in_bytes),
             "output": int(analysis.output_size_in_bytes),
             "temp": int(analysis.temp_size_in_bytes)}

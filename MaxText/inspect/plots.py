@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 
 from MaxText.data.printable import visible_spaces
+
+if TYPE_CHECKING:
+  from matplotlib.axes import Axes
 
 LABEL_SIZE = 9     # points: tick labels and the logit lens's cells
 SPAN_COLOURS = {1: ("image", "red"), 3: ("audio", "orange")}    # by mm_token_type_ids
@@ -77,7 +80,7 @@ def attention_figure(a_HSS: np.ndarray, layer: int, labels: Sequence[str],
                            squeeze=False, layout="constrained")
   image = None
   for h in range(rows * cols):
-    ax = axes[h // cols][h % cols]
+    ax = cast("Axes", axes[h // cols][h % cols])   # (squeeze=False: a 2-D array of Axes)
     if h >= H:
       ax.axis("off")
       continue

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -146,4 +147,5 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
     kv_seg = jnp.pad(kv_seg, ((0, 0), (0, Tp - T)), constant_values=-2)
     out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sa.SegmentIds(q=qs, kv=ks)))(
         q, k, v, q_seg, kv_seg)
+  out = cast(jax.Array, out)   # (typed output-or-residuals; without save_residuals: the output)
   return out.transpose(0, 2, 1, 3)[:, :S, :, :E]

@@ -57,7 +57,7 @@ def _block_args(blocks: Blocks | None, q, k, v, mask):
            (r0, r1, t0, t1))
 
 
-def _forward(q, k, v, mask, scale, blocks):
+def _forward(q, k, v, mask, scale, blocks) -> tuple[jax.Array, jax.Array]:
   outs = [_forward_block(*args, scale) for args, _ in _block_args(blocks, q, k, v, mask)]
   if len(outs) == 1:
     return outs[0]
@@ -65,7 +65,8 @@ def _forward(q, k, v, mask, scale, blocks):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def attention_core(q_BKQE, k_BKTE, v_BKTE, mask_B1QT, scale: float, blocks: Blocks | None = None):
+def attention_core(q_BKQE, k_BKTE, v_BKTE, mask_B1QT, scale: float, blocks: Blocks | None = None
+                   ) -> jax.Array:
   """softmax(q k^T * scale, masked) v → [B, K, Q, E] in q's dtype. The caller passes row-major
   q, k, v (`linear.row_major`: the heads-major arrays come from transposes). `blocks` (static):
   rows of q that attend only to a range of keys, e.g. causal query blocks that skip the keys after
@@ -107,6 +108,7 @@ def _bwd(scale, blocks, res, do):
       dk = (jnp.zeros(k.shape, jnp.float32) if dk is None else dk).at[:, :, t0:t1].add(dk_b)
       dv = (jnp.zeros(v.shape, jnp.float32) if dv is None else dv).at[:, :, t0:t1].add(dv_b)
   dq = dqs[0] if len(dqs) == 1 else concat_bits(dqs, 2)
+  assert dk is not None and dv is not None   # (at least one block)
   return dq, dk.astype(k.dtype), dv.astype(v.dtype), None
 
 

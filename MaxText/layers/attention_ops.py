@@ -105,6 +105,7 @@ def dot_product_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: floa
             if causal and not probed and blocks_BS is None else None)
   # bf16 on the XLA:CPU-tuned hot path: every dot in bf16 (attention_lowp.py); on the plain path
   # (GPU, TPU) and under a probe (its sites) the autodiff path below
+  out_BKQE: jax.Array
   if jnp.dtype(q_BSHE.dtype).itemsize < 4 and not probed and hot_path.tuned():
     out_BKQE = attention_core(row_major(q_BKQE), row_major(k_BKTE), row_major(v_BKTE),
                               mask_BQT[:, None], scale, blocks if S >= MIN_BLOCKED_LENGTH else None)

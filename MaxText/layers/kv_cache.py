@@ -164,6 +164,8 @@ class KVCache:
       group = self.write(group, index, k_BSKE, v_BSKE, positions_BS, valid_BS)
     if prefill:
       return op(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), scale=scale), group
+    if group is None:
+      raise ValueError("a decoding step after the prefill attends over the cache: group is None")
     return self.attend(group, index, q_BSHE, positions_BS, scale=scale), group
 
   def attend(self, group: dict, index, q_BSHE, positions_BS, *, scale: float) -> jax.Array:

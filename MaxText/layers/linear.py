@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,14 @@ from jax.ad_checkpoint import checkpoint_name
 from MaxText.backend import hot_path
 from MaxText.layers.saved import saved
 from MaxText.sharding.rules import current_context, logical_to_spec
+
+
+class LayerKw(TypedDict):
+  """The keywords a layer's parameters take from its model (`DenseGeneral(..., **kw)`): their
+  generator, the compute dtype and the stored one."""
+  rngs: nnx.Rngs
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
 
 
 def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
@@ -122,17 +130,22 @@ def contract(x: jax.Array, w: jax.Array, in_rank: int, dtype: jnp.dtype,
 
 class DenseGeneral(nnx.Module):
   """y = einsum(x, w): contracts the last `len(in_shape)` dims of x with w[in_shape + out_shape]."""
+  # set by layers/quant.py on the projections it converts: integer weights' scales, calibration's
+  # Hessian probe (declared here for the type checker; absent otherwise)
+  kernel_scale: nnx.Param
+  hessian_probe: nnx.Param
 
-  def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], logical_axes: Sequence[str],
+  def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int],
+               logical_axes: Sequence[str | None],
                *, rngs: nnx.Rngs, dtype: jnp.dtype, param_dtype: jnp.dtype):
     self.in_rank, self.out_rank = len(in_shape), len(out_shape)
     self.out_shape = tuple(out_shape)   # (a quantized kernel may be stored packed)
     # LoRA adapters (layers/lora.py sets them): y += lora_scale * (x A) B
-    self.lora_a = nnx.data(None)
-    self.lora_b = nnx.data(None)
+    self.lora_a: nnx.Param | None = nnx.data(None)
+    self.lora_b: nnx.Param | None = nnx.data(None)
     self.lora_scale = 0.0
     # a quantized matmul (layers/quant.py sets it): quant(self, x_MK, out_dtype) -> y_MN
-    self.quant = None
+    self.quant: Callable[[DenseGeneral, jax.Array, Any], jax.Array] | None = None
     fan_in = 1
     for d in in_shape:
       fan_in *= d
@@ -174,6 +187,7 @@ class DenseGeneral(nnx.Module):
       out_shape = w.shape[self.in_rank:]
     else:   # A [*in, r], B [r, *out]; zero B: y exactly as without
       y = matmul(x2, w.reshape(in_size, -1), out_dtype=out_dtype)
+      assert self.lora_b is not None, "a LoRA'd projection has both adapters (layers/lora.py)"
       a = self.lora_a[...].reshape(in_size, -1)
       b = self.lora_b[...].reshape(a.shape[1], -1)
       y = y + (self.lora_scale * matmul(matmul(x2, a), b)).astype(y.dtype)

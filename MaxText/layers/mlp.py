@@ -7,7 +7,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.layers.activations import gelu_tanh
-from MaxText.layers.linear import DenseGeneral, fused_dense
+from MaxText.layers.linear import DenseGeneral, LayerKw, fused_dense
 from MaxText.layers.saved import MLP_DOWN, MLP_IN
 from MaxText.sharding.rules import constrain
 
@@ -32,7 +32,7 @@ ACT_BSF = ("activation_batch", "activation_length", "activation_mlp")
 class GatedMLP(nnx.Module):
   def __init__(self, emb_dim: int, mlp_dim: int, activation: str, *, rngs: nnx.Rngs,
                dtype: jnp.dtype, param_dtype: jnp.dtype):
-    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.gate = DenseGeneral((emb_dim,), (mlp_dim,), ("embed", "mlp"), **kw)
     self.up = DenseGeneral((emb_dim,), (mlp_dim,), ("embed", "mlp"), **kw)
     self.down = DenseGeneral((mlp_dim,), (emb_dim,), ("mlp", "embed"), **kw)

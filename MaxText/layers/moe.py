@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.metrics import moe_load
 from MaxText.sharding.rules import current_context, logical_to_spec
@@ -352,7 +352,7 @@ class RoutedMLP(nnx.Module):
   sigmoid(x · w_gate) (Qwen3-Next)."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     D, E = cfg.emb_dim, cfg.num_experts
     self.router = DenseGeneral((D,), (E,), ("embed", None), **kw)
     self.experts = RoutedExperts(E, D, cfg.moe_mlp_dim, ACTIVATIONS[cfg.mlp_activation],

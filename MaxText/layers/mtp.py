@@ -16,12 +16,20 @@ the family's own decoder layers; the family runs them (`models/llama/model.py`).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.linear import DenseGeneral
+
+
+class MTPLayer(Protocol):
+  """A depth's layer as the family runs it: its decoder layer's forward and decoding step."""
+
+  def __call__(self, carry, positions_BS, segment_ids_BS, per_layer=None) -> tuple[Any, Any]: ...
+
+  def extend(self, carry, positions_BS, valid_BS, prefill, per_layer) -> tuple[Any, Any]: ...
 
 
 def shifted(tokens_BS, k: int, fill: int = 0):
@@ -32,13 +40,13 @@ def shifted(tokens_BS, k: int, fill: int = 0):
 class MTPBlock(nnx.Module):
   """The shared projection and norms and the per-depth layers (module docstring)."""
 
-  def __init__(self, dim: int, norm: Callable[[], nnx.Module], layers: Sequence[nnx.Module], *,
+  def __init__(self, dim: int, norm: Callable[[], nnx.Module], layers: Sequence[MTPLayer], *,
                rngs: nnx.Rngs, dtype, param_dtype):
     self.fc = DenseGeneral((2 * dim,), (dim,), ("mlp", "embed"), rngs=rngs, dtype=dtype,
                            param_dtype=param_dtype)
     self.pre_fc_norm_embedding = norm()
     self.pre_fc_norm_hidden = norm()
-    self.layers = nnx.List(list(layers))
+    self.layers: nnx.List[MTPLayer] = nnx.List(list(layers))
     self.norm = norm()
 
   def combine(self, emb_BSD, hidden_BSD):

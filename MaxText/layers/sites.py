@@ -109,7 +109,9 @@ class Probe:
         if layer is None:
           self.capture[base] = None
         else:
-          self.capture.setdefault(base, set()).add(int(layer))
+          held = self.capture.setdefault(base, set())
+          assert held is not None, f"site {base!r} is captured both whole and per layer"
+          held.add(int(layer))
     self.heads = None if heads is None else tuple(heads)
     self.results: dict[str, Any] = {}
     self.reached: set[str] = set()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,8 @@ from flax import nnx
 
 from MaxText.layers import pipeline, sites
 from MaxText.layers.saved import ATTENTION, MLP_DOWN, OUT_PROJ, QKV_PROJ
+
+Kind = TypeVar("Kind", bound=Hashable)   # a layer kind of a PatternStack (its own type per model)
 
 _save = jax.checkpoint_policies.save_only_these_names
 
@@ -182,8 +184,8 @@ def _run_xs(xs, run):
 class PatternStack(nnx.Module):
   """`make_layer(kind, rngs)` builds one layer of `kind`; see the module docstring."""
 
-  def __init__(self, make_layer: Callable[[Hashable, nnx.Rngs], nnx.Module],
-               kinds: Sequence[Hashable], *, scan: bool, remat_policy: str, rngs: nnx.Rngs,
+  def __init__(self, make_layer: Callable[[Kind, nnx.Rngs], nnx.Module],
+               kinds: Sequence[Kind], *, scan: bool, remat_policy: str, rngs: nnx.Rngs,
                pipeline: bool = False):
     self.scan = scan
     self.remat_policy = remat_policy

@@ -17,7 +17,7 @@ own that the mesh may not divide: then gathered whole). Gradients reach A and h 
 used when the split applies."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,8 @@ class _FoldedProjection(nnx.Module):
   """A LoRA'd [D, V] projection with its A applied beforehand: [x, z] [.., D + r] -> x W + z B,
   each product straight from its accumulator in `out_dtype` (W, B: the same parameters)."""
 
-  def __init__(self, dense: DenseGeneral):
-    self.kernel, self.lora_b, self.dtype = dense.kernel, dense.lora_b, dense.dtype
+  def __init__(self, kernel: nnx.Param, lora_b: nnx.Param, dtype):
+    self.kernel, self.lora_b, self.dtype = kernel, lora_b, dtype
 
   def __call__(self, xz: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
     w, b = self.kernel[...], self.lora_b[...]
@@ -53,7 +53,7 @@ def _head_adapter_parent(model_def: ModelDef, params) -> tuple | None:
 
 
 def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
-                       ) -> tuple[Callable, Any, Any, jax.Array] | None:
+                       ) -> tuple[Head, Any, Any, jax.Array] | None:
   """(head, its parameters, their logical axes, hidden [B, S, D + r]) whose logits equal
   `model_def.head(params, hidden_BSD)` (module docstring), or None when the head reads no adapter
   (or its adapted projection is not one plain [D, V] kernel)."""
@@ -64,11 +64,12 @@ def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
   graph = dict(nnx.iter_graph(module))
   dense = graph.get(parent)
   if (not isinstance(dense, DenseGeneral) or dense.quant is not None or dense.in_rank != 1
-      or dense.kernel[...].ndim != 2):
+      or dense.kernel[...].ndim != 2 or dense.lora_a is None or dense.lora_b is None):
     return None
   x = hidden_BSD.astype(dense.dtype)
   z = (dense.lora_scale * (x @ dense.lora_a[...].astype(dense.dtype))).astype(dense.dtype)
-  setattr(graph[parent[:-1]], parent[-1], _FoldedProjection(dense))   # A off the graph
+  folded = _FoldedProjection(dense.kernel, dense.lora_b, dense.dtype)
+  setattr(graph[parent[:-1]], parent[-1], folded)   # A off the graph
   graphdef, state = nnx.split(module)
 
   def kept(k):
@@ -87,7 +88,7 @@ def fold_head_adapters(model_def: ModelDef, params, hidden_BSD: jax.Array
 
 
 def head_for_log_probs(model_def: ModelDef, params, hidden_BSD: jax.Array, chunk: int
-                       ) -> tuple[Callable, Any, Any, jax.Array]:
+                       ) -> tuple[Head, Any, Any, jax.Array]:
   """(head, parameters, logical axes, hidden) for `chunked_target_log_probs`: the head with its
   adapters folded where that lets the vocabulary split apply, else the model's own."""
   plain = (model_def.head, params, model_def.logical_axes, hidden_BSD)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from MaxText.layers.mtp import shifted
 from MaxText.losses.chunked import chunked_cross_entropy_sums
-from MaxText.models.family import AuxTerms
+from MaxText.models.family import AuxTerms, StepWatch
 from MaxText.models.model_def import ModelDef
 
 
@@ -50,7 +50,7 @@ def mtp_sums(model_def: ModelDef, params, hidden_KBSD: jax.Array, micro: dict, *
 @dataclass(frozen=True)
 class _Watch:
   """The MTP loss on the progress line, before the family's own part (`inner`)."""
-  inner: object = None
+  inner: StepWatch | None = None
 
   def progress(self, metrics: dict) -> str:
     own = f"mtp {metrics['mtp_loss']:.4f}" if "mtp_loss" in metrics else ""

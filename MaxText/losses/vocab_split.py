@@ -18,7 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from MaxText.losses.chunking import batch_axes, chunks, with_gradient_in_forward
 from MaxText.losses.token_stats import logits_cotangent, sums_of_stats
@@ -105,6 +105,14 @@ def _constrain_in_turn(shardings, _, g):
 _grad_sharded.defvjp(lambda x, shardings: (x, None), _constrain_in_turn)
 
 
+def _mesh() -> Mesh:
+  """The mesh of the sharding rules in use (a split `vocab_split_plan` planned runs under them)."""
+  ctx = current_context()
+  if ctx is None:
+    raise ValueError("the vocabulary split runs under sharding rules (use_rules): none in use")
+  return ctx.mesh
+
+
 def _axes_of(entry) -> tuple[str, ...]:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
@@ -117,7 +125,7 @@ def _gradient_path(plan: _VocabSplit, stored: P, vocab_dim: int, ndim: int) -> t
   all-to-all over the shared axes only), then `stored` (an all-gather over the others): XLA's
   partitioner cannot go from "V over data x fsdp" to "D over fsdp" in one step; it gathers the
   whole gradient on every device and slices it ("Involuntary full rematerialization")."""
-  mesh = current_context().mesh
+  mesh = _mesh()
   used = {a for entry in stored for a in _axes_of(entry)}
   others = tuple(a for a in plan.axes if a not in used and mesh.shape[a] > 1)
   if not others:
@@ -130,14 +138,15 @@ def _gradient_path(plan: _VocabSplit, stored: P, vocab_dim: int, ndim: int) -> t
 def _split_weights(plan: _VocabSplit, head: Head, params):
   """(the head's weights, each with its gradient in its own sharding; the other leaves; the
   weights' in-specs as vocabulary slices; head_w(w, rest, hidden) -> the slice's logits)."""
-  ctx = current_context()
+  mesh = _mesh()
   leaves, treedef = jax.tree.flatten(params)
   # their gradients leave in the weights' own sharding (else XLA may move the optimizer's update
   # of the head, its moments included, to the vocabulary slices and back)
-  w = [_grad_sharded(x, tuple(NamedSharding(ctx.mesh, spec)
-                              for spec in _gradient_path(plan, stored, d, x.ndim)))
-       for x, stored, d in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored,
-                               plan.vocab_dims)]
+  w: list[jax.Array] = [
+      _grad_sharded(x, tuple(NamedSharding(mesh, spec)
+                             for spec in _gradient_path(plan, stored, d, x.ndim)))
+      for x, stored, d in zip([x for x, u in zip(leaves, plan.used) if u], plan.stored,
+                              plan.vocab_dims)]
   rest = [x for x, u in zip(leaves, plan.used) if not u]
   w_specs = [P(*(plan.axes if i == d else None for i in range(x.ndim))) for x, d in
              zip(w, plan.vocab_dims)]
@@ -232,7 +241,7 @@ def vocab_split_sums(plan: _VocabSplit, head: Head, params, hidden_BSD: jax.Arra
     with without_rules():
       return with_gradient_in_forward(sums_only, sums_and_grads)(w_, h_loc)
 
-  return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
+  return jax.shard_map(local, mesh=_mesh(), axis_names=frozenset(axes),
                        in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec, row_spec),
                        out_specs=P())(w, rest, hidden_BSD, targets_BS, mask_BS)
 
@@ -319,7 +328,7 @@ def vocab_split_log_probs(plan: _VocabSplit, head: Head, params, hidden_BSD: jax
     return out if entropy else out[0]
 
   out_specs = (row_spec, row_spec) if entropy else row_spec
-  return jax.shard_map(local, mesh=current_context().mesh, axis_names=frozenset(axes),
+  return jax.shard_map(local, mesh=_mesh(), axis_names=frozenset(axes),
                        in_specs=(w_specs, [P()] * len(rest), row_spec, row_spec),
                        out_specs=out_specs)(w, rest, hidden_BSD, targets_BS)
 

@@ -266,6 +266,8 @@ class MetricsWriter:
     """Record the metrics of one step (no-op on non-primary processes)."""
     if not self.is_primary:
       return
+    if self._jsonl is None:
+      raise ValueError(f"metrics of step {step} written after the writer of {self.run_dir} closed")
     record = {"step": int(step)}
     for key, value in metrics.items():
       if key == "step":

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import AbstractSet, Any, Callable, Iterator, Mapping
 
 import numpy as np
 from flax import traverse_util
@@ -77,7 +77,7 @@ def unflatten(flat: Mapping[tuple, Any]) -> dict:
   return traverse_util.unflatten_dict(dict(flat))
 
 
-def check_representable(mcfg: Any, represents: set[str], model_type: str) -> None:
+def check_representable(mcfg: Any, represents: AbstractSet[str], model_type: str) -> None:
   """ValueError naming the first architecture key that `mcfg` sets away from its default and the
   Hugging Face architecture `model_type` has no field for (`represents`: the keys it has)."""
   for key in MODEL_KEYS:

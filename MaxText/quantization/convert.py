@@ -75,7 +75,7 @@ def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
 
 def hessian_inputs(tgts: list[Target], abstract_params: Any) -> int:
   """The largest K of the targets' Hessians [K, K]: the calibration tokens GPTQ needs at least."""
-  flat = traverse_util.flatten_dict(abstract_params)
+  flat: dict[tuple, Any] = traverse_util.flatten_dict(abstract_params)
   return max(math.prod(flat[t.kernel].shape[t.lead:t.lead + t.in_rank]) for t in tgts)
 
 
@@ -88,7 +88,7 @@ def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: s
   model_def = make_model_def(mcfg, modify=lambda m: quant.attach_probes(m, exclude))
   shardings = traverse_util.flatten_dict(
       tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules))
-  flat_abstract = traverse_util.flatten_dict(model_def.abstract_params)
+  flat_abstract: dict[tuple, Any] = traverse_util.flatten_dict(model_def.abstract_params)
   probe_keys = [k for k in flat_abstract if str(k[-1]).endswith("hessian_probe")]
   base = {k: jax.device_put(v, shardings[k])
           for k, v in traverse_util.flatten_dict(params).items()}

@@ -178,6 +178,7 @@ class GRPOTrainer(Trainer):
     training with the same keys at every evaluation (`eval_reward`: what GRPO maximises), and of
     one greedy completion each (`eval_reward_greedy`)."""
     cfg, ev = self.cfg, self.eval_set
+    assert ev is not None, "evaluate runs with eval_prompts (RewardEvaluation)"
     params = self.rollouts.params_for_engine(params)
     idx = list(range(len(ev.rows)))
     out: dict[str, float] = {"eval_prompts": len(idx)}

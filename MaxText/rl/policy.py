@@ -238,12 +238,11 @@ class Policy:
   def params(self) -> Any:
     """The current parameters (sharded on the training mesh): what a co-located engine samples
     from."""
-    self._require_on_device("params")
-    return self.state["params"]
+    return self._require_on_device("params")["params"]
 
   @property
   def step(self) -> int:
-    return int(self.state["step"])
+    return int(self._held()["step"])
 
   def logprobs(self, batch: Mapping[str, Any]) -> np.ndarray:
     """[B, S] log p(input_ids[:, t] | input_ids[:, :t]) under the policy, 0 outside the
@@ -261,12 +260,12 @@ class Policy:
     settings) or a JAX function fn(logprobs [b, S], batch) -> (loss, aux) of one micro-batch
     (rl/step.py). Without `reference_logprobs` in the batch the GRPO loss's reference term uses
     the policy's own (`reference_logprobs(batch)`). Raises NonFiniteUpdate (not applied)."""
-    self._require_on_device("params", "opt_state")
+    held = self._require_on_device("params", "opt_state")
     arrays = self.arrays(batch, ("generation_mask", "advantages", "old_logprobs"))
     uses_reference = self.keeps_reference_copy or self.trainer.adapters_only
     if loss == "grpo" and uses_reference and "reference_logprobs" not in batch:
       arrays["reference_logprobs"] = self.token_logprobs(self.params, arrays, reference=True)
-    state, metrics = self.update(self.state, arrays, loss)
+    state, metrics = self.update(held, arrays, loss)
     self.state = {**state, "step": state["step"] + 1}
     out = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if not out["finite"]:
@@ -285,9 +284,9 @@ class Policy:
     format; `wait`: until it is committed. Returns the step."""
     if self._ckpts is None:
       raise ConfigError("save: enable_checkpointing=false (no checkpoints directory)")
-    self._require_on_device("params", "opt_state")
+    held = self._require_on_device("params", "opt_state")
     step = self.step if step is None else int(step)
-    self.trainer.checkpointed.save_checkpoint(self._ckpts, step, self.state, None,
+    self.trainer.checkpointed.save_checkpoint(self._ckpts, step, held, None,
                                               self.cfg.as_dict())
     if wait:
       self._ckpts.wait()
@@ -320,23 +319,31 @@ class Policy:
     for part in parts:
       if part in self.offloaded:
         continue
-      host = jax.device_get(self.state[part])
-      jax.tree.map(lambda x: x.delete() if isinstance(x, jax.Array) else None, self.state[part])
-      self.state[part] = host
+      state = self._held()
+      host = jax.device_get(state[part])
+      jax.tree.map(lambda x: x.delete() if isinstance(x, jax.Array) else None, state[part])
+      state[part] = host
       self.offloaded += (part,)
 
   def onload(self) -> None:
     """Brings back what `offload` moved, on its training shardings."""
     for part in self.offloaded:
-      self.state[part] = jax.device_put(self.state[part], self.trainer.shardings[part])
+      state = self._held()
+      state[part] = jax.device_put(state[part], self.trainer.shardings[part])
     self.offloaded = ()
 
-  def _require_on_device(self, *parts: str) -> None:
+  def _held(self) -> dict:
     if self.state is None:
       raise ConfigError("the policy holds no state (Policy.load, or start)")
+    return self.state
+
+  def _require_on_device(self, *parts: str) -> dict:
+    """The state, its `parts` on device."""
+    state = self._held()
     off = [p for p in parts if p in self.offloaded]
     if off:
       raise ConfigError(f"{', '.join(off)} offloaded: call onload() first")
+    return state
 
   # ---- the tokenizer, for a loop that has none of its own ------------------------------------------
   @property

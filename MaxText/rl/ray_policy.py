@@ -153,7 +153,7 @@ class RayPolicy:
     worker's own error is raised once the others have answered, or after DEATH_GRACE_S: when a
     peer dies, a survivor's collective fails first (its connection reset), and the death is the
     cause to report."""
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray.exceptions  # pylint: disable=import-outside-toplevel
     pending, done = list(refs), {}
     failed: BaseException | None = None
     while pending:
@@ -215,7 +215,7 @@ class RayPolicy:
   def weights(self, tensors: str = "numpy", layout: str = "checkpoint"
               ) -> Iterator[tuple[str, Any]]:
     """(Hugging Face name, tensor) of every weight, streamed from the group one at a time."""
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray.exceptions  # pylint: disable=import-outside-toplevel
     for ref in self._stream("weights", tensors, layout):
       try:
         item: Any = ray.get(ref)
@@ -227,7 +227,7 @@ class RayPolicy:
   def _stream(self, what: str, tensors: str = "numpy", layout: str = "checkpoint") -> Iterator:
     """The object refs of worker 0's (name, tensor) items as they come, while the other workers'
     streams are watched (a dead worker → WorkerDied, never a hang)."""
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray.exceptions  # pylint: disable=import-outside-toplevel
     streams = [a.weights.remote(tensors, layout) for a in self.actors]
     live = list(streams)
     while live:
@@ -251,10 +251,13 @@ class RayPolicy:
     engine writing it into its parameters on its devices as it comes (`refit.Receiver`).
     Returns the seconds it took (`weight_shipping_s`)."""
     t0 = time.perf_counter()
+    actor = engine.actor
+    if actor is None:
+      raise WorkerDied("ship_weights: the rollout engine was killed")
     engine.call("begin")
     pending: list = []
     for ref in self._stream("ship_weights"):
-      pending.append(engine.actor.put.remote(ref))   # the engine reads the object itself
+      pending.append(actor.put.remote(ref))   # the engine reads the object itself
       del ref
       if len(pending) > 2:      # at most 2 tensors in flight
         engine.wait(pending.pop(0), "ship_weights")
@@ -341,7 +344,7 @@ class RayEngine:
     return engine
 
   def wait(self, ref: Any, what: str) -> Any:
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray.exceptions  # pylint: disable=import-outside-toplevel
     try:
       return ray.get(ref)
     except ray.exceptions.RayActorError as e:

@@ -64,7 +64,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform as host_platform
-from typing import Mapping, MutableMapping, NamedTuple
+from typing import Any, Mapping, MutableMapping, NamedTuple
 
 import jax
 
@@ -96,6 +96,11 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _jax_flag(name: str) -> Any:
+  """jax.config's value of the flag `name` (its attributes are set at run time, one per flag)."""
+  return getattr(jax.config, name)
+
+
 def user_choice(env: Mapping[str, str], num_cpu_devices: int | None = None,
                 platforms: str | None = None) -> str:
   """What the user set that decides the CPU devices or the platform ("" = nothing).
@@ -106,7 +111,7 @@ def user_choice(env: Mapping[str, str], num_cpu_devices: int | None = None,
     if env.get(name, "").strip():
       return name
   if num_cpu_devices is None:
-    num_cpu_devices, platforms = jax.config.jax_num_cpu_devices, jax.config.jax_platforms
+    num_cpu_devices, platforms = _jax_flag("jax_num_cpu_devices"), _jax_flag("jax_platforms")
   if num_cpu_devices not in (-1, None):
     return "jax_num_cpu_devices"
   if platforms:
@@ -174,7 +179,7 @@ def cpu_device_count(env: Mapping[str, str], num_cpu_devices: int | None = None)
   except (KeyError, ValueError):
     pass
   if num_cpu_devices is None:
-    num_cpu_devices = jax.config.jax_num_cpu_devices
+    num_cpu_devices = _jax_flag("jax_num_cpu_devices")
   return num_cpu_devices if num_cpu_devices not in (-1, None) else None
 
 

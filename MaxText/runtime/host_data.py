@@ -10,6 +10,7 @@ through the sharding, which is why a run can resume on another number of process
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Mapping, cast
 
 import jax
 from jax.sharding import Sharding
@@ -36,8 +37,10 @@ class DataLayout:
 
 def process_rows(sharding: Sharding, shape: tuple[int, ...]) -> tuple[int, int]:
   """[start, stop) along dimension 0 held by this process's devices (must be contiguous)."""
+  # (jax types the map's values `Index | None`; a sharding gives every device an index)
+  indices = cast(Mapping[Any, tuple[slice, ...]], sharding.addressable_devices_indices_map(shape))
   spans = sorted({(sl[0].start or 0, shape[0] if sl[0].stop is None else sl[0].stop)
-                  for sl in sharding.addressable_devices_indices_map(shape).values()})
+                  for sl in indices.values()})
   start, stop = spans[0]
   for a, b in spans[1:]:
     if a > stop:

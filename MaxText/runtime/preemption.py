@@ -115,7 +115,7 @@ class PreemptionWatch:
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous.clear()
-    if self._pipe is not None:
+    if self._pipe is not None and self._watcher is not None:   # (set together by __enter__)
       self._left.set()
       read_fd, write_fd = self._pipe
       os.write(write_fd, b"\0")  # the end mark: the watcher reads up to it, then returns

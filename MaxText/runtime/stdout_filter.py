@@ -49,7 +49,7 @@ class StdoutFilter:
 
   def stop(self, timeout_s: float = 5.0) -> None:
     """Real stdout back on fd 1; the lines still in the pipe are forwarded first."""
-    if not self.active:
+    if self._saved is None or self._thread is None:   # (not active: both set by start)
       return
     sys.stdout.flush()
     os.dup2(self._saved, 1)          # closes the pipe's last write end: the thread sees EOF

@@ -53,7 +53,7 @@ def parent(path: str) -> str:
 
 
 def _configure() -> None:
-  import fsspec  # pylint: disable=import-outside-toplevel
+  import fsspec.config  # pylint: disable=import-outside-toplevel
   for protocol in _NO_LISTINGS_CACHE:
     fsspec.config.conf.setdefault(protocol, {}).setdefault("use_listings_cache", False)
 

@@ -32,7 +32,7 @@ included. (Their gradients are zero, so their AdamW moments stay zero; they stil
 state, which keeps the state's structure that of the parameters.)"""
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -161,7 +161,8 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     gathers one array (XLA gathers both operands of the guard's where otherwise)."""
     adam = find_state(state, optax.ScaleByAdamState)
     sched = find_state(state, optax.ScaleByScheduleState)
-    count_inc = optax.safe_increment(adam.count)
+    # (typed ArrayLike: given the state's count array, it returns an array)
+    count_inc = cast(jax.Array, optax.safe_increment(adam.count))
     bc1 = 1 - b1 ** count_inc   # optax.tree.bias_correction's factors
     bc2 = 1 - b2 ** count_inc
     step_size = -1 * schedule(sched.count)

@@ -68,6 +68,7 @@ def first_conversation(cfg: Config) -> tuple[list[dict], str]:
   problem = "it holds no records"
   for index in range(len(records)):
     doc = records[index]
+    assert doc is not None, "a source MapDataset (no filter) holds every record"
     if isinstance(doc, BadRecord):
       problem = doc.why
       continue
@@ -136,7 +137,7 @@ class Sampler:
       prompt, where, done = self.generate(params)
     except DecodeError as e:
       return f"sample after step {step}: none ({e})"
-    if prompt is None:
+    if prompt is None or done is None:   # (done is None exactly when the prompt is)
       return f"sample after step {step}: none (no prompt, and the tokenizer has no bos)"
     sampling = self.sampling()
     how = "greedy" if sampling.temperature == 0 else (

@@ -139,10 +139,12 @@ class StepLoop:
       pending = None
       if code is not None:
         return code
-      if save_now:   # first: nothing after a finished step can cost its checkpoint
+      # first: nothing after a finished step can cost its checkpoint (save_now: ckpts is set)
+      if save_now and ckpts is not None:
         ckpts.save(step, state)
         self.writer.flush()   # the rows so far reach an object store with the step's checkpoint
-      if periodic_now:   # a failure there is logged, never fatal (train/periodic.py)
+      # a failure there is logged, never fatal (train/periodic.py)
+      if periodic_now and parts.periodic is not None:
         parts.rows.exclude(parts.periodic.after_step(step, state["params"]))  # no step's time
       if stop:
         return self._preempted(step)

@@ -163,8 +163,7 @@ def make_update(objective: Objective, model_def: ModelDef, tx: Optimizer, *, mes
       new_params, opt_state, grad_norm, finite = guarded_update(tx, grads, state["opt_state"],
                                                                 params, loss, zero_shardings)
       new_params = join(new_params, frozen)
-      uses_family = aux_terms is not None and family is not None
-      if uses_family and not adapters_only:
+      if aux_terms is not None and family is not None and not adapters_only:
         new_params = keep_if(finite, aux_terms.update(new_params, family), new_params)
       new_state = {**state, "params": new_params, "opt_state": opt_state}
       if count_step:
@@ -175,7 +174,7 @@ def make_update(objective: Objective, model_def: ModelDef, tx: Optimizer, *, mes
                  "finite": finite.astype(jnp.float32)}
       if objective.checksum:
         metrics["batch_checksum"] = batch_checksum(batch)
-      if uses_family:
+      if aux_terms is not None and family is not None:
         metrics.update(aux_terms.metrics(family, jnp.maximum(tokens, 1.0)))
     return new_state, metrics
 

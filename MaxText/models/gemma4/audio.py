@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers import stack
-from MaxText.layers.linear import DenseGeneral, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, param
 from MaxText.models.gemma4.audio_layers import (ACT_BTD, ConformerLayer, chunk_mask,
                                                 relative_positions)
 from MaxText.models.model_config import ModelConfig
@@ -130,7 +130,7 @@ class AudioTower(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     if not has_audio(cfg):
       raise ValueError("audio_hidden_size=0: the model has no audio tower")
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.cfg = cfg
     self.subsample = Subsample(cfg, rngs=rngs)
     self.stack = stack.PatternStack(lambda kind, r: ConformerLayer(cfg, rngs=r),

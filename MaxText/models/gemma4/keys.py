@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from MaxText.config.spec import key
+from MaxText.config.spec import Section, key
 from MaxText.config.tools import CONVERT, MODEL_TOOLS
 
-SECTION = dict(section="model: gemma4 (MaxText/models/gemma4/keys.py)",
-               section_tools=(*MODEL_TOOLS, *CONVERT))
+SECTION = Section(section="model: gemma4 (MaxText/models/gemma4/keys.py)",
+                  section_tools=(*MODEL_TOOLS, *CONVERT))
 
 
 @dataclass(frozen=True, kw_only=True)

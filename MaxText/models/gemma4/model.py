@@ -52,7 +52,7 @@ from flax import nnx
 from MaxText.layers import activations, embed, sites, stack
 from MaxText.layers.attention_ops import attention_op, dot_product_attention
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, matmul, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, matmul, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
                                 record, route)
@@ -144,7 +144,7 @@ class Attention(nnx.Module):
     full = kind.attention == "full"
     D, H = cfg.emb_dim, cfg.num_query_heads
     E, K = head_dim_of(cfg, kind.attention), kv_heads_of(cfg, kind.attention)
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     norm = functools.partial(RMSNorm, E, eps=cfg.norm_epsilon, logical_axis="head_dim",
                              cast_before_scale=False, **kw)
     self.query = DenseGeneral((D,), (H, E), ("embed", "heads", "head_dim"), **kw)
@@ -211,6 +211,8 @@ class Attention(nnx.Module):
         k_BSKE, v_BSKE = shared_kv
       o_BSHE = self._attend(q_BSHE, k_BSKE, v_BSKE, valid_BS.astype(jnp.int32), blocks_BS)
     else:
+      if group is None:
+        raise ValueError("a decoding step after the prefill attends over the cache: group is None")
       o_BSHE = self.cache.attend(group, index, q_BSHE, positions_BS, scale=self.scale)
     out_BSD = constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD)
     return out_BSD, (k_BSKE, v_BSKE), group
@@ -240,7 +242,7 @@ class Router(nnx.Module):
 
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     norm = functools.partial(RMSNorm, cfg.emb_dim, eps=cfg.norm_epsilon, cast_before_scale=False,
                              **kw)
     self.kind = kind
@@ -325,7 +327,7 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     D, L, P = cfg.emb_dim, cfg.num_decoder_layers, cfg.per_layer_input_dim
     self.embedding = param(rngs, (cfg.vocab_size, D), ("vocab", "embed"), std=cfg.init_std,
                            dtype=cfg.param_dtype)

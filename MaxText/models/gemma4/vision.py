@@ -44,7 +44,7 @@ from flax import nnx
 from MaxText.layers import stack
 from MaxText.layers.activations import gelu_tanh
 from MaxText.layers.attention_ops import attention_op
-from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.linear import DenseGeneral, LayerKw
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_rope
 from MaxText.models.model_config import ModelConfig
@@ -69,6 +69,10 @@ def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
   """Where HF vision layer i lives in our params: (path prefix, index on the stacked axis)."""
   path, index = stack.location((VISION_KIND,) * cfg.vision_layers, cfg.scan_layers, i)
   return ("vision", "encoder", *path), index
+
+
+class _ClippedKw(LayerKw):
+  clipped: bool   # (ClippedDense's)
 
 
 class ClippedDense(DenseGeneral):
@@ -110,8 +114,8 @@ class VisionAttention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, H, K, E = (cfg.vision_emb_dim, cfg.vision_num_heads, cfg.vision_num_kv_heads,
                   cfg.vision_head_dim)
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype,
-              clipped=cfg.vision_clipped_linears)
+    kw = _ClippedKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype,
+                    clipped=cfg.vision_clipped_linears)
     norm = functools.partial(RMSNorm, E, eps=cfg.vision_norm_epsilon, logical_axis="head_dim",
                              cast_before_scale=False, rngs=rngs, dtype=cfg.compute_dtype,
                              param_dtype=cfg.param_dtype)
@@ -135,8 +139,8 @@ class VisionAttention(nnx.Module):
 class VisionMLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.vision_emb_dim, cfg.vision_mlp_dim
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype,
-              clipped=cfg.vision_clipped_linears)
+    kw = _ClippedKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype,
+                    clipped=cfg.vision_clipped_linears)
     self.gate = ClippedDense((D,), (F,), ("vision_embed", "vision_mlp"), **kw)
     self.up = ClippedDense((D,), (F,), ("vision_embed", "vision_mlp"), **kw)
     self.down = ClippedDense((F,), (D,), ("vision_mlp", "vision_embed"), **kw)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from MaxText.config.spec import key
+from MaxText.config.spec import Section, key
 from MaxText.config.tools import CONVERT, MODEL_TOOLS
 
-SECTION = dict(section="model: llama (MaxText/models/llama/keys.py)",
-               section_tools=(*MODEL_TOOLS, *CONVERT))
+SECTION = Section(section="model: llama (MaxText/models/llama/keys.py)",
+                  section_tools=(*MODEL_TOOLS, *CONVERT))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,16 +27,18 @@ in decoding (speculative drafting, MaxText/decoding/speculative.py) over its own
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.layers import embed, sites, stack
-from MaxText.layers.mtp import MTPBlock, shifted
+from MaxText.layers.mtp import MTPBlock, MTPLayer, shifted
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, fused_dense, matmul, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, fused_dense, matmul, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
@@ -57,7 +59,7 @@ ACT_BSKE = ("activation_batch", "activation_length", "activation_kv_heads", None
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, H, K, E = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.query = DenseGeneral((D,), (H, E), ("embed", "heads", "head_dim"), **kw)
     self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
     self.value = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
@@ -120,7 +122,7 @@ def layer_location(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
 
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.attn_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
     self.attn = Attention(cfg, rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.emb_dim, eps=cfg.norm_epsilon, **kw)
@@ -145,6 +147,7 @@ class DecoderLayer(nnx.Module):
                                                      segment_ids_BS))
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
+      assert per_layer is not None, "a MoE layer runs with its per-layer inputs"
       stats = record(stats, per_layer["moe_layer"], *terms)
     return x_BSD, stats
 
@@ -166,7 +169,7 @@ class Transformer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.embedding = param(rngs, (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"),
                            std=cfg.init_std, dtype=cfg.param_dtype)
     self.decoder = stack.PatternStack(lambda kind, r: self.new_layer(cfg, kind, r),
@@ -190,9 +193,10 @@ class Transformer(nnx.Module):
   moe_layers_of = staticmethod(moe_layers)  # the indices of the MoE layers among them
   attention_group = KV                      # the cache group its attention layers read
 
-  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> nnx.Module:
+  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> MTPLayer:
     """The MTP block's layer of depth j + 1: a decoder layer of the last decoder layer's kind."""
-    return self.new_layer(cfg, self.kinds_of(cfg)[-1], rngs)
+    # (the family's decoder layers, `new_layer`'s, have the forward and `extend` of an MTPLayer)
+    return cast(MTPLayer, self.new_layer(cfg, self.kinds_of(cfg)[-1], rngs))
 
   def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
     return DecoderLayer(cfg, kind, rngs=rngs)
@@ -225,17 +229,23 @@ class Transformer(nnx.Module):
     if self.moe_layers:
       stats, xs = stack_inputs(self.moe_layers, cfg.num_decoder_layers, self.router_bias[...])
     x_BSD, stats = self.decoder((x_BSD, stats), positions_BS, segment_ids_BS, xs=xs)
-    aux = {"moe_stats": finished_stats(stats, segment_ids_BS)} if self.moe_layers else {}
+    aux: dict[str, Any] = ({"moe_stats": finished_stats(stats, segment_ids_BS)}
+                           if self.moe_layers else {})
     x_BSD = self.final_norm(x_BSD)
     if mtp and self.mtp is not None:
       aux["mtp_hidden"] = self.mtp_hidden(x_BSD, tokens_BS, positions_BS, segment_ids_BS)
     return (x_BSD if return_hidden else self.logits(x_BSD)), aux
 
   # ---- multi-token prediction (MaxText/layers/mtp.py) ----------------------------------------
+  def _mtp_block(self) -> MTPBlock:
+    if self.mtp is None:
+      raise ValueError("this model has no MTP block (mtp_num_layers: 0)")
+    return self.mtp
+
   def _mtp_layer_inputs(self, j: int):
     """(the routing statistics a MoE MTP layer records into, its per-layer inputs): its own
     statistics (not in the balancing loss) and a zero selection bias; nothing for a dense one."""
-    if not getattr(self.mtp.layers[j], "moe", False):
+    if not getattr(self._mtp_block().layers[j], "moe", False):
       return {}, {}
     E = self.cfg.num_experts
     return empty_stats(1, E), {"moe_layer": jnp.int32(0),
@@ -245,13 +255,12 @@ class Transformer(nnx.Module):
     """Every depth's final-norm hidden state [depths, B, S, D] over a training row: depth k at t
     reads depth k-1's at t and the token k ahead (the row's tokens shifted; past a document's end
     the loss masks what it predicts)."""
-    out = []
-    for j in range(len(self.mtp.layers)):
-      u_BSD = self.mtp.combine(self._embed(shifted(tokens_BS, j + 1)), x_BSD)
+    mtp, out = self._mtp_block(), []
+    for j in range(len(mtp.layers)):
+      u_BSD = mtp.combine(self._embed(shifted(tokens_BS, j + 1)), x_BSD)
       stats, per_layer = self._mtp_layer_inputs(j)
-      u_BSD, _ = self.mtp.layers[j]((u_BSD, stats), positions_BS, segment_ids_BS,
-                                    per_layer or None)
-      x_BSD = self.mtp.norm(u_BSD)
+      u_BSD, _ = mtp.layers[j]((u_BSD, stats), positions_BS, segment_ids_BS, per_layer or None)
+      x_BSD = mtp.norm(u_BSD)
       out.append(x_BSD)
     return jnp.stack(out)
 
@@ -261,15 +270,16 @@ class Transformer(nnx.Module):
     (`tokens_BS`) and the hidden states at them (`hidden_BSD`: the decoder's final-norm output, or
     the previous depth's) → (its final-norm hidden states, the cache with its K/V in row `depth` of
     group MTP). `prefill` as `extend`; else any number of tokens continuing the cache."""
+    mtp = self._mtp_block()
     _, per_layer = self._mtp_layer_inputs(depth)
-    u_BSD = self.mtp.combine(self._embed(tokens_BS), hidden_BSD)
+    u_BSD = mtp.combine(self._embed(tokens_BS), hidden_BSD)
     groups = None if cache is None else {self.attention_group: cache[MTP]}
-    u_BSD, groups = self.mtp.layers[depth].extend(
+    u_BSD, groups = mtp.layers[depth].extend(
         (u_BSD, groups), positions_BS, valid_BS, prefill,
         {**per_layer, "cache_index": jnp.int32(depth)})
     if cache is not None:
       cache = {**cache, MTP: groups[self.attention_group]}
-    return self.mtp.norm(u_BSD), cache
+    return mtp.norm(u_BSD), cache
 
   def logits(self, x_BSD):
     """The LM head (tied or untied) on final-norm hidden states → fp32 logits [B, S, V], straight

@@ -18,6 +18,7 @@ No shared expert.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -40,10 +41,11 @@ FUSED_RULES = (
     Rule("mlp/experts/wo", _L + "experts.down_proj", in_rank=1, lead=1),
 )
 _LAYER = qwen3.LAYER_RULES + (ROUTER,)   # a dense layer's MLP rows match only dense layers
-_KW = dict(layer_location=layer_location, build=Transformer, ours_only=("router_bias",),
-           check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=qwen3.IGNORED_SUFFIXES)
-HUB_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + PER_EXPERT_RULES, **_KW)
-FUSED_MAP = NameMap(qwen3.GLOBAL_RULES, _LAYER + FUSED_RULES, **_KW)
+_NAME_MAP = functools.partial(
+    NameMap, layer_location=layer_location, build=Transformer, ours_only=("router_bias",),
+    check=lambda mcfg: config_to_hf(mcfg), ignored_suffixes=qwen3.IGNORED_SUFFIXES)
+HUB_MAP = _NAME_MAP(qwen3.GLOBAL_RULES, _LAYER + PER_EXPERT_RULES)
+FUSED_MAP = _NAME_MAP(qwen3.GLOBAL_RULES, _LAYER + FUSED_RULES)
 CHECKPOINT_MAP = HUB_MAP   # refit.stream's "checkpoint" layout (refit.Receiver reads it back)
 REPRESENTS = qwen3.REPRESENTS | {"num_experts", "num_experts_per_tok", "moe_mlp_dim",
                                  "norm_topk_prob", "first_k_dense_layers", "mlp_only_layers",

@@ -40,7 +40,7 @@ from MaxText.layers.causal_conv import causal_conv, causal_conv_step
 from MaxText.layers.gated_delta import (chunked_gated_delta_rule, document_starts,
                                         gated_delta_rule, gated_delta_step, l2_normalize)
 from MaxText.layers.kv_cache import ArraySpec
-from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.linear import DenseGeneral, LayerKw
 from MaxText.layers.norms import GatedRMSNorm
 from MaxText.models.model_config import ModelConfig
 from MaxText.layers.context_parallel import context_size
@@ -85,7 +85,7 @@ class GatedDeltaNet(nnx.Module):
     G = Hv // Hk
     self.dims = (Hk, Hv, Dk, Dv, G)
     self.dtype = cfg.compute_dtype
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.in_proj_qkvz = DenseGeneral((D,), (Hk, 2 * Dk + 2 * G * Dv), ("embed", "heads", None),
                                      **kw)
     self.in_proj_ba = DenseGeneral((D,), (Hk, 2 * G), ("embed", "heads", None), **kw)
@@ -169,6 +169,8 @@ class GatedDeltaNet(nnx.Module):
     speculative.py) through `_continue`; a token that is not valid leaves the state as it was.
     Returns (output, group)."""
     if not prefill:
+      if group is None:
+        raise ValueError("a decoding step after the prefill continues the cache: group is None")
       state = {name: group[name][index] for name in ("conv", "delta")}
 
       def one(state, xs):

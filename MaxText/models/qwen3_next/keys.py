@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from MaxText.config.spec import key
+from MaxText.config.spec import ModelUse, Section, key
 from MaxText.config.tools import CONVERT, MODEL_TOOLS
 
-_COMPUTE = dict(model=True, arch=False)   # read by the model, but the parameters mean the same
-SECTION = dict(section="model: qwen3_next (MaxText/models/qwen3_next/keys.py)",
-               section_tools=(*MODEL_TOOLS, *CONVERT))
+_COMPUTE = ModelUse(model=True, arch=False)   # read by the model, but the parameters mean the same
+SECTION = Section(section="model: qwen3_next (MaxText/models/qwen3_next/keys.py)",
+                  section_tools=(*MODEL_TOOLS, *CONVERT))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,9 +47,10 @@ from flax import nnx
 from MaxText.layers import sites, stack
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral
+from MaxText.layers.linear import DenseGeneral, LayerKw
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, record
+from MaxText.layers.mtp import MTPLayer
 from MaxText.layers.norms import RMSNorm
 from MaxText.layers.rope import apply_partial_rope
 from MaxText.models.llama import model as llama_model
@@ -116,7 +117,7 @@ def zero_centered_norm(dim: int, cfg: ModelConfig, rngs: nnx.Rngs, **kw) -> RMSN
 class GatedAttention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, H, K, E = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.query = DenseGeneral((D,), (H, 2 * E), ("embed", "heads", "head_dim"), **kw)  # q | gate
     self.key = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
     self.value = DenseGeneral((D,), (K, E), ("embed", "kv_heads", "head_dim"), **kw)
@@ -162,7 +163,7 @@ class GatedAttention(nnx.Module):
 
 class DecoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs):
-    kw = dict(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
+    kw = LayerKw(rngs=rngs, dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype)
     self.input_norm = zero_centered_norm(cfg.emb_dim, cfg, rngs)
     if kind.mixer == LINEAR:
       self.linear_attn, self.attn = GatedDeltaNet(cfg, rngs=rngs), None
@@ -195,6 +196,7 @@ class DecoderLayer(nnx.Module):
     x_BSD = x_BSD + sites.site("attn_out", a_BSD)
     x_BSD, terms = self._mlp(x_BSD, segment_ids_BS != 0, per_layer)
     if terms is not None:
+      assert per_layer is not None, "a MoE layer runs with its per-layer inputs"
       stats = record(stats, per_layer["moe_layer"], *terms)
     return x_BSD, stats
 
@@ -205,10 +207,11 @@ class DecoderLayer(nnx.Module):
     h_BSD = self.input_norm(x_BSD)
     name = LINEAR if self.attn is None else FULL
     group = None if cache is None else cache[name]
-    if self.attn is None:
+    if self.linear_attn is not None:   # (a layer has one of the two)
       a_BSD, group = self.linear_attn.extend(h_BSD, valid_BS, prefill, group,
                                              per_layer["cache_index"])
     else:
+      assert self.attn is not None
       a_BSD, group = self.attn.extend(h_BSD, positions_BS, valid_BS, prefill, group,
                                       per_layer["cache_index"])
     x_BSD, _ = self._mlp(x_BSD + a_BSD, valid_BS, per_layer)
@@ -225,7 +228,7 @@ class Transformer(llama_model.Transformer):
   moe_layers_of = staticmethod(moe_layers)
   attention_group = FULL
 
-  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> nnx.Module:
+  def new_mtp_layer(self, cfg: ModelConfig, j: int, rngs: nnx.Rngs) -> MTPLayer:
     return DecoderLayer(cfg, mtp_kind(cfg, j), rngs=rngs)
 
   def new_layer(self, cfg: ModelConfig, kind, rngs: nnx.Rngs) -> nnx.Module:
