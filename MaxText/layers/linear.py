@@ -168,6 +168,7 @@ class DenseGeneral(nnx.Module):
       # cotangent) is copied into row-major order first; the dot takes any layout as it is.
       y = contract(x, w, self.in_rank, self.dtype, out_dtype)
       if self.lora_a is not None:   # A [*in, r], B [r, *out]; zero B: y exactly as without
+        assert self.lora_b is not None, "a LoRA'd projection has both adapters (layers/lora.py)"
         xa = contract(x, self.lora_a[...], self.in_rank, self.dtype, None)
         y = y + (self.lora_scale * contract(xa, self.lora_b[...], 1, self.dtype, None)
                  ).astype(y.dtype)
