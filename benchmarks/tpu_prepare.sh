@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepares what a TPU machine without network needs, here (network: PyPI only), into .whl-tpu/
 # (ignored by git; the run tool carries it with the tree, <= 64 MiB per command in all):
-#   .whl-tpu/*.whl          the runtime closure of train.py, MaxText.decode / MaxText.inference and
-#                           the serve engine (MaxText/serve/scheduler.py) for Python 3.11
+#   .whl-tpu/*.whl          the runtime closure of train.py, MaxText.decode / MaxText.inference,
+#                           MaxText.quantize and the serve engine (MaxText/serve/scheduler.py) for
+#                           Python 3.11
 #                           manylinux x86_64, at requirements.txt's pins; NOT jax, jaxlib, numpy,
 #                           scipy, ml_dtypes, opt_einsum (the machine's own JAX + libtpu stay first)
 #                           nor test / oracle / dev-only packages (torch, transformers, ruff, ray, ...)
@@ -31,18 +32,19 @@ case "${1:-}" in
 esac
 
 # The runtime closure of ours (versions: requirements.txt). Found by importing train.py's run,
-# MaxText.decode, MaxText.inference and MaxText.serve.scheduler with only these + jax on the path.
+# MaxText.decode, MaxText.inference, MaxText.quantization.convert (tqdm: the chip's int8 decode
+# rows) and MaxText.serve.scheduler with only these + jax on the path.
 OURS=(absl-py aiofiles array_record attrs cloudpickle etils filelock flax fsspec grain humanize
       Jinja2 MarkupSafe markdown-it-py mdurl msgpack optax orbax-checkpoint packaging portpicker
       prometheus_client protobuf psutil Pygments PyYAML qwix rich safetensors simplejson
-      tensorboardX tensorstore tokenizers treescope typing_extensions uvloop zipp
+      tensorboardX tensorstore tokenizers tqdm treescope typing_extensions uvloop zipp
       pytest-xdist execnet pytest-timeout)   # pytest.ini's -n / timeout, for the tests run there
 # MaxText 0.2.5's synthetic pre-training on Python 3.11 + jax 0.10.2, beyond ours (its newest
 # releases that still take Python 3.11 / jax < 0.11; ../shared/notes/tpu-v5e.md).
 # Found as train.py's: its run on CPU with only these, ours and jax on the path (pydantic: its
 # config; jaxtyping: tokamax; requests: pathwaysutils' profiler; ml_collections: its grain input).
 ARM=(maxtext==0.2.5 omegaconf==2.3.0 pathwaysutils==0.1.13 aqtp==0.9.0 drjax==0.2.1
-     tokamax==0.0.12 einshape==1.0 typeguard==2.13.3 immutabledict==4.3.1 tqdm==4.70.1
+     tokamax==0.0.12 einshape==1.0 typeguard==2.13.3 immutabledict==4.3.1
      pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
      jaxtyping==0.3.11 wadler_lindig==0.1.8 ml_collections==1.1.0 requests==2.34.2
      urllib3==2.8.0 idna==3.20 certifi==2026.10.19.post1 charset-normalizer==3.5.3)

@@ -179,11 +179,12 @@ def category_of(name: str, stats: dict[str, Any], text: str = "") -> str:
   return stem or "other"
 
 
-def summarize(xplane: str, *, device_prefix: str = "/device:") -> list[DeviceSummary]:
-  """Each accelerator plane of one XSpace file as a `DeviceSummary` (on a CPU-only trace, the
-  host's XLA ops). Steps: the runs of the largest program of the trace (by its total time)."""
+def summarize(xplane: Any, *, device_prefix: str = "/device:") -> list[DeviceSummary]:
+  """Each accelerator plane of one XSpace (a file, or a `jax.profiler.ProfileData`) as a
+  `DeviceSummary` (on a CPU-only trace, the host's XLA ops). Steps: the runs of the largest
+  program of the trace (by its total time)."""
   from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
-  data = ProfileData.from_file(xplane)
+  data = ProfileData.from_file(xplane) if isinstance(xplane, str) else xplane
   planes = [p for p in data.planes if p.name.startswith(device_prefix)]
   out = []
   for plane in planes or [p for p in data.planes if p.name.startswith("/host:CPU")]:
