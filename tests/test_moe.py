@@ -283,3 +283,50 @@ def test_every_shipped_moe_config_balances_its_experts():
   assert len(moe_configs) >= 4
   for cfg in moe_configs:
     assert cfg.moe_aux_loss_weight > 0 or cfg.router_bias_update_rate > 0, cfg.model_name
+
+
+# ---- the grouped matmul: megablox (JAX's Pallas TPU kernel, interpreted here) -------------------
+def test_megablox_grouped_matmul_equals_ragged_dot_values_and_gradients():
+  """`moe_matmul=megablox`: the kernel's products and its own VJP (gmm / tgmm) against
+  `jax.lax.ragged_dot` in float32 at highest precision; rows past the groups' total (an
+  expert-parallel receive buffer's padding) are zeros with a zero gradient, as ragged_dot's."""
+  rng = np.random.default_rng(1)
+  M, K, N = 24, 16, 40
+  sizes = jax.numpy.asarray([5, 0, 9, 6], jax.numpy.int32)   # 20 of 24 rows
+  x = rng.normal(size=(M, K)).astype(np.float32)
+  w = rng.normal(size=(4, K, N)).astype(np.float32)
+  g = rng.normal(size=(M, N)).astype(np.float32)
+  loss = lambda dot: lambda x, w: (dot(x, w) * g).sum()
+  ref = lambda x, w: jax.lax.ragged_dot(x, w, sizes)
+  mb = lambda x, w: moe.megablox_dot(x, w, sizes, tiles=(512, 1024, 1024))
+  with jax.default_matmul_precision("highest"):
+    want, got = ref(x, w), mb(x, w)
+    want_g = jax.grad(loss(ref), (0, 1))(x, w)
+    got_g = jax.grad(loss(mb), (0, 1))(x, w)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(got)[20:] == 0)
+  for a, b in zip(got_g, want_g):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-4)
+  assert np.all(np.asarray(got_g[0])[20:] == 0)
+
+
+def test_megablox_experts_match_the_dense_reference():
+  rng = np.random.default_rng(0)
+  T, D, E, F, k = 12, 8, 4, 6, 2
+  x = rng.normal(size=(T, D)).astype(np.float32)
+  logits = rng.normal(size=(T, E)).astype(np.float32)
+  wi = (0.3 * rng.normal(size=(E, D, 2 * F))).astype(np.float32)
+  wo = (0.3 * rng.normal(size=(E, F, D))).astype(np.float32)
+  w, e, _ = moe.route(jax.numpy.asarray(logits), k, renormalize=True)
+  dot = moe.FloatExperts(matmul="megablox").ragged_dot
+  with jax.default_matmul_precision("highest"):
+    got, dropped = moe.experts_local(x, w, e, wi, wo, jax.nn.silu, None, dot)
+  want, _ = dense_reference(x, np.asarray(w), np.asarray(e), wi, wo, None)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  assert int(dropped) == 0
+  cfg = load_config([BASE_YML, "model_name=qwen3-moe-tiny", "moe_matmul=megablox",
+                     "moe_matmul_tiles=[256,512,512]"])
+  from MaxText.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
+  mcfg = ModelConfig.from_config(cfg)
+  assert (mcfg.moe_matmul, tuple(mcfg.moe_matmul_tiles)) == ("megablox", (256, 512, 512))
+  assert moe.select_matmul("auto") == "ragged_dot"

@@ -148,6 +148,13 @@ class RunKeys:
                                    "mlp_only_layers)", model=True)
   decoder_sparse_step: int = key(1, "only layers i with (i + 1) % step == 0 are MoE layers "
                                  "(Qwen3-MoE decoder_sparse_step)", min=1, model=True)
+  moe_matmul: str = key("auto", "the experts' grouped matmul: ragged_dot (jax.lax.ragged_dot) | "
+                        "megablox (JAX's Pallas TPU grouped matmul, interpreted off TPU) | auto "
+                        "(ragged_dot)", choices=("auto", "ragged_dot", "megablox"), **_COMPUTE,
+                        tools=MODEL_TOOLS)
+  moe_matmul_tiles: list[int] = key([512, 1024, 1024], "moe_matmul=megablox: its row, contracted "
+                                    "and output tiles (each clipped to the matrix; multiples of "
+                                    "128)", **_COMPUTE, tools=MODEL_TOOLS)
   moe_dispatch: str = key("auto", "expert-parallel exchange: ragged_all_to_all (GPU/TPU) | "
                           "padded_all_to_all (CPU) | auto",
                           choices=("auto", "ragged_all_to_all", "padded_all_to_all"), **_COMPUTE,

@@ -119,6 +119,12 @@ class ModelConfigKeys:
   """these layer indices have a dense MLP (Qwen3-MoE mlp_only_layers)"""
   decoder_sparse_step: int = 1
   """only layers i with (i + 1) % step == 0 are MoE layers (Qwen3-MoE decoder_sparse_step)"""
+  moe_matmul: str = 'auto'
+  """the experts' grouped matmul: ragged_dot (jax.lax.ragged_dot) | megablox (JAX's Pallas TPU
+  grouped matmul, interpreted off TPU) | auto (ragged_dot)"""
+  moe_matmul_tiles: tuple[int, ...] = (512, 1024, 1024)
+  """moe_matmul=megablox: its row, contracted and output tiles (each clipped to the matrix;
+  multiples of 128)"""
   moe_dispatch: str = 'auto'
   """expert-parallel exchange: ragged_all_to_all (GPU/TPU) | padded_all_to_all (CPU) | auto"""
   first_k_dense_layers: int = 0

@@ -20,8 +20,8 @@ worst case (P x local copies), so nothing is ever dropped.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -202,8 +202,39 @@ class FloatExperts:
   def operands(self, experts: "RoutedExperts", dtype) -> tuple:
     return experts.wi[...].astype(dtype), experts.wo[...].astype(dtype)
 
+  matmul: str = field(default="ragged_dot", kw_only=True)    # or "megablox" (`select_matmul`)
+  tiles: tuple[int, ...] = field(default=(512, 1024, 1024), kw_only=True)  # megablox's tiles
+
   def ragged_dot(self, rows_MK: jax.Array, w, sizes_X: jax.Array) -> jax.Array:
+    if self.matmul == "megablox":
+      return megablox_dot(rows_MK, w, sizes_X, self.tiles)
     return jax.lax.ragged_dot(rows_MK, w, sizes_X)
+
+
+def select_matmul(name: str) -> str:
+  """`moe_matmul`: auto → ragged_dot (XLA's; benchmarks/RESULTS.md, "TPU v5e", has megablox beside
+  it on the chip)."""
+  return "ragged_dot" if name == "auto" else name
+
+
+def megablox_dot(rows_MK: jax.Array, w_XKN: jax.Array, sizes_X: jax.Array,
+                 tiles: Sequence[int] = (512, 1024, 1024)) -> jax.Array:
+  """`jax.lax.ragged_dot` by JAX's Pallas TPU grouped matmul (megablox `gmm`, with its own VJP:
+  `gmm` for the rows' gradient, `tgmm` for the weights'); interpreted off TPU. Rows past the
+  groups' total give zeros, as ragged_dot's do (the kernel leaves them unwritten), and take a zero
+  gradient. Tiles: each clipped to its dimension rounded up to 128, the rows' tile to one that
+  divides the rows (the kernel's grid)."""
+  from jax.experimental.pallas.ops.tpu.megablox import ops as megablox  # pylint: disable=import-outside-toplevel
+  M, K = rows_MK.shape
+  N = w_XKN.shape[2]
+  up = lambda n: -(-n // 128) * 128
+  tm = math.gcd(M, min(tiles[0], up(M)))
+  tiling = (tm, min(tiles[1], up(K)), min(tiles[2], up(N)))
+  valid_M = jnp.arange(M) < jnp.sum(sizes_X)
+  rows_MK = jnp.where(valid_M[:, None], rows_MK, jnp.zeros((), rows_MK.dtype))
+  out = megablox.gmm(rows_MK, w_XKN, sizes_X.astype(jnp.int32), rows_MK.dtype, tiling, None, None,
+                     False, jax.default_backend() != "tpu")
+  return jnp.where(valid_M[:, None], out, jnp.zeros((), out.dtype))
 
 
 def grouped_ffn(rows_MD, wi_XDF2, wo_XFD, sizes_X, act: Callable,
@@ -290,7 +321,8 @@ class RoutedExperts(nnx.Module):
 
   def __init__(self, num_experts: int, emb_dim: int, mlp_dim: int, activation: Callable, *,
                rngs: nnx.Rngs, dtype, param_dtype, capacity_factor: float = 0.0,
-               dispatch: str = "auto"):
+               dispatch: str = "auto", matmul: str = "auto",
+               tiles: tuple[int, ...] = (512, 1024, 1024)):
     E, D, F = num_experts, emb_dim, mlp_dim
     self.wi = param(rngs, (E, D, 2 * F), ("exp", "embed", "mlp"), std=D ** -0.5, dtype=param_dtype)
     self.wo = param(rngs, (E, F, D), ("exp", "mlp", "embed"), std=F ** -0.5, dtype=param_dtype)
@@ -298,7 +330,7 @@ class RoutedExperts(nnx.Module):
     self.dtype = dtype
     self.capacity_factor = capacity_factor
     self.dispatch = select_dispatch(dispatch, jax.default_backend())
-    self.quant = FloatExperts()
+    self.quant = FloatExperts(matmul=select_matmul(matmul), tiles=tuple(tiles))
 
   def __call__(self, x_BSD, weights_BSk, experts_BSk) -> tuple[jax.Array, jax.Array]:
     """Returns (y [B,S,D], dropped token copies)."""
@@ -357,6 +389,7 @@ class RoutedMLP(nnx.Module):
     self.router = DenseGeneral((D,), (E,), ("embed", None), **kw)
     self.experts = RoutedExperts(E, D, cfg.moe_mlp_dim, ACTIVATIONS[cfg.mlp_activation],
                                  capacity_factor=cfg.capacity_factor, dispatch=cfg.moe_dispatch,
+                                 matmul=cfg.moe_matmul, tiles=tuple(cfg.moe_matmul_tiles),
                                  **kw)
     self.k, self.renormalize, self.dtype = cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.compute_dtype
     if cfg.shared_expert_mlp_dim:

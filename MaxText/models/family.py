@@ -69,7 +69,8 @@ GENERIC_KEYS = frozenset({"param_init_rng", "lora_rank", "lora_alpha", "lora_tar
 # `moe.MoETerms`).
 ROUTED_EXPERT_KEYS = frozenset({
     "num_experts", "num_experts_per_tok", "moe_mlp_dim", "norm_topk_prob", "capacity_factor",
-    "moe_dispatch", "moe_aux_loss_weight", "router_bias_update_rate"})
+    "moe_dispatch", "moe_matmul", "moe_matmul_tiles", "moe_aux_loss_weight",
+    "router_bias_update_rate"})
 
 
 class StepWatch(Protocol):

@@ -264,6 +264,7 @@ class DecoderLayer(nnx.Module):
       self.experts = RoutedExperts(cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim,
                                    ACTIVATIONS[cfg.mlp_activation],
                                    capacity_factor=cfg.capacity_factor, dispatch=cfg.moe_dispatch,
+                                 matmul=cfg.moe_matmul, tiles=tuple(cfg.moe_matmul_tiles),
                                    **kw)
       self.mlp_norm_2, self.post_mlp_norm_1, self.post_mlp_norm_2 = norm(), norm(), norm()
 
