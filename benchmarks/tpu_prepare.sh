@@ -52,16 +52,19 @@ ARM_SDIST=(antlr4-python3-runtime==4.9.3)
 STRIP_VERSION=1   # bump when the repacking of maxtext's wheel changes
 
 norm() { echo "$1" | tr 'A-Z_.' 'a-z--'; }
+# requirements.txt's pins as "normalized-name name==version" lines, by one awk (a `norm` per line
+# and per name forked ~14,000 processes, 12 s)
+REQ_PINS=$(awk '{ line = $0; sub(/#.*/, "", line) }
+  line ~ /==/ { name = substr(line, 1, index(line, "==") - 1); sub(/\[.*/, "", name)
+                n = tolower(name); gsub(/[_.]/, "-", n)
+                pin = name "==" substr(line, index(line, "==") + 2); gsub(/ /, "", pin)
+                print n, pin }' requirements.txt)
 pin_of() {   # name -> name==version from requirements.txt, or exit 2
-  local want line
+  local want n pin
   want=$(norm "$1")
-  while IFS= read -r line; do
-    line=${line%%#*}
-    [[ "$line" == *==* ]] || continue
-    local name=${line%%==*}
-    name=${name%%[*}
-    if [ "$(norm "$name")" = "$want" ]; then echo "$name==${line#*==}" | tr -d ' '; return 0; fi
-  done < requirements.txt
+  while read -r n pin; do
+    if [ "$n" = "$want" ]; then echo "$pin"; return 0; fi
+  done <<< "$REQ_PINS"
   echo "tpu_prepare.sh: '$1' has no pin in requirements.txt" >&2
   exit 2
 }
