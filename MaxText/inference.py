@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -192,6 +192,10 @@ class InferenceModel:
 
   def text(self, ids: Sequence[int]) -> str | None:
     return None if self.tokenizer is None else self.tokenizer.decode(ids)
+
+  def decoder(self) -> Callable[[Sequence[int]], str] | None:
+    """The tokenizer's ids → text (`text` where a tokenizer is needed), None without one."""
+    return None if self.tokenizer is None else self.tokenizer.decode
 
   # ---- images and audio ----------------------------------------------------------------------
   @property
@@ -368,7 +372,7 @@ class InferenceModel:
       done = self.engine.generate(self.params, ids, max_new_tokens=new_tokens,
                                   sampling=sampling, eos_ids=list(pick(eos_ids, "eos_ids") or
                                                                   self.eos_ids),
-                                  stop=stop, detokenize=self.text, media=prepared.media)
+                                  stop=stop, detokenize=self.decoder(), media=prepared.media)
     except DecodeError as e:
       raise InferenceError(str(e)) from None
     return [Generation(c.prompt_ids, c.output_ids, c.output_logprobs, c.finish_reason,

@@ -142,7 +142,8 @@ def run(argv: list[str]) -> int:
           f"{atol_fraction * max_logit:.3e}) against transformers' fp32: judging both against "
           f"transformers in float64 (the exact values)")
     hf.config._experts_implementation = "eager"   # grouped_mm has no float64 kernel
-    hf.to(torch.float64)
+    # (transformers' `to` is `@wraps(torch.nn.Module.to)`: its stub reads as the unbound method)
+    hf.to(torch.float64)  # pyright: ignore[reportArgumentType]
     ok = judged_against_float64(
         {name: (np.concatenate([theirs(d) for d in docs]), refs[name], got)
          for name, (docs, got) in cases.items()}, max_kl_limit, atol_fraction)

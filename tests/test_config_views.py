@@ -78,8 +78,8 @@ def read(cfg: Config, mcfg: ModelConfig, dcfg: DataConfig) -> tuple:
 
 def test_pyright_reports_a_misspelled_key(tmp_path):
   """One pyright run on a small file that reads the views: an error on each misspelled key's
-  line and none on the right ones (pyright with reportAttributeAccessIssue, its basic mode's
-  default, on; the repository's pyrightconfig.json still turns it off)."""
+  line and none on the right ones (pyright's basic mode, as the repository's pyrightconfig.json
+  runs it)."""
   (tmp_path / "probe.py").write_text(PROBE)
   (tmp_path / "pyrightconfig.json").write_text(json.dumps({
       "include": ["probe.py"], "typeCheckingMode": "basic", "pythonVersion": "3.11",

@@ -27,7 +27,8 @@ class InFlight:
     self._lock = threading.Lock()
     self._futures: list[Any] = []
 
-  def add(self, futures: Iterable[Any]) -> list[Any]:
+  def add(self, futures: Iterable[Any] | None) -> list[Any]:
+    # (Orbax's async_save returns None when it started no background write)
     futures = list(futures or [])
     with self._lock:
       self._futures.extend(futures)

@@ -110,7 +110,7 @@ class RunCheckpoints:
     """`meta`: more entries of the `meta` item (e.g. a LoRA run's base reference)."""
     self.wait()  # a failed or hung previous save is reported before anything new is written
     arrays = {k: state[k] for k in ARRAY_ITEMS}
-    args = {k: manifest.ArraySave(v) for k, v in arrays.items()}
+    args: dict[str, ocp.args.CheckpointArgs] = {k: manifest.ArraySave(v) for k, v in arrays.items()}
     args["meta"] = in_flight.JsonItemSave({**(meta or {}), "step": int(step), "config": config})
     if data_iterator is not None:
       args["data"] = DataStateSave(data_iterator)
@@ -236,14 +236,15 @@ class RunCheckpoints:
     out, comparing = {}, []
     try:
       for n, group in enumerate(groups):
-        args = {item: manifest.ArrayRestore(abstract[item]) for item in group}
+        args: dict[str, ocp.args.CheckpointArgs] = {item: manifest.ArrayRestore(abstract[item])
+                                                    for item in group}
         if n == 0:
           args["meta"] = in_flight.JsonItemRestore()
           if data_iterator is not None:
             args["data"] = DataStateRestore(data_iterator)
         restored = self._mngr.restore(step, args=ocp.args.Composite(**args))
         out.update({k: restored[k] for k in args if k != "data"})
-        if verify:
+        if verify and saved is not None:   # (with verify, a missing manifest raised above)
           comparing.append(manifest.start_compare(saved, {k: out[k] for k in group},
                                                   background=True))
     except DataError:

@@ -339,13 +339,13 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
   def __init__(self, hashed_items: tuple[str, ...], hooks: SaveHooks | None = None):
     self._hashed_items = hashed_items
     self._hooks = hooks or NoHooks()
-    self._step = None
+    self._step: int | None = None   # the step being saved (set by `save`/`async_save`)
     self.in_flight = InFlight()
 
   def _write_now(self, directory: epath.Path, args: "ManifestSave") -> None:
     manifest = args.finish()  # waits for the checksums (on every process: frees their buffers)
     if jax.process_index() == 0:
-      self._hooks.during_save_write(self._step)
+      self._hooks.during_save_write(args.step)
       (directory / ARRAYS_FILE).write_text(json.dumps(manifest, sort_keys=True))
 
   async def _write(self, directory: epath.Path, args: "ManifestSave") -> None:
@@ -369,9 +369,11 @@ class ManifestHandler(ocp.AsyncCheckpointHandler):
     digests = file_digests(step_dir, self._hashed_items)
     paths.write_text(paths.join(os.fspath(directory), FILES_FILE),
                      json.dumps(digests, sort_keys=True))
+    if self._step is None:
+      raise RuntimeError("ManifestHandler.finalize before a save")
     self._hooks.before_commit(self._step)
 
-  def restore(self, directory: epath.Path, args: "ManifestRestore" = None) -> dict:
+  def restore(self, directory: epath.Path, args: "ManifestRestore | None" = None) -> dict:
     return read(os.fspath(epath.Path(directory).parent))
 
   def metadata(self, directory: epath.Path) -> None:

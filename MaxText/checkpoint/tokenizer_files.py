@@ -83,7 +83,8 @@ class TokenizerFilesHandler(ocp.CheckpointHandler):
     if jax.process_index() == 0:
       copy(args.files, os.fspath(directory))
 
-  def restore(self, directory: epath.Path, args: "TokenizerFilesRestore" = None) -> list[str]:
+  def restore(self, directory: epath.Path, args: "TokenizerFilesRestore | None" = None
+              ) -> list[str]:
     return sorted(files_of(os.fspath(directory)))
 
   def metadata(self, directory: epath.Path) -> None:

@@ -13,7 +13,10 @@ from MaxText.config.schema import parallelism_key
 def fill_parallelism(values: Sequence[int], total: int, level: str, axes: Sequence[str]) -> list[int]:
   """Replaces the single -1 in `values` so that the product equals `total`."""
   values = list(values)
-  key = lambda i: parallelism_key(level, axes[i])
+
+  def key(i: int) -> str:
+    return parallelism_key(level, axes[i])
+
   unit = "devices per slice" if level == "ici" else "slices"
   for i, v in enumerate(values):
     if v == 0 or v < -1:

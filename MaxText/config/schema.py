@@ -38,7 +38,7 @@ import dataclasses
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 # the run's keys and the constants they use (AUTO... re-exported: the schema's names)
 from MaxText.config.keys_run import AUTO as AUTO
@@ -440,6 +440,7 @@ def default(name: str) -> Any:
 class View:
   """Base of the typed views of a subset of the keys (`ModelConfig`, `DataConfig`). A view is built
   at import (`view`); the type checker reads its fields from MaxText/config/views_generated.py."""
+  __dataclass_fields__: ClassVar[dict[str, dataclasses.Field]]   # every view is a dataclass
 
   @classmethod
   def from_config(cls, cfg: Config) -> Self:

@@ -110,7 +110,7 @@ class KeyNames(collections.abc.Set):
     return iter([k for k, s in self._keys.items() if self._test(s)])
 
   def __contains__(self, name: object) -> bool:
-    return name in self._keys and self._test(self._keys[name])
+    return isinstance(name, str) and name in self._keys and self._test(self._keys[name])
 
   def __len__(self) -> int:
     return sum(1 for s in self._keys.values() if self._test(s))

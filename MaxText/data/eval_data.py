@@ -70,14 +70,17 @@ class EvalBatches:
   """`steps` host batches of held-out rows for this process's data shards (`shard_ids` of
   `num_shards`, `shard_batch` rows each), stacked in shard order like training batches."""
 
-  def __init__(self, dcfg: DataConfig, split: str, tokenizer: Tokenizer,
+  def __init__(self, dcfg: DataConfig, split: str, tokenizer: Tokenizer | None,
                shard_ids: Sequence[int], num_shards: int, shard_batch: int, steps: int):
     """`dcfg`, `split`: what `eval_source` gives."""
     if dcfg.dataset_type == "synthetic":
       raise DataError("dataset_type=synthetic has no documents to evaluate on; set "
                       "eval_dataset_path")
+    if tokenizer is None:   # (the run's tokenizer is None for synthetic training data only)
+      raise DataError(f"evaluating on dataset_type={dcfg.dataset_type} needs the tokenizer "
+                      f"(tokenizer_path '{dcfg.tokenizer_path}')")
     self.dcfg, self.split = dcfg, split
-    self.tokenizer = tokenizer
+    self.tokenizer: Tokenizer = tokenizer
     self.shard_ids, self.num_shards = list(shard_ids), num_shards
     self.shard_batch, self.steps = shard_batch, steps
 

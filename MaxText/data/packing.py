@@ -65,7 +65,7 @@ class TokenizeToPairs:
     return tokens_to_pairs(self.tokenize(text))
 
 
-def tokens_to_pairs(tokens: Sequence[int]) -> Optional[dict]:
+def tokens_to_pairs(tokens: Sequence[int] | np.ndarray) -> Optional[dict]:
   """``{"inputs": tokens[:-1], "targets": tokens[1:]}`` as int32, or None if < 2 tokens."""
   ids = np.asarray(tokens, dtype=np.int32)
   if ids.shape[0] < 2:

@@ -162,7 +162,7 @@ def _decode_state(value: Any) -> Any:
   return value
 
 
-def media_slots(dcfg: DataConfig, tokenizer: Tokenizer) -> media_rows.MediaSlots | None:
+def media_slots(dcfg: DataConfig, tokenizer: Tokenizer | None) -> media_rows.MediaSlots | None:
   """Each SFT row's image / audio slots (media_rows.py); None for text rows. DataError naming the
   key when the tokenizer's folder has no processor for them, or with packing."""
   if not dcfg.sft or not (dcfg.max_num_images_per_example or dcfg.max_num_audio_per_example):
@@ -175,7 +175,7 @@ def media_slots(dcfg: DataConfig, tokenizer: Tokenizer) -> media_rows.MediaSlots
                               dcfg.max_audio_seconds)
 
 
-def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: int, *,
+def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer | None, shard: int, num_shards: int, *,
                 split: str = "train", endless: bool = True) -> grain.IterDataset:
   """Unbatched rows of one data shard (see the module docstring for the graph). `split`: the
   documents training reads ("train": all but the `eval_split_fraction` held out), the held-out
@@ -184,6 +184,9 @@ def row_dataset(dcfg: DataConfig, tokenizer: Tokenizer, shard: int, num_shards: 
   if dcfg.dataset_type == "synthetic":
     rows = synthetic.synthetic_rows(seed, seq_len, dcfg.vocab_size, shard, num_shards)
     return rows.to_iter_dataset(_READ_OPTIONS)
+  if tokenizer is None:   # (validate_data_config gives None for synthetic data only)
+    raise DataError(f"dataset_type '{dcfg.dataset_type}' needs the tokenizer "
+                    f"(tokenizer_path '{dcfg.tokenizer_path}')")
 
   if dcfg.sft:   # chat records: (record, where), tokenized with the assistant-token mask
     docs = sft.record_dataset(dcfg.dataset_path, dcfg.dataset_format,

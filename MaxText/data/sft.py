@@ -44,7 +44,7 @@ from MaxText.data.bad_records import BadRecord
 from MaxText.data.batch import MEDIA_KEYS
 from MaxText.data.errors import DataError
 from MaxText.data.multimodal.errors import MediaError
-from MaxText.data.multimodal.processor import media_of_messages
+from MaxText.data.multimodal.processor import Processor, media_of_messages
 
 ROLES = ("system", "user", "assistant", "tool")
 PART_TYPES = ("text", "image", "audio")   # content parts of a user / system message (media_rows.py)
@@ -231,7 +231,8 @@ class ChatToPairs:
   "truncated"}` pairs, a BadRecord or an Overlong. Picklable (runs in Grain's threads/workers)."""
 
   def __init__(self, fmt: ChatFormat, tokenizer, seq_len: int, completion_only: bool,
-               overlong: str, processor=None, slots: media_rows.MediaSlots | None = None):
+               overlong: str, processor: Processor | None = None,
+               slots: media_rows.MediaSlots | None = None):
     self.fmt, self.tokenizer, self.seq_len = fmt, tokenizer, seq_len
     self.completion_only, self.overlong = completion_only, overlong
     self.processor, self.slots = processor, slots   # media rows (media_rows.py), or None
@@ -245,6 +246,7 @@ class ChatToPairs:
       messages = messages_of(record)
       ids, mask = tokenize_chat(self.fmt, self.tokenizer, messages, options_of(record))
       if self.slots is not None:
+        assert self.processor is not None   # (slots_for gives slots only with a processor)
         ids, mask, media = media_rows.expand(self.processor, self.slots, messages, ids, mask,
                                              where)
       elif any(media_of_messages(messages)):

@@ -215,4 +215,6 @@ def document_dataset(dataset_type: str, dataset_path: str = "", dataset_format: 
     raise DataError(f"dataset_type '{dataset_type}' (dataset_path '{dataset_path}') holds no "
                     "documents")
   source = split_source(source, eval_split_fraction, split)
-  return grain.MapDataset.source(bad_records.TolerantSource(source) if tolerant else source)
+  if tolerant:   # (documents or BadRecords)
+    return grain.MapDataset.source(bad_records.TolerantSource(source))
+  return grain.MapDataset.source(source)

@@ -76,10 +76,12 @@ def narrow(mcfg: ModelConfig, cache: dict, like: Specs) -> dict:
 def nbytes(cache_specs: Specs, mesh: Mesh | None = None, rules: Rules | None = None) -> int:
   """The cache's bytes in all, or with `mesh` and `rules` the bytes one device holds (its shard of
   each array, by the shardings `constrain_cache` gives)."""
+  if (mesh is None) != (rules is None):
+    raise ValueError("cache nbytes: mesh and rules come together")
   total = 0
   for arrays in cache_specs.values():
     for a in arrays.values():
-      shape = a.shape if mesh is None else NamedSharding(
+      shape = a.shape if mesh is None or rules is None else NamedSharding(
           mesh, logical_to_spec(a.logical_axes, a.shape, rules, mesh)).shard_shape(a.shape)
       n = 1
       for d in shape:

@@ -107,7 +107,8 @@ def row_arrays(ids: list[int], mask: list[int], seq: int, pad_id: int) -> dict[s
   """One sequence → a padded row: inputs ids[:-1], targets ids[1:], the response's targets in
   `mask`, every target in `real`."""
   n = len(ids) - 1
-  out = {k: np.zeros(seq, np.int32) for k in ("inputs", "targets", "positions", "segments")}
+  out: dict[str, np.ndarray] = {k: np.zeros(seq, np.int32)
+                                for k in ("inputs", "targets", "positions", "segments")}
   out["inputs"][:] = pad_id
   out["targets"][:] = pad_id
   out["inputs"][:n], out["targets"][:n] = ids[:-1], ids[1:]

@@ -75,7 +75,8 @@ def align(text_ids: Sequence[int], text_offsets: Sequence[tuple[int, int]],
   i = 0
   for t in ids:
     if i < len(text_ids) and int(t) == int(text_ids[i]):
-      out.append(tuple(text_offsets[i]))
+      lo, hi = text_offsets[i]
+      out.append((lo, hi))
       i += 1
     else:
       out.append(None)
@@ -124,7 +125,7 @@ def message_spans(messages: Sequence[dict], text: str,
   return spans
 
 
-def encode(inf: InferenceModel, prompt, *, images=None, audio=None, chat: bool | None = None,
+def encode(inf: InferenceModel, prompt: Any, *, images=None, audio=None, chat: bool | None = None,
            tools=None, template_kwargs=None, tensors=None) -> tuple[Encoding, Prepared]:
   """(the Encoding of one prompt, the Prepared the model runs: ids, media tensors)."""
   if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
@@ -159,7 +160,7 @@ def encode(inf: InferenceModel, prompt, *, images=None, audio=None, chat: bool |
   types = np.asarray(prepared.mm_token_type_ids[0] if prepared.mm_token_type_ids
                      else np.zeros(len(ids)), np.int32)
   spans = message_spans(messages, text, offsets) if messages else []
-  grids = [tuple(g) for g in prepared.image_grids[0]] if prepared.image_grids else []
+  grids = [(rows, cols) for rows, cols in prepared.image_grids[0]] if prepared.image_grids else []
   return Encoding(list(ids), text, offsets, tokens, types, grids, spans), prepared
 
 

@@ -314,7 +314,7 @@ class Inspector:
                               "the model's max_position_embeddings")
     return (prepared.ids[0] if single else prepared.ids), prepared
 
-  def _inputs(self, token_ids) -> tuple[bool, np.ndarray, np.ndarray]:
+  def _inputs(self, token_ids: Any) -> tuple[bool, np.ndarray, np.ndarray]:
     """(batched?, tokens [B, S] right-padded with 0, lengths [B])."""
     if isinstance(token_ids, str) or (isinstance(token_ids, dict)):
       token_ids = self.tokenize(token_ids)
@@ -417,7 +417,8 @@ class Inspector:
     B, S = tokens.shape
     positions = np.broadcast_to(np.arange(S, dtype=np.int32), (B, S))
     segments = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int32)
-    media = batch_media(prepared.media, range(len(prepared.media))) if prepared is not None else {}
+    media = batch_media(prepared.media, range(len(prepared.media))) \
+        if prepared is not None and prepared.media is not None else {}
     whole = NamedSharding(self.mesh, PartitionSpec())
     return jax.device_put((tokens, np.ascontiguousarray(positions), segments, media), whole)
 

@@ -99,6 +99,8 @@ def attention_figure(a_HSS: np.ndarray, layer: int, labels: Sequence[str],
                              for t in kinds) if kinds else ""
   fig.suptitle(f"layer {layer}: attention probabilities (row: query token, column: key "
                f"token{framed})")
+  if image is None:
+    raise ValueError(f"layer {layer}: no attention heads to plot")
   fig.colorbar(image, ax=axes.ravel().tolist(), label="attention probability", shrink=0.8)
   return fig
 

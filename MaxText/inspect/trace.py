@@ -78,4 +78,4 @@ class Trace:
     return out
 
   def save(self, path: str) -> None:
-    np.savez(path, **self.arrays())
+    np.savez(path, allow_pickle=False, **self.arrays())   # (numbers only: never a pickle)

@@ -107,10 +107,12 @@ def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False):
   blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
                          block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
                          use_fused_bwd_kernel=fused_bwd, **dq_blocks)
-  kwargs = dict(block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
+  heads_mask = sa.MultiHeadMask([mask] * H)
   if _accepts(sa.make_splash_mha, "residual_checkpoint_name"):
-    kwargs["residual_checkpoint_name"] = RESIDUAL_NAME
-  return sa.make_splash_mha(sa.MultiHeadMask([mask] * H), **kwargs)
+    return sa.make_splash_mha(heads_mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                              interpret=interpret, residual_checkpoint_name=RESIDUAL_NAME)
+  return sa.make_splash_mha(heads_mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                            interpret=interpret)
 
 
 def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: float,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Literal, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,15 @@ MAX_QUERY_BLOCKS = 4
 # of its own to the forward and backward pass, which XLA:CPU compiles as one kernel per distinct
 # fusion (benchmarks/RESULTS.md, "Compile time vs MaxText").
 MIN_BLOCKED_LENGTH = 256
+
+
+class FlashOptions(TypedDict):
+  """The flash kernel's options, passed alike to the kernel and to its context-parallel form."""
+  scale: float
+  causal: bool
+  sliding_window: int | None
+  block_q: int
+  block_kv: int
 
 
 def causal_query_blocks(S: int, T: int, G: int, sliding_window: int | None):
@@ -153,8 +162,8 @@ def flash(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS, *, scale: float, causal: bool 
           context_strategy: str = "all_gather") -> jax.Array:
   """Our Pallas flash-attention kernel (MaxText/kernels/flash_attention.py), per shard; a sequence
   split over the context axis by `context_strategy` (layers/context_parallel.py)."""
-  kw = dict(scale=scale, causal=causal, sliding_window=sliding_window, block_q=block_q,
-            block_kv=block_kv)
+  kw: FlashOptions = {"scale": scale, "causal": causal, "sliding_window": sliding_window,
+                      "block_q": block_q, "block_kv": block_kv}
 
   def run(q, k, v, seg):
     return flash_attention(q, k, v, seg, **kw)

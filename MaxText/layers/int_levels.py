@@ -6,7 +6,8 @@ float32 scales per group of consecutive rows of the flattened input and output c
 from __future__ import annotations
 
 import math
-from typing import Any
+from types import ModuleType
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +23,22 @@ def pack_int4(q: np.ndarray, axis: int) -> np.ndarray:
   return np.moveaxis(u[..., 0::2] | (u[..., 1::2] << 4), -1, axis)
 
 
-def unpack_int4(p: jax.Array, axis: int) -> jax.Array:
+@overload
+def unpack_int4(p: np.ndarray, axis: int) -> np.ndarray: ...
+@overload
+def unpack_int4(p: jax.Array, axis: int) -> jax.Array: ...
+
+
+def unpack_int4(p: jax.Array | np.ndarray, axis: int) -> jax.Array | np.ndarray:
   """The int8 levels of `pack_int4` (doubling `axis`); a NumPy array unpacks with NumPy (on the
   host, no program compiled per shape)."""
-  xp = np if isinstance(p, np.ndarray) else jnp
+  if isinstance(p, np.ndarray):
+    return _unpack_int4(np, p, axis)
+  return _unpack_int4(jnp, p, axis)
+
+
+def _unpack_int4(xp: ModuleType, p: Any, axis: int) -> Any:
+  """`unpack_int4` with the array module `xp` (numpy or jax.numpy)."""
   p = xp.moveaxis(p, axis, -1)
   both = xp.stack([(p & 0xF), (p >> 4)], axis=-1).astype(np.int8)
   both = xp.where(both >= 8, both - 16, both).astype(np.int8)

@@ -60,6 +60,14 @@ def parse(name: str) -> tuple[str, str | None]:
   return base, (layer if dot else None)
 
 
+def layer_of(name: str) -> int:
+  """The layer of a layer site's name ("mlp_out.3" → 3)."""
+  layer = parse(name)[1]
+  if layer is None:
+    raise ValueError(f"site {name!r} is not a layer's")
+  return int(layer)
+
+
 def expand(pattern: str, num_layers: int) -> list[str]:
   """The site names a pattern (exact or glob, e.g. "resid_post.*", "attn_*.2") stands for; a
   ValueError naming it when it matches nothing of the vocabulary."""
@@ -100,7 +108,7 @@ class Probe:
       if any(parse(n)[0] != base for n in names):
         raise ValueError(f"intervention {pattern!r} spans several kinds of site "
                          f"({sorted({parse(n)[0] for n in names})}): give one per kind")
-      layers = None if base in GLOBAL_SITES else frozenset(int(parse(n)[1]) for n in names)
+      layers = None if base in GLOBAL_SITES else frozenset(layer_of(n) for n in names)
       self.interventions.append((base, layers, fn, pattern if len(names) == 1 else None))
     self.capture: dict[str, set[int] | None] = {}
     for pattern in capture:

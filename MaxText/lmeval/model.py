@@ -241,7 +241,8 @@ class MaxTextLM(TemplateLM):
     kwargs (normalized as lm-eval normalizes them for every model)."""
     if not isinstance(gen_kwargs, dict):
       raise inference.InferenceError(f"generation kwargs must be a dict, got {gen_kwargs!r}")
-    kwargs = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
+    # (GenKwargs: a TypedDict with extra items of any type)
+    kwargs: dict[str, Any] = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
     until = kwargs.pop("until", None) or []
     until = [until] if isinstance(until, str) else list(until)
     options: dict[str, Any] = {"max_new_tokens": int(kwargs.pop("max_gen_toks")),

@@ -6,6 +6,7 @@ in the auxiliary outputs as aux["mtp_sums"]."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import jax
 
@@ -54,7 +55,7 @@ def token_loss_sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: 
 def _sums(model_def: ModelDef, params, micro: dict, *, z_loss_weight: float, chunk: int):
   args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
   mask_BS = micro["targets_segmentation"] != 0
-  kwargs = {"media": media} if (media := media_of(micro)) else {}
+  kwargs: dict[str, Any] = {"media": media} if (media := media_of(micro)) else {}
   if model_def.mtp_depths:
     kwargs["mtp"] = True
   if chunk <= 0:

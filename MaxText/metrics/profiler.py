@@ -107,10 +107,10 @@ class DeviceSummary:
 
   def categories(self) -> dict[str, float]:
     """ns per step by category, largest first."""
-    out: collections.Counter = collections.Counter()
+    out = collections.defaultdict[str, float](int)   # (a Counter holds ints)
     for op in self.ops:
       out[op.category] += op.ns / max(self.steps, 1)
-    return dict(out.most_common())
+    return dict(sorted(out.items(), key=lambda kv: kv[1], reverse=True))
 
 
 def _stats(event: Any) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def summarize(xplane: Any, *, device_prefix: str = "/device:") -> list[DeviceSum
   out = []
   for plane in planes or [p for p in data.planes if p.name.startswith("/host:CPU")]:
     lines = {line.name: line for line in plane.lines}
-    modules: collections.Counter = collections.Counter()
+    modules = collections.defaultdict[str, float](int)   # ns by program (a Counter holds ints)
     runs: collections.Counter = collections.Counter()
     for line_name in ("XLA Modules",):
       if line_name in lines:
@@ -228,7 +228,7 @@ def summarize(xplane: Any, *, device_prefix: str = "/device:") -> list[DeviceSum
       runs[module] = len(ids)
     step_module, step_ns, steps = "", 0.0, 1
     if modules:
-      step_module, total = modules.most_common(1)[0]
+      step_module, total = max(modules.items(), key=lambda kv: kv[1])
       steps = max(runs[step_module], 1)
       step_ns = total / steps
     out.append(DeviceSummary(plane.name, steps, step_module, step_ns,

@@ -162,7 +162,9 @@ def summary_writer_class():
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
     _close_gcs_event_files_once()
     return SummaryWriter
-  sys.modules["torch"] = None
+  # (None in sys.modules blocks the import, as the import system documents; typeshed types the
+  # values as modules only)
+  sys.modules["torch"] = None  # pyright: ignore[reportArgumentType]
   try:
     from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
   finally:
@@ -268,7 +270,7 @@ class MetricsWriter:
       return
     if self._jsonl is None:
       raise ValueError(f"metrics of step {step} written after the writer of {self.run_dir} closed")
-    record = {"step": int(step)}
+    record: dict[str, bool | str | int | float | None] = {"step": int(step)}
     for key, value in metrics.items():
       if key == "step":
         continue

@@ -136,11 +136,11 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
                     ) -> tuple[dict, list[LayerReport]]:
   """(the parameter tree with each target's kernel as integer levels + `kernel_scale`, a report
   per quantized matrix). int4 levels are packed (layers/int_levels.py: pack_int4)."""
-  flat = dict(traverse_util.flatten_dict(params))
+  flat: dict[tuple, Any] = dict(traverse_util.flatten_dict(params))   # (the leaves: arrays)
   reports = []
   # the bar only on a terminal: piped, its redraws would interleave with the per-matrix lines,
   # which then are the progress (one line per matrix)
-  bar = tqdm(total=sum(math.prod(np.shape(flat[t.kernel])[:t.lead]) for t in tgts),  # pyright: ignore[reportCallIssue]
+  bar = tqdm(total=sum(math.prod(np.shape(flat[t.kernel])[:t.lead]) for t in tgts),
              desc=f"{method} int{bits}", unit="matrix",
              disable=not progress or not sys.stderr.isatty())
   for t in tgts:
@@ -226,7 +226,7 @@ def _error(w: jax.Array, wq: jax.Array, h: jax.Array | None) -> jax.Array:
 def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
   """The float parameters of an integer-weight tree (each kernel = levels x scale, in `dtype`;
   the scales dropped): what the integer model computes, as a plain model."""
-  flat = dict(traverse_util.flatten_dict(params))
+  flat: dict[tuple, Any] = dict(traverse_util.flatten_dict(params))   # (the leaves: arrays)
   for t in tgts:
     q = np.asarray(flat[t.kernel])
     if bits == 4:

@@ -237,6 +237,14 @@ def _source_jobs(st: SafetensorsFolder, fm: FolderMap, e: Entry, source: tuple[s
   return jobs
 
 
+def _given(idx: Sequence[slice] | None) -> Sequence[slice]:
+  """`jax.make_array_from_callback`'s index: typed Optional, but jax asserts it is not None before
+  it calls the callback."""
+  if idx is None:
+    raise ValueError("make_array_from_callback gave no index")
+  return idx
+
+
 def _lo_hi(idx: Sequence[slice], shape: tuple[int, ...]) -> list[tuple[int, int]]:
   idx = list(idx) + [slice(None)] * (len(shape) - len(idx))
   return [s.indices(n)[:2] for s, n in zip(idx, shape)]
@@ -264,7 +272,7 @@ def load_sharded(folder: str, hf_map: ModuleType, mcfg: ModelConfig, abstract_pa
   def finish(path: tuple) -> None:
     t, held = flat_abs[path], slices.pop(path)
     out[path] = jax.make_array_from_callback(
-        tuple(t.shape), t.sharding, lambda idx: held[tuple(_lo_hi(idx, tuple(t.shape)))])
+        tuple(t.shape), t.sharding, lambda idx: held[tuple(_lo_hi(_given(idx), tuple(t.shape)))])
 
   def flush() -> None:
     arrays = iter(st.fetch([r for j in pending for r in j.requests]))
@@ -305,7 +313,7 @@ def load_sharded(folder: str, hf_map: ModuleType, mcfg: ModelConfig, abstract_pa
       t = flat_abs[path]
       out[path] = jax.make_array_from_callback(
           tuple(t.shape), t.sharding,
-          lambda idx, t=t: np.zeros(_shape_of(idx, t.shape), t.dtype))
+          lambda idx, t=t: np.zeros(_shape_of(_given(idx), t.shape), t.dtype))
   if tied is not None:
     differs = bool(verdict)
     if jax.process_count() > 1:   # every process raises, or none does

@@ -68,7 +68,7 @@ def check(batch: Mapping[str, Any], need: tuple[str, ...]) -> dict[str, np.ndarr
   if not np.issubdtype(ids.dtype, np.integer):
     raise BatchError(f"batch['input_ids']: dtype {ids.dtype}, expected an integer dtype")
   B, S = ids.shape
-  out = {"input_ids": ids.astype(np.int32)}
+  out: dict[str, np.ndarray] = {"input_ids": ids.astype(np.int32)}
   for k in ("token_mask", "generation_mask"):
     if k in batch:
       m = np.asarray(batch[k])

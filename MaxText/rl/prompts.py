@@ -26,7 +26,7 @@ class PromptSet:
   path: str
   rows: list[dict]          # the jsonl objects
   ids: list[list[int]]      # their prompt tokens
-  texts: list[str]          # the prompt as text (what the reward functions get)
+  texts: list[str | None]   # the prompt as text (what the reward functions get; None: ids, no tokenizer)
   lines: list[int]          # 1-based line numbers in the file
 
   def where(self, i: int) -> str:
@@ -45,7 +45,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def read_prompts(path: str, key: str, encode: Callable[[dict], list[int]],
-                 decode: Callable[[list[int]], str], max_prompt_tokens: int,
+                 decode: Callable[[list[int]], str | None], max_prompt_tokens: int,
                  budget_hint: str) -> PromptSet:
   """Reads and tokenizes `path` (config key `key`); ConfigError naming the line for a line that is
   no JSON object, an empty prompt, or one longer than `max_prompt_tokens` (`budget_hint` says

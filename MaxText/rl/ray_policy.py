@@ -232,11 +232,13 @@ class RayPolicy:
     live = list(streams)
     while live:
       ready, _ = ray.wait(live, num_returns=1)
+      # (the stream itself: ray.wait's stub types what it returns as ObjectRefs only)
       i = next(k for k, g in enumerate(streams) if g is ready[0])
+      stream = streams[i]
       try:
-        ref = next(ready[0])
+        ref = next(stream)
       except StopIteration:
-        live = [g for g in live if g is not ready[0]]
+        live = [g for g in live if g is not stream]
         continue
       except ray.exceptions.RayActorError as e:
         self._died(i, what, e)

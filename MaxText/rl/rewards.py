@@ -2,7 +2,8 @@
 each completion, with failures counted rather than fatal (up to `max_bad_rewards`).
 
 A reward function is called as `f(prompt, completion, row) -> number`: `prompt` the prompt's text
-(the jsonl row's `prompt`, or the decoded prompt tokens), `completion` the completion's text, `row`
+(the jsonl row's `prompt`, or the decoded prompt tokens; None for `prompt_ids` without a
+tokenizer), `completion` the completion's text, `row`
 the prompt's jsonl object as read. bool, int and float are numbers; anything else, NaN/inf, or an
 exception is a bad reward: it is logged with the prompt's line and the function's name, counted,
 and scored 0; one more than `max_bad_rewards` stops the run with exit 3 (DataError). The count
@@ -24,7 +25,8 @@ import numpy as np
 from MaxText.config.load import ConfigError
 from MaxText.data.errors import DataError
 
-RewardFn = Callable[[str, str, dict], float]
+# (prompt text or None, completion text, row) -> a number; what it returns is checked (a bad reward)
+RewardFn = Callable[[str | None, str, dict], object]
 
 
 @dataclass(frozen=True)
@@ -68,18 +70,22 @@ class RewardScorer:
     self.rewards, self.max_bad, self.log = list(rewards), max_bad, log
     self.bad = 0
 
-  def _one(self, reward: Reward, prompt: str, completion: str, row: dict, where: str) -> float:
+  def _one(self, reward: Reward, prompt: str | None, completion: str, row: dict,
+           where: str) -> float:
+    number = 0.0
     try:
       value = reward.fn(prompt, completion, row)
       problem = None
       if not isinstance(value, numbers.Real):
         problem = f"returned {type(value).__name__} {value!r:.80}, not a number"
-      elif not math.isfinite(float(value)):
-        problem = f"returned {value}"
+      else:
+        number = float(value)
+        if not math.isfinite(number):
+          problem = f"returned {value}"
     except Exception as e:  # pylint: disable=broad-except  (the user's code)
       problem = f"raised {type(e).__name__}: {e}"
     if problem is None:
-      return float(value)
+      return number
     self.bad += 1
     self.log(f"bad reward ({self.bad}/{self.max_bad} allowed, max_bad_rewards): {reward.name} "
              f"{problem} on {where}; completion {completion!r:.120}; scored 0")
@@ -93,7 +99,7 @@ class RewardScorer:
                      for p, c, row, w in zip(prompts, completions, rows, wheres)],
                     np.float32).reshape(len(completions), len(self.rewards))
 
-  def score(self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict],
+  def score(self, prompts: Sequence[str | None], completions: Sequence[str], rows: Sequence[dict],
             wheres: Sequence[str]) -> np.ndarray:
     """[N, F] rewards of N completions under F functions (unweighted). With several processes the
     functions run on process 0 only (once per completion, whatever their side effects or

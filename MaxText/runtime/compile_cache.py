@@ -41,9 +41,9 @@ class CompileMeter:
   def __init__(self):
     self.seconds, self.programs, self.hits = 0.0, 0, 0
 
-  def _duration(self, event: str, secs: float, **_) -> None:
+  def _duration(self, event: str, duration_secs: float, **_) -> None:
     if event == BACKEND_COMPILE:
-      self.seconds += secs
+      self.seconds += duration_secs
       self.programs += 1
 
   def _event(self, event: str, **_) -> None:

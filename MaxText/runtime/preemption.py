@@ -23,6 +23,8 @@ import signal
 import sys
 import threading
 import time
+from types import FrameType
+from typing import Any, Callable
 
 import jax
 from jax.experimental import multihost_utils
@@ -45,13 +47,18 @@ class StopNow(KeyboardInterrupt):
     self.exit_status = 128 + signum
 
 
+# what `signal.signal` returns and takes: a handler, SIG_DFL / SIG_IGN, or None (one not installed
+# from Python)
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
 class PreemptionWatch:
   """Context manager installing the handlers (main thread only); restores the old ones on exit."""
 
   def __init__(self):
     self.signal_name: str | None = None
     self.received_at: float | None = None
-    self._previous: dict[int, object] = {}
+    self._previous: dict[int, SignalHandler] = {}
     self._watcher: threading.Thread | None = None
     self._left = threading.Event()
     self._pipe: tuple[int, int] | None = None

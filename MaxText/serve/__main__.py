@@ -134,7 +134,7 @@ def run(argv: Sequence[str]) -> int:
   metrics = Metrics()
   metrics.slots.set(cfg.serve_slots)
   slots = Slots(model.engine, cfg.serve_slots, room, chunk=cfg.serve_chunk)
-  decode = model.text if model.tokenizer is not None else None
+  decode = model.decoder()
   compiling = compile_cache.CompileMeter()
 
   def first_answer(job) -> None:

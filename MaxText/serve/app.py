@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -56,8 +56,10 @@ class Pending:
     self.queue: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
     self.jobs: list[Job] = []
 
-  def sink(self, index: int):
-    return lambda d: self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, d))
+  def sink(self, index: int) -> Callable[[Delta], None]:
+    def put(d: Delta) -> None:   # (on the engine thread)
+      self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, d))
+    return put
 
 
 def build_app(served: Served) -> FastAPI:

@@ -75,7 +75,7 @@ def clip_of(data: bytes, field: str, sampling_rate: int | None) -> np.ndarray:
 def media_part(part: dict[str, Any], field: str, sampling_rate: int | None) -> dict[str, Any]:
   """The template's / processor's part for an image or audio content part (module docstring)."""
   kind = part.get("type")
-  body = part.get(kind)
+  body = part.get(kind) if kind is not None else None
   if kind == "input_audio":
     if not isinstance(body, dict):
       raise ApiError(400, f"{field}.input_audio must be an object with data and format",

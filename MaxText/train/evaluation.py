@@ -33,7 +33,7 @@ class Evaluator:
   """Evaluates parameters (sharded as training's) on the held-out batches of this process's data
   shards; `run(params)` → {eval_loss, eval_perplexity, eval_tokens, eval_time_s}."""
 
-  def __init__(self, cfg: Config, tokenizer: Tokenizer, model_def: ModelDef, mesh: Mesh,
+  def __init__(self, cfg: Config, tokenizer: Tokenizer | None, model_def: ModelDef, mesh: Mesh,
                rules: Rules, batch_sharding: NamedSharding, global_batch: int,
                shard_ids: Sequence[int], num_shards: int, shard_batch: int,
                whole_dataset: bool = False):

@@ -46,7 +46,7 @@ def state_shardings(model_def: ModelDef, tx: Optimizer, mesh: Mesh,
   return {"step": replicated, "params": params, "opt_state": opt}
 
 
-def abstract_state(model_def: ModelDef, tx: optax.GradientTransformation, shardings: TrainState,
+def abstract_state(model_def: ModelDef, tx: Optimizer, shardings: TrainState,
                    adapters_only: bool = False):
   shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": model_def.abstract_params,
             "opt_state": jax.eval_shape(tx.init, trained(model_def.abstract_params,
@@ -55,7 +55,7 @@ def abstract_state(model_def: ModelDef, tx: optax.GradientTransformation, shardi
                       shapes, shardings)
 
 
-def init_state(mcfg: ModelConfig, seed: int, tx: optax.GradientTransformation,
+def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
                shardings: TrainState, params: Any = None) -> TrainState:
   """Fresh state on the mesh (a small model's parameters on a CPU: `init_params`' program, then
   placed; else created in place). `params` (already placed) skips the random init;

@@ -40,9 +40,10 @@ class CheckpointedState:
     mesh, each process its own slices: resolve/hf_sharded.py), or a fresh init (on an accelerator
     `meanwhile()` runs while the init program compiles and runs)."""
     cfg = self.cfg
-    if ckpts is not None and ckpts.latest_step() is not None:
+    latest = ckpts.latest_step() if ckpts is not None else None
+    if ckpts is not None and latest is not None:
       # a LoRA run's checkpoints hold the adapters and a reference to the base (resolve/lora_base.py)
-      ref = lora_base.checkpoint_reference(ckpts.step_dir(ckpts.latest_step())) \
+      ref = lora_base.checkpoint_reference(ckpts.step_dir(latest)) \
           if self.adapters_only else None
       state, start = ckpts.restore_latest(self.saved_part(self.abstract, ref), data_iter,
                                           verify=cfg.checkpoint_verify,

@@ -117,8 +117,9 @@ def split_tensors(tensors: dict[str, np.ndarray], ids: Sequence[Sequence[int]],
     if len(given) != 2:
       raise DataError(f"{' and '.join(names)} come together (got only {given[0]})")
     soft, start = counts[kind], 0
+    token = token_ids[kind]
     for row, prompt in enumerate(ids):
-      want = list(prompt).count(token_ids[kind]) if token_ids[kind] is not None else 0
+      want = list(prompt).count(token) if token is not None else 0
       take, total = 0, 0
       while total < want and start + take < len(soft):
         total += soft[start + take]

@@ -29,6 +29,7 @@ c·tanh(logits/c); a key outside the sequence or the clip's valid frames, or at 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -223,7 +224,8 @@ class LightConv(nnx.Module):
     w_KD = self.conv[...][:, 0, :].T.astype(self.dtype)
     K, T = w_KD.shape[0], h_BTD.shape[1]
     h_pad = jnp.pad(h_BTD, ((0, 0), (K - 1, 0), (0, 0)))
-    y_BTD = sum(h_pad[:, k:k + T] * w_KD[k] for k in range(K))
+    # (`sum` starts from the int 0, which typeshed keeps in its result: 0 + an array is the array)
+    y_BTD = cast(jax.Array, sum(h_pad[:, k:k + T] * w_KD[k] for k in range(K)))
     y_BTD = self.act(self.conv_norm(_clip(y_BTD, self.clip)))
     return constrain(x_BTD + self.end(y_BTD), ACT_BTD)
 

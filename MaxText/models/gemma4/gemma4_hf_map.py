@@ -196,7 +196,7 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     return out          # no tower: the text model
   out.update(_vision_from_hf(vision_cfg) if vision_cfg else {"vision_layers": 0})
   out.update(hf_map_audio.config_from_hf(hf_config))
-  out.update({ours: int(hf_config.get(theirs) if hf_config.get(theirs) is not None
+  out.update({ours: int(given if (given := hf_config.get(theirs)) is not None
                         else _ID_DEFAULTS[ours]) for ours, theirs in _IDS.items()})
   out.update(hf_model_type="gemma4", mm_bidirectional_vision=bidirectional == "vision",
              mm_pad_token_id=int(text.get("pad_token_id", 0) or 0))
