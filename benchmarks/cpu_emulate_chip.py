@@ -12,7 +12,8 @@ exp and div on every platform) is perturbed once, by its own eps, not again thro
 caches are cleared on entry and exit, so a jitted function re-lowers under the patch and after it.
 
   JAX_PLATFORMS=cpu python3 benchmarks/cpu_emulate_chip.py [--eps exp=5.5e-6,tanh=8e-5,...]
-      [--mode hash|bias] [--attribute] [--roundoff] "" "model_name=gemma4-tiny" ...
+      [--mode hash|bias] [--seed N] [--where FILE:LINE] [--sites] [--attribute] [--roundoff]
+      "" "model_name=gemma4-tiny" ...
 
 Each positional argument is one variant (its keys, one string; "" is base.yml's model), over
 tests/test_tpu.py's EXACT keys, the same as benchmarks/tpu_diag_grads.py's. One JSON line per
@@ -20,6 +21,9 @@ variant and perturbation: the loss's relative difference and the ten worst per-a
 differences of the gradient against the exact CPU one. `--attribute` adds a line per primitive the
 gradient's program uses, perturbed alone at its eps; `--roundoff` adds dot_general, div, add, mul
 and reduce_sum perturbed at 1.2e-7 (one float32 ulp, alone each: float32 rounding's own size).
+`--where` perturbs only the ops whose site (the innermost two frames of their traceback in this
+repository, "MaxText/layers/norms.py:40 < MaxText/models/gemma4/model.py:283") contains it;
+`--sites` lists the sites of the perturbed ops (a row's "sites": primitive, site, count).
 """
 import argparse
 import contextlib
@@ -73,14 +77,25 @@ def unit_noise(y, salt: int):
   return (h >> 8).astype(jnp.float32) * jnp.float32(2.0 ** -23) - jnp.float32(1.0)
 
 
-def _perturb_rule(original, name: str, eps: float, mode: str):
+def op_site(ctx) -> str:
+  """Where an op comes from: the innermost two frames of its traceback in this repository
+  ("MaxText/layers/norms.py:40 < MaxText/models/gemma4/model.py:283"), "" when it has none."""
+  tb = ctx.traceback
+  frames = [f"{os.path.relpath(f.file_name, ROOT)}:{f.line_num}" for f in (tb.frames if tb else ())
+            if f.file_name.startswith(ROOT + os.sep) and "site-packages" not in f.file_name
+            and f.file_name != os.path.abspath(__file__)]
+  return " < ".join(frames[:2])
+
+
+def _perturb_rule(original, name: str, eps: float, mode: str, where: str | None, sites: dict | None,
+                  seed: int):
   import jax.numpy as jnp
   from jax._src.interpreters import mlir
 
   def perturb(y):
     if not jnp.issubdtype(y.dtype, jnp.floating):
       return y
-    r = unit_noise(y, _SALT[name]) if mode == "hash" else jnp.ones(y.shape, jnp.float32)
+    r = unit_noise(y, _SALT[name] ^ seed) if mode == "hash" else jnp.ones(y.shape, jnp.float32)
     y32 = y.astype(jnp.float32)
     return (y32 + y32 * (jnp.float32(eps) * r)).astype(y.dtype)
   lowered_perturb = mlir.lower_fun(perturb, multiple_results=False)
@@ -90,6 +105,11 @@ def _perturb_rule(original, name: str, eps: float, mode: str):
     try:
       outs = original(ctx, *args, **params)
       if _EXACT[0] > 1 or len(ctx.avals_out) != 1:
+        return outs
+      site = op_site(ctx) if where is not None or sites is not None else ""
+      if sites is not None:
+        sites[(name, site)] = sites.get((name, site), 0) + 1
+      if where is not None and where not in site:
         return outs
       y = outs[0]
       if isinstance(y, (list, tuple)):
@@ -105,10 +125,15 @@ def _perturb_rule(original, name: str, eps: float, mode: str):
 
 
 @contextlib.contextmanager
-def perturbed(eps: dict, mode: str = "hash"):
+def perturbed(eps: dict, mode: str = "hash", where: str | None = None, sites: dict | None = None,
+              seed: int = 0):
   """Within: each primitive named in `eps` (keys of PRIMITIVES) lowers to its exact value times
-  (1 + eps * r) (module docstring); on exit the original rules are back. Clears JAX's caches on
-  entry and exit."""
+  (1 + eps * r) (module docstring); with `where`, only the ops whose `op_site` contains it. `sites`
+  (a dict) counts the patched ops lowered by (primitive, op_site): where each comes from. `seed`
+  (an int below 2**32) draws another noise pattern. The
+  patched primitives are lowered uncached (jax caches a primitive's lowering per module and
+  shape: an exact lowering inside another's would otherwise stand for the perturbed one). On exit
+  the original rules are back. Clears JAX's caches on entry and exit."""
   import jax
   from jax._src.interpreters import mlir
   if mode not in ("hash", "bias"):
@@ -117,24 +142,28 @@ def perturbed(eps: dict, mode: str = "hash"):
   if unknown:
     raise ValueError(f"eps: unknown primitive(s) {unknown}; known: {', '.join(PRIMITIVES)}")
   prims = _primitives()
-  saved = []
+  saved, uncached = [], []
   try:
     for name, e in eps.items():
       if not e:
         continue
       prim = prims[name]
-      tables = [mlir._lowerings] + [mlir._platform_specific_lowerings[p] for p in ("cpu",)]
-      for table in tables:
+      if prim not in mlir._uncacheable_primitives:
+        mlir._uncacheable_primitives.add(prim)
+        uncached.append(prim)
+      for table in (mlir._lowerings, mlir._platform_specific_lowerings["cpu"]):
         if prim in table:
           entry = table[prim]
           saved.append((table, prim, entry))
-          table[prim] = mlir.LoweringRuleEntry(_perturb_rule(entry.rule, name, float(e), mode),
-                                               entry.inline)
+          table[prim] = mlir.LoweringRuleEntry(
+              _perturb_rule(entry.rule, name, float(e), mode, where, sites, seed), entry.inline)
     jax.clear_caches()
     yield
   finally:
     for table, prim, entry in reversed(saved):
       table[prim] = entry
+    for prim in uncached:
+      mlir._uncacheable_primitives.discard(prim)
     jax.clear_caches()
 
 
@@ -173,10 +202,16 @@ def main(argv=None):
   ap.add_argument("variants", nargs="*", default=[""])
   ap.add_argument("--eps", default="", help="name=eps,...: replaces the chip's defaults")
   ap.add_argument("--mode", default="hash", choices=("hash", "bias"))
+  ap.add_argument("--seed", type=int, default=0, help="another noise pattern")
+  ap.add_argument("--where", default=None, help="perturb only the ops whose site (file:line < "
+                  "file:line, the innermost two of this repository) contains this")
+  ap.add_argument("--sites", action="store_true", help="list the perturbed ops' sites")
   ap.add_argument("--attribute", action="store_true", help="also each used primitive alone")
   ap.add_argument("--roundoff", action="store_true", help="also dot_general/div/add/mul/"
                   "reduce_sum alone at one float32 ulp")
   a = ap.parse_args(argv)
+  if not 0 <= a.seed < 2 ** 32:
+    raise SystemExit(f"--seed: {a.seed} is not in [0, 2**32)")
   import jax
   from tpu_diag_grads import leaf_errors, setup
   chip = parse_eps(a.eps) if a.eps else dict(CHIP_EPS)
@@ -191,15 +226,19 @@ def main(argv=None):
     if a.roundoff:
       runs += [(k, {k: v}) for k, v in ROUNDOFF_EPS.items() if k in used]
     for label, eps in runs:
-      with perturbed(eps, a.mode):
+      sites = {} if a.sites else None
+      with perturbed(eps, a.mode, a.where, sites, a.seed):
         l1, g1 = fn(params, batch)
       errs = leaf_errors(jax.tree.map(np.asarray, g1), g0)
       worst = sorted(errs.items(), key=lambda kv: -kv[1])[:10]
       top = max(eps.values()) if eps else 0.0
-      print(json.dumps({"variant": variant, "perturbed": label, "eps": eps, "mode": a.mode,
-                        "loss_rel": abs(float(l1) - l0) / abs(l0),
-                        "grad_rel_max": worst[0][1], "amplification": worst[0][1] / top if top else None,
-                        "worst_leaves": worst}), flush=True)
+      row = {"variant": variant, "perturbed": label, "eps": eps, "mode": a.mode, "seed": a.seed,
+             "where": a.where, "loss_rel": abs(float(l1) - l0) / abs(l0),
+             "grad_rel_max": worst[0][1], "amplification": worst[0][1] / top if top else None,
+             "worst_leaves": worst}
+      if sites is not None:
+        row["sites"] = sorted(f"{n} {s or '?'} x{c}" for (n, s), c in sites.items())
+      print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

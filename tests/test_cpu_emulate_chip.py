@@ -113,3 +113,35 @@ def test_refuses_unknown_primitives_and_modes():
   with pytest.raises(SystemExit, match="exp='x'"):
     emu.parse_eps("exp=x")
   assert emu.parse_eps("exp=1e-6,tanh=8e-5") == {"exp": 1e-6, "tanh": 8e-5}
+
+
+def test_a_nested_exact_lowering_does_not_stand_for_the_perturbed_one():
+  # jax caches a primitive's lowering per module and shape: the exact exp inside logistic's
+  # decomposition must not be reused for the standalone exp of the same shape (nor the reverse)
+  f = jax.jit(lambda v: (jax.nn.sigmoid(v), jnp.exp(-v)))
+  s0, e0 = map(np.asarray, f(X))
+  with emu.perturbed({"logistic": EPS, "exp": 10 * EPS}, mode="bias"):
+    s1, e1 = map(np.asarray, f(X))
+  np.testing.assert_allclose(_rel(s1, s0), EPS, atol=2.5e-7)
+  np.testing.assert_allclose(_rel(e1, e0), 10 * EPS, atol=2.5e-7)
+  with emu.perturbed({"logistic": EPS}, mode="bias"):
+    s1, e1 = map(np.asarray, f(X))
+  np.testing.assert_array_equal(e1, e0)
+
+
+def test_where_picks_ops_by_their_source_line_and_sites_lists_them():
+  def two_exps(v):
+    a = jnp.exp(v)                          # site A
+    return a + jnp.exp(v * 0.5)             # site B
+  line_a = two_exps.__code__.co_firstlineno + 1
+  f = jax.jit(two_exps)
+  exact = np.asarray(f(X))
+  sites: dict = {}
+  where = f"tests/test_cpu_emulate_chip.py:{line_a}"
+  with emu.perturbed({"exp": EPS}, mode="bias", where=where, sites=sites):
+    got = np.asarray(f(X))
+  a = np.exp(X.astype(np.float64))
+  want = (a * (1 + EPS) + np.exp(X.astype(np.float64) * 0.5)) / (a + np.exp(X.astype(np.float64) * 0.5))
+  np.testing.assert_allclose(_rel(got, exact), want - 1, atol=3e-7)
+  assert sorted(site.split(" < ")[0] for (_, site) in sites) == [
+      where, f"tests/test_cpu_emulate_chip.py:{line_a + 1}"], sites
