@@ -145,3 +145,17 @@ def test_where_picks_ops_by_their_source_line_and_sites_lists_them():
   np.testing.assert_allclose(_rel(got, exact), want - 1, atol=3e-7)
   assert sorted(site.split(" < ")[0] for (_, site) in sites) == [
       where, f"tests/test_cpu_emulate_chip.py:{line_a + 1}"], sites
+
+
+def test_the_command_reports_a_perturbed_gradient(capsys):
+  # docs/performance.md's command, one variant and one primitive (two compiles of the gradient)
+  emu.main(["model_name=qwen3-tiny", "--eps", "exp=1e-3", "--sites"])
+  (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+  row = __import__("json").loads(line)
+  assert row["variant"] == "model_name=qwen3-tiny" and row["eps"] == {"exp": 1e-3}
+  errs = [e for _, e in row["worst_leaves"]]
+  assert len(errs) == 10 and errs == sorted(errs, reverse=True)
+  assert 0 < errs[0] == row["grad_rel_max"] < 1 and row["loss_rel"] < 1e-2
+  # only exps; attention's softmax among them, found by its source line
+  assert all(s.startswith("exp ") for s in row["sites"]), row["sites"]
+  assert any(s.startswith("exp MaxText/layers/attention_ops.py:") for s in row["sites"]), row["sites"]
