@@ -20,7 +20,7 @@
 #   TPU_FAMILIES_ROWS="moe16 gemma4"  the rows to run (default: the five above; any row of
 #                                     tpu_family_rows.py, e.g. moe16-auto)
 #   TPU_FAMILIES_QUICK=1              one pair (moe16), 8 steps (a check of the lane itself)
-#   SUITE_COMMIT=<hash>               names the commit in the file (else `git rev-parse`)
+#   SUITE_COMMIT=<hash>               names the commit in the file (else `git describe --dirty`: a tree that differs from its .git says so)
 #   --dry-run                         prints each stage's commands (no install, nothing run or written)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +56,7 @@ if [ $DRY = 0 ]; then
   # shellcheck source=/dev/null
   source benchmarks/tpu_install.sh || { echo "tpu_families: the wheels did not install" >&2; exit 3; }
 fi
-commit=${SUITE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+commit=${SUITE_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}
 work=/tmp/tpu_families_runs
 
 # one side of a row: tpu_rows.py with the row's keys, its record in $out/<row>_<side>.json, the run's

@@ -10,7 +10,7 @@
 #   3. MaxText 0.2.5 side by side (benchmarks/tpu_rows.py maxtext: its best settings found),
 #      then our step matrix in one process (benchmarks/tpu_step.py: the pre-flight's estimate
 #      against XLA's count, init, compile, tokens/s, MFU per row), and the ratios.
-#   SUITE_COMMIT=<hash> names the commit in the file (else `git rev-parse`, where .git is there).
+#   SUITE_COMMIT=<hash> names the commit in the file (else `git describe --dirty`, where .git is there: a copied tree that differs from it says so).
 #   TPU_SUITE_QUICK=1: one family, one row each side (a check of the lane itself).
 #   --dry-run: prints each stage's command (`[dry-run] ...`; no install, nothing run or written);
 #   tests/test_tpu_suite.py checks them on a CPU.
@@ -34,7 +34,7 @@ if [ "$DRY" = 0 ]; then
 else
   out=$(mktemp -d)   # the redirections' target in a dry run (removed at the end)
 fi
-commit=${SUITE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+commit=${SUITE_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}
 quick=${TPU_SUITE_QUICK:-0}
 stage() { echo "== $1 (at $((SECONDS - t0)) s)" >&2; }
 
