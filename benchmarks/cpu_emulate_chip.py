@@ -90,7 +90,8 @@ def op_site(ctx) -> str:
 def _perturb_rule(original, name: str, eps: float, mode: str, where: str | None, sites: dict | None,
                   seed: int):
   import jax.numpy as jnp
-  from jax._src.interpreters import mlir
+  from MaxText.backend.compat import jax_mlir
+  mlir = jax_mlir()
 
   def perturb(y):
     if not jnp.issubdtype(y.dtype, jnp.floating):
@@ -135,7 +136,8 @@ def perturbed(eps: dict, mode: str = "hash", where: str | None = None, sites: di
   shape: an exact lowering inside another's would otherwise stand for the perturbed one). On exit
   the original rules are back. Clears JAX's caches on entry and exit."""
   import jax
-  from jax._src.interpreters import mlir
+  from MaxText.backend.compat import jax_mlir
+  mlir = jax_mlir()
   if mode not in ("hash", "bias"):
     raise ValueError(f"mode: 'hash' or 'bias', not {mode!r}")
   unknown = sorted(set(eps) - set(PRIMITIVES))
@@ -170,7 +172,7 @@ def perturbed(eps: dict, mode: str = "hash", where: str | None = None, sites: di
 def used_primitives(fn, *args) -> set:
   """The names (of PRIMITIVES) of the primitives `fn(*args)`'s jaxpr uses, nested jaxprs included."""
   import jax
-  from jax._src import core
+  from MaxText.backend.compat import jaxprs_in_params
   names = {p: n for n, p in _primitives().items()}
   found = set()
 
@@ -178,7 +180,7 @@ def used_primitives(fn, *args) -> set:
     for eqn in jaxpr.eqns:
       if eqn.primitive in names:
         found.add(names[eqn.primitive])
-      for sub in core.jaxprs_in_params(eqn.params):
+      for sub in jaxprs_in_params(eqn.params):
         walk(sub)
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
   return found

@@ -26,6 +26,12 @@ PRIVATE_NAMES = (
     ("jax._src.compiler", "logger"),
     ("orbax.checkpoint._src.metadata.array_metadata_store", "Store"),
     ("orbax.checkpoint._src.serialization.type_handler_registry", "GLOBAL_TYPE_HANDLER_REGISTRY"),
+    ("jax._src.interpreters.mlir", "_lowerings"),
+    ("jax._src.interpreters.mlir", "_platform_specific_lowerings"),
+    ("jax._src.interpreters.mlir", "_uncacheable_primitives"),
+    ("jax._src.interpreters.mlir", "LoweringRuleEntry"),
+    ("jax._src.interpreters.mlir", "lower_fun"),
+    ("jax._src.core", "jaxprs_in_params"),
 )
 
 # The logger JAX's compiler writes each persistent-cache miss's key to (at DEBUG); the test suite's
@@ -69,3 +75,20 @@ def register_orbax_array_handler(*, use_replica_parallel: bool) -> None:
                                        use_replica_parallel=use_replica_parallel)
   type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True,
                                                          ignore_warnings=True)
+
+
+def jax_mlir() -> Any:
+  """JAX's MLIR lowering module (`jax._src.interpreters.mlir`): its per-primitive rule tables
+  (`_lowerings`, `_platform_specific_lowerings`), `_uncacheable_primitives`, `LoweringRuleEntry`
+  and `lower_fun`. benchmarks/cpu_emulate_chip.py swaps a primitive's CPU rule for a perturbed one
+  and puts the original back; the public `jax.interpreters.mlir` can register a rule but not read
+  or restore one."""
+  from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
+  return mlir
+
+
+def jaxprs_in_params(params: Any) -> Any:
+  """The jaxprs nested in an equation's parameters (a scan's body, a pjit's, a custom rule's):
+  `jax._src.core.jaxprs_in_params`, which the public `jax.extend` does not export."""
+  from jax._src import core  # pylint: disable=import-outside-toplevel
+  return core.jaxprs_in_params(params)
