@@ -228,9 +228,13 @@ def main(argv=None):
     if a.roundoff:
       runs += [(k, {k: v}) for k, v in ROUNDOFF_EPS.items() if k in used]
     for label, eps in runs:
-      sites = {} if a.sites else None
+      sites = {} if a.sites or a.where else None
       with perturbed(eps, a.mode, a.where, sites, a.seed):
         l1, g1 = fn(params, batch)
+      if a.where and eps and not any(a.where in site for _, site in sites or {}):
+        # a stale FILE:LINE would otherwise print an unperturbed gradient as the answer
+        raise SystemExit(f"--where {a.where!r}: no op of {sorted(eps)} comes from there; "
+                         f"their sites: {sorted({st for _, st in sites or {}})}")
       errs = leaf_errors(jax.tree.map(np.asarray, g1), g0)
       worst = sorted(errs.items(), key=lambda kv: -kv[1])[:10]
       top = max(eps.values()) if eps else 0.0
@@ -238,7 +242,7 @@ def main(argv=None):
              "where": a.where, "loss_rel": abs(float(l1) - l0) / abs(l0),
              "grad_rel_max": worst[0][1], "amplification": worst[0][1] / top if top else None,
              "worst_leaves": worst}
-      if sites is not None:
+      if a.sites and sites is not None:
         row["sites"] = sorted(f"{n} {s or '?'} x{c}" for (n, s), c in sites.items())
       print(json.dumps(row), flush=True)
 

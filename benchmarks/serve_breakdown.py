@@ -35,9 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("wait", "own", "others", "decode", "host")
 
 
-def run(sched, reqs, clients: int, calls: list) -> list[dict]:
-  """`reqs` by `clients` threads; per request its submit/end times and its slot's calls."""
-  from MaxText.serve.scheduler import Job
+def closed_loop(reqs: list, clients: int, one) -> list[dict]:
+  """`reqs` by `clients` threads, each taking the next request when its last one finished (a
+  closed loop); `one(request)` runs one request to its end and returns its record. The records in
+  `reqs`' order."""
   queue = list(enumerate(reqs))
   lock = threading.Lock()
   out: list[dict] = [{} for _ in reqs]
@@ -47,20 +48,30 @@ def run(sched, reqs, clients: int, calls: list) -> list[dict]:
       with lock:
         if not queue:
           return
-        i, (p, n) = queue.pop(0)
-      done = threading.Event()
-      job = Job(p, n, lambda d, e=done: e.set() if d.finish_reason else None)
-      t0 = time.perf_counter()
-      sched.submit([job])
-      done.wait()
-      out[i] = {"t0": t0, "t1": time.perf_counter(), "job": job}
-  calls.clear()
+        i, req = queue.pop(0)
+      out[i] = one(req)
   threads = [threading.Thread(target=client) for _ in range(clients)]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
   return out
+
+
+def run(sched, reqs, clients: int, calls: list) -> list[dict]:
+  """`reqs` by `clients` threads; per request its submit/end times and its slot's calls."""
+  from MaxText.serve.scheduler import Job
+
+  def one(req):
+    p, n = req
+    done = threading.Event()
+    job = Job(p, n, lambda d, e=done: e.set() if d.finish_reason else None)
+    t0 = time.perf_counter()
+    sched.submit([job])
+    done.wait()
+    return {"t0": t0, "t1": time.perf_counter(), "job": job}
+  calls.clear()
+  return closed_loop(reqs, clients, one)
 
 
 def split(r: dict, calls: list) -> dict:

@@ -172,41 +172,31 @@ def requests(args, vocab: int) -> list[tuple[list[int], int]]:
 
 def run_clients(sched, reqs, clients: int) -> tuple[list[dict], float]:
   """`reqs` by `clients` concurrent clients, each submitting its next request when its last one
-  finished; per request: latency, time to first token, tokens."""
+  finished (serve_breakdown.closed_loop); per request: latency, time to first token, tokens."""
   from MaxText.serve.scheduler import Job
-  queue = list(enumerate(reqs))
-  lock = threading.Lock()
-  out: list[dict] = [{} for _ in reqs]
+  from serve_breakdown import closed_loop  # pylint: disable=import-outside-toplevel
 
-  def client():
-    while True:
-      with lock:
-        if not queue:
-          return
-        i, (prompt, new) = queue.pop(0)
-      done = threading.Event()
-      got = {"tokens": 0, "first": None, "finish": None}
+  def one(req):
+    prompt, new = req
+    done = threading.Event()
+    got = {"tokens": 0, "first": None, "finish": None}
 
-      def sink(delta, got=got, done=done):
-        if delta.ids and got["first"] is None:
-          got["first"] = time.perf_counter()
-        got["tokens"] += len(delta.ids)
-        if delta.finish_reason is not None:
-          got["finish"] = delta.finish_reason
-          done.set()
-      t0 = time.perf_counter()
-      sched.submit([Job(prompt_ids=prompt, max_tokens=new, sink=sink)])
-      done.wait()
-      end = time.perf_counter()
-      out[i] = {"latency": end - t0, "ttft": (got["first"] or end) - t0,
-                "tokens": got["tokens"], "finish": got["finish"]}
+    def sink(delta):
+      if delta.ids and got["first"] is None:
+        got["first"] = time.perf_counter()
+      got["tokens"] += len(delta.ids)
+      if delta.finish_reason is not None:
+        got["finish"] = delta.finish_reason
+        done.set()
+    t0 = time.perf_counter()
+    sched.submit([Job(prompt_ids=prompt, max_tokens=new, sink=sink)])
+    done.wait()
+    end = time.perf_counter()
+    return {"latency": end - t0, "ttft": (got["first"] or end) - t0, "tokens": got["tokens"],
+            "finish": got["finish"]}
 
   t0 = time.perf_counter()
-  threads = [threading.Thread(target=client) for _ in range(clients)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
+  out = closed_loop(reqs, clients, one)
   return out, time.perf_counter() - t0
 
 

@@ -48,15 +48,16 @@ plan=$("$PY" benchmarks/tpu_family_rows.py "${plan_args[@]}") || exit 2   # an u
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
 stage() { echo "== $1 (at $((SECONDS - t0)) s)" >&2; }
+# shellcheck source=benchmarks/tpu_lane.sh
+source benchmarks/tpu_lane.sh   # lane_install, lane_commit
 
 if [ $DRY = 0 ]; then
   mkdir -p "$out"
   rm -f "$out/skipped.txt"
   awk -F '\t' '$2 == "title" {print $1}' <<< "$plan" > "$out/rows.txt"
-  # shellcheck source=/dev/null
-  source benchmarks/tpu_install.sh || { echo "tpu_families: the wheels did not install" >&2; exit 3; }
+  lane_install tpu_families
 fi
-commit=${SUITE_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}
+commit=$(lane_commit)
 work=/tmp/tpu_families_runs
 
 # one side of a row: tpu_rows.py with the row's keys, its record in $out/<row>_<side>.json, the run's

@@ -12,17 +12,11 @@ DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 out=${TPU_PROFILE_OUT:-${OUT:-/tmp/tpu_profile}}
 export PYTHONUNBUFFERED=1
-exec 3>&1
-run() {
-  if [ "$DRY" = 1 ]; then { printf '[dry-run]'; printf ' %q' "$@"; echo; } >&3; return 0; fi
-  "$@"
-}
+# shellcheck source=benchmarks/tpu_lane.sh
+source benchmarks/tpu_lane.sh   # run, lane_install
 if [ "$DRY" = 0 ]; then
   mkdir -p "$out"
-  if [ -z "${MAXTEXT_ARM_PYTHONPATH:-}" ]; then
-    # shellcheck source=/dev/null
-    source benchmarks/tpu_install.sh || { echo "tpu_profile: the wheels did not install" >&2; exit 3; }
-  fi
+  [ -n "${MAXTEXT_ARM_PYTHONPATH:-}" ] || lane_install tpu_profile
 else
   out=$(mktemp -d)
 fi

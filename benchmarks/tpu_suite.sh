@@ -21,20 +21,16 @@ DRY=0
 out=${TPU_SUITE_OUT:-${OUT:-/tmp/tpu_suite}}
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
-exec 3>&1
-# each stage's command; in a dry run printed (on the script's stdout, whatever the call redirects)
-run() {
-  if [ "$DRY" = 1 ]; then { printf '[dry-run]'; printf ' %q' "$@"; echo; } >&3; return 0; fi
-  "$@"
-}
+# each stage's command through `run`: in a dry run printed (on the script's stdout)
+# shellcheck source=benchmarks/tpu_lane.sh
+source benchmarks/tpu_lane.sh   # run, lane_install
 if [ "$DRY" = 0 ]; then
   mkdir -p "$out"
-  # shellcheck source=/dev/null
-  source benchmarks/tpu_install.sh || { echo "tpu_suite: the wheels did not install" >&2; exit 3; }
+  lane_install tpu_suite
 else
   out=$(mktemp -d)   # the redirections' target in a dry run (removed at the end)
 fi
-commit=${SUITE_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}
+commit=$(lane_commit)
 quick=${TPU_SUITE_QUICK:-0}
 stage() { echo "== $1 (at $((SECONDS - t0)) s)" >&2; }
 

@@ -159,3 +159,7 @@ def test_the_command_reports_a_perturbed_gradient(capsys):
   # only exps; attention's softmax among them, found by its source line
   assert all(s.startswith("exp ") for s in row["sites"]), row["sites"]
   assert any(s.startswith("exp MaxText/layers/attention_ops.py:") for s in row["sites"]), row["sites"]
+  # a --where no op comes from (a stale FILE:LINE in a command) is refused, not answered with
+  # the exact gradient
+  with pytest.raises(SystemExit, match="no op of \\['exp'\\] comes from there"):
+    emu.main(["model_name=qwen3-tiny", "--eps", "exp=1e-3", "--where", "nowhere.py:1"])

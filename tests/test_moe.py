@@ -115,14 +115,21 @@ def _route_and_experts(x, logits, wi, wo, *, k, capacity):
   return w, e, probs, got, dropped
 
 
-@pytest.mark.parametrize("capacity", [None, 2])
-def test_dropless_experts_match_dense_reference(capacity):
+def _experts_case():
+  """(tokens x [T, D], router logits [T, E], wi [E, D, 2F], wo [E, F, D], k): 12 tokens, 4 experts
+  of width 6, top-2, seeded."""
   rng = np.random.default_rng(0)
   T, D, E, F, k = 12, 8, 4, 6, 2
   x = rng.normal(size=(T, D)).astype(np.float32)
   logits = rng.normal(size=(T, E)).astype(np.float32)
   wi = (0.3 * rng.normal(size=(E, D, 2 * F))).astype(np.float32)
   wo = (0.3 * rng.normal(size=(E, F, D))).astype(np.float32)
+  return x, logits, wi, wo, k
+
+
+@pytest.mark.parametrize("capacity", [None, 2])
+def test_dropless_experts_match_dense_reference(capacity):
+  x, logits, wi, wo, k = _experts_case()
   w, e, probs, got, dropped = _route_and_experts(x, logits, wi, wo, k=k, capacity=capacity)
   want, want_dropped = dense_reference(x, np.asarray(w), np.asarray(e), wi, wo, capacity)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
@@ -311,12 +318,7 @@ def test_megablox_grouped_matmul_equals_ragged_dot_values_and_gradients():
 
 
 def test_megablox_experts_match_the_dense_reference():
-  rng = np.random.default_rng(0)
-  T, D, E, F, k = 12, 8, 4, 6, 2
-  x = rng.normal(size=(T, D)).astype(np.float32)
-  logits = rng.normal(size=(T, E)).astype(np.float32)
-  wi = (0.3 * rng.normal(size=(E, D, 2 * F))).astype(np.float32)
-  wo = (0.3 * rng.normal(size=(E, F, D))).astype(np.float32)
+  x, logits, wi, wo, k = _experts_case()
   w, e, _ = moe.route(jax.numpy.asarray(logits), k, renormalize=True)
   dot = moe.FloatExperts(matmul="megablox").ragged_dot
   with jax.default_matmul_precision("highest"):

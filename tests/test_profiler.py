@@ -109,3 +109,46 @@ def test_the_side_by_side_command_profiles_both_trainers_with_the_same_keys():
   ours = shlex.split(lines[1])[1:]
   keys = [k for k in ours[ours.index("--out") + 2:] if "=" in k]
   load_config([BASE_YML, *keys, *[f"{k}={v}" for k, v in tpu_profile.PROFILE_KEYS.items()]])
+
+
+def test_a_trace_goes_to_an_object_store_and_a_failing_trace_never_stops_the_run(tmp_path,
+                                                                                  monkeypatch):
+  """On an object-store run directory the trace is written locally and copied there; a trace that
+  cannot start or be written is logged and the run goes on (the step after it is not lost)."""
+  from MaxText.storage import paths  # pylint: disable=import-outside-toplevel
+  logged: list[str] = []
+  calls: list[str] = []
+
+  def start(d):
+    calls.append("start")
+    os.makedirs(os.path.join(d, "plugins", "profile", "t"))
+    with open(os.path.join(d, "plugins", "profile", "t", "h.xplane.pb"), "wb") as f:
+      f.write(b"xspace")
+
+  monkeypatch.setattr(jax.profiler, "start_trace", start)
+  monkeypatch.setattr(jax.profiler, "stop_trace", lambda: calls.append("stop"))
+  store = "memory://runs/prof"
+  prof = profiler.StepProfiler(2, 3, paths.join(store, profiler.PROFILE_DIR), logged.append)
+  for step in (1, 2, 3, 4):
+    prof.before_step(step, None)
+    prof.after_step(step, None)
+  assert calls == ["start", "stop"]
+  assert paths.read_bytes(f"{store}/profile/plugins/profile/t/h.xplane.pb") == b"xspace"
+  assert logged == [f"profiler: steps 2-3 traced to {store}/profile (xplane; TensorBoard's "
+                    f"profile plugin or xprof reads it, `python benchmarks/tpu_profile.py summary "
+                    f"{store}/profile` prints its ops)"]
+
+  def fail():
+    raise OSError("disk full")
+  monkeypatch.setattr(jax.profiler, "stop_trace", fail)
+  logged.clear()
+  prof = profiler.StepProfiler(1, 1, str(tmp_path / "p"), logged.append)
+  prof.before_step(1, None)
+  prof.after_step(1, None)
+  assert len(logged) == 1 and "was not written" in logged[0] and "disk full" in logged[0], logged
+  monkeypatch.setattr(jax.profiler, "start_trace", lambda d: fail())
+  logged.clear()
+  prof = profiler.StepProfiler(1, 1, str(tmp_path / "q"), logged.append)
+  prof.before_step(1, None)
+  prof.after_step(1, None)    # nothing started: nothing to stop
+  assert len(logged) == 1 and "could not start the trace" in logged[0], logged

@@ -24,13 +24,12 @@ them there in one process (one process holds the chip):
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 
 import numpy as np
 import pytest
 
-from tests.tpu_reference import cpu_result, record, start_cpu_reference
+from tests.tpu_reference import CpuReference, cpu_result, record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.tpu
@@ -97,10 +96,7 @@ def random_batch(B: int, S: int, vocab: int) -> dict:
 def cpu_losses():
   # started when the module is imported on the chip (below): the CPU computes while the chip runs
   # the kernel tests
-  proc = _STARTED.pop() if _STARTED else start_cpu_reference("tests.test_tpu", "first_losses")
-  yield proc
-  if proc.poll() is None:
-    proc.kill()
+  yield from _REFERENCE.process()
 
 
 def _rel(a, b) -> float:
@@ -204,6 +200,4 @@ def test_bf16_weights_train_on_the_chip(family):
 
 
 # on the chip, the CPU reference starts as soon as the module is imported (collection)
-_STARTED: list[subprocess.Popen] = []
-if "tpu" in os.environ.get("JAX_PLATFORMS", ""):   # (the reference itself runs with cpu)
-  _STARTED.append(start_cpu_reference("tests.test_tpu", "first_losses"))
+_REFERENCE = CpuReference("tests.test_tpu", "first_losses")

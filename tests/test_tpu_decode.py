@@ -13,12 +13,11 @@ Each measurement goes to $TPU_TEST_RECORD (one JSON line) before its assertion.
 from __future__ import annotations
 
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from tests.tpu_reference import cpu_result, record, start_cpu_reference
+from tests.tpu_reference import CpuReference, cpu_result, record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.tpu
@@ -58,10 +57,7 @@ def greedy(keys: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def cpu_decoding():
-  proc = _STARTED.pop() if _STARTED else start_cpu_reference("tests.test_tpu_decode", "greedy")
-  yield proc
-  if proc.poll() is None:
-    proc.kill()
+  yield from _REFERENCE.process()
 
 
 def _first_difference(a: list[list[int]], b: list[list[int]]):
@@ -92,6 +88,4 @@ def test_greedy_tokens_on_the_chip_equal_the_cpu_in_float32(family, cpu_decoding
 
 
 # on the chip, the CPU reference starts as soon as the module is imported (collection)
-_STARTED: list[subprocess.Popen] = []
-if "tpu" in os.environ.get("JAX_PLATFORMS", ""):   # (the reference itself runs with cpu)
-  _STARTED.append(start_cpu_reference("tests.test_tpu_decode", "greedy"))
+_REFERENCE = CpuReference("tests.test_tpu_decode", "greedy")

@@ -30,6 +30,24 @@ def start_cpu_reference(module: str, fn: str) -> subprocess.Popen:
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+class CpuReference:
+  """A `tpu` test module's CPU reference (`start_cpu_reference(module, fn)`): started at once when
+  the module is imported on the chip (JAX_PLATFORMS naming tpu), so the CPU computes while the
+  chip runs the tests before it; elsewhere when its fixture first asks. The module's fixture is
+  `yield from reference.process()` (the subprocess, killed after the module if still running)."""
+
+  def __init__(self, module: str, fn: str):
+    self.module, self.fn = module, fn
+    self.started = (start_cpu_reference(module, fn)
+                    if "tpu" in os.environ.get("JAX_PLATFORMS", "") else None)
+
+  def process(self):
+    proc, self.started = self.started or start_cpu_reference(self.module, self.fn), None
+    yield proc
+    if proc.poll() is None:
+      proc.kill()
+
+
 _RESULTS: dict[int, dict] = {}
 
 

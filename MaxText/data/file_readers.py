@@ -7,6 +7,7 @@ Readers open files lazily and drop open handles when pickled (for Grain workers)
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import threading
@@ -35,7 +36,7 @@ def format_for_extension(path: str) -> str | None:
   return None
 
 
-class _Reader:
+class _Reader(abc.ABC):
   """Common lazy-handle / pickling behaviour."""
 
   def __init__(self, path: str):
@@ -54,12 +55,13 @@ class _Reader:
   def __repr__(self) -> str:
     return f"{type(self).__name__}({self.path!r}, {len(self)} docs)"
 
-  # what each format's reader defines: its documents' count and the document at an index
+  @abc.abstractmethod
   def __len__(self) -> int:
-    raise NotImplementedError
+    """The format's count of documents."""
 
+  @abc.abstractmethod
   def __getitem__(self, index: int) -> str:
-    raise NotImplementedError
+    """The document at `index`."""
 
 
 class TextFileReader(_Reader):

@@ -55,24 +55,35 @@ class StepProfiler:
       return
     import jax  # pylint: disable=import-outside-toplevel
     jax.block_until_ready(state)   # the steps before it end outside the trace
-    self._local = (tempfile.mkdtemp(prefix="maxtext_profile_") if paths.is_url(self.out_dir)
-                   else self.out_dir)
-    os.makedirs(self._local, exist_ok=True)
-    jax.profiler.start_trace(self._local)
+    try:
+      local = (tempfile.mkdtemp(prefix="maxtext_profile_") if paths.is_url(self.out_dir)
+               else self.out_dir)
+      os.makedirs(local, exist_ok=True)
+      jax.profiler.start_trace(local)
+      self._local = local
+    except Exception as e:  # noqa: BLE001 — a profile is never worth a run
+      self.log(f"profiler: could not start the trace in {self.out_dir} ({type(e).__name__}: "
+               f"{e}); the run goes on untraced")
 
   def after_step(self, step: int, state: Any) -> None:
+    """Ends the trace after the last traced step, before that step is checkpointed or anything
+    else follows it; a failure to write it is logged, never fatal (the step is not lost to it)."""
     if step != self.last or self._local is None:
       return
     import jax  # pylint: disable=import-outside-toplevel
     jax.block_until_ready(state)   # the last traced step ends inside the trace
-    jax.profiler.stop_trace()
     local, self._local = self._local, None
-    if local != self.out_dir:   # an object-store run directory: copy the trace there
-      for path in glob.glob(os.path.join(local, "**", "*"), recursive=True):
-        if os.path.isfile(path):
-          paths.write_bytes(paths.join(self.out_dir, os.path.relpath(path, local)),
-                            open(path, "rb").read())  # noqa: SIM115 — read whole, closed by gc
-      shutil.rmtree(local, ignore_errors=True)
+    try:
+      jax.profiler.stop_trace()
+      if local != self.out_dir:   # an object-store run directory: copy the trace there
+        for path in glob.glob(os.path.join(local, "**", "*"), recursive=True):
+          if os.path.isfile(path):
+            paths.copy_file(path, paths.join(self.out_dir, os.path.relpath(path, local)))
+        shutil.rmtree(local, ignore_errors=True)
+    except Exception as e:  # noqa: BLE001 — a profile is never worth a run
+      self.log(f"profiler: the trace of steps {self.first}-{self.last} was not written to "
+               f"{self.out_dir} ({type(e).__name__}: {e}); the run goes on")
+      return
     self.log(f"profiler: steps {self.first}-{self.last} traced to {self.out_dir} "
              f"(xplane; TensorBoard's profile plugin or xprof reads it, "
              f"`python benchmarks/tpu_profile.py summary {self.out_dir}` prints its ops)")
