@@ -49,7 +49,7 @@ class _Reader(abc.ABC):
     return state
 
   def __setstate__(self, state):
-    self.__dict__.update(state)
+    vars(self).update(state)
     self._lock = threading.Lock()
 
   def __repr__(self) -> str:
