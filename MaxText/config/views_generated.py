@@ -71,6 +71,11 @@ class ModelConfigKeys:
   default (the platform's fastest: on TPU a float32 matmul runs in bf16 passes) | high | highest
   | auto (highest when dtype is float32, so float32 means float32 on every platform; else
   default, MaxText's matmul_precision)"""
+  logits_dtype: str = 'float32'
+  """dtype of the logits the training loss reads: float32 (straight from the LM head's fp32
+  accumulator) | bfloat16 (rounded once and stored in bf16, as MaxText's default and Hugging
+  Face in bf16 have them: half the memory traffic of the 152k-vocabulary loss on a TPU; the loss
+  and its gradient are still computed in fp32 from them). Decoding's logits stay fp32"""
   scan_layers: bool = True
   """run each repeating run of layers with one lax.scan (fast compile; parameters stacked per run)"""
   remat_policy: str = 'save_matmuls'

@@ -9,10 +9,16 @@ import jax.numpy as jnp
 
 
 def lse_and_target_logit(logits_BSV: jax.Array, targets_BS: jax.Array):
-  logits_BSV = logits_BSV.astype(jnp.float32)
-  lse_BS = jax.nn.logsumexp(logits_BSV, axis=-1)
-  target_logit_BS = jnp.take_along_axis(logits_BSV, targets_BS[..., None], axis=-1)[..., 0]
-  return lse_BS, target_logit_BS
+  """(log-sum-exp, target logit) per position, fp32. bf16 logits (`logits_dtype=bfloat16`) are
+  read as bf16 by each pass (the max taken in bf16, exact), so the compiler has no fp32 copy of
+  them to materialise."""
+  target_logit_BS = jnp.take_along_axis(logits_BSV, targets_BS[..., None],
+                                        axis=-1)[..., 0].astype(jnp.float32)
+  if logits_BSV.dtype == jnp.float32:
+    return jax.nn.logsumexp(logits_BSV, axis=-1), target_logit_BS
+  max_BS = jax.lax.stop_gradient(jnp.max(logits_BSV, axis=-1)).astype(jnp.float32)
+  shifted_BSV = logits_BSV.astype(jnp.float32) - max_BS[..., None]
+  return max_BS + jnp.log(jnp.sum(jnp.exp(shifted_BSV), axis=-1)), target_logit_BS
 
 
 def target_log_probs(logits_BSV: jax.Array, targets_BS: jax.Array) -> jax.Array:

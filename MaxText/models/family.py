@@ -59,12 +59,12 @@ COMMON_KEYS = frozenset({
     "flash_block_q", "flash_block_kv", "flash_fused_bwd"})
 # Model keys generic code applies to any family's module (models/model_def.py: LoRA adapters,
 # quantized projections, the generator of a fresh init, the hot path and matmul precision its
-# layers are traced at).
+# layers are traced at, the dtype of the logits its loss reads).
 GENERIC_KEYS = frozenset({"param_init_rng", "lora_rank", "lora_alpha", "lora_targets",
                           "quantization",
                           "quantization_exclude", "weight_bits", "weight_group_size",
                           "weight_quant_exclude", "hot_path", "matmul_precision",
-                          "context_parallel_strategy"})
+                          "logits_dtype", "context_parallel_strategy"})
 # Routed experts as MaxText/layers/moe.py implements them (with the balancing terms of
 # `moe.MoETerms`).
 ROUTED_EXPERT_KEYS = frozenset({

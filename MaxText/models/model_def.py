@@ -66,6 +66,7 @@ class ModelDef:
   # layers/context_parallel.py); the loss permutes the batch (losses/token_loss.py)
   balance_context: bool = False
   matmul_precision: str = "default"   # `ModelConfig.matmul_precision`, resolved
+  logits_dtype: str = "float32"   # `ModelConfig.logits_dtype`: the logits `apply` / `head` give
 
   def traced(self):
     """The context the model is traced in: its hot path and its matmuls' precision."""
@@ -88,7 +89,17 @@ class ModelDef:
     """(logits, auxiliary outputs, e.g. {"moe_stats": …}): the family's `forward_with_aux`
     (keyword arguments, e.g. a multimodal family's `media`, go to it as they are)."""
     with self.traced():
-      return nnx.merge(self.graphdef, params).forward_with_aux(*args, **kwargs)
+      logits, aux = nnx.merge(self.graphdef, params).forward_with_aux(*args, **kwargs)
+    return self.stored_logits(logits), aux
+
+  def stored_logits(self, logits: jax.Array) -> jax.Array:
+    """The logits as the loss reads them (`logits_dtype`): as computed (fp32), or rounded to bf16
+    once and kept so — behind an optimisation barrier, since XLA (excess precision allowed) would
+    otherwise drop the fp32 → bf16 → fp32 round trip and keep the fp32 array the rounding is there
+    to halve."""
+    if self.logits_dtype == "float32" or logits.dtype == jnp.dtype(self.logits_dtype):
+      return logits
+    return jax.lax.optimization_barrier(logits.astype(self.logits_dtype))
 
   def apply_hidden(self, params, *args, **kwargs):
     """(final-norm hidden state [B, S, D], auxiliary outputs): for a loss that applies the head
@@ -99,11 +110,11 @@ class ModelDef:
 
   @functools.cached_property
   def head(self) -> Head:
-    """The family's LM head: final-norm hidden states [..., D] → fp32 logits [..., V], with the
-    parameters it reads by name (`Head`)."""
+    """The family's LM head: final-norm hidden states [..., D] → logits [..., V] (fp32, or bf16
+    with `logits_dtype=bfloat16`), with the parameters it reads by name (`Head`)."""
     def logits(params, hidden):
       with self.traced():
-        return nnx.merge(self.graphdef, params).logits(hidden)
+        return self.stored_logits(nnx.merge(self.graphdef, params).logits(hidden))
     return Head(logits, self.head_paths)
 
 
@@ -176,6 +187,7 @@ def model_def_of(build: Build, mcfg: ModelConfig,
                   traverse_util.unflatten_dict(axes),
                   hot_path=mcfg.hot_path,
                   matmul_precision=resolve_precision(mcfg.matmul_precision, mcfg.dtype),
+                  logits_dtype=mcfg.logits_dtype,
                   mtp_depths=mcfg.mtp_num_layers if mcfg.mtp_loss_scale > 0 else 0,
                   head_paths=head_paths,
                   balance_context=mcfg.attention == "flash")
