@@ -1,6 +1,8 @@
 """Chunked cross-entropy (`losses/chunked.py`): loss, z-loss and every gradient equal the whole-sequence
 version (fp32, only the summation order differs), token log-probabilities too, and the compiled
-step's temporary memory shrinks with the chunk."""
+step's temporary memory shrinks with the chunk. With `logits_dtype=bfloat16` both are the float64
+cross-entropy of the logits rounded to bf16, and `lse_and_target_logit`'s bf16 branch is the float64
+log-sum-exp of the same values."""
 import functools
 import re
 
@@ -13,7 +15,7 @@ from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.losses.chunked import chunked_target_log_probs
 from MaxText.losses.token_loss import token_loss_sums
-from MaxText.losses.token_stats import target_log_probs
+from MaxText.losses.token_stats import cross_entropy_sums, lse_and_target_logit, target_log_probs
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 
@@ -233,3 +235,98 @@ def test_the_heads_weights_are_named_by_the_family(overrides):
   named = model_def.head.reads(model_def.abstract_params)
   assert any(named)
   assert named == _read_by_the_head(model_def, cfg.emb_dim)
+
+
+# logits_dtype=bfloat16 (`ModelDef.stored_logits`): the loss reads the logits rounded to bf16 once
+Z = 1e-2
+
+
+def _float64_sums(logits_BSV, micro, z_loss_weight=Z):
+  """The oracle: (Σ mask·(lse − logit[target] + z·lse²), Σ mask·z·lse², Σ mask) in float64 from the
+  logits as given (e.g. rounded to bf16)."""
+  lg = np.asarray(logits_BSV).astype(np.float64)
+  m = lg.max(-1, keepdims=True)
+  lse = m[..., 0] + np.log(np.exp(lg - m).sum(-1))
+  target = np.take_along_axis(lg, np.asarray(micro["targets"])[..., None], -1)[..., 0]
+  mask = (np.asarray(micro["targets_segmentation"]) != 0).astype(np.float64)
+  z = z_loss_weight * lse ** 2
+  return ((lse - target + z) * mask).sum(), (z * mask).sum(), mask.sum()
+
+
+def test_bf16_logits_loss_is_the_cross_entropy_of_the_rounded_logits():
+  """With logits_dtype=bfloat16 the loss, whole and chunked, is the float64 cross-entropy (+ z-loss)
+  of the float32 model's logits rounded to bf16, to fp32 rounding; the rounding moves the loss by
+  ~10x that tolerance (so an ignored key fails). The gradients of the loss SUM, chunked and whole,
+  agree to fp32 summation order: both round the logits' cotangent to bf16 once, at the same value
+  (the sum is what the train step differentiates, `train/update.py`, dividing after). Of a mean
+  they would differ by ~2^-9 (measured 1e-3 to 3e-3 per leaf): the whole path's autodiff rounds
+  the cotangent after the 1/n scale, the chunked path before it, scaling after the head's
+  pullback."""
+  model_32, params = build()
+  model_bf = make_model_def(model_config("logits_dtype=bfloat16"))   # the same parameters
+  micro = batch()
+  args = (micro["inputs"], micro["inputs_position"], micro["inputs_segmentation"])
+  assert jax.eval_shape(model_bf.apply, params, *args).dtype == jnp.bfloat16
+  logits_32 = np.asarray(jax.jit(model_32.apply)(params, *args))
+  assert logits_32.dtype == np.float32
+  want = _float64_sums(logits_32.astype(jnp.bfloat16), micro)
+  assert rel(_float64_sums(logits_32, micro)[0], want[0]) > 5e-6
+
+  def loss_sum(p, m, c):
+    nll, z, n, _ = token_loss_sums(model_bf, p, m, z_loss_weight=Z, chunk=c)
+    return nll, (z, n)
+  grad = jax.jit(jax.value_and_grad(loss_sum, has_aux=True), static_argnums=2)
+  (l0, (z0, n0)), g0 = grad(params, micro, 0)
+  (l1, (z1, n1)), g1 = grad(params, micro, 16)          # 3 chunks of 16 (of 48)
+  for loss, z, n in ((l0, z0, n0), (l1, z1, n1)):
+    assert float(n) == want[2] == 40 + 48
+    assert rel(loss, want[0]) < 1e-6 and rel(z, want[1]) < 1e-6, (float(loss), want)
+  for (path, a), b in zip(jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)):
+    assert rel(b, a) < 1e-6, (jax.tree_util.keystr(path), rel(b, a))
+
+
+def test_lse_and_target_logit_of_bf16_logits_against_float64():
+  """`lse_and_target_logit`'s bf16 branch (the max taken in bf16, the rest in fp32) and the
+  cross-entropy + z-loss sums on it: the float64 log-sum-exp of the same bf16 values to fp32
+  rounding, also where exp without the shift would overflow (logits ~ 200); the target logit
+  exact; and the gradient with respect to the bf16 logits, mask·((1 + 2z·lse)·softmax − one-hot),
+  within one bf16 ulp of it (the cotangent of a bf16 array is bf16; here each entry is the
+  float64 value rounded to nearest, but fp32's own error may tip a near tie to the other
+  neighbour)."""
+  rng = np.random.default_rng(1)
+  V, z_weight = 300, 1e-3
+  logits = rng.standard_normal((3, 7, V)) * 6
+  logits[1] += 200.0
+  logits[2, 0] = 3.0                                   # all equal: lse = 3 + log V
+  logits = logits.astype(jnp.bfloat16)
+  targets = rng.integers(0, V, (3, 7)).astype(np.int32)
+  mask = np.ones((3, 7), np.int32)
+  mask[0, 5:] = 0
+
+  def f(lg, t, m, z):
+    lse, target = lse_and_target_logit(lg, t)
+    nll, z_sum, n = cross_entropy_sums(lg, t, m, z)
+    return nll, (lse, target, z_sum, n)
+  (nll, (lse, target, z_sum, n)), dlogits = jax.jit(jax.value_and_grad(f, has_aux=True))(
+      logits, targets, mask, z_weight)
+  lg = logits.astype(np.float64)
+  m = lg.max(-1, keepdims=True)
+  want_lse = m[..., 0] + np.log(np.exp(lg - m).sum(-1))
+  assert lse.dtype == target.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(lse), want_lse, rtol=1e-6, atol=0)
+  assert abs(float(lse[2, 0]) - (3.0 + np.log(V))) < 1e-6
+  np.testing.assert_array_equal(np.asarray(target),
+                                np.take_along_axis(lg, targets[..., None], -1)[..., 0])
+  micro = {"targets": targets, "targets_segmentation": mask}
+  want = _float64_sums(logits, micro, z_weight)
+  assert rel(nll, want[0]) < 1e-6 and rel(z_sum, want[1]) < 1e-6 and float(n) == want[2]
+  softmax = np.exp(lg - want_lse[..., None])
+  onehot = np.arange(V) == targets[..., None]
+  want_d = mask[..., None] * ((1 + 2 * z_weight * want_lse)[..., None] * softmax - onehot)
+  assert dlogits.dtype == jnp.bfloat16
+  got_d = np.asarray(dlogits).astype(np.float64)
+  # faithfully rounded: within one bf16 ulp of the exact value (8 significant bits)
+  nonzero = want_d != 0
+  ulp = 2.0 ** (np.floor(np.log2(np.abs(want_d[nonzero]))) - 7)
+  assert (np.abs(got_d[nonzero] - want_d[nonzero]) < ulp).all()
+  assert (got_d[0, 5:] == 0).all()
