@@ -75,7 +75,8 @@ class ModelConfigKeys:
   """dtype of the logits the training loss reads: float32 (straight from the LM head's fp32
   accumulator) | bfloat16 (rounded once and stored in bf16, as MaxText's default and Hugging
   Face in bf16 have them: half the memory traffic of the 152k-vocabulary loss on a TPU; the loss
-  and its gradient are still computed in fp32 from them). Decoding's logits stay fp32"""
+  is still computed in fp32 from them, their gradient rounded to bf16 as the head's matmul takes
+  it). Decoding's logits stay fp32"""
   scan_layers: bool = True
   """run each repeating run of layers with one lax.scan (fast compile; parameters stacked per run)"""
   remat_policy: str = 'save_matmuls'
