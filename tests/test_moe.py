@@ -332,3 +332,34 @@ def test_megablox_experts_match_the_dense_reference():
   mcfg = ModelConfig.from_config(cfg)
   assert (mcfg.moe_matmul, tuple(mcfg.moe_matmul_tiles)) == ("megablox", (256, 512, 512))
   assert moe.select_matmul("auto") == "ragged_dot"
+
+
+def test_token_copies_move_by_gathers_with_the_gathers_transposes():
+  """The dispatch (x[order // k]) and the permutation (x[perm]) of the routed copies: values as
+  the plain gathers, and gradients as autodiff's scatter-add transposes give them (NumPy the
+  oracle for the inverse permutation), without a scatter in the gradient's program."""
+  T, k, D = 6, 3, 5
+  rng = np.random.default_rng(0)
+  experts = rng.integers(0, 4, size=(T, k))
+  order = jax.numpy.asarray(np.argsort(experts.reshape(-1), kind="stable").astype(np.int32))
+  inv = moe.inverse_permutation(order)
+  np.testing.assert_array_equal(np.asarray(inv), np.argsort(np.asarray(order)))
+  x = jax.numpy.asarray(rng.standard_normal((T, D)), jax.numpy.float32)
+  g = jax.numpy.asarray(rng.standard_normal((T * k, D)), jax.numpy.float32)
+
+  def pullback(f, *args):
+    y, vjp = jax.vjp(f, *args)
+    return y, vjp(g)[0]
+
+  y, dx = pullback(lambda x: moe._dispatch_rows(x, order, inv), x)
+  y_ref, dx_ref = pullback(lambda x: x[order // k], x)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ref))
+  np.testing.assert_allclose(np.asarray(dx), np.asarray(dx_ref), rtol=1e-6, atol=1e-6)
+  rows = jax.numpy.asarray(rng.standard_normal((T * k, D)), jax.numpy.float32)
+  z, drows = pullback(lambda r: moe.permute_rows(r, inv, order), rows)
+  z_ref, drows_ref = pullback(lambda r: jax.numpy.zeros_like(r).at[order].set(r), rows)
+  np.testing.assert_array_equal(np.asarray(z), np.asarray(z_ref))
+  np.testing.assert_array_equal(np.asarray(drows), np.asarray(drows_ref))
+  program = jax.jit(lambda x: jax.vjp(lambda x: moe._dispatch_rows(x, order, inv), x)[1](g)
+                    ).lower(x).as_text()
+  assert "scatter" not in program
