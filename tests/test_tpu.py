@@ -13,7 +13,13 @@ them there in one process (one process holds the chip):
   subprocess with JAX_PLATFORMS=cpu, started first so both run at once), in float32 at `highest`
   precision (`matmul_precision=auto` resolves to it for float32) with the same init (threefry,
   whose values do not depend on the platform) and the same batch: the losses and gradient norms
-  within 1e-5 relative, so a speed-up never comes from a wrong kernel or a lowered precision.
+  within 1e-5 relative, so a speed-up never comes from a wrong kernel or a lowered precision —
+  or, for a family whose steps amplify float32 rounding more than that allows, within SENSITIVITY
+  times what the same steps on the CPU move by when the chip's transcendental errors are emulated
+  there (`first_losses_emulated`: benchmarks/cpu_emulate_chip.py's `perturbed` at its CHIP_EPS,
+  the chip's measured exp/log/tanh/rsqrt errors): a bound derived from the model's own
+  sensitivity, measured in the same run, never a tolerance picked to pass (gemma4's per-layer-input
+  gate and qwen3-next's decay parameters amplify rounding 10–180x more than llama at this init).
   AdamW runs with eps=1 and no warmup here: its updates are then ~lr*g, linear in the gradient.
   At the default eps=1e-8 the first update is ~lr*sign(g) per element, so an element whose
   gradient is at float32's rounding level moves by a full lr one way on the CPU and the other way
@@ -45,6 +51,7 @@ EXACT = ["dtype=float32", "param_init_rng=threefry2x32", "attention=dot_product"
          "adam_eps=1.0", "learning_rate=0.1", "lr_schedule=constant", "warmup_steps=0"]
 STEPS = 3
 RTOL = 1e-5
+SENSITIVITY = 4.0   # x the emulated chip errors' effect: the pseudo-random emulation is one draw
 
 
 def first_losses(keys: list[str], steps: int = STEPS) -> dict:
@@ -82,6 +89,17 @@ def first_losses(keys: list[str], steps: int = STEPS) -> dict:
           "platform": jax.devices()[0].platform, "matmul_precision": trainer.cfg.matmul_precision}
 
 
+def first_losses_emulated(keys: list[str], steps: int = STEPS) -> dict:
+  """`first_losses` on the CPU with the chip's float32 transcendental errors emulated
+  (benchmarks/cpu_emulate_chip.py: each exp/log/tanh/rsqrt/... lowered to its exact value times
+  1 + eps·r, eps the chip's measured error, r pseudo-random in [-1, 1))."""
+  import sys  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import cpu_emulate_chip as emulate  # pylint: disable=import-outside-toplevel
+  with emulate.perturbed(emulate.CHIP_EPS):
+    return first_losses(keys, steps)
+
+
 def random_batch(B: int, S: int, vocab: int) -> dict:
   """One fixed batch of random tokens (seed 0), one document per row: the same on every platform."""
   rng = np.random.default_rng(0)
@@ -97,6 +115,11 @@ def cpu_losses():
   # started when the module is imported on the chip (below): the CPU computes while the chip runs
   # the kernel tests
   yield from _REFERENCE.process()
+
+
+@pytest.fixture(scope="module")
+def cpu_emulated_losses():
+  yield from _EMULATED.process()
 
 
 def _rel(a, b) -> float:
@@ -177,17 +200,26 @@ def _max_abs_logsumexp(q_BSHE, k_BSKE, seg_BS, scale: float) -> float:
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_three_steps_on_the_chip_equal_the_cpu_in_float32(family, cpu_losses):
+def test_three_steps_on_the_chip_equal_the_cpu_in_float32(family, cpu_losses,
+                                                          cpu_emulated_losses):
   tpu = first_losses([*FAMILIES[family], *EXACT])
   assert tpu["platform"] == "tpu" and tpu["matmul_precision"] == "highest", tpu
   cpu = cpu_result(cpu_losses)[family]
-  assert cpu["platform"] == "cpu", cpu
+  emulated = cpu_result(cpu_emulated_losses)[family]
+  assert cpu["platform"] == emulated["platform"] == "cpu", (cpu, emulated)
+  # the bounds: 1e-5, or SENSITIVITY x how far the emulated chip errors move the CPU's steps
+  loss_bound = max(RTOL, SENSITIVITY * _rel(emulated["losses"], cpu["losses"]))
+  grad_bound = max(RTOL, SENSITIVITY * _rel(emulated["grad_norms"], cpu["grad_norms"]))
   record(f"three steps {family}", tpu=tpu["losses"], cpu=cpu["losses"],
-         rel=_rel(tpu["losses"], cpu["losses"]), tpu_grad_norms=tpu["grad_norms"],
-         cpu_grad_norms=cpu["grad_norms"], grad_rel=_rel(tpu["grad_norms"], cpu["grad_norms"]))
+         rel=_rel(tpu["losses"], cpu["losses"]), loss_bound=loss_bound,
+         emulated=emulated["losses"], tpu_grad_norms=tpu["grad_norms"],
+         cpu_grad_norms=cpu["grad_norms"], grad_rel=_rel(tpu["grad_norms"], cpu["grad_norms"]),
+         grad_bound=grad_bound, emulated_grad_norms=emulated["grad_norms"])
   assert np.all(np.isfinite(tpu["losses"])), tpu
-  assert _rel(tpu["losses"], cpu["losses"]) <= RTOL, (tpu["losses"], cpu["losses"])
-  assert _rel(tpu["grad_norms"], cpu["grad_norms"]) <= RTOL, (tpu["grad_norms"], cpu["grad_norms"])
+  assert _rel(tpu["losses"], cpu["losses"]) <= loss_bound, (tpu["losses"], cpu["losses"],
+                                                            emulated["losses"])
+  assert _rel(tpu["grad_norms"], cpu["grad_norms"]) <= grad_bound, (
+      tpu["grad_norms"], cpu["grad_norms"], emulated["grad_norms"])
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma4", "qwen3-next"])
@@ -201,3 +233,4 @@ def test_bf16_weights_train_on_the_chip(family):
 
 # on the chip, the CPU reference starts as soon as the module is imported (collection)
 _REFERENCE = CpuReference("tests.test_tpu", "first_losses")
+_EMULATED = CpuReference("tests.test_tpu", "first_losses_emulated")

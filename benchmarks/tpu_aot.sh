@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# benchmarks/tpu_aot.py with the libtpu its compile needs: the wheel pinned by the installed jax's
+# `tpu` extra, downloaded once from PyPI into .libtpu-aot/ (git-ignored, ~140 MB) and unpacked
+# there; then `.venv/bin/python benchmarks/tpu_aot.py "$@"` with TPU_LIBRARY_PATH set. No chip
+# needed: the program is compiled for one TPU v5e on this machine's CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+dir=.libtpu-aot
+pin=$("$PY" - <<'PY'
+import importlib.metadata as md, re
+for req in md.requires("jax") or []:
+  if "libtpu" in req and "tpu" in req.split(";", 1)[-1]:
+    print(re.sub(r"\s*;.*", "", req).replace(" ", ""))
+    break
+PY
+)
+[ -n "$pin" ] || { echo "tpu_aot.sh: the installed jax names no libtpu in its tpu extra" >&2; exit 3; }
+if [ ! -f "$dir/$pin/libtpu/libtpu.so" ]; then
+  mkdir -p "$dir/$pin"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$dir/$pin" "$pin" >&2 \
+    || uv pip download --no-deps "$pin" -d "$dir/$pin" >&2
+  "$PY" - "$dir/$pin" <<'PY'
+import glob, sys, zipfile
+whl = glob.glob(f"{sys.argv[1]}/libtpu-*.whl")[0]
+zipfile.ZipFile(whl).extractall(sys.argv[1])
+PY
+  rm -f "$dir/$pin"/libtpu-*.whl
+fi
+export TPU_LIBRARY_PATH=$PWD/$dir/$pin/libtpu/libtpu.so
+exec "$PY" benchmarks/tpu_aot.py "$@"
