@@ -190,3 +190,15 @@ def test_a_sharded_sequence_takes_flash_and_refuses_splash_and_cudnn():
                                                 dtype="bfloat16", head_dims=[16],
                                                 sequence_sharded=True)
     assert any("context parallelism" in msg for _, msg in problems)
+
+
+def test_splash_backward_blocks_cap_wide_heads():
+  """Heads wider than one lane tile run the backward in blocks of at most 512 rows (fitted to the
+  length), so its scoped VMEM fits at head_dim 256 / 512 (module docstring of kernels/splash.py);
+  128-wide heads keep the forward's blocks."""
+  from MaxText.kernels import splash
+  assert splash.backward_block(1024, 128, 2048) == 1024
+  assert splash.backward_block(1024, 256, 2048) == 512
+  assert splash.backward_block(1024, 512, 2048) == 512
+  assert splash.backward_block(1024, 256, 1152) == 384     # fitted: 512 does not divide 1152
+  assert splash.backward_block(256, 512, 2048) == 256

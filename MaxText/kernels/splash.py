@@ -84,17 +84,35 @@ def _accepts(fn, name: str) -> bool:
     return False
 
 
+# The backward's blocks for heads wider than one lane tile: at most this many rows. Its kernels
+# keep q, k, v, do and the dq / dk / dv accumulators of a block pair in the TPU's scoped VMEM
+# (16 MiB by default): at head_dim 256 with blocks of 1024 inside a model (Qwen3-Next's gated
+# attention: 17.56 MiB) and at 512 alone (Gemma 4's global heads: 17.14 MiB) the compile fails
+# (XLA error E1001, found by compiling for a v5e: benchmarks/tpu_aot.py); 512-row blocks fit.
+WIDE_HEAD_BWD_BLOCK = 512
+
+
+def backward_block(block: int, head_dim_padded: int, length: int) -> int:
+  """The backward kernels' block for a forward block `block` (already fitted to `length`)."""
+  if head_dim_padded <= LANES or block <= WIDE_HEAD_BWD_BLOCK:
+    return block
+  return fit_block(length, WIDE_HEAD_BWD_BLOCK)
+
+
 @functools.lru_cache(maxsize=64)
 def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, bkv: int,
-            interpret: bool, fused_bwd: bool = False):
+            interpret: bool, fused_bwd: bool = False, bq_bwd: int = 0, bkv_bwd: int = 0):
   """Builds (and caches) the kernel: mask processing is NumPy work over all blocks. Built eagerly
   (`ensure_compile_time_eval`) so its mask-info arrays are concrete constants, never tracers of
   the trace that first asked for it (a cached tracer would leak into the next trace)."""
   with jax.ensure_compile_time_eval():
-    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd)
+    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd,
+                         bq_bwd or bq, bkv_bwd or bkv)
 
 
-def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False):
+def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False, bq_bwd=0,
+                  bkv_bwd=0):
+  bq_bwd, bkv_bwd = bq_bwd or bq, bkv_bwd or bkv
   sa = _module()
   if window is not None:
     mask = sa.LocalMask((S, T), window_size=(window - 1, 0 if causal else None), offset=0)
@@ -103,9 +121,9 @@ def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False):
   else:
     mask = sa.FullMask((S, T))
   # the fused backward computes dq beside dk / dv in one kernel (no dq blocks of its own)
-  dq_blocks = {} if fused_bwd else dict(block_q_dq=bq, block_kv_dq=bkv)
+  dq_blocks = {} if fused_bwd else dict(block_q_dq=bq_bwd, block_kv_dq=bkv_bwd)
   blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
-                         block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+                         block_q_dkv=bq_bwd, block_kv_dkv=bkv_bwd, block_kv_dkv_compute=bkv_bwd,
                          use_fused_bwd_kernel=fused_bwd, **dq_blocks)
   heads_mask = sa.MultiHeadMask([mask] * H)
   if _accepts(sa.make_splash_mha, "residual_checkpoint_name"):
@@ -137,7 +155,8 @@ def splash_attention(q_BSHE, k_BTKE, v_BTKE, segment_ids_BS=None, *, scale: floa
   k = jnp.pad(k_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   v = jnp.pad(v_BTKE, ((0, 0), (0, Tp - T), (0, 0), (0, Ep - E))).transpose(0, 2, 1, 3)
   kernel = _kernel(H, Sp, Tp, bool(causal), None if sliding_window is None else int(sliding_window),
-                   bq, bkv, bool(interpret), bool(fused_bwd))
+                   bq, bkv, bool(interpret), bool(fused_bwd), backward_block(bq, Ep, Sp),
+                   backward_block(bkv, Ep, Tp))
   if segment_ids_BS is None and Tp == T:
     out = jax.vmap(kernel)(q, k, v)
   else:   # padded queries get -1, padded keys -2: no real (>= 0) or padded query matches them
