@@ -44,6 +44,8 @@ FAMILIES = {"llama": [], "qwen3": ["model_name=qwen3-tiny"],
             "qwen3-moe": ["model_name=qwen3-moe-tiny"], "gemma4": ["model_name=gemma4-tiny"],
             "gemma4-moe": ["model_name=gemma4-moe-tiny"],
             "qwen3-next": ["model_name=qwen3-next-tiny"]}
+if os.environ.get("TPU_TEST_FAMILIES"):   # a short call on the chip: these families only (and
+  FAMILIES = {n: FAMILIES[n] for n in os.environ["TPU_TEST_FAMILIES"].split()}   # their CPU runs)
 # float32 at highest precision (auto for float32), the platform-independent init, the XLA
 # attention on both sides (splash is checked against it below), a short synthetic batch
 EXACT = ["dtype=float32", "param_init_rng=threefry2x32", "attention=dot_product",
