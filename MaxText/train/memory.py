@@ -5,7 +5,7 @@ the optimizer state, from the actual shardings (so fsdp/tensor sharding is credi
 an estimate of the step's activations (`activation_bytes`: what the remat policy keeps per layer
 for the backward pass, one layer's working set, and the fp32 logits of one loss chunk — all for
 this device's rows — plus what the family keeps beyond a generic decoder layer,
-`Family.activation_bytes`, e.g. the recurrent states of linear-attention layers), and what a loop
+`Family.activation_bytes`, e.g. a Gated DeltaNet layer's chunked-rule arrays), and what a loop
 keeps beside the step: a reference copy of the parameters, a decoding cache between steps (GRPO's
 rollouts: it takes the activations' place, so the larger of the two counts). Over the
 available memory the run is refused (exit 2); over `WARN_FRACTION` of it, a warning. After

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
+
 from MaxText.layers.moe import MoETerms, active_matmul_params
 from MaxText.metrics.flops import (FlopCount, attention_pairs, attention_params,
                                    attention_score_flops, gated_delta_flops, gated_mlp_params)
@@ -78,17 +80,38 @@ def flops(cfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:
   return FlopCount(matmul_params=params, attention_per_sequence=mixing)
 
 
-def recurrent_state_bytes(cfg: ModelConfig, sequences: float, seq_len: int) -> int:
-  """The delta-rule states the chunked rule keeps for the backward pass (one [Hv, Dk, Dv] fp32
-  state per chunk and sequence): of every linear layer with remat_policy=none, else of the one
-  layer being differentiated."""
+def linear_layer_bytes(cfg: ModelConfig, sequences: float, seq_len: int) -> int:
+  """What a Gated DeltaNet layer keeps beyond a generic decoder layer (`memory.activation_bytes`
+  counts every layer as a softmax-attention one) while it is differentiated: its forward,
+  recomputed, holds the chunked rule's fp32 arrays (MaxText/layers/gated_delta.py,
+  gated_deltanet.py) until its backward has read them — and the MLP's backward runs first, on top
+  of them. Per token (tokens padded to whole chunks of C; Hk / Hv key / value heads, Dk / Dv their
+  widths, X = 2·Dk + (Hv/Hk)·Dv a key head's q|k|v channels), in fp32:
+    the conv's output q|k|v and its SiLU, 2·Hk·X; q, k (repeated to the value heads) and v, as the
+    layer hands them over and cut into chunks, 2·Hv·(2·Dk + Dv); the triangular solve's right-hand
+    side [β·v | β·γ·k] and its solution u | w, 2·Hv·(Dv + Dk); the chunk scan's inputs (u, w and
+    the decayed q, k), Hv·(Dv + 3·Dk); the in-chunk C x C matrices (the decays γ, k·kᵀ, the solve's
+    matrix and its inverse, the scores q·kᵀ·γ), 5·Hv·C; the scan's state at every chunk,
+    Hv·Dk·Dv / C;
+  and the input projection's output q|k|v|z|b|a in the compute dtype, Hk·(2·Dk + 2·G·Dv) + 2·Hv.
+  Every linear layer's with remat_policy=none (nothing is recomputed), else the one layer's being
+  differentiated. Checked against XLA's buffers for a v5e (benchmarks/tpu_aot.py; the family rows
+  next2k / next8k of benchmarks/tpu_family_rows.py): at the step's peak, inside a linear layer's
+  backward, the arrays above are live beside the MoE's token copies."""
   linear = sum(k.mixer == LINEAR for k in layer_kinds(cfg))
   if not linear:
     return 0
-  per_layer = (math.ceil(seq_len / cfg.linear_chunk_size) * cfg.linear_num_value_heads
-               * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4)
+  Hk, Hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+  Dk, Dv, C = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_chunk_size
+  G = Hv // Hk
+  X = 2 * Dk + G * Dv
+  fp32 = (2 * Hk * X + 2 * Hv * (2 * Dk + Dv) + 2 * Hv * (Dv + Dk) + Hv * (Dv + 3 * Dk)
+          + 5 * Hv * C + Hv * Dk * Dv / C)
+  projection = Hk * (2 * Dk + 2 * G * Dv) + 2 * Hv
+  tokens = math.ceil(sequences) * math.ceil(seq_len / C) * C
+  per_layer = tokens * (fp32 * 4 + projection * jnp.dtype(cfg.compute_dtype).itemsize)
   layers = linear if cfg.remat_policy == "none" else 1
-  return int(math.ceil(sequences) * per_layer * layers)
+  return int(per_layer * layers)
 
 
 def aux_terms(cfg: ModelConfig) -> MoETerms | None:
@@ -112,7 +135,7 @@ FAMILY = Family(
     check=check,
     aux_terms=aux_terms,
     frozen=frozen,
-    activation_bytes=recurrent_state_bytes,
+    activation_bytes=linear_layer_bytes,
     decode_cache=decode_cache,
     hf_maps={"qwen3_next": hf_map},
 )
