@@ -110,8 +110,8 @@ def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, b
                          bq_bwd or bq, bkv_bwd or bkv)
 
 
-def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False, bq_bwd=0,
-                  bkv_bwd=0):
+def _build_kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, bkv: int,
+                  interpret: bool, fused_bwd: bool = False, bq_bwd: int = 0, bkv_bwd: int = 0):
   bq_bwd, bkv_bwd = bq_bwd or bq, bkv_bwd or bkv
   sa = _module()
   if window is not None:
@@ -121,10 +121,11 @@ def _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd=False, 
   else:
     mask = sa.FullMask((S, T))
   # the fused backward computes dq beside dk / dv in one kernel (no dq blocks of its own)
-  dq_blocks = {} if fused_bwd else dict(block_q_dq=bq_bwd, block_kv_dq=bkv_bwd)
   blocks = sa.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
                          block_q_dkv=bq_bwd, block_kv_dkv=bkv_bwd, block_kv_dkv_compute=bkv_bwd,
-                         use_fused_bwd_kernel=fused_bwd, **dq_blocks)
+                         block_q_dq=None if fused_bwd else bq_bwd,
+                         block_kv_dq=None if fused_bwd else bkv_bwd,
+                         use_fused_bwd_kernel=fused_bwd)
   heads_mask = sa.MultiHeadMask([mask] * H)
   if _accepts(sa.make_splash_mha, "residual_checkpoint_name"):
     return sa.make_splash_mha(heads_mask, block_sizes=blocks, head_shards=1, q_seq_shards=1,

@@ -278,14 +278,25 @@ def _dispatch_rows(x_TD, order_M, inv_M):
 
 def _dispatch_fwd(x_TD, order_M, inv_M):
   # (an empty [T, 0] array carries x's row count and dtype: residuals must be arrays)
-  return _dispatch_rows(x_TD, order_M, inv_M), (inv_M, jnp.zeros((x_TD.shape[0], 0), x_TD.dtype))
+  T = x_TD.shape[0]
+  return (_dispatch_rows(x_TD, order_M, inv_M),
+          (copy_major(inv_M, T), jnp.zeros((T, 0), x_TD.dtype)))
 
 
 def _dispatch_bwd(res, g_MD):
-  """dx[t] = Σ_j g[inv[t·k + j]]: the copies gathered back to token order, summed in fp32."""
-  inv_M, like_T0 = res
-  g_TkD = g_MD[inv_M].reshape(like_T0.shape[0], -1, g_MD.shape[-1])
-  return jnp.sum(g_TkD.astype(jnp.float32), axis=1).astype(like_T0.dtype), None, None
+  """dx[t] = Σ_j g[inv[t·k + j]]: the copies gathered back copy-major ([k, T, D]: k is not the
+  padded second-minor axis), summed in fp32."""
+  inv_cm, like_T0 = res
+  g_kTD = g_MD[inv_cm].reshape(-1, like_T0.shape[0], g_MD.shape[-1])
+  return jnp.sum(g_kTD.astype(jnp.float32), axis=0).astype(like_T0.dtype), None, None
+
+
+def copy_major(inv_M: jax.Array, T: int) -> jax.Array:
+  """inv (sorted position of copy t·k + j) laid out copy-major: entry j·T + t. Arrays of a
+  token's k copies are then [k, T, D], not [T, k, D]: on a TPU the second-minor axis is tiled by
+  8 or 16 rows, so k = 8 or 10 there doubles or pads the array (Qwen3-Next's top-10: 512 MiB where
+  320 suffice, at the step's peak; compiled for a v5e by benchmarks/tpu_aot.py)."""
+  return inv_M.reshape(T, -1).T.reshape(-1)
 
 
 _dispatch_rows.defvjp(_dispatch_fwd, _dispatch_bwd)
@@ -310,11 +321,12 @@ permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
 def _combine(out_MD, order_M, inv_M, weights_Tk):
-  """The expert-ordered rows back in token-copy order (copies[c] = out[inv[c]]), each token's k
-  copies summed with its routing weights."""
+  """The expert-ordered rows back in token-copy order (copies[c] = out[inv[c]], laid out
+  copy-major: `copy_major`), each token's k copies summed with its routing weights."""
   T, k = weights_Tk.shape
-  copies_MD = permute_rows(out_MD, inv_M, order_M)
-  return jnp.einsum("tkd,tk->td", copies_MD.reshape(T, k, -1), weights_Tk.astype(out_MD.dtype))
+  order_cm = (order_M % k) * T + order_M // k        # copy t·k + j's copy-major index j·T + t
+  copies_kTD = permute_rows(out_MD, copy_major(inv_M, T), order_cm).reshape(k, T, -1)
+  return jnp.einsum("ktd,tk->td", copies_kTD, weights_Tk.astype(out_MD.dtype))
 
 
 def experts_local(x_TD, weights_Tk, experts_Tk, wi, wo, act, capacity: int | None,
