@@ -274,3 +274,21 @@ def test_the_emulator_started_by_hand_prints_its_settings_and_buckets():
   assert any(l.startswith("export STORAGE_EMULATOR_HOST=http://127.0.0.1:") for l in lines), lines
   assert lines[-1].startswith("# bucket: gs://mine ") and "base_output_directory=gs://mine" in lines[-1]
   assert p.returncode == 0, err
+
+
+def test_files_under_leaves_out_a_file_that_vanishes_while_listed(tmp_path, monkeypatch):
+  """Another process's transient lock file listed and gone before its size is read (a
+  multi-process Orbax save) is not under the directory any more: left out, not an error."""
+  from MaxText.storage import paths
+  (tmp_path / "a").mkdir()
+  (tmp_path / "a" / "kept.bin").write_bytes(b"12345")
+  (tmp_path / "a" / "manifest.ocdbt.__lock").write_bytes(b"")
+  real_getsize = os.path.getsize
+
+  def getsize(path):
+    if path.endswith("__lock"):
+      os.remove(path)          # gone between os.walk's listing and the size
+    return real_getsize(path)
+
+  monkeypatch.setattr(os.path, "getsize", getsize)
+  assert paths.files_under(str(tmp_path)) == {"a/kept.bin": 5}

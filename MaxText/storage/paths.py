@@ -113,13 +113,19 @@ def listdir(path: str) -> list[str]:
 
 
 def files_under(root: str) -> dict[str, int]:
-  """{path relative to `root` ("/"-separated): size} of every file below `root`."""
+  """{path relative to `root` ("/"-separated): size} of every file below `root`. A file that
+  vanishes between the listing and its size (another process's transient lock file, e.g. Orbax's
+  `manifest.ocdbt.__lock` while the processes of a multi-process save list one directory) is not
+  under `root` any more, and is left out."""
   if not is_url(root):
     out = {}
     for dirpath, _, names in os.walk(root):
       for n in names:
         full = os.path.join(dirpath, n)
-        out[os.path.relpath(full, root).replace(os.sep, "/")] = os.path.getsize(full)
+        try:
+          out[os.path.relpath(full, root).replace(os.sep, "/")] = os.path.getsize(full)
+        except FileNotFoundError:
+          continue
     return out
   fs, p = filesystem(root)
   p = p.rstrip("/")
