@@ -19,7 +19,7 @@ PY
 if [ ! -f "$dir/$pin/libtpu/libtpu.so" ]; then
   mkdir -p "$dir/$pin"
   "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$dir/$pin" "$pin" >&2 \
-    || uv pip download --no-deps "$pin" -d "$dir/$pin" >&2
+    || { echo "tpu_aot.sh: could not download $pin from the package index" >&2; exit 3; }
   "$PY" - "$dir/$pin" <<'PY'
 import glob, sys, zipfile
 whl = glob.glob(f"{sys.argv[1]}/libtpu-*.whl")[0]
