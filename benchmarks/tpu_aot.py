@@ -6,9 +6,7 @@ the TPU lane checks on the chip), the compile time, and the program's largest op
 own cost model (`estimated_cycles`; a guide to fusion structure, not a timing: element-wise
 fusions are estimated ~2-5x slower than they run). Device time is scarce; this costs none.
 
-  bash benchmarks/tpu_aot.sh --base "model_name=qwen3-0.6b max_target_length=2048 \\
-      per_device_batch_size=8 dataset_type=synthetic" --variant "full: remat_policy=full" \\
-      --variant "qkv bf16: weight_dtype=bfloat16 remat_policy=save_qkv_attention"
+  bash benchmarks/tpu_aot.sh --base "model_name=qwen3-tiny max_target_length=256 dataset_type=synthetic" --variant "full: remat_policy=full" --top 3
 
 (`tpu_aot.sh` downloads the libtpu wheel that matches the installed jax once, into
 .libtpu-aot/, and runs this file with it.) Writes one Markdown table; --hlo-dir keeps each
@@ -22,16 +20,15 @@ the compile (only in this process).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import shlex
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 GiB = 2**30
 TOPOLOGY = "v5e:1x1"
 
@@ -113,22 +110,15 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  ap.add_argument("--base", default="", help="key=value overrides every variant starts from")
-  ap.add_argument("--variant", action="append", required=True,
-                  help='"label: key=value ..." (repeat); its keys replace the base\'s')
-  ap.add_argument("--out", default="", help="write the rows as JSON here")
+  from tpu_step import variant_parser, variants  # pylint: disable=import-outside-toplevel
+  ap = variant_parser(__doc__)
   ap.add_argument("--hlo-dir", default="", help="keep each variant's compiled HLO here")
   ap.add_argument("--top", type=int, default=0, help="list each variant's N costliest ops")
   args = ap.parse_args()
   devices = tpu_devices()
   rows = []
-  for text in args.variant:
-    label, _, keys = text.partition(":")
-    given = shlex.split(keys)
-    names = {k.split("=", 1)[0] for k in given}
-    argv = [k for k in shlex.split(args.base) if k.split("=", 1)[0] not in names] + given
-    row = run_variant(label.strip(), argv, devices, args.hlo_dir, args.top)
+  for label, argv in variants(args.base, args.variant):
+    row = run_variant(label, argv, devices, args.hlo_dir, args.top)
     rows.append(row)
     print(json.dumps({k: v for k, v in row.items() if k != "top_ops"}), flush=True)
     for op in row.get("top_ops", []):

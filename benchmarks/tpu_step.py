@@ -133,28 +133,44 @@ def table(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
-def main() -> int:
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def variant_parser(description: str) -> argparse.ArgumentParser:
+  """--base and --variant (repeated), as tpu_step.py and tpu_aot.py take them."""
+  ap = argparse.ArgumentParser(description=description,
+                               formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--base", default="", help="key=value overrides every variant starts from")
   ap.add_argument("--variant", action="append", required=True,
                   help='"label: key=value ..." (repeat); its keys replace the base\'s')
-  ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   ap.add_argument("--out", default="", help="write the rows as JSON here")
+  return ap
+
+
+def variants(base: str, texts: list[str]) -> list[tuple[str, list[str]]]:
+  """(label, argv) per "label: key=value ..." text: the base's keys, those the variant sets
+  replaced by its own."""
+  out = []
+  for text in texts:
+    label, _, keys = text.partition(":")
+    given = shlex.split(keys)
+    names = {k.split("=", 1)[0] for k in given}
+    out.append((label.strip(),
+                [k for k in shlex.split(base) if k.split("=", 1)[0] not in names] + given))
+  return out
+
+
+def main() -> int:
+  ap = variant_parser(__doc__)
+  ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   args = ap.parse_args()
   import jax  # pylint: disable=import-outside-toplevel
   print(f"devices: {jax.devices()}", flush=True)
   rows = []
-  for text in args.variant:
-    label, _, keys = text.partition(":")
-    given = shlex.split(keys)
-    names = {k.split("=", 1)[0] for k in given}
-    argv = [k for k in shlex.split(args.base) if k.split("=", 1)[0] not in names] + given
+  for label, argv in variants(args.base, args.variant):
     t0 = time.perf_counter()
     try:
-      row = run_variant(label.strip(), argv, args.steps)
+      row = run_variant(label, argv, args.steps)
     except Exception as e:  # noqa: BLE001 — one variant's failure is its row
       traceback.print_exc()
-      row = {"label": label.strip(), "keys": " ".join(argv), "status": "error",
+      row = {"label": label, "keys": " ".join(argv), "status": "error",
              "error": f"{type(e).__name__}: {e}"[:300]}
     row["wall_s"] = time.perf_counter() - t0
     print(json.dumps(row), flush=True)

@@ -111,6 +111,27 @@ def test_the_side_by_side_command_profiles_both_trainers_with_the_same_keys():
   load_config([BASE_YML, *keys, *[f"{k}={v}" for k, v in tpu_profile.PROFILE_KEYS.items()]])
 
 
+def test_a_family_rows_profile_takes_that_rows_keys_on_both_sides():
+  """`TPU_PROFILE_ROW=moe16 bash benchmarks/tpu_profile.sh` (docs/performance.md): each side runs
+  the row's keys from benchmarks/tpu_family_rows.py; an unknown row exits 2."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import tpu_family_rows as rows  # pylint: disable=import-outside-toplevel
+  env = {**os.environ, "TPU_PROFILE_ROW": "moe16"}
+  p = subprocess.run(["bash", "benchmarks/tpu_profile.sh", "--dry-run"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, check=False)
+  assert p.returncode == 0, p.stderr
+  lines = [line for line in p.stdout.splitlines() if line.startswith("[dry-run]")]
+  for line, side in zip(lines, ("maxtext", "ours")):
+    args = shlex.split(line)
+    keys = args[args.index("--out") + 2:]
+    assert keys[:len(rows.side_keys(rows.ROWS["moe16"], side))] == rows.side_keys(
+        rows.ROWS["moe16"], side), (side, keys)
+  bad = subprocess.run(["bash", "benchmarks/tpu_profile.sh", "--dry-run"], cwd=ROOT,
+                       env={**os.environ, "TPU_PROFILE_ROW": "nope"}, capture_output=True,
+                       text=True, check=False)
+  assert bad.returncode == 2 and "no row 'nope'" in bad.stderr, bad.stderr
+
+
 def test_a_trace_goes_to_an_object_store_and_a_failing_trace_never_stops_the_run(tmp_path,
                                                                                   monkeypatch):
   """On an object-store run directory the trace is written locally and copied there; a trace that

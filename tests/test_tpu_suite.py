@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shlex
 import subprocess
+import sys
 
 import jax
 import pytest
@@ -95,3 +96,15 @@ def test_maxtexts_rows_match_ours_and_its_keys_exist(tmp_path):
 
 if __name__ == "__main__":   # pragma: no cover
   pytest.main([__file__])
+
+
+def test_tpu_test_families_picks_the_families_a_short_chip_call_runs():
+  """`TPU_TEST_FAMILIES="llama qwen3-moe"` (docs/performance.md): tests/test_tpu.py's three-step
+  test over those families only (collected here; it runs on the chip)."""
+  env = {**os.environ, "TPU_TEST_FAMILIES": "llama qwen3-moe"}
+  p = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "tpu",
+                      "-p", "no:cacheprovider", "tests/test_tpu.py", "-k", "three_steps"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+  ids = [line for line in p.stdout.splitlines() if "three_steps" in line]
+  assert [i.rsplit("[", 1)[-1] for i in ids] == ["llama]", "qwen3-moe]"], ids

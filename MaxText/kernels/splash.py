@@ -101,18 +101,18 @@ def backward_block(block: int, head_dim_padded: int, length: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, bkv: int,
-            interpret: bool, fused_bwd: bool = False, bq_bwd: int = 0, bkv_bwd: int = 0):
+            interpret: bool, fused_bwd: bool, bq_bwd: int, bkv_bwd: int):
   """Builds (and caches) the kernel: mask processing is NumPy work over all blocks. Built eagerly
   (`ensure_compile_time_eval`) so its mask-info arrays are concrete constants, never tracers of
   the trace that first asked for it (a cached tracer would leak into the next trace)."""
   with jax.ensure_compile_time_eval():
-    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd,
-                         bq_bwd or bq, bkv_bwd or bkv)
+    return _build_kernel(H, S, T, causal, window, bq, bkv, interpret, fused_bwd, bq_bwd, bkv_bwd)
 
 
 def _build_kernel(H: int, S: int, T: int, causal: bool, window: int | None, bq: int, bkv: int,
-                  interpret: bool, fused_bwd: bool = False, bq_bwd: int = 0, bkv_bwd: int = 0):
-  bq_bwd, bkv_bwd = bq_bwd or bq, bkv_bwd or bkv
+                  interpret: bool, fused_bwd: bool, bq_bwd: int, bkv_bwd: int):
+  """The splash kernel: forward blocks bq x bkv, the backward's bq_bwd x bkv_bwd
+  (`backward_block`)."""
   sa = _module()
   if window is not None:
     mask = sa.LocalMask((S, T), window_size=(window - 1, 0 if causal else None), offset=0)

@@ -55,8 +55,8 @@ def rotate_by_swap_matmul(x, cos, sin):
   nonzero term per output, f32 accumulation; at `highest` for fp32 inputs). On TPU the swap is one
   small MXU matmul whose output fusion takes the rotation, the scale and the heads-major layout
   splash reads, where slicing the 128-lane head dimension into halves made XLA write them as two
-  half-filled arrays and concatenate them in a second pass (measured on a v5e: 16 ms of a 691 ms
-  Qwen3-0.6B step)."""
+  half-filled arrays and concatenate them in a second pass (a v5e, Qwen3-0.6B at seq 2048 batch
+  8: the step 693 -> 663 ms, RESULTS.md "TPU v5e")."""
   E = x.shape[-1]
   precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
   swapped = jnp.einsum("...e,ef->...f", x, swap_halves_matrix(E, x.dtype), precision=precision,
