@@ -213,11 +213,16 @@ def test_three_steps_on_the_chip_equal_the_cpu_in_float32(family, cpu_losses,
   loss_bound = max(RTOL, SENSITIVITY * _rel(emulated["losses"], cpu["losses"]))
   grad_bound = max(RTOL, SENSITIVITY * _rel(emulated["grad_norms"], cpu["grad_norms"]))
   record(f"three steps {family}", tpu=tpu["losses"], cpu=cpu["losses"],
-         rel=_rel(tpu["losses"], cpu["losses"]), loss_bound=loss_bound,
+         rel=_rel(tpu["losses"], cpu["losses"]),
+         first_rel=_rel(tpu["losses"][:1], cpu["losses"][:1]), loss_bound=loss_bound,
          emulated=emulated["losses"], tpu_grad_norms=tpu["grad_norms"],
          cpu_grad_norms=cpu["grad_norms"], grad_rel=_rel(tpu["grad_norms"], cpu["grad_norms"]),
          grad_bound=grad_bound, emulated_grad_norms=emulated["grad_norms"])
   assert np.all(np.isfinite(tpu["losses"])), tpu
+  # the first loss is the forward pass of the same initial weights, before any update has carried
+  # a gradient's sensitivity into the weights: 1e-5 for every family (gemma4-tiny's grad-norm bound
+  # is ~14 % from the second step on, its first loss agreed to 2.4e-7 on the chip)
+  assert _rel(tpu["losses"][:1], cpu["losses"][:1]) <= RTOL, (tpu["losses"], cpu["losses"])
   assert _rel(tpu["losses"], cpu["losses"]) <= loss_bound, (tpu["losses"], cpu["losses"],
                                                             emulated["losses"])
   assert _rel(tpu["grad_norms"], cpu["grad_norms"]) <= grad_bound, (
