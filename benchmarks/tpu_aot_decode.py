@@ -118,7 +118,7 @@ def build(args, devices, weights: str):
   from MaxText.config.load import load_config, replace  # pylint: disable=import-outside-toplevel
   from MaxText.resolve.config_checks import validate  # pylint: disable=import-outside-toplevel
   keys = [f"dtype={args.dtype}", *args.set]
-  keys += ["weight_dtype=float32", "weight_bits=8", f"weight_group_size={args.group_size}"] \
+  keys += ["weight_dtype=bfloat16", "weight_bits=8", f"weight_group_size={args.group_size}"] \
       if weights == "int8" else [f"weight_dtype={weights}"]
   cfg = load_config([os.path.join(ROOT, "configs", "base.yml"), "jax_cache_dir=", *keys])
   validate(replace(cfg, max_target_length=min(cfg.max_target_length,
