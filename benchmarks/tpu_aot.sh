@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # benchmarks/tpu_aot.py with the libtpu its compile needs: the wheel pinned by the installed jax's
 # `tpu` extra, downloaded once from PyPI into .libtpu-aot/ (git-ignored, ~140 MB) and unpacked
-# there; then `.venv/bin/python benchmarks/tpu_aot.py "$@"` with TPU_LIBRARY_PATH set. No chip
-# needed: the program is compiled for one TPU v5e on this machine's CPU.
+# there; then `.venv/bin/python benchmarks/tpu_aot.py "$@"` with TPU_LIBRARY_PATH set (`tpu_aot.sh
+# decode ...`: benchmarks/tpu_aot_decode.py, the decoding engine's programs). No chip needed: the
+# program is compiled for one TPU v5e on this machine's CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -28,4 +29,6 @@ PY
   rm -f "$dir/$pin"/libtpu-*.whl
 fi
 export TPU_LIBRARY_PATH=$PWD/$dir/$pin/libtpu/libtpu.so
-exec "$PY" benchmarks/tpu_aot.py "$@"
+script=benchmarks/tpu_aot.py
+if [ "${1:-}" = decode ]; then script=benchmarks/tpu_aot_decode.py; shift; fi
+exec "$PY" "$script" "$@"

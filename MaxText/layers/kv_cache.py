@@ -171,11 +171,16 @@ class KVCache:
   def attend(self, group: dict, index, q_BSHE, positions_BS, *, scale: float) -> jax.Array:
     """Attention of queries at `positions_BS` over row `index` of the cache: keys at positions
     <= the query's (and > query - window): softmax in fp32, GQA without repeating K/V."""
-    k_BKTE = group["k"][index].astype(q_BSHE.dtype)
-    v_BKTE = group["v"][index].astype(q_BSHE.dtype)
     B, S, H, E = q_BSHE.shape
-    K, T = k_BKTE.shape[1], k_BKTE.shape[2]
+    L, _, K, T, _ = group["k"].shape
     G = H // K
+    # rows and kv heads merged into ONE batch axis N = B x K before the layer's row is cut (a
+    # reshape of the stacked cache, no copy; merged after the cut, XLA on a TPU copies the row
+    # out): with one batch axis the TPU's program fuses the softmax's max into the scores'
+    # matmul, ~10 % fewer estimated cycles for the attention (benchmarks/tpu_aot_decode.py)
+    N, Q = B * K, G * S
+    k_NTE = group["k"].reshape(L, N, T, E)[index].astype(q_BSHE.dtype)
+    v_NTE = group["v"].reshape(L, N, T, E)[index].astype(q_BSHE.dtype)
     if self.window:
       key_pos_BT = group["pos"][index]
     else:
@@ -185,12 +190,13 @@ class KVCache:
     if self.window:
       mask_BST &= key_pos_BT[:, None, :] > q_pos_BS1 - self.window
     # heads-major: the G query heads of one kv head folded into the query rows (row g*S + s)
-    q_BKQE = q_BSHE.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, E)
-    scores_BKQT = jnp.einsum("bkqe,bkte->bkqt", q_BKQE, k_BKTE,
-                             preferred_element_type=jnp.float32) * scale
-    mask_BQT = jnp.tile(mask_BST, (1, G, 1))
-    scores_BKQT = jnp.where(mask_BQT[:, None], scores_BKQT, jnp.finfo(jnp.float32).min)
-    probs_BKQT = jax.nn.softmax(scores_BKQT, axis=-1).astype(v_BKTE.dtype)
-    out_BKQE = jnp.einsum("bkqt,bkte->bkqe", probs_BKQT, v_BKTE)
-    return out_BKQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
+    q_NQE = q_BSHE.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(N, Q, E)
+    scores_NQT = jnp.einsum("nqe,nte->nqt", q_NQE, k_NTE,
+                            preferred_element_type=jnp.float32) * scale
+    mask_NQT = jnp.broadcast_to(jnp.tile(mask_BST, (1, G, 1))[:, None],
+                                (B, K, Q, T)).reshape(N, Q, T)
+    scores_NQT = jnp.where(mask_NQT, scores_NQT, jnp.finfo(jnp.float32).min)
+    probs_NQT = jax.nn.softmax(scores_NQT, axis=-1).astype(v_NTE.dtype)
+    out_NQE = jnp.einsum("nqt,nte->nqe", probs_NQT, v_NTE)
+    return out_NQE.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
 
