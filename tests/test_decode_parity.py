@@ -139,3 +139,19 @@ def test_eight_devices_give_the_tokens_of_one(family):
   for x, y in zip(a, b):
     assert x.output_ids == y.output_ids
     assert np.abs(np.asarray(x.output_logprobs) - np.asarray(y.output_logprobs)).max() < TOL_LOGPROB
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma4"])
+def test_the_pallas_decoding_kernel_gives_the_tokens_of_the_einsums(family):
+  """`decode_attention=pallas` (MaxText/kernels/decode_attention.py, interpreted on the CPU):
+  Gemma 4's full layers on the kernel beside its sliding layers on the einsums; prompts of
+  different lengths, so each row's live length differs."""
+  import dataclasses
+  mcfg, _, one, params = one_device(family)
+  ps = prompts(mcfg.vocab_size)
+  pallas = engine(dataclasses.replace(mcfg, decode_attention="pallas"), batch_size=4)
+  a = one.generate(params, ps, max_new_tokens=12)
+  b = pallas.generate(params, ps, max_new_tokens=12)
+  for x, y in zip(a, b):
+    assert x.output_ids == y.output_ids
+    assert np.abs(np.asarray(x.output_logprobs) - np.asarray(y.output_logprobs)).max() < TOL_LOGPROB

@@ -1,6 +1,6 @@
 """The KV cache kinds against a NumPy reference: a sliding-window ring buffer of W slots fed a
 prompt longer than W and then one token at a time holds exactly the last W positions and attends
-over q - W < k <= q; a full cache over k <= q; their memory is O(window) and O(length); Gemma 4
+over q - W < k <= q; a full cache over k <= q (its einsums and its Pallas decoding kernel); their memory is O(window) and O(length); Gemma 4
 E2B's cache groups (its KV-shared tail stores nothing)."""
 import jax
 import jax.numpy as jnp
@@ -32,8 +32,8 @@ def test_ring_and_full_caches_match_a_reference():
   rng = np.random.default_rng(0)
   keys, values = rng.normal(size=(2, B, T, K, E)).astype(np.float32)
   lengths = np.array([7, 3])          # prompts: one longer than the window, one shorter
-  for window in (W, 0):
-    kind = KVCache(K, E, window)
+  for window, kernel in ((W, "xla"), (0, "xla"), (0, "pallas")):
+    kind = KVCache(K, E, window, kernel=kernel)
     specs = kind.arrays(B, T, jnp.float32)
     group = {n: np.full((1, *a.shape), a.fill, a.dtype) for n, a in specs.items()}
     # one program per shape (eagerly every op of a write or an attend compiles alone)

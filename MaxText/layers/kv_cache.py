@@ -39,6 +39,8 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from MaxText.kernels.decode_attention import decode_attention
+
 CACHE_BKTE = ("activation_batch", "activation_kv_heads", None, None)
 CACHE_BT = ("activation_batch", None)
 
@@ -67,10 +69,14 @@ class CacheGroup:
 
 @dataclass(frozen=True)
 class KVCache:
-  """Keys and values of attention layers; `window` > 0: a sliding-window ring buffer."""
+  """Keys and values of attention layers; `window` > 0: a sliding-window ring buffer. `kernel`
+  (the `decode_attention` key): "pallas" runs a one-token step over a full-attention cache with
+  MaxText/kernels/decode_attention.py (only the blocks holding live positions read), else the
+  einsums below."""
   kv_heads: int
   head_dim: int
   window: int = 0
+  kernel: str = "xla"
 
   @property
   def rolls_back_by_position(self) -> bool:
@@ -174,6 +180,11 @@ class KVCache:
     B, S, H, E = q_BSHE.shape
     L, _, K, T, _ = group["k"].shape
     G = H // K
+    if self.kernel == "pallas" and not self.window and S == 1:
+      # keys 0 .. the query's position: slot = position in a full-attention cache
+      o_BKGE = decode_attention(q_BSHE.reshape(B, K, G, E), group["k"], group["v"], index,
+                                positions_BS[:, 0] + 1, scale=scale)
+      return o_BKGE.reshape(B, S, H, E)
     # rows and kv heads merged into ONE batch axis N = B x K before the layer's row is cut (a
     # reshape of the stacked cache, no copy; merged after the cut, XLA on a TPU copies the row
     # out): with one batch axis the TPU's program fuses the softmax's max into the scores'

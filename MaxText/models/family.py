@@ -56,7 +56,7 @@ COMMON_KEYS = frozenset({
     "decoder_block", "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads",
     "num_kv_heads", "head_dim", "mlp_dim", "norm_epsilon", "rope_theta", "max_position_embeddings",
     "init_std", "dtype", "weight_dtype", "scan_layers", "remat_policy", "attention",
-    "flash_block_q", "flash_block_kv", "flash_fused_bwd"})
+    "flash_block_q", "flash_block_kv", "flash_fused_bwd", "decode_attention"})
 # Model keys generic code applies to any family's module (models/model_def.py: LoRA adapters,
 # quantized projections, the generator of a fresh init, the hot path and matmul precision its
 # layers are traced at, the dtype of the logits its loss reads).

@@ -112,7 +112,7 @@ def shared_kv_kinds(cfg: ModelConfig) -> tuple[str, ...]:
 def cache_kind(cfg: ModelConfig, attention: str) -> KVCache:
   """The decoding cache of a layer kind: sliding layers keep a ring buffer of their window."""
   return KVCache(kv_heads_of(cfg, attention), head_dim_of(cfg, attention),
-                 cfg.sliding_window if attention == "sliding" else 0)
+                 cfg.sliding_window if attention == "sliding" else 0, kernel=cfg.decode_attention)
 
 
 def cache_rows(cfg: ModelConfig) -> tuple[int, ...]:

@@ -72,7 +72,7 @@ class Attention(nnx.Module):
     self.rope_theta = cfg.rope_theta
     self.scale = E ** -0.5
     self.op = attention_op(cfg)
-    self.cache = KVCache(K, E)
+    self.cache = KVCache(K, E, kernel=cfg.decode_attention)
 
   def _qkv(self, x_BSD, positions_BS):
     q_BSHE, k_BSKE, v_BSKE = (checkpoint_name(y, QKV_PROJ) for y in
@@ -316,7 +316,7 @@ class Transformer(nnx.Module):
 def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
   """Every layer keeps full-attention K/V (one group, one row per layer); the MTP block's layers
   theirs (group MTP, one row per depth)."""
-  return {KV: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), cfg.num_decoder_layers),
+  return {KV: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim, kernel=cfg.decode_attention), cfg.num_decoder_layers),
           **mtp_cache(cfg)}
 
 
@@ -324,4 +324,4 @@ def mtp_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
   """The MTP block's decoding cache: full-attention K/V per depth ({} without the block)."""
   if not cfg.mtp_num_layers:
     return {}
-  return {MTP: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), cfg.mtp_num_layers)}
+  return {MTP: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim, kernel=cfg.decode_attention), cfg.mtp_num_layers)}

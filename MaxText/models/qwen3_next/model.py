@@ -128,7 +128,7 @@ class GatedAttention(nnx.Module):
     self.rotary_dim = int(E * cfg.partial_rotary_factor)
     self.scale = E ** -0.5
     self.op = attention_op(cfg)
-    self.cache = KVCache(K, E)
+    self.cache = KVCache(K, E, kernel=cfg.decode_attention)
 
   def _qkv(self, x_BSD, positions_BS):
     """(q, its output gate [B, S, H, E], k, v [B, S, K, E]): q/k normed, partial RoPE."""
@@ -260,6 +260,6 @@ def decode_cache(cfg: ModelConfig) -> dict[str, CacheGroup]:
   (FULL); one row per layer of the kind; the MTP block's layers theirs (MTP)."""
   kinds = mixer_types(cfg.attention_pattern, cfg.num_decoder_layers)
   groups = {LINEAR: CacheGroup(linear_state(cfg), kinds.count(LINEAR)),
-            FULL: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim), kinds.count(FULL))}
+            FULL: CacheGroup(KVCache(cfg.num_kv_heads, cfg.head_dim, kernel=cfg.decode_attention), kinds.count(FULL))}
   return {**{name: group for name, group in groups.items() if group.layers},
           **llama_model.mtp_cache(cfg)}

@@ -1,0 +1,141 @@
+"""`decode_attention=pallas`: one decoding step's attention over a full-attention KV cache as a
+Pallas TPU kernel (flash decoding: an online softmax over blocks of cache positions) that reads
+only the blocks holding live positions.
+
+Why: a decoding step is memory-bound, its cache read grows with the batch (Qwen3-0.6B at batch 32
+and a 256-position bucket reads 896 MiB of K/V a step, about what it reads of weights), and the
+XLA einsums read the whole bucket whatever each row's length. Here a row block's cache blocks
+beyond its longest live row are not fetched at all: the block index is clamped to the last live
+block, and Pallas does not copy a block whose index did not change.
+
+Layouts (MaxText/layers/kv_cache.py): the stacked cache of one group, k / v [L, B, K, T, E], is
+seen as [L·B·K, T, E] (a reshape, no copy) and the kernel is handed the WHOLE stack with the layer
+in a scalar operand, so cutting the layer's row costs no copy either. Queries: q [B·K, G, E] (the
+G query heads of one kv head together; row n = b·K + k). `lengths_B`: the live positions of each
+row (keys 0 .. length - 1 are attended; a decoding step's query sits at position length - 1).
+
+Grid (row blocks, cache blocks): R rows (R·K of the [B·K] axis) and `block_t` positions per step;
+fp32 running max / sum / output in VMEM scratch. Runs with `interpret=True` on a CPU (the default
+there), so the tests check it against the XLA path.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+NEG = -1e30      # masked scores (finite: a fully masked block leaves exp() = 0, no NaN)
+
+
+def _kernel(layer_ref, last_ref, len_ref, q_ref, k_ref, v_ref, o_ref, m_scr, l_scr, acc_scr, *,
+            scale: float, block_t: int, n_blocks: int):
+  del layer_ref
+  i, j = pl.program_id(0), pl.program_id(1)
+
+  @pl.when(j == 0)
+  def _init():
+    m_scr[...] = jnp.full(m_scr.shape, NEG, jnp.float32)
+    l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+  @pl.when(j <= last_ref[i])       # blocks past the row block's longest row: nothing to read
+  def _step():
+    q = q_ref[...]                                                    # [N, G, E]
+    k = k_ref[...].astype(q.dtype)                                    # [N, Tb, E]
+    s = jnp.einsum("nge,nte->ngt", q, k, preferred_element_type=jnp.float32) * scale
+    pos = j * block_t + jax.lax.broadcasted_iota(jnp.int32, s.shape, 2)
+    s = jnp.where(pos < len_ref[...], s, NEG)                         # len [N, 1, 1]
+    m_prev = m_scr[...]                                               # [N, G, 1]
+    m_new = jnp.maximum(m_prev, jnp.max(s, axis=2, keepdims=True))
+    alpha = jnp.exp(m_prev - m_new)
+    p = jnp.exp(s - m_new)
+    l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=2, keepdims=True)
+    v = v_ref[...].astype(q.dtype)
+    acc_scr[...] = alpha * acc_scr[...] + jnp.einsum(
+        "ngt,nte->nge", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    m_scr[...] = m_new
+
+  @pl.when(j == n_blocks - 1)
+  def _done():
+    o_ref[...] = (acc_scr[...] / l_scr[...]).astype(o_ref.dtype)
+
+
+def block_rows(batch: int, kv_heads: int, target: int = 64) -> int:
+  """Rows per grid step: the largest divisor R of `batch` with R·kv_heads <= max(target,
+  kv_heads) (R·K query/cache rows per step)."""
+  best = 1
+  for r in range(1, batch + 1):
+    if batch % r == 0 and r * kv_heads <= max(target, kv_heads):
+      best = r
+  return best
+
+
+def fit_block_t(length: int, block_t: int) -> int:
+  """The cache block: the largest divisor of `length` that is <= block_t and a multiple of 16
+  (bf16's sublane tile), or the whole length."""
+  for b in range(min(block_t, length), 15, -1):
+    if length % b == 0 and b % 16 == 0:
+      return b
+  return length
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_t", "rows", "interpret"))
+def decode_attention(q_BKGE: jax.Array, k_LBKTE: jax.Array, v_LBKTE: jax.Array, layer,
+                     lengths_B: jax.Array, *, scale: float, block_t: int = 128,
+                     rows: int = 0, interpret: bool | None = None) -> jax.Array:
+  """softmax(q·kᵀ·scale over keys 0 .. lengths_B[b] - 1 of layer `layer`)·v, o [B, K, G, E] in
+  q's dtype. q [B, K, G, E]; k / v the group's whole stack [L, B, K, T, E]; `layer` an int32
+  scalar (traced or not); lengths >= 1 (a row with length 0 reads key 0)."""
+  B, K, G, E = q_BKGE.shape
+  L, _, _, T, _ = k_LBKTE.shape
+  if interpret is None:
+    interpret = jax.default_backend() == "cpu"
+  R = rows or block_rows(B, K)
+  if B % R:
+    raise ValueError(f"decode_attention: rows={R} does not divide the batch {B}")
+  Tb = fit_block_t(T, block_t)
+  nT, nR, N = T // Tb, B // R, R * K
+  lengths_B = jnp.clip(lengths_B.astype(jnp.int32), 1, T)
+  last_R = (jnp.max(lengths_B.reshape(nR, R), axis=1) - 1) // Tb     # last live block per step
+  len_N11 = jnp.repeat(lengths_B, K)[:, None, None]
+  layer_1 = jnp.asarray(layer, jnp.int32).reshape(1)
+  k_MTE = k_LBKTE.reshape(L * B * K, T, E)
+  v_MTE = v_LBKTE.reshape(L * B * K, T, E)
+  q_NGE = q_BKGE.reshape(B * K, G, E)
+
+  def kv_map(i, j, layer_ref, last_ref):
+    return (layer_ref[0] * nR + i, jnp.minimum(j, last_ref[i]), 0)
+
+  kernel = functools.partial(_kernel, scale=scale, block_t=Tb, n_blocks=nT)
+  out = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct(q_NGE.shape, q_NGE.dtype),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=2,
+          grid=(nR, nT),
+          in_specs=[pl.BlockSpec((N, 1, 1), lambda i, j, *_: (i, 0, 0)),
+                    pl.BlockSpec((N, G, E), lambda i, j, *_: (i, 0, 0)),
+                    pl.BlockSpec((N, Tb, E), kv_map),
+                    pl.BlockSpec((N, Tb, E), kv_map)],
+          out_specs=pl.BlockSpec((N, G, E), lambda i, j, *_: (i, 0, 0)),
+          scratch_shapes=[pltpu.VMEM((N, G, 1), jnp.float32),
+                          pltpu.VMEM((N, G, 1), jnp.float32),
+                          pltpu.VMEM((N, G, E), jnp.float32)]),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+      interpret=interpret,
+  )(layer_1, last_R, len_N11, q_NGE, k_MTE, v_MTE)
+  return out.reshape(B, K, G, E)
+
+
+def reference(q_BKGE, k_LBKTE, v_LBKTE, layer, lengths_B, *, scale: float) -> jax.Array:
+  """The same attention in plain XLA (fp32 softmax), for tests."""
+  k = k_LBKTE[layer].astype(jnp.float32)
+  v = v_LBKTE[layer].astype(jnp.float32)
+  s = jnp.einsum("bkge,bkte->bkgt", q_BKGE.astype(jnp.float32), k) * scale
+  T = k.shape[2]
+  live = jnp.arange(T)[None, :] < jnp.clip(lengths_B, 1, T)[:, None]
+  s = jnp.where(live[:, None, None, :], s, -jnp.inf)
+  return jnp.einsum("bkgt,bkte->bkge", jax.nn.softmax(s, axis=-1), v).astype(q_BKGE.dtype)
