@@ -1,5 +1,7 @@
 """Quantization: the GPTQ core equals a NumPy reference of the algorithm (column by column, no
-blocks, in float64) with and without act-order; RTN int8 logits are within 1% of fp32; on a tiny
+blocks, in float64) with and without act-order; the integer-weight matmul of both hot paths (qwix's
+dequantise-first, the plain path's grouped one) equals dequantise-then-matmul in float64, and both
+give the same logits; RTN int8 logits are within 1% of fp32; on a tiny
 trained model GPTQ at 4 bits has a smaller layer output error than RTN on every matrix; the
 quantized checkpoint restores into integer arrays and evaluates / decodes / exports to transformers
 (dequantized); bad combinations exit 2 naming the key; qwix QAT trains (the loss falls, 8 devices
@@ -157,7 +159,7 @@ def _config(ckpt):
   return adopt_checkpoint_architecture(load_config(argv), argv)
 
 
-def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
+def test_rtn_int8_logits_within_one_percent_of_fp32(trained, monkeypatch):
   _, ckpt = trained
   cfg = _config(ckpt)
   mcfg = ModelConfig.from_config(cfg)
@@ -173,6 +175,20 @@ def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
   got = np.asarray(jax.jit(make_model_def(qmcfg).apply)(qparams, tokens, pos, seg))
   rel = np.linalg.norm(got - want) / np.linalg.norm(want)
   assert 0 < rel < 0.01, rel
+  # groups of 32 rows, through both hot paths: qwix's dequantise-first matmul (the CPU's) and the
+  # grouped one (GPU / TPU decoding's) give the same logits
+  qparams, _ = convert.quantize_params(params, convert.targets(mcfg, ""), "rtn", 8, 32,
+                                       progress=False)
+  logits, traced = {}, []
+  grouped = quant.grouped_int_matmul
+  monkeypatch.setattr(quant, "grouped_int_matmul", lambda *a: traced.append(1) or grouped(*a))
+  for path in ("tuned", "plain"):
+    pcfg = replace(cfg, weight_bits=8, weight_group_size=32, hot_path=path)
+    logits[path] = np.asarray(jax.jit(make_model_def(ModelConfig.from_config(pcfg)).apply)(
+        qparams, tokens, pos, seg))
+    assert bool(traced) == (path == "plain"), path    # which matmul each path traced
+  diff = np.abs(logits["plain"] - logits["tuned"]).max() / np.abs(logits["tuned"]).max()
+  assert diff < 1e-4, diff
 
 
 def _quantize(out, ckpt, name, *args):

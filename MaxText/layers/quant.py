@@ -19,7 +19,10 @@ Three roles, each a static, hashable `quant` object on the projection that compu
     integer levels (int8, or int4 packed two per uint8 along the kernel's last axis, so every other
     dimension — the ones model code may read — keeps its size: layers/int_levels.py) and
     `kernel_scale` [*lead, G, *out] the per-group scales (G groups of consecutive rows of the
-    flattened input); the matmul is qwix's `dot_general` on a `qwix.QArray` of them.
+    flattened input); the matmul is qwix's `dot_general` on a `qwix.QArray` of them (dequantise,
+    then a float matmul), except on the plain hot path (GPU / TPU) for inputs of up to
+    GROUPED_MAX_ROWS rows (decoding): `grouped_int_matmul`, the levels converted inside the dot and
+    the group scales on its output.
   * `HessianProbe` — calibration: the projection's forward is unchanged, and the gradient of the
     zero parameter `hessian_probe` [*lead, K, K] is X^T X over the tokens it saw (K: the flattened
     input), so one backward pass gives every layer's GPTQ Hessian, scanned layers included.
