@@ -157,8 +157,9 @@ def grouped_int_matmul(x_MK: jax.Array, q_KN: jax.Array, scale_GN: jax.Array, ou
   g, n = scale_GN.shape
   rows = max(m, MIN_ROWS)
   x = jnp.pad(x_MK, ((0, rows - m), (0, 0))) if rows > m else x_MK
-  y_GMN = jax.lax.dot_general(x.reshape(rows, g, k // g), q_KN.reshape(g, k // g, n).astype(x.dtype),
-                              (((2,), (1,)), ((1,), (0,))), preferred_element_type=jnp.float32)
+  w_GgN = q_KN.reshape(g, k // g, n).astype(x.dtype)
+  y_GMN = jax.lax.dot_general(x.reshape(rows, g, k // g), w_GgN, (((2,), (1,)), ((1,), (0,))),
+                              preferred_element_type=jnp.float32)
   y = (y_GMN * scale_GN.astype(jnp.float32)[:, None, :]).sum(0)
   return (y[:m] if rows > m else y).astype(out_dtype)
 
