@@ -1,5 +1,7 @@
 """Quantization: the GPTQ core equals a NumPy reference of the algorithm (column by column, no
-blocks, in float64) with and without act-order; RTN int8 logits are within 1% of fp32; on a tiny
+blocks, in float64) with and without act-order; the integer-weight matmul of both hot paths (qwix's
+dequantise-first, the plain path's grouped one) equals dequantise-then-matmul in float64, and both
+give the same logits; RTN int8 logits are within 1% of fp32; on a tiny
 trained model GPTQ at 4 bits has a smaller layer output error than RTN on every matrix; the
 quantized checkpoint restores into integer arrays and evaluates / decodes / exports to transformers
 (dequantized); bad combinations exit 2 naming the key; qwix QAT trains (the loss falls, 8 devices
@@ -11,13 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import traverse_util
+from flax import nnx, traverse_util
 
 from conftest import BASE_YML, MESH_1, train
 from MaxText import decode, evaluate, quantize
 from MaxText.checkpoint.manager import load_params, load_params_host, read_meta
 from MaxText.config.load import load_config, replace
-from MaxText.layers import int_levels
+from MaxText.backend import hot_path
+from MaxText.layers import int_levels, quant
+from MaxText.layers.linear import DenseGeneral
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.quantization import convert, gptq
@@ -89,6 +93,51 @@ def test_int4_packing_round_trips():
   np.testing.assert_array_equal(host, q)
 
 
+# ---- the integer-weight matmul: dequantise-first (qwix) and grouped (the plain hot path) ---------
+def _int_dense(bits, group_size, rng):
+  """A projection [64] -> [4, 6] with RTN integer weights set as `attach_int_weights` sets them;
+  (the projection, its levels [64, 24] int8, scales [G, 24] float32)."""
+  dense = DenseGeneral((64,), (4, 6), ("embed", "heads", "kv"), rngs=nnx.Rngs(0),
+                       dtype=jnp.bfloat16, param_dtype=jnp.float32)
+  w = jnp.asarray(rng.normal(size=(64, 24)), jnp.float32)
+  q, s = gptq.rtn(w, bits, group_size)
+  kernel = np.asarray(q).reshape(64, 4, 6)
+  if bits == 4:
+    kernel = int_levels.pack_int4(kernel, 2)
+  dense.kernel = nnx.Param(jnp.asarray(kernel), logical_axes=("embed", "heads", "kv"))
+  dense.kernel_scale = nnx.Param(s.reshape(-1, 4, 6), logical_axes=(None, "heads", "kv"))
+  dense.quant = quant.IntWeights(bits)
+  return dense, np.asarray(q), np.asarray(s)
+
+
+@pytest.mark.parametrize("bits,group_size,rows", [(8, 16, 1), (8, 0, 5), (4, 16, 12)])
+def test_grouped_int_matmul_equals_numpy_dequantised_reference(bits, group_size, rows):
+  """The plain hot path's integer matmul (levels converted inside the matmul, fp32 group scales
+  on its output: `quant.grouped_int_matmul`) equals dequantise-then-matmul in float64 to fp32
+  rounding; qwix's dequantise-first path (the tuned path's), which rounds the scaled weights to
+  bf16, is within bf16 rounding of both."""
+  rng = np.random.default_rng(bits + rows)
+  dense, q, s = _int_dense(bits, group_size, rng)
+  x = jnp.asarray(rng.normal(size=(rows, 64)), jnp.bfloat16)
+  g = s.shape[0]
+  w = (q.reshape(g, -1, 24).astype(np.float64) * s[:, None, :]).reshape(64, 24)
+  want = (np.asarray(x, np.float64) @ w).reshape(rows, 4, 6)
+  got = {}
+  for path in (hot_path.PLAIN, hot_path.TUNED):
+    with hot_path.use(path):
+      got[path] = np.asarray(jax.jit(lambda x: dense(x, jnp.float32))(x), np.float64)
+  scale = np.abs(want).max()
+  plain_err = np.abs(got[hot_path.PLAIN] - want).max() / scale
+  tuned_err = np.abs(got[hot_path.TUNED] - want).max() / scale
+  assert plain_err < 1e-6, plain_err
+  assert tuned_err < 2 ** -7, tuned_err
+  assert plain_err < tuned_err / 10, (plain_err, tuned_err)   # the bf16 weights' rounding
+  # in bf16 (the projection's default output) the two paths agree to bf16's rounding
+  with hot_path.use(hot_path.PLAIN):
+    y16 = np.asarray(jax.jit(dense)(x), np.float64)
+  assert np.abs(y16 - want).max() / scale < 2 ** -8
+
+
 # ---- a tiny trained model: GPTQ vs RTN, the quantized checkpoint ---------------------------------
 DATA = ["eval_split_fraction=0.1", "per_device_batch_size=1"]
 
@@ -110,7 +159,7 @@ def _config(ckpt):
   return adopt_checkpoint_architecture(load_config(argv), argv)
 
 
-def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
+def test_rtn_int8_logits_within_one_percent_of_fp32(trained, monkeypatch):
   _, ckpt = trained
   cfg = _config(ckpt)
   mcfg = ModelConfig.from_config(cfg)
@@ -126,6 +175,20 @@ def test_rtn_int8_logits_within_one_percent_of_fp32(trained):
   got = np.asarray(jax.jit(make_model_def(qmcfg).apply)(qparams, tokens, pos, seg))
   rel = np.linalg.norm(got - want) / np.linalg.norm(want)
   assert 0 < rel < 0.01, rel
+  # groups of 32 rows, through both hot paths: qwix's dequantise-first matmul (the CPU's) and the
+  # grouped one (GPU / TPU decoding's) give the same logits
+  qparams, _ = convert.quantize_params(params, convert.targets(mcfg, ""), "rtn", 8, 32,
+                                       progress=False)
+  logits, traced = {}, []
+  grouped = quant.grouped_int_matmul
+  monkeypatch.setattr(quant, "grouped_int_matmul", lambda *a: traced.append(1) or grouped(*a))
+  for path in ("tuned", "plain"):
+    pcfg = replace(cfg, weight_bits=8, weight_group_size=32, hot_path=path)
+    logits[path] = np.asarray(jax.jit(make_model_def(ModelConfig.from_config(pcfg)).apply)(
+        qparams, tokens, pos, seg))
+    assert bool(traced) == (path == "plain"), path    # which matmul each path traced
+  diff = np.abs(logits["plain"] - logits["tuned"]).max() / np.abs(logits["tuned"]).max()
+  assert diff < 1e-4, diff
 
 
 def _quantize(out, ckpt, name, *args):

@@ -19,7 +19,10 @@ Three roles, each a static, hashable `quant` object on the projection that compu
     integer levels (int8, or int4 packed two per uint8 along the kernel's last axis, so every other
     dimension — the ones model code may read — keeps its size: layers/int_levels.py) and
     `kernel_scale` [*lead, G, *out] the per-group scales (G groups of consecutive rows of the
-    flattened input); the matmul is qwix's `dot_general` on a `qwix.QArray` of them.
+    flattened input); the matmul is qwix's `dot_general` on a `qwix.QArray` of them (dequantise,
+    then a float matmul), except on the plain hot path (GPU / TPU) for inputs of up to
+    GROUPED_MAX_ROWS rows (decoding): `grouped_int_matmul`, the levels converted inside the dot and
+    the group scales on its output.
   * `HessianProbe` — calibration: the projection's forward is unchanged, and the gradient of the
     zero parameter `hessian_probe` [*lead, K, K] is X^T X over the tokens it saw (K: the flattened
     input), so one backward pass gives every layer's GPTQ Hessian, scanned layers included.
@@ -44,7 +47,7 @@ import jax.numpy as jnp
 import qwix
 from flax import nnx, traverse_util
 
-from MaxText.backend import compat
+from MaxText.backend import compat, hot_path
 from MaxText.layers import lora, quant_experts
 from MaxText.layers.int_levels import int_layout, unpack_int4
 from MaxText.layers.linear import DenseGeneral, matmul
@@ -54,6 +57,12 @@ DIMS = (((1,), (0,)), ((), ()))   # x_MK @ w_KN
 QAT_TYPES = {"int8": (jnp.int8, jnp.int8), "fp8": (jnp.float8_e4m3fn, jnp.float8_e4m3fn),
              "int4": (jnp.int4, None)}
 WEIGHT_BITS = (0, 4, 8)
+# integer weights on the plain hot path (GPU / TPU): matmuls of up to GROUPED_MAX_ROWS rows (the
+# decoding steps) run `grouped_int_matmul`, its rows padded to at least MIN_ROWS; longer inputs
+# (prefill, evaluation: compute-bound) dequantise first (qwix), where the [G, rows, N] fp32 partial
+# products would otherwise be as large as the activations times the groups
+GROUPED_MAX_ROWS = 256
+MIN_ROWS = 8
 
 
 def targets(model: nnx.Module, exclude: str) -> list[tuple[str, DenseGeneral]]:
@@ -127,10 +136,32 @@ class IntWeights:
       q = unpack_int4(q, q.ndim - 1)
     q_KN = q.reshape(x_MK.shape[1], -1)
     scale_GN = dense.kernel_scale[...].reshape(-1, q_KN.shape[1])
+    if not hot_path.tuned() and x_MK.shape[0] <= GROUPED_MAX_ROWS:
+      return grouped_int_matmul(x_MK, q_KN, scale_GN, out_dtype or x_MK.dtype)
     qtype = jnp.int4 if self.bits == 4 else jnp.int8
     w = qwix.QArray(qvalue=q_KN.astype(qtype), scale=scale_GN.astype(x_MK.dtype), qtype=qtype)
     y = qwix.dot_general(x_MK, w, DIMS, preferred_element_type=jnp.float32)
     return y.astype(out_dtype or x_MK.dtype)
+
+
+def grouped_int_matmul(x_MK: jax.Array, q_KN: jax.Array, scale_GN: jax.Array, out_dtype
+                       ) -> jax.Array:
+  """x @ w for w = the levels q [K, N] times their scale per group of K // G consecutive rows,
+  without w: each group's product x[:, group] @ q[group] (levels converted to x's dtype — exact —
+  accumulated in fp32) times the group's scales in fp32, summed over the groups. XLA on TPU fuses
+  the levels' convert into the matmul and the scaling and the sum over the groups into its output:
+  the int8 levels are read once, where dequantising first (qwix's `dot_general` with a bf16 input)
+  writes and reads w in bf16 every call. Fewer than MIN_ROWS rows are padded to MIN_ROWS with
+  zeros: XLA runs a one-row product as a matrix-vector loop that converts the levels apart."""
+  m, k = x_MK.shape
+  g, n = scale_GN.shape
+  rows = max(m, MIN_ROWS)
+  x = jnp.pad(x_MK, ((0, rows - m), (0, 0))) if rows > m else x_MK
+  w_GgN = q_KN.reshape(g, k // g, n).astype(x.dtype)
+  y_GMN = jax.lax.dot_general(x.reshape(rows, g, k // g), w_GgN, (((2,), (1,)), ((1,), (0,))),
+                              preferred_element_type=jnp.float32)
+  y = (y_GMN * scale_GN.astype(jnp.float32)[:, None, :]).sum(0)
+  return (y[:m] if rows > m else y).astype(out_dtype)
 
 
 def int_weight_layout(dense: DenseGeneral, bits: int, group_size: int
