@@ -2,7 +2,9 @@
 # benchmarks/tpu_aot.py with the libtpu its compile needs: the wheel pinned by the installed jax's
 # `tpu` extra, downloaded once from PyPI into .libtpu-aot/ (git-ignored, ~140 MB) and unpacked
 # there; then `.venv/bin/python benchmarks/tpu_aot.py "$@"` with TPU_LIBRARY_PATH set. No chip
-# needed: the program is compiled for one TPU v5e on this machine's CPU.
+# needed: the program is compiled for one TPU v5e on this machine's CPU. A first argument that
+# names a .py file runs that script instead (`bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py
+# --aot qwen3-tiny`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -28,4 +30,6 @@ PY
   rm -f "$dir/$pin"/libtpu-*.whl
 fi
 export TPU_LIBRARY_PATH=$PWD/$dir/$pin/libtpu/libtpu.so
-exec "$PY" benchmarks/tpu_aot.py "$@"
+script=benchmarks/tpu_aot.py
+if [ $# -gt 0 ] && [[ "$1" == *.py ]]; then script=$1; shift; fi
+exec "$PY" "$script" "$@"
