@@ -15,7 +15,7 @@ benchmarks/tpu_aot.py; nothing runs): the compile is host CPU work, so its secon
 slower host's for the same program (compare the rows with each other). `cpu_s` is the process's
 CPU time (steadier than the wall time on a shared machine); `est_mcycles` is XLA's cost model's
 sum over the compiled program (a guide to its run time: element-wise fusions run faster);
-`same_ops`: the compiled program has the first row's computations, instruction for instruction
+`largest_window`: the largest fusion window, in tiles (what the options bound); `same_ops`: the compiled program has the first row's computations, instruction for instruction
 (fusion windows and layouts aside: the same values); `same_values` (on the chip): its parameters
 are the first row's, bit for bit.
 --reps N repeats the default/init pair (alternating) N times.
@@ -23,9 +23,10 @@ are the first row's, bit for bit.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
+import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -64,18 +65,52 @@ def estimated_mcycles(compiled) -> float:
   return sum(int(c) for c in re.findall(r'"estimated_cycles":"(\d+)"', entry)) / 1e6
 
 
-def program_ops(hlo: str) -> collections.Counter:
-  """A compiled program's computations as multisets of their instructions, names, layouts (tiling
-  included), metadata and backend configs (fusion windows) left out: two programs that agree here
-  compute the same operations on the same shapes, element by element (the same values)."""
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
+
+
+def program_signature(hlo: str) -> str:
+  """A compiled program's computation as one digest: each instruction its opcode, shape,
+  attributes and operands' digests (names, layouts and tiling, metadata and backend configs —
+  fusion windows, estimated cycles — left out). Two programs with one signature compute the same
+  operations in the same order on the same shapes, element by element (the same values)."""
   hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
   hlo = re.sub(r", backend_config=.*$", "", hlo, flags=re.M)
-  hlo = re.sub(r"\{[0-9,]*(:[^}]*)?\}", "", hlo)
-  out: collections.Counter = collections.Counter()
-  for m in re.finditer(r"^(?:ENTRY )?%?[\w.\-]+ \(.*?\) -> .*? \{\n(.*?)\n\}", hlo, re.M | re.S):
-    out["\n".join(sorted(re.sub(r"%[\w.\-]+", "%", line.strip())
-                         for line in m.group(1).splitlines()))] += 1
-  return out
+  hlo = re.sub(r"\]\{[^}]*\}", "]", hlo)   # layouts: f32[8]{0:T(1024)} -> f32[8]
+  computations: dict[str, dict[str, str]] = {}
+  roots: dict[str, str] = {}
+  entry = current = ""
+  for line in hlo.splitlines():
+    header = _HEADER.match(line)
+    if header:
+      current = header.group(2)
+      computations[current] = {}
+      entry = current if header.group(1) else entry
+      continue
+    m = _INSTRUCTION.match(line)
+    if m and current and line.startswith(" "):
+      computations[current][m.group(1)] = m.group(2)
+      if line.lstrip().startswith("ROOT "):
+        roots[current] = m.group(1)
+  memo: dict[tuple[str, str], str] = {}
+
+  def digest(comp: str, name: str) -> str:
+    if (comp, name) not in memo:
+      memo[(comp, name)] = "?"   # a cycle (none in HLO) reads as a placeholder
+      text = re.sub(r"%([\w.\-]+)", lambda m: "%" + (
+          digest(comp, m.group(1)) if m.group(1) in computations[comp] else
+          digest(m.group(1), roots[m.group(1)]) if m.group(1) in roots else m.group(1)),
+          computations[comp][name])
+      memo[(comp, name)] = hashlib.sha1(text.encode()).hexdigest()[:16]
+    return memo[(comp, name)]
+  return digest(entry, roots[entry]) if entry in roots else ""
+
+
+def largest_window(compiled) -> int:
+  """The largest fusion window of a compiled TPU program (the product of a fusion's
+  `output_window_bounds`, in tiles: what one iteration of its loop holds; 0 where not given)."""
+  return max((math.prod(int(b) for b in re.findall(r'"(\d+)"', m)) for m in re.findall(
+      r'"output_window_bounds":\[([^\]]*)\]', compiled.as_text() or "")), default=0)
 
 
 @contextlib.contextmanager
@@ -108,7 +143,7 @@ def option_rows(model: str, keys: list[str], devices, run: bool, reps: int) -> N
 
   from MaxText.models import model_def as md  # pylint: disable=import-outside-toplevel
   from MaxText.models.registry import init_options, init_params_traced  # pylint: disable=import-outside-toplevel
-  from MaxText.train.state import fresh_program, trained  # pylint: disable=import-outside-toplevel
+  from MaxText.train.state import fresh_program, platform_of, trained  # pylint: disable=import-outside-toplevel
 
   trainer = trainer_for(model, keys, devices)
   mcfg, tx, shardings = trainer.mcfg, trainer.tx, trainer.shardings
@@ -121,16 +156,18 @@ def option_rows(model: str, keys: list[str], devices, run: bool, reps: int) -> N
       clock = Clock()
       with tpu_options(options):   # a new function: traced, lowered and compiled anew
         program = fresh_program(mcfg, 0, tx, shardings)
+        used = init_options(mcfg, platform_of(shardings))   # what `program` compiles with
         traced = program.trace()
         trace = clock.lap()
         lowered = traced.lower()
         lower = clock.lap()
         compiled = lowered.compile()
         comp = clock.lap()
-      row = {"options": options,
+      row = {"options": used,
              "trace_s": trace[0], "lower_s": lower[0], "compile_s": comp[0],
-             "compile_cpu_s": comp[1], "est_mcycles": estimated_mcycles(compiled)}
-      ops = program_ops(compiled.as_text())
+             "compile_cpu_s": comp[1], "est_mcycles": estimated_mcycles(compiled),
+             "largest_window": largest_window(compiled)}
+      ops = program_signature(compiled.as_text())
       if rep == 0 and label == choices[0][0]:
         first["ops"] = ops
       else:
@@ -158,11 +195,12 @@ def option_rows(model: str, keys: list[str], devices, run: bool, reps: int) -> N
   }
   for name, (fn, out) in parts.items():
     clock = Clock()
-    lowered = jax.jit(fn, out_shardings=out, compiler_options=init_options(mcfg)).lower()
+    lowered = jax.jit(fn, out_shardings=out, compiler_options=init_options(mcfg, platform_of(shardings))).lower()
     lower = clock.lap()
     compiled = lowered.compile()
     comp = clock.lap()
-    record(f"{model} {name} alone, init options", trace_and_lower_s=lower[0],
+    record(f"{model} {name} alone, init options", options=init_options(mcfg, platform_of(shardings)),
+           trace_and_lower_s=lower[0],
            compile_s=comp[0], compile_cpu_s=comp[1], est_mcycles=estimated_mcycles(compiled))
 
 

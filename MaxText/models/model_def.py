@@ -220,14 +220,24 @@ def _param_count(build: Build, mcfg: ModelConfig) -> int:
 TPU_INIT_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 2048}
 
 
-def init_compiler_options(build: Build, mcfg: ModelConfig) -> dict[str, Any] | None:
-  """XLA compile options for a program that initialises this model's parameters (a `jax.jit`'s
-  `compiler_options`): unoptimised for a small model on a CPU, small fusion windows on a TPU
-  (`TPU_INIT_OPTIONS`), else the default (None)."""
-  backend = jax.default_backend()
-  if backend == "cpu" and _param_count(build, mcfg) < CPU_UNOPTIMISED_INIT_PARAMS:
+def default_platform() -> str:
+  """The platform a jitted program without shardings runs on: the default device's
+  (`jax.default_device`), else the default backend's."""
+  device = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
+  if device is None:
+    return jax.default_backend()
+  return device if isinstance(device, str) else device.platform
+
+
+def init_compiler_options(build: Build, mcfg: ModelConfig,
+                          platform: str | None = None) -> dict[str, Any] | None:
+  """XLA compile options for a program that initialises this model's parameters on `platform`
+  (None: `default_platform()`; a `jax.jit`'s `compiler_options`): unoptimised for a small model on
+  a CPU, small fusion windows on a TPU (`TPU_INIT_OPTIONS`), else the default (None)."""
+  platform = platform or default_platform()
+  if platform == "cpu" and _param_count(build, mcfg) < CPU_UNOPTIMISED_INIT_PARAMS:
     return _UNOPTIMISED
-  if backend == "tpu":
+  if platform == "tpu":
     return dict(TPU_INIT_OPTIONS)
   return None
 

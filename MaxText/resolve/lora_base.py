@@ -57,9 +57,9 @@ def _init_base(mcfg: ModelConfig, seed: int, shardings: Any) -> Any:
   """The random init's base (what a fresh LoRA run trained on), placed per `shardings` (None:
   host NumPy arrays)."""
   make = lambda: lora.split(init_params_traced(mcfg, seed))[1]
-  options = init_options(mcfg)   # the values the fresh run's init gave
-  if shardings is None:
-    return jax.tree.map(np.asarray, jax.jit(make, compiler_options=options)())
+  if shardings is None:   # the values the fresh run's init gave (its platform's options)
+    return jax.tree.map(np.asarray, jax.jit(make, compiler_options=init_options(mcfg))())
+  options = init_options(mcfg, next(iter(jax.tree.leaves(shardings)[0].device_set)).platform)
   return jax.jit(make, out_shardings=shardings, compiler_options=options)()
 
 

@@ -55,6 +55,11 @@ def abstract_state(model_def: ModelDef, tx: Optimizer, shardings: TrainState,
                       shapes, shardings)
 
 
+def platform_of(shardings: Any) -> str:
+  """The platform of the devices a tree of shardings places its arrays on."""
+  return next(iter(jax.tree.leaves(shardings)[0].device_set)).platform
+
+
 def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
                shardings: TrainState, params: Any = None) -> TrainState:
   """Fresh state on the mesh (a small model's parameters on a CPU: `init_params`' program, then
@@ -62,15 +67,17 @@ def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
   init; with `lora_rank` and no adapters among them they are the base's, and the adapters are
   initialised (the base's init is not computed: only the adapters of the traced init are used)."""
   adapters_only = bool(mcfg.lora_rank)
-  options = init_options(mcfg)   # the values `init_params` alone gives
-  if (params is None and options is not None and jax.default_backend() == "cpu"
-      and jax.process_count() == 1):
+  platform = platform_of(shardings)
+  options = init_options(mcfg, platform)   # the values `init_params` alone gives there
+  if params is None and platform == "cpu" and options is not None and jax.process_count() == 1:
     # A small model on a CPU (`init_options`): `init_params`' one program per model, whatever the
     # mesh, then placed in its shards. The same values as initialising in place, and a run on
     # another mesh, or of the same model again in this process, does not compile (or trace) the
     # random init again. A large model, an accelerator, or several processes initialise in place.
     # (through the host: a device-to-device reshard compiles a slicing program per array)
-    params = jax.device_put(jax.device_get(init_params(mcfg, seed)), shardings["params"])
+    with jax.default_device(next(iter(jax.tree.leaves(shardings)[0].device_set))):
+      host = jax.device_get(init_params(mcfg, seed))
+    params = jax.device_put(host, shardings["params"])
   if params is None:
     return fresh_program(mcfg, seed, tx, shardings)()
 
@@ -84,12 +91,13 @@ def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
 
 def fresh_program(mcfg: ModelConfig, seed: int, tx: Optimizer, shardings: TrainState):
   """The jitted program (not yet called) with which `init_state` creates a fresh state in place:
-  the parameters, the step and the optimizer state, one program compiled with
-  `init_options(mcfg)` (benchmarks/tpu_init.py --aot compiles it for a TPU without one)."""
+  the parameters, the step and the optimizer state, one program compiled with `init_options` for
+  the shardings' platform (benchmarks/tpu_init.py --aot compiles it for a TPU without one)."""
   adapters_only = bool(mcfg.lora_rank)
 
   def fresh():   # named: compile logs show "fresh", not "<lambda>"
     params = init_params_traced(mcfg, seed)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(trained(params, adapters_only))}
-  return jax.jit(fresh, out_shardings=shardings, compiler_options=init_options(mcfg))
+  return jax.jit(fresh, out_shardings=shardings,
+                 compiler_options=init_options(mcfg, platform_of(shardings)))
