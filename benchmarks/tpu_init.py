@@ -1,27 +1,24 @@
 """Where a fresh init's seconds go on a TPU, per model: the program `init_state` runs
-(`train/state.py: fresh_program`: the parameters, the step and the optimizer state) as it was
-before the init's own compile options (XLA's defaults, the draws cut without a barrier: "default"),
-with the options alone (`model_def.TPU_INIT_OPTIONS`: "init options") and as it is ("init": the
-options and `model_def.FLAT_DRAW_BARRIER`), each its trace, lowering, compile and (on the chip)
-run, the run's parameters compared bit for bit with the default's; the parameters' part and the
-optimizer state's part compiled alone; then (on the chip, without --options-only) the init
-program per random generator (threefry2x32, rbg, unsafe_rbg), under compile-effort options, one
-flat draw, and the CPU backend's init placed on the device. Prints one JSON line per
-measurement, then all of them.
+(`train/state.py: fresh_program`: the parameters, the step and the optimizer state) under XLA's
+default options and under the init's own (`model_def.TPU_INIT_OPTIONS`), each its trace, lowering,
+compile and (on the chip) run, the run's parameters compared bit for bit between the two; the
+parameters' part and the optimizer state's part compiled alone; then (on the chip, without
+--options-only) the init program per random generator (threefry2x32, rbg, unsafe_rbg), under
+compile-effort options, one flat draw, and the CPU backend's init placed on the device. Prints
+one JSON line per measurement, then all of them.
 
   python3 benchmarks/tpu_init.py qwen3-tiny qwen3-0.6b      # on the chip (model names of configs/models/)
   bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py --aot qwen3-tiny qwen3-0.6b   # no chip
 
 --aot compiles for one v5e on this machine's CPU (libtpu's deviceless compile, as
 benchmarks/tpu_aot.py; nothing runs): the compile is host CPU work, so its seconds here are a
-slower host's for the same program (compare the rows with each other). `compile_cpu_s` is the
-process's CPU time (steadier than the wall time on a shared machine); `est_mcycles` is XLA's cost
-model's sum over the compiled program (a guide to its run time: element-wise fusions run faster);
-`largest_window`: the largest fusion window, in tiles (what the options bound); `same_ops`: the
-compiled program is the default's, instruction for instruction (fusion windows and layouts aside:
-the same values; the barrier changes the program's structure, not its operations on an element);
-`same_values` (on the chip): its parameters are the default's, bit for bit. Key=value words
-among the model names override keys for all of them; --reps N repeats the rows N times.
+slower host's for the same program (compare the rows with each other). `cpu_s` is the process's
+CPU time (steadier than the wall time on a shared machine); `est_mcycles` is XLA's cost model's
+sum over the compiled program (a guide to its run time: element-wise fusions run faster);
+`largest_window`: the largest fusion window, in tiles (what the options bound); `same_ops`: the compiled program has the first row's computations, instruction for instruction
+(fusion windows and layouts aside: the same values); `same_values` (on the chip): its parameters
+are the first row's, bit for bit.
+--reps N repeats the default/init pair (alternating) N times.
 """
 from __future__ import annotations
 
@@ -117,16 +114,16 @@ def largest_window(compiled) -> int:
 
 
 @contextlib.contextmanager
-def init_form(options: dict, barrier: bool):
-  """`model_def.TPU_INIT_OPTIONS` and `FLAT_DRAW_BARRIER` replaced (the init's programs built
-  inside compile with these options, their draws cut with or without the barrier)."""
+def tpu_options(options: dict):
+  """`model_def.TPU_INIT_OPTIONS` replaced by `options` (the init's programs built inside
+  compile with them)."""
   from MaxText.models import model_def as md  # pylint: disable=import-outside-toplevel
-  saved = md.TPU_INIT_OPTIONS, md.FLAT_DRAW_BARRIER
-  md.TPU_INIT_OPTIONS, md.FLAT_DRAW_BARRIER = options, barrier
+  saved = md.TPU_INIT_OPTIONS
+  md.TPU_INIT_OPTIONS = options
   try:
     yield
   finally:
-    md.TPU_INIT_OPTIONS, md.FLAT_DRAW_BARRIER = saved
+    md.TPU_INIT_OPTIONS = saved
 
 
 def trainer_for(model: str, keys: list[str], devices):
@@ -152,15 +149,12 @@ def option_rows(model: str, keys: list[str], devices, run: bool, reps: int) -> N
   mcfg, tx, shardings = trainer.mcfg, trainer.tx, trainer.shardings
   # one compile first: libtpu's one-time start-up (its symbol table) is no program's
   jax.jit(lambda: jnp.zeros((8,)), out_shardings=shardings["step"]).lower().compile()
-  # the program before the init's options (XLA's defaults, the draws cut without a barrier), the
-  # options alone (`same_ops`: its operations), and the program init_state runs
-  choices = (("default", {}, False), ("init options", dict(md.TPU_INIT_OPTIONS), False),
-             ("init", dict(md.TPU_INIT_OPTIONS), md.FLAT_DRAW_BARRIER))
+  choices = (("default", {}), ("init options", dict(md.TPU_INIT_OPTIONS)))
   first: dict = {}
   for rep in range(reps):
-    for label, options, barrier in choices:
+    for label, options in choices:
       clock = Clock()
-      with init_form(options, barrier):   # a new function: traced, lowered and compiled anew
+      with tpu_options(options):   # a new function: traced, lowered and compiled anew
         program = fresh_program(mcfg, 0, tx, shardings)
         used = init_options(mcfg, platform_of(shardings))   # what `program` compiles with
         traced = program.trace()
@@ -169,7 +163,7 @@ def option_rows(model: str, keys: list[str], devices, run: bool, reps: int) -> N
         lower = clock.lap()
         compiled = lowered.compile()
         comp = clock.lap()
-      row = {"options": used, "barrier": barrier,
+      row = {"options": used,
              "trace_s": trace[0], "lower_s": lower[0], "compile_s": comp[0],
              "compile_cpu_s": comp[1], "est_mcycles": estimated_mcycles(compiled),
              "largest_window": largest_window(compiled)}

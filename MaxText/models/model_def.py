@@ -264,12 +264,6 @@ def init_traced(build: Build, mcfg: ModelConfig, seed) -> Any:
 # CPU's, and the platform-independent one) keeps its per-array values.
 FLAT_DRAW_RNGS = ("rbg", "unsafe_rbg")
 FLAT_DRAW_ELEMENTS = 1 << 28
-# The draw is whole before it is cut (an optimisation barrier: the identity): without it a TPU's
-# XLA rewrites an array's slice-then-reshape into a reshape of the whole draw, then a slice —
-# a relayout of the whole draw per shape cut from it, each a kernel to compile (a tiny model's init
-# for a v5e: ~1.4 -> 0.9 s of this machine's CPU, Gemma 4's 2.7 -> 1.4; Qwen3-0.6B's unchanged).
-# The same operations on each element: the draw, then its std's multiply (and cast) per array.
-FLAT_DRAW_BARRIER = True
 
 
 def _drawn_flat(state, key) -> dict:
@@ -291,8 +285,6 @@ def _drawn_flat(state, key) -> dict:
     if not group:
       continue
     flat = jax.random.normal(jax.random.fold_in(key, g), (sum(n for *_, n in group),), jnp.float32)
-    if FLAT_DRAW_BARRIER:
-      flat = jax.lax.optimization_barrier(flat)
     start = 0
     for path, var, n in group:
       value = var.get_value()
