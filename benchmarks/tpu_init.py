@@ -67,16 +67,20 @@ def estimated_mcycles(compiled) -> float:
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
 _HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
+_OPERATION = re.compile(r"^(\(.*?\)|\S+) ([\w\-]+)\((.*?)\)(.*)$")
 
 
 def program_signature(hlo: str) -> str:
   """A compiled program's computation as one digest: each instruction its opcode, shape,
-  attributes and operands' digests (names, layouts and tiling, metadata and backend configs —
-  fusion windows, estimated cycles — left out). Two programs with one signature compute the same
-  operations in the same order on the same shapes, element by element (the same values)."""
+  attributes and operands' digests, fusions inlined (a fused computation's parameters are the
+  fusion's operands; a tuple's element is what it holds), names, layouts and tiling, metadata and
+  backend configs (fusion windows, estimated cycles) left out. Two programs with one signature
+  compute the same operations in the same order on the same shapes, element by element (the same
+  values), however XLA cut them into fusions."""
   hlo = re.sub(r", metadata=\{[^}]*\}", "", hlo)
   hlo = re.sub(r", backend_config=.*$", "", hlo, flags=re.M)
   hlo = re.sub(r"\]\{[^}]*\}", "]", hlo)   # layouts: f32[8]{0:T(1024)} -> f32[8]
+  hlo = re.sub(r"/\*.*?\*/", "", hlo)        # comments: /*index=5*/
   computations: dict[str, dict[str, str]] = {}
   roots: dict[str, str] = {}
   entry = current = ""
@@ -92,18 +96,38 @@ def program_signature(hlo: str) -> str:
       computations[current][m.group(1)] = m.group(2)
       if line.lstrip().startswith("ROOT "):
         roots[current] = m.group(1)
-  memo: dict[tuple[str, str], str] = {}
+  memo: dict = {}
 
-  def digest(comp: str, name: str) -> str:
-    if (comp, name) not in memo:
-      memo[(comp, name)] = "?"   # a cycle (none in HLO) reads as a placeholder
-      text = re.sub(r"%([\w.\-]+)", lambda m: "%" + (
-          digest(comp, m.group(1)) if m.group(1) in computations[comp] else
-          digest(m.group(1), roots[m.group(1)]) if m.group(1) in roots else m.group(1)),
-          computations[comp][name])
-      memo[(comp, name)] = hashlib.sha1(text.encode()).hexdigest()[:16]
-    return memo[(comp, name)]
-  return digest(entry, roots[entry]) if entry in roots else ""
+  def digest(comp: str, name: str, env: tuple | None):
+    key = (comp, name, env)
+    if key in memo:
+      return memo[key]
+    m = _OPERATION.match(computations[comp][name])
+    shape, opcode, operands, rest = m.groups() if m else (computations[comp][name], "", "", "")
+    args = [digest(comp, a.strip()[1:], env) if a.strip()[1:] in computations[comp] else a.strip()
+            for a in operands.split(",")]
+    if opcode == "parameter" and env is not None:
+      out = env[int(operands)]
+    elif opcode == "fusion":
+      callee = re.search(r"calls=%([\w.\-]+)", rest)
+      out = digest(callee.group(1), roots[callee.group(1)], tuple(args)) if callee else "?"
+    elif opcode == "tuple":
+      out = tuple(args)
+    elif opcode == "get-tuple-element" and isinstance(args[0], tuple):
+      index = re.search(r"index=(\d+)", rest)
+      out = args[0][int(index.group(1))] if index else "?"
+    else:   # a called computation (a reduce's, a loop's) by its own signature
+      rest = re.sub(r"%([\w.\-]+)", lambda c: "%" + str(digest(c.group(1), roots[c.group(1)], None))
+                    if c.group(1) in roots else c.group(0), rest)
+      out = hashlib.sha1(repr((shape, opcode, args, rest)).encode()).hexdigest()[:16]
+    memo[key] = out
+    return out
+  limit = sys.getrecursionlimit()
+  sys.setrecursionlimit(max(limit, 100_000))   # a chain of instructions is a chain of calls
+  try:
+    return str(digest(entry, roots[entry], None)) if entry in roots else ""
+  finally:
+    sys.setrecursionlimit(limit)
 
 
 def largest_window(compiled) -> int:

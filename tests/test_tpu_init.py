@@ -58,6 +58,15 @@ ENTRY %main.9 () -> f32[2,4] {
 '''
 
 
+UNFUSED = '''
+ENTRY %main.9 () -> f32[2,4] {
+  %s = u32[8]{0} shift-right-logical(%rng.2, %c.3)
+  %m = f32[8]{0} multiply(%s, %c.5)
+  ROOT %copy.3 = f32[2,4]{1,0:T(2,128)} copy(%m)
+}
+'''
+
+
 def test_program_signature_leaves_out_windows_layouts_names_and_metadata_not_operations():
   renamed = (HLO_A.replace("%fused_computation.7", "%fused_computation.3")
              .replace("mul.4", "mul.9").replace("shift.2", "s.1").replace("param_0.1", "p.7")
@@ -65,9 +74,15 @@ def test_program_signature_leaves_out_windows_layouts_names_and_metadata_not_ope
              .replace("{0:T(1024)}", "{0:T(256)}").replace(', metadata={op_name="a"}', ""))
   signature = tpu_init.program_signature(HLO_A)
   assert signature and tpu_init.program_signature(renamed) == signature
+  # the fusion's operands in another order, its parameters renumbered to match; another kind
+  swapped = (HLO_A.replace("(param_0.1: u32[8])", "(q: f32[], param_0.1: u32[8])")
+             .replace("parameter(0)", "parameter(1)").replace("fusion(%rng.2)", "fusion(%z, %rng.2)")
+             .replace("kind=kLoop", "kind=kInput"))
+  assert tpu_init.program_signature(swapped) == signature
+  assert tpu_init.program_signature(UNFUSED) == signature   # however XLA fused it
   for changed in (HLO_A.replace("multiply(", "add("), HLO_A.replace("f32[2,4]", "f32[4,2]"),
                   HLO_A.replace("(%shift.2, %c.5)", "(%c.5, %shift.2)"),   # operands' order
-                  HLO_A.replace("kind=kLoop", "kind=kInput")):
+                  HLO_A.replace("%c.3), metadata", "%c.4), metadata")):
     assert tpu_init.program_signature(changed) != signature, changed
 
 

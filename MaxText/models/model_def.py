@@ -213,8 +213,8 @@ def _param_count(build: Build, mcfg: ModelConfig) -> int:
 # to fill the scoped VMEM, and the code it generates grows with the window — ~3 s of this
 # machine's CPU per draw of 16M values or more compiled for a v5e, 3 draws for Qwen3-0.6B. A
 # 2 MiB limit keeps the windows small: the same operations per element (the same values: the
-# compiled programs differ in their windows only), 0.6B's init program compiled in 1.8 s of CPU
-# instead of 14 (`bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py --aot qwen3-0.6b`), XLA's
+# compiled programs differ in their windows only), 0.6B's init program compiled in ~2 s of CPU
+# instead of 13-15 (`bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py --aot qwen3-0.6b`), XLA's
 # estimate of its run 1.4x (45 -> 62 M cycles). The RngBitGenerator's own scratch is 1 MiB (a
 # 512 KiB limit does not compile).
 TPU_INIT_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 2048}
@@ -264,6 +264,10 @@ def init_traced(build: Build, mcfg: ModelConfig, seed) -> Any:
 # CPU's, and the platform-independent one) keeps its per-array values.
 FLAT_DRAW_RNGS = ("rbg", "unsafe_rbg")
 FLAT_DRAW_ELEMENTS = 1 << 28
+# (No optimisation barrier between a draw and its cuts, though one would spare a tiny model's TPU
+# compile a relayout of the draw per array: XLA folds `std * sqrt(2) * erfinv(u)`'s two constants
+# into one where a draw feeds one array (Qwen3-0.6B's embedding), and a barrier would keep them
+# apart: other values.)
 
 
 def _drawn_flat(state, key) -> dict:
