@@ -12,13 +12,14 @@ one JSON line per measurement, then all of them.
 
 --aot compiles for one v5e on this machine's CPU (libtpu's deviceless compile, as
 benchmarks/tpu_aot.py; nothing runs): the compile is host CPU work, so its seconds here are a
-slower host's for the same program (compare the rows with each other). `cpu_s` is the process's
-CPU time (steadier than the wall time on a shared machine); `est_mcycles` is XLA's cost model's
-sum over the compiled program (a guide to its run time: element-wise fusions run faster);
-`largest_window`: the largest fusion window, in tiles (what the options bound); `same_ops`: the compiled program has the first row's computations, instruction for instruction
-(fusion windows and layouts aside: the same values); `same_values` (on the chip): its parameters
-are the first row's, bit for bit.
---reps N repeats the default/init pair (alternating) N times.
+slower host's for the same program (compare the rows with each other). `compile_cpu_s` is the
+process's CPU time (steadier than the wall time on a shared machine); `est_mcycles` is XLA's cost
+model's sum over the compiled program (a guide to its run time: element-wise fusions run
+faster); `largest_window`: the largest fusion window, in tiles (what the options bound);
+`same_ops`: the compiled program computes the first row's operations, element by element
+(`program_signature`: fusions, windows and layouts aside: the same values); `same_values` (on
+the chip): its parameters are the first row's, bit for bit. Key=value words among the model
+names override keys for all of them; --reps N repeats the default/init pair N times.
 """
 from __future__ import annotations
 
