@@ -180,8 +180,8 @@ def option_rows(model: str, keys: list[str], devices, run: bool, reps: int) -> N
     for label, options in choices:
       clock = Clock()
       with tpu_options(options):   # a new function: traced, lowered and compiled anew
-        program = fresh_program(mcfg, 0, tx, shardings)
-        used = init_options(mcfg, platform_of(shardings))   # what `program` compiles with
+        used = init_options(mcfg, platform_of(shardings))   # what init_state compiles with
+        program = fresh_program(mcfg, 0, tx, shardings, used)
         traced = program.trace()
         trace = clock.lap()
         lowered = traced.lower()

@@ -128,3 +128,33 @@ def test_the_documented_command_compiles_the_init_for_a_v5e_with_smaller_windows
   assert 0 < init["largest_window"] < default["largest_window"]    # in smaller windows
   assert {"parameters", "optimizer state"} == {
       re.match(r"qwen3-tiny (.*) alone", k).group(1) for k in rows if " alone" in k}
+
+
+VMEM_OOM = ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of memory in memory space "
+            "vmem while allocating on stack for %rng-bit-generator = u32[556032]{0:T(1024)} "
+            "rng-bit-generator(%custom-call). Scoped allocation with size 2.12M and limit 2.00M "
+            "exceeded scoped vmem limit by 124.0K.")   # a v5e's, under other effort options
+
+
+def test_an_init_a_tpu_cannot_fit_in_the_scoped_vmem_is_made_again_with_xlas_defaults():
+  made = []
+
+  def make(options):
+    made.append(options)
+
+    def call(x):
+      if options:
+        raise jax.errors.JaxRuntimeError(VMEM_OOM)
+      return x + 1
+    return call
+  assert md.with_init_options(make, dict(md.TPU_INIT_OPTIONS), 1) == 2
+  assert made == [md.TPU_INIT_OPTIONS, None]
+  # another failure (the HBM), or other options (a CPU's), are not tried again
+  def out_of_hbm(options):
+    def call():
+      raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+    return call
+  with pytest.raises(jax.errors.JaxRuntimeError, match="HBM"):
+    md.with_init_options(out_of_hbm, dict(md.TPU_INIT_OPTIONS))
+  with pytest.raises(jax.errors.JaxRuntimeError, match="vmem"):
+    md.with_init_options(make, {"xla_backend_optimization_level": 0}, 1)

@@ -216,8 +216,22 @@ def _param_count(build: Build, mcfg: ModelConfig) -> int:
 # compiled programs differ in their windows only), 0.6B's init program compiled in ~2 s of CPU
 # instead of 13-15 (`bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py --aot qwen3-0.6b`), XLA's
 # estimate of its run 1.4x (45 -> 62 M cycles). The RngBitGenerator's own scratch is 1 MiB (a
-# 512 KiB limit does not compile).
+# 512 KiB limit does not compile; under other effort options 2.12 MiB: `with_init_options` then
+# compiles with XLA's defaults).
 TPU_INIT_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 2048}
+
+
+def with_init_options(make: Callable[[dict[str, Any] | None], Callable], options, *args):
+  """`make(options)(*args)`: an init program made (jitted) with `options` and called. Where a TPU
+  cannot compile it within `TPU_INIT_OPTIONS`' scoped VMEM (an operation's scratch outgrows the
+  limit: a RngBitGenerator of another chip, or under other options, needs more than this one's
+  1 MiB), it is made and called with XLA's defaults instead: the same operations, the same values."""
+  try:
+    return make(options)(*args)
+  except jax.errors.JaxRuntimeError as e:
+    if not options or not set(TPU_INIT_OPTIONS) & set(options) or "vmem" not in str(e).lower():
+      raise
+    return make(None)(*args)
 
 
 def default_platform() -> str:
@@ -312,5 +326,5 @@ def init_params_of(build: Build, mcfg: ModelConfig, seed: int):
   """The parameters of seed `seed`: one jitted program per model, the seed its argument (not one
   small program per operation, as run eagerly). A program of its own (its compile options are
   its own): inside another jitted function, `init_traced`."""
-  options = init_compiler_options(build, mcfg) or {}
-  return _init_jit(tuple(sorted(options.items())))(build, mcfg, seed)
+  return with_init_options(lambda options: _init_jit(tuple(sorted((options or {}).items()))),
+                           init_compiler_options(build, mcfg), build, mcfg, seed)

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.model_def import ModelDef
+from MaxText.models.model_def import ModelDef, with_init_options
 from MaxText.models.registry import init_options, init_params, init_params_traced
 from MaxText.sharding.rules import Rules, tree_shardings
 from MaxText.sharding.zero import data_axes, optimizer_shardings
@@ -79,25 +79,27 @@ def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
       host = jax.device_get(init_params(mcfg, seed))
     params = jax.device_put(host, shardings["params"])
   if params is None:
-    return fresh_program(mcfg, seed, tx, shardings)()
+    return with_init_options(lambda o: fresh_program(mcfg, seed, tx, shardings, o), options)
 
   def make(params):
     if adapters_only and not lora.split(params)[0]:   # a base without adapters
       params = lora.join(lora.split(init_params_traced(mcfg, seed))[0], params)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(trained(params, adapters_only))}
-  return jax.jit(make, out_shardings=shardings, compiler_options=options)(params)
+  return with_init_options(lambda o: jax.jit(make, out_shardings=shardings, compiler_options=o),
+                           options, params)
 
 
-def fresh_program(mcfg: ModelConfig, seed: int, tx: Optimizer, shardings: TrainState):
+def fresh_program(mcfg: ModelConfig, seed: int, tx: Optimizer, shardings: TrainState,
+                  options: dict[str, Any] | None):
   """The jitted program (not yet called) with which `init_state` creates a fresh state in place:
-  the parameters, the step and the optimizer state, one program compiled with `init_options` for
-  the shardings' platform (benchmarks/tpu_init.py --aot compiles it for a TPU without one)."""
+  the parameters, the step and the optimizer state, one program compiled with `options` (the
+  init's for the shardings' platform: `init_options(mcfg, platform_of(shardings))`;
+  benchmarks/tpu_init.py --aot compiles it for a TPU without one)."""
   adapters_only = bool(mcfg.lora_rank)
 
   def fresh():   # named: compile logs show "fresh", not "<lambda>"
     params = init_params_traced(mcfg, seed)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(trained(params, adapters_only))}
-  return jax.jit(fresh, out_shardings=shardings,
-                 compiler_options=init_options(mcfg, platform_of(shardings)))
+  return jax.jit(fresh, out_shardings=shardings, compiler_options=options)
