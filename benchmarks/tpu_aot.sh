@@ -2,8 +2,9 @@
 # benchmarks/tpu_aot.py with the libtpu its compile needs: the wheel pinned by the installed jax's
 # `tpu` extra, downloaded once from PyPI into .libtpu-aot/ (git-ignored, ~140 MB) and unpacked
 # there; then `.venv/bin/python benchmarks/tpu_aot.py "$@"` with TPU_LIBRARY_PATH set (`tpu_aot.sh
-# decode ...`: benchmarks/tpu_aot_decode.py, the decoding engine's programs). No chip needed: the
-# program is compiled for one TPU v5e on this machine's CPU.
+# decode ...`: benchmarks/tpu_aot_decode.py, the decoding engine's programs; a first argument that
+# names a .py file runs that script: `bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py --aot
+# qwen3-tiny`). No chip needed: the program is compiled for one TPU v5e on this machine's CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -30,5 +31,6 @@ PY
 fi
 export TPU_LIBRARY_PATH=$PWD/$dir/$pin/libtpu/libtpu.so
 script=benchmarks/tpu_aot.py
-if [ "${1:-}" = decode ]; then script=benchmarks/tpu_aot_decode.py; shift; fi
+if [ "${1:-}" = decode ]; then script=benchmarks/tpu_aot_decode.py; shift
+elif [ $# -gt 0 ] && [[ "$1" == *.py ]]; then script=$1; shift; fi
 exec "$PY" "$script" "$@"

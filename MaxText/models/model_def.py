@@ -207,11 +207,52 @@ def _param_count(build: Build, mcfg: ModelConfig) -> int:
   return sum(int(math.prod(x.shape)) for x in _cached_parts(build, mcfg)[1].values())
 
 
-def init_compiler_options(build: Build, mcfg: ModelConfig) -> dict[str, Any] | None:
-  """XLA compile options for a program that initialises this model's parameters (a `jax.jit`'s
-  `compiler_options`): unoptimised for a small model on a CPU, else the default (None)."""
-  if jax.default_backend() == "cpu" and _param_count(build, mcfg) < CPU_UNOPTIMISED_INIT_PARAMS:
+# On a TPU the init program's compile is its cost (it runs once, in tens of ms), and most of that
+# is the backend's code generation for the element-wise fusions that turn the random bits into
+# normals (an inverse erf each): XLA sizes a fusion's window (the tile one loop iteration holds)
+# to fill the scoped VMEM, and the code it generates grows with the window — ~3 s of this
+# machine's CPU per draw of 16M values or more compiled for a v5e, 3 draws for Qwen3-0.6B. A
+# 2 MiB limit keeps the windows small: the same operations per element (the same values: the
+# compiled programs differ in their windows only), 0.6B's init program compiled in ~2 s of CPU
+# instead of 13-15 (`bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py --aot qwen3-0.6b`), XLA's
+# estimate of its run 1.4x (45 -> 62 M cycles). The RngBitGenerator's own scratch is 1 MiB (a
+# 512 KiB limit does not compile; under other effort options 2.12 MiB: `with_init_options` then
+# compiles with XLA's defaults).
+TPU_INIT_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 2048}
+
+
+def with_init_options(make: Callable[[dict[str, Any] | None], Callable], options, *args):
+  """`make(options)(*args)`: an init program made (jitted) with `options` and called. Where a TPU
+  cannot compile it within `TPU_INIT_OPTIONS`' scoped VMEM (an operation's scratch outgrows the
+  limit: a RngBitGenerator of another chip, or under other options, needs more than this one's
+  1 MiB), it is made and called with XLA's defaults instead: the same operations, the same values."""
+  try:
+    return make(options)(*args)
+  except jax.errors.JaxRuntimeError as e:
+    if not options or not set(TPU_INIT_OPTIONS) & set(options) or "vmem" not in str(e).lower():
+      raise
+    return make(None)(*args)
+
+
+def default_platform() -> str:
+  """The platform a jitted program without shardings runs on: the default device's
+  (`jax.default_device`), else the default backend's."""
+  device = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
+  if device is None:
+    return jax.default_backend()
+  return device if isinstance(device, str) else device.platform
+
+
+def init_compiler_options(build: Build, mcfg: ModelConfig,
+                          platform: str | None = None) -> dict[str, Any] | None:
+  """XLA compile options for a program that initialises this model's parameters on `platform`
+  (None: `default_platform()`; a `jax.jit`'s `compiler_options`): unoptimised for a small model on
+  a CPU, small fusion windows on a TPU (`TPU_INIT_OPTIONS`), else the default (None)."""
+  platform = platform or default_platform()
+  if platform == "cpu" and _param_count(build, mcfg) < CPU_UNOPTIMISED_INIT_PARAMS:
     return _UNOPTIMISED
+  if platform == "tpu":
+    return dict(TPU_INIT_OPTIONS)
   return None
 
 
@@ -237,6 +278,10 @@ def init_traced(build: Build, mcfg: ModelConfig, seed) -> Any:
 # CPU's, and the platform-independent one) keeps its per-array values.
 FLAT_DRAW_RNGS = ("rbg", "unsafe_rbg")
 FLAT_DRAW_ELEMENTS = 1 << 28
+# (No optimisation barrier between a draw and its cuts, though one would spare a tiny model's TPU
+# compile a relayout of the draw per array: XLA folds `std * sqrt(2) * erfinv(u)`'s two constants
+# into one where a draw feeds one array (Qwen3-0.6B's embedding), and a barrier would keep them
+# apart: other values.)
 
 
 def _drawn_flat(state, key) -> dict:
@@ -270,13 +315,16 @@ def _drawn_flat(state, key) -> dict:
   return pure
 
 
-_INIT = jax.jit(init_traced, static_argnums=(0, 1))
-_INIT_UNOPTIMISED = jax.jit(init_traced, static_argnums=(0, 1), compiler_options=_UNOPTIMISED)
+@functools.lru_cache(maxsize=None)
+def _init_jit(options: tuple[tuple[str, Any], ...]):
+  """`init_traced` jitted with these compile options (one per set of options: its traces and
+  compiles cached across calls)."""
+  return jax.jit(init_traced, static_argnums=(0, 1), compiler_options=dict(options) or None)
 
 
 def init_params_of(build: Build, mcfg: ModelConfig, seed: int):
   """The parameters of seed `seed`: one jitted program per model, the seed its argument (not one
   small program per operation, as run eagerly). A program of its own (its compile options are
   its own): inside another jitted function, `init_traced`."""
-  jitted = _INIT_UNOPTIMISED if init_compiler_options(build, mcfg) else _INIT
-  return jitted(build, mcfg, seed)
+  return with_init_options(lambda options: _init_jit(tuple(sorted((options or {}).items()))),
+                           init_compiler_options(build, mcfg), build, mcfg, seed)

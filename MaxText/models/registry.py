@@ -96,10 +96,11 @@ def init_params_traced(mcfg: ModelConfig, seed):
   return init_traced(get_family(mcfg.decoder_block).build, mcfg, seed)
 
 
-def init_options(mcfg: ModelConfig):
-  """The `compiler_options` of a jitted program that calls `init_params` (model_def.py's
-  `init_compiler_options`): the same values as `init_params` alone gives."""
-  return init_compiler_options(get_family(mcfg.decoder_block).build, mcfg)
+def init_options(mcfg: ModelConfig, platform: str | None = None):
+  """The `compiler_options` of a jitted program on `platform` (None: the default device's) that
+  calls `init_params_traced` (model_def.py's `init_compiler_options`): the same values as
+  `init_params` alone gives there."""
+  return init_compiler_options(get_family(mcfg.decoder_block).build, mcfg, platform)
 
 
 def model_flops(mcfg: ModelConfig, seq_len: int, causal: bool = True) -> FlopCount:

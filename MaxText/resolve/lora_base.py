@@ -29,6 +29,7 @@ from MaxText.checkpoint.errors import CheckpointError
 from MaxText.checkpoint.manager import load_params, load_params_host, read_meta, resolve_step_dir
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
+from MaxText.models.model_def import with_init_options
 from MaxText.models.registry import init_options, init_params_traced, make_model_def
 from MaxText.storage import paths
 
@@ -57,10 +58,12 @@ def _init_base(mcfg: ModelConfig, seed: int, shardings: Any) -> Any:
   """The random init's base (what a fresh LoRA run trained on), placed per `shardings` (None:
   host NumPy arrays)."""
   make = lambda: lora.split(init_params_traced(mcfg, seed))[1]
-  options = init_options(mcfg)   # the values the fresh run's init gave
-  if shardings is None:
-    return jax.tree.map(np.asarray, jax.jit(make, compiler_options=options)())
-  return jax.jit(make, out_shardings=shardings, compiler_options=options)()
+  if shardings is None:   # the values the fresh run's init gave (its platform's options)
+    return jax.tree.map(np.asarray, with_init_options(
+        lambda o: jax.jit(make, compiler_options=o), init_options(mcfg)))
+  options = init_options(mcfg, next(iter(jax.tree.leaves(shardings)[0].device_set)).platform)
+  return with_init_options(lambda o: jax.jit(make, out_shardings=shardings, compiler_options=o),
+                           options)
 
 
 def base_of(ref: dict, mcfg: ModelConfig, abstract_base: Any, *, verify: bool, source: str,

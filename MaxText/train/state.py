@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
-from MaxText.models.model_def import ModelDef
+from MaxText.models.model_def import ModelDef, with_init_options
 from MaxText.models.registry import init_options, init_params, init_params_traced
 from MaxText.sharding.rules import Rules, tree_shardings
 from MaxText.sharding.zero import data_axes, optimizer_shardings
@@ -55,32 +55,51 @@ def abstract_state(model_def: ModelDef, tx: Optimizer, shardings: TrainState,
                       shapes, shardings)
 
 
+def platform_of(shardings: Any) -> str:
+  """The platform of the devices a tree of shardings places its arrays on."""
+  return next(iter(jax.tree.leaves(shardings)[0].device_set)).platform
+
+
 def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
                shardings: TrainState, params: Any = None) -> TrainState:
   """Fresh state on the mesh (a small model's parameters on a CPU: `init_params`' program, then
-  placed; else created in place). `params` (already placed) skips the random init;
-  with `lora_rank` and no adapters among them they are the base's, and the adapters are
+  placed; else created in place: `fresh_program`). `params` (already placed) skips the random
+  init; with `lora_rank` and no adapters among them they are the base's, and the adapters are
   initialised (the base's init is not computed: only the adapters of the traced init are used)."""
   adapters_only = bool(mcfg.lora_rank)
-
-  def make(params):
-    if params is None:
-      params = init_params_traced(mcfg, seed)
-    elif adapters_only and not lora.split(params)[0]:   # a base without adapters
-      params = lora.join(lora.split(init_params_traced(mcfg, seed))[0], params)
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt_state": tx.init(trained(params, adapters_only))}
-
-  options = init_options(mcfg)   # the values `init_params` alone gives
-  if params is None and options is not None and jax.process_count() == 1:
+  platform = platform_of(shardings)
+  options = init_options(mcfg, platform)   # the values `init_params` alone gives there
+  if params is None and platform == "cpu" and options is not None and jax.process_count() == 1:
     # A small model on a CPU (`init_options`): `init_params`' one program per model, whatever the
     # mesh, then placed in its shards. The same values as initialising in place, and a run on
     # another mesh, or of the same model again in this process, does not compile (or trace) the
-    # random init again. A large model, or several processes, initialise in place.
+    # random init again. A large model, an accelerator, or several processes initialise in place.
     # (through the host: a device-to-device reshard compiles a slicing program per array)
-    params = jax.device_put(jax.device_get(init_params(mcfg, seed)), shardings["params"])
+    with jax.default_device(next(iter(jax.tree.leaves(shardings)[0].device_set))):
+      host = jax.device_get(init_params(mcfg, seed))
+    params = jax.device_put(host, shardings["params"])
   if params is None:
-    def fresh():   # named: compile logs show "fresh", not "<lambda>"
-      return make(None)
-    return jax.jit(fresh, out_shardings=shardings, compiler_options=options)()
-  return jax.jit(make, out_shardings=shardings, compiler_options=options)(params)
+    return with_init_options(lambda o: fresh_program(mcfg, seed, tx, shardings, o), options)
+
+  def make(params):
+    if adapters_only and not lora.split(params)[0]:   # a base without adapters
+      params = lora.join(lora.split(init_params_traced(mcfg, seed))[0], params)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt_state": tx.init(trained(params, adapters_only))}
+  return with_init_options(lambda o: jax.jit(make, out_shardings=shardings, compiler_options=o),
+                           options, params)
+
+
+def fresh_program(mcfg: ModelConfig, seed: int, tx: Optimizer, shardings: TrainState,
+                  options: dict[str, Any] | None):
+  """The jitted program (not yet called) with which `init_state` creates a fresh state in place:
+  the parameters, the step and the optimizer state, one program compiled with `options` (the
+  init's for the shardings' platform: `init_options(mcfg, platform_of(shardings))`;
+  benchmarks/tpu_init.py --aot compiles it for a TPU without one)."""
+  adapters_only = bool(mcfg.lora_rank)
+
+  def fresh():   # named: compile logs show "fresh", not "<lambda>"
+    params = init_params_traced(mcfg, seed)
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt_state": tx.init(trained(params, adapters_only))}
+  return jax.jit(fresh, out_shardings=shardings, compiler_options=options)
