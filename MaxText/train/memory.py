@@ -40,7 +40,7 @@ MoE (tests/test_memory_moe.py; Qwen3-30B-A3B widths, vocab 32,768, fp32 weights,
 libtpu's deviceless v5e compile, equal to the chip's count): XLA's buffers without remat hold per
 layer what `saved_bytes` lists (175 KB a token at 16 experts top-4: the routed copies and the
 activation's fp32 operands half of it) and a second bf16 copy of the layers' weights (the scan's
-saved casts); with 64 experts a layer's bf16 weight gradients (0.56 GiB) are live in the
+saved casts); with 64 experts a layer's bf16 weight gradients (0.60 GiB) are live in the
 backward. Estimate / XLA GiB: 4 layers, 16 experts top-4, batch 4: none 15.65 / 15.57 (13.11
 before these terms), save_matmuls 12.10 / 12.46, full 10.91 / 10.79; 2 layers, 64 experts top-8:
 batch 2 full 15.06 / 15.72, batch 1 none 16.26 / 16.83; 2 layers, 16 experts top-4, batch 1, none
@@ -162,7 +162,7 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
     compute dtype and their fp32 gradients, tokens x (q k v, attention out, o, gate, up, down, the
     norms', the activation's) x (c + 4) (with `none` nothing is recomputed: the gradients alone,
     x c), the S x S scores of non-flash attention, and the layer's weight gradients in the compute
-    dtype (`layer_param_bytes` / L x c / the weights' width: 0.56 GiB for 64 experts of
+    dtype (`layer_param_bytes` / L x c / the weights' width: 0.60 GiB for 64 experts of
     Qwen3-30B-A3B's widths) — and the loss's: one chunk's fp32 logits [rows, chunk, V] (its
     cotangent computed from them in place), or with the whole sequence at once (`loss_chunk` 0)
     the logits kept for the backward and their gradient, two copies.
