@@ -46,7 +46,9 @@ before these terms), save_matmuls 12.10 / 12.46, full 10.91 / 10.79; 2 layers, 6
 batch 2 full 15.06 / 15.72, batch 1 none 16.26 / 16.83; 2 layers, 16 experts top-4, batch 1, none
 7.01 / 6.90. A single layer's step peaks in the embedding's gradient, not in the layers' backward:
 1 layer, batch 1, none reads 4.92 / 4.02 (+22 %). The same `none` count puts Qwen3-0.6B's none
-b2 above at 22.69 (XLA's figure 21.20; 17.24 before).
+b2 above at 22.69 (XLA's figure 21.20; 17.24 before). Qwen3-0.6B with bf16 weights and moments
+(state 4.44), save_attention fused: b8 10.33 / 10.82, b4 7.69 / 8.35 (its 28 layers' attention
+kernels copied, 0.33 GiB, counted; tests/test_memory_plan.py).
 """
 from __future__ import annotations
 
@@ -150,6 +152,8 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
     kept all along — the compute-dtype copy of the weights when the weights are wider
     (`param_bytes`, this device's parameter bytes, x c / their width); with `none` the decoder
     layers' (`layer_param_bytes`) twice: the layer scan also saves each layer's cast weights;
+    weights already in the compute dtype are not cast, and XLA copies the layers' attention
+    kernels into its matmuls' layout instead (`attention_share` of the layers' bytes);
     kept per layer for the backward pass — the layer input (the scan carry, tokens x D x c) under
     any remat policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out);
     with a named policy the values it names, in the compute dtype (`save_attention`: the attention
@@ -213,7 +217,22 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   cast = param_bytes * c // w if c < w else 0
   if mcfg.remat_policy == "none" and c < w:   # the layers' cast weights saved by the scan, too
     cast += layer_param_bytes * c // w
+  if c == w:   # no cast to lay them out: XLA copies the stacked attention kernels for its matmuls
+    cast += layer_param_bytes * attention_share(mcfg)
   return int(cast + L * per_layer + max(working, logits))
+
+
+def attention_share(mcfg) -> float:
+  """The attention projections' share of a decoder layer's weights (q, k, v, o against the MLP's
+  or the experts' gate, up, down and the router)."""
+  D, H, K, E = mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim
+  attention = 2 * (H + K) * E * D
+  if mcfg.num_experts:
+    mlp = (mcfg.num_experts * 3 * D * (mcfg.moe_mlp_dim or mcfg.mlp_dim) + mcfg.num_experts * D
+           + 3 * D * mcfg.shared_expert_mlp_dim)
+  else:
+    mlp = 3 * D * mcfg.mlp_dim
+  return attention / (attention + mlp)
 
 
 def saved_bytes(mcfg, c: int, F: int, k: int) -> int:
