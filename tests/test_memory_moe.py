@@ -45,10 +45,22 @@ def on_tpu(t: Trainer) -> memory.MemoryEstimate:
                              runtime=memory.RUNTIME_ALLOWANCE_ACCELERATOR, platform="tpu")
 
 
+# within the pre-flight's error margin only: 15.46 estimated (so `remat_policy=auto` picks it for
+# this row), XLA's buffers 1.0 GiB more (not the saved values: XLA keeps fewer than counted, the
+# routed expert matmuls recomputed)
+XLA_V5E_MARGIN = [(MOE64, "save_matmuls", 16.49)]
+
+
 @pytest.mark.parametrize("row,policy,xla", XLA_V5E)
 def test_moe_rows_within_five_percent_of_xla(tmp_path, row, policy, xla):
   est = on_tpu(trainer(tmp_path, *row, f"remat_policy={policy}"))
   assert abs(est.needed / GiB - xla) <= 0.05 * xla, (est.needed / GiB, xla)
+
+
+@pytest.mark.parametrize("row,policy,xla", XLA_V5E_MARGIN)
+def test_moe_rows_within_the_margin_of_xla(tmp_path, row, policy, xla):
+  est = on_tpu(trainer(tmp_path, *row, f"remat_policy={policy}"))
+  assert abs(est.needed / GiB - xla) <= memory.ERROR_MARGIN * xla, (est.needed / GiB, xla)
 
 
 def test_saved_values_follow_the_routed_copies(tmp_path):
