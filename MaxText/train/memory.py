@@ -43,13 +43,13 @@ activation's fp32 operands half of it) and a second bf16 copy of the layers' wei
 saved casts); with 64 experts a layer's bf16 weight gradients (0.60 GiB) are live in the
 backward. Estimate / XLA GiB: 4 layers, 16 experts top-4, batch 4: none 15.65 / 15.57 (13.11
 before these terms), save_matmuls 12.10 / 12.46, full 10.91 / 10.79; 2 layers, 64 experts top-8:
-batch 2 full 15.06 / 15.72, save_matmuls 15.46 / 16.49 (-6 %: `auto` picks it, XLA counts it over the limit),
-batch 1 none 16.26 / 16.83; 2 layers, 16 experts top-4, batch 1, none 7.01 / 6.90. A single
-layer's step peaks in the embedding's gradient, not in the layers' backward: 1 layer, batch 1,
-none reads 4.92 / 4.02 (+22 %). The same `none` count puts Qwen3-0.6B's none b2 above at 22.69
-(XLA's figure 21.20; 17.24 before). Qwen3-0.6B with bf16 weights and moments (state 4.44),
-save_attention fused: b8 10.33 / 10.82, b4 7.69 / 8.35 (its 28 layers' attention kernels copied,
-0.33 GiB, counted; tests/test_memory_plan.py).
+batch 2 full 15.06 / 15.72, save_matmuls 15.46 / 16.49 (-6 %: `auto` picks it, XLA counts it
+over the limit), batch 1 none 16.26 / 16.83; 2 layers, 16 experts top-4, batch 1, none 7.01 /
+6.90. A single layer's step peaks in the embedding's gradient, not in the layers' backward: 1
+layer, batch 1, none reads 4.92 / 4.02 (+22 %). The same `none` count puts Qwen3-0.6B's none b2
+above at 22.69 (XLA's figure 21.20; 17.24 before). Qwen3-0.6B with bf16 weights and moments
+(state 4.44), save_attention fused: b8 10.33 / 10.82, b4 7.69 / 8.35 (its 28 layers' attention
+kernels copied, 0.33 GiB, counted; tests/test_memory_plan.py).
 """
 from __future__ import annotations
 
