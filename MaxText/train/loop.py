@@ -225,7 +225,8 @@ class Trainer:
     return (memory.activation_bytes(
         mcfg, rows=rows, seq=self.cfg.max_target_length,
         loss_chunk=self.cfg.loss_chunk_length if loss_chunk is None else loss_chunk,
-        schedule=self.schedule, param_bytes=memory.per_device_bytes(self.abstract["params"]))
+        schedule=self.schedule, param_bytes=memory.per_device_bytes(self.abstract["params"]),
+        layer_param_bytes=memory.per_device_bytes(self.abstract["params"].get("decoder", {})))
             + self.family.activation_bytes(mcfg, rows, self.cfg.max_target_length))
 
   def memory_estimate(self) -> memory.MemoryEstimate:

@@ -36,6 +36,20 @@ computed in the forward pass, losses/chunked.py), so the larger of the two count
 chunk's cotangent is computed from its logits in place (one fp32 copy). The named saves' rows read
 5-9 % above the estimate: they ran with XLA's figures up to 0.6 GiB over the limit, so near the
 limit XLA's count is an upper bound, not the peak.
+MoE (tests/test_memory_moe.py; Qwen3-30B-A3B widths, vocab 32,768, fp32 weights, seq 2048,
+libtpu's deviceless v5e compile, equal to the chip's count): XLA's buffers without remat hold per
+layer what `saved_bytes` lists (175 KB a token at 16 experts top-4: the routed copies and the
+activation's fp32 operands half of it) and a second bf16 copy of the layers' weights (the scan's
+saved casts); with 64 experts a layer's bf16 weight gradients (0.60 GiB) are live in the
+backward. Estimate / XLA GiB: 4 layers, 16 experts top-4, batch 4: none 15.65 / 15.57 (13.11
+before these terms), save_matmuls 12.10 / 12.46, full 10.91 / 10.79; 2 layers, 64 experts top-8:
+batch 2 full 15.06 / 15.72, save_matmuls 15.46 / 16.49 (-6 %: `auto` picks it, XLA counts it
+over the limit), batch 1 none 16.26 / 16.83; 2 layers, 16 experts top-4, batch 1, none 7.01 /
+6.90. A single layer's step peaks in the embedding's gradient, not in the layers' backward: 1
+layer, batch 1, none reads 4.92 / 4.02 (+22 %). The same `none` count puts Qwen3-0.6B's none b2
+above at 22.69 (XLA's figure 21.20; 17.24 before). Qwen3-0.6B with bf16 weights and moments
+(state 4.44), save_attention fused: b8 10.33 / 10.82, b4 7.69 / 8.35 (its 28 layers' attention
+kernels copied, 0.33 GiB, counted; tests/test_memory_plan.py).
 """
 from __future__ import annotations
 
@@ -132,25 +146,31 @@ def available_bytes_per_device(devices: Sequence[Device]) -> tuple[int, str]:
 
 
 def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedule=None,
-                     param_bytes: int = 0) -> int:
+                     param_bytes: int = 0, layer_param_bytes: int | None = None) -> int:
   """Estimated activation bytes of one micro-batch step on a device holding `rows` sequences of
   `seq` tokens (generic dense/MoE decoder dimensions; a model with per-layer variants is counted
   with its base layer; c = the compute dtype's bytes, tokens = rows x seq):
     kept all along — the compute-dtype copy of the weights when the weights are wider
-    (`param_bytes`, this device's parameter bytes, x c / their width);
+    (`param_bytes`, this device's parameter bytes, x c / their width); with `none` the decoder
+    layers' (`layer_param_bytes`) twice: the layer scan also saves each layer's cast weights;
+    weights already in the compute dtype are not cast, and XLA copies the layers' attention
+    kernels into its matmuls' layout instead (`attention_share` of the layers' bytes);
     kept per layer for the backward pass — the layer input (the scan carry, tokens x D x c) under
     any remat policy; with `save_matmuls` also the weight-matmul outputs (q, k, v, o, MLP in/out);
     with a named policy the values it names, in the compute dtype (`save_attention`: the attention
     op's residuals, out [tokens, H x E] + its fp32 logsumexp [H, tokens]; `save_qkv_proj`: q, k, v;
     the output projection and the MLP's down projection D each); with `none` every
-    intermediate, the attention scores included;
+    intermediate as XLA keeps it (`saved_bytes`: the MoE's routed copies among them), the
+    attention scores included;
     the larger of (they are not live at once: the loss's gradient is computed before the layers'
     backward) one layer's working set in the backward pass — its recomputed intermediates in the
     compute dtype and their fp32 gradients, tokens x (q k v, attention out, o, gate, up, down, the
-    norms', the activation's) x (c + 4), and the S x S scores of non-flash attention — and the
-    loss's: one chunk's fp32 logits [rows, chunk, V] (its cotangent computed from them in place),
-    or with the whole sequence at once (`loss_chunk` 0) the logits kept for the backward and their
-    gradient, two copies.
+    norms', the activation's) x (c + 4) (with `none` nothing is recomputed: the gradients alone,
+    x c), the S x S scores of non-flash attention, and the layer's weight gradients in the compute
+    dtype (`layer_param_bytes` / L x c / the weights' width: 0.60 GiB for 64 experts of
+    Qwen3-30B-A3B's widths) — and the loss's: one chunk's fp32 logits [rows, chunk, V] (its
+    cotangent computed from them in place), or with the whole sequence at once (`loss_chunk` 0)
+    the logits kept for the backward and their gradient, two copies.
   The derivation's figures: the module docstring.
   Pipelined (`schedule`, layers/pipeline.py; `rows` then counts the stage axis's split of the
   batch, as the embedding and the loss see it): a stage keeps its L / S layers' residuals for
@@ -161,11 +181,14 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   tokens = rows * seq
   D, H, K, E, L = (mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim,
                    mcfg.num_decoder_layers)
-  F = mcfg.mlp_dim
-  if mcfg.num_experts:   # routed copies: k expert MLPs per token (+ a shared expert)
-    F = mcfg.num_experts_per_tok * (mcfg.moe_mlp_dim or mcfg.mlp_dim) + mcfg.shared_expert_mlp_dim
+  F, k, experts = mcfg.mlp_dim, 0, mcfg.num_experts or 0
+  if experts:   # routed copies: k expert MLPs per token (+ a shared expert)
+    k = mcfg.num_experts_per_tok
+    F = k * (mcfg.moe_mlp_dim or mcfg.mlp_dim) + mcfg.shared_expert_mlp_dim
+  layer_param_bytes = param_bytes if layer_param_bytes is None else layer_param_bytes
   qkv = (H + 2 * K) * E
   matmul_outs = qkv + H * E + 2 * F + 2 * D          # q k v, attention out, o; gate, up; down
+  values = matmul_outs + qkv + 4 * D + 2 * F         # a layer's intermediates, per token
   scores = rows * H * seq * seq if mcfg.attention in ("dot_product",) else 0
   per_layer = tokens * D * c                           # the carry
   lse = H * 4 / c                                      # the attention's fp32 logsumexp, per token
@@ -173,13 +196,17 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
   named = {"save_attention": attention, "save_qkv_proj": qkv,
            "save_qkv_attention": qkv + attention, "save_dot_except_mlp": qkv + attention + D,
            "save_dot_except_mlp_in": qkv + attention + 2 * D}
+  # one layer's weight gradients in the compute dtype, before they join the fp32 ones
+  weight_grads = layer_param_bytes / (L / schedule.stages if schedule else L) * c / w
+  recomputed = c + 4          # a recomputed intermediate and its fp32 gradient, per value
   if mcfg.remat_policy == "save_matmuls":
     per_layer += tokens * (matmul_outs + lse) * c
   elif mcfg.remat_policy in named:   # the named values (layers/stack.py), each in the compute dtype
     per_layer += tokens * named[mcfg.remat_policy] * c
-  elif mcfg.remat_policy == "none":
-    per_layer += tokens * (matmul_outs + qkv + 4 * D + 2 * F) * c + scores * (4 + c)
-  working = tokens * (matmul_outs + qkv + 4 * D + 2 * F) * (c + 4) + 3 * scores * 4
+  elif mcfg.remat_policy == "none":   # every intermediate (`saved_bytes`), the carry among them;
+    per_layer = tokens * saved_bytes(mcfg, c, F, k) + scores * (4 + c)
+    recomputed = c            # the backward adds only their gradients
+  working = tokens * values * recomputed + 3 * scores * 4 + weight_grads
   if loss_chunk > 0 and loss_chunk < seq:
     logits = rows * loss_chunk * mcfg.vocab_size * 4
   else:
@@ -189,7 +216,39 @@ def activation_bytes(mcfg, *, rows: float, seq: int, loss_chunk: int = 0, schedu
     per_layer *= (tasks + schedule.stages - 1) / tasks
     working *= schedule.stages / schedule.microbatches     # one microbatch of the stage's rows
   cast = param_bytes * c // w if c < w else 0
+  if mcfg.remat_policy == "none" and c < w:   # the layers' cast weights saved by the scan, too
+    cast += layer_param_bytes * c // w
+  if c == w:   # no cast to lay them out: XLA copies the stacked attention kernels for its matmuls
+    cast += layer_param_bytes * attention_share(mcfg)
   return int(cast + L * per_layer + max(working, logits))
+
+
+def attention_share(mcfg) -> float:
+  """The attention projections' share of a decoder layer's weights (q, k, v, o against the MLP's
+  or the experts' gate, up, down and the router)."""
+  D, H, K, E = mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim
+  attention = 2 * (H + K) * E * D
+  if mcfg.num_experts:
+    mlp = (mcfg.num_experts * 3 * D * (mcfg.moe_mlp_dim or mcfg.mlp_dim) + mcfg.num_experts * D
+           + 3 * D * mcfg.shared_expert_mlp_dim)
+  else:
+    mlp = 3 * D * mcfg.mlp_dim
+  return attention / (attention + mlp)
+
+
+def saved_bytes(mcfg, c: int, F: int, k: int) -> int:
+  """Bytes per token one decoder layer keeps for the backward pass when nothing is recomputed
+  (`remat_policy=none`), as XLA's buffer assignment for a v5e lists them (Qwen3-30B-A3B widths,
+  the module docstring): the query in fp32 and four compute-dtype copies (projected, normed,
+  rotated, the attention's output), the keys and values likewise ([tokens, K x E]: one fp32, three
+  compute-dtype); the two norms' fp32 inputs and four [tokens, D] compute-dtype values (the layer
+  input, the normed inputs, the output projection); the MLP's gate, up and their product in the
+  compute dtype and the activation's three fp32 operands (F wide: k routed copies + the shared
+  expert); with experts also the routed copies in expert order and back in token order ([k, D]
+  each) and the router's logits and fp32 probabilities."""
+  D, H, K, E = mcfg.emb_dim, mcfg.num_query_heads, mcfg.num_kv_heads, mcfg.head_dim
+  return int((4 + 4 * c) * H * E + (4 + 3 * c) * K * E + (8 + 4 * c) * D + (12 + 3 * c) * F
+             + 2 * k * D * c + (mcfg.num_experts or 0) * (4 + c))
 
 
 def runtime_share(devices: Sequence[Device]) -> int:
