@@ -154,3 +154,31 @@ def test_xla_refusing_the_compile_is_a_config_error(tmp_path, monkeypatch, capsy
   assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
   assert "Used 21.20G of 15.75G hbm" in lines[0] and "the pre-flight estimated" in lines[0]
   assert "remat_policy=" in lines[0]   # the lighter configuration that fits
+
+
+def test_auto_compiles_the_next_lighter_policy_when_xla_refuses_its_choice(tmp_path, monkeypatch,
+                                                                            capsys):
+  """remat_policy=auto whose choice XLA refuses (the estimate under XLA's count, as moe64's
+  save_matmuls: 15.46 estimated, XLA 16.49 of 15.75): the next lighter policy is compiled and the
+  run trains; a policy the user named is refused (exit 2, the test above)."""
+  tried = []
+  real = Trainer.compile_step
+
+  def refuse_the_first(self):
+    tried.append(self.cfg.remat_policy)
+    assert self.mcfg.remat_policy == self.cfg.remat_policy   # the model rebuilt with it
+    if len(tried) == 1:
+      raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
+                         "in memory space hbm. Used 16.49G of 15.75G hbm.")
+    return real(self)
+  monkeypatch.setattr(Trainer, "compile_step", refuse_the_first)
+  monkeypatch.setattr(memory, "available_bytes_per_device", lambda d: (2**50, "test"))
+  code, trainer = run(argv(tmp_path, "auto-oom", "remat_policy=auto", "dataset_type=synthetic",
+                           "steps=1", *MESH_1), devices=jax.devices()[:1])
+  captured = capsys.readouterr()
+  printed = captured.out + captured.err
+  lighter = memory_plan.policies_of(trainer.cfg.decoder_block)
+  assert code == 0, printed[-2000:]
+  assert tried == [lighter[0], lighter[1]] and trainer.cfg.remat_policy == lighter[1]
+  assert f"XLA refused {lighter[0]} (Used 16.49G of 15.75G hbm)" in printed, printed[-2000:]
+  assert f"remat_policy=auto: {lighter[1]}, the next lighter" in trainer.training.remat_note

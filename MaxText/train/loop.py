@@ -130,6 +130,11 @@ class Trainer:
     the policy), the reason kept for the start-up line."""
     policy, why = memory_plan.pick_remat(
         lambda **planning: self.estimate_with(own=False, **planning), self.cfg.decoder_block)
+    self._use_remat(policy, why)
+
+  def _use_remat(self, policy: str, why: str) -> None:
+    """The model rebuilt with remat `policy` (nothing else depends on it), `why` for the
+    start-up line."""
     self.training = dataclasses.replace(
         self.training, cfg=dataclasses.replace(self.cfg, remat_policy=policy),
         auto=self.training.auto | {"remat_policy"}, remat_note=why)
@@ -138,6 +143,25 @@ class Trainer:
     self.model_def = make_model_def(self.mcfg)
     self.checkpointed = CheckpointedState(self.cfg, self.mcfg, self.abstract, self.shardings,
                                           self.tx, self.adapters_only)
+
+  def _lighter_remat(self, error: BaseException) -> bool:
+    """remat_policy=auto whose choice XLA refused to compile for memory (the estimate under
+    XLA's count): the next lighter policy (`memory_plan.policies_of`), the model rebuilt with it,
+    the refusal kept in the start-up line's note. False when the policy was the user's, or when
+    it was the lightest."""
+    if "remat_policy" not in self.training.auto:
+      return False
+    policies = memory_plan.policies_of(self.cfg.decoder_block)
+    refused = self.cfg.remat_policy
+    if refused not in policies or refused == policies[-1]:
+      return False
+    policy = policies[policies.index(refused) + 1]
+    figure = re.search(r"[Uu]sed [\d.]+\w* of [\d.]+\w* \w+", " ".join(str(error).split()))
+    said = f" ({figure.group(0)})" if figure else ""
+    log(f"remat_policy=auto: XLA refused {refused}{said}; compiling with {policy}")
+    self._use_remat(policy, f"remat_policy=auto: {policy}, the next lighter: XLA refused {refused}"
+                            f"{said}, which the pre-flight estimated to fit")
+    return True
 
   def _state_of(self, cfg: Config, mcfg: ModelConfig) -> tuple[Any, Any, dict, dict]:
     """(model definition, optimizer, the state's shardings, the abstract state) of `cfg` on this
@@ -371,13 +395,15 @@ class Trainer:
     def compile_once() -> None:   # while a restored checkpoint's arrays are checked, or after
       if not compiled:
         t0 = time.perf_counter()
-        try:
-          compiled.append(self.compile_step())
-        except Exception as e:  # noqa: BLE001 — XLA refusing what does not fit: exit 2, one line
-          if not memory.is_out_of_memory(e):
-            raise
-          raise ConfigError(memory.compile_failure(e, self.memory_estimate(), memory_plan.fastest_fit(
-              self.estimate_with, self.cfg, after=self.cfg.remat_policy))) from None
+        while not compiled:
+          try:
+            compiled.append(self.compile_step())
+          except Exception as e:  # noqa: BLE001 — XLA refusing what does not fit: exit 2, one line
+            if not memory.is_out_of_memory(e):
+              raise
+            if not self._lighter_remat(e):
+              raise ConfigError(memory.compile_failure(e, self.memory_estimate(), memory_plan.fastest_fit(
+                  self.estimate_with, self.cfg, after=self.cfg.remat_policy))) from None
         log(f"compiled the train step in {time.perf_counter() - t0:.1f} s")
 
     state, start = self.checkpointed.initial_state(ckpts, data_iter, meanwhile=compile_once)
