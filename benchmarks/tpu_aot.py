@@ -109,6 +109,24 @@ def table(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
+def emit(row: dict, rows: list, out: str, op_line) -> None:
+  """`row` added to `rows`: printed as one JSON line (without its ops), then its ops each as
+  `op_line(op)`, and all rows written to `out` (when given) after each, so a cut run keeps them."""
+  rows.append(row)
+  print(json.dumps({k: v for k, v in row.items() if k != "top_ops"}), flush=True)
+  for op in row.get("top_ops", []):
+    print(op_line(op), flush=True)
+  if out:
+    with open(out, "w", encoding="utf-8") as f:
+      json.dump(rows, f, indent=1)
+
+
+def finish(rows: list, text: str) -> int:
+  """Prints the rows' table `text`; the exit status: 0 when every row compiled."""
+  print(text, flush=True)
+  return 0 if all(r.get("status") == "ok" for r in rows) else 1
+
+
 def main() -> int:
   from tpu_step import variant_parser, variants  # pylint: disable=import-outside-toplevel
   ap = variant_parser(__doc__)
@@ -118,17 +136,10 @@ def main() -> int:
   devices = tpu_devices()
   rows = []
   for label, argv in variants(args.base, args.variant):
-    row = run_variant(label, argv, devices, args.hlo_dir, args.top)
-    rows.append(row)
-    print(json.dumps({k: v for k, v in row.items() if k != "top_ops"}), flush=True)
-    for op in row.get("top_ops", []):
-      print(f"    {op['kcycles']:9.0f}k cycles  {op['op']:36s} {op['shape'][:50]:50s} "
-            f"{op['jax_op'][-60:]}", flush=True)
-    if args.out:
-      with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=1)
-  print(table(rows), flush=True)
-  return 0 if all(r.get("status") == "ok" for r in rows) else 1
+    emit(run_variant(label, argv, devices, args.hlo_dir, args.top), rows, args.out,
+         lambda op: f"    {op['kcycles']:9.0f}k cycles  {op['op']:36s} {op['shape'][:50]:50s} "
+                    f"{op['jax_op'][-60:]}")
+  return finish(rows, table(rows))
 
 
 if __name__ == "__main__":

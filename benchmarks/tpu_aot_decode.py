@@ -18,7 +18,6 @@ program's optimized HLO; --out writes the rows as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -27,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpu_aot import tpu_devices  # noqa: E402
+from tpu_aot import emit, finish, tpu_devices  # noqa: E402
 
 MiB = 2**20
 V5E_BANDWIDTH = 819e9
@@ -250,16 +249,10 @@ def main(argv=None) -> int:
       except Exception as e:  # noqa: BLE001 — a program that does not compile is a result
         row = {"weights": weights, "batch": B, "cache_length": args.cache_length,
                "status": "compile failed", "error": str(e).splitlines()[0][:300]}
-      rows.append(row)
-      print(json.dumps({k: v for k, v in row.items() if k != "top_ops"}), flush=True)
-      for op in row.get("top_ops", []):
-        print(f"    {op['kcycles']:9.1f}k cycles  x{op['count']:<3d} {op['kind']:9s} "
-              f"{op['shape'][:44]:44s} {op['jax_op'][-60:]}", flush=True)
-      if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-          json.dump(rows, f, indent=1)
-  print(table(rows), flush=True)
-  return 0 if all(r.get("status") == "ok" for r in rows) else 1
+      emit(row, rows, args.out,
+           lambda op: f"    {op['kcycles']:9.1f}k cycles  x{op['count']:<3d} {op['kind']:9s} "
+                      f"{op['shape'][:44]:44s} {op['jax_op'][-60:]}")
+  return finish(rows, table(rows))
 
 
 if __name__ == "__main__":

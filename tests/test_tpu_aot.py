@@ -1,15 +1,12 @@
 """benchmarks/tpu_aot.py: its HLO reader and variant keys on any machine; the command
 docs/performance.md gives, run exactly as written, where libtpu's wheel is already in .libtpu-aot/
 (tpu_aot.sh downloads ~140 MB there on first use, which CI does not do: skipped there)."""
-import glob
 import os
 import re
-import shlex
-import subprocess
 import sys
 
-import pytest
 
+from aot_helpers import documented_command, needs_libtpu, run_documented
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -39,18 +36,9 @@ def test_a_variants_keys_replace_the_bases():
                             "per_device_batch_size=8"])]
 
 
-def _documented_command() -> str:
-  text = open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read()
-  return next(line for line in text.splitlines() if line.startswith("bash benchmarks/tpu_aot.sh"))
-
-
-@pytest.mark.skipif(not glob.glob(os.path.join(ROOT, ".libtpu-aot", "*", "libtpu", "libtpu.so")),
-                    reason="libtpu's wheel not downloaded into .libtpu-aot/ (tpu_aot.sh does it)")
+@needs_libtpu
 def test_the_documented_command_compiles_the_step_for_a_v5e():
-  command = _documented_command()
-  env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "XLA_FLAGS": "", "JAX_PLATFORMS": ""}
-  p = subprocess.run(shlex.split(command), cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=600)
+  p = run_documented(documented_command("bash benchmarks/tpu_aot.sh"))
   assert p.returncode == 0, p.stderr[-3000:]
   row = re.search(r"^\| full \| full \| ([\d.]+) \| ([\d.]+) \| ([+-][\d.]+)% \|", p.stdout, re.M)
   assert row, p.stdout[-2000:]

@@ -2,15 +2,12 @@
 operation) on any machine; the command docs/performance.md gives, run exactly as written, where
 libtpu's wheel is already in .libtpu-aot/ (tpu_aot.sh downloads it on first use, which CI does not
 do: skipped there)."""
-import glob
 import json
 import os
-import shlex
-import subprocess
 import sys
 
-import pytest
 
+from aot_helpers import documented_command, needs_libtpu, run_documented
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -40,19 +37,9 @@ def test_the_step_is_the_loop_body_summed_per_kind_and_operation():
       ("dot_general", "kOutput", 100.0, 2), ("mul", "kLoop", 1.2, 1)]
 
 
-def _documented_command() -> str:
-  text = open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read()
-  return next(line for line in text.splitlines()
-              if line.startswith("bash benchmarks/tpu_aot.sh decode") and "qwen3-tiny" in line)
-
-
-@pytest.mark.skipif(not glob.glob(os.path.join(ROOT, ".libtpu-aot", "*", "libtpu", "libtpu.so")),
-                    reason="libtpu's wheel not downloaded into .libtpu-aot/ (tpu_aot.sh does it)")
+@needs_libtpu
 def test_the_documented_command_compiles_the_decoding_step_for_a_v5e():
-  command = _documented_command()
-  env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "XLA_FLAGS": "", "JAX_PLATFORMS": ""}
-  p = subprocess.run(shlex.split(command), cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=600)
+  p = run_documented(documented_command("bash benchmarks/tpu_aot.sh decode", "qwen3-tiny"))
   assert p.returncode == 0, p.stderr[-3000:]
   rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
   assert [(r["weights"], r["batch"]) for r in rows] == [("bfloat16", 2), ("int8", 2)], rows

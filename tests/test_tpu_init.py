@@ -3,17 +3,16 @@ small fusion windows, a small model's unoptimised CPU compile), benchmarks/tpu_i
 readers, and its documented deviceless command run exactly as written where libtpu's wheel is in
 .libtpu-aot/ (skipped elsewhere, as tests/test_tpu_aot.py's): the init program compiled for a v5e
 under XLA's default options and the init's, the same operations with smaller windows."""
-import glob
 import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import jax
 import pytest
 
+from aot_helpers import documented_command, needs_libtpu, run_documented
 from conftest import ROOT
 from MaxText.models import model_def as md
 from MaxText.models.registry import get_family, init_options
@@ -104,21 +103,16 @@ def test_largest_window_and_estimated_cycles_read_the_backend_configs():
 
 
 def _documented_command() -> str:
-  text = open(os.path.join(ROOT, "docs", "performance.md"), encoding="utf-8").read()
-  return next(line for line in text.splitlines()
-              if line.startswith("bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py"))
+  return documented_command("bash benchmarks/tpu_aot.sh benchmarks/tpu_init.py")
 
 
 def test_the_documented_command_is_in_the_docs():
   assert shlex.split(_documented_command())[3:] == ["--aot", "qwen3-tiny"]
 
 
-@pytest.mark.skipif(not glob.glob(os.path.join(ROOT, ".libtpu-aot", "*", "libtpu", "libtpu.so")),
-                    reason="libtpu's wheel not downloaded into .libtpu-aot/ (tpu_aot.sh does it)")
+@needs_libtpu
 def test_the_documented_command_compiles_the_init_for_a_v5e_with_smaller_windows():
-  env = {**os.environ, "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "XLA_FLAGS": "", "JAX_PLATFORMS": ""}
-  p = subprocess.run(shlex.split(_documented_command()), cwd=ROOT, env=env, capture_output=True,
-                     text=True)
+  p = run_documented(_documented_command())
   assert p.returncode == 0, p.stderr[-3000:]
   rows = json.loads(p.stdout.strip().splitlines()[-1])
   default = rows["qwen3-tiny fresh init, default (rep 0)"]
