@@ -49,3 +49,14 @@ def test_the_documented_command_compiles_the_decoding_step_for_a_v5e():
     assert r["memory"]["alias_mib"] >= r["kv_mib"] > 0, r
     assert r["step_kcycles"] > 0 and r["prefill"]["kcycles_by_kind"], r
   assert p.stdout.count("k cycles ") == 2 * 3, p.stdout[-2000:]   # --top 3, per row
+
+
+@needs_libtpu
+def test_the_documented_command_compiles_the_pallas_decoding_kernel_for_a_v5e():
+  """decode_attention=pallas: Mosaic compiles the kernel inside the decoding step (a tiny model)."""
+  p = run_documented(documented_command("bash benchmarks/tpu_aot.sh decode",
+                                        "decode_attention=pallas"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+  assert [(r["status"], r["batch"]) for r in rows] == [("ok", 2)], rows
+  assert rows[0]["memory"]["alias_mib"] >= rows[0]["kv_mib"] > 0, rows   # the cache in place

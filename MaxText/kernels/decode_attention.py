@@ -129,13 +129,3 @@ def decode_attention(q_BKGE: jax.Array, k_LBKTE: jax.Array, v_LBKTE: jax.Array, 
   )(layer_1, last_R, len_N11, q_NGE, k_MTE, v_MTE)
   return out.reshape(B, K, G, E)
 
-
-def reference(q_BKGE, k_LBKTE, v_LBKTE, layer, lengths_B, *, scale: float) -> jax.Array:
-  """The same attention in plain XLA (fp32 softmax), for tests."""
-  k = k_LBKTE[layer].astype(jnp.float32)
-  v = v_LBKTE[layer].astype(jnp.float32)
-  s = jnp.einsum("bkge,bkte->bkgt", q_BKGE.astype(jnp.float32), k) * scale
-  T = k.shape[2]
-  live = jnp.arange(T)[None, :] < jnp.clip(lengths_B, 1, T)[:, None]
-  s = jnp.where(live[:, None, None, :], s, -jnp.inf)
-  return jnp.einsum("bkgt,bkte->bkge", jax.nn.softmax(s, axis=-1), v).astype(q_BKGE.dtype)
