@@ -156,8 +156,8 @@ class Trainer:
     if refused not in policies or refused == policies[-1]:
       return False
     policy = policies[policies.index(refused) + 1]
-    figure = re.search(r"[Uu]sed [\d.]+\w* of [\d.]+\w* \w+", " ".join(str(error).split()))
-    said = f" ({figure.group(0)})" if figure else ""
+    figure = memory.xla_memory_figure(error)
+    said = f" ({figure})" if figure else ""
     log(f"remat_policy=auto: XLA refused {refused}{said}; compiling with {policy}")
     self._use_remat(policy, f"remat_policy=auto: {policy}, the next lighter: XLA refused {refused}"
                             f"{said}, which the pre-flight estimated to fit")

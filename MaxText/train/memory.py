@@ -399,12 +399,18 @@ def is_out_of_memory(error: BaseException) -> bool:
   return "RESOURCE_EXHAUSTED" in str(error) or "Ran out of memory" in str(error)
 
 
+def xla_memory_figure(error: BaseException) -> str | None:
+  """The sentence of XLA's out-of-memory message that names the sizes ("Used 17.2G of 15.7G
+  hbm", "HLO temporaries ... exceeds ..."), or None when it has none."""
+  text = " ".join(str(error).split())
+  figure = re.search(r"[Uu]sed [\d.]+\w* of [\d.]+\w* \w+|HLO temporaries .*?exceeds [\d.]+\w*", text)
+  return figure.group(0) if figure else None
+
+
 def compile_failure(error: BaseException, est: MemoryEstimate, fits: str = "") -> str:
   """The one line for a step XLA refused to compile for memory: XLA's own figure (its message's
   sentence naming the sizes), the pre-flight's estimate, and `fits` (what would fit)."""
-  text = " ".join(str(error).split())
-  figure = re.search(r"[Uu]sed [\d.]+\w* of [\d.]+\w* \w+|HLO temporaries .*?exceeds [\d.]+\w*", text)
-  said = figure.group(0) if figure else text[:200]
+  said = xla_memory_figure(error) or " ".join(str(error).split())[:200]
   return (f"the step does not fit in memory: XLA refused to compile it ({said}); the pre-flight "
           f"estimated {est.needed / GiB:.2f} GiB of {est.available / GiB:.2f} GiB available "
           f"({est.source})." + (f" What would fit: {fits}." if fits else " Lower per_device_batch_size, use "
