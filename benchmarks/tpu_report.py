@@ -1,5 +1,5 @@
 """The Markdown of benchmarks/tpu_suite.sh, from the files its stages left in one folder: the tests'
-log (tests.log), the start-up run (startup.log), MaxText's rows (maxtext_*.json, tpu_rows.py) and
+log (tests.log), the start-up runs (startup_cold.log, startup_warm.log), MaxText's rows (maxtext_*.json, tpu_rows.py) and
 our step matrix (ours.json, tpu_step.py). Missing or failed parts are said, not left out.
 
   python3 benchmarks/tpu_report.py --dir OUT --commit HASH --seconds N > OUT/tpu_suite.md
@@ -52,13 +52,13 @@ def measured_section(text: str) -> list[str]:
   return out
 
 
-def startup_section(text: str) -> list[str]:
+def startup_section(text: str, phase: str = "cold") -> list[str]:
   line = next((ln for ln in text.splitlines() if ln.startswith("start-up")), None)
   step = [ln for ln in text.splitlines() if re.match(r"step +\d+/", ln)]
   if line is None:
-    return ["start-up (Qwen3-0.6B, cold): no start-up line; the log's tail:", "```",
+    return [f"start-up (Qwen3-0.6B, {phase}): no start-up line; the log's tail:", "```",
             *text.splitlines()[-8:], "```"]
-  return [f"start-up (`train.py`, Qwen3-0.6B seq 2048 batch 8, remat full, cold compile cache): "
+  return [f"start-up (`train.py`, Qwen3-0.6B seq 2048 batch 8, remat full, {phase} compile cache): "
           f"`{line}`", *([f"last step: `{step[-1]}`"] if step else [])]
 
 
@@ -91,7 +91,8 @@ def main() -> int:
          f"{datetime.date.today().isoformat()}{', ' + env if env else ''} ({args.seconds} s)", ""]
   out += tests_section(_read(os.path.join(d, "tests.log")))
   out += measured_section(_read(os.path.join(d, "tests.jsonl"))) + [""]
-  out += startup_section(_read(os.path.join(d, "startup.log"))) + [""]
+  for phase in ("cold", "warm"):
+    out += startup_section(_read(os.path.join(d, f"startup_{phase}.log")), phase) + [""]
   mt = maxtext_rows(d)
   ours = json.loads(_read(os.path.join(d, "ours.json")) or "[]")
   out += ["| trainer, row | tokens/s | MFU (of 197 TFLOP/s) | s/step | pre-flight est. GiB | "
@@ -122,7 +123,7 @@ def main() -> int:
                f"{_fmt(r['tokens_per_s'] / base if base else None, '.3f')}× |")
   out += ["", "Rows: Qwen3-0.6B, seq 2048, synthetic data, bf16 compute, one v5e chip, splash "
           "blocks 1024 with the fused backward on both sides; MFU in MaxText's accounting (both "
-          "count the same TFLOP per step). Raw: tests.log, startup.log, maxtext_*.json/.log, "
+          "count the same TFLOP per step). Raw: tests.log, startup_cold.log, startup_warm.log, maxtext_*.json/.log, "
           "ours.json/.log."]
   print("\n".join(out))
   return 0

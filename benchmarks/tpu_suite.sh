@@ -6,7 +6,8 @@
 #   1. the `tpu` tests in one process (tests/test_tpu.py: splash forward + backward against the
 #      reference in float32 at highest precision; every family's first steps on the chip against
 #      the CPU; bf16 weights training there);
-#   2. the start-up of `train.py` on Qwen3-0.6B, cold (the start-up line's phases);
+#   2. the start-up of `train.py` on Qwen3-0.6B, cold then warm (one compilation cache, emptied
+#      first; the start-up line's phases);
 #   3. MaxText 0.2.5 side by side (benchmarks/tpu_rows.py maxtext: its best settings found),
 #      then our step matrix in one process (benchmarks/tpu_step.py: the pre-flight's estimate
 #      against XLA's count, init, compile, tokens/s, MFU per row), and the ratios.
@@ -45,11 +46,16 @@ echo "tests exit $?" >> "$out/tests.log"
 
 stage "start-up"
 Q06="model_name=qwen3-0.6b max_target_length=2048 dataset_type=synthetic flash_block_q=1024 flash_block_kv=1024"
-# shellcheck disable=SC2086
-run timeout 120 python3 train.py configs/base.yml $Q06 per_device_batch_size=8 remat_policy=full \
-  flash_fused_bwd=true steps=3 jax_cache_dir= enable_checkpointing=false sample_at_end=false \
-  base_output_directory=/tmp/tpu_suite_runs > "$out/startup.log" 2>&1
-echo "exit $?" >> "$out/startup.log"
+# twice on one persistent compilation cache, emptied first: cold (it fills it), then warm
+cache=/tmp/tpu_suite_jax_cache
+[ "$DRY" = 0 ] && rm -rf "$cache"
+for phase in cold warm; do
+  # shellcheck disable=SC2086
+  run timeout 120 python3 train.py configs/base.yml $Q06 per_device_batch_size=8 remat_policy=full \
+    flash_fused_bwd=true steps=3 jax_cache_dir=$cache enable_checkpointing=false sample_at_end=false \
+    base_output_directory=/tmp/tpu_suite_runs > "$out/startup_$phase.log" 2>&1
+  echo "exit $?" >> "$out/startup_$phase.log"
+done
 
 stage "MaxText"
 MT="model_name=qwen3-0.6b max_target_length=2048 attention=flash dtype=bfloat16"

@@ -45,8 +45,8 @@ def _stages(commands):
 
 def test_the_stages_in_order(tmp_path):
   full, quick = dry_run(tmp_path), dry_run(tmp_path, TPU_SUITE_QUICK="1")
-  assert _stages(full) == ["tests", "start-up", "maxtext", "maxtext", "ours"]
-  assert _stages(quick) == ["tests", "start-up", "maxtext", "ours"]
+  assert _stages(full) == ["tests", "start-up", "start-up", "maxtext", "maxtext", "ours"]
+  assert _stages(quick) == ["tests", "start-up", "start-up", "maxtext", "ours"]
   assert "tests/test_tpu.py" in full[0] and "-k" not in full[0] and "-k" in quick[0]
   ours = full[-1]
   assert ours.count("--variant") == 3 and quick[-1].count("--variant") == 1
@@ -81,7 +81,7 @@ def test_our_runs_load_and_the_v5e_pre_flight_lets_them_run(tmp_path):
 def test_maxtexts_rows_match_ours_and_its_keys_exist(tmp_path):
   commands = dry_run(tmp_path)
   ours = dict(k.split("=", 1) for k in _keys(commands[1]))
-  for row in (commands[2], commands[3]):
+  for row in (commands[3], commands[4]):
     theirs = dict(k.split("=", 1) for k in _keys(row))
     for key in ("model_name", "max_target_length", "per_device_batch_size"):
       assert theirs[key] == ours[key], (key, theirs[key], ours[key])
@@ -89,7 +89,7 @@ def test_maxtexts_rows_match_ours_and_its_keys_exist(tmp_path):
     assert theirs["sa_use_fused_bwd_kernel"] == ours["flash_fused_bwd"] == "true"
   with _maxtext_configs() as z:
     base = yaml.safe_load(z.read("maxtext/configs/base.yml"))
-  for row in (commands[2], commands[3]):
+  for row in (commands[3], commands[4]):
     unknown = sorted(k.split("=", 1)[0] for k in _keys(row) if k.split("=", 1)[0] not in base)
     assert not unknown, unknown
 
