@@ -155,3 +155,18 @@ def test_the_pallas_decoding_kernel_gives_the_tokens_of_the_einsums(family):
   for x, y in zip(a, b):
     assert x.output_ids == y.output_ids
     assert np.abs(np.asarray(x.output_logprobs) - np.asarray(y.output_logprobs)).max() < TOL_LOGPROB
+
+
+def test_the_plain_paths_decoding_step_gives_the_tokens_of_the_tuned_one():
+  """XLA's plain hot path (GPU / TPU) with the kernel, as a TPU decodes: its decoding step's
+  projections as 2-D matmuls (`DenseGeneral.flat`) and the kernel storing the step's K/V, against
+  the CPU's tuned path with the einsums."""
+  import dataclasses
+  mcfg, _, one, params = one_device("qwen3")
+  ps = prompts(mcfg.vocab_size)
+  plain = engine(dataclasses.replace(mcfg, decode_attention="pallas", hot_path="plain"),
+                 batch_size=4)
+  for x, y in zip(one.generate(params, ps, max_new_tokens=12),
+                  plain.generate(params, ps, max_new_tokens=12)):
+    assert x.output_ids == y.output_ids
+    assert np.abs(np.asarray(x.output_logprobs) - np.asarray(y.output_logprobs)).max() < TOL_LOGPROB

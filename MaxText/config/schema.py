@@ -162,12 +162,14 @@ class Config(_ConfigBase):
                                    "at load, so a step reads each layer's weights in place (the "
                                    "scan slices them out of the stack on every step); false = the "
                                    "scan's layout", tools=(*DECODERS, "lm_eval", "serve"))
-  decode_attention: str = key("xla", "a decoding step's attention over a full-attention KV cache: "
-                              "xla (einsums over the whole cache bucket) | pallas (a Pallas TPU "
-                              "kernel reading only the cache blocks that hold live positions; "
-                              "interpreted on a CPU, so slow there); windowed layers and "
-                              "multi-token steps use xla", choices=("xla", "pallas"), model=True,
-                              arch=False, tools=(*DECODERS, "lm_eval", "serve"))
+  decode_attention: str = key("auto", "a decoding step's attention over a full-attention KV cache: "
+                              "auto (pallas on a TPU, else xla) | xla (einsums over the whole cache "
+                              "bucket, after an XLA scatter of the step's K/V) | pallas (a Pallas "
+                              "TPU kernel reading only the cache blocks that hold live positions "
+                              "and storing the step's K/V itself; interpreted on a CPU, so slow "
+                              "there); windowed layers and multi-token steps use xla",
+                              choices=("auto", "xla", "pallas"), model=True, arch=False,
+                              tools=(*DECODERS, "lm_eval", "serve"))
 
   # ---- serving ---------------------------------------------------------------------------------
   serve_slots: int = key(8, "decode slots: requests decoded together (continuous batching)", min=1,

@@ -292,10 +292,12 @@ class ModelConfigKeys:
   column"""
   weight_quant_exclude: str = ''
   """regex over the module paths a quantized checkpoint kept in float"""
-  decode_attention: str = 'xla'
-  """a decoding step's attention over a full-attention KV cache: xla (einsums over the whole cache
-  bucket) | pallas (a Pallas TPU kernel reading only the cache blocks that hold live positions;
-  interpreted on a CPU, so slow there); windowed layers and multi-token steps use xla"""
+  decode_attention: str = 'auto'
+  """a decoding step's attention over a full-attention KV cache: auto (pallas on a TPU, else xla) |
+  xla (einsums over the whole cache bucket, after an XLA scatter of the step's K/V) | pallas (a
+  Pallas TPU kernel reading only the cache blocks that hold live positions and storing the
+  step's K/V itself; interpreted on a CPU, so slow there); windowed layers and multi-token steps
+  use xla"""
   context_parallel_strategy: str = 'all_gather'
   """attention=flash over the context axis: all_gather (K/V gathered, each shard its own queries) |
   ring (K/V blocks passed around the axis, online-softmax merge); the batch runs in a load-

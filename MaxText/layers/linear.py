@@ -158,6 +158,20 @@ class DenseGeneral(nnx.Module):
     batch_shape = x.shape[: x.ndim - self.in_rank]
     return batch_shape, x.astype(self.dtype).reshape(-1, math.prod(x.shape[x.ndim - self.in_rank:]))
 
+  def flat(self, x: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
+    """`self(x)` as ONE 2-D matmul [tokens, in] @ [in, out] on every path (the tuned path's
+    form), for a decoding step on a TPU: there the multi-axis dot_general made XLA keep the q/k/v
+    kernels heads-major ([H, D, E]), re-laying all of them before every decoding call, and copy
+    the step's q into the row-major [B, H, E] the attention kernel reads; flat, the kernels are
+    read as they are stored and the output is already row-major. A quantized or LoRA'd
+    projection: `self(x)`."""
+    if self.quant is not None or self.lora_a is not None:
+      return self(x, out_dtype)
+    batch_shape, x2 = self.rows(x)
+    w = self.kernel[...]
+    y = matmul(x2, w.reshape(x2.shape[1], -1), out_dtype=out_dtype)
+    return y.reshape(*batch_shape, *w.shape[self.in_rank:])
+
   def __call__(self, x: jax.Array, out_dtype: jnp.dtype | None = None) -> jax.Array:
     """`out_dtype` (default: the compute dtype) is the dtype of the result, e.g. fp32 logits
     straight from the fp32 accumulator."""

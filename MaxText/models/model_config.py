@@ -2,7 +2,8 @@
 schema's keys marked `model=True` (MaxText/config/schema.py), as a frozen, hashable dataclass (list
 keys become tuples). `attention` holds the op that runs on this platform (`select_attention`),
 `hot_path` the layers' path (`select_hot_path`: tuned or plain), `param_init_rng` the random
-generator of a fresh init (`select_init_rng`). The class is built from the schema at import
+generator of a fresh init (`select_init_rng`), `decode_attention` the decoding step's attention
+(`select_decode_attention`: auto is the Pallas kernel on a TPU). The class is built from the schema at import
 (`schema.view`); the type checker reads it as the generated `ModelConfigKeys`
 (MaxText/config/views_generated.py) with the methods below."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from MaxText.backend.hot_path import select_hot_path
 from MaxText.config.schema import MODEL_KEYS, Config, View, view
 from MaxText.layers import attention_ops
+from MaxText.layers.kv_cache import select_decode_attention
 
 
 def select_init_rng(name: str, platform: str) -> str:
@@ -43,7 +45,9 @@ class _Methods(_Fields):
     platform = jax.default_backend()
     return dataclasses.replace(mcfg, attention=attention_ops.select_attention(cfg.attention, platform),
                                hot_path=select_hot_path(cfg.hot_path, platform),
-                               param_init_rng=select_init_rng(mcfg.param_init_rng, platform))
+                               param_init_rng=select_init_rng(mcfg.param_init_rng, platform),
+                               decode_attention=select_decode_attention(cfg.decode_attention,
+                                                                        platform))
 
   @property
   def compute_dtype(self) -> jnp.dtype:

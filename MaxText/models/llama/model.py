@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from MaxText.backend import hot_path
 from MaxText.layers import embed, sites, stack
 from MaxText.layers.mtp import MTPBlock, MTPLayer, shifted
 from MaxText.layers.attention_ops import attention_op
@@ -74,9 +75,10 @@ class Attention(nnx.Module):
     self.op = attention_op(cfg)
     self.cache = KVCache(K, E, kernel=cfg.decode_attention)
 
-  def _qkv(self, x_BSD, positions_BS):
-    q_BSHE, k_BSKE, v_BSKE = (checkpoint_name(y, QKV_PROJ) for y in
-                              fused_dense((self.query, self.key, self.value), x_BSD))
+  def _qkv(self, x_BSD, positions_BS, flat: bool = False):
+    projected = ([l.flat(x_BSD) for l in (self.query, self.key, self.value)] if flat else
+                 fused_dense((self.query, self.key, self.value), x_BSD))
+    q_BSHE, k_BSKE, v_BSKE = (checkpoint_name(y, QKV_PROJ) for y in projected)
     q_BSHE = constrain(q_BSHE, ACT_BSHE)
     k_BSKE, v_BSKE = constrain(k_BSKE, ACT_BSKE), constrain(v_BSKE, ACT_BSKE)
     if self.query_norm is not None and self.key_norm is not None:   # (set together)
@@ -95,10 +97,14 @@ class Attention(nnx.Module):
     `index` of the cache `group` (None: no cache, e.g. scoring); a prefill (positions 0..S-1)
     attends within the new tokens with the training op, a step over the cache after its write.
     Returns (output, group)."""
-    q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS)
+    # a decoding step on XLA's plain path (GPU / TPU): 2-D matmuls (DenseGeneral.flat; the tuned
+    # CPU path's matmuls are 2-D already, and its q/k/v one fused matmul)
+    step = not prefill and x_BSD.shape[1] == 1 and not hot_path.tuned()
+    q_BSHE, k_BSKE, v_BSKE = self._qkv(x_BSD, positions_BS, flat=step)
     o_BSHE, group = self.cache.extend(group, index, self.op, q_BSHE, k_BSKE, v_BSKE, positions_BS,
                                       valid_BS, prefill=prefill, scale=self.scale)
-    return constrain(self.out(constrain(o_BSHE, ACT_BSHE)), ACT_BSD), group
+    o_BSHE = constrain(o_BSHE, ACT_BSHE)
+    return constrain(self.out.flat(o_BSHE) if step else self.out(o_BSHE), ACT_BSD), group
 
 
 def is_moe_layer(cfg: ModelConfig, i: int) -> bool:
