@@ -268,7 +268,7 @@ def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family, monkeypatch
 def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   """Three busy slots of 8 go through a row bucket of 4 (one padding row, dropped) and decode as
   `Engine.generate` does; `warm` compiles every row bucket's decoding program up front, so the
-  calls compile none."""
+  calls compile none; with `min_rows` the buckets below it are gone."""
   mcfg, eng, params, rng = _placed("qwen3", 3)
   slots = Slots(eng, slots=8, max_len=64, chunk=4)
   assert slots.step_rows(np.array([5])).tolist() == [5]
@@ -292,3 +292,8 @@ def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want], atol=TOL_LOGPROB,
                              rtol=0)
   assert compiled and not any(compiled)
+  # serve_min_rows 3: calls of at least 4 rows (a power of two), the row buckets 4 and 8
+  few = Slots(eng, slots=8, max_len=64, chunk=4, min_rows=3)
+  assert few.step_rows(np.array([5])).tolist() == [5, 8, 8, 8]
+  assert few.step_rows(np.array([6, 1, 3, 0, 2])).tolist() == list(range(8))
+  assert few.warm(params) == 2
