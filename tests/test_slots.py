@@ -116,7 +116,12 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeyp
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in LENGTHS]
   assert slots.lengths == [64, 96, 128]
   model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
-  scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8)
+  # one family with a decoding step between two pieces of a prompt (no program of its own)
+  between = family == "qwen3"
+  calls = []   # decoding calls: (steps made, whether a prompt was in pieces meanwhile)
+  scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8, step_between_pieces=between,
+                        on_call=lambda kind, _s, n, _t0, _t1: kind == "step" and calls.append(
+                            (n, bool(scheduler.prefilling))))
   pieces = []
   prefill = slots.prefill
   monkeypatch.setattr(slots, "prefill",
@@ -149,6 +154,9 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeyp
     greedy = generate([prompts[1]], 16)[0].output_ids
     assert sinks[-1].ids != greedy    # really sampled
   assert any(pieces)                  # pieces that continue a prompt
+  if between:                         # while a prompt went in pieces: calls of one step
+    assert [n for n, pending in calls if pending] and all(n == 1 for n, pending in calls
+                                                          if pending)
   # prefill buckets (rows, piece length, window) and step programs (windows, greedy / sampled),
   # nothing per request (the file's first test on these slots: what they compiled from empty)
   assert slots.compiled_programs() - compiled_before <= 30
