@@ -4,12 +4,23 @@ one run on the same trained weights and prompts (MaxText/decoding/speculative.py
   .venv/bin/python benchmarks/speculative.py --train RUNS     # trains the tiny model first
   .venv/bin/python benchmarks/speculative.py --checkpoint RUNS/mtp/checkpoints [--k 1,2,3,4]
                                              [--rows 1] [--prompts 8] [--new 128] [--repeats 3]
+                                             [--set KEY=VALUE ...] [--out rows.json]
+
+On a TPU (one process at a time holds the chip: train.py's, then this one's; ~2 minutes, most of
+it train.py's start-up; the decoding layers scanned: this model's programs compile ~2x faster
+than unrolled, deviceless):
+
+  source benchmarks/tpu_install.sh && python3 benchmarks/speculative.py --train /tmp/mtp \\
+      --k 2,4 --prompts 4 --repeats 2 --set decode_unroll_layers=false --out $OUT/spec.json
 
 --train runs train.py (the command is printed) on the embedded data (the Python standard
 library's source, byte tokenizer): a 12-layer llama-family model (D 128, 4 heads, MLP 512) with
-one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 400 steps of 16 x 128 tokens (2 CPU
-devices); --family qwen3_next: an 8-layer Qwen3-Next ([3 Gated DeltaNet + 1 gated attention] x 2,
-dense MLPs), 300 steps. Decoding runs on one device (fp32).
+one MTP depth (mtp_num_layers=1, mtp_loss_scale=0.3), 400 steps of 8 x 128 tokens per device
+(16 x 128 on 2 CPU devices, 8 x 128 on one chip); --family qwen3_next: an 8-layer Qwen3-Next ([3
+Gated DeltaNet + 1 gated attention] x 2, dense MLPs), 300 steps. Decoding runs on one device
+(fp32; --set adds config keys), every engine with the same parameters' layout (per layer with
+`decode_unroll_layers`, restacked once at load), chunk and cache length (one for both
+max_new_tokens, so each engine compiles its prefill and decoding program once).
 Prompts: the first 48 bytes of --prompts standard-library modules. Each engine (plain, then
 speculative_tokens=k for each k) generates with max_new_tokens = 1 and = --new after an untimed
 warm-up; decode tokens/s = rows x (new - 1) / (t(new) - t(1)), the median of --repeats rounds
@@ -19,6 +30,7 @@ likewise. Speculative outputs are checked equal to plain greedy's, token for tok
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -37,6 +49,7 @@ QWEN3_NEXT = ["model_name=qwen3-next-tiny", "num_decoder_layers=8", "emb_dim=128
               "num_query_heads=4", "num_kv_heads=2", "head_dim=32", "num_experts=0",
               "moe_mlp_dim=0", "shared_expert_mlp_dim=0", "moe_aux_loss_weight=0", "mlp_dim=512",
               "mtp_num_layers=1"]
+PROMPT_BYTES = 48
 MODULES = ["argparse", "json/decoder", "csv", "textwrap", "string", "shlex", "glob", "fnmatch",
            "base64", "calendar", "difflib", "heapq", "bisect", "copy", "pprint", "queue"]
 
@@ -58,7 +71,7 @@ def prompts(n: int) -> list[bytes]:
     path = os.path.join(lib, name + (".py" if os.path.exists(os.path.join(lib, name + ".py"))
                                      else "/__init__.py"))
     with open(path, "rb") as f:
-      out.append(f.read()[:48])
+      out.append(f.read()[:PROMPT_BYTES])
   return out
 
 
@@ -78,6 +91,8 @@ def main() -> None:
   ap.add_argument("--prompts", type=int, default=8)
   ap.add_argument("--new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--set", nargs="*", default=[], help="config keys (key=value) for decoding")
+  ap.add_argument("--out", default="", help="write the table's rows as JSON here")
   args = ap.parse_args()
   model_keys = MODEL if args.family == "llama" else QWEN3_NEXT
   checkpoint = (train(args.train, model_keys, 400 if args.family == "llama" else 300)
@@ -85,16 +100,21 @@ def main() -> None:
   from MaxText import inference
   from MaxText.decoding.engine import Engine
   import jax
+  # one cache length for max_new_tokens 1 and --new (the prompts: <= 48 bytes and a bos): each
+  # engine's prefill and decoding programs compile once, not once per length (device time)
+  room = 64 * -(-(PROMPT_BYTES + 1 + args.new) // 64)
   model = inference.load([os.path.join(ROOT, "configs/base.yml"), *model_keys,
                           f"load_parameters_path={checkpoint}", "dtype=float32",
-                          "ici_fsdp_parallelism=1", f"decode_batch_size={args.rows}"],
-                         devices=jax.devices()[:1])
+                          "ici_fsdp_parallelism=1", f"decode_batch_size={args.rows}",
+                          f"max_cache_length={room}", *args.set],
+                         devices=jax.devices()[:1], per_layer=True)   # restacked once, here
   ids = [model.encode(p.decode()) for p in prompts(args.prompts)]
   base = model.engine
   engines = {0: base}
-  for k in map(int, args.k.split(",")):
+  for k in map(int, args.k.split(",")):   # the plain engine's layout, chunk and cache length
     engines[k] = Engine(base.mcfg, base.mesh, base.rules, cache_dtype="float32",
-                        batch_size=args.rows, speculative_tokens=k)
+                        batch_size=args.rows, max_cache_length=room, chunk=base.chunk,
+                        speculative_tokens=k, unroll_layers=base.unroll_layers)
   want = None
   for k, e in engines.items():   # warm-up: every program compiled; outputs compared
     timed(e, model.params, ids, 1)
@@ -121,6 +141,7 @@ def main() -> None:
         "CPU ms per token | vs plain |")
   print("|---|---|---|---|---|---|---|")
   plain_w, plain_c = statistics.median(wall[0]), statistics.median(cpu[0])
+  rows = []
   for k, e in engines.items():
     w, c = statistics.median(wall[k]), statistics.median(cpu[k])
     if e.speculative is None:
@@ -132,6 +153,14 @@ def main() -> None:
       per = f"{(s['accepted'] + rounds) / max(rounds, 1):.2f}"
     print(f"| {name} | {rate} | {per} | {w:,.0f} | {w / plain_w:.2f}x | {c:.2f} | "
           f"{plain_c / c:.2f}x |")
+    rows.append({"k": k, "acceptance_rate": None if e.speculative is None else float(rate),
+                 "tokens_per_step": float(per), "decode_tokens_per_s": w,
+                 "speedup": w / plain_w, "cpu_ms_per_token": c,
+                 "platform": jax.devices()[0].platform, "prompts": len(ids), "rows": args.rows,
+                 "new": args.new, "keys": " ".join(args.set)})
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

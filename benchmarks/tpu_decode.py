@@ -8,11 +8,20 @@ On the TPU (from the repository root, .whl-tpu/ carried; Qwen3-0.6B, random weig
   source benchmarks/tpu_install.sh && python3 benchmarks/tpu_decode.py \\
       --set model_name=qwen3-0.6b --out $OUT/decode.json
 
+The scheduler's rows alone (no decode / ttft / int8 part), its programs few enough to compile in
+~2 minutes on the chip: the decoding layers scanned (each program compiles 3.5-4.5x faster
+than unrolled, deviceless) and decoding calls of at least 4 rows (row buckets 4, 8, 16: a few rows
+cost what one does there), so 3 row buckets x 5 cache windows + ~10 prefill programs:
+
+  source benchmarks/tpu_install.sh && python3 benchmarks/tpu_decode.py --batches= --ttft= \\
+      --no-int8 --interleave 4 --set model_name=qwen3-0.6b decode_unroll_layers=false \\
+      serve_min_rows=4 --out $OUT/serve.json
+
 On a CPU, a tiny model (what tests/test_tpu_decode_script.py runs, exactly):
 
   .venv/bin/python benchmarks/tpu_decode.py --batches 2 --prompt 8 --new 4 --ttft 16 \\
-      --clients 2 --requests 2 --request-prompt 4,12 --request-new 2,5 --slots 2 --repeats 1 \\
-      --set dtype=float32 max_position_embeddings=64
+      --clients 2 --interleave 2 --requests 2 --request-prompt 4,12 --request-new 2,5 --slots 2 \\
+      --repeats 1 --set dtype=float32 max_position_embeddings=64 serve_prefill_chunk=8
 
 The model: base.yml with the --set keys, initialised in float32 (seed 0) on the device, then loaded
 as the decoding tools load it (`inference.load`, `decode_unroll_layers`: restacked per layer)
@@ -35,6 +44,14 @@ with its weights cast on load to --weight-dtype (bfloat16; the compute dtype is 
   after another (its solo latency), then by `clients` concurrent clients (each submits its next
   request when its last finishes): per request latency / solo latency (max, median: the 4-client
   goal is max <= 2), aggregate tokens/s (tokens / wall time), time to first token p50 / p99.
+  Then per --interleave count the same with one decoding step between two pieces of a prompt
+  (the Scheduler's `step_between_pieces`: a piece costs about a step on a TPU, so a long
+  prompt's first token need not wait `serve_chunk` steps per piece); the solo latencies are the
+  plain scheduler's. Decoding calls run at least `serve_min_rows` rows (--set). Programs
+  compiled: by `Slots.warm` (row buckets x cache windows), by the warm-up's rounds (prefill
+  programs; a round per clients count, plain and interleaved), and after the warm-up
+  (`programs_after_warm`: 0 unless a request met a new program, whose compile then counts in
+  its latency).
 
 One JSON object per row on stdout as it is measured (and all of them in --out, rewritten after
 each), then Markdown tables; the parts run in this order (decode, ttft, int8, serve: the
@@ -207,22 +224,33 @@ def serve_rows(args, model) -> list[dict]:
   reqs = requests(args, model.engine.mcfg.vocab_size)
   room = max(len(p) + n for p, n in reqs)
   room = -(-room // 64) * 64
-  slots = Slots(model.engine, args.slots, room, chunk=cfg.serve_chunk)
+  slots = Slots(model.engine, args.slots, room, chunk=cfg.serve_chunk, min_rows=cfg.serve_min_rows)
   sched = Scheduler(model, slots, queue_size=len(reqs) + 1,
                     prefill_chunk=cfg.serve_prefill_chunk)
   t0 = time.perf_counter()
   warmed = slots.warm(model.params)
+  warm_steps_s = time.perf_counter() - t0
+  log(f"serve: Slots.warm compiled {warmed} decoding programs in {warm_steps_s:.1f} s")
   sched.start()
-  for c in sorted({1, *args.clients}):                  # prefill programs: compiled here
+  before = slots.compiled_programs()
+  for c, interleaved in [(c, False) for c in sorted({1, *args.clients})] + \
+      [(c, True) for c in args.interleave]:              # prefill programs: compiled here
+    sched.step_between_pieces = interleaved
     run_clients(sched, reqs, c)
+  rounds = slots.compiled_programs() - before
   warm_s = time.perf_counter() - t0
+  log(f"serve: warm-up {warm_s:.1f} s, {rounds} programs compiled by its rounds")
+  before = slots.compiled_programs()
+  sched.step_between_pieces = False
   solo, _ = run_clients(sched, reqs, 1)
   rows = []
-  for c in args.clients:
+  for c, interleaved in [(c, False) for c in args.clients] + [(c, True) for c in args.interleave]:
+    sched.step_between_pieces = interleaved
     got, wall = run_clients(sched, reqs, c)
     ratios = [g["latency"] / s["latency"] for g, s in zip(got, solo)]
     ttfts = np.asarray([g["ttft"] for g in got]) * 1e3
-    rows.append({"kind": "serve", "clients": c, "requests": len(reqs), "slots": args.slots,
+    rows.append({"kind": "serve", "clients": c, "step_between_pieces": interleaved,
+                 "requests": len(reqs), "slots": args.slots,
                  "tokens": sum(g["tokens"] for g in got),
                  "tokens_asked": sum(n for _, n in reqs),
                  "finished": sorted({str(g["finish"]) for g in got}), "wall_s": wall,
@@ -232,7 +260,14 @@ def serve_rows(args, model) -> list[dict]:
                  "ttft_p50_ms": float(np.percentile(ttfts, 50)),
                  "ttft_p99_ms": float(np.percentile(ttfts, 99)),
                  "solo_latency_s": [s["latency"] for s in solo],
-                 "warm_programs": warmed, "warm_s": warm_s})
+                 "slots_min_rows": slots.min_rows, "serve_chunk": slots.chunk,
+                 "prefill_chunk": sched.prefill_chunk, "windows": slots.lengths,
+                 "warm_programs": warmed, "warm_steps_s": warm_steps_s,
+                 "warm_round_programs": rounds, "warm_s": warm_s,
+                 # compiled since the warm-up (the solo pass and the rows so far): a request that
+                 # waited on a compile is slower than its solo latency by the compile, not the
+                 # scheduling; 0 on a fair measure
+                 "programs_after_warm": slots.compiled_programs() - before})
     emit(args, rows[-1])
   sched.stop()
   return rows
@@ -267,7 +302,8 @@ def tables(rows: list[dict]) -> str:
           "p99 ms |", "|" + "---|" * 7]
   for r in rows:
     if r["kind"] == "serve":
-      out.append(f"| {r['clients']} | {r['requests']} | {r['tokens_per_s']:,.0f} | "
+      c = f"{r['clients']}{', a step between pieces' if r['step_between_pieces'] else ''}"
+      out.append(f"| {c} | {r['requests']} | {r['tokens_per_s']:,.0f} | "
                  f"{r['latency_over_solo_max']:.2f} | {r['latency_over_solo_median']:.2f} | "
                  f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} |")
   # a part that did not run leaves no table (its header and rule lines alone)
@@ -288,9 +324,13 @@ def main(argv=None) -> int:
   ap.add_argument("--group-size", type=int, default=128, help="int8: input rows per scale")
   ap.add_argument("--no-serve", action="store_true", help="skip the scheduler's rows")
   ap.add_argument("--clients", type=ints, default=[4, 16], help="concurrent clients per row")
+  ap.add_argument("--interleave", type=ints, default=[], help="clients counts measured again "
+                  "with one decoding step between two pieces of a prompt (Scheduler "
+                  "step_between_pieces)")
   ap.add_argument("--requests", type=int, default=2, help="requests per client of the most")
-  ap.add_argument("--request-prompt", type=ints, default=[16, 256], help="min,max prompt tokens")
-  ap.add_argument("--request-new", type=ints, default=[8, 128], help="min,max max_tokens")
+  ap.add_argument("--request-prompt", type=ints, default=[16, 192], help="min,max prompt tokens "
+                  "(beyond serve_prefill_chunk: prefilled in pieces while others decode)")
+  ap.add_argument("--request-new", type=ints, default=[8, 64], help="min,max max_tokens")
   ap.add_argument("--slots", type=int, default=16, help="the scheduler's decode slots")
   ap.add_argument("--repeats", type=int, default=3, help="timed runs per row (the best counts)")
   ap.add_argument("--bandwidth", type=float, default=V5E_BANDWIDTH, help="bytes/s of memory")

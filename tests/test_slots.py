@@ -116,7 +116,12 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeyp
   prompts = [rng.integers(0, mcfg.vocab_size, n).tolist() for n in LENGTHS]
   assert slots.lengths == [64, 96, 128]
   model = SimpleNamespace(params=params, engine=eng, eos_ids=[])
-  scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8)
+  # one family with a decoding step between two pieces of a prompt (no program of its own)
+  between = family == "qwen3"
+  calls = []   # decoding calls: (steps made, whether a prompt was in pieces meanwhile)
+  scheduler = Scheduler(model, slots, queue_size=16, prefill_chunk=8, step_between_pieces=between,
+                        on_call=lambda kind, _s, n, _t0, _t1: kind == "step" and calls.append(
+                            (n, bool(scheduler.prefilling))))
   pieces = []
   prefill = slots.prefill
   monkeypatch.setattr(slots, "prefill",
@@ -149,6 +154,9 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeyp
     greedy = generate([prompts[1]], 16)[0].output_ids
     assert sinks[-1].ids != greedy    # really sampled
   assert any(pieces)                  # pieces that continue a prompt
+  if between:                         # while a prompt went in pieces: calls of one step
+    assert [n for n, pending in calls if pending] and all(n == 1 for n, pending in calls
+                                                          if pending)
   # prefill buckets (rows, piece length, window) and step programs (windows, greedy / sampled),
   # nothing per request (the file's first test on these slots: what they compiled from empty)
   assert slots.compiled_programs() - compiled_before <= 30
@@ -268,7 +276,7 @@ def test_a_cached_prefix_is_reused_and_decodes_as_without_it(family, monkeypatch
 def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   """Three busy slots of 8 go through a row bucket of 4 (one padding row, dropped) and decode as
   `Engine.generate` does; `warm` compiles every row bucket's decoding program up front, so the
-  calls compile none."""
+  calls compile none; with `min_rows` the buckets below it are gone."""
   mcfg, eng, params, rng = _placed("qwen3", 3)
   slots = Slots(eng, slots=8, max_len=64, chunk=4)
   assert slots.step_rows(np.array([5])).tolist() == [5]
@@ -292,3 +300,8 @@ def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want], atol=TOL_LOGPROB,
                              rtol=0)
   assert compiled and not any(compiled)
+  # serve_min_rows 3: calls of at least 4 rows (a power of two), the row buckets 4 and 8
+  few = Slots(eng, slots=8, max_len=64, chunk=4, min_rows=3)
+  assert few.step_rows(np.array([5])).tolist() == [5, 8, 8, 8]
+  assert few.step_rows(np.array([6, 1, 3, 0, 2])).tolist() == list(range(8))
+  assert few.warm(params) == 2

@@ -74,9 +74,13 @@ def test_the_docstring_command_runs_and_its_rows_agree(tmp_path):
 
   serve = [r for r in rows if r["kind"] == "serve"]
   clients = int(get("--clients"))
-  assert [r["clients"] for r in serve] == [clients]
-  s = serve[0]
-  assert s["requests"] == clients * int(get("--requests")) == len(s["solo_latency_s"])
-  assert s["tokens"] == s["tokens_asked"] and s["finished"] == ["length"]
-  assert 0 < s["latency_over_solo_median"] <= s["latency_over_solo_max"]
-  assert s["tokens_per_s"] == pytest.approx(s["tokens"] / s["wall_s"])
+  assert [(r["clients"], r["step_between_pieces"]) for r in serve] == \
+      [(clients, False), (int(get("--interleave")), True)]
+  for s in serve:
+    assert s["requests"] == clients * int(get("--requests")) == len(s["solo_latency_s"])
+    assert s["tokens"] == s["tokens_asked"] and s["finished"] == ["length"]
+    assert 0 < s["latency_over_solo_median"] <= s["latency_over_solo_max"]
+    assert s["tokens_per_s"] == pytest.approx(s["tokens"] / s["wall_s"])
+    # Slots.warm: every row bucket (1, 2: --slots 2, serve_min_rows 1) x cache window
+    assert s["slots_min_rows"] == 1 and s["warm_programs"] == 2 * len(s["windows"])
+    assert s["prefill_chunk"] == 8 < int(get("--request-prompt").split(",")[1])   # pieces

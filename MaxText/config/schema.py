@@ -178,6 +178,11 @@ class Config(_ConfigBase):
                          min=1)
   serve_chunk: int = key(8, "decoding steps per engine call; requests join and leave between "
                          "calls", min=1)
+  serve_min_rows: int = key(1, "the fewest slot rows a decoding call runs (the busy ones, padded; "
+                            "rounded up to a power of two): a call of few busy slots runs a "
+                            "row bucket of 1, 2, 4, ... rows, each bucket its own programs; on "
+                            "a TPU a few rows cost what one does, so serve_slots there compiles "
+                            "one program per cache window", min=1)
   serve_prefill_chunk: int = key(128, "prompt tokens prefilled between two decoding calls while "
                                  "other slots decode (a longer prompt goes in pieces, every "
                                  "family); 0 = whole prompts", min=0)

@@ -11,7 +11,8 @@ then written into their slots of the shared cache (rows padded in go to slot `sl
 each row's first token is chosen. `step`: up to `chunk` decoding steps of the busy slots
 (`extend` over their rows of the shared cache: gathered, padded with done rows to a power of two,
 and scattered back after; every slot's row in place once that power of two reaches `slots`, so a
-call costs what its busy slots need, not what all the slots would: `step_rows`), a `while_loop`
+call costs what its busy slots need, not what all the slots would: `step_rows`; at least
+`min_rows` rows, fewer programs where a few rows cost what one does: a TPU), a `while_loop`
 that ends as soon as every slot is done, and after any
 step once a slot finished (its answer ends and its slot frees now, not after the others' steps)
 or once `interrupt` (a host callback asked between steps) says a request waits for a free slot
@@ -120,8 +121,11 @@ class Slots:
   """The shared cache of `slots` rows of `max_len` positions and the programs that fill and decode
   it, for the model of `engine` (module docstring). Not thread-safe: one thread calls it."""
 
-  def __init__(self, engine: Engine, slots: int, max_len: int, chunk: int = 8):
+  def __init__(self, engine: Engine, slots: int, max_len: int, chunk: int = 8, min_rows: int = 1):
     self.engine, self.slots, self.max_len, self.chunk = engine, slots, max_len, chunk
+    # the fewest rows a decoding call runs (`step_rows`): on a TPU a step of a few rows costs what
+    # a step of one row does (the weights' read): fewer row buckets, fewer programs to compile
+    self.min_rows = max(1, min_rows)
     self.specs = cache_lib.specs(engine.mcfg, slots, max_len, engine.cache_dtype)
     self.lengths = length_buckets(max_len)
     self.prompt_lengths = length_buckets(max_len, MIN_PROMPT_BUCKET)
@@ -394,9 +398,10 @@ class Slots:
 
   def step_rows(self, busy: np.ndarray) -> np.ndarray:
     """The cache rows a decoding call runs for the busy slots `busy`: them, padded to a power of
-    two with rows `slots` (nothing: done, dropped), or every slot in order once that power of
-    two reaches the slots (so the row buckets are 1, 2, 4, ... below `slots`, then `slots`)."""
-    B = bucket(max(len(busy), 1))
+    two (at least `min_rows`) with rows `slots` (nothing: done, dropped), or every slot in order
+    once that power of two reaches the slots (so the row buckets are 1, 2, 4, ... below `slots`,
+    then `slots`; with `min_rows` m: m rounded up to a power of two, 2m, ..., `slots`)."""
+    B = bucket(max(len(busy), self.min_rows, 1))
     if B >= self.slots:
       return np.arange(self.slots, dtype=np.int32)
     out = np.full(B, self.slots, np.int32)

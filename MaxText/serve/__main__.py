@@ -133,7 +133,8 @@ def run(argv: Sequence[str]) -> int:
   room = cfg.max_cache_length or min(model.engine.mcfg.max_position_embeddings, DEFAULT_ROOM)
   metrics = Metrics()
   metrics.slots.set(cfg.serve_slots)
-  slots = Slots(model.engine, cfg.serve_slots, room, chunk=cfg.serve_chunk)
+  slots = Slots(model.engine, cfg.serve_slots, room, chunk=cfg.serve_chunk,
+                min_rows=cfg.serve_min_rows)
   decode = model.decoder()
   compiling = compile_cache.CompileMeter()
 

@@ -8,7 +8,8 @@ waits for a free slot (Slots.interrupt), so a newcomer waits one step, not a cal
 slots decode, at most `prefill_chunk` prompt tokens go in between two decoding calls, one prompt
 per program: a long prompt is prefilled in pieces over several calls (chunked prefill, every
 family; a prompt with images or audio goes whole), so it never stalls the running requests for
-long, and the pieces' programs are few (`_prefill_pieces`). A
+long, and the pieces' programs are few (`_prefill_pieces`); with `step_between_pieces` a
+decoding call makes one step between two pieces (`_waits`: where a piece costs about a step). A
 request leaves its slot when it finishes — an eos id, a stop string (MaxText/serve/text.py),
 `max_tokens` — or is cancelled (its client went away), so a short request never waits for the
 longest of a batch. Each request (`Job`: one choice of one prompt) reports to its `sink`
@@ -87,7 +88,7 @@ class Scheduler:
 
   def __init__(self, model, slots: Slots, queue_size: int, metrics=None,
                text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
-               prefill_chunk: int = 0, prefix_min: int = 0,
+               prefill_chunk: int = 0, prefix_min: int = 0, step_between_pieces: bool = False,
                on_first_answer: Callable[[Job], None] | None = None,
                on_call: Callable[[str, list[int], int, float, float], None] | None = None):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
@@ -99,6 +100,8 @@ class Scheduler:
     # prompt tokens prefilled per engine call while other slots decode (0: whole prompts)
     self.prefill_chunk = prefill_chunk
     self.prefilling: list[int] = []      # slots whose prompt is not all in the cache yet
+    # while a prompt goes in pieces, a decoding call makes one step between two of them (`_waits`)
+    self.step_between_pieces = step_between_pieces
     self.text_stream = text_stream
     self.top_max = top_max
     n = slots.slots
@@ -119,8 +122,15 @@ class Scheduler:
     slots.interrupt = self._waits
 
   def _waits(self) -> bool:
-    """A request waits and a slot is free (read without the lock: a stale answer costs a step)."""
-    return bool(self.waiting) and any(j is None for j in self.jobs)
+    """A request waits and a slot is free, or (`step_between_pieces`) a prompt is being
+    prefilled in pieces (read without the lock: a stale answer costs a step): the decoding call
+    in flight ends after its step. With `step_between_pieces` the running requests make one
+    token per piece (vLLM's and Sarathi-Serve's chunked prefill: each iteration a step and a
+    piece), so a newcomer's first token waits one step per piece, not `chunk` steps: where a
+    piece costs about a step (a TPU: both read the weights once); on a CPU a piece costs many
+    steps and the running requests would pay for it (measured there: no gain, f0896f3)."""
+    return ((self.step_between_pieces and bool(self.prefilling))
+            or (bool(self.waiting) and any(j is None for j in self.jobs)))
 
   # ---- the HTTP side -----------------------------------------------------------------------------
   def start(self) -> None:
