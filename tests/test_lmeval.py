@@ -135,11 +135,17 @@ def setup(tmp_path_factory):
 
 
 def evaluate(model, tasks_dir, tasks=("tiny_mc", "tiny_gen", "tiny_rolling"), **kwargs):
+  """lm-eval's simple_evaluate, without the environment report it adds to the results (torch's
+  collect_env: `pip list` and other probes in subprocesses, ~1.5 CPU s a call, read by no test;
+  the documented command's own process keeps it)."""
+  from unittest import mock
+
   from lm_eval.tasks import TaskManager
-  return lm_eval.simple_evaluate(model=model, tasks=list(tasks),
-                                 task_manager=TaskManager(include_path=tasks_dir,
-                                                          include_defaults=False),
-                                 log_samples=True, bootstrap_iters=0, **kwargs)
+  with mock.patch("lm_eval.evaluator.add_env_info", lambda storage: None):
+    return lm_eval.simple_evaluate(model=model, tasks=list(tasks),
+                                   task_manager=TaskManager(include_path=tasks_dir,
+                                                            include_defaults=False),
+                                   log_samples=True, bootstrap_iters=0, **kwargs)
 
 
 def hf_args(setup) -> dict:

@@ -5,18 +5,18 @@ rewards, losses, KL and gradient norms over 3 steps. The model starts from a ran
 answers no sum: the toy task's `exact_answer` would pay 0 everywhere (every advantage 0), so the
 reward here is a dense one (the share of digits) and a KL term makes every loss non-trivial.
 Also: the optimizer state offloaded while the engine samples changes nothing; SIGTERM to the
-driver saves the step and exits 42, and a rerun resumes from it to the same rows."""
+driver (its main(), in this process) saves the step and exits 42, and a rerun resumes from it to
+the same rows."""
 import ast
 import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
 
-from conftest import CACHE_DIR, ROOT, xla_flags
+from conftest import CACHE_DIR, ROOT
 from test_grpo import GRPO_YML, grpo
 
 SCRIPT = os.path.join(ROOT, "end_to_end", "rl_driver.py")
@@ -76,30 +76,33 @@ def test_the_driver_reproduces_grpo_bit_for_bit(grpo_rows, tmp_path, offload):
   assert os.path.isdir(tmp_path / "driver" / "checkpoints" / "3")
 
 
-def test_sigterm_saves_exits_42_and_a_rerun_resumes(grpo_rows, tmp_path):
-  # XLA_FLAGS inherited (tests/conftest.py: 8 devices, the suite's compile flags): the driver's
-  # programs are those of the in-process run above, answered by the persistent cache
-  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
-             XLA_FLAGS=xla_flags(8),
-             PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
-  assert "--xla_force_host_platform_device_count=8" in env["XLA_FLAGS"]
-  cmd = [sys.executable, SCRIPT, GRPO_YML, *keys(tmp_path), "run_name=driver"]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  first = ""
-  while not first.startswith("{"):        # step 1 is done: the signal comes during step 2
-    first = proc.stdout.readline()
-    assert first, proc.stderr.read()[-3000:]
-  proc.send_signal(signal.SIGTERM)
-  rest, err = proc.communicate(timeout=300)
-  assert proc.returncode == 42, err[-3000:]
-  rows = [json.loads(line) for line in (first + rest).splitlines() if line.startswith("{")]
+def test_sigterm_saves_exits_42_and_a_rerun_resumes(grpo_rows, tmp_path, monkeypatch, capsys):
+  """The script's main() on its command line (`--offload` first, as docs/rl.md gives it), in this
+  process: a SIGTERM to the process (sent by the first update, so it arrives during step 1; the
+  handler is the process's own, here as in the script's process) lets the step finish, saves it and
+  main() returns 42, the script's exit status (`sys.exit(main())`); a rerun of the same command
+  line resumes from that checkpoint to the rows of GRPO's run above."""
+  driver = _module(SCRIPT, "rl_driver")
+  train, sent = driver.Policy.train, []
+
+  def train_then_signal(self, batch):
+    out = train(self, batch)
+    if not sent:
+      sent.append(os.getpid())
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+  monkeypatch.setattr(driver.Policy, "train", train_then_signal)
+  cmd = [GRPO_YML, *keys(tmp_path), "run_name=driver"]
+  monkeypatch.setattr(sys, "argv", [SCRIPT, "--offload", *cmd])
+  assert driver.main() == 42
+  out, err = capsys.readouterr()
+  rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
   saved = rows[-1]["step"]
-  assert saved < 3 and f"step {saved} saved; exit 42" in err
+  assert saved == 1 and f"step {saved} saved; exit 42" in err, err[-3000:]
   assert os.path.isdir(tmp_path / "driver" / "checkpoints" / str(saved))
-  # the rerun: the same command line, in this process (its exit status and rows are run()'s; the
-  # process boundary was the signal's point, not the resume's)
-  code, again = _module(SCRIPT, "rl_driver").run(cmd[2:], on_step=lambda line: None)
+  # the rerun: the same command line, without the signal (its exit status and rows are run()'s)
+  monkeypatch.setattr(driver.Policy, "train", train)
+  code, again = driver.run(cmd, on_step=lambda line: None)
   assert code == 0
   rows += again
   # the same numbers as GRPO's run in this process (8 devices there and here)
