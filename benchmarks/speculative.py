@@ -25,7 +25,10 @@ Prompts: the first 48 bytes of --prompts standard-library modules. Each engine (
 speculative_tokens=k for each k) generates with max_new_tokens = 1 and = --new after an untimed
 warm-up; decode tokens/s = rows x (new - 1) / (t(new) - t(1)), the median of --repeats rounds
 that interleave the engines (the machine's load moves them alike); CPU seconds of the process
-likewise. Speculative outputs are checked equal to plain greedy's, token for token.
+likewise. Speculative outputs are checked equal to plain greedy's, token for token, or up to a
+near-tie (the first differing token's log-probability within NEAR_TIE of plain's: float32 on a chip
+may order a tie differently in the verify pass; said in the output and the rows' `differs`); any
+other difference stops the run (exit 1).
 """
 from __future__ import annotations
 
@@ -75,6 +78,26 @@ def prompts(n: int) -> list[bytes]:
   return out
 
 
+# two tokens whose log-probabilities under the same context differ by at most this are a near-tie:
+# where float32 on an accelerator (its transcendentals ~5e-6 off, tests/test_tpu_decode.py) may
+# order them differently in a k+1-position verify pass than in a one-position step
+NEAR_TIE = 1e-4
+
+
+def first_difference(got: list, want: list) -> dict | None:
+  """Where speculative output `got` first leaves plain greedy's `want` ([(ids, logprobs)] per
+  prompt): the prompt, the new-token index and the two chosen tokens' log-probability gap (both
+  are the argmax of one context's distribution, so a real error shows as a large gap); None when
+  they agree token for token."""
+  for r, ((ids_g, lp_g), (ids_w, lp_w)) in enumerate(zip(got, want)):
+    for i, (a, b) in enumerate(zip(ids_g, ids_w)):
+      if a != b:
+        return {"prompt": r, "token": i, "logprob_gap": abs(lp_g[i] - lp_w[i])}
+    if len(ids_g) != len(ids_w):
+      return {"prompt": r, "token": min(len(ids_g), len(ids_w)), "logprob_gap": float("inf")}
+  return None
+
+
 def timed(engine, params, ids, new):
   t, c = time.perf_counter(), time.process_time()
   out = engine.generate(params, ids, max_new_tokens=new)
@@ -116,16 +139,20 @@ def main() -> None:
                         batch_size=args.rows, max_cache_length=room, chunk=base.chunk,
                         speculative_tokens=k, unroll_layers=base.unroll_layers)
   want = None
+  differs = {}
   for k, e in engines.items():   # warm-up: every program compiled; outputs compared
     timed(e, model.params, ids, 1)
     _, _, out = timed(e, model.params, ids, args.new)
-    got = [o.output_ids for o in out]
+    got = [(o.output_ids, o.output_logprobs) for o in out]
     want = want or got
-    assert got == want, f"speculative_tokens={k}: output differs from plain greedy decoding"
+    differs[k] = first_difference(got, want)
+    if differs[k] is not None and differs[k]["logprob_gap"] > NEAR_TIE:
+      raise SystemExit(f"speculative_tokens={k}: output differs from plain greedy decoding at "
+                       f"{differs[k]}: not a near-tie (log-probability gap > {NEAR_TIE})")
     if e.speculative is not None:
       e.speculative.stats.update(drafted=0, accepted=0)
   for i in range(min(2, len(ids))):
-    print(f"prompt {i}: {model.text(ids[i])!r}\n  greedy: {model.text(want[i])!r}")
+    print(f"prompt {i}: {model.text(ids[i])!r}\n  greedy: {model.text(want[i][0])!r}")
   wall = {k: [] for k in engines}
   cpu = {k: [] for k in engines}
   for _ in range(args.repeats):
@@ -135,8 +162,10 @@ def main() -> None:
       tokens = len(ids) * (args.new - 1)
       wall[k].append(tokens / max(wn - w1, 1e-9))
       cpu[k].append((cn - c1) / tokens * 1000)
+  near = {k: d for k, d in differs.items() if d is not None}
   print(f"\n{len(ids)} prompts, {args.rows} per batch, {args.new} new tokens each, greedy; "
-        f"outputs identical to plain greedy decoding for every k")
+        + (f"outputs identical to plain greedy decoding up to a near-tie: {near}" if near else
+           "outputs identical to plain greedy decoding for every k"))
   print("| decoding | acceptance rate | tokens per step | decode tokens/s | vs plain | "
         "CPU ms per token | vs plain |")
   print("|---|---|---|---|---|---|---|")
@@ -157,7 +186,7 @@ def main() -> None:
                  "tokens_per_step": float(per), "decode_tokens_per_s": w,
                  "speedup": w / plain_w, "cpu_ms_per_token": c,
                  "platform": jax.devices()[0].platform, "prompts": len(ids), "rows": args.rows,
-                 "new": args.new, "keys": " ".join(args.set)})
+                 "new": args.new, "keys": " ".join(args.set), "differs": differs[k]})
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(rows, f, indent=1)

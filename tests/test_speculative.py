@@ -84,3 +84,24 @@ def test_speculative_needs_an_mtp_head_and_greedy_decoding():
   spec = engine(mcfg, speculative_tokens=2)
   with pytest.raises(DecodeError, match="temperature=0"):
     spec.generate(None, PROMPTS, max_new_tokens=4, sampling=Sampling(temperature=0.7))
+
+
+def test_the_benchmarks_agreement_check_tells_a_near_tie_from_an_error():
+  """benchmarks/speculative.py on a chip: speculative output may leave plain greedy's only where
+  the two chosen tokens' log-probabilities are within NEAR_TIE (float32 ordering a tie another way
+  in the verify pass); anything else stops the run."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(BASE_YML), "..", "benchmarks", "speculative.py")
+  spec = importlib.util.spec_from_file_location("speculative_bench", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  want = [([5, 6, 7], [-0.1, -0.2, -0.3]), ([1, 2], [-1.0, -2.0])]
+  assert bench.first_difference(want, want) is None
+  tie = [want[0], ([1, 3], [-1.0, -2.0 + bench.NEAR_TIE / 2])]
+  d = bench.first_difference(tie, want)
+  assert d["prompt"] == 1 and d["token"] == 1 and d["logprob_gap"] <= bench.NEAR_TIE
+  wrong = [([5, 9, 7], [-0.1, -1.5, -0.3]), want[1]]
+  d = bench.first_difference(wrong, want)
+  assert d["prompt"] == 0 and d["token"] == 1 and d["logprob_gap"] > bench.NEAR_TIE
+  assert bench.first_difference([([5, 6], [-0.1, -0.2]), want[1]], want)["logprob_gap"] > 1
