@@ -160,7 +160,8 @@ def test_stage_boundary_inside_a_run_matches_one_device(tmp_path):
   A layer a stage: the boundary needs one on each side, not more (Gemma 4's last layer is full, so
   the pair is full). [sliding, full] then the same shared ran the same switch and hand-on once more
   per kind, at 10 CPU s more; the pipeline sees a layer only as its kind and its carry, and sliding
-  layers under sharding are tests/test_gemma4_train.py's and tests/test_context_parallel.py's."""
+  layers under sharding are tests/test_gemma4_train.py's (and the windowed op under context
+  parallelism tests/test_context_parallel.py's)."""
   gemma = ("model_name=gemma4-tiny", "num_decoder_layers=2", "attention_pattern=f",
            "num_kv_shared_layers=1", "learning_rate=3e-4", "attention=dot_product",
            "enable_checkpointing=false")
