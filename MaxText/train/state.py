@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from MaxText.backend.device_type import Device
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef, with_init_options
@@ -55,9 +56,17 @@ def abstract_state(model_def: ModelDef, tx: Optimizer, shardings: TrainState,
                       shapes, shardings)
 
 
+def first_device(shardings: Any) -> Device:
+  """The lowest-numbered device a tree of shardings places its arrays on. (Not the first of its
+  `device_set`: a set's order follows the devices' hashes, their addresses, so it names another
+  device in each process, and a program compiled for another device is another program: compiled
+  again in the process, under another persistent-cache key in each run.)"""
+  return min(jax.tree.leaves(shardings)[0].device_set, key=lambda d: d.id)
+
+
 def platform_of(shardings: Any) -> str:
   """The platform of the devices a tree of shardings places its arrays on."""
-  return next(iter(jax.tree.leaves(shardings)[0].device_set)).platform
+  return first_device(shardings).platform
 
 
 def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
@@ -73,9 +82,11 @@ def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
     # A small model on a CPU (`init_options`): `init_params`' one program per model, whatever the
     # mesh, then placed in its shards. The same values as initialising in place, and a run on
     # another mesh, or of the same model again in this process, does not compile (or trace) the
-    # random init again. A large model, an accelerator, or several processes initialise in place.
-    # (through the host: a device-to-device reshard compiles a slicing program per array)
-    with jax.default_device(next(iter(jax.tree.leaves(shardings)[0].device_set))):
+    # random init again (it runs on the mesh's lowest-numbered device, `first_device`: device 0
+    # for every mesh that holds it, so one program). A large model, an accelerator, or several
+    # processes initialise in place. (through the host: a device-to-device reshard compiles a
+    # slicing program per array)
+    with jax.default_device(first_device(shardings)):
       host = jax.device_get(init_params(mcfg, seed))
     params = jax.device_put(host, shardings["params"])
   if params is None:
