@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from MaxText.backend.device_type import Device
 from MaxText.layers import lora
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.model_def import ModelDef, with_init_options
@@ -56,17 +55,9 @@ def abstract_state(model_def: ModelDef, tx: Optimizer, shardings: TrainState,
                       shapes, shardings)
 
 
-def first_device(shardings: Any) -> Device:
-  """The lowest-numbered device a tree of shardings places its arrays on. (Not the first of its
-  `device_set`: a set's order follows the devices' hashes, their addresses, so it names another
-  device in each process, and a program compiled for another device is another program: compiled
-  again in the process, under another persistent-cache key in each run.)"""
-  return min(jax.tree.leaves(shardings)[0].device_set, key=lambda d: d.id)
-
-
 def platform_of(shardings: Any) -> str:
   """The platform of the devices a tree of shardings places its arrays on."""
-  return first_device(shardings).platform
+  return next(iter(jax.tree.leaves(shardings)[0].device_set)).platform
 
 
 def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
@@ -82,11 +73,12 @@ def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
     # A small model on a CPU (`init_options`): `init_params`' one program per model, whatever the
     # mesh, then placed in its shards. The same values as initialising in place, and a run on
     # another mesh, or of the same model again in this process, does not compile (or trace) the
-    # random init again (it runs on the mesh's lowest-numbered device, `first_device`: device 0
-    # for every mesh that holds it, so one program). A large model, an accelerator, or several
-    # processes initialise in place. (through the host: a device-to-device reshard compiles a
-    # slicing program per array)
-    with jax.default_device(first_device(shardings)):
+    # random init again: it runs on the platform's lowest-numbered local device whichever devices
+    # the mesh holds (a CPU's devices share the host's memory, and a program compiled for another
+    # device is another program: compiled again, under another persistent-cache key). A large
+    # model, an accelerator, or several processes initialise in place. (through the host: a
+    # device-to-device reshard compiles a slicing program per array)
+    with jax.default_device(min(jax.local_devices(backend=platform), key=lambda d: d.id)):
       host = jax.device_get(init_params(mcfg, seed))
     params = jax.device_put(host, shardings["params"])
   if params is None:
