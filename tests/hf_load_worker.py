@@ -2,9 +2,11 @@
 Face folder named on the command line read onto 2 processes x 4 devices (fsdp=4, tensor=2) by
 hf_sharded.load_sharded, each process its own slices; every parameter then gathered whole and
 written by process 0 to OUT/<name>.npz. Each process writes what it read (or the error that
-stopped the load) to OUT/<name>.<process>.json.
+stopped the load) to OUT/<name>.<process>.json. The item named `refit`: the folder's parameters
+placed over fsdp=8 (read by each process's slices) and streamed with refit.stream (layout
+"checkpoint"); each process writes every tensor it received to OUT/refit.process_<i>.npz.
 
-  hf_load_worker.py OUT NAME=FOLDER [NAME=FOLDER ...]
+  hf_load_worker.py OUT NAME=FOLDER [NAME=FOLDER ...] [refit=FOLDER]
 """
 import json
 import os
@@ -21,6 +23,7 @@ jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"],
 
 from jax.sharding import PartitionSpec  # noqa: E402
 
+from MaxText import refit  # noqa: E402
 from MaxText.config.load import replace  # noqa: E402
 from MaxText.inference import ShardedHF, sharded_hf_config  # noqa: E402
 from MaxText.models.model_config import ModelConfig  # noqa: E402
@@ -44,10 +47,30 @@ def load(folder: str):
   return hf_sharded.load_sharded(folder, get_hf_map(cfg.hf_model_type), mcfg, abstract)
 
 
+def stream(folder: str, out: str) -> None:
+  """refit.stream of the folder's parameters over fsdp=8: no process holds any whole matrix."""
+  found = sharded_hf_config(folder, [])
+  assert found is not None and isinstance(found[1], ShardedHF)
+  cfg, source = found
+  cfg = replace(cfg, ici_data_parallelism=1, ici_fsdp_parallelism=8, ici_tensor_parallelism=1)
+  mcfg = ModelConfig.from_config(cfg)
+  md = make_model_def(mcfg)
+  sh = tree_shardings(md.logical_axes, md.abstract_params, create_mesh(cfg, jax.devices()),
+                      parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
+  params = source.place(mcfg, jax.tree.map(
+      lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), md.abstract_params, sh))
+  assert not all(a.is_fully_addressable for a in jax.tree.leaves(params))
+  got = dict(refit.stream(params, cfg, layout="checkpoint"))
+  np.savez(os.path.join(out, f"refit.process_{jax.process_index()}.npz"), **got)
+
+
 def main(out: str, *named: str) -> None:
   me = jax.process_index()
   for item in named:
     name, folder = item.split("=", 1)
+    if name == "refit":
+      stream(folder, out)
+      continue
     try:
       params, stats = load(folder)
     except hf_sharded.HFFolderError as e:

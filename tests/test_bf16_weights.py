@@ -22,8 +22,8 @@ from MaxText.train import loop
 from MaxText.train.state import trained
 
 # the families' tiny model files (TINY's run settings, not its model shape), Gemma 4's cut from 10
-# layers (two blocks of 5, compiled 10 times) to one of each kind: sliding, full, and a full layer
-# on the second one's K/V with the double-wide MLP (as tests/test_context_parallel.py); 2 steps
+# layers (two blocks of 5, compiled 10 times) to a full layer and a full layer on its K/V with the
+# double-wide MLP, Gemma 4 MoE's to a sliding and a full layer; 2 steps
 # of 4 rows of 32 tokens: the second step runs from the state the first returned (the state a
 # compiled step is called with, whose dtypes once differed from those it was compiled for)
 RUN = [a for a in TINY if a.split("=")[0] not in (
@@ -36,7 +36,9 @@ RUN = [a for a in TINY if a.split("=")[0] not in (
 FAMILIES = {
     "llama": (),
     "qwen3-moe": ("model_name=qwen3-moe-tiny",),
-    "gemma4": ("model_name=gemma4-tiny", "num_decoder_layers=3", "attention_pattern=sff",
+    # a full layer, then a full layer on its K/V with the double-wide MLP: the sliding kind's
+    # layer trains in bf16 as gemma4-moe's below (the same gemma4 decoder block)
+    "gemma4": ("model_name=gemma4-tiny", "num_decoder_layers=2", "attention_pattern=f",
                "num_kv_shared_layers=1"),
     # one layer of each kind (the tiny files' 6 and 4 layers repeat the sliding and the linear
     # kind, each a program part of its own: ~4 CPU s more a family and no code path more)

@@ -62,3 +62,26 @@ def test_a_run_compiles_its_programs_once_and_nothing_after_the_first_step(tmp_p
   print(f"{family}: {log.events}")
   assert log.counts(before="step") == EXPECTED
   assert log.programs(after="step") == []
+
+
+
+def test_one_init_program_for_a_model_on_every_mesh(tmp_path):
+  """A small model's fresh state on 1, 8 (data 2 x fsdp 2 x tensor 2) and 4 devices (the last
+  4: device 0 is not among them): its init program once, then on each mesh only the state made
+  of its values (train/state.py: the init runs on the platform's lowest-numbered device whatever
+  the mesh, not on a device of the mesh's `device_set`, whose order follows the devices'
+  addresses; a program compiled for another device is another program, and another
+  persistent-cache key in each process)."""
+  from conftest import MESH_222
+  from MaxText.config.load import load_config
+  from MaxText.train.state import init_state
+  meshes = [(MESH_1, jax.devices()[:1]), (MESH_222, jax.devices()),
+            (["ici_fsdp_parallelism=4", "per_device_batch_size=2"], jax.devices()[4:])]
+  jax.clear_caches()
+  with CompileLog() as log:
+    for mesh, devices in meshes:
+      trainer = loop.Trainer(load_config(argv(tmp_path, "m", *mesh)), devices)
+      state = init_state(trainer.mcfg, 0, trainer.tx, trainer.shardings)
+      assert jax.tree.leaves(state)[0].sharding == jax.tree.leaves(trainer.shardings)[0]
+  counts = log.counts()
+  assert (counts["jit(init_traced)"], counts["jit(make)"]) == (1, len(meshes)), counts

@@ -11,7 +11,7 @@ from conftest import MESH_1, MESH_222, train
 # every feature once (sliding window, K = V on the full layer, the shared K/V handed on inside the
 # sharded flash step, the shared layer's double-wide MLP). A fourth, sliding shared layer would be
 # the same hand-on again, at a quarter more of both programs (tests/test_context_parallel.py's
-# Gemma 4 is the same three layers).
+# Gemma 4 is the last two of them: the sliding kind under context parallelism is its op's test).
 GEMMA = ("model_name=gemma4-tiny", "num_decoder_layers=3", "attention_pattern=sff",
          "num_kv_shared_layers=1", "sliding_window=16", "steps=3", "enable_checkpointing=false",
          "flash_block_q=32", "flash_block_kv=32", "learning_rate=3e-4")

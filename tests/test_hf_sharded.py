@@ -183,24 +183,3 @@ def test_hf_path_on_the_object_store(hf_dir, tmp_path, capsys):
     assert code == 0
   assert [r["loss"] for r in read_metrics(tmp_path / "gs")] == \
       [r["loss"] for r in read_metrics(tmp_path / "local")]
-
-
-@pytest.mark.parametrize("layout", ["checkpoint"])
-def test_refit_stream_from_two_processes_yields_one_processs_tensors(hf_dir, tmp_path, layout):
-  """refit.stream on 2 processes x 4 devices (parameters over fsdp=8, so no process holds any
-  whole matrix): every process receives every Hugging Face tensor, bit for bit what one process
-  streaming the same parameters receives (tests/refit_worker.py)."""
-  from MaxText import refit
-  logs = tmp_path / "logs"
-  result = local.launch([os.path.join(ROOT, "tests", "refit_worker.py"), str(hf_dir),
-                         str(tmp_path), layout], 2, devices_per_process=4, log_dir=str(logs),
-                        cwd=ROOT, timeout_s=300)
-  text = "".join((logs / f"process_{i}.{k}").read_text() for i in (0, 1) for k in ("out", "err"))
-  assert [e.status for e in result.exits] == [0, 0], text[-4000:]
-  cfg, ref = to_maxtext.load_hf(str(hf_dir), [])
-  one = dict(refit.stream(ref, cfg, layout=layout))
-  for i in (0, 1):
-    with np.load(tmp_path / f"process_{i}.npz") as got:
-      assert sorted(got.files) == sorted(one)
-      for name, t in one.items():
-        assert got[name].dtype == t.dtype and got[name].tobytes() == t.tobytes(), name

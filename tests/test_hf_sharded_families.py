@@ -5,7 +5,9 @@ time (MaxText/resolve/hf_sharded.py) gives to_maxtext's parameters bit for bit â
 (8 devices, both parameter layouts) and on 2 processes x 4 devices (MaxText.launch.local), each
 process reading its slices only. Also: the tied-embedding rule of the in-memory converter (a
 folder's lm_head absent: tied; equal to the embedding: tied; different: refused naming it, on
-every process), and reads of touching byte ranges coalesced (counted)."""
+every process), reads of touching byte ranges coalesced (counted), and refit.stream from the 2
+processes (parameters over fsdp=8, so no process holds any whole matrix) giving every process the
+tensors one process streams, bit for bit (the same launch: tests/hf_load_worker.py)."""
 import json
 import os
 
@@ -134,7 +136,10 @@ def tied_cases(tmp_path_factory):
   src = root / "tied"
   tiny_qwen3(src, tie=True)
   save_tiny_tokenizer(src)
-  return {"absent": _tied_folder(src, root / "absent"),
+  untied = root / "untied"          # refit's folder: lm_head a matrix of its own
+  tiny_qwen3(untied)
+  save_tiny_tokenizer(untied)
+  return {"untied": str(untied), "absent": _tied_folder(src, root / "absent"),
           "equal": _tied_folder(src, root / "equal", lambda e: e.copy()),
           "differs": _tied_folder(src, root / "differs", _nudged),
           "shape": _tied_folder(src, root / "shape", lambda e: e[:-1].copy())}
@@ -142,15 +147,17 @@ def tied_cases(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_processes(folders, tied_cases, tmp_path_factory):
-  """One launch of tests/hf_load_worker.py on 2 processes x 4 devices for both tests that need
+  """One launch of tests/hf_load_worker.py on 2 processes x 4 devices for every test that needs
   one (each launch starts two Pythons and their jax): every family's folder, then the tied head
   that differs (refused on both processes) and the one that equals the embedding (loaded after
-  the refusal: the processes agreed on it, none hangs). Its output folder."""
+  the refusal: the processes agreed on it, none hangs), then refit's stream of an untied Qwen3.
+  Its output folder."""
   out = tmp_path_factory.mktemp("two_processes")
   logs = out / "logs"
   result = local.launch([os.path.join(ROOT, "tests", "hf_load_worker.py"), str(out),
                          *(f"{n}={folders[n]}" for n in FAMILIES),
-                         f"differs={tied_cases['differs']}", f"equal={tied_cases['equal']}"], 2,
+                         f"differs={tied_cases['differs']}", f"equal={tied_cases['equal']}",
+                         f"refit={tied_cases['untied']}"], 2,
                         devices_per_process=4, log_dir=str(logs), cwd=ROOT, timeout_s=400)
   text = "".join((logs / f"process_{i}.{k}").read_text() for i in (0, 1) for k in ("out", "err"))
   assert [e.status for e in result.exits] == [0, 0], text[-4000:]
@@ -257,3 +264,17 @@ def test_touching_ranges_are_one_read(folders, monkeypatch):
   spans.sort()
   for (p, _, b), (q, a, _) in zip(spans, spans[1:]):
     assert p != q or a > b
+
+
+def test_refit_stream_from_two_processes_yields_one_processs_tensors(tied_cases, two_processes):
+  """refit.stream on 2 processes x 4 devices (parameters over fsdp=8, so no process holds any
+  whole matrix): every process receives every Hugging Face tensor, bit for bit what one process
+  streaming the same parameters receives."""
+  from MaxText import refit
+  cfg, ref = to_maxtext.load_hf(tied_cases["untied"], [])
+  one = dict(refit.stream(ref, cfg, layout="checkpoint"))
+  for i in (0, 1):
+    with np.load(two_processes / f"refit.process_{i}.npz") as got:
+      assert sorted(got.files) == sorted(one)
+      for name, t in one.items():
+        assert got[name].dtype == t.dtype and got[name].tobytes() == t.tobytes(), name

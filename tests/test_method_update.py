@@ -2,16 +2,18 @@
 the method's objective (MaxText/methods/), and every feature the builder owns gives the method's
 own single-path result — or is refused with exit 2 naming the key.
 
-For each method (pre-training, distillation, DPO, GRPO) and feature (LoRA, gradient accumulation,
-ZeRO-1 on the suite's 8 devices, the MoE router-bias update) the builder's jitted step, on the
+For each method (pre-training, distillation, DPO, GRPO) and feature (LoRA, ZeRO-1 with gradient
+accumulation on the suite's 8 devices, the MoE router-bias update) the builder's jitted step, on the
 8-device mesh (data 2 x fsdp 2 x tensor 2) with the feature on, is compared with a reference
 written out here without the builder: the objective's loss on the whole batch on one device, its
 gradient by `jax.value_and_grad`, the update by optax's chain (tests/optax_oracle.py's oracle) and
 the family's changes outside the gradient after it. Same loss and gradient norm (fp32 rounding),
-same new parameters. Accumulation runs 2 micro-batches of half the rows; ZeRO-1 shards the moments
-over the data axis; LoRA trains the adapters only (the base must not move); the router bias (with
-2 micro-batches, so its statistics are summed across them) must move, and as the reference moves
-it. A refused pair runs the trainer's `main` (tests/test_method_features.py's table): exit 2, the
+same new parameters. Accumulation runs 2 micro-batches of half the rows, under ZeRO-1 (the moments
+sharded over the data axis; GRPO, which refuses gradient_accumulation_steps, in one) and under the
+router bias (the moments replicated; its statistics summed across the micro-batches); LoRA trains
+the adapters only (the base must not move); the router bias must move, and as the reference moves
+it. (Accumulation and ZeRO-1 were each a case of their own: one more step program per method, for
+no path the pair misses.) A refused pair runs the trainer's `main` (tests/test_method_features.py's table): exit 2, the
 key named. One tiny model per feature; the reference and the builder each compile once per pair.
 """
 import functools
@@ -28,12 +30,11 @@ from test_method_features import MODEL, REFUSED, _method
 
 METHODS = ("pretrain", "distill", "dpo", "grpo")
 TOOL = {"pretrain": "train", "distill": "distill", "dpo": "dpo", "grpo": "grpo"}
-FEATURES = ("lora", "grad_accum", "zero1", "router_bias")
+FEATURES = ("lora", "zero1", "router_bias")
 RUN = ["ici_data_parallelism=2", "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
        "per_device_batch_size=1", "learning_rate=0.001", "warmup_steps=0",
        "lr_schedule=constant", "enable_checkpointing=false"]
 OWN = {"lora": ["lora_rank=4", "shard_optimizer_over_data=false"],
-       "grad_accum": ["shard_optimizer_over_data=false"],
        "zero1": ["shard_optimizer_over_data=true"],
        "router_bias": ["num_experts=4", "num_experts_per_tok=2", "moe_mlp_dim=32",
                        "router_bias_update_rate=0.01", "shard_optimizer_over_data=false"]}
@@ -85,7 +86,7 @@ def _objective(method: str, tr):
   if method == "pretrain":
     return objective("pretrain", z_loss_weight=1e-4)
   if method == "distill":
-    return objective("distill", teacher_def=_trainer("grad_accum").model_def,
+    return objective("distill", teacher_def=_trainer("zero1").model_def,
                      spec=DistillSpec("jsd", 0.5, 2.0, 0.5))
   if method == "dpo":
     return objective("dpo", loss_kwargs=dict(loss="sigmoid", beta=0.1, label_smoothing=0.0,
@@ -105,10 +106,6 @@ def _batch_shardings(method: str, tr):
   return {k: tr.batch_shardings[k] for k in tr.row_specs}
 
 
-# grad_accum and zero1 train the same model with the same optimizer (only the builder's step differs:
-# micro-batches, moments sharded over data), so a method's reference step is one program and one
-# result for both (built by whichever of the two runs first; the values are the host's)
-_SHARED_REFERENCE = ("grad_accum", "zero1")
 _references: dict = {}
 
 
@@ -177,16 +174,17 @@ def test_a_feature_equals_the_methods_single_path_or_is_refused(tmp_path, capsys
   batch = jax.tree.map(lambda v, sh: jax.device_put(v, sh), host, shardings)
   side, side_shardings = None, None
   if method == "distill":
-    teacher = _trainer("grad_accum")
+    teacher = _trainer("zero1")
     side_shardings = teacher.shardings["params"]
     side = jax.device_put(init_state(teacher.mcfg, 1, teacher.tx, teacher.shardings)["params"],
                           side_shardings)
-  key = (method, "plain" if feature in _SHARED_REFERENCE else feature)
+  key = (method, feature)
   if key not in _references:
     _references[key] = jax.device_get(_reference(objective, tr, state, batch, side))
   want_params, want_loss, want_norm = _references[key]
   old = jax.device_get(state["params"])
-  accum = 2 if feature in ("grad_accum", "router_bias") else 1
+  accum = 2 if feature == "router_bias" or (
+      feature == "zero1" and (TOOL[method], "grad_accum") not in REFUSED) else 1
   step = update.jit_update(
       update.make_update(objective, tr.model_def, tr.tx, mesh=tr.mesh, rules=tr.rules,
                          lr_schedule=tr.lr_schedule, grad_accum=accum, aux_terms=tr.aux_terms,

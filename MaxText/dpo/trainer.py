@@ -13,6 +13,7 @@ held (MaxText/dpo/reference.py). ORPO and SimPO need no reference and hold none.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Sequence
 
@@ -109,6 +110,8 @@ class DPOTrainer(Trainer):
     self.tables: dict[str, dict[str, np.ndarray]] = {}
     self.loss_kwargs = dict(loss=cfg.dpo_loss, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
                             simpo_gamma=cfg.simpo_gamma)
+    # the held-out batches' sums: one program (run eagerly, each of its operations compiled one)
+    self.eval_sums = jax.jit(functools.partial(preference.pair_sums, **self.loss_kwargs))
     self.train_set: PreferenceSet | None = None
     self.eval_set: PreferenceSet | None = None
 
@@ -151,8 +154,10 @@ class DPOTrainer(Trainer):
     copy of the state's at a fresh start, loaded again after a resume."""
     if not (self.use_reference and not self.adapters_only) or self.precomputed:
       return None
-    if fresh:
-      return jax.tree.map(jnp.copy, state["params"])
+    if fresh:   # one program for the whole tree (eagerly, one per array shape and sharding)
+      return jax.jit(lambda t: jax.tree.map(jnp.copy, t),
+                     out_shardings=jax.tree.map(lambda x: x.sharding, state["params"])
+                     )(state["params"])
     return self.loaded_reference()
 
   def loaded_reference(self) -> Any:
@@ -263,9 +268,8 @@ class DPOTrainer(Trainer):
       ref = jax.tree.map(whole, self.table_batch("eval_preferences", padded) if self.precomputed
                          else self.reference_sums(params, batch))
       n = {s: host[s]["mask"].sum(-1) for s in dpo_step.SIDES}
-      loss, sums = preference.pair_sums(pol["chosen"], pol["rejected"], n["chosen"],
-                                        n["rejected"], ref["chosen"], ref["rejected"], weight,
-                                        **self.loss_kwargs)
+      loss, sums = self.eval_sums(pol["chosen"], pol["rejected"], n["chosen"], n["rejected"],
+                                  ref["chosen"], ref["rejected"], weight)
       for k, v in {"loss": loss, **sums}.items():
         totals[k] = totals.get(k, 0.0) + float(v)
     out = {f"eval/{k}": v / len(ev) for k, v in totals.items()}

@@ -73,9 +73,12 @@ def init_state(mcfg: ModelConfig, seed: int, tx: Optimizer,
     # A small model on a CPU (`init_options`): `init_params`' one program per model, whatever the
     # mesh, then placed in its shards. The same values as initialising in place, and a run on
     # another mesh, or of the same model again in this process, does not compile (or trace) the
-    # random init again. A large model, an accelerator, or several processes initialise in place.
-    # (through the host: a device-to-device reshard compiles a slicing program per array)
-    with jax.default_device(next(iter(jax.tree.leaves(shardings)[0].device_set))):
+    # random init again: it runs on the platform's lowest-numbered local device whichever devices
+    # the mesh holds (a CPU's devices share the host's memory, and a program compiled for another
+    # device is another program: compiled again, under another persistent-cache key). A large
+    # model, an accelerator, or several processes initialise in place. (through the host: a
+    # device-to-device reshard compiles a slicing program per array)
+    with jax.default_device(min(jax.local_devices(backend=platform), key=lambda d: d.id)):
       host = jax.device_get(init_params(mcfg, seed))
     params = jax.device_put(host, shardings["params"])
   if params is None:
