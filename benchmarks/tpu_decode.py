@@ -17,8 +17,8 @@ On a CPU, a tiny model (what tests/test_tpu_decode_script.py runs, exactly):
 Gemma 4 E4B with int8 weights at its real shapes (~11 GB as held: its float32 init does not fit
 the chip): --int8-only makes the int8 model on the device array by array (benchmarks/int8_init.py)
 and measures it alone (no bfloat16 sweep), its decode and ttft programs first compiled side by
-side (a "warm" row: one thread per batch and one for the ttft prompts; a 42-layer model's
-compiles one after another would outlast a chip command's budget):
+side (one thread per batch and one for the ttft prompts, each row waiting for its own: a
+42-layer model's compiles one after another would outlast a chip command's budget):
 
   source benchmarks/tpu_install.sh && python3 benchmarks/tpu_decode.py --int8-only \\
       --batches 1,16 --ttft 1043 --repeats 2 --no-serve --set model_name=gemma4-e4b \\
@@ -138,7 +138,8 @@ def decode_rows(args, model, label: str, engines: dict | None = None) -> list[di
   rows = []
   for B in args.batches:
     read = read_bytes(base.layout.def_of(model.params), model.params, B)
-    eng = (engines or {}).get(("decode", B)) or engine(args, model, B)
+    warm = (engines or {}).get(("decode", B))
+    eng = warm.get() if warm else engine(args, model, B)
     prompts = prompts_of(B, args.prompt, base.mcfg.vocab_size, B)
     gen = lambda n, eng=eng, prompts=prompts: eng.generate(model.params, prompts,
                                                            max_new_tokens=n)
@@ -158,6 +159,7 @@ def decode_rows(args, model, label: str, engines: dict | None = None) -> list[di
                  "cache_length": max_len, "bytes_per_step": read + kv, "bandwidth": args.bandwidth,
                  "roofline_ms": roof_s * 1e3, "roofline_tokens_per_s": B / roof_s,
                  "share": roof_s / step_s, "compile_s": compile_s,
+                 "warm_s": warm.seconds if warm else None,
                  "first_tokens": out[0].output_ids[:8]})
     emit(args, rows[-1])
   return rows
@@ -165,7 +167,8 @@ def decode_rows(args, model, label: str, engines: dict | None = None) -> list[di
 
 def ttft_rows(args, model, engines: dict | None = None) -> list[dict]:
   base = model.engine
-  eng = (engines or {}).get(("ttft", 1)) or engine(args, model, 1)
+  warm = (engines or {}).get(("ttft", 1))
+  eng = warm.get() if warm else engine(args, model, 1)
   rows = []
   for P in args.ttft:
     row = {"kind": "ttft", "prompt": P}
@@ -180,6 +183,7 @@ def ttft_rows(args, model, engines: dict | None = None) -> list[dict]:
       compile_s = time.perf_counter() - t0
       t, out = timed(gen, args.repeats)
       row.update(status="ok", ttft_ms=t * 1e3, prefill_tokens_per_s=P / t, compile_s=compile_s,
+                 warm_s=warm.seconds if warm else None,
                  tokens=sum(len(c.output_ids) for c in out))
     rows.append(row)
     emit(args, row)
@@ -402,37 +406,43 @@ def int8_only(args, cfg) -> int:
   return rest(args, model)
 
 
-def warm_parallel(args, model) -> dict:
-  """The decode and ttft rows' programs compiled side by side: one thread per batch (its prefill,
-  then its decoding loop) and one for the ttft prompts, each running its first call (XLA's
-  compiles of a 42-layer model take minutes one after another; the host's cores run them at
-  once). The rows then run on these engines (their `compile_s`: what was left). A thread's
-  failure is logged; its row meets it again."""
-  engines = {("decode", B): engine(args, model, B) for B in args.batches}
-  vocab, positions = model.engine.mcfg.vocab_size, model.engine.mcfg.max_position_embeddings
-  ttft = [P for P in args.ttft if P + 1 <= positions]
-  if ttft:
-    engines[("ttft", 1)] = engine(args, model, 1)
-  seconds = {}
+class Warming:
+  """An engine whose first calls run in a thread of their own (`warm_parallel`); `get()` waits
+  for them and returns the engine, `seconds` they took."""
 
-  def run(key):
+  def __init__(self, eng, calls):
+    self.eng, self.seconds = eng, 0.0
+    self.thread = threading.Thread(target=self._run, args=(calls,), daemon=True)
+    self.thread.start()
+
+  def _run(self, calls):
     t0 = time.perf_counter()
     try:
-      kind, B = key
-      for P in ([args.prompt] if kind == "decode" else ttft):
-        engines[key].generate(model.params, prompts_of(B, P, vocab, B if kind == "decode" else P),
-                              max_new_tokens=args.new if kind == "decode" else 1)
-    except Exception:  # noqa: BLE001 — the row reports it
+      for call in calls:
+        call(self.eng)
+    except Exception:  # noqa: BLE001 — the row meets it again and reports it
       traceback.print_exc()
-    seconds[f"{key[0]} {key[1]}"] = time.perf_counter() - t0
+    self.seconds = time.perf_counter() - t0
 
-  t0 = time.perf_counter()
-  threads = [threading.Thread(target=run, args=(k,)) for k in engines]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  emit(args, {"kind": "warm", "seconds": time.perf_counter() - t0, "threads": seconds})
+  def get(self):
+    self.thread.join()
+    return self.eng
+
+
+def warm_parallel(args, model) -> dict:
+  """The decode and ttft rows' programs compiled side by side: one thread per batch (its prefill,
+  then its decoding loop) and one for the ttft prompts, each running its first calls (XLA's
+  compiles of a 42-layer model take minutes one after another; the host's cores run them at
+  once). Each row waits for its own thread only (a row's `warm_s`: its thread's seconds;
+  `compile_s`: what was left), so the first rows are out while later programs compile."""
+  vocab, positions = model.engine.mcfg.vocab_size, model.engine.mcfg.max_position_embeddings
+  gen = lambda B, P, seed, n: lambda eng: eng.generate(
+      model.params, prompts_of(B, P, vocab, seed), max_new_tokens=n)
+  engines = {("decode", B): Warming(engine(args, model, B), [gen(B, args.prompt, B, args.new)])
+             for B in args.batches}
+  ttft = [gen(1, P, P, 1) for P in args.ttft if P + 1 <= positions]
+  if ttft:
+    engines[("ttft", 1)] = Warming(engine(args, model, 1), ttft)
   return engines
 
 

@@ -158,8 +158,7 @@ def test_the_int8_only_command_makes_the_int8_model_and_decodes(tmp_path, monkey
   ple = ours["ple_embedding"]
   assert decode[0]["read_bytes"] == (model["params_bytes"] - ple.nbytes
                                      + batch * ple.nbytes // ple.shape[0])
-  warm = [r for r in rows if r["kind"] == "warm"]   # its programs compiled before the rows
-  assert [sorted(r["threads"]) for r in warm] == [[f"decode {batch}"]]
+  assert decode[0]["warm_s"] > decode[0]["compile_s"]   # compiled in its thread, before the row
   assert not any(r["kind"] in ("ttft", "serve", "error") for r in rows)
 
 
