@@ -20,6 +20,7 @@ table): of it, the rows of the step's tokens.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -31,6 +32,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 CHUNK = 1 << 27        # values per draw (512 MiB of float32: a scanned stack of E4B's MLP)
+THREADS = 4            # arrays made at once
 
 
 def per_layer(mcfg, **keys):
@@ -76,29 +78,29 @@ def _rtn_int8(flat, std, *, shape, lead, in_rank, group_size, scale_dtype):
 
 
 class _Draws:
-  """Normal draws of one size (the largest array's, at most CHUNK), each of its own key."""
+  """Normal draws of one size (the largest array's, at most CHUNK), draw j of array i of the key
+  fold_in(fold_in(key, i), j): the same values in whatever order the arrays are made."""
 
   def __init__(self, key, n: int, options: tuple):
-    self.key, self.n, self.count = key, n, 0
+    self.key, self.n = key, n
     self.program = _draw_program(n, options)
 
-  def __call__(self):
-    self.count += 1
-    return self.program(jax.random.fold_in(self.key, self.count))
+  def __call__(self, i: int, j: int = 0):
+    return self.program(jax.random.fold_in(jax.random.fold_in(self.key, i), j))
 
-  def table(self, shape, dtype, std):
-    """Normal(0, std) values of `shape` in `dtype`: one draw, or (larger than a draw) whole rows
-    per draw written in place."""
+  def table(self, i: int, shape, dtype, std):
+    """Normal(0, std) values of `shape` in `dtype` (array i): one draw, or (larger than a draw)
+    whole rows per draw written in place."""
     n = math.prod(shape)
     if n <= self.n:
-      return _cut(self(), np.float32(std), shape=tuple(shape), dtype=dtype)
+      return _cut(self(i), np.float32(std), shape=tuple(shape), dtype=dtype)
     rows = max(1, self.n // (n // shape[0]))
     if rows * (n // shape[0]) > self.n:
       raise ValueError(f"a row of {shape} holds more than {self.n} values")
     table = _zeros(shape=tuple(shape), dtype=dtype)
-    for start in range(0, shape[0], rows):
+    for j, start in enumerate(range(0, shape[0], rows)):
       start = min(start, shape[0] - rows)        # the last piece ends at the table's end
-      table = _fill_rows(table, self(), np.float32(std), np.int32(start), rows=rows)
+      table = _fill_rows(table, self(i, j), np.float32(std), np.int32(start), rows=rows)
     return table
 
 
@@ -151,18 +153,26 @@ def params(mcfg, seed: int = 0, layers: bool = True) -> tuple[Any, int]:
   draws = _Draws(jax.random.key(seed, impl=impl), min(CHUNK, max(sizes, default=1)),
                  tuple(sorted((init_options(fcfg) or {}).items())))
   out = {}
-  for p, (shape, std) in sorted(arrays.items()):
+
+  def make(i: int, p: tuple) -> None:
+    shape, std = arrays[p]
     if p in tgts:
       scale, in_rank, lead = tgts[p]
       if math.prod(shape) > draws.n:
         raise ValueError(f"{'/'.join(p)}: {shape} holds more than {draws.n} values")
-      out[p], out[scale] = _rtn_int8(draws(), np.float32(std), shape=shape, lead=lead,
-                                     in_rank=in_rank, group_size=mcfg.weight_group_size,
-                                     scale_dtype=want[scale][1].dtype)
+      out[p], out[scale] = jax.block_until_ready(_rtn_int8(
+          draws(i), np.float32(std), shape=shape, lead=lead, in_rank=in_rank,
+          group_size=mcfg.weight_group_size, scale_dtype=want[scale][1].dtype))
     elif std is None:
       out[p] = consts["/".join(p)].astype(want[p][1].dtype)
     else:
-      out[p] = draws.table(shape, want[p][1].dtype, std)
+      out[p] = jax.block_until_ready(draws.table(i, shape, want[p][1].dtype, std))
+
+  # THREADS arrays at a time: their programs (one per shape) compile side by side, and at most
+  # THREADS draws (and RTN's temporaries) are held beside the parameters made
+  with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+    for f in [pool.submit(make, i, p) for i, p in enumerate(sorted(arrays))]:
+      f.result()
   for p, (_, a) in want.items():
     got = out.get(p)
     if got is None or got.shape != a.shape or got.dtype != a.dtype:
