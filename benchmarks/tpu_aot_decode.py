@@ -3,7 +3,8 @@ deviceless compile, as benchmarks/tpu_aot.py does for the train step): per row (
 length, weights), the jitted decoding call that benchmarks/tpu_decode.py times — `Engine._decode`,
 `chunk` greedy steps in a `while_loop`, parameters per layer (`decode_unroll_layers`), the cache
 donated — and optionally the prefill. Printed per row: XLA's `memory_analysis()` of the program,
-the bytes a step must read (every weight + the whole KV cache: the roofline of tpu_decode.py) and
+the bytes a step must read (every weight — of a vocabulary table not the head's, the rows of the
+step's tokens: int8_init.read_bytes — + the whole KV cache: the roofline of tpu_decode.py) and
 its time at --bandwidth, XLA's estimated cycles of one step (the loop body's ops; a guide, not a
 timing: element-wise fusions are estimated ~2-5x slower than they run) by kind, and with --top N
 the step's N costliest operations (summed over layers). Device time is scarce; this costs none.
@@ -166,12 +167,14 @@ def compile_row(args, devices, weights: str, B: int, T: int) -> dict:
   values = Sampling().values()
   args_abs = (params, cache, *jax.tree.map(host, (state, np.zeros(MAX_EOS_IDS, np.int32),
                                                   np.int32(0), values)))
+  from int8_init import read_bytes  # pylint: disable=import-outside-toplevel
   param_bytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
                     for a in jax.tree.leaves(params))
+  read = read_bytes(eng.layout.def_of(params), params, B)
   kv_bytes = cache_lib.nbytes(specs)
   row = {"weights": weights, "batch": B, "cache_length": T, "chunk": args.chunk,
-         "params_mib": param_bytes / MiB, "kv_mib": kv_bytes / MiB,
-         "roofline_ms": (param_bytes + kv_bytes) / args.bandwidth * 1e3}
+         "params_mib": param_bytes / MiB, "read_mib": read / MiB, "kv_mib": kv_bytes / MiB,
+         "roofline_ms": (read + kv_bytes) / args.bandwidth * 1e3}
   t0 = time.perf_counter()
   lowered = eng._decode.lower(*args_abs, static=GREEDY)   # pylint: disable=protected-access
   compiled = lowered.compile()
@@ -207,7 +210,7 @@ def save(args, name: str, hlo: str) -> None:
 
 
 def table(rows: list[dict]) -> str:
-  out = ["| weights | batch | cache | weights + KV MiB | roofline ms/step | est. ms/step | "
+  out = ["| weights | batch | cache | weights read + KV MiB | roofline ms/step | est. ms/step | "
          "est. kcycles/step by kind | args / temp MiB |", "|" + "---|" * 8]
   for r in rows:
     if r.get("status") != "ok":
@@ -217,7 +220,7 @@ def table(rows: list[dict]) -> str:
     kinds = ", ".join(f"{k} {v:,.0f}" for k, v in list(r["kcycles_by_kind"].items())[:4])
     m = r["memory"]
     out.append(f"| {r['weights']} | {r['batch']} | {r['cache_length']} | "
-               f"{r['params_mib']:,.1f} + {r['kv_mib']:,.1f} | {r['roofline_ms']:.3f} | "
+               f"{r['read_mib']:,.1f} + {r['kv_mib']:,.1f} | {r['roofline_ms']:.3f} | "
                f"{r['step_est_ms']:.3f} | {kinds} | {m.get('argument_mib', 0):,.1f} / "
                f"{m.get('temp_mib', 0):,.1f} |")
   return "\n".join(out)

@@ -23,6 +23,21 @@ On a CPU, a tiny model (what tests/test_tpu_decode_script.py runs, exactly):
       --clients 2 --interleave 2 --requests 2 --request-prompt 4,12 --request-new 2,5 --slots 2 \\
       --repeats 1 --set dtype=float32 max_position_embeddings=64 serve_prefill_chunk=8
 
+Gemma 4 E4B with int8 weights at its real shapes (~11 GB as held: its float32 init does not fit
+the chip): --int8-only makes the int8 model on the device array by array (benchmarks/int8_init.py)
+and measures it alone (no bfloat16 sweep), its decode and ttft programs first compiled side by
+side (one thread per batch and one for the ttft prompts, each row waiting for its own: a
+42-layer model's compiles one after another would outlast a chip command's budget):
+
+  source benchmarks/tpu_install.sh && python3 benchmarks/tpu_decode.py --int8-only \\
+      --batches 1,16 --ttft 1043 --repeats 2 --no-serve --set model_name=gemma4-e4b \\
+      --out $OUT/e4b_int8.json
+
+and on a CPU (tests/test_tpu_decode_script.py runs it, exactly):
+
+  .venv/bin/python benchmarks/tpu_decode.py --int8-only --batches 2 --prompt 8 --new 4 \\
+      --ttft '' --no-serve --repeats 1 --set model_name=gemma4-tiny dtype=float32
+
 The model: base.yml with the --set keys, initialised in float32 (seed 0) on the device, then loaded
 as the decoding tools load it (`inference.load`, `decode_unroll_layers`: restacked per layer)
 with its weights cast on load to --weight-dtype (bfloat16; the compute dtype is the config's
@@ -31,9 +46,11 @@ with its weights cast on load to --weight-dtype (bfloat16; the compute dtype is 
 - decode (per --batches): `Engine.generate` of `batch` random prompts of --prompt tokens with
   max_new_tokens = 1 and = --new, the best of --repeats after a warm-up: ms per step =
   (t(new) - t(1)) / (new - 1), tokens/s = batch x (new - 1) / (t(new) - t(1)). Beside it the
-  roofline: the bytes a step must read — every parameter array's bytes as held (`nbytes`) plus
-  the KV cache's (its whole length: the step's attention reads every position of the cache
-  bucket) — over --bandwidth (v5e: 819e9 B/s); `share` = roofline ms / measured ms.
+  roofline: the bytes a step must read — every parameter array's bytes as held (`nbytes`; of a
+  vocabulary table that is not the LM head, an input embedding or Gemma's per-layer input table,
+  only the step's tokens' rows: `int8_init.read_bytes`) plus the KV cache's (its whole length:
+  the step's attention reads every position of the cache bucket) — over --bandwidth (v5e:
+  819e9 B/s); `share` = roofline ms / measured ms. The model row: `params_bytes` held.
 - ttft (per --ttft prompt length): one prompt, max_new_tokens = 1 (prefill + the first token).
 - int8 (unless --no-int8): the float32 weights quantized by RTN (MaxText/quantization, as
   `python -m MaxText.quantize method=rtn bits=8`; --group-size), the decode sweep again.
@@ -118,18 +135,29 @@ def load(args, cfg, host_f32, weight_bits: int = 0):
   return model, time.perf_counter() - t0
 
 
-def decode_rows(args, model, label: str) -> list[dict]:
-  from MaxText.decoding import cache as cache_lib
+def engine(args, model, batch: int):
   from MaxText.decoding.engine import Engine
+  base = model.engine
+  return Engine(base.mcfg, base.mesh, base.rules, cache_dtype=model.cfg.cache_dtype,
+                batch_size=batch, chunk=args.chunk)
+
+
+def prompts_of(rows: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+  return np.random.default_rng(seed).integers(0, vocab, (rows, length)).tolist()
+
+
+def decode_rows(args, model, label: str, engines: dict | None = None) -> list[dict]:
+  from MaxText.decoding import cache as cache_lib
   from MaxText.decoding.requests import bucket
+  from int8_init import read_bytes
   base = model.engine
   weights = params_bytes(model.params)
   rows = []
   for B in args.batches:
-    eng = Engine(base.mcfg, base.mesh, base.rules, cache_dtype=model.cfg.cache_dtype,
-                 batch_size=B, chunk=args.chunk)
-    prompts = np.random.default_rng(B).integers(0, base.mcfg.vocab_size,
-                                                (B, args.prompt)).tolist()
+    read = read_bytes(base.layout.def_of(model.params), model.params, B)
+    warm = (engines or {}).get(("decode", B))
+    eng = warm.get() if warm else engine(args, model, B)
+    prompts = prompts_of(B, args.prompt, base.mcfg.vocab_size, B)
     gen = lambda n, eng=eng, prompts=prompts: eng.generate(model.params, prompts,
                                                            max_new_tokens=n)
     t0 = time.perf_counter()
@@ -140,24 +168,24 @@ def decode_rows(args, model, label: str) -> list[dict]:
     max_len = eng.cache_length(prompts, args.new)
     kv = cache_lib.nbytes(cache_lib.specs(eng.mcfg, bucket(B), max_len, eng.cache_dtype))
     step_s = (tn - t1) / (args.new - 1)
-    roof_s = (weights + kv) / args.bandwidth
+    roof_s = (read + kv) / args.bandwidth
     rows.append({"kind": "decode", "weights": label, "batch": B, "prompt": args.prompt,
                  "new": args.new, "tokens": sum(len(c.output_ids) for c in out),
                  "ms_per_step": step_s * 1e3, "tokens_per_s": B / step_s,
-                 "params_bytes": weights, "kv_bytes": kv, "cache_length": max_len,
-                 "bytes_per_step": weights + kv, "bandwidth": args.bandwidth,
+                 "params_bytes": weights, "read_bytes": read, "kv_bytes": kv,
+                 "cache_length": max_len, "bytes_per_step": read + kv, "bandwidth": args.bandwidth,
                  "roofline_ms": roof_s * 1e3, "roofline_tokens_per_s": B / roof_s,
                  "share": roof_s / step_s, "compile_s": compile_s,
+                 "warm_s": warm.seconds if warm else None,
                  "first_tokens": out[0].output_ids[:8]})
     emit(args, rows[-1])
   return rows
 
 
-def ttft_rows(args, model) -> list[dict]:
-  from MaxText.decoding.engine import Engine
+def ttft_rows(args, model, engines: dict | None = None) -> list[dict]:
   base = model.engine
-  eng = Engine(base.mcfg, base.mesh, base.rules, cache_dtype=model.cfg.cache_dtype,
-               batch_size=1, chunk=args.chunk)
+  warm = (engines or {}).get(("ttft", 1))
+  eng = warm.get() if warm else engine(args, model, 1)
   rows = []
   for P in args.ttft:
     row = {"kind": "ttft", "prompt": P}
@@ -165,13 +193,14 @@ def ttft_rows(args, model) -> list[dict]:
       row.update(status=f"skipped: {P} + 1 positions exceed max_position_embeddings "
                  f"({base.mcfg.max_position_embeddings})")
     else:
-      prompt = np.random.default_rng(P).integers(0, base.mcfg.vocab_size, (1, P)).tolist()
+      prompt = prompts_of(1, P, base.mcfg.vocab_size, P)
       gen = lambda prompt=prompt: eng.generate(model.params, prompt, max_new_tokens=1)
       t0 = time.perf_counter()
       gen()
       compile_s = time.perf_counter() - t0
       t, out = timed(gen, args.repeats)
       row.update(status="ok", ttft_ms=t * 1e3, prefill_tokens_per_s=P / t, compile_s=compile_s,
+                 warm_s=warm.seconds if warm else None,
                  tokens=sum(len(c.output_ids) for c in out))
     rows.append(row)
     emit(args, row)
@@ -291,7 +320,7 @@ def tables(rows: list[dict]) -> str:
     elif r["kind"] == "decode":
       out.append(f"| {r['weights']} | {r['batch']} | {r['tokens_per_s']:,.0f} | "
                  f"{r['ms_per_step']:.2f} | {r['roofline_tokens_per_s']:,.0f} | "
-                 f"{r['roofline_ms']:.3f} | {r['share']:.1%} | {mib(r['params_bytes'])} + "
+                 f"{r['roofline_ms']:.3f} | {r['share']:.1%} | {mib(r['read_bytes'])} + "
                  f"{mib(r['kv_bytes'])} |")
   out += ["", "| prompt tokens | time to first token ms | prefill tokens/s |", "|---|---|---|"]
   for r in rows:
@@ -321,6 +350,9 @@ def main(argv=None) -> int:
   ap.add_argument("--chunk", type=int, default=16, help="decoding steps per engine call")
   ap.add_argument("--ttft", type=ints, default=[128, 1024, 4096], help="prompt lengths")
   ap.add_argument("--no-int8", action="store_true", help="skip the int8-weight sweep")
+  ap.add_argument("--int8-only", action="store_true",
+                  help="the model made straight in int8 on the device (int8_init.py), no float\n"
+                       "model and no bfloat16 sweep: every part runs with int8 weights")
   ap.add_argument("--group-size", type=int, default=128, help="int8: input rows per scale")
   ap.add_argument("--no-serve", action="store_true", help="skip the scheduler's rows")
   ap.add_argument("--clients", type=ints, default=[4, 16], help="concurrent clients per row")
@@ -350,6 +382,8 @@ def main(argv=None) -> int:
   defaults = [k for k in ("dtype=bfloat16",) if k.split("=")[0] not in given]
   cfg = load_config([os.path.join(ROOT, "configs", "base.yml"), *defaults, *args.set])
   log(compile_cache.use(cfg.jax_cache_dir))   # a second run on a warm machine: no compiles
+  if args.int8_only:
+    return int8_only(args, cfg)
   t0 = time.perf_counter()
   f32 = ModelConfig.from_config(replace(cfg, weight_dtype="float32"))
   host = jax.device_get(init_params(f32, 0))
@@ -370,10 +404,93 @@ def main(argv=None) -> int:
                   "load_s": load_s, "params_bytes": params_bytes(qmodel.params)})
       decode_rows(args, qmodel, "int8")
     section(args, "int8", int8)
+  return rest(args, model)
+
+
+def rest(args, model) -> int:
+  """The scheduler's rows (unless --no-serve), the tables; the exit status."""
   if not args.no_serve:
     section(args, "serve", lambda: serve_rows(args, model))
   print(tables(args.rows), flush=True)
   return 1 if any(r["kind"] == "error" for r in args.rows) else 0
+
+
+def int8_only(args, cfg) -> int:
+  """--int8-only: the int8 model made on the device array by array (int8_init.py), loaded as
+  the decoding tools load a quantized checkpoint; decode, ttft and serve with it."""
+  import jax
+
+  from int8_init import params as int8_params
+  from MaxText import inference
+  from MaxText.config.load import replace
+  from MaxText.models.model_config import ModelConfig
+  cfg = replace(cfg, weight_dtype=args.weight_dtype, weight_bits=8,
+                weight_group_size=args.group_size)
+  t0 = time.perf_counter()
+  params, count = int8_params(ModelConfig.from_config(cfg), 0, layers=cfg.decode_unroll_layers)
+  jax.block_until_ready(params)
+  init_s = time.perf_counter() - t0
+  log(f"init (int8, per array on the device): {init_s:.1f} s")
+  t0 = time.perf_counter()
+  model = inference.load(cfg, jax.devices()[:1], params=params, per_layer=True)
+  del params
+  model.eos_ids = []                        # every request runs its max_new_tokens
+  emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": "int8", "dtype": cfg.dtype,
+              "platform": jax.devices()[0].platform, "init_s": init_s,
+              "load_s": time.perf_counter() - t0, "params_bytes": params_bytes(model.params),
+              "per_layer": model.engine.layout.is_per_layer(model.params),
+              "parameters": count, "memory": device_memory()})
+  engines = warm_parallel(args, model)
+  section(args, "decode", lambda: decode_rows(args, model, "int8", engines))
+  section(args, "ttft", lambda: ttft_rows(args, model, engines))
+  return rest(args, model)
+
+
+class Warming:
+  """An engine whose first calls run in a thread of their own (`warm_parallel`); `get()` waits
+  for them and returns the engine, `seconds` they took."""
+
+  def __init__(self, eng, calls):
+    self.eng, self.seconds = eng, 0.0
+    self.thread = threading.Thread(target=self._run, args=(calls,), daemon=True)
+    self.thread.start()
+
+  def _run(self, calls):
+    t0 = time.perf_counter()
+    try:
+      for call in calls:
+        call(self.eng)
+    except Exception:  # noqa: BLE001 — the row meets it again and reports it
+      traceback.print_exc()
+    self.seconds = time.perf_counter() - t0
+
+  def get(self):
+    self.thread.join()
+    return self.eng
+
+
+def warm_parallel(args, model) -> dict:
+  """The decode and ttft rows' programs compiled side by side: one thread per batch (its prefill,
+  then its decoding loop) and one for the ttft prompts, each running its first calls (XLA's
+  compiles of a 42-layer model take minutes one after another; the host's cores run them at
+  once). Each row waits for its own thread only (a row's `warm_s`: its thread's seconds;
+  `compile_s`: what was left), so the first rows are out while later programs compile."""
+  vocab, positions = model.engine.mcfg.vocab_size, model.engine.mcfg.max_position_embeddings
+  gen = lambda B, P, seed, n: lambda eng: eng.generate(
+      model.params, prompts_of(B, P, vocab, seed), max_new_tokens=n)
+  engines = {("decode", B): Warming(engine(args, model, B), [gen(B, args.prompt, B, args.new)])
+             for B in args.batches}
+  ttft = [gen(1, P, P, 1) for P in args.ttft if P + 1 <= positions]
+  if ttft:
+    engines[("ttft", 1)] = Warming(engine(args, model, 1), ttft)
+  return engines
+
+
+def device_memory() -> dict:
+  """The device's memory statistics in bytes (bytes_in_use, peak, limit), where it keeps them."""
+  import jax
+  stats = jax.devices()[0].memory_stats() or {}
+  return {k: stats[k] for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit") if k in stats}
 
 
 def section(args, name: str, fn) -> None:

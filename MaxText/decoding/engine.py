@@ -118,10 +118,13 @@ class Engine:
   # ---- parameters --------------------------------------------------------------------------------
   def place(self, params):
     """Host (NumPy) parameters → device arrays with this mesh's parameter shardings, in the
-    model's dtypes (weight_dtype: e.g. float32 arrays cast to bfloat16 on the host)."""
+    model's dtypes (weight_dtype: e.g. float32 arrays cast to bfloat16 on the host); parameters
+    in the per-layer layout (`layout.Layout`) placed with its shardings (`run_shardings`)."""
+    d = self.layout.def_of(params)
+    shardings = self.param_shardings if d is self.model_def else self.run_shardings
     params = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else np.asarray(x).astype(a.dtype),
-                          params, self.model_def.abstract_params)
-    return jax.device_put(params, self.param_shardings)
+                          params, d.abstract_params)
+    return jax.device_put(params, shardings)
 
   @functools.cached_property
   def run_shardings(self):
