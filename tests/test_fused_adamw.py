@@ -15,7 +15,7 @@ import pytest
 
 from conftest import BASE_YML, USERS_EMITTERS
 from MaxText.config.load import load_config
-from MaxText.train.optimizer import make_optimizer
+from MaxText.train.optimizer import make_optimizer, through_stored
 from optax_oracle import chain_apply
 
 AXES = {"w": ("layers", "embed", "mlp"), "scale": ("layers", "norm"), "emb": ("vocab", "embed"),
@@ -96,3 +96,21 @@ def test_fused_adamw_is_optax_bit_for_bit(dtype, clip, grad_dtype, moments):
   assert counts and all(c == 4 for c in counts)   # 5 steps, one skipped
   assert _bits(p_new["mtp"]) == _bits(_params(dtype)["mtp"])   # frozen: every bit kept
   assert _bits(p_new["w"]) != _bits(_params(dtype)["w"])
+
+
+def test_through_stored_is_the_value_bit_for_bit():
+  """The update reads each moment through its stored (narrower) copy: the value it reads must be
+  the unrounded one bit for bit, for every input — signed zeros, subnormals (the CPU compares
+  them as zeros: bits are compared, not values), a value bf16 overflows on, infinities, NaN."""
+  value = np.array([0.0, -0.0, 1e-40, -3e-39, 1.0 + 2**-10, -3.14159, 3.3999e38, -3.4e38, np.inf,
+                    -np.inf, np.nan, 1e-30], np.float32)
+
+  @functools.partial(jax.jit, compiler_options=USERS_EMITTERS)
+  def read(x):
+    stored = x.astype(jnp.bfloat16)
+    return through_stored(stored, x), through_stored(stored, stored), stored.astype(x.dtype)
+
+  got, same_dtype, rounded = (np.asarray(a) for a in read(value))
+  assert got.dtype == np.float32 and got.tobytes() == value.tobytes()
+  assert same_dtype.dtype == jnp.bfloat16
+  assert rounded.tobytes() != value.tobytes()   # the stored copy alone is not the value

@@ -1,5 +1,5 @@
-"""benchmarks/tpu_aot.py: its HLO reader and variant keys on any machine; the command
-docs/performance.md gives, run exactly as written, where libtpu's wheel is already in .libtpu-aot/
+"""benchmarks/tpu_aot.py (and tpu_aot_update.py): its HLO reader and variant keys on any machine;
+the commands docs/performance.md gives, run exactly as written, where libtpu's wheel is already in .libtpu-aot/
 (tpu_aot.sh downloads ~140 MB there on first use, which CI does not do: skipped there)."""
 import os
 import re
@@ -11,6 +11,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import tpu_aot  # noqa: E402
+import tpu_aot_update  # noqa: E402
 from tpu_step import variants  # noqa: E402
 
 HLO = '''
@@ -44,3 +45,34 @@ def test_the_documented_command_compiles_the_step_for_a_v5e():
   assert row, p.stdout[-2000:]
   assert abs(float(row.group(3))) <= 10.0, row.group(0)    # the pre-flight within 10 % of XLA's
   assert len(re.findall(r"k cycles ", p.stdout)) == 3, p.stdout[-2000:]   # --top 3
+
+
+UPDATE_HLO = """
+%fused_computation.1 (p: bf16[4,8]) -> bf16[4,8] {
+  %fusion.9 = bf16[4,8]{1,0} fusion(%p), kind=kLoop, backend_config={"estimated_cycles":"7"}
+}
+
+ENTRY %main (a: bf16[4,8], b: bf16[8]) -> bf16[4,8] {
+  %fusion.1 = (bf16[4,8]{1,0:T(8,128)}, bf16[4,8]{1,0}, bf16[4,8]{1,0}) fusion(%a), kind=kLoop, backend_config={"window_config":{"estimated_cycles":"300"}}
+  %fusion.2 = bf16[4,8]{1,0} fusion(%a), kind=kLoop, backend_config={"window_config":{"estimated_cycles":"200"}}
+  %fusion.3 = (bf16[8]{0}, bf16[8]{0}, bf16[8]{0}) fusion(%b), kind=kLoop, backend_config={"window_config":{"estimated_cycles":"50"}}
+  %fusion.4 = f32[] fusion(%a), kind=kLoop, backend_config={"window_config":{"estimated_cycles":"40"}}
+  %copy.5 = bf16[4,8]{1,0} copy(%fusion.2), backend_config={"window_config":{"estimated_cycles":"9"}}
+}
+"""
+
+
+def test_update_passes_are_counted_per_parameter_of_a_shape():
+  # two [4, 8] parameters: fusion.1 and .2 write that shape (the entry's only: fused computations
+  # and the copy are not passes), one per parameter; the [8] one has fusion.3's; [2] none
+  got = tpu_aot_update.passes_per_shape(UPDATE_HLO, [(4, 8), (8,), (4, 8), (2,)])
+  assert got == {(4, 8): (2, 1.0, 500), (8,): (1, 1.0, 50), (2,): (1, 0.0, 0)}
+
+
+@needs_libtpu
+def test_the_documented_update_is_one_pass_per_parameter_with_bf16_weights():
+  p = run_documented(documented_command("bash benchmarks/tpu_aot.sh benchmarks/tpu_aot_update.py"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  rows = re.findall(r"^\| (\[[\d, ]*\]) \| (\d+) \| ([\d.]+) \| (\d+) \|$", p.stdout, re.M)
+  assert len(rows) >= 5, p.stdout[-2000:]   # qwen3-tiny's parameter shapes
+  assert all(float(per) == 1.0 for _, _, per, _ in rows), p.stdout   # two before through_stored

@@ -18,10 +18,11 @@ over the mesh's data axes too (ZeRO-1, train/state.py and sharding/zero.py).
 The moments' dtype is declared once (`Optimizer.moment_dtype`, config `moment_dtype`; auto: the
 weights' `weight_dtype`, as MaxText's `mu_dtype` unset and optax's second moment do): `init`
 creates both moments in it, and `apply` (like the chain, optax's `mu_dtype`) computes each new
-moment in the promoted dtype of the gradient and the old moment, takes the update from that, and
+moment in the promoted dtype of the gradient and the old moment, takes the update from that (read
+through the stored moment, bit for bit: `through_stored`, which makes it one pass on a TPU), and
 stores the moment back in its own dtype — so the state a step returns has the dtypes of the state
 it took, whatever the gradients' dtype (bf16 weights' gradients are float32 once divided by the
-token count, train/step.py), and a compiled step and the state it is called with cannot disagree.
+token count, train/update.py), and a compiled step and the state it is called with cannot disagree.
 
 "Matrices" are told apart by the parameters' logical axes, not their rank: a scanned stack of norm
 scales is [layers, D] but is still a vector per layer and is not decayed.
@@ -142,6 +143,25 @@ def find_state(tree: Any, cls: type) -> Any:
   return found[0]
 
 
+def through_stored(stored: jax.Array, value: jax.Array) -> jax.Array:
+  """`value` bit for bit, written as a function of `stored` (= value.astype(stored's dtype)):
+  `widened` (stored cast back to value's dtype) where its bits are value's, else value — for
+  every input (infinities, NaN, a value the narrower dtype overflows on, subnormals whatever the
+  flush-to-zero mode: bits are compared, not values). Why: with moments stored narrower than
+  they are computed in (bf16 moments, float32 gradients: bf16 weights' gradients divided by the
+  float32 token count), the parameter's update must read the unrounded moments (optax's chain
+  does). Read directly, the rounded moments' only user is the state, and XLA:TPU compiles two
+  passes per parameter: one writing the parameter, one recomputing the moments to write them
+  (~1.4x the bytes moved). Read through the stored moments, the parameter's pass consumes them
+  and XLA makes one pass writing all three, as it does when the dtypes agree. Same dtype:
+  `stored` itself (it is `value`)."""
+  if stored.dtype == value.dtype:
+    return stored
+  widened = stored.astype(value.dtype)
+  bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+  return jnp.where(bits(widened) == bits(value), widened, value)
+
+
 def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
                 weight_decay: float, decay_mask, max_grad_norm: float, frozen_mask) -> Callable:
   """`apply` of `Optimizer`: clip → AdamW (masked decay, `schedule`) → freeze → apply_updates →
@@ -178,8 +198,8 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
       return jnp.where(finite, mu_new, mu), jnp.where(finite, nu_new, nu)
 
     def parameter(mu, nu, p, decayed, frozen):
-      # from the moments as kept (in the state's dtype, the cast is a no-op, and they are what is
-      # stored): when finite they are the new ones bit for bit, otherwise p is kept anyway;
+      # from the moments as kept, read through the stored ones (`through_stored`: the kept
+      # values bit for bit): when finite they are the new ones, otherwise p is kept anyway;
       # reading them (not recomputing from the old ones) lets XLA overwrite the old moments in
       # place instead of copying them for this pass
       u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype) + eps_root) + eps)
@@ -195,13 +215,17 @@ def fused_adamw(schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
     out = jax.tree.map(moments, grads, adam.mu, adam.nu)
     mu = jax.tree.map(lambda _, o: o[0], grads, out)
     nu = jax.tree.map(lambda _, o: o[1], grads, out)
-    new_params = jax.tree.map(parameter, mu, nu, params, decay_mask, frozen_mask)
+    # the moments stored in the state's dtypes (optax: `mu_dtype`, `cast_like(nu, state.nu)`)
+    mu_stored = jax.tree.map(lambda new, old: new.astype(old.dtype), mu, adam.mu)
+    nu_stored = jax.tree.map(lambda new, old: new.astype(old.dtype), nu, adam.nu)
+    # the update from the unrounded moments, read through the stored ones (`through_stored`)
+    new_params = jax.tree.map(parameter, jax.tree.map(through_stored, mu_stored, mu),
+                              jax.tree.map(through_stored, nu_stored, nu), params, decay_mask,
+                              frozen_mask)
     if gather is not None:   # p + -0.0 is p: the same bits as the guard's where(finite, p + u, p)
       new_params = jax.tree.map(lambda p, u: jnp.asarray(p + u).astype(p.dtype), whole,
                                 gather(new_params))
-    # the moments stored in the state's dtypes (optax: `mu_dtype`, `cast_like(nu, state.nu)`)
-    mu = jax.tree.map(lambda new, old: new.astype(old.dtype), mu, adam.mu)
-    nu = jax.tree.map(lambda new, old: new.astype(old.dtype), nu, adam.nu)
+    mu, nu = mu_stored, nu_stored
     new_adam = optax.ScaleByAdamState(count=jnp.where(finite, count_inc, adam.count), mu=mu, nu=nu)
     new_sched = optax.ScaleByScheduleState(
         count=jnp.where(finite, optax.safe_increment(sched.count), sched.count))
