@@ -78,9 +78,11 @@ def prompts(n: int) -> list[bytes]:
   return out
 
 
-# two tokens whose log-probabilities under the same context differ by at most this are a near-tie:
-# where float32 on an accelerator (its transcendentals ~5e-6 off, tests/test_tpu_decode.py) may
-# order them differently in a k+1-position verify pass than in a one-position step
+# two tokens whose log-probabilities under the same context differ by at most this are a near-tie,
+# which float32 on an accelerator may order differently in a k+1-position verify pass than in a
+# one-position step: the same llama-family decoding on the v5e and on the CPU differs by up to
+# 7.4e-5 in log-probability (tests/test_tpu_decode.py's chip rows, its transcendentals ~5e-6 off),
+# so two passes on the chip differ by about as much; 1e-4 is that bound, as the test's
 NEAR_TIE = 1e-4
 
 
