@@ -120,6 +120,24 @@ def _custom_sigint_handler(signum, frame):
   del signum, frame
 
 
+def test_a_notice_before_a_resumed_runs_first_step_is_met_by_every_process(monkeypatch):
+  """Several processes: JAX's sync point is 1 + the largest call counter reported when the notice
+  came (0 before any call) and is met by that counter exactly. A run resumed from step 5 whose
+  notice came before its first `should_stop` gets sync point 1: the counter passed is the count of
+  calls, so the first step meets it (passing the step, 6, never did: the 2-process SIGTERM test's
+  runs went on to the last step when the SIGTERM beat both processes' first step)."""
+  from MaxText.runtime import preemption
+  passed, point = [], {"at": None}
+  monkeypatch.setattr(preemption.multihost_utils, "reached_preemption_sync_point",
+                      lambda counter: passed.append(counter) or counter == point["at"])
+  monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(preemption, "_SYNC_CALLS", 0)   # a fresh process: no call yet
+  watch = preemption.PreemptionWatch()
+  point["at"] = max([0]) + 1   # both processes reported 0 (no call yet)
+  assert [watch.should_stop(s) for s in (6, 7, 8)] == [True, False, False]
+  assert passed == [1, 2, 3]
+
+
 @pytest.mark.parametrize("before", [signal.default_int_handler, signal.SIG_IGN,
                                     _custom_sigint_handler],
                          ids=["python_default", "ignored_as_in_a_background_job", "custom"])

@@ -30,6 +30,9 @@ import jax
 from jax.experimental import multihost_utils
 
 SECOND_SIGNAL_GRACE_S = 3.0
+# this process's calls of `should_stop` with several processes: the call counter JAX's preemption
+# sync point is computed from (the same on every process, as every process asks once per step)
+_SYNC_CALLS = 0
 
 
 def second_signal_line(signum: int) -> str:
@@ -132,10 +135,19 @@ class PreemptionWatch:
       self._pipe = self._watcher = None
 
   def should_stop(self, step: int) -> bool:
-    """True when every process should stop after `step` (call once per step on every process)."""
+    """True when every process should stop after `step` (call once per step on every process).
+
+    Several processes: JAX's sync point is one more than the largest call counter any process had
+    reported when the notice came, and is met only by a call with exactly that counter. The
+    counter passed is this process's count of calls (1, 2, …), not `step`: a resumed run's first
+    call would be step N + 1 while a notice that came before any call (a SIGTERM during the first
+    step) sets the sync point to 1, which the steps would never meet."""
+    del step
     if jax.process_count() > 1:
+      global _SYNC_CALLS
+      _SYNC_CALLS += 1
       try:
-        return bool(multihost_utils.reached_preemption_sync_point(step))
+        return bool(multihost_utils.reached_preemption_sync_point(_SYNC_CALLS))
       except RuntimeError:  # no preemption service (jax_enable_preemption_service off)
         return False
     return self.signal_name is not None
