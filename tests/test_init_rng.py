@@ -1,5 +1,5 @@
-"""`param_init_rng`: the rbg generators (what `auto` picks off the CPU) cut the normal parameters
-from a few large draws (`model_def._drawn_flat`); threefry2x32 keeps one draw per array."""
+"""`param_init_rng`: every generator (threefry2x32, what `auto` picks on the CPU; rbg off it) cuts
+the normal parameters from a few large draws (`model_def._drawn_flat`), not one draw per array."""
 import os
 
 import jax
@@ -20,24 +20,30 @@ def _mcfg(*keys):
   return ModelConfig.from_config(auto_settings.for_training(cfg).cfg)
 
 
-def _init(mcfg):
+def _init(mcfg, per_array=False):
+  """The flattened init of seed 0 (per_array: the per-array draws the model's modules make, which
+  the flat draws replace), with each parameter's init_std."""
   build = get_family(mcfg.decoder_block).build
+
+  def own():
+    key = jax.random.key(0, impl=mcfg.param_init_rng)
+    return nnx.to_pure_dict(nnx.state(md._build(build, mcfg, key)))  # pylint: disable=protected-access
+
   flat = traverse_util.flatten_dict(jax.device_get(jax.jit(
-      lambda: md.init_traced(build, mcfg, 0))()))
+      own if per_array else lambda: md.init_traced(build, mcfg, 0))()))
   abstract = nnx.eval_shape(lambda: md._build(build, mcfg, 0))  # pylint: disable=protected-access
   stds = {path: var.get_metadata().get("init_std")
           for path, var in nnx.to_flat_state(nnx.state(abstract))}
   return {k: np.asarray(v, np.float64) for k, v in flat.items()}, stds
 
 
-@pytest.mark.parametrize("model", ["qwen3-tiny", "qwen3-next-tiny"])
-def test_flat_draws_give_each_parameter_its_own_normal_values(model, monkeypatch):
+@pytest.mark.parametrize("model,rng", [("qwen3-tiny", "threefry2x32"), ("qwen3-next-tiny", "rbg")])
+def test_flat_draws_give_each_parameter_its_own_normal_values(model, rng, monkeypatch):
   # draws of at most 5,000 values: several groups, arrays cut at group edges
   monkeypatch.setattr(md, "FLAT_DRAW_ELEMENTS", 5000)
-  mcfg = _mcfg(f"model_name={model}", "param_init_rng=rbg")
+  mcfg = _mcfg(f"model_name={model}", f"param_init_rng={rng}")
   flat, stds = _init(mcfg)
-  monkeypatch.setattr(md, "FLAT_DRAW_RNGS", ())      # the per-array draws of the same key
-  per_array, _ = _init(mcfg)
+  per_array, _ = _init(mcfg, per_array=True)     # the modules' own draws of the same key
   drawn = [k for k in flat if stds.get(k) is not None]
   assert len(drawn) >= 8, drawn
   for k, v in flat.items():
@@ -57,10 +63,21 @@ def test_flat_draws_give_each_parameter_its_own_normal_values(model, monkeypatch
       assert abs(np.corrcoef(a[:n], b[:n])[0, 1]) < 0.6
 
 
-def test_threefry_keeps_its_per_array_values(monkeypatch):
+def test_the_draws_are_consecutive_slices_of_the_keys_normals():
+  """threefry2x32 (the CPU's and the platform-independent generator): the first drawn array is
+  std x the first values of `normal(fold_in(fold_in(key, 1), 0))`, JAX's own draw of the flat
+  group, reshaped; the next array continues where it ends."""
   mcfg = _mcfg("model_name=qwen3-tiny", "param_init_rng=threefry2x32")
-  flat, _ = _init(mcfg)
-  monkeypatch.setattr(md, "FLAT_DRAW_RNGS", ("threefry2x32",))
-  assert not np.array_equal(_init(mcfg)[0][("embedding",)], flat[("embedding",)])
-  monkeypatch.setattr(md, "FLAT_DRAW_RNGS", ("rbg", "unsafe_rbg"))
-  np.testing.assert_array_equal(_init(mcfg)[0][("embedding",)], flat[("embedding",)])
+  flat, stds = _init(mcfg)
+  build = get_family(mcfg.decoder_block).build
+  abstract = nnx.eval_shape(lambda: md._build(build, mcfg, 0))  # pylint: disable=protected-access
+  order = [path for path, var in nnx.to_flat_state(nnx.state(abstract))
+           if var.get_metadata().get("init_std") is not None]
+  sizes = [flat[p].size for p in order]
+  key = jax.random.fold_in(jax.random.fold_in(jax.random.key(0, impl="threefry2x32"), 1), 0)
+  normals = np.asarray(jax.random.normal(key, (sum(sizes),), np.float32), np.float64)
+  start = 0
+  for path, n in list(zip(order, sizes))[:2]:
+    want = (stds[path] * normals[start:start + n]).astype(np.float32).reshape(flat[path].shape)
+    np.testing.assert_allclose(flat[path], want, rtol=1e-6, atol=0, err_msg=str(path))
+    start += n

@@ -78,10 +78,11 @@ class RunKeys:
                    "against a reference (decode, evaluate, conversions, inspect)",
                    choices=(AUTO, *DTYPES), **_COMPUTE, tools=(*MODEL_TOOLS, "logit_check"))
   param_init_rng: str = key(
-      "auto", "the random generator of a fresh init: threefry2x32 (JAX's default; its init "
-      "program compiles slowly on a TPU, ~20-30 s) | rbg (XLA's RngBitGenerator; the normal "
-      "parameters cut from a few large draws: seconds) | unsafe_rbg | auto (threefry2x32 on CPU, rbg on TPU and GPU). The "
-      "values differ between generators, not between runs of one",
+      "auto", "the random generator of a fresh init (the normal parameters cut from a few "
+      "large draws, whichever): threefry2x32 (JAX's default, the same values on every platform) "
+      "| rbg (XLA's RngBitGenerator; its init program compiles fastest on a TPU) | unsafe_rbg | "
+      "auto (threefry2x32 on CPU, rbg on TPU and GPU). The values differ between generators, not "
+      "between runs of one",
       choices=(AUTO, "threefry2x32", "rbg", "unsafe_rbg"), **_COMPUTE)
   weight_dtype: str = key("float32", "master (stored, optimised) parameter dtype", choices=DTYPES,
                           **_COMPUTE)

@@ -60,10 +60,10 @@ class ModelConfigKeys:
   fp32 master weights), float32 in the tools that compare against a reference (decode, evaluate,
   conversions, inspect)"""
   param_init_rng: str = 'auto'
-  """the random generator of a fresh init: threefry2x32 (JAX's default; its init program compiles
-  slowly on a TPU, ~20-30 s) | rbg (XLA's RngBitGenerator; the normal parameters cut from a few
-  large draws: seconds) | unsafe_rbg | auto (threefry2x32 on CPU, rbg on TPU and GPU). The
-  values differ between generators, not between runs of one"""
+  """the random generator of a fresh init (the normal parameters cut from a few large draws,
+  whichever): threefry2x32 (JAX's default, the same values on every platform) | rbg (XLA's
+  RngBitGenerator; its init program compiles fastest on a TPU) | unsafe_rbg | auto (threefry2x32
+  on CPU, rbg on TPU and GPU). The values differ between generators, not between runs of one"""
   weight_dtype: str = 'float32'
   """master (stored, optimised) parameter dtype"""
   matmul_precision: str = 'auto'

@@ -37,8 +37,8 @@ class LayerKw(TypedDict):
 def param(rngs: nnx.Rngs, shape: Sequence[int], logical_axes: Sequence[str | None], *,
           std: float | None, dtype: jnp.dtype) -> nnx.Param:
   """Normal(0, std) init (std=None → ones, for norm scales). The std is kept as the parameter's
-  `init_std` metadata: with the rbg generators the model's init program draws every such parameter
-  from a few large normal draws instead (`model_def.init_traced`)."""
+  `init_std` metadata: the model's init program draws every such parameter from a few large normal
+  draws instead (`model_def.init_traced`)."""
   if std is None:
     return nnx.Param(jnp.ones(shape, dtype), logical_axes=tuple(logical_axes))
   value = (std * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dtype)

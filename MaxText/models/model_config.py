@@ -21,9 +21,9 @@ from MaxText.layers.kv_cache import select_decode_attention
 
 
 def select_init_rng(name: str, platform: str) -> str:
-  """`param_init_rng` for a platform: auto is JAX's threefry on CPU (whose init programs compile
-  quickly there, and whose values every CPU run has had) and XLA's RngBitGenerator elsewhere (a
-  TPU compiles threefry's init program in 20-30 s, rbg's in a few: benchmarks/RESULTS.md)."""
+  """`param_init_rng` for a platform: auto is JAX's threefry on CPU (the platform-independent
+  values) and XLA's RngBitGenerator elsewhere (a TPU compiled threefry's per-array init program in
+  20-30 s, rbg's flat draws in a few: benchmarks/RESULTS.md)."""
   if name == "auto":
     return "threefry2x32" if platform == "cpu" else "rbg"
   return name

@@ -264,19 +264,16 @@ def init_traced(build: Build, mcfg: ModelConfig, seed) -> Any:
   impl = None if mcfg.param_init_rng == "auto" else mcfg.param_init_rng
   key = jax.random.key(seed, impl=impl)
   state = nnx.state(_build(build, mcfg, key))
-  if impl in FLAT_DRAW_RNGS:
-    return _drawn_flat(state, jax.random.fold_in(key, 1))
-  return nnx.to_pure_dict(state)
+  return _drawn_flat(state, jax.random.fold_in(key, 1))
 
 
-# With the rbg generators (what `param_init_rng=auto` picks off the CPU) the normal parameters are
-# cut from a few large draws instead of one draw per parameter array: a TPU compiles each draw of
-# the per-array program separately (its layers' keys split by vmap, an inverse-erf per array), 6.9
-# s for Qwen3-0.6B's init program on a v5e where the flat draws compile in 2.1 (tiny: 4.9 -> 0.6 s;
-# benchmarks/tpu_init.py). A draw holds at most FLAT_DRAW_ELEMENTS values (1 GiB of float32): the
-# extra memory the init program holds is bounded as a per-array draw bounds it. threefry2x32 (the
-# CPU's, and the platform-independent one) keeps its per-array values.
-FLAT_DRAW_RNGS = ("rbg", "unsafe_rbg")
+# Whatever the generator, the normal parameters are cut from a few large draws instead of one draw
+# per parameter array: a compiler handles each draw of the per-array program separately (its
+# layers' keys split by vmap, an inverse-erf per array). A v5e compiled Qwen3-0.6B's rbg init
+# program in 6.9 s per array, 2.1 s flat (tiny: 4.9 -> 0.6 s; benchmarks/tpu_init.py); XLA:CPU a
+# tiny model's threefry program in 1.8-6.0 CPU s per array, 0.6-1.8 flat (qwen3-tiny, the default,
+# gemma4-tiny). A draw holds at most FLAT_DRAW_ELEMENTS values (1 GiB of float32): the extra
+# memory the init program holds is bounded as a per-array draw bounds it.
 FLAT_DRAW_ELEMENTS = 1 << 28
 # (No optimisation barrier between a draw and its cuts, though one would spare a tiny model's TPU
 # compile a relayout of the draw per array: XLA folds `std * sqrt(2) * erfinv(u)`'s two constants
