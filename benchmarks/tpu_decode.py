@@ -17,6 +17,12 @@ cost what one does there), so 3 row buckets x 5 cache windows + ~10 prefill prog
       --no-int8 --interleave 4 --set model_name=qwen3-0.6b decode_unroll_layers=false \\
       serve_min_rows=4 --out $OUT/serve.json
 
+and the scheduler's ways side by side (--arms; the callback-free arm's programs warmed too):
+
+  source benchmarks/tpu_install.sh && python3 benchmarks/tpu_decode.py --batches= --ttft= \\
+      --no-int8 --interleave 4 --arms serial,overlap,lean --set model_name=qwen3-0.6b \\
+      decode_unroll_layers=false serve_min_rows=4 --out $OUT/serve_arms.json
+
 On a CPU, a tiny model (what tests/test_tpu_decode_script.py runs, exactly):
 
   .venv/bin/python benchmarks/tpu_decode.py --batches 2 --prompt 8 --new 4 --ttft 16 \\
@@ -64,7 +70,12 @@ with its weights cast on load to --weight-dtype (bfloat16; the compute dtype is 
   Then per --interleave count the same with one decoding step between two pieces of a prompt
   (the Scheduler's `step_between_pieces`: a piece costs about a step on a TPU, so a long
   prompt's first token need not wait `serve_chunk` steps per piece); the solo latencies are the
-  plain scheduler's. Decoding calls run at least `serve_min_rows` rows (--set). Programs
+  plain scheduler's. --arms: the scheduler's ways, each with its own solo pass (serial: calls one
+  after another, as before the overlap; overlap: the next call dispatched before the last one's
+  tokens are read back, the server's; lean: overlap without the host callback between steps,
+  serve_interrupt=false; default: the config's); per row also engine calls per generated token
+  (solo and in the row) and the engine thread's seconds per kind of call. Decoding calls run at
+  least `serve_min_rows` rows (--set). Programs
   compiled: by `Slots.warm` (row buckets x cache windows), by the warm-up's rounds (prefill
   programs; a round per clients count, plain and interleaved), and after the warm-up
   (`programs_after_warm`: 0 unless a request met a new program, whose compile then counts in
@@ -246,6 +257,34 @@ def run_clients(sched, reqs, clients: int) -> tuple[list[dict], float]:
   return out, time.perf_counter() - t0
 
 
+# the scheduler's ways (--arms): (Scheduler.overlap: the next decoding call dispatched before the
+# last one's tokens are read back; a call ends after a step once a request waits: `interrupt`)
+ARMS = {"serial": (False, True),    # calls one after another, as before the overlap
+        "overlap": (True, True),    # the server's default (serve_interrupt=true)
+        "lean": (True, False)}      # serve_interrupt=false: no host callback between steps
+
+
+def arm_of(sched, slots, arm: str) -> None:
+  sched.overlap, early = ARMS[arm]
+  slots.interrupt = sched._waits if early else None   # pylint: disable=protected-access
+
+
+class Calls:
+  """The scheduler's engine calls (`Scheduler(on_call=...)`) since `reset`: per kind ("step",
+  "prefill", "piece") how many and their seconds on the engine thread."""
+
+  def __init__(self):
+    self.reset()
+
+  def reset(self) -> None:
+    self.count: dict[str, int] = {}
+    self.seconds: dict[str, float] = {}
+
+  def __call__(self, kind, _slots, _n, t0, t1) -> None:
+    self.count[kind] = self.count.get(kind, 0) + 1
+    self.seconds[kind] = self.seconds.get(kind, 0.0) + t1 - t0
+
+
 def serve_rows(args, model) -> list[dict]:
   from MaxText.decoding.slots import Slots
   from MaxText.serve.scheduler import Scheduler
@@ -254,50 +293,72 @@ def serve_rows(args, model) -> list[dict]:
   room = max(len(p) + n for p, n in reqs)
   room = -(-room // 64) * 64
   slots = Slots(model.engine, args.slots, room, chunk=cfg.serve_chunk, min_rows=cfg.serve_min_rows)
+  calls = Calls()
   sched = Scheduler(model, slots, queue_size=len(reqs) + 1,
-                    prefill_chunk=cfg.serve_prefill_chunk)
+                    prefill_chunk=cfg.serve_prefill_chunk, on_call=calls)
+  arms = args.arms or ["overlap" if cfg.serve_interrupt else "lean"]
+  sys.setswitchinterval(0.0005)              # the server's (MaxText/serve/__main__.GIL_SWITCH_S)
   t0 = time.perf_counter()
-  warmed = slots.warm(model.params)
+  warmed = 0
+  for early in dict.fromkeys(ARMS[a][1] for a in arms):   # with and / or without `interrupt`
+    slots.interrupt = sched._waits if early else None     # pylint: disable=protected-access
+    warmed += slots.warm(model.params)
   warm_steps_s = time.perf_counter() - t0
   log(f"serve: Slots.warm compiled {warmed} decoding programs in {warm_steps_s:.1f} s")
   sched.start()
   before = slots.compiled_programs()
-  for c, interleaved in [(c, False) for c in sorted({1, *args.clients})] + \
-      [(c, True) for c in args.interleave]:              # prefill programs: compiled here
-    sched.step_between_pieces = interleaved
-    run_clients(sched, reqs, c)
+  for arm in arms:
+    arm_of(sched, slots, arm)
+    for c, interleaved in [(c, False) for c in sorted({1, *args.clients})] + \
+        [(c, True) for c in args.interleave]:              # prefill programs: compiled here
+      sched.step_between_pieces = interleaved
+      run_clients(sched, reqs, c)
   rounds = slots.compiled_programs() - before
   warm_s = time.perf_counter() - t0
   log(f"serve: warm-up {warm_s:.1f} s, {rounds} programs compiled by its rounds")
   before = slots.compiled_programs()
-  sched.step_between_pieces = False
-  solo, _ = run_clients(sched, reqs, 1)
   rows = []
-  for c, interleaved in [(c, False) for c in args.clients] + [(c, True) for c in args.interleave]:
-    sched.step_between_pieces = interleaved
-    got, wall = run_clients(sched, reqs, c)
-    ratios = [g["latency"] / s["latency"] for g, s in zip(got, solo)]
-    ttfts = np.asarray([g["ttft"] for g in got]) * 1e3
-    rows.append({"kind": "serve", "clients": c, "step_between_pieces": interleaved,
-                 "requests": len(reqs), "slots": args.slots,
-                 "tokens": sum(g["tokens"] for g in got),
-                 "tokens_asked": sum(n for _, n in reqs),
-                 "finished": sorted({str(g["finish"]) for g in got}), "wall_s": wall,
-                 "tokens_per_s": sum(g["tokens"] for g in got) / wall,
-                 "latency_over_solo_max": max(ratios),
-                 "latency_over_solo_median": statistics.median(ratios),
-                 "ttft_p50_ms": float(np.percentile(ttfts, 50)),
-                 "ttft_p99_ms": float(np.percentile(ttfts, 99)),
-                 "solo_latency_s": [s["latency"] for s in solo],
-                 "slots_min_rows": slots.min_rows, "serve_chunk": slots.chunk,
-                 "prefill_chunk": sched.prefill_chunk, "windows": slots.lengths,
-                 "warm_programs": warmed, "warm_steps_s": warm_steps_s,
-                 "warm_round_programs": rounds, "warm_s": warm_s,
-                 # compiled since the warm-up (the solo pass and the rows so far): a request that
-                 # waited on a compile is slower than its solo latency by the compile, not the
-                 # scheduling; 0 on a fair measure
-                 "programs_after_warm": slots.compiled_programs() - before})
-    emit(args, rows[-1])
+  for arm in arms:                  # each arm its own solo pass (ARMS: the scheduler's ways)
+    arm_of(sched, slots, arm)
+    sched.step_between_pieces = False
+    calls.reset()
+    solo, solo_wall = run_clients(sched, reqs, 1)
+    solo_calls = dict(calls.count)
+    for c, interleaved in [(c, False) for c in args.clients] + \
+        [(c, True) for c in args.interleave]:
+      sched.step_between_pieces = interleaved
+      calls.reset()
+      got, wall = run_clients(sched, reqs, c)
+      ratios = [g["latency"] / s["latency"] for g, s in zip(got, solo)]
+      ttfts = np.asarray([g["ttft"] for g in got]) * 1e3
+      tokens = sum(g["tokens"] for g in got)
+      rows.append({"kind": "serve", "clients": c, "step_between_pieces": interleaved,
+                   "arm": arm, "requests": len(reqs), "slots": args.slots,
+                   "tokens": tokens, "tokens_asked": sum(n for _, n in reqs),
+                   "finished": sorted({str(g["finish"]) for g in got}), "wall_s": wall,
+                   "tokens_per_s": tokens / wall,
+                   "latency_over_solo_max": max(ratios),
+                   "latency_over_solo_median": statistics.median(ratios),
+                   "ttft_p50_ms": float(np.percentile(ttfts, 50)),
+                   "ttft_p99_ms": float(np.percentile(ttfts, 99)),
+                   "solo_latency_s": [s["latency"] for s in solo],
+                   "solo_ms_per_token": solo_wall / sum(s["tokens"] for s in solo) * 1e3,
+                   # engine calls per generated token (solo, and in this row) and the seconds
+                   # the engine thread spent per kind (a decoding call's: from its dispatch, or
+                   # the end of the one before, to its tokens read back)
+                   "solo_calls_per_token": {k: n / sum(s["tokens"] for s in solo)
+                                            for k, n in solo_calls.items()},
+                   "calls_per_token": {k: n / tokens for k, n in calls.count.items()},
+                   "call_seconds": dict(calls.seconds),
+                   "slots_min_rows": slots.min_rows, "serve_chunk": slots.chunk,
+                   "prefill_chunk": sched.prefill_chunk, "windows": slots.lengths,
+                   "warm_programs": warmed, "warm_steps_s": warm_steps_s,
+                   "warm_round_programs": rounds, "warm_s": warm_s,
+                   # compiled since the warm-up (the solo pass and the rows so far): a request
+                   # that waited on a compile is slower than its solo latency by the compile,
+                   # not the scheduling; 0 on a fair measure
+                   "programs_after_warm": slots.compiled_programs() - before})
+      emit(args, rows[-1])
   sched.stop()
   return rows
 
@@ -331,7 +392,8 @@ def tables(rows: list[dict]) -> str:
           "p99 ms |", "|" + "---|" * 7]
   for r in rows:
     if r["kind"] == "serve":
-      c = f"{r['clients']}{', a step between pieces' if r['step_between_pieces'] else ''}"
+      c = (f"{r['clients']}{', a step between pieces' if r['step_between_pieces'] else ''}"
+           f" ({r['arm']})")
       out.append(f"| {c} | {r['requests']} | {r['tokens_per_s']:,.0f} | "
                  f"{r['latency_over_solo_max']:.2f} | {r['latency_over_solo_median']:.2f} | "
                  f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} |")
@@ -359,6 +421,10 @@ def main(argv=None) -> int:
   ap.add_argument("--interleave", type=ints, default=[], help="clients counts measured again "
                   "with one decoding step between two pieces of a prompt (Scheduler "
                   "step_between_pieces)")
+  ap.add_argument("--arms", type=lambda t: [a for a in t.split(",") if a], default=[],
+                  help="the scheduler's ways measured, in this order (default: the config's):\n"
+                  "serial (calls one after another), overlap (the next call dispatched before\n"
+                  "the last one's tokens are read back), lean (overlap, serve_interrupt=false)")
   ap.add_argument("--requests", type=int, default=2, help="requests per client of the most")
   ap.add_argument("--request-prompt", type=ints, default=[16, 192], help="min,max prompt tokens "
                   "(beyond serve_prefill_chunk: prefilled in pieces while others decode)")
@@ -368,6 +434,8 @@ def main(argv=None) -> int:
   ap.add_argument("--bandwidth", type=float, default=V5E_BANDWIDTH, help="bytes/s of memory")
   ap.add_argument("--out", default="", help="write the rows as JSON here")
   args = ap.parse_args(argv)
+  if set(args.arms) - set(ARMS):
+    ap.error(f"--arms: {sorted(set(args.arms) - set(ARMS))} not among {sorted(ARMS)}")
   if args.new < 2:
     ap.error("--new must be >= 2 (a step's time is t(new) - t(1))")
   import jax

@@ -126,6 +126,9 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeyp
   prefill = slots.prefill
   monkeypatch.setattr(slots, "prefill",
                       lambda *a, **k: pieces.append(k.get("starts")) or prefill(*a, **k))
+  follows = []                       # decoding calls dispatched before the last one's tokens came
+  follow = slots.follow
+  monkeypatch.setattr(slots, "follow", lambda *a: follows.append(1) or follow(*a))
   sinks = [Collected() for _ in range(len(prompts) + 1)]
   jobs = [Job(p, n, s, row=0) for p, n, s in zip(prompts, NEW, sinks)]
   if sampled:
@@ -154,6 +157,7 @@ def test_requests_joining_and_leaving_slots_get_generates_tokens(family, monkeyp
     greedy = generate([prompts[1]], 16)[0].output_ids
     assert sinks[-1].ids != greedy    # really sampled
   assert any(pieces)                  # pieces that continue a prompt
+  assert follows                      # the scheduler's overlap (Scheduler.overlap)
   if between:                         # while a prompt went in pieces: calls of one step
     assert [n for n, pending in calls if pending] and all(n == 1 for n, pending in calls
                                                           if pending)
@@ -300,6 +304,30 @@ def test_decoding_calls_run_only_the_busy_rows_and_warm_compiles_them_all():
   np.testing.assert_allclose(np.array(lps), [w.output_logprobs for w in want], atol=TOL_LOGPROB,
                              rtol=0)
   assert compiled and not any(compiled)
+  # calls dispatched one after another from the device's state (`follow`), none read back before
+  # the last went (the scheduler's overlap): the same tokens; a row done stays done; no compile
+  before = slots.compiled_programs()
+  first, first_lp, _, _ = slots.prefill(params, prompts, [6, 1, 3], [0] * 3, [GREEDY] * 3, 0)
+  state = {"token": np.zeros(8, np.int32), "position": np.zeros(8, np.int32),
+           "count": np.ones(8, np.int32), "max_new": np.full(8, PIECE_NEW, np.int32),
+           "done": np.ones(8, bool), "row": np.zeros(8, np.int32)}
+  for i, s in enumerate([6, 1, 3]):
+    state["token"][s], state["position"][s], state["done"][s] = first[i], len(prompts[i]), False
+  calls = [slots.launch(params, state, [], row_values([GREEDY] * 8, 8), 0)]
+  while len(calls) < 4:            # 11 steps make the 12 tokens: 4 calls of 4, the last idle
+    calls.append(slots.follow(params, calls[-1]))
+  outs = [slots.collect(c) for c in calls]
+  assert all(busy.tolist() == [1, 3, 6] for busy, _, _ in outs)
+  for i, s in enumerate([6, 1, 3]):
+    b = [1, 3, 6].index(s)
+    tokens = [int(first[i])] + [t for _, _, o in outs for t in o["tokens"][b] if t >= 0]
+    lps = [float(first_lp[i])] + [x for _, _, o in outs for t, x in zip(o["tokens"][b],
+                                                                         o["logprobs"][b]) if t >= 0]
+    assert tokens == want[i].output_ids
+    np.testing.assert_allclose(lps, want[i].output_logprobs, atol=TOL_LOGPROB, rtol=0)
+    assert (outs[-1][2]["tokens"][b] == -1).all() and outs[-1][1]["done"][b]
+    assert outs[-1][1]["count"][b] == PIECE_NEW
+  assert slots.compiled_programs() == before
   # serve_min_rows 3: calls of at least 4 rows (a power of two), the row buckets 4 and 8
   few = Slots(eng, slots=8, max_len=64, chunk=4, min_rows=3)
   assert few.step_rows(np.array([5])).tolist() == [5, 8, 8, 8]

@@ -183,6 +183,10 @@ class Config(_ConfigBase):
                             "row bucket of 1, 2, 4, ... rows, each bucket its own programs; on "
                             "a TPU a few rows cost what one does, so serve_slots there compiles "
                             "one program per cache window", min=1)
+  serve_interrupt: bool = key(True, "a decoding call ends after the step in flight when a "
+                              "request waits for a free slot (a host callback between two "
+                              "steps: a newcomer waits a step, not a call); false = calls run "
+                              "their serve_chunk steps, no callback (docs/decoding.md)")
   serve_prefill_chunk: int = key(128, "prompt tokens prefilled between two decoding calls while "
                                  "other slots decode (a longer prompt goes in pieces, every "
                                  "family); 0 = whole prompts", min=0)

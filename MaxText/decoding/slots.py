@@ -16,10 +16,14 @@ call costs what its busy slots need, not what all the slots would: `step_rows`; 
 that ends as soon as every slot is done, and after any
 step once a slot finished (its answer ends and its slot frees now, not after the others' steps)
 or once `interrupt` (a host callback asked between steps) says a request waits for a free slot
-(it is admitted after one step, not after a whole call); a slot that is done (empty, or its
+(it is admitted after one step, not after a whole call; a callback costs a host round trip per
+step: `interrupt` None asks none); a slot that is done (empty, or its
 request finished) writes nothing and produces -1. Where a call ends never changes a token. A call reads only the
 first L positions of its rows (`window`: the least of 64, 96, 128, 192, ... that holds the
 busiest slot after the call), cut from the cache before the loop and written back after it.
+`step` is `launch` (dispatched, its results' copies to the host started) then `collect` (read
+back); `follow` dispatches the next call over the same rows from a call's state on the device,
+before anything is read back (the scheduler's overlap), its window `chunk` positions longer.
 Its programs: row buckets x windows (x greedy / sampled, x top log-probabilities); `warm`
 compiles the greedy ones without top log-probabilities up front (the server's `serve_warmup`).
 A prompt may also go in pieces (`prefill` with `starts`), on every family: a piece after the
@@ -39,6 +43,7 @@ filters, in the same order, and the same key (MaxText/decoding/sampling.py).
 # pylint: disable=protected-access
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
@@ -115,6 +120,22 @@ def row_values(rows: list[dict[str, Any]], n: int) -> dict[str, np.ndarray]:
     for k, a in out.items():
       a[i] = r[k]
   return out
+
+
+@dataclass
+class Call:
+  """A decoding call (`Slots.launch` / `follow`): the busy slots it decodes (`busy`) in a row
+  bucket of `rows`, its inputs on the device (eos ids, the rows' sampling values, their cache
+  rows), the rows' state after it and its outputs (device arrays until `Slots.collect`), the
+  most positions a row can reach by its end (`reach`: its cache window) and its static flags."""
+  busy: np.ndarray
+  rows: int
+  inputs: tuple
+  state: dict
+  out: dict
+  reach: int
+  sampled: bool
+  top: int
 
 
 class Slots:
@@ -343,35 +364,59 @@ class Slots:
     arrays: token, position, count, max_new, done, row); (the state after, {tokens, logprobs
     [slots, chunk] (-1 / 0 where a slot made none), top_ids, top_logprobs [slots, chunk, top]}).
     The busy slots' rows go through the program padded to a power of two (`step_rows`), so a
-    call costs what its busy slots need, not what all the slots would."""
+    call costs what its busy slots need, not what all the slots would. `launch` then `collect`."""
+    busy, new_state, out = self.collect(self.launch(params, state, eos_ids, sampling, top))
+    after = {k: v.copy() for k, v in state.items()}
+    for k, v in new_state.items():
+      after[k][busy] = v
+    whole = {}
+    for k, v in out.items():   # every slot's rows: a slot not in the call made no token (-1, 0)
+      whole[k] = np.full((self.slots, *v.shape[1:]), -1 if k == "tokens" else 0, v.dtype)
+      whole[k][busy] = v
+    return after, whole
+
+  def launch(self, params, state: dict[str, np.ndarray], eos_ids: list[int],
+             sampling: dict[str, np.ndarray], top: int) -> Call:
+    """`step`'s decoding call dispatched, not waited for: its results stay on the device (their
+    copies to the host started) until `collect`; `follow` dispatches the next one after it."""
     params = self.engine.run_params(params)
     eos_E = np.full(MAX_EOS_IDS, -1, np.int32)
     eos_E[:len(eos_ids)] = eos_ids[:MAX_EOS_IDS]
-    e = self.engine
     busy = np.flatnonzero(~state["done"])
     slots_B = self.step_rows(busy)
-    B = len(slots_B)
     at = np.minimum(slots_B, self.slots - 1)
     sub = {k: v[at] for k, v in state.items()}
     sub["done"] = sub["done"] | (slots_B >= self.slots)     # padding rows make nothing
-    self.cache, new_state, out = self._step(
-        params, self.cache, *e._host(sub, eos_E, {k: v[at] for k, v in sampling.items()},
-                                     slots_B),
-        sampled=bool((sampling["temperature"][busy] > 0).any()), top=top,
-        length=self.step_length(state["position"][busy]), early=self.interrupt is not None)
-    if B == self.slots:
-      return ({k: fetch(v) for k, v in new_state.items()},
-              {k: fetch(v) for k, v in out.items()})
-    n = len(busy)
-    after = {k: v.copy() for k, v in state.items()}
-    for k, v in new_state.items():
-      after[k][busy] = fetch(v)[:n]
-    whole = {}
-    for k, v in out.items():   # every slot's rows: a slot not in the call made no token (-1, 0)
-      v = fetch(v)
-      whole[k] = np.full((self.slots, *v.shape[1:]), -1 if k == "tokens" else 0, v.dtype)
-      whole[k][busy] = v[:n]
-    return after, whole
+    sub, inputs = self.engine._host(sub, (eos_E, {k: v[at] for k, v in sampling.items()},
+                                          slots_B))
+    return self._dispatch(params, Call(busy, len(slots_B), inputs, sub, {},
+                                       int(state["position"][busy].max(initial=0)) + self.chunk,
+                                       bool((sampling["temperature"][busy] > 0).any()), top))
+
+  def follow(self, params, call: Call) -> Call:
+    """The decoding call after `call` (in flight or not) over the same rows, dispatched from its
+    state on the device (nothing read back): a row that finished in `call` stays done; its cache
+    window holds `chunk` more positions per call followed."""
+    return self._dispatch(self.engine.run_params(params),
+                          Call(call.busy, call.rows, call.inputs, call.state, {},
+                               call.reach + self.chunk, call.sampled, call.top))
+
+  def _dispatch(self, params, call: Call) -> Call:
+    self.cache, call.state, call.out = self._step(
+        params, self.cache, call.state, *call.inputs, sampled=call.sampled, top=call.top,
+        length=self.window(call.reach), early=self.interrupt is not None)
+    for x in (*call.state.values(), *call.out.values()):
+      x.copy_to_host_async()          # read back as soon as it ends: no round trip in `collect`
+    return call
+
+  def collect(self, call: Call) -> tuple[np.ndarray, dict[str, np.ndarray], dict]:
+    """Waits for `call`; (its busy slots [n], their state after it {token, position, count,
+    max_new, done, row: [n]}, their outputs {tokens, logprobs [n, chunk], top_ids,
+    top_logprobs [n, chunk, top]})."""
+    n = len(call.busy)
+    at = call.busy if call.rows == self.slots else np.arange(n)
+    return (call.busy, {k: fetch(v)[at] for k, v in call.state.items()},
+            {k: fetch(v)[at] for k, v in call.out.items()})
 
   def warm(self, params) -> int:
     """Compiles the decoding call's program for every row bucket and cache window (greedy,

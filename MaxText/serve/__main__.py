@@ -150,7 +150,8 @@ def run(argv: Sequence[str]) -> int:
   scheduler = Scheduler(model, slots, cfg.serve_queue, metrics,
                         (lambda stop: TextStream(decode, stop)) if decode else None,
                         prefill_chunk=cfg.serve_prefill_chunk,
-                        prefix_min=cfg.serve_prefix_cache, on_first_answer=first_answer)
+                        prefix_min=cfg.serve_prefix_cache, on_first_answer=first_answer,
+                        interrupt=cfg.serve_interrupt)
   if cfg.serve_warmup:
     t0 = time.perf_counter()
     n = slots.warm(model.params)

@@ -4,7 +4,15 @@ decode slots (MaxText/decoding/slots.py).
 Between two decoding calls the thread takes waiting requests into free slots and prefills their
 prompts (together, one call per prompt-length bucket, when nothing decodes), then runs up to
 `chunk` steps of every slot that decodes; a call ends early when a slot finishes or a request
-waits for a free slot (Slots.interrupt), so a newcomer waits one step, not a call. While other
+waits for a free slot (Slots.interrupt, a host callback between two steps; `interrupt=False`:
+none, calls run their steps), so a newcomer waits one step, not a call. With `overlap` (on) the
+next decoding call is dispatched before the last one's tokens are read back (`Slots.follow`:
+from its state on the device, over the same rows), so the device does not wait while this thread
+hands tokens out; it follows while no request joins and no prompt is in pieces (those change the
+state on the host: the call in flight is read back first, `_drain`). A request that leaves by a
+stop string or a cancel rides along in the call already dispatched (its tokens dropped; a
+finished one is done on the device and makes none). Where a call ends never changes a token.
+While other
 slots decode, at most `prefill_chunk` prompt tokens go in between two decoding calls, one prompt
 per program: a long prompt is prefilled in pieces over several calls (chunked prefill, every
 family; a prompt with images or audio goes whole), so it never stalls the running requests for
@@ -33,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from MaxText.decoding.engine import batch_media
-from MaxText.decoding.slots import Slots, row_values
+from MaxText.decoding.slots import Call, Slots, row_values
 from MaxText.serve.prefix import PrefixIndex
 
 log = logging.getLogger("MaxText.serve")
@@ -54,6 +62,15 @@ class Delta:
   finish_reason: str | None = None        # "stop" | "length" | "cancelled" | "error" at the end
   prompt_logprobs: Any = None             # echo: (logprobs [P-1], top ids [P-1, k], top lps)
   error: str = ""
+
+
+@dataclass
+class Pending:
+  """A decoding call dispatched (`Slots.launch` / `follow`), the requests of its slots then (None:
+  none, or a prompt still prefilling) and when it was dispatched."""
+  call: Call
+  jobs: list[Job | None]
+  t0: float
 
 
 @dataclass
@@ -90,7 +107,8 @@ class Scheduler:
                text_stream: Callable[[list[str]], Any] | None = None, top_max: int = 20,
                prefill_chunk: int = 0, prefix_min: int = 0, step_between_pieces: bool = False,
                on_first_answer: Callable[[Job], None] | None = None,
-               on_call: Callable[[str, list[int], int, float, float], None] | None = None):
+               on_call: Callable[[str, list[int], int, float, float], None] | None = None,
+               overlap: bool = True, interrupt: bool = True):
     self.model, self.slots, self.queue_size, self.metrics = model, slots, queue_size, metrics
     # called on this thread after each engine call: (kind "prefill" | "piece" | "step", the
     # slots it served, its tokens (prompt tokens, or steps), start and end perf_counter seconds)
@@ -117,9 +135,14 @@ class Scheduler:
     self.cv = threading.Condition()
     self.stopping = False
     self.failed: str = ""
+    # the next decoding call dispatched before the last one's tokens are read back (`_step`)
+    self.overlap = overlap
+    self.pending: Pending | None = None   # the decoding call in flight
+    self.collected = 0.0                  # when the last one was read back (perf_counter)
     self.thread = threading.Thread(target=self._run, name="maxtext-engine", daemon=True)
-    # a decoding call ends after its step in flight when a request waits for a free slot
-    slots.interrupt = self._waits
+    # a decoding call ends after its step in flight when a request waits for a free slot (a host
+    # callback between two steps; `interrupt` False: calls run their steps, fewer host round trips)
+    slots.interrupt = self._waits if interrupt else None
 
   def _waits(self) -> bool:
     """A request waits and a slot is free, or (`step_between_pieces`) a prompt is being
@@ -170,10 +193,13 @@ class Scheduler:
       while True:
         with self.cv:
           while not self.waiting and not self.busy() and not self.stopping:
+            self.pending = None        # its requests all left
             self.cv.wait()
           if self.stopping and not self.waiting and not self.busy():
             return
           new = self._take()
+        if new or self.prefilling:
+          self._drain()                # the state a request joins, a piece goes in, is the host's
         if new:
           self._admit(new)
         if self.prefilling:
@@ -191,6 +217,7 @@ class Scheduler:
       self.waiting.clear()
       self.jobs = [None] * len(self.jobs)
       self.prefilling.clear()
+      self.pending = None
     for j in jobs:
       j.sink(Delta(finish_reason="error", error=message))
 
@@ -336,37 +363,74 @@ class Scheduler:
                  top_lps[b:b + 1])
 
   def _step(self) -> None:
-    st = self.state
+    """Dispatches the next decoding call, then hands out the tokens of the one before it (module
+    docstring: `follow`ed while nothing joins, so the device never waits for the host)."""
     for s, j in enumerate(self.jobs):
       if j is not None and j.cancelled and s not in self.prefilling:
         j.sink(Delta(finish_reason="cancelled"))
         self._release(s)
-    if self.busy() <= len(self.prefilling):
-      return
     jobs = [None if s in self.prefilling else j for s, j in enumerate(self.jobs)]
+    last = self.pending
+    if not any(jobs):
+      self.pending = None              # its rows' requests all left: nothing to hand out
+      return
+    if (last is not None and self.overlap and not self.prefilling
+        and all(j is None or j is last.jobs[s] for s, j in enumerate(jobs))):
+      self.pending = Pending(self.slots.follow(self.model.params, last.call), last.jobs,
+                             time.perf_counter())
+      self._collect(last)
+      return
+    if last is not None:
+      self._drain()
+      jobs = [None if s in self.prefilling else j for s, j in enumerate(self.jobs)]
+      if not any(jobs):
+        return
     values = row_values([j.sampling() if j is not None else GREEDY for j in jobs], len(jobs))
     top = self.top_max if any(j is not None and j.top for j in jobs) else 0
-    fed = st["token"].copy()
-    t0 = time.perf_counter()
-    new_state, out = self.slots.step(self.model.params, st, list(self.model.eos_ids), values, top)
-    seconds = time.perf_counter() - t0
+    self.pending = Pending(self.slots.launch(self.model.params, self.state,
+                                             list(self.model.eos_ids), values, top),
+                           jobs, time.perf_counter())
+    if not self.overlap or self.prefilling:
+      self._drain()                    # a piece comes next: it would wait for the call anyway
+
+  def _drain(self) -> None:
+    """Hands out the tokens of the decoding call in flight, if any (before the host state
+    changes: a request joins, a prompt piece goes in)."""
+    last, self.pending = self.pending, None
+    if last is not None:
+      self._collect(last)
+
+  def _collect(self, call: Pending) -> None:
+    """Waits for `call` and hands its tokens to their requests. A slot whose request left since
+    the call was dispatched (a stop string, a cancel: found after the call after it went) is
+    kept up to date (its state, the prefix index: its row was written) but hands out nothing."""
+    st = self.state
+    busy, new, out = self.slots.collect(call.call)
+    now = time.perf_counter()
+    t0 = max(call.t0, self.collected)   # its time on this thread: since the call before ended
+    self.collected = now
+    made_any = out["tokens"] >= 0
     if self.on_call is not None:
-      self.on_call("step", [s for s, j in enumerate(jobs) if j is not None],
-                   int((out["tokens"] >= 0).any(axis=0).sum()), t0, t0 + seconds)
+      self.on_call("step", [int(s) for s in busy if call.jobs[s] is not None],
+                   int(made_any.any(axis=0).sum()), t0, now)
     made = 0
-    for k in ("token", "position", "count"):
-      st[k][:] = new_state[k]
-    for s, j in enumerate(jobs):
+    for i, s in enumerate(busy):
+      j = call.jobs[s]
       if j is None:
         continue
-      keep = out["tokens"][s] >= 0
-      made += int(keep.sum())
+      fed = int(st["token"][s])
+      for k in ("token", "position", "count"):
+        st[k][s] = new[k][i]
+      keep = made_any[i]
       if self.prefix is not None and keep.any():   # the fed token, then all but the last made
-        self.prefix.wrote(s, [int(fed[s])] + out["tokens"][s, keep][:-1].tolist())
-      self._emit(s, j, out["tokens"][s, keep], out["logprobs"][s, keep],
-                 out["top_ids"][s, keep], out["top_logprobs"][s, keep])
-    if self.metrics is not None and seconds > 0:
-      self.metrics.tokens_per_second.set(made / seconds)
+        self.prefix.wrote(s, [fed] + out["tokens"][i, keep][:-1].tolist())
+      if self.jobs[s] is not j:
+        continue
+      made += int(keep.sum())
+      self._emit(s, j, out["tokens"][i, keep], out["logprobs"][i, keep],
+                 out["top_ids"][i, keep], out["top_logprobs"][i, keep])
+    if self.metrics is not None and now > t0:
+      self.metrics.tokens_per_second.set(made / (now - t0))
 
   def _emit(self, slot: int, job: Job, ids: np.ndarray, logprobs: np.ndarray, top_ids: np.ndarray,
             top_lps: np.ndarray) -> None:
