@@ -4,7 +4,7 @@ one run on the same trained weights and prompts (MaxText/decoding/speculative.py
   .venv/bin/python benchmarks/speculative.py --train RUNS     # trains the tiny model first
   .venv/bin/python benchmarks/speculative.py --checkpoint RUNS/mtp/checkpoints [--k 1,2,3,4]
                                              [--rows 1] [--prompts 8] [--new 128] [--repeats 3]
-                                             [--set KEY=VALUE ...] [--out rows.json]
+                                             [--set KEY=VALUE ...] [--out rows.json] [--rerun]
 
 On a TPU (one process at a time holds the chip: train.py's, then this one's; ~2 minutes, most of
 it train.py's start-up; the decoding layers scanned: this model's programs compile ~2x faster
@@ -28,7 +28,10 @@ that interleave the engines (the machine's load moves them alike); CPU seconds o
 likewise. Speculative outputs are checked equal to plain greedy's, token for token, or up to a
 near-tie (the first differing token's log-probability within NEAR_TIE of plain's: float32 on a chip
 may order a tie differently in the verify pass; said in the output and the rows' `differs`); any
-other difference stops the run (exit 1).
+other difference stops the run (exit 1). --rerun adds, for each k, an engine that rolls the
+verification back by running the accepted tokens again (`Speculative.keeps_verified` off: how
+Qwen3-Next's linear layers were rolled back before the verification kept their writes; for llama
+the same program), A/B in the same run.
 """
 from __future__ import annotations
 
@@ -118,6 +121,8 @@ def main() -> None:
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--set", nargs="*", default=[], help="config keys (key=value) for decoding")
   ap.add_argument("--out", default="", help="write the table's rows as JSON here")
+  ap.add_argument("--rerun", action="store_true",
+                  help="also each k rolled back by a second forward (module docstring)")
   args = ap.parse_args()
   model_keys = MODEL if args.family == "llama" else QWEN3_NEXT
   checkpoint = (train(args.train, model_keys, 400 if args.family == "llama" else 300)
@@ -135,11 +140,16 @@ def main() -> None:
                          devices=jax.devices()[:1], per_layer=True)   # restacked once, here
   ids = [model.encode(p.decode()) for p in prompts(args.prompts)]
   base = model.engine
-  engines = {0: base}
+  engines = {(0, False): base}   # (k, rolled back by a re-run)
   for k in map(int, args.k.split(",")):   # the plain engine's layout, chunk and cache length
-    engines[k] = Engine(base.mcfg, base.mesh, base.rules, cache_dtype="float32",
-                        batch_size=args.rows, max_cache_length=room, chunk=base.chunk,
-                        speculative_tokens=k, unroll_layers=base.unroll_layers)
+    for rerun in (False, True) if args.rerun else (False,):
+      e = engines[k, rerun] = Engine(base.mcfg, base.mesh, base.rules, cache_dtype="float32",
+                                     batch_size=args.rows, max_cache_length=room,
+                                     chunk=base.chunk, speculative_tokens=k,
+                                     unroll_layers=base.unroll_layers)
+      if rerun:
+        assert e.speculative is not None
+        e.speculative.keeps_verified = False    # read when its programs trace (none yet)
   want = None
   differs = {}
   for k, e in engines.items():   # warm-up: every program compiled; outputs compared
@@ -149,8 +159,9 @@ def main() -> None:
     want = want or got
     differs[k] = first_difference(got, want)
     if differs[k] is not None and differs[k]["logprob_gap"] > NEAR_TIE:
-      raise SystemExit(f"speculative_tokens={k}: output differs from plain greedy decoding at "
-                       f"{differs[k]}: not a near-tie (log-probability gap > {NEAR_TIE})")
+      raise SystemExit(f"speculative_tokens={k[0]}, re-run={k[1]}: output differs from plain "
+                       f"greedy decoding at {differs[k]}: not a near-tie (log-probability gap > "
+                       f"{NEAR_TIE})")
     if e.speculative is not None:
       e.speculative.stats.update(drafted=0, accepted=0)
   for i in range(min(2, len(ids))):
@@ -171,24 +182,25 @@ def main() -> None:
   print("| decoding | acceptance rate | tokens per step | decode tokens/s | vs plain | "
         "CPU ms per token | vs plain |")
   print("|---|---|---|---|---|---|---|")
-  plain_w, plain_c = statistics.median(wall[0]), statistics.median(cpu[0])
+  plain_w, plain_c = statistics.median(wall[0, False]), statistics.median(cpu[0, False])
   rows = []
-  for k, e in engines.items():
-    w, c = statistics.median(wall[k]), statistics.median(cpu[k])
+  for (k, rerun), e in engines.items():
+    w, c = statistics.median(wall[k, rerun]), statistics.median(cpu[k, rerun])
     if e.speculative is None:
       name, rate, per = "plain greedy", "–", "1"
     else:
       s = e.speculative.stats
-      name, rate = f"speculative, k={k}", f"{e.speculative.acceptance_rate():.3f}"
+      name = f"speculative, k={k}" + (", re-run roll-back" if rerun else "")
+      rate = f"{e.speculative.acceptance_rate():.3f}"
       rounds = s["drafted"] / k
       per = f"{(s['accepted'] + rounds) / max(rounds, 1):.2f}"
     print(f"| {name} | {rate} | {per} | {w:,.0f} | {w / plain_w:.2f}x | {c:.2f} | "
           f"{plain_c / c:.2f}x |")
-    rows.append({"k": k, "acceptance_rate": None if e.speculative is None else float(rate),
+    rows.append({"k": k, "rerun": rerun, "acceptance_rate": None if e.speculative is None else float(rate),
                  "tokens_per_step": float(per), "decode_tokens_per_s": w,
                  "speedup": w / plain_w, "cpu_ms_per_token": c,
                  "platform": jax.devices()[0].platform, "prompts": len(ids), "rows": args.rows,
-                 "new": args.new, "keys": " ".join(args.set), "differs": differs[k]})
+                 "new": args.new, "keys": " ".join(args.set), "differs": differs[k, rerun]})
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(rows, f, indent=1)

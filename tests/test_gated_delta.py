@@ -2,7 +2,8 @@
 the chunked form equals the token-by-token recurrence (values, final state and gradients), both
 equal transformers' reference functions run on each packed document alone, gradients stay finite
 under decays strong enough to overflow an unmasked exp, the Gated DeltaNet layer's one-token step
-reproduces its training forward, and under a mesh the rule is partitioned per row and head with
+reproduces its training forward, speculative decoding's roll-back (the state after any prefix of
+the verified tokens, from their writes) equals the recurrence's state, and under a mesh the rule is partitioned per row and head with
 no communication."""
 import jax
 import jax.numpy as jnp
@@ -169,6 +170,76 @@ def test_layer_step_reproduces_the_training_forward():
   assert amax(got - np.asarray(want)) <= 1e-5 * amax(want)
   assert state["delta"].shape == (2, mcfg.linear_num_value_heads, mcfg.linear_key_head_dim,
                                   mcfg.linear_value_head_dim)
+
+
+def numpy_states(state, k, v, g, beta):
+  """The gated delta rule token by token in NumPy (float64): the state before each token and after
+  the last, [S + 1, B, H, K, V]."""
+  state, out = state.astype(np.float64), [state.astype(np.float64)]
+  for t in range(k.shape[1]):
+    state = state * np.exp(g[:, t])[..., None, None]
+    delta = (v[:, t] - np.einsum("bhkv,bhk->bhv", state, k[:, t])) * beta[:, t][..., None]
+    state = state + k[:, t][..., :, None] * delta[..., None, :]
+    out.append(state)
+  return np.stack(out)
+
+
+def test_state_after_every_verified_prefix_equals_the_recurrence():
+  """Speculative decoding keeps a verification's writes, not its states: `state_after` folds the
+  first m tokens' writes (the chunked rule's, over several chunks and a padded one) into the state
+  they continued, equal to the NumPy recurrence's state after m tokens for every m = 0..S."""
+  T = 5
+  q, k, v, g, beta = (np.asarray(a)[:, :T] for a in inputs(5))
+  state = np.random.default_rng(5).normal(size=(B, H, K, V)).astype(np.float32)
+  want = numpy_states(state, *(x.astype(np.float64) for x in (k, v, g, beta)))
+  _, final, writes = jax.jit(lambda *a: gd.chunked_gated_delta_writes(
+      *a, np.zeros((B, T), bool), chunk_size=2, initial_state_BHKV=state))(q, k, v, g, beta)
+  after = jax.jit(gd.state_after)
+  assert amax(np.asarray(final) - want[T]) <= 1e-5 * amax(want[T])
+  for m in range(T + 1):
+    kept = np.array([m, T - m], np.int32)
+    got = np.asarray(after(state, k, writes, g, kept))
+    for b in range(B):
+      assert amax(got[b] - want[kept[b], b]) <= 1e-5 * amax(want[kept[b], b]), (m, b)
+
+
+def test_layer_keeps_any_verified_prefix_without_running_it_again():
+  """A Gated DeltaNet layer verifying S tokens (`LinearState.verifying`, then `keep_verified` with
+  each row's accepted count) leaves the conv window and delta-rule state that the accepted tokens'
+  one-token steps leave, and the verification's outputs are the steps' outputs."""
+  from flax import nnx
+  from MaxText.config.load import load_config
+  from MaxText.models.model_config import ModelConfig
+  from MaxText.models.qwen3_next.gated_deltanet import GatedDeltaNet, linear_state
+  from conftest import BASE_YML
+  mcfg = ModelConfig.from_config(load_config([BASE_YML, "model_name=qwen3-next-tiny",
+                                              "linear_chunk_size=8"]))
+  layer = nnx.jit(lambda: GatedDeltaNet(mcfg, rngs=nnx.Rngs(params=0)))()
+  kind, rows, T, before = linear_state(mcfg), 4, 4, 3
+  x = np.random.default_rng(6).normal(size=(rows, before + T, mcfg.emb_dim)).astype(np.float32)
+  kept = np.array([0, 1, 3, T], np.int32)
+
+  @jax.jit
+  def run(x, kept):
+    model = nnx.merge(*nnx.split(layer))
+    state, steps = model.init_state(rows), []
+    for t in range(before + T):    # the steps: a state to continue, then the tokens one by one
+      y, state = model.step(x[:, t], state)
+      steps.append((y, state))
+    start = steps[before - 1][1]
+    group = kind.verifying({name: a[None] for name, a in start.items()}, T)
+    y, group = model.extend(x[:, before:], np.ones((rows, T), bool), False, group, 0)
+    return y, kind.keep_verified(group, kept), steps
+
+  y, got, steps = run(x, kept)
+  want_y = np.stack([np.asarray(s[0]) for s in steps[before:]], 1)
+  assert amax(np.asarray(y) - want_y) <= 1e-5 * amax(want_y)
+  for b, m in enumerate(kept):
+    want = steps[before - 1 + m][1]
+    for name in ("conv", "delta"):
+      w = np.asarray(want[name])[b]
+      assert amax(np.asarray(got[name])[0, b] - w) <= 1e-5 * amax(w), (name, b, m)
+  assert set(got) == {"conv", "delta"}
 
 
 def test_rule_partitions_without_communication_and_refuses_a_sharded_sequence():

@@ -1,6 +1,7 @@
 """Speculative greedy decoding with the MTP head as the drafter (MaxText/decoding/speculative.py):
 its output equals plain greedy decoding's, token for token, for the llama family (the cache rolls
-back by position) and Qwen3-Next (the linear layers' recurrent state rolled back by a re-run).
+back by position) and Qwen3-Next (the linear layers' recurrent state advanced by the accepted
+tokens from what the verification kept), with one forward of the main model a round.
 
 The drafter must be right often enough to exercise acceptance and wrong often enough to exercise
 rejection: the tiny random models' layers are scaled down so that the next token is mostly a
@@ -54,13 +55,40 @@ def bigram_drafted(params, mixing: float):
   return jax.tree_util.tree_map_with_path(scale, params)
 
 
+def counting_forwards(monkeypatch, mcfg) -> dict:
+  """Counts, while the programs trace, the speculative decoding programs and the main model's
+  forwards over decoded tokens (`extend` with prefill=False) in them."""
+  from MaxText.decoding.speculative import Speculative
+  from MaxText.models.registry import get_family
+  counts = {"programs": 0, "forwards": 0}
+  model_cls, decode_fn = get_family(mcfg.decoder_block).build, Speculative._decode_fn
+  extend = model_cls.extend
+
+  def counted_extend(self, *args, prefill, **kwargs):
+    counts["forwards"] += not prefill
+    return extend(self, *args, prefill=prefill, **kwargs)
+
+  def counted_decode(self, *args):
+    counts["programs"] += 1
+    return decode_fn(self, *args)
+
+  monkeypatch.setattr(model_cls, "extend", counted_extend)
+  monkeypatch.setattr(Speculative, "_decode_fn", counted_decode)
+  return counts
+
+
 @pytest.mark.parametrize("family,mixing", [("llama", 0.6), ("qwen3_next", 0.6)])
-def test_speculative_greedy_equals_plain_greedy(family, mixing):
+def test_speculative_greedy_equals_plain_greedy(family, mixing, monkeypatch):
   mcfg = mcfg_of(family)
   params = bigram_drafted(init_params(mcfg, 0), mixing)
-  plain, spec = engine(mcfg), engine(mcfg, speculative_tokens=3)
+  plain = engine(mcfg)
   want = plain.generate(plain.place(params), PROMPTS, max_new_tokens=24)
+  counts = counting_forwards(monkeypatch, mcfg)
+  spec = engine(mcfg, speculative_tokens=3)
   got = spec.generate(spec.place(params), PROMPTS, max_new_tokens=24)
+  # one forward of the main model a round, the verification (Qwen3-Next's linear layers advanced
+  # by the accepted tokens from what it kept, not run again)
+  assert counts["programs"] >= 1 and counts["forwards"] == counts["programs"], counts
   for w, g in zip(want, got):
     assert g.output_ids == w.output_ids
     assert g.finish_reason == w.finish_reason

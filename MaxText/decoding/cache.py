@@ -73,6 +73,24 @@ def narrow(mcfg: ModelConfig, cache: dict, like: Specs) -> dict:
                  else arrays) for name, arrays in cache.items()}
 
 
+def verifying(mcfg: ModelConfig, cache: dict, tokens: int) -> dict:
+  """`cache` ready for speculative decoding's verification of `tokens` tokens (MaxText/decoding/
+  speculative.py): each group through its kind's `verifying` where it has one (a recurrent state:
+  room to keep what the tokens would add), else as it is."""
+  kinds = {name: g.kind for name, g in groups(mcfg).items()}
+  return {name: (kinds[name].verifying(arrays, tokens) if hasattr(kinds[name], "verifying")
+                 else arrays) for name, arrays in cache.items()}
+
+
+def keep_verified(mcfg: ModelConfig, cache: dict, kept_B) -> dict:
+  """A `verifying` cache after the verification, holding each row's first `kept_B` of its tokens:
+  each group through its kind's `keep_verified` where it has one, else as it is (a kind that rolls
+  back by position: the rejected tokens are written over before they are read)."""
+  kinds = {name: g.kind for name, g in groups(mcfg).items()}
+  return {name: (kinds[name].keep_verified(arrays, kept_B) if hasattr(kinds[name], "keep_verified")
+                 else arrays) for name, arrays in cache.items()}
+
+
 def nbytes(cache_specs: Specs, mesh: Mesh | None = None, rules: Rules | None = None) -> int:
   """The cache's bytes in all, or with `mesh` and `rules` the bytes one device holds (its shard of
   each array, by the shardings `constrain_cache` gives)."""

@@ -6,11 +6,15 @@ Each round, per row, with the token t fed next at position p and k drafted token
             family's `extend`, the new tokens continuing the cache) → greedy g_0..g_k;
   accept    n = the longest prefix with d_{i+1} = g_i; the round emits g_0..g_n (n accepted
             drafts and the model's own next token), cut at an eos id or max_new_tokens;
-  roll back the cache holds positions <= p+n: a family whose cache groups all roll back by
-            position (full-attention K/V, `rolls_back_by_position`) keeps the verified cache, the
-            rejected positions rewritten before any query reads them; otherwise (a recurrent
-            state: Qwen3-Next's linear layers) the verification's cache is dropped and the accepted
-            tokens run again from the cache before it (a second forward of the main model);
+  roll back the cache holds positions <= p+n, from the verification alone (`keeps_verified`):
+            a group that rolls back by position (full-attention K/V, `rolls_back_by_position`)
+            keeps the verified cache, the rejected positions rewritten before any query reads
+            them; a recurrent state (Qwen3-Next's linear layers) keeps, during the verification,
+            what each token adds to it instead of advancing (`cache.verifying`), and is advanced
+            by the n+1 accepted tokens after it (`cache.keep_verified`: the conv window ending
+            at p+n and the delta rule's state after it, the recurrence unrolled from the writes);
+            a family with any other group (a sliding-window ring) drops the verification's cache
+            and runs the accepted tokens again from the cache before it (a second forward);
   draft     the MTP layer 0 runs over the verified positions p..p+n (the main model's hidden
             states there with the tokens one ahead, g_0..g_n: its cache kept complete for the
             accepted positions) and its output at p+n drafts d'_1 for p+n+2; d'_i (i >= 2) comes
@@ -41,6 +45,15 @@ def rolls_back_by_position(mcfg) -> bool:
              for g in cache_lib.groups(mcfg).values())
 
 
+def keeps_verified(mcfg) -> bool:
+  """Whether the verification's cache can be kept for every group of the family: it rolls back by
+  position, or its kind keeps what the verified tokens add and advances by the accepted ones
+  (`verifying` / `keep_verified`: Qwen3-Next's linear layers). Otherwise the accepted tokens run
+  again from the cache before the verification."""
+  return all(getattr(g.kind, "rolls_back_by_position", False) or hasattr(g.kind, "keep_verified")
+             for g in cache_lib.groups(mcfg).values())
+
+
 class Speculative:
   """The speculative programs of an `Engine` (module docstring); `k` drafted tokens per round."""
 
@@ -49,7 +62,7 @@ class Speculative:
     dtype and helpers)."""
     self.engine, self.k, self.rounds = engine, k, rounds
     self.depths = engine.mcfg.mtp_num_layers
-    self.positional = rolls_back_by_position(engine.mcfg)
+    self.keeps_verified = keeps_verified(engine.mcfg)
     self._prefill = jax.jit(engine._counted(self._prefill_fn), static_argnames=("max_len",))
     self._decode = jax.jit(engine._counted(self._decode_fn), donate_argnums=(1,))
     self.stats = {"drafted": 0, "accepted": 0}
@@ -108,8 +121,10 @@ class Speculative:
         tokens_BK1 = jnp.concatenate([st["token"][:, None], st["draft"]], axis=1)
         positions_BK1 = st["position"][:, None] + idx_K1[None]
         valid_BK1 = jnp.broadcast_to(active_B[:, None], tokens_BK1.shape)
-        x_BK1D, verified = model.extend(tokens_BK1, positions_BK1, valid_BK1, cache,
-                                        prefill=False)
+        x_BK1D, verified = model.extend(
+            tokens_BK1, positions_BK1, valid_BK1,
+            cache_lib.verifying(e.mcfg, cache, k + 1) if self.keeps_verified else cache,
+            prefill=False)
         logp_BK1V = jax.nn.log_softmax(model.logits(x_BK1D), axis=-1)
         g_BK1 = jnp.argmax(logp_BK1V, axis=-1).astype(jnp.int32)
         lp_BK1 = jnp.take_along_axis(logp_BK1V, g_BK1[..., None], axis=-1)[..., 0]
@@ -122,8 +137,8 @@ class Speculative:
         emitted_B = jnp.sum(emit_BK1, axis=1)
         count_B = st["count"] + emitted_B
         finished_B = jnp.any(eos_BK1 & emit_BK1, axis=1) | (count_B >= max_new)
-        if self.positional:
-          cache = verified
+        if self.keeps_verified:
+          cache = cache_lib.keep_verified(e.mcfg, verified, jnp.sum(accepted_BK1, axis=1))
         else:   # run the accepted tokens again from the cache before the verification
           x_BK1D, cache = model.extend(tokens_BK1, positions_BK1, accepted_BK1, cache,
                                        prefill=False)

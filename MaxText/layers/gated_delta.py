@@ -3,6 +3,8 @@ fast-weight matrix updated by the delta rule with a per-token decay, in three eq
 
   chunked_gated_delta_rule     training: chunks of C tokens (intra-chunk work batched, one small
                                scan over chunks), cost linear in the sequence
+                               (`chunked_gated_delta_writes`: also what each token adds, from
+                               which `state_after` gives the state after any prefix)
   recurrent_gated_delta_rule   the reference: one token at a time (a scan over the sequence)
   gated_delta_step             one token with an explicit state (decoding)
 
@@ -120,6 +122,23 @@ def chunked_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, 
   """The chunked form (see the module docstring): (o [B, S, H, V] fp32, final state [B, H, K, V]).
   A sequence that is not a multiple of `chunk_size` is padded with tokens that leave the state
   unchanged (k = v = β = 0, g = 0)."""
+  o, state, _ = _chunked(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, chunk_size,
+                         initial_state_BHKV, writes=False)
+  return o, state
+
+
+def chunked_gated_delta_writes(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, *,
+                               chunk_size: int = 64, initial_state_BHKV=None):
+  """`chunked_gated_delta_rule` and each token's write v' [B, S, H, V] fp32 (the amount it adds to
+  the state, what `state_after` folds in): (o, final state, writes)."""
+  o, state, writes = _chunked(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, chunk_size,
+                              initial_state_BHKV, writes=True)
+  assert writes is not None
+  return o, state, writes
+
+
+def _chunked(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, chunk_size, initial_state_BHKV,
+             writes: bool):
   B, S, H, K = q_BSHK.shape
   V = v_BSHV.shape[-1]
   C = chunk_size
@@ -169,14 +188,38 @@ def chunked_gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, reset_BS, 
     v_new = u_c - jnp.einsum("bhck,bhkv->bhcv", w_c, state)
     o_c = jnp.einsum("bhck,bhkv->bhcv", q_c, state) + jnp.einsum("bhij,bhjv->bhiv", attn_c, v_new)
     state = decay_c[..., None, None] * state + jnp.einsum("bhck,bhcv->bhkv", k_c, v_new)
-    return state, o_c
+    return state, (o_c, v_new) if writes else o_c
 
   chunk_major = lambda a: jnp.moveaxis(a, 2, 0)
   state = _zero_state(q_BSHK, v_BSHV) if initial_state_BHKV is None else initial_state_BHKV
-  state, o_NBHCV = jax.lax.scan(body, state.astype(F32),
-                                tuple(map(chunk_major, (u, w, attn, q_in, k_out, chunk_decay))))
-  o_BSHV = jnp.moveaxis(o_NBHCV, 0, 2).reshape(B, H, N * C, V)[:, :, :S]
-  return jnp.moveaxis(o_BSHV, 1, 2), state
+  state, out = jax.lax.scan(body, state.astype(F32),
+                            tuple(map(chunk_major, (u, w, attn, q_in, k_out, chunk_decay))))
+  # [N, B, H, C, V] → [B, S, H, V]
+  token_major = lambda a: jnp.moveaxis(jnp.moveaxis(a, 0, 2).reshape(B, H, N * C, V)[:, :, :S],
+                                       1, 2)
+  if writes:
+    return token_major(out[0]), state, token_major(out[1])
+  return token_major(out), state, None
+
+
+def state_after(state_BHKV, k_BSHK, writes_BSHV, g_BSH, kept_B):
+  """The state after each row's first `kept_B` tokens (0..S) of a piece that continued `state_BHKV`
+  (one document; speculative decoding's verified tokens: MaxText/decoding/speculative.py), from the
+  piece's keys, writes v' (`chunked_gated_delta_writes`: the amount each
+  token adds, v'_j = β_j (v_j − (exp(g_j) S_{j-1})ᵀ k_j)) and log decays, by the recurrence unrolled:
+    S_m = exp(Σ_{s<m} g_s) S_0 + Σ_{j<m} exp(Σ_{j<s<m} g_s) k_j v'_jᵀ
+  (the decays summed directly over the kept tokens, as the chunked form's segment sums). Exactly
+  the token-by-token state S_m up to rounding, without the piece's states at every position."""
+  S = k_BSHK.shape[1]
+  kept_BS = jnp.arange(S)[None] < kept_B[:, None]
+  g = jnp.where(kept_BS[..., None], g_BSH.astype(F32), 0.0)             # [B, S, H]
+  later_SS = jnp.arange(S)[None, :] > jnp.arange(S)[:, None]              # [j, s]: s > j
+  after_BSH = jnp.sum(jnp.where(later_SS[None, :, :, None], g[:, None], 0.0), axis=2)
+  weight_BSH = jnp.where(kept_BS[..., None], jnp.exp(after_BSH), 0.0)     # exp(Σ_{j<s<m} g_s)
+  decay_BH = jnp.exp(jnp.sum(g, axis=1))
+  return (decay_BH[..., None, None] * state_BHKV.astype(F32)
+          + jnp.einsum("bsh,bshk,bshv->bhkv", weight_BSH, k_BSHK.astype(F32),
+                       writes_BSHV.astype(F32)))
 
 
 def gated_delta_rule(q_BSHK, k_BSHK, v_BSHV, g_BSH, beta_BSH, segment_ids_BS, *,

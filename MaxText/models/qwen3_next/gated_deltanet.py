@@ -37,8 +37,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from MaxText.layers.causal_conv import causal_conv, causal_conv_step
-from MaxText.layers.gated_delta import (chunked_gated_delta_rule, document_starts,
-                                        gated_delta_rule, gated_delta_step, l2_normalize)
+from MaxText.layers.gated_delta import (chunked_gated_delta_rule, chunked_gated_delta_writes,
+                                        document_starts, gated_delta_rule, gated_delta_step,
+                                        l2_normalize, state_after)
 from MaxText.layers.kv_cache import ArraySpec
 from MaxText.layers.linear import DenseGeneral, LayerKw
 from MaxText.layers.norms import GatedRMSNorm
@@ -70,6 +71,34 @@ class LinearState:
                               ("activation_batch", None, "activation_heads", None)),
             "delta": ArraySpec((batch, self.value_heads, self.key_dim, self.value_dim),
                                jnp.float32, ("activation_batch", "activation_heads", None, None))}
+
+  # ---- speculative decoding's roll-back (MaxText/decoding/speculative.py) ------------------------
+  def verifying(self, group: dict, tokens: int) -> dict:
+    """The stacked `group` (arrays [L, B, ...]) ready for a verification of `tokens` tokens: with
+    room for what each layer's `extend` then keeps of them instead of advancing its state — the
+    inputs of the conv (`verify_qkv` [L, B, S, Hk, X], cache dtype) and, in fp32, the delta rule's
+    keys `verify_k` [L, B, S, Hv, Dk], writes `verify_write` [L, B, S, Hv, Dv] and log decays
+    `verify_g` [L, B, S, Hv] — from which `keep_verified` makes the state after any prefix: per
+    layer S·Hv·(Dk + Dv + 1) numbers a row, not the S states of Hv·Dk·Dv each."""
+    L, B, _, Hk, X = group["conv"].shape
+    Hv, Dk, Dv = self.value_heads, self.key_dim, self.value_dim
+    zeros = lambda *shape, dtype=jnp.float32: jnp.zeros((L, B, tokens, *shape), dtype)
+    return {**group, "verify_qkv": zeros(Hk, X, dtype=group["conv"].dtype),
+            "verify_k": zeros(Hv, Dk), "verify_write": zeros(Hv, Dv), "verify_g": zeros(Hv)}
+
+  def keep_verified(self, group: dict, kept_B) -> dict:
+    """A `verifying` group after the verification, as if only each row's first `kept_B` tokens
+    (0..S) had run: the conv window the last W−1 inputs ending at the last kept token, the delta
+    rule's state `state_after` them (the cache before the verification advanced by the kept
+    tokens; no second forward). Returns the group in its usual arrays."""
+    conv = group["conv"]
+    Wm1 = conv.shape[2]
+    inputs = jnp.concatenate([conv, group["verify_qkv"]], axis=2)       # [L, B, W−1+S, Hk, X]
+    at_BW = kept_B[:, None] + jnp.arange(Wm1)
+    window = jnp.take_along_axis(inputs, at_BW[None, :, :, None, None], axis=2)
+    delta = jax.vmap(state_after, in_axes=(0, 0, 0, 0, None))(
+        group["delta"], group["verify_k"], group["verify_write"], group["verify_g"], kept_B)
+    return {"conv": window, "delta": delta.astype(group["delta"].dtype)}
 
 
 def linear_state(cfg: ModelConfig) -> LinearState:
@@ -167,11 +196,18 @@ class GatedDeltaNet(nnx.Module):
     W−1 conv inputs; otherwise the new tokens continue the cached state: one token through
     `step`, several (a prompt's piece, speculative decoding's drafts: MaxText/decoding/
     speculative.py) through `_continue`; a token that is not valid leaves the state as it was.
+    A verification (`group` made by `LinearState.verifying`) leaves the state as it was and keeps
+    in the group what `LinearState.keep_verified` needs to advance it by any prefix of the tokens.
     Returns (output, group)."""
     if not prefill:
       if group is None:
         raise ValueError("a decoding step after the prefill continues the cache: group is None")
       state = {name: group[name][index] for name in ("conv", "delta")}
+      if "verify_write" in group:
+        y_BSD, _, pieces = self._continue(x_BSD, valid_BS, state, pieces=True)
+        assert pieces is not None
+        return y_BSD, {**group, **{f"verify_{name}": group[f"verify_{name}"].at[index].set(
+            a.astype(group[f"verify_{name}"].dtype)) for name, a in pieces.items()}}
 
       def one(state, xs):
         x_BD, valid_B = xs
@@ -184,7 +220,7 @@ class GatedDeltaNet(nnx.Module):
         state, y_BD = one(state, (x_BSD[:, 0], valid_BS[:, 0]))
         y_BSD = y_BD[:, None]
       else:
-        y_BSD, state = self._continue(x_BSD, valid_BS, state)
+        y_BSD, state, _ = self._continue(x_BSD, valid_BS, state)
       group = {name: group[name].at[index].set(state[name]) for name in state}
       return y_BSD, group
     qkv, z, b, a = self._project(x_BSD)
@@ -208,11 +244,14 @@ class GatedDeltaNet(nnx.Module):
              "delta": group["delta"].at[index].set(delta)}
     return y, group
 
-  def _continue(self, x_BSD, valid_BS, state: dict) -> tuple[jax.Array, dict]:
+  def _continue(self, x_BSD, valid_BS, state: dict,
+                pieces: bool = False) -> tuple[jax.Array, dict, dict | None]:
     """Several tokens (right-padded rows: a piece of a prompt, speculative decoding's drafts)
     continuing `state`, in the prefill's form: the conv over the cached window followed by the
     new inputs, the chunked rule from the cached delta-rule state (padding neither writes nor
-    decays it). Returns (output, the state after each row's valid tokens)."""
+    decays it). Returns (output, the state after each row's valid tokens, and with `pieces` the
+    conv inputs `qkv` and the rule's keys `k`, writes `write` and log decays `g` per token — what
+    `LinearState.keep_verified` advances the state by — else None)."""
     window = state["conv"]
     Wm1 = window.shape[1]
     qkv, z, b, a = self._project(x_BSD)
@@ -222,16 +261,17 @@ class GatedDeltaNet(nnx.Module):
     mixed = causal_conv(inputs, self.conv[...], starts)[:, Wm1:]
     q, k, v, g, beta = self._rule_inputs(mixed, b, a)
     real_BS1 = valid_BS[..., None]
-    o, delta = chunked_gated_delta_rule(q, k, v, jnp.where(real_BS1, g, 0.0),
-                                        jnp.where(real_BS1, beta, 0.0),
-                                        jnp.zeros_like(valid_BS),
-                                        chunk_size=min(self.chunk_size, x_BSD.shape[1]),
-                                        initial_state_BHKV=state["delta"])
+    g = jnp.where(real_BS1, g, 0.0)
+    rule = chunked_gated_delta_writes if pieces else chunked_gated_delta_rule
+    o, delta, *writes = rule(q, k, v, g, jnp.where(real_BS1, beta, 0.0), jnp.zeros_like(valid_BS),
+                             chunk_size=min(self.chunk_size, x_BSD.shape[1]),
+                             initial_state_BHKV=state["delta"])
     y = constrain(self._output(constrain(o, ACT_BSHX), z), ACT_BSD)
     at_BW = jnp.sum(valid_BS, axis=1)[:, None] + jnp.arange(Wm1)     # the last W−1 inputs
     window = jnp.take_along_axis(inputs, at_BW[:, :, None, None], axis=1)
     return y, {"conv": window.astype(state["conv"].dtype),
-               "delta": delta.astype(state["delta"].dtype)}
+               "delta": delta.astype(state["delta"].dtype)}, (
+                   {"qkv": qkv, "k": k, "write": writes[0], "g": g} if pieces else None)
 
   def step(self, x_BD, state: dict) -> tuple[jax.Array, dict]:
     qkv, z, b, a = self._project(x_BD)
