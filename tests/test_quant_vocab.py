@@ -135,6 +135,11 @@ def test_int8_tables_give_the_float_models_logits_on_the_dequantized_tables(tiny
   err, quant_err = np.abs(got - want).max() / scale, np.abs(orig - want).max() / scale
   assert err < 1e-5, err
   assert quant_err > 100 * max(err, 1e-7), (err, quant_err)
+  # a logit lens's matrix [V, D]: the dequantized table (tied) or head kernel (untied), as floats
+  lens = np.asarray(jax.jit(lambda p: nnx.merge(qdef.graphdef, p).unembedding())(qparams))
+  deq_flat = traverse_util.flatten_dict(deq)
+  head = deq_flat[("embedding",)] if model == "gemma4-tiny" else deq_flat[("lm_head", "kernel")].T
+  np.testing.assert_allclose(lens, head, rtol=1e-6, atol=0)
 
 
 def _greedy(cfg, params, eos=()):

@@ -187,13 +187,12 @@ def float_kernel(dense: DenseGeneral) -> jax.Array:
   q = dense.kernel[...]
   if dense.quant.bits == 4:
     q = unpack_int4(q, q.ndim - 1)
-  shape = q.shape
-  k = math.prod(shape[len(shape) - dense.in_rank - dense.out_rank:][:dense.in_rank])
-  lead = shape[:len(shape) - dense.in_rank - dense.out_rank]
+  n_lead = q.ndim - dense.in_rank - dense.out_rank
+  lead, k = q.shape[:n_lead], math.prod(q.shape[n_lead:n_lead + dense.in_rank])
   scale = dense.kernel_scale[...].astype(jnp.float32)
-  g = scale.shape[len(lead)]
+  g = scale.shape[n_lead]
   w = q.astype(jnp.float32).reshape(*lead, g, k // g, -1) * scale.reshape(*lead, g, 1, -1)
-  return w.reshape(shape)
+  return w.reshape(q.shape)
 
 
 def int_weight_layout(dense: DenseGeneral, bits: int, group_size: int
