@@ -1,6 +1,7 @@
 """Int8 vocabulary tables (`weight_quant_vocab`, MaxText/layers/quant_vocab.py): the tied head's
 matmul on the int8 table equals x @ (levels x scale)^T of NumPy in float64 and the lookup gives the
-dequantized rows bit for bit; the table's RTN is a NumPy one (one scale per row); the int8 model of
+dequantized rows bit for bit (XLA's gather and the TPU's row-gather kernel, interpreted); the
+table's RTN is a NumPy one (one scale per row); the int8 model of
 a tiny Gemma 4 (tied head, per-layer-input table) and of a tiny Qwen3 (untied head) computes the
 float model's logits on the dequantized tables within float32 rounding and decodes its greedy
 tokens; `python -m MaxText.quantize ... weight_quant_vocab=true` writes int8 tables that the decode
@@ -76,6 +77,31 @@ def test_int_table_lookup_and_head_equal_numpy(rows):
   np.testing.assert_array_equal(looked, (q.astype(np.float32) * s[:, None])[np.asarray(tokens)])
   np.testing.assert_array_equal(np.asarray(quant_vocab.dequantized(owner, "embedding")),
                                 q.astype(np.float32) * s[:, None])
+
+
+def test_row_gather_kernel_equals_take(monkeypatch):
+  """kernels/row_gather.py (interpreted on the CPU): the rows of int8 tables whose row count is not
+  a multiple of the tile (a partial last block), ids at both ends; and the lookup of an int8
+  table through it (as on a TPU) gives the dequantized rows."""
+  from MaxText.kernels import row_gather
+  rng = np.random.default_rng(3)
+  for v, d in ((64, 128), (100, 256)):    # (the owner below takes the last table)
+    table = rng.integers(-128, 128, (v, d), dtype=np.int8)
+    tokens = np.array([[0, v - 1, 37 % v, 5], [31, 32, 33, v - 2]], np.int32)
+    got = np.asarray(jax.jit(row_gather.gather_rows)(jnp.asarray(table), jnp.asarray(tokens)))
+    assert got.dtype == np.float32 and got.shape == (2, 4, d)
+    np.testing.assert_array_equal(got, table[tokens].astype(np.float32))
+  owner = _Owner(100, 256)
+  quant_vocab.attach(owner, "")
+  scale = rng.uniform(0.01, 1, 100).astype(np.float32)
+  owner.embedding = nnx.Param(jnp.asarray(table), logical_axes=("vocab", "embed"))
+  owner.embedding_scale = nnx.Param(jnp.asarray(scale), logical_axes=("vocab",))
+  used = []
+  monkeypatch.setattr(quant_vocab, "_gather_kernel", lambda: used.append(1) or True)
+  looked = np.asarray(jax.jit(lambda t: quant_vocab.rows(owner, "embedding", t, jnp.float32))(
+      jnp.asarray(tokens)))
+  assert used
+  np.testing.assert_array_equal(looked, (table.astype(np.float32) * scale[:, None])[tokens])
 
 
 def test_the_key_needs_weight_bits_8():

@@ -7,7 +7,9 @@ integer form (`attach`) it holds int8 levels [V, D] and `<name>_scale` [V] (floa
 vocabulary row: RTN, symmetric, as the projections (quantization/gptq.py: `rtn` of the table seen
 as the head's matrix [D, V] with one group). Its two uses read the levels only:
   * `rows` — a lookup gathers the tokens' int8 rows and their scales and returns levels x scale in
-    the model's parameter dtype (what the float model's lookup gives on the dequantized table);
+    the model's parameter dtype (what the float model's lookup gives on the dequantized table). On
+    a TPU (one device) the rows come from kernels/row_gather.py: XLA's gather of an int8 row
+    would copy the whole table into another tile layout every step;
   * `logits` — a tied LM head multiplies the hidden states by the int8 table (the levels converted
     inside the matmul, fp32 accumulation, rows padded to int_levels.MIN_ROWS as the projections' decoding
     matmul) and scales the logits: logits[:, v] = (x . q_v) * s_v — no float copy of the table.
@@ -23,9 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from MaxText.kernels import row_gather
 from MaxText.layers import embed
 from MaxText.layers.int_levels import MIN_ROWS
 from MaxText.layers.linear import matmul
+from MaxText.sharding.rules import constrain, current_context
 
 SCALE = "_scale"   # the scales of table `name` are the parameter `name + SCALE`
 
@@ -67,15 +71,27 @@ def rows(owner: nnx.Module, name: str, tokens_BS: jax.Array, dtype: Any,
   table's levels x scale in `dtype`. With `out_axes` the lookup stays sharded (layers/embed.py)."""
   param = getattr(owner, name)
   table = param[...]
-  if out_axes is None:
+  scale = _scale(owner, name)
+  if scale is not None and _gather_kernel():
+    x = row_gather.gather_rows(table, tokens_BS)
+    x = x if out_axes is None else constrain(x, out_axes)
+  elif out_axes is None:
     x = jnp.take(table, tokens_BS, axis=0)
   else:
     x = embed.lookup(table, tokens_BS, tuple(param.get_metadata()["logical_axes"]), out_axes)
-  scale = _scale(owner, name)
   if scale is None:
     return x
   s = jnp.take(scale, tokens_BS, axis=0).astype(jnp.float32)
   return (x.astype(jnp.float32) * s[..., None]).astype(dtype)
+
+
+def _gather_kernel() -> bool:
+  """Whether int8 rows come from kernels/row_gather.py: on a TPU, the table on one device (the
+  kernel is not partitioned; a sharded table takes XLA's gather)."""
+  if jax.default_backend() != "tpu":
+    return False
+  ctx = current_context()
+  return ctx is None or ctx.mesh.size == 1
 
 
 def logits(owner: nnx.Module, name: str, x_MD: jax.Array) -> jax.Array:
