@@ -7,7 +7,9 @@
 What is quantized: the decoder's attention and MLP projections and the routed experts of MoE layers
 (each expert's wi / wo on its own; layers/quant_experts.py); the embedding, the LM head, norms and routers
 stay as they are, and so do the modules whose path the regex `weight_quant_exclude` searches
-(e.g. "experts"). Scales: symmetric, one per `group_size` consecutive input
+(e.g. "experts"). With `weight_quant_vocab=true` (bits=8) the vocabulary tables are int8 too: the
+embedding (a tied LM head's table) and Gemma's per-layer-input table by RTN with one scale per
+vocabulary row whatever the method (layers/quant_vocab.py), an untied LM head as a projection. Scales: symmetric, one per `group_size` consecutive input
 rows and output column (0: one per column). Methods:
   rtn   round to nearest.
   gptq  GPTQ (quantization/gptq.py): the Hessian X^T X of each projection's input from
@@ -103,22 +105,27 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
   cfg = load_config(argv, tool="quantize")
   if not cfg.load_parameters_path:
     raise ConfigError("load_parameters_path: the checkpoint to quantize")
-  exclude = cfg.weight_quant_exclude   # this run's choice; a float checkpoint's means nothing
+  # this run's choices; a float checkpoint's mean nothing
+  exclude, vocab = cfg.weight_quant_exclude, cfg.weight_quant_vocab
   cfg = adopt_checkpoint_architecture(
-      cfg, [a for a in argv if not a.startswith("weight_quant_exclude=")])
+      cfg, [a for a in argv if not a.startswith(("weight_quant_exclude=", "weight_quant_vocab="))])
   if cfg.weight_bits:
     raise ConfigError(f"load_parameters_path={cfg.load_parameters_path} is already quantized "
                       f"(weight_bits={cfg.weight_bits}); quantize the full-precision checkpoint")
   if cfg.lora_rank:
     raise ConfigError(f"lora_rank={cfg.lora_rank}: the checkpoint has LoRA adapters; export it "
                       "merged first (to_huggingface, then to_maxtext) and quantize that")
-  cfg = replace(cfg, weight_quant_exclude=exclude)
+  if vocab and bits != 8:
+    raise ConfigError(f"weight_quant_vocab=true stores the vocabulary tables in int8: it needs "
+                      f"bits=8 (it is {bits})")
+  # (the float model's config: the quantized one, `qcfg`, carries the choice of tables)
+  cfg = replace(cfg, weight_quant_exclude=exclude, weight_quant_vocab=False)
   if cfg.quantization:
     cfg = replace(cfg, quantization="")   # a QAT run's weights are float: quantize them as such
   mcfg = ModelConfig.from_config(cfg)
   try:
-    tgts = convert.targets(mcfg, cfg.weight_quant_exclude)
-    qcfg = replace(cfg, weight_bits=bits, weight_group_size=gs)
+    tgts = convert.targets(mcfg, cfg.weight_quant_exclude, vocab)
+    qcfg = replace(cfg, weight_bits=bits, weight_group_size=gs, weight_quant_vocab=vocab)
     make_model_def(ModelConfig.from_config(qcfg))    # every target's layout fits (group, packing)
   except ValueError as e:
     key = "bits" if "packs" in str(e) else "group_size"
@@ -142,7 +149,7 @@ def quantize(argv: Sequence[str], args: dict, progress: bool = True) -> list[con
     print(f"calibration: {steps} batches of {rows} x {cfg.max_target_length} tokens")
     hess, seen = convert.hessians(mcfg, params, batches, cfg.weight_quant_exclude,
                                   create_mesh(cfg, devices),
-                                  parse_rules(cfg.logical_axis_rules, cfg.mesh_axes))
+                                  parse_rules(cfg.logical_axis_rules, cfg.mesh_axes), vocab)
     _enough_tokens(steps, seen, need)   # padding and short documents count for nothing
   qparams, reports = convert.quantize_params(
       params, tgts, method, bits, gs, act_order=args["act_order"], damp=args["damp"],

@@ -10,13 +10,16 @@ in float32 and rounded to its dtype; an array larger than CHUNK values in pieces
 written in place — and each quantization target (`quantization/convert.targets`: the decoder's
 projections) is drawn in float32 and quantized at once by RTN (`gptq.rtn`, as `python -m
 MaxText.quantize method=rtn bits=8` does), each matrix [prod(in), prod(out)] per leading index,
-scales per `weight_group_size` rows. The arrays the init does not draw (norm scales: ones or
+scales per `weight_group_size` rows; with `weight_quant_vocab` each vocabulary table
+(`layers/quant_vocab.tables`: the embedding, Gemma's per-layer-input table) is drawn in pieces of
+whole rows, each piece quantized by RTN at once (one scale per row, as `convert.quantize_table`)
+and written in place — the float table is never held whole. The arrays the init does not draw (norm scales: ones or
 zeros) are the init's own values (its program, every draw in it unused). The values are not
 `init_params`' (other keys), the distribution is.
 
 `read_bytes`: the bytes of parameters a decoding step of `batch` rows reads — every array whole,
 except a vocabulary table that is not the LM head's (an input embedding, Gemma's per-layer input
-table): of it, the rows of the step's tokens.
+table) and its scales: of them, the rows of the step's tokens.
 """
 from __future__ import annotations
 
@@ -64,6 +67,17 @@ def _zeros(*, shape, dtype):
   return jnp.zeros(shape, dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("rows",), donate_argnums=(0, 1))
+def _fill_rows_int8(q, scale, flat, std, start, *, rows):
+  """Rows start.. of an int8 table and its per-row scales from the weights std x flat: RTN of the
+  piece seen as the head's matrix [D, rows], one group (`convert.quantize_table`)."""
+  from MaxText.quantization import gptq  # pylint: disable=import-outside-toplevel
+  w = std * flat[:rows * q.shape[1]].reshape(rows, q.shape[1])
+  q_DR, s_1R = gptq.rtn(w.T, 8, 0)
+  return (jax.lax.dynamic_update_slice_in_dim(q, q_DR.T, start, 0),
+          jax.lax.dynamic_update_slice_in_dim(scale, s_1R[0].astype(scale.dtype), start, 0))
+
+
 @functools.partial(jax.jit, static_argnames=("shape", "lead", "in_rank", "group_size",
                                              "scale_dtype"))
 def _rtn_int8(flat, std, *, shape, lead, in_rank, group_size, scale_dtype):
@@ -103,16 +117,31 @@ class _Draws:
       table = _fill_rows(table, self(i, j), np.float32(std), np.int32(start), rows=rows)
     return table
 
+  def int8_table(self, i: int, shape, std, scale_dtype):
+    """(int8 levels [V, D], scales [V]) of the Normal(0, std) table `table(i, shape, ...)` would
+    draw (the same draws), quantized per row piece by piece."""
+    v, d = shape
+    rows = min(v, max(1, self.n // d))
+    if rows * d > self.n:
+      raise ValueError(f"a row of {shape} holds more than {self.n} values")
+    q, scale = _zeros(shape=tuple(shape), dtype=jnp.int8), _zeros(shape=(v,), dtype=scale_dtype)
+    for j, start in enumerate(range(0, v, rows)):
+      start = min(start, v - rows)        # the last piece ends at the table's end
+      q, scale = _fill_rows_int8(q, scale, self(i, j), np.float32(std), np.int32(start),
+                                 rows=rows)
+    return q, scale
 
-def _layout(model, exclude: str) -> tuple[dict, dict]:
+
+def _layout(model, exclude: str, vocab: bool = False) -> tuple[dict, dict, dict]:
   """({path: (shape, init_std or None)} of a built model's parameters, {kernel path: (scale
-  path, in rank, lead rank)} of its quantization targets (`convert.targets`' choice))."""
-  from MaxText.layers import quant, quant_experts  # pylint: disable=import-outside-toplevel
+  path, in rank, lead rank)} of its quantization targets (`convert.targets`' choice), {table path:
+  scale path} of its int8 vocabulary tables (with `vocab`))."""
+  from MaxText.layers import quant, quant_experts, quant_vocab  # pylint: disable=import-outside-toplevel
   arrays = {tuple(map(str, path)): (tuple(var.get_value().shape),
                                     var.get_metadata().get("init_std"))
             for path, var in nnx.to_flat_state(nnx.state(model))}
   tgts = {}
-  for name, dense in quant.targets(model, exclude):
+  for name, dense in quant.targets(model, exclude, vocab):
     kernel = (*name.split("/"), "kernel")
     lead = len(arrays[kernel][0]) - dense.in_rank - dense.out_rank
     tgts[kernel] = ((*name.split("/"), "kernel_scale"), dense.in_rank, lead)
@@ -120,7 +149,9 @@ def _layout(model, exclude: str) -> tuple[dict, dict]:
     for w in quant_experts.WEIGHTS:
       kernel = (*name.split("/"), w)
       tgts[kernel] = ((*name.split("/"), f"{w}_scale"), 1, len(arrays[kernel][0]) - 2)
-  return arrays, tgts
+  tables = {(name,): (name + quant_vocab.SCALE,)
+            for name in (quant_vocab.tables(model, exclude) if vocab else ())}
+  return arrays, tgts, tables
 
 
 def params(mcfg, seed: int = 0, layers: bool = True) -> tuple[Any, int]:
@@ -131,7 +162,7 @@ def params(mcfg, seed: int = 0, layers: bool = True) -> tuple[Any, int]:
   if mcfg.weight_bits != 8:
     raise ValueError(f"int8_init.params makes int8 weights; weight_bits={mcfg.weight_bits}")
   icfg = per_layer(mcfg) if layers else mcfg
-  fcfg = dataclasses.replace(icfg, weight_bits=0)
+  fcfg = dataclasses.replace(icfg, weight_bits=0, weight_quant_vocab=False)
   want = {tuple(map(str, p)): (p, a) for p, a in
           traverse_util.flatten_dict(make_model_def(icfg).abstract_params).items()}
   build = get_family(fcfg.decoder_block).build
@@ -141,13 +172,14 @@ def params(mcfg, seed: int = 0, layers: bool = True) -> tuple[Any, int]:
     """The float model built once (traced): its arrays and targets recorded, and the values of
     those the init does not draw (ones, zeros) returned — every draw in it unused (dropped)."""
     model = build(fcfg, rngs=nnx.Rngs(params=seed))
-    found["arrays"], found["targets"] = _layout(model, mcfg.weight_quant_exclude)
+    found["arrays"], found["targets"], found["tables"] = _layout(
+        model, mcfg.weight_quant_exclude, mcfg.weight_quant_vocab)
     values = {tuple(map(str, p)): v for p, v in
               traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model))).items()}
     return {"/".join(p): values[p] for p, (_, std) in found["arrays"].items() if std is None}
 
   consts = jax.jit(fixed_values)()
-  arrays, tgts = found["arrays"], found["targets"]
+  arrays, tgts, tables = found["arrays"], found["targets"], found["tables"]
   impl = None if fcfg.param_init_rng == "auto" else fcfg.param_init_rng
   sizes = [math.prod(shape) for shape, std in arrays.values() if std is not None]
   draws = _Draws(jax.random.key(seed, impl=impl), min(CHUNK, max(sizes, default=1)),
@@ -156,7 +188,10 @@ def params(mcfg, seed: int = 0, layers: bool = True) -> tuple[Any, int]:
 
   def make(i: int, p: tuple) -> None:
     shape, std = arrays[p]
-    if p in tgts:
+    if p in tables:
+      out[p], out[tables[p]] = jax.block_until_ready(draws.int8_table(
+          i, shape, std, want[tables[p]][1].dtype))
+    elif p in tgts:
       scale, in_rank, lead = tgts[p]
       if math.prod(shape) > draws.n:
         raise ValueError(f"{'/'.join(p)}: {shape} holds more than {draws.n} values")

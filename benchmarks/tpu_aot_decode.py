@@ -12,7 +12,8 @@ the step's N costliest operations (summed over layers). Device time is scarce; t
   bash benchmarks/tpu_aot.sh decode --set model_name=qwen3-0.6b --batches 1,8,32,64 --top 8
 
 (`tpu_aot.sh decode ...` runs this file with the libtpu it downloads once into .libtpu-aot/.)
---weights int8 compiles the RTN int8 model (`weight_bits=8`, as tpu_decode.py's int8 sweep);
+--weights int8 compiles the RTN int8 model (`weight_bits=8`, as tpu_decode.py's int8 sweep; with
+`--set weight_quant_vocab=true` its vocabulary tables are int8 too);
 --prefill also compiles the prefill of one batch of --prompt tokens; --hlo-dir keeps each
 program's optimized HLO; --out writes the rows as JSON.
 """

@@ -39,7 +39,8 @@ side (one thread per batch and one for the ttft prompts, each row waiting for it
       --batches 1,16 --ttft 1043 --repeats 2 --no-serve --set model_name=gemma4-e4b \\
       --out $OUT/e4b_int8.json
 
-and on a CPU (tests/test_tpu_decode_script.py runs it, exactly):
+(add weight_quant_vocab=true to --set for int8 vocabulary tables too: the tied head read in int8,
+MaxText/layers/quant_vocab.py; the int8 sweep without --int8-only takes it as well) and on a CPU (tests/test_tpu_decode_script.py runs it, exactly):
 
   .venv/bin/python benchmarks/tpu_decode.py --int8-only --batches 2 --prompt 8 --new 4 \\
       --ttft '' --no-serve --repeats 1 --set model_name=gemma4-tiny dtype=float32
@@ -125,19 +126,21 @@ def params_bytes(params) -> int:
   return int(sum(x.nbytes for x in jax.tree.leaves(params)))
 
 
-def load(args, cfg, host_f32, weight_bits: int = 0):
-  """The model as the decoding tools load it, weights cast to --weight-dtype (int8: RTN levels)."""
+def load(args, cfg, host_f32, weight_bits: int = 0, vocab: bool = False):
+  """The model as the decoding tools load it, weights cast to --weight-dtype (int8: RTN levels;
+  `vocab`: the vocabulary tables too, weight_quant_vocab)."""
   from MaxText import inference
   from MaxText.config.load import replace
   from MaxText.models.model_config import ModelConfig
   params = host_f32
   if weight_bits:
     from MaxText.quantization import convert
-    tgts = convert.targets(ModelConfig.from_config(cfg), cfg.weight_quant_exclude)
+    tgts = convert.targets(ModelConfig.from_config(cfg), cfg.weight_quant_exclude, vocab)
     with contextlib.redirect_stdout(sys.stderr):
       params, _ = convert.quantize_params(host_f32, tgts, "rtn", weight_bits, args.group_size,
                                           progress=False)
-    cfg = replace(cfg, weight_bits=weight_bits, weight_group_size=args.group_size)
+    cfg = replace(cfg, weight_bits=weight_bits, weight_group_size=args.group_size,
+                  weight_quant_vocab=vocab)
   import jax
   t0 = time.perf_counter()
   model = inference.load(cfg, jax.devices()[:1], params=params, per_layer=True)
@@ -456,7 +459,8 @@ def main(argv=None) -> int:
   f32 = ModelConfig.from_config(replace(cfg, weight_dtype="float32"))
   host = jax.device_get(init_params(f32, 0))
   log(f"init (float32, then to the host): {time.perf_counter() - t0:.1f} s")
-  cfg = replace(cfg, weight_dtype=args.weight_dtype)
+  vocab = cfg.weight_quant_vocab   # the int8 model's choice; the float model's tables are float
+  cfg = replace(cfg, weight_dtype=args.weight_dtype, weight_quant_vocab=False)
   model, load_s = load(args, cfg, host)
   emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": args.weight_dtype,
               "dtype": cfg.dtype, "platform": jax.devices()[0].platform, "load_s": load_s,
@@ -467,7 +471,7 @@ def main(argv=None) -> int:
   section(args, "ttft", lambda: ttft_rows(args, model))
   if not args.no_int8:
     def int8():
-      qmodel, load_s = load(args, cfg, host, weight_bits=8)
+      qmodel, load_s = load(args, cfg, host, weight_bits=8, vocab=vocab)
       emit(args, {"kind": "model", "keys": " ".join(args.set), "weights": "int8",
                   "load_s": load_s, "params_bytes": params_bytes(qmodel.params)})
       decode_rows(args, qmodel, "int8")

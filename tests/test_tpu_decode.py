@@ -16,7 +16,9 @@ Each measurement goes to $TPU_TEST_RECORD (one JSON line) before its assertion.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -28,7 +30,11 @@ pytestmark = pytest.mark.tpu
 
 FAMILIES = {"llama": [], "qwen3": ["model_name=qwen3-tiny"],
             "qwen3-moe": ["model_name=qwen3-moe-tiny"], "gemma4": ["model_name=gemma4-tiny"],
-            "qwen3-next": ["model_name=qwen3-next-tiny"]}
+            "qwen3-next": ["model_name=qwen3-next-tiny"],
+            # int8 weights (RTN of the same init on both sides), the vocabulary tables too: on the
+            # chip the lookups go through the row-gather kernel (MaxText/kernels/row_gather.py)
+            "gemma4 int8 vocab": ["model_name=gemma4-tiny", "weight_bits=8",
+                                  "weight_quant_vocab=true"]}
 EXACT = ["dtype=float32", "weight_dtype=float32", "cache_dtype=float32",
          "param_init_rng=threefry2x32", "attention=dot_product", "ici_fsdp_parallelism=1",
          "max_position_embeddings=128", "jax_cache_dir="]
@@ -44,19 +50,26 @@ SENSITIVITY = 4.0   # x the emulated chip errors' effect (one pseudo-random draw
 
 
 def greedy(keys: list[str]) -> dict:
-  """Greedy tokens and their log-probabilities of `keys`' model (seed 0, initialised on the CPU)
-  for seeded prompts, decoded on this process's first device."""
+  """Greedy tokens and their log-probabilities of `keys`' model (seed 0, initialised on the CPU;
+  with weight_bits, its float init quantized by RTN there) for seeded prompts, decoded on this
+  process's first device."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from MaxText import inference  # pylint: disable=import-outside-toplevel
-  from MaxText.config.load import load_config  # pylint: disable=import-outside-toplevel
+  from MaxText.config.load import load_config, replace  # pylint: disable=import-outside-toplevel
   from MaxText.models.model_config import ModelConfig  # pylint: disable=import-outside-toplevel
   from MaxText.models.registry import init_params  # pylint: disable=import-outside-toplevel
+  from MaxText.quantization import convert  # pylint: disable=import-outside-toplevel
 
   cfg = load_config([os.path.join(ROOT, "configs/base.yml"), *keys])
-  mcfg = ModelConfig.from_config(cfg)
+  mcfg = ModelConfig.from_config(replace(cfg, weight_bits=0, weight_quant_vocab=False))
   with jax.default_device(jax.devices("cpu")[0]):
     host = jax.device_get(init_params(mcfg, 0))
+    if cfg.weight_bits:   # (its per-matrix lines on stderr: the reference's stdout is its JSON)
+      with contextlib.redirect_stdout(sys.stderr):
+        host, _ = convert.quantize_params(
+            host, convert.targets(mcfg, cfg.weight_quant_exclude, cfg.weight_quant_vocab), "rtn",
+            cfg.weight_bits, cfg.weight_group_size, progress=False)
   model = inference.load(cfg, jax.devices()[:1], params=host, per_layer=True)
   rng = np.random.default_rng(0)
   prompts = [rng.integers(1, mcfg.vocab_size, n).tolist() for n in PROMPT_LENGTHS]
@@ -69,7 +82,6 @@ def greedy(keys: list[str]) -> dict:
 def greedy_emulated(keys: list[str]) -> dict:
   """`greedy` on the CPU with the chip's float32 transcendental errors emulated
   (benchmarks/cpu_emulate_chip.py's `perturbed` at its CHIP_EPS)."""
-  import sys  # pylint: disable=import-outside-toplevel
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import cpu_emulate_chip as emulate  # pylint: disable=import-outside-toplevel
   with emulate.perturbed(emulate.CHIP_EPS):

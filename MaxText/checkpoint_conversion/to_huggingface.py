@@ -89,7 +89,8 @@ def float_config(cfg: Config) -> Config:
   """The config of the float model a (possibly quantized) checkpoint's config describes."""
   if not cfg.weight_bits:
     return cfg
-  return replace(cfg, weight_bits=0, weight_group_size=0, weight_quant_exclude="")
+  return replace(cfg, weight_bits=0, weight_group_size=0, weight_quant_exclude="",
+                 weight_quant_vocab=False)
 
 
 def host_params(ckpt: str, cfg: Config) -> Any:
@@ -100,7 +101,8 @@ def host_params(ckpt: str, cfg: Config) -> Any:
   params = lora_base.load_host(ckpt, stored, make_model_def(stored).abstract_params)
   if stored.weight_bits:
     mcfg = ModelConfig.from_config(float_config(cfg))
-    params = convert.dequantized(params, convert.targets(mcfg, stored.weight_quant_exclude),
+    params = convert.dequantized(params, convert.targets(mcfg, stored.weight_quant_exclude,
+                                                         stored.weight_quant_vocab),
                                  stored.weight_bits, mcfg.param_dtype)
   return params
 

@@ -299,6 +299,12 @@ class RunKeys:
                                "checkpoint; 0 = one per output column", min=0, model=True)
   weight_quant_exclude: str = key("", "regex over the module paths a quantized checkpoint kept in "
                                   "float", model=True)
+  weight_quant_vocab: bool = key(
+      False, "a quantized checkpoint's vocabulary tables are int8 too (weight_bits=8): the "
+      "embedding and Gemma's per-layer-input table with one scale per vocabulary row (a lookup "
+      "scales the rows it gathers; a tied LM head multiplies by the int8 table and scales the "
+      "logits), an untied LM head as the projections; weight_quant_exclude keeps one in float "
+      '("embedding", "ple_embedding", "lm_head")', model=True)
 
   # ---- checkpoints -----------------------------------------------------------------------------
   enable_checkpointing: bool = key(True, "save checkpoints under <run dir>/checkpoints/",

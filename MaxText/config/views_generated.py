@@ -292,6 +292,12 @@ class ModelConfigKeys:
   column"""
   weight_quant_exclude: str = ''
   """regex over the module paths a quantized checkpoint kept in float"""
+  weight_quant_vocab: bool = False
+  """a quantized checkpoint's vocabulary tables are int8 too (weight_bits=8): the embedding and
+  Gemma's per-layer-input table with one scale per vocabulary row (a lookup scales the rows it
+  gathers; a tied LM head multiplies by the int8 table and scales the logits), an untied LM head
+  as the projections; weight_quant_exclude keeps one in float ("embedding", "ple_embedding",
+  "lm_head")"""
   decode_attention: str = 'auto'
   """a decoding step's attention over a full-attention KV cache: auto (pallas on a TPU, else xla) |
   xla (einsums over the whole cache bucket, after an XLA scatter of the step's K/V) | pallas (a

@@ -13,6 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# an integer-weight matmul of fewer rows (a decoding step) pads them to MIN_ROWS with zeros: XLA
+# runs a one-row product as a matrix-vector loop that converts the levels apart, not inside the dot
+# (layers/quant.py: grouped_int_matmul, layers/quant_vocab.py: int_table_matmul)
+MIN_ROWS = 8
+
 
 def pack_int4(q: np.ndarray, axis: int) -> np.ndarray:
   """Two int4 levels per uint8 along `axis` (even index: low nibble), halving that axis."""

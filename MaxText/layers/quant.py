@@ -3,7 +3,9 @@ is, layers/lora.py) — generic code, no family or parameter named.
 
 Which projections: those `lora.default_target` takes (a named axis on each side, none "vocab":
 the attention, Gated DeltaNet and MLP projections of the decoder layers; not the embedding, the LM
-head, a router or a gate to one value), minus those whose module path ("/" joined, e.g.
+head, a router or a gate to one value) — with `vocab` (`weight_quant_vocab`) also an untied LM head
+(a kernel with a "vocab" axis; the model's own vocabulary tables, a tied head's included, are
+layers/quant_vocab.py's) — minus those whose module path ("/" joined, e.g.
 "decoder/runs/0/0/mlp/up") the regex `exclude` searches. Also the routed experts of MoE layers
 (layers/moe.py: `RoutedExperts`), unless `exclude` searches their module path (".../experts"):
 their forms are in layers/quant_experts.py; the functions here attach both.
@@ -48,8 +50,8 @@ import qwix
 from flax import nnx, traverse_util
 
 from MaxText.backend import compat, hot_path
-from MaxText.layers import lora, quant_experts
-from MaxText.layers.int_levels import int_layout, unpack_int4
+from MaxText.layers import lora, quant_experts, quant_vocab
+from MaxText.layers.int_levels import MIN_ROWS, int_layout, unpack_int4
 from MaxText.layers.linear import DenseGeneral, matmul
 
 DIMS = (((1,), (0,)), ((), ()))   # x_MK @ w_KN
@@ -62,14 +64,28 @@ WEIGHT_BITS = (0, 4, 8)
 # (prefill, evaluation: compute-bound) dequantise first (qwix), where the [G, rows, N] fp32 partial
 # products would otherwise be as large as the activations times the groups
 GROUPED_MAX_ROWS = 256
-MIN_ROWS = 8
 
 
-def targets(model: nnx.Module, exclude: str) -> list[tuple[str, DenseGeneral]]:
-  """[(module path, projection)] quantized: LoRA's default projections minus `exclude`'s matches."""
+def targets(model: nnx.Module, exclude: str, vocab: bool = False
+            ) -> list[tuple[str, DenseGeneral]]:
+  """[(module path, projection)] quantized: LoRA's default projections (with `vocab` also the
+  projections onto the vocabulary: an untied LM head) minus `exclude`'s matches."""
   regex = re.compile(exclude) if exclude else None
-  return [(name, node) for name, node in lora.targets(model, "")
-          if not (regex and regex.search(name))]
+  chosen = lora.targets(model, "")
+  if vocab:
+    chosen += [(name, node) for name, node in _vocab_projections(model)]
+  return [(name, node) for name, node in chosen if not (regex and regex.search(name))]
+
+
+def _vocab_projections(model: nnx.Module) -> list[tuple[str, DenseGeneral]]:
+  """[(module path, projection)] whose kernel has a "vocab" axis (an untied LM head)."""
+  out = []
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, DenseGeneral):
+      axes = tuple(node.kernel.get_metadata().get("logical_axes") or ())
+      if "vocab" in axes:
+        out.append(("/".join(map(str, path)), node))
+  return out
 
 
 def _split_kernel(dense: DenseGeneral) -> tuple[tuple, tuple, tuple, tuple]:
@@ -164,6 +180,21 @@ def grouped_int_matmul(x_MK: jax.Array, q_KN: jax.Array, scale_GN: jax.Array, ou
   return (y[:m] if rows > m else y).astype(out_dtype)
 
 
+def float_kernel(dense: DenseGeneral) -> jax.Array:
+  """A projection's kernel as floats: an integer one's levels x group scales (fp32)."""
+  if not isinstance(dense.quant, IntWeights):
+    return dense.kernel[...]
+  q = dense.kernel[...]
+  if dense.quant.bits == 4:
+    q = unpack_int4(q, q.ndim - 1)
+  n_lead = q.ndim - dense.in_rank - dense.out_rank
+  lead, k = q.shape[:n_lead], math.prod(q.shape[n_lead:n_lead + dense.in_rank])
+  scale = dense.kernel_scale[...].astype(jnp.float32)
+  g = scale.shape[n_lead]
+  w = q.astype(jnp.float32).reshape(*lead, g, k // g, -1) * scale.reshape(*lead, g, 1, -1)
+  return w.reshape(q.shape)
+
+
 def int_weight_layout(dense: DenseGeneral, bits: int, group_size: int
                       ) -> tuple[tuple, Any, tuple, tuple]:
   """(kernel shape, its dtype, scale shape, scale logical axes) of a projection's integer form."""
@@ -171,10 +202,12 @@ def int_weight_layout(dense: DenseGeneral, bits: int, group_size: int
   return int_layout(shape, axes, len(lead), dense.in_rank, bits, group_size)
 
 
-def attach_int_weights(model: nnx.Module, bits: int, group_size: int, exclude: str) -> list[str]:
-  """Turns the targets' kernels into integer levels + `kernel_scale` (zeros until loaded)."""
+def attach_int_weights(model: nnx.Module, bits: int, group_size: int, exclude: str,
+                       vocab: bool = False) -> list[str]:
+  """Turns the targets' kernels into integer levels + `kernel_scale` (zeros until loaded); with
+  `vocab` also the model's vocabulary tables (int8, layers/quant_vocab.py)."""
   done = []
-  for name, dense in targets(model, exclude):
+  for name, dense in targets(model, exclude, vocab):
     try:
       kshape, kdtype, sshape, saxes = int_weight_layout(dense, bits, group_size)
     except ValueError as e:
@@ -187,6 +220,8 @@ def attach_int_weights(model: nnx.Module, bits: int, group_size: int, exclude: s
   for name, experts in quant_experts.targets(model, exclude):
     quant_experts.attach_int_weights(name, experts, bits, group_size)
     done.append(name)
+  if vocab:
+    done += quant_vocab.attach(model, exclude)
   return done
 
 
@@ -217,10 +252,10 @@ class HessianProbe:
     return matmul(x_MK, dense.kernel[...].reshape(x_MK.shape[1], -1), out_dtype=out_dtype)
 
 
-def attach_probes(model: nnx.Module, exclude: str) -> list[str]:
+def attach_probes(model: nnx.Module, exclude: str, vocab: bool = False) -> list[str]:
   """Adds a zero `hessian_probe` [*lead, K, K] (fp32, replicated) to each target."""
   done = []
-  for name, dense in targets(model, exclude):
+  for name, dense in targets(model, exclude, vocab):
     _, axes, lead, ins = _split_kernel(dense)
     k = math.prod(ins)
     dense.hessian_probe = nnx.Param(jnp.zeros((*lead, k, k), jnp.float32),
@@ -251,7 +286,8 @@ def kept_float(abstract_params: Any, stored: set[str]) -> list[str]:
 def apply(model: nnx.Module, mcfg: Any) -> None:
   """What the model config asks: QAT (`quantization`) or integer weights (`weight_bits`)."""
   if mcfg.weight_bits:
-    attach_int_weights(model, mcfg.weight_bits, mcfg.weight_group_size, mcfg.weight_quant_exclude)
+    attach_int_weights(model, mcfg.weight_bits, mcfg.weight_group_size, mcfg.weight_quant_exclude,
+                       mcfg.weight_quant_vocab)
   elif mcfg.quantization:
     attach_qat(model, mcfg.quantization, mcfg.quantization_exclude)
 
@@ -266,6 +302,9 @@ def problems(mcfg: Any) -> list[tuple[str, str]]:
       re.compile(getattr(mcfg, key))
     except re.error as e:
       out.append((key, f"{key}={getattr(mcfg, key)!r} is not a regex: {e}"))
+  if mcfg.weight_quant_vocab and mcfg.weight_bits != 8:
+    out.append(("weight_quant_vocab", f"weight_quant_vocab=true stores the vocabulary tables in "
+                f"int8: it needs weight_bits=8 (it is {mcfg.weight_bits})"))
   if mcfg.weight_bits and mcfg.quantization:
     out.append(("quantization", f"quantization={mcfg.quantization} (quantized training) on a "
                 f"checkpoint with integer weights (weight_bits={mcfg.weight_bits}): train from "

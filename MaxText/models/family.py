@@ -28,6 +28,10 @@ depths' hidden states from `forward_with_aux(..., mtp=True)` as aux["mtp_hidden"
       -> (hidden_BSD, cache)`  one MTP layer in decoding (speculative drafting), its own cache group
 and a cache kind that rolls back by position says so (`rolls_back_by_position`, layers/kv_cache.py).
 
+A family that supports `weight_quant_vocab` (int8 vocabulary tables, layers/quant_vocab.py) reads
+its own vocabulary tables ([V, D] parameters of the module whose first axis is "vocab") through
+`quant_vocab.rows` / `logits` / `head_params`, which serve the float and the int8 form alike.
+
 A multimodal family's module also takes `media=` — its encoder towers' inputs, a dict of arrays by
 the processor's names (Gemma 4: MaxText/models/gemma4/towers.py) — in `forward_with_aux` and in
 `extend(prefill=True)`; generic code hands it through as it is (`ModelDef.apply*` keywords, the

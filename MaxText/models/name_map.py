@@ -89,7 +89,7 @@ def check_representable(mcfg: Any, represents: AbstractSet[str], model_type: str
 _LAYOUT_ONLY = {"decoder_block", "scan_layers", "init_std"}   # no effect on what the model computes
 # how a quantized checkpoint stores its weights (integer levels + scales); the architecture is the
 # float model's, and to_huggingface writes its weights dequantized
-_STORAGE_ONLY = {"weight_bits", "weight_group_size", "weight_quant_exclude"}
+_STORAGE_ONLY = {"weight_bits", "weight_group_size", "weight_quant_exclude", "weight_quant_vocab"}
 
 
 def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:

@@ -3,7 +3,11 @@ GPTQ (`quantization/gptq.py`), and back (dequantized floats, for `to_huggingface
 
 Targets: the projections `layers/quant.targets` picks (the decoder's attention and MLP
 projections; not the embedding, the head or routers) and the routed experts' wi / wo
-(`layers/quant_experts.targets`), minus `weight_quant_exclude`. A kernel [*lead, *in, *out] (lead:
+(`layers/quant_experts.targets`), with `vocab` (`weight_quant_vocab`) also an untied LM head (a
+projection) and the model's vocabulary tables (`layers/quant_vocab.tables`: the embedding — a tied
+head's table — and Gemma's per-layer-input table), minus `weight_quant_exclude`. A table [V, D] is
+quantized as the head's matrix [D, V] it is (one group: a scale per vocabulary row) by RTN, int8,
+whatever the method (GPTQ has no Hessian of a lookup), in pieces of rows. A kernel [*lead, *in, *out] (lead:
 the scanned stack's repeat axis; for experts also the expert axis) is quantized per lead index as
 the 2-D matrix [prod(in), prod(out)] the model multiplies — so each expert on its own.
 
@@ -29,7 +33,7 @@ from flax import traverse_util
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from MaxText.layers import int_levels, quant, quant_experts
+from MaxText.layers import int_levels, quant, quant_experts, quant_vocab
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import make_model_def
 from MaxText.sharding.rules import Rules, batch_sharding, tree_shardings, use_rules
@@ -46,19 +50,22 @@ class Target:
   lead: int        # leading (stacked) axes of the kernel: the scan's repeats, the experts
   scale: tuple     # the key path of its scales in the integer form
   probe: str       # the name of its Hessian in `hessians`' result
+  table: bool = False   # a vocabulary table [V, D]: int8 RTN, one scale per row (module docstring)
 
   @staticmethod
-  def at(name: str, kernel: tuple, in_rank: int, lead: int, scale: str, probe: str) -> "Target":
+  def at(name: str, kernel: tuple, in_rank: int, lead: int, scale: str, probe: str,
+         table: bool = False) -> "Target":
     return Target(name, kernel, in_rank, lead, (*kernel[:-1], scale),
-                  "/".join(map(str, (*kernel[:-1], probe))))
+                  "/".join(map(str, (*kernel[:-1], probe))), table)
 
 
-def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
-  """The matrices quantized, with where their kernels live."""
+def targets(mcfg: ModelConfig, exclude: str, vocab: bool = False) -> list[Target]:
+  """The matrices quantized, with where their kernels live (`vocab`: the vocabulary tables and an
+  untied head too)."""
   found = []
 
   def record(model):
-    for name, dense in quant.targets(model, exclude):
+    for name, dense in quant.targets(model, exclude, vocab):
       ndim = len(dense.kernel.get_value().shape)
       found.append((name, (*name.split("/"), "kernel"), dense.in_rank,
                     ndim - dense.in_rank - dense.out_rank, "kernel_scale", "hessian_probe"))
@@ -67,6 +74,8 @@ def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
         ndim = len(getattr(experts, w).get_value().shape)
         found.append((f"{name}/{w}", (*name.split("/"), w), 1, ndim - 2, f"{w}_scale",
                       f"{w}_hessian_probe"))
+    for name in quant_vocab.tables(model, exclude) if vocab else ():
+      found.append((name, (name,), 1, 0, name + quant_vocab.SCALE, "", True))
 
   model_def = make_model_def(mcfg, modify=record)
   keys = {tuple(map(str, k)): k for k in traverse_util.flatten_dict(model_def.abstract_params)}
@@ -76,16 +85,18 @@ def targets(mcfg: ModelConfig, exclude: str) -> list[Target]:
 def hessian_inputs(tgts: list[Target], abstract_params: Any) -> int:
   """The largest K of the targets' Hessians [K, K]: the calibration tokens GPTQ needs at least."""
   flat: dict[tuple, Any] = traverse_util.flatten_dict(abstract_params)
-  return max(math.prod(flat[t.kernel].shape[t.lead:t.lead + t.in_rank]) for t in tgts)
+  return max((math.prod(flat[t.kernel].shape[t.lead:t.lead + t.in_rank]) for t in tgts
+              if not t.table), default=0)
 
 
 def hessians(mcfg: ModelConfig, params: Any, batches: Iterable[dict], exclude: str,
-             mesh: Mesh, rules: Rules) -> tuple[dict[str, np.ndarray], int]:
+             mesh: Mesh, rules: Rules, vocab: bool = False
+             ) -> tuple[dict[str, np.ndarray], int]:
   """({probe path (`Target.probe`): H [*lead, K, K] float64, sum over tokens / tokens seen},
   tokens seen) from the calibration
   batches, the model sharded over `mesh` by the rules as in training (the probes replicated). A
   batch with a row of padding only (the documents ran out) is left out."""
-  model_def = make_model_def(mcfg, modify=lambda m: quant.attach_probes(m, exclude))
+  model_def = make_model_def(mcfg, modify=lambda m: quant.attach_probes(m, exclude, vocab))
   shardings = traverse_util.flatten_dict(
       tree_shardings(model_def.logical_axes, model_def.abstract_params, mesh, rules))
   flat_abstract: dict[tuple, Any] = traverse_util.flatten_dict(model_def.abstract_params)
@@ -135,7 +146,8 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
                     progress: bool = True
                     ) -> tuple[dict, list[LayerReport]]:
   """(the parameter tree with each target's kernel as integer levels + `kernel_scale`, a report
-  per quantized matrix). int4 levels are packed (layers/int_levels.py: pack_int4)."""
+  per quantized matrix). int4 levels are packed (layers/int_levels.py: pack_int4); a vocabulary
+  table is int8 levels [V, D] + scales [V] (`quantize_table`)."""
   flat: dict[tuple, Any] = dict(traverse_util.flatten_dict(params))   # (the leaves: arrays)
   reports = []
   # the bar only on a terminal: piped, its redraws would interleave with the per-matrix lines,
@@ -145,6 +157,12 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
              disable=not progress or not sys.stderr.isatty())
   for t in tgts:
     w = np.asarray(flat[t.kernel])
+    if t.table:
+      flat[t.kernel], flat[t.scale], err = quantize_table(w)
+      reports.append(LayerReport(t.name, 0, err, None, where=t.name))
+      bar.write(f"  {t.name}: relative weight error {err:.3e} (int8 table, a scale per row)")
+      bar.update(1)
+      continue
     lead, ins, outs = w.shape[:t.lead], w.shape[t.lead:t.lead + t.in_rank], \
         w.shape[t.lead + t.in_rank:]
     k, n, m = math.prod(ins), math.prod(outs), math.prod(lead)
@@ -178,6 +196,24 @@ def quantize_params(params: Any, tgts: list[Target], method: str, bits: int, gro
     flat[t.scale] = sc.reshape(*lead, sc.shape[1], *outs).astype(np.float32)
   bar.close()
   return traverse_util.unflatten_dict(flat), reports
+
+
+def quantize_table(w_VD: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+  """(int8 levels [V, D], float32 scales [V], relative weight error) of a vocabulary table: RTN of
+  the head's matrix w^T [D, V] with one group (`gptq.rtn`), in pieces of at most BATCH_BYTES of
+  float32 rows (each row on its own: pieces change nothing)."""
+  v, d = w_VD.shape
+  step = max(1, min(v, BATCH_BYTES // (4 * d)))
+  q, s = np.empty((v, d), np.int8), np.empty((v,), np.float32)
+  err = norm = 0.0
+  for start in range(0, v, step):
+    part = np.asarray(w_VD[start:start + step], np.float32)
+    q_DV, s_1V = gptq.rtn(jnp.asarray(part.T), 8, 0)
+    q[start:start + step], s[start:start + step] = np.asarray(q_DV).T, np.asarray(s_1V)[0]
+    deq = q[start:start + step].astype(np.float32) * s[start:start + step, None]
+    err += float(np.sum((part - deq).astype(np.float64) ** 2))
+    norm += float(np.sum(part.astype(np.float64) ** 2))
+  return q, s, err / max(norm, 1e-30)
 
 
 # the most bytes of float32 weights and Hessians quantized in one program (a batch of a stack's
@@ -229,6 +265,10 @@ def dequantized(params: Any, tgts: list[Target], bits: int, dtype) -> dict:
   flat: dict[tuple, Any] = dict(traverse_util.flatten_dict(params))   # (the leaves: arrays)
   for t in tgts:
     q = np.asarray(flat[t.kernel])
+    if t.table:
+      s = np.asarray(flat.pop(t.scale), np.float32)
+      flat[t.kernel] = (q.astype(np.float32) * s[:, None]).astype(dtype)
+      continue
     if bits == 4:
       q = int_levels.unpack_int4(q, q.ndim - 1)
     s = np.asarray(flat.pop(t.scale), np.float32)

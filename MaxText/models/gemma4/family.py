@@ -18,7 +18,8 @@ from MaxText.models.model_config import ModelConfig
 
 # the schema's shared keys it implements; its own (keys.py) are supported through keys=Keys
 GEMMA4_KEYS = frozenset({
-    "mlp_activation", "use_qk_norm", "tie_word_embeddings", "attention_pattern", "sliding_window"})
+    "mlp_activation", "use_qk_norm", "tie_word_embeddings", "attention_pattern", "sliding_window",
+    "weight_quant_vocab"})
 
 
 def check(cfg: ModelConfig) -> Problems:

@@ -49,10 +49,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from MaxText.layers import activations, embed, sites, stack
+from MaxText.layers import activations, quant, quant_vocab, sites, stack
 from MaxText.layers.attention_ops import attention_op, dot_product_attention
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, LayerKw, matmul, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, param
 from MaxText.layers.mlp import ACTIVATIONS, GatedMLP
 from MaxText.layers.moe import (RoutedExperts, empty_stats, finished_stats, load_balancing_terms,
                                 record, route)
@@ -357,9 +357,8 @@ class Transformer(nnx.Module):
     cfg, dtype = self.cfg, self.cfg.compute_dtype
     B, S = tokens_BS.shape
     L, P = cfg.num_decoder_layers, cfg.per_layer_input_dim
-    table = self.ple_embedding[...]
-    tok_BSLP = (jnp.take(table, tokens_BS, axis=0) * jnp.asarray(P ** 0.5, table.dtype)
-                ).astype(dtype).reshape(B, S, L, P)
+    rows_BSK = quant_vocab.rows(self, "ple_embedding", tokens_BS, cfg.param_dtype)
+    tok_BSLP = (rows_BSK * jnp.asarray(P ** 0.5, rows_BSK.dtype)).astype(dtype).reshape(B, S, L, P)
     proj_BSLP = (self.ple_model_proj(x_BSD) * jnp.asarray(cfg.emb_dim ** -0.5, dtype)
                  ).reshape(B, S, L, P)
     ple_BSLP = (self.ple_proj_norm(proj_BSLP) + tok_BSLP) * jnp.asarray(2.0 ** -0.5, dtype)
@@ -372,12 +371,11 @@ class Transformer(nnx.Module):
     """(the scaled embeddings x_BSD with the towers' soft tokens merged in (towers.py), per-layer
     inputs: index, PLE, router bias; the image blocks of bidirectional attention or None)."""
     cfg = self.cfg
-    table = self.embedding[...]
     ids = towers.placeholder_ids(cfg)
     ids_BS = (jnp.where(jnp.isin(tokens_BS, jnp.asarray(ids)), cfg.mm_pad_token_id, tokens_BS)
               if ids else tokens_BS)
-    x_BSD = embed.lookup(table, ids_BS, ("vocab", "embed"), ACT_BSD)
-    x_BSD = constrain((x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, table.dtype)
+    x_BSD = quant_vocab.rows(self, "embedding", ids_BS, cfg.param_dtype, ACT_BSD)
+    x_BSD = constrain((x_BSD * jnp.asarray(cfg.emb_dim ** 0.5, x_BSD.dtype)
                        ).astype(cfg.compute_dtype), ACT_BSD)
     if media:
       x_BSD = constrain(towers.merge(cfg, self, x_BSD, tokens_BS, media), ACT_BSD)
@@ -418,9 +416,7 @@ class Transformer(nnx.Module):
     cfg = self.cfg
     B, S, D = x_BSD.shape
     if self.lm_head is None:
-      logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
-                         out_dtype=jnp.float32)
-      logits_BSV = logits_MV.reshape(B, S, -1)
+      logits_BSV = quant_vocab.logits(self, "embedding", x_BSD.reshape(B * S, D)).reshape(B, S, -1)
     else:   # (a vocabulary slice of the kernel works too: the chunked loss may pass one)
       logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     if cfg.final_logit_softcap:
@@ -431,11 +427,13 @@ class Transformer(nnx.Module):
   def head_params(self):
     """The parameters `logits` reads, by path in the parameter dict (the head's module, with its
     adapters or quantized form): the family interface's name for the head's weights."""
-    return (("embedding",),) if self.lm_head is None else (("lm_head",),)
+    return quant_vocab.head_params(self, "embedding") if self.lm_head is None else (("lm_head",),)
 
   def unembedding(self):
     """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by (before the soft-cap)."""
-    return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
+    if self.lm_head is None:
+      return quant_vocab.dequantized(self, "embedding")
+    return quant.float_kernel(self.lm_head).T
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool, media=None):

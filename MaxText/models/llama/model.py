@@ -35,11 +35,11 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from MaxText.backend import hot_path
-from MaxText.layers import embed, sites, stack
+from MaxText.layers import quant, quant_vocab, sites, stack
 from MaxText.layers.mtp import MTPBlock, MTPLayer, shifted
 from MaxText.layers.attention_ops import attention_op
 from MaxText.layers.kv_cache import CacheGroup, KVCache
-from MaxText.layers.linear import DenseGeneral, LayerKw, fused_dense, matmul, param
+from MaxText.layers.linear import DenseGeneral, LayerKw, fused_dense, param
 from MaxText.layers.mlp import GatedMLP
 from MaxText.layers.moe import RoutedMLP, empty_stats, finished_stats, record, stack_inputs
 from MaxText.layers.norms import RMSNorm
@@ -215,7 +215,7 @@ class Transformer(nnx.Module):
     return self.forward_with_aux(tokens_BS, positions_BS, segment_ids_BS)[0]
 
   def _embed(self, tokens_BS):
-    x_BSD = embed.lookup(self.embedding[...], tokens_BS, ("vocab", "embed"), ACT_BSD)
+    x_BSD = quant_vocab.rows(self, "embedding", tokens_BS, self.cfg.param_dtype, ACT_BSD)
     return sites.site("embed_out", x_BSD.astype(self.cfg.compute_dtype))
 
   def _moe_inputs(self) -> dict:
@@ -292,9 +292,7 @@ class Transformer(nnx.Module):
     from the fp32 accumulator of the head's matmul (training, chunked loss and decoding)."""
     B, S, D = x_BSD.shape
     if self.lm_head is None:
-      logits_MV = matmul(x_BSD.reshape(B * S, D), self.embedding[...], w_is_NK=True,
-                         out_dtype=jnp.float32)
-      logits_BSV = logits_MV.reshape(B, S, -1)
+      logits_BSV = quant_vocab.logits(self, "embedding", x_BSD.reshape(B * S, D)).reshape(B, S, -1)
     else:   # (a vocabulary slice of the kernel works too: the chunked loss may pass one)
       logits_BSV = self.lm_head(x_BSD, out_dtype=jnp.float32)
     return constrain(logits_BSV, ("activation_batch", "activation_length", "activation_vocab"))
@@ -302,11 +300,14 @@ class Transformer(nnx.Module):
   def head_params(self):
     """The parameters `logits` reads, by path in the parameter dict (the head's module, with its
     adapters or quantized form): the family interface's name for the head's weights."""
-    return (("embedding",),) if self.lm_head is None else (("lm_head",),)
+    return quant_vocab.head_params(self, "embedding") if self.lm_head is None else (("lm_head",),)
 
   def unembedding(self):
-    """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by."""
-    return self.embedding[...] if self.lm_head is None else self.lm_head.kernel[...].T
+    """The head's matrix [V, D] (the embedding when tied): what a logit lens multiplies by
+    (floats: an integer head dequantized)."""
+    if self.lm_head is None:
+      return quant_vocab.dequantized(self, "embedding")
+    return quant.float_kernel(self.lm_head).T
 
   # ---- decoding (MaxText/decoding/; the family interface: extend, logits) ------
   def extend(self, tokens_BS, positions_BS, valid_BS, cache, *, prefill: bool):

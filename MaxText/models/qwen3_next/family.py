@@ -24,7 +24,8 @@ LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_hea
                "linear_value_head_dim")
 # the schema's shared keys it implements; its own (keys.py) are supported through keys=Keys
 QWEN3_NEXT_KEYS = frozenset({"mlp_activation", "tie_word_embeddings", "attention_pattern",
-                             "partial_rotary_factor", "mtp_num_layers", "mtp_loss_scale"})
+                             "partial_rotary_factor", "mtp_num_layers", "mtp_loss_scale",
+                             "weight_quant_vocab"})
 
 
 def check(cfg: ModelConfig) -> Problems:
