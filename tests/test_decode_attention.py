@@ -46,6 +46,11 @@ def test_blocks_and_rows_chosen():
   assert fit_block_t(96, 64) == 48
   assert block_rows(32, 8) == 8 and block_rows(1, 8) == 1 and block_rows(6, 8) == 6
   assert block_rows(12, 6) == 4 and block_rows(64, 2) == 32 and block_rows(50, 5) == 50
+  # the K / V blocks' buffers within KV_BLOCKS_BYTES: Qwen3-0.6B's 64 rows of 128 x 128 bf16 fit;
+  # Gemma 4 E4B's global layers (E 512) at batch 16: 16 rows, not 32 (a scoped VMEM OOM on a v5e)
+  assert block_rows(32, 8, block_bytes=128 * 128 * 2) == 8
+  assert block_rows(16, 2, block_bytes=128 * 512 * 2) == 8
+  assert block_rows(16, 2) == 16 and block_rows(1, 2, block_bytes=1 << 30) == 1
   with pytest.raises(ValueError, match="rows=3 does not divide the batch 4"):
     decode_attention(jnp.zeros((B, K, G, E)), jnp.zeros((L, B, K, T, E)),
                      jnp.zeros((L, B, K, T, E)), 0, jnp.ones(B, jnp.int32), scale=1.0, rows=3)

@@ -103,13 +103,23 @@ def _kernel(layer_ref, last_ref, wpos_ref, wblk_ref, len_ref, q_ref, k_ref, v_re
     o_ref[...] = (acc_scr[...] / l_scr[...]).astype(o_ref.dtype)
 
 
-def block_rows(batch: int, kv_heads: int, target: int = 64) -> int:
+# The cache blocks' share of the scoped VMEM (v5e's default limit: 16 MiB): K and V blocks of [R·K,
+# block_t, E], each double-buffered by the pipeline. Qwen3-0.6B's widest (64 rows of 128 x 128 bf16)
+# takes 8 MiB; Gemma 4 E4B's global layers (E 512) at batch 16 would take 16 MiB with 32 rows (XLA
+# refused it: a scoped VMEM OOM), 8 MiB with 16.
+KV_BLOCKS_BYTES = 8 << 20
+
+
+def block_rows(batch: int, kv_heads: int, target: int = 64, block_bytes: int = 0) -> int:
   """Rows per grid step: the largest divisor R of `batch` with R·kv_heads <= max(target,
-  kv_heads) (R·K query/cache rows per step) and R·K a multiple of 8 unless R is the whole batch
-  (the new keys' [B·K, E] blocks are cut on the sublane axis); the whole batch if none is."""
+  kv_heads) (R·K query/cache rows per step), the K and V blocks' buffers (4 x R·K x `block_bytes`,
+  the bytes of one cache row's block) within KV_BLOCKS_BYTES where R > 1, and R·K a multiple of 8
+  unless R is the whole batch (the new keys' [B·K, E] blocks are cut on the sublane axis); the
+  whole batch if none is."""
   best = 0
   for r in range(1, batch + 1):
     if batch % r == 0 and r * kv_heads <= max(target, kv_heads) and \
+        (r == 1 or 4 * r * kv_heads * block_bytes <= KV_BLOCKS_BYTES) and \
         (r * kv_heads % 8 == 0 or r == batch):
       best = r
   return best or batch
@@ -141,10 +151,10 @@ def decode_attention(q_BKGE: jax.Array, k_LBKTE: jax.Array, v_LBKTE: jax.Array, 
   L, _, _, T, _ = k_LBKTE.shape
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
-  R = rows or block_rows(B, K)
+  Tb = fit_block_t(T, block_t)
+  R = rows or block_rows(B, K, block_bytes=Tb * E * k_LBKTE.dtype.itemsize)
   if B % R:
     raise ValueError(f"decode_attention: rows={R} does not divide the batch {B}")
-  Tb = fit_block_t(T, block_t)
   nT, nR, N = T // Tb, B // R, R * K
   write = new_kv is not None
   lengths_B = jnp.clip(lengths_B.astype(jnp.int32), 1, T)
