@@ -64,6 +64,46 @@ def costliest_ops(hlo: str, n: int) -> list[dict]:
   return sorted(ops, key=lambda o: -o["kcycles"])[:n]
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{\s*$")
+_WHILE = re.compile(r" while\(.*condition=%([\w.\-]+), body=%([\w.\-]+)")
+_CALL = re.compile(r" call\(.*to_apply=%([\w.\-]+)")
+
+
+def program_cycles(hlo: str) -> float:
+  """XLA's estimated cycles over the whole program as it runs: each instruction of the entry
+  once, a while loop's body once per trip (its trip count: the largest integer constant its
+  condition compares with — a scan's length), a called computation once per call; a
+  conditional's branches not at all (which one runs is a value at run time). Fused computations
+  are counted by their fusion instruction only. A guide to where the step's time goes (the
+  per-op caveats of `costliest_ops` apply), not a timing."""
+  computations: dict[str, list[str]] = {}
+  entry, current = None, None
+  for line in hlo.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      current = m.group(1)
+      computations[current] = []
+      entry = current if line.startswith("ENTRY") else entry
+    elif current is not None and line.startswith("  "):
+      computations[current].append(line)
+  total, todo = 0.0, [(entry, 1)] if entry else []
+  while todo:
+    name, times = todo.pop()
+    for line in computations.get(name, []):
+      cycles = re.search(r'"estimated_cycles":"(\d+)"', line)
+      if cycles:
+        total += times * int(cycles.group(1))
+      loop = _WHILE.search(line)
+      if loop:
+        trips = [int(c) for c in re.findall(r"constant\((\d+)\)",
+                                            "\n".join(computations.get(loop.group(1), [])))]
+        todo.append((loop.group(2), times * max(trips, default=1)))
+      call = _CALL.search(line)
+      if call:
+        todo.append((call.group(1), times))
+  return total
+
+
 def run_variant(label: str, argv: list[str], devices, hlo_dir: str, top: int) -> dict:
   from MaxText.config.load import load_config  # pylint: disable=import-outside-toplevel
   from MaxText.train import memory  # pylint: disable=import-outside-toplevel
@@ -92,20 +132,22 @@ def run_variant(label: str, argv: list[str], devices, hlo_dir: str, top: int) ->
     path = os.path.join(hlo_dir, re.sub(r"\W+", "_", label).strip("_") + ".hlo.txt")
     with open(path, "w", encoding="utf-8") as f:
       f.write(hlo)
-  row.update(status="ok", top_ops=costliest_ops(hlo, top))
+  row.update(status="ok", program_mcycles=program_cycles(hlo) / 1e6,
+             top_ops=costliest_ops(hlo, top))
   return row
 
 
 def table(rows: list[dict]) -> str:
   out = ["| variant | remat | pre-flight est. GiB | XLA compiled + runtime GiB | est. error | "
-         "compile s |", "|---|---|---|---|---|---|"]
+         "compile s | est. Mcycles |", "|---|---|---|---|---|---|---|"]
   for r in rows:
     if r.get("status") != "ok":
       out.append(f"| {r['label']} | {r.get('remat', '')} | {r.get('estimate_gib', 0):.2f} | "
-                 f"{r.get('status')}: {r.get('error', '')[:120]} | | |")
+                 f"{r.get('status')}: {r.get('error', '')[:120]} | | | |")
       continue
     out.append(f"| {r['label']} | {r['remat']} | {r['estimate_gib']:.2f} | "
-               f"{r['compiled_plus_runtime_gib']:.2f} | {r['error']:+.1%} | {r['compile_s']:.0f} |")
+               f"{r['compiled_plus_runtime_gib']:.2f} | {r['error']:+.1%} | {r['compile_s']:.0f} | "
+               f"{r['program_mcycles']:.1f} |")
   return "\n".join(out)
 
 

@@ -28,6 +28,43 @@ def test_costliest_ops_reads_array_and_tuple_shaped_ops():
   assert ops[0]["shape"].startswith("(f32[8]")
 
 
+LOOP_HLO = """
+%fused_computation.1 (p: f32[8]) -> f32[8] {
+  %fusion.9 = f32[8]{0} fusion(%p), kind=kLoop, backend_config={"estimated_cycles":"7"}
+}
+
+%called (p: f32[8]) -> f32[8] {
+  %fusion.5 = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_computation.1, backend_config={"window_config":{"estimated_cycles":"1"}}
+}
+
+%body (t: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %fusion.3 = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused_computation.1, backend_config={"window_config":{"estimated_cycles":"10"}}
+  %call.4 = f32[8]{0} call(%fusion.3), to_apply=%called
+}
+
+%cond (t: (s32[], f32[8])) -> pred[] {
+  %constant.1 = s32[] constant(3)
+  ROOT %compare.2 = pred[] compare(%i, %constant.1), direction=LT
+}
+
+%branch (p: f32[8]) -> f32[8] {
+  %fusion.7 = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_computation.1, backend_config={"window_config":{"estimated_cycles":"1000"}}
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %fusion.1 = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused_computation.1, backend_config={"window_config":{"estimated_cycles":"100"}}
+  %while.2 = (s32[], f32[8]) while(%tuple.1), condition=%cond, body=%body, metadata={op_name="jit(step)/while"}
+  %conditional.3 = f32[8]{0} conditional(%p, %a, %a), branch_computations={%branch, %branch}
+}
+"""
+
+
+def test_program_cycles_counts_a_loop_body_per_trip():
+  # the entry's 100, the body's 10 and its call's 1 three times (the condition's constant), no
+  # conditional branch and no instruction inside a fused computation
+  assert tpu_aot.program_cycles(LOOP_HLO) == 100 + 3 * (10 + 1)
+
+
 def test_a_variants_keys_replace_the_bases():
   got = variants("model_name=qwen3-tiny remat_policy=full per_device_batch_size=8",
                  ["qkv: remat_policy=save_qkv_attention logits_dtype=bfloat16", "plain:"])
