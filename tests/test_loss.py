@@ -15,7 +15,8 @@ from conftest import BASE_YML
 from MaxText.config.load import load_config
 from MaxText.losses.chunked import chunked_target_log_probs
 from MaxText.losses.token_loss import token_loss_sums
-from MaxText.losses.token_stats import cross_entropy_sums, lse_and_target_logit, target_log_probs
+from MaxText.losses.token_stats import (cross_entropy_sums, logits_cotangent, lse_and_target_logit,
+                                        target_log_probs)
 from MaxText.models.model_config import ModelConfig
 from MaxText.models.registry import init_params, make_model_def
 
@@ -330,3 +331,6 @@ def test_lse_and_target_logit_of_bf16_logits_against_float64():
   ulp = 2.0 ** (np.floor(np.log2(np.abs(want_d[nonzero]))) - 7)
   assert (np.abs(got_d[nonzero] - want_d[nonzero]) < ulp).all()
   assert (got_d[0, 5:] == 0).all()
+  # rounded once: the fp32 cotangent the chunked loss forms (`logits_cotangent`), cast to bf16
+  once = logits_cotangent(logits, lse, targets, mask, z_weight).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(dlogits), np.asarray(once))

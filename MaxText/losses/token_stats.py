@@ -49,8 +49,44 @@ def sums_of_stats(lse_BS: jax.Array, target_logit_BS: jax.Array, mask_BS: jax.Ar
 def cross_entropy_sums(logits_BSV: jax.Array, targets_BS: jax.Array, mask_BS: jax.Array,
                        z_loss_weight: float) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Sums over unmasked tokens of (cross-entropy + z-loss), of the z-loss alone, and the count.
-  Padding and targets across a packed-document boundary have mask 0."""
+  Padding and targets across a packed-document boundary have mask 0. Logits narrower than fp32
+  (`logits_dtype=bfloat16`) get their cotangent in fp32, rounded to their dtype once
+  (`_narrow_sums`), as the chunked loss's (`logits_cotangent`)."""
+  if logits_BSV.dtype == jnp.float32:
+    return sums_of_stats(*lse_and_target_logit(logits_BSV, targets_BS), mask_BS, z_loss_weight)
+  return _narrow_sums(logits_BSV, targets_BS, mask_BS, z_loss_weight)
+
+
+@jax.custom_vjp
+def _narrow_sums(logits_BSV, targets_BS, mask_BS, z_loss_weight):
+  """`cross_entropy_sums` of bf16 logits. Autodiff would round the softmax part of the cotangent
+  to bf16 (the fp32 cast's transpose) and then add the target's one-hot in bf16 (the gather's):
+  two roundings where the target's probability is not small. Here the whole cotangent is formed
+  in fp32 and rounded once."""
   return sums_of_stats(*lse_and_target_logit(logits_BSV, targets_BS), mask_BS, z_loss_weight)
+
+
+def _narrow_sums_fwd(logits_BSV, targets_BS, mask_BS, z_loss_weight):
+  lse_BS, target_logit_BS = lse_and_target_logit(logits_BSV, targets_BS)
+  return (sums_of_stats(lse_BS, target_logit_BS, mask_BS, z_loss_weight),
+          (logits_BSV, lse_BS, targets_BS, mask_BS, z_loss_weight))
+
+
+def _narrow_sums_bwd(res, g):
+  """g = the cotangents of (nll, z-loss sum, count): of the nll, `logits_cotangent`'s expression
+  (the same bits where g is (1, 0, ·), the train step's); of the z-loss sum, mask · 2z·lse ·
+  softmax; the count has none."""
+  logits, lse, targets, mask, z_loss_weight = res
+  g_nll, g_z, _ = g
+  m = mask.astype(jnp.float32)
+  softmax = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+  scale = (m * (g_nll * (1.0 + 2.0 * z_loss_weight * lse) + g_z * (2.0 * z_loss_weight * lse)))
+  onehot = jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32)
+  cot = scale[..., None] * softmax - (g_nll * m)[..., None] * onehot
+  return cot.astype(logits.dtype), None, None, None   # (the z-loss weight: a constant)
+
+
+_narrow_sums.defvjp(_narrow_sums_fwd, _narrow_sums_bwd)
 
 
 def logits_cotangent(logits, lse, targets, mask, z_loss_weight):
