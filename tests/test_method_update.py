@@ -199,9 +199,15 @@ def test_a_feature_equals_the_methods_single_path_or_is_refused(tmp_path, capsys
   flat_old = jax.tree_util.tree_leaves_with_path(old)
   moved = set()
   for (path, o), g, w in zip(flat_old, jax.tree.leaves(got), jax.tree.leaves(want_params)):
-    # a tenth of the learning rate: Adam's first update is about ±lr per element whatever the
-    # gradient's size, so a wrong gradient moves an element by ~lr, rounding by far less
-    np.testing.assert_allclose(g, w, rtol=0, atol=1e-4, err_msg=jax.tree_util.keystr(path))
+    # Adam's first update is lr·g/(|g| + eps), about ±lr (1e-3) per element whatever the
+    # gradient's size: a wrong gradient moves most elements by ~lr. Rounding moves an element by
+    # far less — a tenth of lr — except where its gradient is itself at the rounding's scale
+    # (another reduction order, the features' own, can then move it by up to lr): at most one
+    # such element in 500, none by more than lr.
+    off = np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))
+    where = jax.tree_util.keystr(path)
+    assert off.max() <= 1e-3, (where, off.max())
+    assert (off > 1e-4).sum() <= max(1, off.size // 500), (where, int((off > 1e-4).sum()))
     if not np.array_equal(g, o):
       moved.add(jax.tree_util.keystr(path))
   assert moved, "the step changed no parameter"

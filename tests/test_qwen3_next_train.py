@@ -45,7 +45,9 @@ def test_one_device_equals_eight_and_mtp_stays_frozen(tmp_path):
   code8, eight, s8 = train(tmp_path, "eight", *QWEN3_NEXT, *MESH_FET)
   assert code1 == code8 == 0
   loss = lambda rows: np.array([r["loss"] for r in rows])
-  assert len(loss(one)) == 3 and loss(one)[-1] < loss(one)[0]
+  # (no "the loss went down": 3 steps on 3 batches at learning rates <= 3e-4 move the loss less
+  # than the batches differ; that the steps train is the linear layer's parameters moved, below)
+  assert len(loss(one)) == 3 and np.isfinite(loss(one)).all()
   np.testing.assert_allclose(loss(eight), loss(one), rtol=0, atol=1e-5)
   assert one[-1]["moe_aux_loss"] > 0
   linear = s8["params"]["decoder"]["runs"][0][0]["linear_attn"]["in_proj_qkvz"]["kernel"]
